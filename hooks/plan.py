@@ -1,0 +1,296 @@
+"""Plans: what a plugin wants done, recorded as data, never as a side effect.
+
+A plugin creates a ``Plan``, records its intent through the setters (``set_resource``,
+``set_env``, ``write``...) and returns it. The proxy's pipeline folds the plans of all plugins
+into one ``Plan`` with ``merge``, which claims every field for the plugin that set it first and
+reports a ``Conflict`` when a later plugin wants a different value for a claimed field (never a
+silent last-writer-wins). Only ``runtime_proxy.apply`` turns a plan into I/O.
+
+What each part of a plan means:
+
+- ``resources``, ``envs``, ``annotations``, ``labels``, ``cgroup_parent``: changes to the CRI
+  request (at a ``Pre*`` stage) or, at the ``Reconcile`` stage, container resources to update
+  through the runtime (``UpdateContainerResources``).
+- ``writes``: cgroup and resctrl files, each ``{level, path, file, value}``. ``path`` is relative
+  to the level's root: the cgroup root for ``kubeqos``, ``pod``, ``sandbox``, ``container`` and
+  ``host-app``; the resctrl root for ``resctrl``. ``file`` uses cgroup v1 names
+  (``cpu.cfs_quota_us``); the applier translates them for cgroup v2. Writes of a ``Pre*`` stage
+  are performed after the runtime accepted the call, so a rejected call changes nothing.
+- ``moves``: put every task of a cgroup into a resctrl group.
+- ``removals``: directories to delete (resctrl groups that went away with their pod).
+- ``skipped``: what a plugin chose not to do and why (malformed input, unsupported kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LEVELS", "CgroupWrite", "Conflict", "Plan", "Removal", "Skip", "TaskMove", "merge"]
+
+LEVELS = ("kubeqos", "pod", "sandbox", "container", "host-app", "resctrl")
+
+
+@dataclass(frozen=True)
+class CgroupWrite:
+    """One file write. ``path`` is relative to the root of ``level`` (see module docstring)."""
+
+    level: str
+    path: str
+    file: str
+    value: str
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"unknown write level {self.level!r}")
+        if not self.file or "/" in self.file or self.file in (".", ".."):
+            raise ValueError(f"bad file name {self.file!r}")
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.level, self.path, self.file)
+
+    def to_json(self) -> dict[str, str]:
+        return {"level": self.level, "path": self.path, "file": self.file, "value": self.value}
+
+
+@dataclass(frozen=True)
+class TaskMove:
+    """Move the tasks of the cgroup at ``path`` (level ``container`` or ``sandbox``) into the
+    resctrl group ``group`` (relative to the resctrl root)."""
+
+    level: str
+    path: str
+    group: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"level": self.level, "path": self.path, "group": self.group}
+
+
+@dataclass(frozen=True)
+class Removal:
+    """Remove the directory ``path`` at ``level`` (for example a pod's resctrl group)."""
+
+    level: str
+    path: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"level": self.level, "path": self.path}
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Something a plugin did not do, and why. ``plugin`` is filled in by ``merge``."""
+
+    reason: str
+    plugin: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"plugin": self.plugin, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Two plugins wanted different values for the same field."""
+
+    field: str
+    first: str
+    second: str
+    first_value: Any
+    second_value: Any
+
+    def __str__(self) -> str:
+        return (
+            f"plugins {self.first!r} and {self.second!r} both set {self.field}: "
+            f"{self.first_value!r} vs {self.second_value!r}"
+        )
+
+
+@dataclass
+class Plan:
+    """Intent recorded by one plugin, or the merge of several. Plugins only use the setters."""
+
+    resources: dict[str, Any] = field(default_factory=dict)
+    envs: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    cgroup_parent: str | None = None
+    writes: list[CgroupWrite] = field(default_factory=list)
+    moves: list[TaskMove] = field(default_factory=list)
+    removals: list[Removal] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+
+    # -- setters (the only way plugins should fill a plan) --------------------------------
+
+    def set_resource(self, name: str, value: Any) -> Plan:
+        """Set a CRI ``LinuxContainerResources`` field (snake-case proto name)."""
+        self.resources[name] = value
+        return self
+
+    def set_env(self, key: str, value: str) -> Plan:
+        self.envs[key] = value
+        return self
+
+    def set_annotation(self, key: str, value: str) -> Plan:
+        self.annotations[key] = value
+        return self
+
+    def set_label(self, key: str, value: str) -> Plan:
+        self.labels[key] = value
+        return self
+
+    def set_cgroup_parent(self, value: str) -> Plan:
+        self.cgroup_parent = value
+        return self
+
+    def write(self, level: str, path: str, file: str, value: str | int) -> Plan:
+        self.writes.append(CgroupWrite(level, path, file, str(value)))
+        return self
+
+    def move_tasks(self, level: str, path: str, group: str) -> Plan:
+        self.moves.append(TaskMove(level, path, group))
+        return self
+
+    def remove(self, level: str, path: str) -> Plan:
+        self.removals.append(Removal(level, path))
+        return self
+
+    def skip(self, reason: str) -> Plan:
+        self.skipped.append(Skip(reason))
+        return self
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def is_empty(self) -> bool:
+        """True when the plan changes nothing (skips alone change nothing)."""
+        return not (
+            self.resources
+            or self.envs
+            or self.annotations
+            or self.labels
+            or self.cgroup_parent is not None
+            or self.writes
+            or self.moves
+            or self.removals
+        )
+
+    def cri_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.resources:
+            out["resources"] = dict(self.resources)
+        if self.envs:
+            out["envs"] = dict(self.envs)
+        if self.annotations:
+            out["annotations"] = dict(self.annotations)
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        if self.cgroup_parent is not None:
+            out["cgroupParent"] = self.cgroup_parent
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The planner's output shape: ``cri``, ``writes``, ``moves``, ``removals``, ``skipped``."""
+        return {
+            "cri": self.cri_json(),
+            "writes": [w.to_json() for w in self.writes],
+            "moves": [m.to_json() for m in self.moves],
+            "removals": [r.to_json() for r in self.removals],
+            "skipped": [s.to_json() for s in self.skipped],
+        }
+
+
+@dataclass
+class _Claims:
+    owners: dict[str, tuple[str, Any]] = field(default_factory=dict)
+
+    def claim(self, key: str, plugin: str, value: Any) -> Conflict | None:
+        held = self.owners.get(key)
+        if held is None:
+            self.owners[key] = (plugin, value)
+            return None
+        if held[1] == value:
+            return None
+        return Conflict(key, held[0], plugin, held[1], value)
+
+
+def _claims_of(plan: Plan) -> Iterable[tuple[str, Any]]:
+    for k, v in plan.resources.items():
+        yield f"resources.{k}", v
+    for k, v in plan.envs.items():
+        yield f"envs.{k}", v
+    for k, v in plan.annotations.items():
+        yield f"annotations.{k}", v
+    for k, v in plan.labels.items():
+        yield f"labels.{k}", v
+    if plan.cgroup_parent is not None:
+        yield "cgroupParent", plan.cgroup_parent
+    for w in plan.writes:
+        yield f"write:{w.level}:{w.path}:{w.file}", w.value
+
+
+class MergeResult:
+    """The folded plan plus the conflicts found. A plugin with a conflict contributes nothing:
+    its whole plan is left out, so no plugin is ever half-applied."""
+
+    def __init__(self) -> None:
+        self.plan = Plan()
+        self.conflicts: list[Conflict] = []
+        self.rejected: list[str] = []
+        self.owners: dict[str, str] = {}
+        self._claims = _Claims()
+
+    def add(self, plugin: str, plan: Plan) -> list[Conflict]:
+        """Fold ``plan`` in for ``plugin``; returns its conflicts (empty when it merged)."""
+        trial = _Claims(dict(self._claims.owners))
+        found = [c for key, value in _claims_of(plan) if (c := trial.claim(key, plugin, value))]
+        if found:
+            self.conflicts.extend(found)
+            self.rejected.append(plugin)
+            return found
+        self._claims = trial
+        target = self.plan
+        target.resources.update(plan.resources)
+        target.envs.update(plan.envs)
+        target.annotations.update(plan.annotations)
+        target.labels.update(plan.labels)
+        if plan.cgroup_parent is not None:
+            target.cgroup_parent = plan.cgroup_parent
+        seen = {w.key for w in target.writes}
+        target.writes.extend(w for w in plan.writes if w.key not in seen)
+        target.moves.extend(plan.moves)
+        target.removals.extend(plan.removals)
+        target.skipped.extend(Skip(s.reason, s.plugin or plugin) for s in plan.skipped)
+        for key, _ in _claims_of(plan):
+            self.owners.setdefault(key, plugin)
+        return []
+
+
+def merge(plans: Iterable[tuple[str, Plan | None]]) -> MergeResult:
+    """Fold ``(plugin name, plan)`` pairs in order. ``None`` plans are "no opinion"."""
+    result = MergeResult()
+    for name, plan in plans:
+        if plan is not None:
+            result.add(name, plan)
+    return result
+
+
+def plan_from_json(data: Mapping[str, Any]) -> Plan:
+    """Inverse of ``Plan.to_json`` (used by tests and by remote plugins)."""
+    plan = Plan()
+    cri = data.get("cri", {})
+    plan.resources.update(cri.get("resources", {}))
+    plan.envs.update(cri.get("envs", {}))
+    plan.annotations.update(cri.get("annotations", {}))
+    plan.labels.update(cri.get("labels", {}))
+    if "cgroupParent" in cri:
+        plan.cgroup_parent = cri["cgroupParent"]
+    for w in data.get("writes", []):
+        plan.write(w["level"], w["path"], w["file"], w["value"])
+    for m in data.get("moves", []):
+        plan.move_tasks(m["level"], m["path"], m["group"])
+    for r in data.get("removals", []):
+        plan.remove(r["level"], r["path"])
+    for s in data.get("skipped", []):
+        plan.skipped.append(Skip(s["reason"], s.get("plugin", "")))
+    return plan

@@ -1,0 +1,23 @@
+"""Built-in plugins, one module each. Every module is a plain module of ``@hookimpl`` functions
+that return plans and do no I/O. ``BUILTIN_PLUGINS`` lists them in their default order; a
+plugin's module name, registration name and config name are the same string.
+
+- ``cpuset``: cpuset decision (bind, share pools, BE clear) and CFS quota unset for bound pods.
+- ``numa``: ``cpuset_mems`` from the scheduler's ``numaNodeResources`` (our addition).
+- ``group_identity``: ``cpu.bvt_warp_ns`` per QoS class at pod and kube-QoS level (or
+  ``cpu.idle`` under ``cpuPolicy: coreSched``).
+- ``batch_resource``: BE pods' batch-cpu/batch-memory as shares, quota and memory limit.
+- ``gpu_env``: ``NVIDIA_VISIBLE_DEVICES`` from the device allocation.
+- ``cpu_burst``: ``cpu.cfs_burst_us`` from ``cpuBurstStrategy`` (the cfsQuotaBurst loop's
+  decisions are pure functions in the same module, run by ``runtime_proxy.burst``).
+- ``rdt``: resctrl class groups (LSR/LS/BE), pod-level groups, task moves, removal.
+- ``host_app_qos``: group identity and the LS cpuset for NodeSLO ``hostApplications``.
+"""
+
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "cpuset",
+    "numa",
+    "group_identity",
+    "batch_resource",
+    "gpu_env",
+)

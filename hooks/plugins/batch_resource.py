@@ -1,0 +1,183 @@
+"""batch_resource: give BE pods the CPU and memory limits of their batch resources.
+
+Stages
+    ``pre_run_pod_sandbox`` and ``reconcile_pod`` (pod cgroup files), ``pre_create_container``,
+    ``pre_update_container_resources`` and ``reconcile_container`` (CRI resources).
+Inputs
+    pods labelled ``koordinator.sh/qosClass: BE`` only (the raw label, as Koordinator); pod
+    annotation ``node.koordinator.sh/extended-resource-spec``
+    (``{"containers":{"c1":{"requests":{"kubernetes.io/batch-cpu":"1000"},"limits":{...}}}}``,
+    batch-cpu in milli-cores, batch-memory in bytes or a quantity such as "4Gi"); NodeSLO
+    ``resourceUsedThresholdWithBE.{enable,cpuSuppressPolicy}`` (``cfsQuota`` forces quotas to
+    -1); node annotation ``node.koordinator.sh/cpu-normalization-ratio`` (> 1 divides quotas,
+    rounding up).
+Outputs
+    container: CRI ``cpu_shares`` (from the batch-cpu request, when given), ``cpu_quota`` (from
+    the limit, -1 without one), ``memory_limit_in_bytes`` (from the batch-memory limit, -1
+    without one). Pod: writes ``pod``/``cpu.shares`` (sum of requests), ``cpu.cfs_quota_us`` and
+    ``memory.limit_in_bytes`` (sums of limits, -1 if any container is unlimited).
+Leaves alone
+    pods that are not labelled BE, pods without the annotation, containers it does not list,
+    ``mid-cpu``/``mid-memory``. Malformed annotations are recorded as skips.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hooks.facts import (
+    ANNOTATION_EXTENDED_RESOURCE_SPEC,
+    NODE_ANNOTATION_CPU_NORMALIZATION_RATIO,
+    RESOURCE_BATCH_CPU,
+    RESOURCE_BATCH_MEMORY,
+    ContainerFacts,
+    NodeFacts,
+    PodFacts,
+    load_json_annotation,
+    milli_cpu_to_quota,
+    milli_cpu_to_shares,
+    parse_quantity,
+    pod_cgroup_path,
+)
+from hooks.plan import Plan
+from hooks.spec import hookimpl
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One container's batch resources; None means "not given"."""
+
+    cpu_request: int | None = None  # milli-cores
+    cpu_limit: int | None = None  # milli-cores
+    memory_limit: int | None = None  # bytes
+
+
+def parse_extended_resource_spec(pod: PodFacts) -> dict[str, BatchSpec] | None:
+    """Container name -> batch spec; None when absent. ``ValueError`` when malformed."""
+    data = load_json_annotation(pod.annotations, ANNOTATION_EXTENDED_RESOURCE_SPEC)
+    if data is None:
+        return None
+    if not isinstance(data, Mapping) or not isinstance(data.get("containers", {}), Mapping):
+        raise ValueError("extended-resource-spec must be an object with a 'containers' object")
+    out: dict[str, BatchSpec] = {}
+    for name, spec in (data.get("containers") or {}).items():
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"extended-resource-spec container {name!r} must be an object")
+        req = spec.get("requests") or {}
+        lim = spec.get("limits") or {}
+        if not isinstance(req, Mapping) or not isinstance(lim, Mapping):
+            raise ValueError(f"extended-resource-spec container {name!r}: requests/limits must be objects")
+
+        def value(section: Mapping[str, object], key: str) -> int | None:
+            if key not in section:
+                return None
+            return math.ceil(parse_quantity(section[key]))
+
+        out[str(name)] = BatchSpec(
+            value(req, RESOURCE_BATCH_CPU), value(lim, RESOURCE_BATCH_CPU), value(lim, RESOURCE_BATCH_MEMORY)
+        )
+    return out
+
+
+def _specs(pod: PodFacts, plan: Plan) -> dict[str, BatchSpec] | None:
+    if pod.qos_label != "BE":
+        return None
+    try:
+        return parse_extended_resource_spec(pod)
+    except ValueError as exc:
+        plan.skip(f"pod {pod.namespace}/{pod.name}: bad {ANNOTATION_EXTENDED_RESOURCE_SPEC}: {exc}")
+        return None
+
+
+def _cpu_suppress_cfs_quota(node: NodeFacts) -> bool:
+    sec = node.node_slo.get("resourceUsedThresholdWithBE")
+    return isinstance(sec, Mapping) and sec.get("enable") is True and sec.get("cpuSuppressPolicy") == "cfsQuota"
+
+
+def _normalization_ratio(node: NodeFacts, plan: Plan) -> float:
+    raw = node.annotations.get(NODE_ANNOTATION_CPU_NORMALIZATION_RATIO)
+    if not raw:
+        return 1.0
+    try:
+        ratio = float(raw)
+    except ValueError:
+        plan.skip(f"bad {NODE_ANNOTATION_CPU_NORMALIZATION_RATIO} {raw!r}; ignored")
+        return 1.0
+    if not math.isfinite(ratio) or ratio <= 0:
+        plan.skip(f"bad {NODE_ANNOTATION_CPU_NORMALIZATION_RATIO} {raw!r}; ignored")
+        return 1.0
+    return ratio
+
+
+def batch_quota(milli_limit: int | None, node: NodeFacts, plan: Plan) -> int:
+    """CFS quota for a batch-cpu limit with CPU suppress and normalization applied."""
+    if milli_limit is None or _cpu_suppress_cfs_quota(node):
+        return -1
+    quota = milli_cpu_to_quota(milli_limit)
+    ratio = _normalization_ratio(node, plan)
+    if quota > 0 and ratio > 1:
+        quota = math.ceil(quota / ratio)
+    return quota
+
+
+def _container_plan(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:
+    plan = Plan()
+    specs = _specs(pod, plan)
+    if not specs or container.name not in specs:
+        return plan
+    spec = specs[container.name]
+    if spec.cpu_request is not None:
+        plan.set_resource("cpu_shares", milli_cpu_to_shares(spec.cpu_request))
+    plan.set_resource("cpu_quota", batch_quota(spec.cpu_limit, node, plan))
+    plan.set_resource("memory_limit_in_bytes", spec.memory_limit if spec.memory_limit else -1)
+    return plan
+
+
+def _pod_plan(pod: PodFacts, node: NodeFacts) -> Plan:
+    plan = Plan()
+    specs = _specs(pod, plan)
+    if not specs:
+        return plan
+    try:
+        path = pod_cgroup_path(pod)
+    except ValueError as exc:
+        return plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
+    values = list(specs.values())
+    plan.write("pod", path, "cpu.shares", milli_cpu_to_shares(sum(v.cpu_request or 0 for v in values)))
+    cpu_limits = [v.cpu_limit for v in values]
+    if any(v is None or v <= 0 for v in cpu_limits):
+        quota = -1
+    else:
+        quota = batch_quota(sum(v for v in cpu_limits if v is not None), node, plan)
+    plan.write("pod", path, "cpu.cfs_quota_us", quota)
+    mem_limits = [v.memory_limit for v in values]
+    memory = -1 if any(not v for v in mem_limits) else sum(v for v in mem_limits if v)
+    plan.write("pod", path, "memory.limit_in_bytes", memory)
+    return plan
+
+
+@hookimpl
+def rhp_pre_run_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    return _pod_plan(pod, node)
+
+
+@hookimpl
+def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    return _pod_plan(pod, node)
+
+
+@hookimpl
+def rhp_pre_create_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _container_plan(pod, container, node)
+
+
+@hookimpl
+def rhp_pre_update_container_resources(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _container_plan(pod, container, node)
+
+
+@hookimpl
+def rhp_reconcile_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _container_plan(pod, container, node)

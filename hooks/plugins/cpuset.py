@@ -1,0 +1,189 @@
+"""cpuset: bind LSE/LSR containers to their CPUs and put everyone else on the share pools.
+
+Stages
+    ``pre_run_pod_sandbox`` (pod ``cpu.cfs_quota_us`` -1 for bound pods), ``pre_create_container``
+    and ``pre_update_container_resources`` (``cpuset_cpus``; ``cpu_quota`` -1 for bound pods),
+    ``reconcile_pod`` (pod quota, sandbox ``cpuset.cpus``), ``reconcile_container``
+    (``cpuset_cpus`` through the runtime, so running LS containers follow the share pools).
+Inputs
+    pod label ``koordinator.sh/qosClass`` (raw, no fallback, as Koordinator's hook reads it) and
+    the kube QoS implied by the cgroup parent; pod annotation
+    ``scheduling.koordinator.sh/resource-status`` (``cpuset``, ``numaNodeResources``); node
+    annotations ``node.koordinator.sh/cpu-shared-pools`` (else pools computed from
+    ``node.cpu_topology`` minus ``node.bound_cpusets``, kubelet allocations, the reservation and
+    exclusive system-QoS CPUs), ``node.koordinator.sh/system-qos-resource``,
+    ``kubelet.koordinator.sh/cpu-manager-policy``.
+Decision order (Koordinator ``cpusetRule.getContainerCPUSet``)
+    1. resource-status ``cpuset`` verbatim (LSE/LSR bind); 2. ``numaNodeResources`` with CPU ->
+    the LS share pools of those NUMA nodes (BE pools only with ``BE_CPU_MANAGER``, off as in
+    Koordinator); 3. SYSTEM with a system-QoS cpuset -> it; 4. LS -> all LS share pools;
+    5. kube BestEffort -> "" (clears the request's cpuset); 6. kubelet ``static`` -> untouched;
+    otherwise all LS share pools.
+Outputs
+    CRI ``cpuset_cpus`` and ``cpu_quota``; writes ``pod``/``cpu.cfs_quota_us`` and
+    ``sandbox``/``cpuset.cpus``.
+Leaves alone
+    ``cpuset_mems`` (plugin ``numa``), pods under kubelet's static policy without a decision,
+    and everything when the input is malformed (recorded as a skip).
+"""
+
+from __future__ import annotations
+
+from hooks.facts import (
+    ContainerFacts,
+    NodeFacts,
+    PodFacts,
+    ResourceStatus,
+    all_share_pool_cpus,
+    container_cgroup_path,
+    format_cpu_list,
+    kubelet_cpu_manager_policy,
+    parse_resource_status,
+    pod_cgroup_path,
+    share_pools,
+    system_qos_cpuset,
+)
+from hooks.plan import Plan
+from hooks.spec import hookimpl
+
+# Koordinator's feature gate BECPUManager (default off): BE pods bound to NUMA nodes take the
+# BE share pools of those nodes instead of the LS ones.
+BE_CPU_MANAGER = False
+
+
+def _status(pod: PodFacts, node: NodeFacts, plan: Plan) -> ResourceStatus | None:
+    """The pod's resource-status, or None (absent or malformed, which is recorded)."""
+    try:
+        status = parse_resource_status(pod.annotations)
+    except ValueError as exc:
+        plan.skip(f"pod {pod.namespace}/{pod.name}: bad resource-status: {exc}")
+        return None
+    if status is None:
+        return None
+    topo = node.cpu_topology
+    if status.cpuset and topo is not None and topo.cpus and not status.cpuset <= topo.all_cpus:
+        extra = format_cpu_list(status.cpuset - topo.all_cpus)
+        plan.skip(f"pod {pod.namespace}/{pod.name}: resource-status cpuset has CPUs {extra} the node lacks")
+        return None
+    return status
+
+
+def is_bound(pod: PodFacts) -> bool:
+    """True when the scheduler bound the pod to CPUs (a non-empty resource-status cpuset)."""
+    try:
+        status = parse_resource_status(pod.annotations)
+    except ValueError:
+        return False
+    return status is not None and bool(status.cpuset)
+
+
+def _ls_pools(node: NodeFacts, plan: Plan, *, be: bool = False) -> str | None:
+    try:
+        pools = share_pools(node, be=be)
+    except ValueError as exc:
+        plan.skip(f"bad cpu share pools: {exc}")
+        return None
+    cpus = all_share_pool_cpus(pools)
+    if not cpus:
+        plan.skip("cpu share pools are unknown (no annotation and no CPU topology)")
+        return None
+    return format_cpu_list(cpus)
+
+
+def plan_container_cpuset(pod: PodFacts, node: NodeFacts, plan: Plan) -> str | None:
+    """The cpuset a container of ``pod`` gets, "" to clear it, None to leave it untouched."""
+    status = _status(pod, node, plan)
+    if status is None and pod.annotations.get("scheduling.koordinator.sh/resource-status"):
+        return None  # malformed: recorded, leave alone
+    if status is not None:
+        if status.cpuset:
+            return format_cpu_list(status.cpuset)
+        numa_nodes = {n.node for n in status.numa_node_resources if n.has_cpu()}
+        if numa_nodes:
+            be = BE_CPU_MANAGER and pod.qos_label == "BE"
+            try:
+                pools = share_pools(node, be=be)
+            except ValueError as exc:
+                plan.skip(f"bad cpu share pools: {exc}")
+                return None
+            cpus = all_share_pool_cpus(p for p in pools if p.node in numa_nodes)
+            if not cpus:
+                plan.skip(f"no share pool CPUs on NUMA nodes {sorted(numa_nodes)}")
+                return None
+            return format_cpu_list(cpus)
+    qos = pod.qos_label
+    if qos == "SYSTEM":
+        try:
+            system = system_qos_cpuset(node)
+        except ValueError as exc:
+            plan.skip(f"bad system-qos-resource: {exc}")
+            system = frozenset()
+        if system:
+            return format_cpu_list(system)
+    if qos == "LS":
+        return _ls_pools(node, plan)
+    if pod.effective_kube_qos == "BestEffort":
+        return ""
+    if kubelet_cpu_manager_policy(node) == "static":
+        return None
+    return _ls_pools(node, plan)
+
+
+def _pod_path(pod: PodFacts, plan: Plan) -> str | None:
+    try:
+        return pod_cgroup_path(pod)
+    except ValueError as exc:
+        plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
+        return None
+
+
+def _unset_pod_quota(pod: PodFacts, plan: Plan) -> None:
+    if is_bound(pod) and (path := _pod_path(pod, plan)) is not None:
+        plan.write("pod", path, "cpu.cfs_quota_us", -1)
+
+
+def _container_plan(pod: PodFacts, node: NodeFacts, *, reconcile: bool) -> Plan:
+    plan = Plan()
+    cpuset = plan_container_cpuset(pod, node, plan)
+    if cpuset is not None and not (reconcile and cpuset == ""):
+        plan.set_resource("cpuset_cpus", cpuset)
+    if is_bound(pod):
+        plan.set_resource("cpu_quota", -1)
+    return plan
+
+
+@hookimpl
+def rhp_pre_run_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    plan = Plan()
+    _unset_pod_quota(pod, plan)
+    return plan
+
+
+@hookimpl
+def rhp_pre_create_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _container_plan(pod, node, reconcile=False)
+
+
+@hookimpl
+def rhp_pre_update_container_resources(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _container_plan(pod, node, reconcile=False)
+
+
+@hookimpl
+def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    plan = Plan()
+    _unset_pod_quota(pod, plan)
+    if pod.sandbox_id:
+        cpuset = plan_container_cpuset(pod, node, Plan())
+        if cpuset:
+            try:
+                path = container_cgroup_path(pod, pod.sandbox_id, node.cgroup.driver)
+                plan.write("sandbox", path, "cpuset.cpus", cpuset)
+            except ValueError as exc:
+                plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
+    return plan
+
+
+@hookimpl
+def rhp_reconcile_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _container_plan(pod, node, reconcile=True)

@@ -1,0 +1,45 @@
+"""Prometheus metrics of the proxy, in one place, and the optional HTTP endpoint that serves them.
+
+Written by the transports (per-method latency and codes), the pipeline (per-plugin latency,
+errors, timeouts, conflicts), the applier and the reconciler. Scraped from ``--metrics-addr``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+CALL_LATENCY = Histogram(
+    "rhp_cri_call_duration_seconds",
+    "Time to serve a CRI call through the proxy, by method.",
+    ["method"],
+    buckets=_LATENCY_BUCKETS,
+)
+CALL_ERRORS = Counter(
+    "rhp_cri_call_errors_total", "CRI calls that ended with a status other than OK.", ["method", "code"]
+)
+PLUGIN_LATENCY = Histogram(
+    "rhp_plugin_duration_seconds", "Time spent in one plugin call.", ["plugin", "stage"], buckets=_LATENCY_BUCKETS
+)
+PLUGIN_ERRORS = Counter(
+    "rhp_plugin_errors_total",
+    "Plugin calls that raised, returned garbage or conflicted, by policy outcome.",
+    ["plugin", "stage", "kind"],
+)
+PLUGIN_TIMEOUTS = Counter("rhp_plugin_timeouts_total", "Plugin calls that ran past their timeout.", ["plugin", "stage"])
+HOOKS_SKIPPED = Counter("rhp_hooks_skipped_total", "Calls whose hooks were skipped, by reason.", ["reason"])
+STORE_OBJECTS = Gauge("rhp_store_objects", "Pods and containers the proxy tracks.", ["kind"])
+BACKEND_UP = Gauge("rhp_backend_up", "1 when the runtime answered the last health check.")
+
+
+def observe_call(method: str, code: str, seconds: float) -> None:
+    CALL_LATENCY.labels(method).observe(seconds)
+    if code != "OK":
+        CALL_ERRORS.labels(method, code).inc()
+
+
+def serve(addr: str) -> None:
+    """Serve /metrics on ``HOST:PORT`` in a background thread."""
+    host, _, port = addr.rpartition(":")
+    start_http_server(int(port), addr=host or "0.0.0.0")

@@ -1,0 +1,229 @@
+"""``scheduler-ext``: run the extender (``serve``) or try a placement offline (``simulate``).
+
+Who calls this: the console script. ``serve`` wires the pieces once: API client
+(``scheduler_ext.kube``), cache and watches (``scheduler_ext.state``), HA ledger
+(``scheduler_ext.ledger``), binder and decisions (``scheduler_ext.extender``) and the HTTP app
+(``scheduler_ext.server``) under uvicorn. ``simulate`` feeds the same cache from a document and
+prints what filter, prioritize and bind would decide, without any cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+import yaml
+
+from scheduler_ext.allocator import AllocationError
+from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
+from scheduler_ext.pods import parse_pod
+from scheduler_ext.state import ClusterState, load_objects
+
+__all__ = ["main", "simulate"]
+
+
+def _configure_logging(level: str, fmt: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(message)s")
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def simulate(doc: Mapping[str, Any], cfg: ExtenderConfig = DEFAULT_CONFIG) -> dict[str, Any]:
+    """Filter, score and plan the bind of ``doc["pod"]`` over ``doc["objects"]``.
+
+    Returns ``{"pod", "nodes": [{"name", "feasible", "unresolvable", "reason", "score",
+    "annotations"}], "selected"}`` where ``annotations`` is exactly what a bind would write.
+    The selected node is the feasible one with the highest score, ties by name.
+    """
+    objects = doc.get("objects") or []
+    pod_json = doc.get("pod")
+    if not isinstance(objects, list) or not isinstance(pod_json, dict):
+        raise ValueError('the document needs "objects" (a list) and "pod" (an object)')
+    state = ClusterState()
+    load_objects(state, objects)
+    pod = parse_pod(pod_json)
+    nodes: list[dict[str, Any]] = []
+    with state.lock:
+        for name in sorted(n for n, ns in state.nodes.items() if ns.node_seen):
+            ns = state.nodes[name]
+            verdict = evaluate(ns, pod, cfg)
+            annotations: dict[str, str] = {}
+            feasible, reason = verdict.ok, verdict.reason
+            if feasible:
+                try:
+                    annotations = dict(plan(ns, pod, cfg).annotations)
+                except AllocationError as exc:
+                    feasible, reason = False, str(exc)
+            nodes.append(
+                {
+                    "name": name,
+                    "feasible": feasible,
+                    "unresolvable": verdict.unresolvable,
+                    "reason": reason,
+                    "score": verdict.score if feasible else 0,
+                    "annotations": annotations,
+                }
+            )
+    best = sorted((n for n in nodes if n["feasible"]), key=lambda n: (-n["score"], n["name"]))
+    return {"pod": pod.full_name, "nodes": nodes, "selected": best[0]["name"] if best else None}
+
+
+def _read_doc(path: str) -> Any:
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return yaml.safe_load(text)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    try:
+        doc = _read_doc(args.input)
+        if not isinstance(doc, dict):
+            raise ValueError("the document must be an object")
+        out = simulate(doc, ExtenderConfig(args.score_strategy, args.gpu_strategy))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"scheduler-ext simulate: {exc}", file=sys.stderr)
+        return 2
+    json.dump(out, sys.stdout, indent=2 if args.pretty else None)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from scheduler_ext.errors import GoneError
+    from scheduler_ext.extender import Binder
+    from scheduler_ext.kube import KubeClient, api_client_from_flags
+    from scheduler_ext.ledger import LeaseLedger
+    from scheduler_ext.server import create_app
+    from scheduler_ext.state import Watcher
+
+    _configure_logging(args.log_level, args.log_format)
+    log = structlog.get_logger("scheduler_ext.cli")
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        print("--listen must be HOST:PORT", file=sys.stderr)
+        return 2
+    cfg = ExtenderConfig(args.score_strategy, args.gpu_strategy)
+    if args.api_server:
+        import kubernetes
+
+        conf = kubernetes.client.Configuration()
+        conf.host = args.api_server
+        conf.connection_pool_maxsize = 32
+        api_client = kubernetes.client.ApiClient(conf)
+    else:
+        api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
+    kube = KubeClient(api_client, watch_timeout=args.watch_timeout)
+    state = ClusterState()
+    watcher = Watcher(state, kube.list, kube.watch, GoneError)
+    watcher.start()
+    ledger = None
+    if args.ha_ledger:
+        ledger = LeaseLedger(
+            kube,
+            args.ledger_namespace,
+            identity=args.identity,
+            ttl=args.ledger_ttl,
+            is_deleted=state.recently_deleted,
+        )
+    binder = Binder(state, kube, cfg, ledger)
+    app = create_app(state, binder, cfg, prefix=args.path_prefix)
+    log.info("serving", listen=args.listen, ha_ledger=bool(ledger), tls=bool(args.tls_cert))
+    ssl_kwargs: dict[str, Any] = {}
+    if args.tls_cert:
+        import ssl
+
+        ssl_kwargs = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
+        if args.tls_client_ca:
+            ssl_kwargs.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    try:
+        uvicorn.run(
+            app,
+            host=host.strip("[]"),
+            port=int(port),
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=60,
+            **ssl_kwargs,
+        )
+    finally:
+        watcher.stop.set()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scheduler-ext",
+        description="kube-scheduler extender: exact CPU, NUMA and GPU allocation with Koordinator's formats.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def scoring(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--score-strategy", choices=STRATEGIES, default="LeastAllocated",
+                       help="node CPU score: LeastAllocated spreads, MostAllocated packs")
+        p.add_argument("--gpu-strategy", choices=STRATEGIES, default="LeastAllocated",
+                       help="node GPU score and the GPU order inside a node")
+
+    serve = sub.add_parser("serve", help="run the HTTP extender")
+    serve.add_argument("--listen", default="0.0.0.0:8888", help="HOST:PORT (default %(default)s)")
+    serve.add_argument("--path-prefix", default="", help="URL prefix of the verbs, e.g. /scheduler")
+    serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file")
+    serve.add_argument("--context", default=None, help="kubeconfig context")
+    serve.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    serve.add_argument("--api-server", default="", help="plain API URL without credentials (tests)")
+    serve.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate")
+    serve.add_argument("--tls-key", default="", help="private key of --tls-cert")
+    serve.add_argument("--tls-client-ca", default="", help="require client certificates from this CA")
+    serve.add_argument("--ha-ledger", action=argparse.BooleanOptionalAction, default=True,
+                       help="serialise binds per node across replicas through Leases (default on)")
+    serve.add_argument("--ledger-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"))
+    serve.add_argument("--ledger-ttl", type=float, default=120.0, help="seconds a ledger entry lives")
+    serve.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()))
+    serve.add_argument("--watch-timeout", type=int, default=300, help="seconds per watch request")
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-format", choices=("json", "console"), default="json")
+    scoring(serve)
+    serve.set_defaults(func=_cmd_serve)
+
+    sim = sub.add_parser("simulate", help="dry-run one pod against objects from a JSON/YAML document")
+    sim.add_argument("input", nargs="?", default="-", help="document path, '-' for stdin")
+    sim.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    scoring(sim)
+    sim.set_defaults(func=_cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""The only module that talks to the API server, through the official ``kubernetes`` client.
+
+Who calls this: ``scheduler_ext.cli serve`` builds a ``KubeClient`` and hands ``list``/``watch``
+to ``state.Watcher``, the pod calls to ``extender.Binder`` and the Lease calls to
+``ledger.LeaseLedger``.
+
+Every call passes ``_preload_content=False`` and decodes the JSON itself: the watch and list
+paths then never build the client's model objects (50,000 pods as models would cost seconds
+and hundreds of MiB), and unknown fields survive. ``ApiException`` becomes the library-neutral
+errors of ``scheduler_ext.errors``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError
+
+__all__ = ["KubeClient", "api_client_from_flags"]
+
+MERGE_PATCH = "application/merge-patch+json"
+
+_CUSTOM = {
+    "noderesourcetopologies": ("topology.node.k8s.io", "v1alpha1", "noderesourcetopologies"),
+    "devices": ("scheduling.koordinator.sh", "v1alpha1", "devices"),
+}
+
+
+def api_client_from_flags(
+    kubeconfig: str | None, context: str | None, in_cluster: bool
+) -> kubernetes.client.ApiClient:
+    """An ``ApiClient`` from a kubeconfig file, or from the pod's service account."""
+    cfg = kubernetes.client.Configuration()
+    if in_cluster:
+        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, client_configuration=cfg
+        )
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 32)
+    return kubernetes.client.ApiClient(cfg)
+
+
+def _error(exc: ApiException) -> APIError:
+    status = int(exc.status or 0)
+    message = exc.reason or ""
+    if exc.body:
+        try:
+            body = json.loads(exc.body)
+            message = str(body.get("message") or message)
+        except (ValueError, AttributeError):
+            message = str(exc.body)[:300]
+    cls = {409: ConflictError, 404: NotFoundError, 410: GoneError}.get(status, APIError)
+    return cls(status, message)
+
+
+def _json(resp: Any) -> dict[str, Any]:
+    data = resp.data
+    out: dict[str, Any] = json.loads(data) if data else {}
+    return out
+
+
+class KubeClient:
+    """Thin, typed calls over one ``ApiClient`` (thread-safe: urllib3 pools connections)."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient, *, watch_timeout: int = 300) -> None:
+        self.api_client = api_client
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.coordination = kubernetes.client.CoordinationV1Api(api_client)
+        self.watch_timeout = watch_timeout
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, _preload_content=False, **kwargs)
+        except ApiException as exc:
+            raise _error(exc) from None
+        except OSError as exc:  # connection refused, reset, timeout
+            raise APIError(0, f"API server unreachable: {exc}") from None
+
+    def _lister(self, kind: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        if kind == "nodes":
+            return self.core.list_node, ()
+        if kind == "pods":
+            return self.core.list_pod_for_all_namespaces, ()
+        group, version, plural = _CUSTOM[kind]
+        return self.custom.list_cluster_custom_object, (group, version, plural)
+
+    # -- informer side ------------------------------------------------------------------------
+    def list(self, kind: str, continue_token: str, limit: int = 500) -> tuple[list[dict[str, Any]], str, str]:
+        """One page of ``kind``: (items, resourceVersion, continue token or "")."""
+        fn, args = self._lister(kind)
+        kwargs: dict[str, Any] = {"limit": limit}
+        if continue_token:
+            kwargs["_continue"] = continue_token
+        doc = _json(self._call(fn, *args, **kwargs))
+        meta = doc.get("metadata") or {}
+        return (
+            list(doc.get("items") or []),
+            str(meta.get("resourceVersion") or ""),
+            str(meta.get("continue") or ""),
+        )
+
+    def watch(self, kind: str, resource_version: str) -> Iterator[dict[str, Any]]:
+        """Watch events of ``kind`` after ``resource_version`` until the server ends the stream."""
+        fn, args = self._lister(kind)
+        resp = self._call(
+            fn,
+            *args,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.watch_timeout,
+        )
+        try:
+            for line in iter_resp_lines(resp):  # type: ignore[no-untyped-call]
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    obj = event.get("object") or {}
+                    code = int(obj.get("code") or 0)
+                    if code == 410:
+                        raise GoneError(410, str(obj.get("message") or "watch expired"))
+                    raise APIError(code, str(obj.get("message") or "watch error"))
+                yield event
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    # -- bind side ----------------------------------------------------------------------------
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return _json(self._call(self.core.read_namespaced_pod, name, namespace))
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str
+    ) -> dict[str, Any]:
+        """JSON merge patch of annotations (``None`` deletes a key), guarded by resourceVersion."""
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        return _json(
+            self._call(
+                self.core.patch_namespaced_pod,
+                name,
+                namespace,
+                {"metadata": meta},
+                _content_type=MERGE_PATCH,
+            )
+        )
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST the ``pods/binding`` subresource; the UID precondition guards a replaced pod."""
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        if uid:
+            body["metadata"]["uid"] = uid
+        self._call(self.core.create_namespaced_pod_binding, name, namespace, body)
+
+    # -- HA ledger ----------------------------------------------------------------------------
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        return _json(self._call(self.coordination.read_namespaced_lease, name, namespace))
+
+    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return _json(self._call(self.coordination.create_namespaced_lease, namespace, dict(body)))
+
+    def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT; ``metadata.resourceVersion`` in ``body`` makes it a compare-and-swap (409)."""
+        return _json(self._call(self.coordination.replace_namespaced_lease, name, namespace, dict(body)))

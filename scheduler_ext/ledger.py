@@ -1,0 +1,215 @@
+"""The HA ledger: one Lease per node, updated by compare-and-swap, so replicas never
+double-allocate.
+
+Who calls this: ``extender.Binder`` before it PATCHes a pod (``commit``) and when it rolls a
+bind back (``remove``). The Lease calls go through ``scheduler_ext.kube``.
+
+Why it is needed: kube-scheduler sends binds for different pods to whichever replica the
+Service picks. Each replica's cache learns about the other's allocations only through the
+watch, so two replicas could hand the same CPU to two pods on one node within the watch lag.
+The pod's own resourceVersion precondition does not help: the two pods are different objects.
+
+Design:
+
+- Lease ``<prefix><node>`` in the ledger namespace carries, in the annotation
+  ``scheduler-ext.runtime-hook-proxy.io/allocations``, the allocations made on that node in
+  the last ``ttl`` seconds: ``{pod uid: {"cpuset", "numa", "gpus", "exclusive", "ts"}}``.
+- A bind plans against its cache plus every ledger entry (``entries``), then writes the Lease
+  with the resourceVersion it read (``commit``). If another replica committed in between, the
+  API server answers 409 and the bind re-reads the ledger, re-plans and tries again. So the
+  commits on one node are serialised and each one saw every allocation committed before it,
+  either in its cache or in the ledger.
+- Entries expire after ``ttl`` (default 120 s), far longer than any healthy watch lag, so by
+  then every replica's cache holds the pod from its annotations. Entries whose pod this replica
+  saw deleted are dropped at the next write.
+- Single-replica fast path: the last written version is cached, so an uncontended commit is
+  one PUT; only a 409 costs a GET.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from hooks.facts import format_cpu_list, parse_cpu_list
+from scheduler_ext.allocator import GPUGrant
+from scheduler_ext.annotations import Allocation
+from scheduler_ext.errors import ConflictError, NotFoundError
+
+__all__ = ["LEDGER_ANNOTATION", "LeaseAPI", "LeaseLedger", "decode_entries", "encode_entry"]
+
+LEDGER_ANNOTATION = "scheduler-ext.runtime-hook-proxy.io/allocations"
+
+
+class LeaseAPI(Protocol):
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def encode_entry(alloc: Allocation, ts: float) -> dict[str, Any]:
+    return {
+        "cpuset": format_cpu_list(alloc.cpus),
+        "numa": {str(n): m for n, m in alloc.numa.items()},
+        "gpus": [[g.minor, g.core, g.ratio, g.memory] for g in alloc.gpus],
+        "exclusive": alloc.exclusive,
+        "ts": round(ts, 3),
+    }
+
+
+def decode_entries(text: str | None) -> dict[str, tuple[Allocation, float]]:
+    """Ledger annotation -> {uid: (allocation, timestamp)}; garbage yields nothing."""
+    if not text:
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {}
+    out: dict[str, tuple[Allocation, float]] = {}
+    if not isinstance(doc, dict):
+        return out
+    for uid, e in doc.items():
+        try:
+            alloc = Allocation(
+                cpus=parse_cpu_list(e.get("cpuset") or ""),
+                numa={int(n): int(m) for n, m in (e.get("numa") or {}).items()},
+                gpus=tuple(GPUGrant(int(a), int(b), int(c), int(d)) for a, b, c, d in e.get("gpus") or []),
+                exclusive=str(e.get("exclusive") or "None"),
+            )
+            out[str(uid)] = (alloc, float(e.get("ts") or 0))
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def lease_name(prefix: str, node: str) -> str:
+    """A valid Lease name for a node (hashed when prefix plus node would be too long)."""
+    name = f"{prefix}{node}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:16]
+    return f"{prefix}{node[: 253 - len(prefix) - 17]}-{digest}"
+
+
+class LeaseLedger:
+    """Per-node allocation ledger in Leases; thread-safe."""
+
+    def __init__(
+        self,
+        api: LeaseAPI,
+        namespace: str,
+        *,
+        identity: str,
+        prefix: str = "scheduler-ext-",
+        ttl: float = 120.0,
+        is_deleted: Callable[[str], bool] = lambda uid: False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.identity = identity
+        self.prefix = prefix
+        self.ttl = ttl
+        self.is_deleted = is_deleted
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[str, dict[str, Any]] = {}  # node -> last Lease body we read or wrote
+
+    def _read(self, node: str) -> dict[str, Any]:
+        name = lease_name(self.prefix, node)
+        try:
+            lease = self.api.get_lease(self.namespace, name)
+        except NotFoundError:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": self.namespace, "annotations": {}},
+                "spec": {"holderIdentity": self.identity},
+            }
+            try:
+                lease = self.api.create_lease(self.namespace, body)
+            except ConflictError:  # another replica created it first
+                lease = self.api.get_lease(self.namespace, name)
+        with self._lock:
+            self._cache[node] = lease
+        return lease
+
+    def _current(self, node: str, fresh: bool) -> dict[str, Any]:
+        with self._lock:
+            lease = self._cache.get(node)
+        if lease is None or fresh:
+            lease = self._read(node)
+        return lease
+
+    def entries(self, node: str, *, fresh: bool) -> dict[str, Allocation]:
+        """Live ledger entries of ``node`` (from the last read unless ``fresh``)."""
+        lease = self._current(node, fresh)
+        now = self.clock()
+        text = ((lease.get("metadata") or {}).get("annotations") or {}).get(LEDGER_ANNOTATION)
+        return {
+            uid: alloc for uid, (alloc, ts) in decode_entries(text).items() if now - ts <= self.ttl
+        }
+
+    def _write(self, node: str, lease: dict[str, Any], entries: dict[str, Any]) -> None:
+        body = json.loads(json.dumps(lease))
+        meta = body.setdefault("metadata", {})
+        meta.setdefault("annotations", {})
+        meta["annotations"] = dict(meta["annotations"] or {})
+        meta["annotations"][LEDGER_ANNOTATION] = json.dumps(entries, separators=(",", ":"))
+        spec = body.setdefault("spec", {})
+        spec["holderIdentity"] = self.identity
+        spec["renewTime"] = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(self.clock()))
+        new = self.api.replace_lease(self.namespace, str(meta["name"]), body)
+        with self._lock:
+            self._cache[node] = new
+
+    def _live(self, lease: Mapping[str, Any]) -> dict[str, Any]:
+        text = ((lease.get("metadata") or {}).get("annotations") or {}).get(LEDGER_ANNOTATION)
+        try:
+            doc = json.loads(text) if text else {}
+        except ValueError:
+            doc = {}
+        now = self.clock()
+        return {
+            uid: e
+            for uid, e in (doc.items() if isinstance(doc, dict) else ())
+            if isinstance(e, dict)
+            and now - float(e.get("ts") or 0) <= self.ttl
+            and not self.is_deleted(uid)
+        }
+
+    def commit(self, node: str, uid: str, alloc: Allocation) -> None:
+        """Add ``uid``'s allocation; ``ConflictError`` if the ledger moved since it was read.
+
+        The caller planned against ``entries``; on conflict it must re-read (``fresh=True``)
+        and plan again, which is what makes concurrent replicas safe.
+        """
+        lease = self._current(node, False)
+        live = self._live(lease)
+        live[uid] = encode_entry(alloc, self.clock())
+        try:
+            self._write(node, lease, live)
+        except ConflictError:
+            with self._lock:
+                self._cache.pop(node, None)
+            raise
+
+    def remove(self, node: str, uid: str) -> None:
+        """Drop ``uid`` (rollback); retries on conflict, gives up quietly (the entry expires)."""
+        for attempt in range(3):
+            lease = self._current(node, attempt > 0)
+            live = self._live(lease)
+            if uid not in live:
+                return
+            del live[uid]
+            try:
+                self._write(node, lease, live)
+                return
+            except ConflictError:
+                continue

@@ -1,0 +1,267 @@
+"""The HTTP face of the extender: JSON in, one call into ``scheduler_ext.extender``, JSON out.
+
+Who calls this: kube-scheduler's HTTPExtender, with Go's ``encoding/json`` field names (the
+extender structs carry no json tags, so the keys are ``Pod``, ``Nodes``, ``NodeNames``,
+``FailedNodes``, ``FailedAndUnresolvableNodes``, ``Error``, ``Host``, ``Score``, ``PodName``,
+``PodNamespace``, ``PodUID``, ``Node``, ``NodeNameToVictims``, ``NodeNameToMetaVictims``,
+``Pods``, ``UID``, ``NumPDBViolations``). ``scheduler_ext.cli serve`` runs the app under uvicorn.
+
+Both ``nodeCacheCapable`` modes are accepted: with ``NodeNames`` the reply carries
+``NodeNames``; with ``Nodes`` (a NodeList) it carries the surviving Node objects unchanged.
+
+Failure policy: a request that cannot be decoded gets HTTP 200 with ``Error`` set for filter
+and bind (kube-scheduler then reports a scheduler error and retries with backoff) and HTTP 400
+for prioritize and preempt (the scheduler ignores a failed prioritize). Filter and prioritize
+run on the event loop (they only read the cache); bind runs in a worker thread, so the next
+pod's filter is served while a bind waits on the API server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import structlog
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from scheduler_ext.extender import (
+    DEFAULT_CONFIG,
+    Binder,
+    ExtenderConfig,
+    filter_nodes,
+    preempt_nodes,
+    prioritize_nodes,
+)
+from scheduler_ext.pods import parse_pod
+from scheduler_ext.state import ClusterState
+
+__all__ = ["create_app"]
+
+log = structlog.get_logger("scheduler_ext.server")
+
+VERB_SECONDS = Histogram(
+    "scheduler_ext_verb_duration_seconds",
+    "Time spent serving one extender verb, request decoding included.",
+    ["verb"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+VERB_TOTAL = Counter(
+    "scheduler_ext_verb_requests_total", "Extender verbs served, by outcome.", ["verb", "outcome"]
+)
+NODES_FAILED = Counter(
+    "scheduler_ext_filter_failed_nodes_total", "Nodes filtered out, by kind.", ["kind"]
+)
+
+CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class StateCollector(Collector):
+    """Cache size, held allocations and GPU fragmentation, computed at scrape time."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        counts = self.state.snapshot_counts()
+        yield GaugeMetricFamily("scheduler_ext_nodes", "Nodes in the cache.", value=counts["nodes"])
+        yield GaugeMetricFamily("scheduler_ext_pods", "Pods in the cache.", value=counts["pods"])
+        yield GaugeMetricFamily(
+            "scheduler_ext_held_allocations",
+            "Allocations held by binds that the watch has not confirmed yet.",
+            value=counts["held"],
+        )
+        yield GaugeMetricFamily(
+            "scheduler_ext_gpu_fragmentation_ratio",
+            "Share of free GPU core that sits on partially used GPUs (0 = every free GPU is whole).",
+            value=self.state.gpu_fragmentation(),
+        )
+        yield GaugeMetricFamily(
+            "scheduler_ext_ready", "1 when the first list of every kind is in the cache.",
+            value=1.0 if self.state.ready else 0.0,
+        )
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(
+        json.dumps(data, separators=(",", ":")), status_code=status, media_type="application/json"
+    )
+
+
+def _timed(verb: str, fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    async def handler(request: Request) -> Response:
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            resp = await fn(request)
+            if resp.status_code != 200:
+                outcome = "bad_request"
+            return resp
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            VERB_SECONDS.labels(verb).observe(time.perf_counter() - started)
+            VERB_TOTAL.labels(verb, outcome).inc()
+
+    return handler
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"request body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("request body must be a JSON object")
+    return doc
+
+
+def _names(args: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]] | None]:
+    """Candidate names, and the Node objects when sent (nodeCacheCapable: false)."""
+    names = args.get("NodeNames")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("NodeNames must be a list of strings")
+        return names, None
+    nodes = args.get("Nodes")
+    if isinstance(nodes, dict):
+        items = nodes.get("items") or []
+        if not isinstance(items, list):
+            raise ValueError("Nodes.items must be a list")
+        out = [str(((i or {}).get("metadata") or {}).get("name") or "") for i in items]
+        return out, items
+    return [], None
+
+
+def create_app(
+    state: ClusterState,
+    binder: Binder | None,
+    cfg: ExtenderConfig = DEFAULT_CONFIG,
+    *,
+    prefix: str = "",
+) -> Starlette:
+    """The Starlette app. ``binder`` is ``None`` when no API server is configured."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(StateCollector(state))
+    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+
+    async def filter_verb(request: Request) -> Response:
+        try:
+            args = await _body(request)
+            pod_json = args.get("Pod")
+            if not isinstance(pod_json, dict):
+                raise ValueError("Pod is missing")
+            names, items = _names(args)
+        except ValueError as exc:
+            return _json({"Nodes": None, "NodeNames": None, "FailedNodes": {},
+                          "FailedAndUnresolvableNodes": {}, "Error": str(exc)})
+        pod = parse_pod(pod_json)
+        result = filter_nodes(state, pod, names, cfg)
+        if result.failed:
+            NODES_FAILED.labels("failed").inc(len(result.failed))
+        if result.unresolvable:
+            NODES_FAILED.labels("unresolvable").inc(len(result.unresolvable))
+        reply: dict[str, Any] = {
+            "FailedNodes": result.failed,
+            "FailedAndUnresolvableNodes": result.unresolvable,
+            "Error": "",
+        }
+        if items is None:
+            reply["Nodes"], reply["NodeNames"] = None, result.passed
+        else:
+            keep = set(result.passed)
+            reply["Nodes"] = {"items": [i for i, n in zip(items, names, strict=True) if n in keep]}
+            reply["NodeNames"] = None
+        return _json(reply)
+
+    async def prioritize_verb(request: Request) -> Response:
+        try:
+            args = await _body(request)
+            pod_json = args.get("Pod")
+            if not isinstance(pod_json, dict):
+                raise ValueError("Pod is missing")
+            names, _ = _names(args)
+        except ValueError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        scores = prioritize_nodes(state, parse_pod(pod_json), names, cfg)
+        return _json([{"Host": n, "Score": s} for n, s in scores])
+
+    async def bind_verb(request: Request) -> Response:
+        try:
+            args = await _body(request)
+            name, namespace = args.get("PodName"), args.get("PodNamespace")
+            uid, node = args.get("PodUID") or "", args.get("Node")
+            if not (isinstance(name, str) and name and isinstance(namespace, str) and namespace):
+                raise ValueError("PodName and PodNamespace are required")
+            if not (isinstance(node, str) and node) or not isinstance(uid, str):
+                raise ValueError("Node is required and PodUID must be a string")
+        except ValueError as exc:
+            return _json({"Error": str(exc)})
+        if binder is None:
+            return _json({"Error": "this extender runs without an API server and cannot bind"})
+        error = await run_in_threadpool(binder.bind, namespace, name, uid, node)
+        return _json({"Error": error})
+
+    async def preempt_verb(request: Request) -> Response:
+        try:
+            args = await _body(request)
+            pod_json = args.get("Pod")
+            if not isinstance(pod_json, dict):
+                raise ValueError("Pod is missing")
+            victims: dict[str, list[str]] = {}
+            pdb: dict[str, int] = {}
+            meta = args.get("NodeNameToMetaVictims")
+            full = args.get("NodeNameToVictims")
+            source = meta if isinstance(meta, dict) else full if isinstance(full, dict) else {}
+            for node, v in source.items():
+                pods = (v or {}).get("Pods") or []
+                if source is meta:
+                    victims[node] = [str(p.get("UID") or "") for p in pods]
+                else:
+                    victims[node] = [str(((p.get("metadata") or {}).get("uid")) or "") for p in pods]
+                pdb[node] = int((v or {}).get("NumPDBViolations") or 0)
+        except (ValueError, AttributeError, TypeError) as exc:
+            return PlainTextResponse(f"bad preempt request: {exc}", status_code=400)
+        kept = preempt_nodes(state, parse_pod(pod_json), victims, cfg)
+        return _json(
+            {
+                "NodeNameToMetaVictims": {
+                    node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb.get(node, 0)}
+                    for node, uids in kept.items()
+                }
+            }
+        )
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        if state.ready:
+            return PlainTextResponse("ok")
+        missing = sorted({"nodes", "pods", "noderesourcetopologies", "devices"} - state.synced)
+        return PlainTextResponse(f"cache not synced: {', '.join(missing)}", status_code=503)
+
+    async def metrics(request: Request) -> Response:
+        body = generate_latest(REGISTRY) + generate_latest(registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    routes = [
+        Route(f"{prefix}/filter", _timed("filter", filter_verb), methods=["POST"]),
+        Route(f"{prefix}/prioritize", _timed("prioritize", prioritize_verb), methods=["POST"]),
+        Route(f"{prefix}/bind", _timed("bind", bind_verb), methods=["POST"]),
+        Route(f"{prefix}/preempt", _timed("preempt", preempt_verb), methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)

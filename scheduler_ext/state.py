@@ -1,0 +1,551 @@
+"""The cluster cache: nodes with precomputed free sets, placed pods, and held allocations.
+
+Who calls this: watch threads (``Watcher``, fed by ``scheduler_ext.kube``) and ``simulate``
+apply Node, Pod, NodeResourceTopology and Device objects here; ``scheduler_ext.extender``
+reads ``NodeState`` values under ``ClusterState.lock`` and holds/releases allocations during
+bind.
+
+Rules:
+
+- Every allocation is keyed by pod UID on its node, so a hold placed by a bind and the same
+  pod seen later by the watch replace each other instead of counting twice.
+- A hold lives from the start of a bind until the watch shows the pod bound to that node
+  (then the pod's own annotations are the record) or until the bind rolls back.
+- The cache has no other memory: a fresh process rebuilds it completely from the
+  ``resource-status`` and ``device-allocated`` annotations of placed pods.
+- Derived per-node values (free CPUs, per-NUMA counts, GPU usage) are recomputed lazily once
+  per change (``NodeState.version``), never per request; unchanged annotations are not
+  parsed again (``PodEntry.ann``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from scheduler_ext.allocator import GPUUsage
+from scheduler_ext.annotations import (
+    ANN_DEVICE_ALLOCATED,
+    ANN_RESOURCE_STATUS,
+    EMPTY,
+    Allocation,
+    parse_allocation,
+)
+from scheduler_ext.pods import ANN_RESOURCE_SPEC, PodRequest, parse_pod
+from scheduler_ext.topology import (
+    ANN_CPU_TOPOLOGY,
+    ANN_KUBELET_CPU_MANAGER_POLICY,
+    ANN_POD_CPU_ALLOCS,
+    ANN_RESERVATION,
+    ANN_SYSTEM_QOS_RESOURCE,
+    CPUTopology,
+    GPUDevice,
+    TopologyError,
+    parse_cpu_topology,
+    parse_gpu_devices,
+    parse_kubelet_managed_cpus,
+    parse_kubelet_reserved_cpus,
+    parse_node_reserved_cpus,
+    parse_system_qos_cpus,
+)
+
+__all__ = ["KINDS", "ClusterState", "NodeState", "PodEntry"]
+
+log = structlog.get_logger("scheduler_ext.state")
+
+LABEL_CPU_BIND_POLICY = "node.koordinator.sh/cpu-bind-policy"
+LABEL_NUMA_ALLOCATE_STRATEGY = "node.koordinator.sh/numa-allocate-strategy"
+LABEL_NUMA_TOPOLOGY_POLICY = "node.koordinator.sh/numa-topology-policy"
+
+KINDS = ("nodes", "pods", "noderesourcetopologies", "devices")
+
+_KUBELET_POLICIES = {
+    "SingleNUMANodeContainerLevel": "SingleNUMANode",
+    "SingleNUMANodePodLevel": "SingleNUMANode",
+    "RestrictedContainerLevel": "Restricted",
+    "RestrictedPodLevel": "Restricted",
+    "BestEffortContainerLevel": "BestEffort",
+    "BestEffortPodLevel": "BestEffort",
+}
+
+
+class NodeState:
+    """One node. Static fields change only with Node/NRT/Device objects; derived fields are
+    recomputed by ``refresh`` when ``version`` moved; ``allocs`` changes with pods and holds."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.node_seen = False  # a Node object exists
+        self.node_labels: Mapping[str, str] = {}
+        self.node_annotations: Mapping[str, str] = {}
+        self.nrt_annotations: Mapping[str, str] = {}
+        self.nrt_policies: tuple[str, ...] = ()
+        self.device_spec: Mapping[str, Any] | None = None
+        # static, from the objects above (``_rebuild_static``)
+        self.topo: CPUTopology | None = None
+        self.topo_error = ""
+        self.bindable: frozenset[int] = frozenset()
+        self.bind_policy_label = ""  # None | FullPCPUsOnly | SpreadByPCPUs
+        self.numa_strategy = "MostAllocated"
+        self.numa_policy = ""  # node-level NUMA topology policy
+        self.gpus: tuple[GPUDevice, ...] = ()
+        self.gpu_by_minor: dict[int, GPUDevice] = {}
+        self.gpu_error = ""
+        # dynamic
+        self.allocs: dict[str, Allocation] = {}  # pod uid -> allocation (confirmed or held)
+        self.held: dict[str, float] = {}  # pod uid -> monotonic time the hold was placed
+        self.foreign: set[str] = set()  # held uids learned from another replica's ledger
+        self.version = 0  # bumps on every change
+        # derived (``refresh``)
+        self._derived = -1
+        self.free: frozenset[int] = frozenset()
+        self.cap_by_numa: dict[int, int] = {}
+        self.cap_full_by_numa: dict[int, int] = {}
+        self.free_by_numa: dict[int, int] = {}
+        self.full_free_by_numa: dict[int, int] = {}
+        self.shared_milli: dict[int, int] = {}
+        self.gpu_usage: dict[int, GPUUsage] = {}
+        self.avoid_pcpu: frozenset[int] = frozenset()
+        self.avoid_numa: frozenset[int] = frozenset()
+        self.cache: dict[object, tuple[int, object]] = {}  # filter/score memo by version
+
+    # -- static -------------------------------------------------------------------------------
+    def _rebuild_static(self) -> None:
+        labels = self.node_labels
+        self.bind_policy_label = labels.get(LABEL_CPU_BIND_POLICY, "")
+        strategy = labels.get(LABEL_NUMA_ALLOCATE_STRATEGY, "")
+        self.numa_strategy = strategy if strategy in ("MostAllocated", "LeastAllocated") else "MostAllocated"
+        policy = labels.get(LABEL_NUMA_TOPOLOGY_POLICY, "")
+        for p in self.nrt_policies:
+            kubelet = _KUBELET_POLICIES.get(p, "")
+            if kubelet:
+                policy = kubelet  # kubelet's Topology Manager policy wins when not None
+        self.numa_policy = "" if policy == "None" else policy
+        text = self.nrt_annotations.get(ANN_CPU_TOPOLOGY) or self.node_annotations.get(ANN_CPU_TOPOLOGY)
+        self.topo, self.topo_error, self.bindable = None, "", frozenset()
+        if text:
+            try:
+                self.topo = parse_cpu_topology(text)
+                reserved = (
+                    parse_kubelet_reserved_cpus(self.nrt_annotations.get(ANN_KUBELET_CPU_MANAGER_POLICY))
+                    | parse_kubelet_managed_cpus(self.nrt_annotations.get(ANN_POD_CPU_ALLOCS))
+                    | parse_node_reserved_cpus(
+                        self.node_annotations.get(ANN_RESERVATION) or self.nrt_annotations.get(ANN_RESERVATION)
+                    )
+                    | parse_system_qos_cpus(
+                        self.node_annotations.get(ANN_SYSTEM_QOS_RESOURCE)
+                        or self.nrt_annotations.get(ANN_SYSTEM_QOS_RESOURCE)
+                    )
+                )
+                self.bindable = self.topo.cpus - reserved
+            except TopologyError as exc:
+                self.topo, self.topo_error = None, str(exc)
+        try:
+            self.gpus = parse_gpu_devices(self.device_spec)
+            self.gpu_error = ""
+        except TopologyError as exc:
+            self.gpus, self.gpu_error = (), str(exc)
+        self.gpu_by_minor = {g.minor: g for g in self.gpus}
+        self.touch()
+
+    def touch(self) -> None:
+        self.version += 1
+
+    # -- derived ------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Recompute free sets and per-NUMA counts if anything changed since the last call."""
+        if self._derived == self.version:
+            return
+        used: set[int] = set()
+        pcpu: set[int] = set()
+        numa_excl: set[int] = set()
+        shared: dict[int, int] = {}
+        usage: dict[int, GPUUsage] = {}
+        topo = self.topo
+        for alloc in self.allocs.values():
+            if alloc.cpus:
+                used |= alloc.cpus
+                if topo is not None and alloc.exclusive == "PCPULevel":
+                    for c in alloc.cpus:
+                        core = topo.core_of.get(c)
+                        if core is not None:
+                            pcpu |= topo.core_cpus[core]
+                elif topo is not None and alloc.exclusive == "NUMANodeLevel":
+                    numa_excl |= {topo.details[c].node for c in alloc.cpus if c in topo.details}
+            for n, milli in alloc.numa.items():
+                shared[n] = shared.get(n, 0) + milli
+            for g in alloc.gpus:
+                usage[g.minor] = usage.get(g.minor, GPUUsage()).plus(g.core, g.ratio, g.memory)
+        self.free = self.bindable - used
+        self.shared_milli = shared
+        self.gpu_usage = usage
+        self.avoid_pcpu = frozenset(pcpu)
+        self.avoid_numa = frozenset(numa_excl)
+        if topo is not None:
+            free, bindable = self.free, self.bindable
+            tpc = topo.cpus_per_core
+            self.cap_by_numa = {n: len(bindable & topo.numa_cpus[n]) for n in topo.numa_nodes}
+            self.free_by_numa = {n: len(free & topo.numa_cpus[n]) for n in topo.numa_nodes}
+            cap_full: dict[int, int] = {}
+            full_free: dict[int, int] = {}
+            for n in topo.numa_nodes:
+                cf = ff = 0
+                for core in topo.cores_in_numa[n]:
+                    cpus = topo.core_cpus[core]
+                    if cpus <= bindable:
+                        cf += 1
+                        if cpus <= free:
+                            ff += 1
+                cap_full[n], full_free[n] = cf * tpc, ff * tpc
+            self.cap_full_by_numa, self.full_free_by_numa = cap_full, full_free
+        self._derived = self.version
+        if len(self.cache) > 64:
+            self.cache.clear()
+
+    # -- allocations --------------------------------------------------------------------------
+    def put(self, uid: str, alloc: Allocation) -> None:
+        old = self.allocs.get(uid)
+        if alloc.empty:
+            if old is not None:
+                del self.allocs[uid]
+                self.touch()
+            return
+        if old != alloc:
+            self.allocs[uid] = alloc
+            self.touch()
+
+    def drop(self, uid: str) -> None:
+        self.held.pop(uid, None)
+        self.foreign.discard(uid)
+        if self.allocs.pop(uid, None) is not None:
+            self.touch()
+
+
+@dataclass(slots=True)
+class PodEntry:
+    """One pod as the cache knows it."""
+
+    namespace: str
+    name: str
+    node: str  # "" while pending
+    rv: str  # metadata.resourceVersion last seen
+    ann: tuple[str | None, str | None, str] = (None, None, "None")  # raw annotations parsed
+    alloc: Allocation = EMPTY
+    request: PodRequest | None = None  # decoded spec, kept only while pending
+    bad: str = ""  # why the annotations could not be parsed
+
+
+def _exclusive_of(annotations: Mapping[str, str]) -> str:
+    raw = annotations.get(ANN_RESOURCE_SPEC)
+    if not raw:
+        return "None"
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return "None"
+    value = doc.get("preferredCPUExclusivePolicy") if isinstance(doc, dict) else None
+    return value if value in ("PCPULevel", "NUMANodeLevel") else "None"
+
+
+def _is_terminal(pod: Mapping[str, Any]) -> bool:
+    phase = (pod.get("status") or {}).get("phase")
+    return phase in ("Succeeded", "Failed")
+
+
+class ClusterState:
+    """All nodes and pods. Every public method takes ``lock`` itself; callers that combine
+    several reads and a hold (bind) take it around the whole sequence (it is re-entrant)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.nodes: dict[str, NodeState] = {}
+        self.pods: dict[str, PodEntry] = {}  # uid -> entry
+        self.holds: dict[str, str] = {}  # pod uid -> node of its hold
+        self.deleted: OrderedDict[str, float] = OrderedDict()  # recently deleted uids, bounded
+        self.synced: set[str] = set()  # kinds whose first list has been applied
+        self.events = 0  # watch events applied (metrics)
+
+    # -- reads --------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.synced >= set(KINDS)
+
+    def node(self, name: str) -> NodeState | None:
+        return self.nodes.get(name)
+
+    def pending(self, uid: str) -> PodEntry | None:
+        with self.lock:
+            entry = self.pods.get(uid)
+            return entry if entry is not None and not entry.node else None
+
+    def _node_for(self, name: str) -> NodeState:
+        ns = self.nodes.get(name)
+        if ns is None:
+            ns = self.nodes[name] = NodeState(name)
+        return ns
+
+    # -- objects ------------------------------------------------------------------------------
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        """Apply one watch event (ADDED, MODIFIED, DELETED) of ``kind`` (see ``KINDS``)."""
+        with self.lock:
+            self.events += 1
+            if kind == "pods":
+                self._apply_pod(event, obj)
+                return
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            if not name:
+                return
+            deleted = event == "DELETED"
+            ns = self._node_for(name)
+            meta = obj.get("metadata") or {}
+            if kind == "nodes":
+                ns.node_seen = not deleted
+                ns.node_labels = {} if deleted else dict(meta.get("labels") or {})
+                ns.node_annotations = {} if deleted else dict(meta.get("annotations") or {})
+            elif kind == "noderesourcetopologies":
+                ns.nrt_annotations = {} if deleted else dict(meta.get("annotations") or {})
+                ns.nrt_policies = () if deleted else tuple(obj.get("topologyPolicies") or ())
+            elif kind == "devices":
+                ns.device_spec = None if deleted else (obj.get("spec") or {})
+            else:
+                raise ValueError(f"unknown kind {kind!r}")
+            ns._rebuild_static()
+
+    def replace(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A full list of ``kind``: apply every object and delete what is no longer listed."""
+        with self.lock:
+            seen: set[str] = set()
+            for obj in objs:
+                meta = obj.get("metadata") or {}
+                seen.add(str(meta.get("uid") if kind == "pods" else meta.get("name")))
+                self.apply(kind, "ADDED", obj)
+            if kind == "pods":
+                for uid in [u for u in self.pods if u not in seen]:
+                    self._forget_pod(uid)
+            else:
+                for name, ns in self.nodes.items():
+                    if name in seen:
+                        continue
+                    gone = {"metadata": {"name": name}}
+                    if (kind == "nodes" and ns.node_seen) or (
+                        kind == "noderesourcetopologies" and ns.nrt_annotations
+                    ) or (kind == "devices" and ns.device_spec is not None):
+                        self.apply(kind, "DELETED", gone)
+            self.synced.add(kind)
+
+    def recently_deleted(self, uid: str) -> bool:
+        return uid in self.deleted
+
+    def _forget_pod(self, uid: str) -> None:
+        self.deleted[uid] = time.monotonic()
+        if len(self.deleted) > 20000:
+            self.deleted.popitem(last=False)
+        entry = self.pods.pop(uid, None)
+        if entry is not None and entry.node:
+            ns = self.nodes.get(entry.node)
+            if ns is not None:
+                ns.drop(uid)
+        held_on = self.holds.pop(uid, None)  # a hold for a pod that vanished before confirmation
+        if held_on is not None and held_on in self.nodes:
+            self.nodes[held_on].drop(uid)
+
+    def _apply_pod(self, event: str, pod: Mapping[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid:
+            return
+        if event == "DELETED" or _is_terminal(pod):
+            self._forget_pod(uid)
+            return
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        annotations: Mapping[str, str] = meta.get("annotations") or {}
+        entry = self.pods.get(uid)
+        if entry is None:
+            entry = self.pods[uid] = PodEntry(
+                namespace=str(meta.get("namespace") or "default"),
+                name=str(meta.get("name") or ""),
+                node="",
+                rv="",
+            )
+        entry.rv = str(meta.get("resourceVersion") or "")
+        if not node:
+            entry.request = parse_pod(pod)
+            return
+        entry.request = None
+        ann = (
+            annotations.get(ANN_RESOURCE_STATUS),
+            annotations.get(ANN_DEVICE_ALLOCATED),
+            _exclusive_of(annotations),
+        )
+        if ann != entry.ann or entry.node != node:
+            try:
+                entry.alloc, entry.bad = parse_allocation(*ann), ""
+            except (ValueError, TypeError, KeyError) as exc:
+                entry.alloc, entry.bad = EMPTY, str(exc)
+                log.warning("bad allocation annotations", pod=f"{entry.namespace}/{entry.name}", error=str(exc))
+            entry.ann = ann
+        if entry.node and entry.node != node:
+            old = self.nodes.get(entry.node)
+            if old is not None:
+                old.drop(uid)
+        entry.node = node
+        ns = self._node_for(node)
+        held_on = self.holds.pop(uid, None)
+        if held_on is not None and held_on != node and held_on in self.nodes:
+            self.nodes[held_on].drop(uid)  # a hold placed on another node is void now
+        ns.held.pop(uid, None)  # confirmed: the pod's own annotations are the record now
+        ns.foreign.discard(uid)
+        ns.put(uid, entry.alloc)
+
+    # -- holds --------------------------------------------------------------------------------
+    def hold(self, uid: str, node: str, alloc: Allocation, *, foreign: bool = False) -> None:
+        """Count ``alloc`` on ``node`` for ``uid`` until the watch confirms or ``release``."""
+        with self.lock:
+            ns = self._node_for(node)
+            entry = self.pods.get(uid)
+            if entry is not None and entry.node == node:
+                return  # already confirmed by the watch
+            prev = self.holds.get(uid)
+            if prev is not None and prev != node and prev in self.nodes:
+                self.nodes[prev].drop(uid)
+            self.holds[uid] = node
+            ns.held[uid] = time.monotonic()
+            if foreign:
+                ns.foreign.add(uid)
+            ns.put(uid, alloc)
+
+    def release(self, uid: str, node: str) -> None:
+        """Undo a hold (bind failed). A confirmed allocation is left alone."""
+        with self.lock:
+            ns = self.nodes.get(node)
+            if ns is not None and uid in ns.held:
+                ns.drop(uid)
+                self.holds.pop(uid, None)
+
+    def held_count(self) -> int:
+        with self.lock:
+            return len(self.holds)
+
+    def snapshot_counts(self) -> dict[str, int]:
+        with self.lock:
+            return {
+                "nodes": sum(1 for ns in self.nodes.values() if ns.node_seen),
+                "pods": len(self.pods),
+                "held": len(self.holds),
+            }
+
+    def gpu_fragmentation(self) -> float:
+        """Share of free GPU core that sits on partially used GPUs, cluster-wide (0..1)."""
+        with self.lock:
+            free_total = free_partial = 0
+            for ns in self.nodes.values():
+                if not ns.gpus:
+                    continue
+                ns.refresh()
+                for g in ns.gpus:
+                    if not g.healthy:
+                        continue
+                    used = ns.gpu_usage.get(g.minor)
+                    free = g.core - (used.core if used else 0)
+                    free_total += max(free, 0)
+                    if used is not None and not used.idle:
+                        free_partial += max(free, 0)
+            return free_partial / free_total if free_total else 0.0
+
+
+def load_objects(state: ClusterState, objects: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Feed plain objects (``simulate``, tests) by their ``kind``; returns what was skipped."""
+    by_kind: dict[str, list[Mapping[str, Any]]] = {k: [] for k in KINDS}
+    skipped: list[str] = []
+    kinds = {
+        "Node": "nodes",
+        "Pod": "pods",
+        "NodeResourceTopology": "noderesourcetopologies",
+        "Device": "devices",
+    }
+    for obj in objects:
+        kind = kinds.get(str(obj.get("kind") or ""))
+        if kind is None:
+            skipped.append(f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}")
+            continue
+        by_kind[kind].append(obj)
+    for kind in KINDS:
+        state.replace(kind, by_kind[kind])
+    return skipped
+
+
+@dataclass
+class Watcher:
+    """Keeps ``state`` in sync with the API server: list, then watch, relist on 410 Gone.
+
+    ``list_fn(kind, continue_token)`` returns (items, resourceVersion, continue_token);
+    ``watch_fn(kind, resource_version)`` yields event dicts and raises ``GoneError`` when the
+    version is too old. Both come from ``scheduler_ext.kube``.
+    """
+
+    state: ClusterState
+    list_fn: Callable[[str, str], tuple[list[dict[str, Any]], str, str]]
+    watch_fn: Callable[[str, str], Iterable[dict[str, Any]]]
+    gone: type[Exception]
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+    backoff: float = 0.5
+
+    def start(self) -> None:
+        for kind in KINDS:
+            t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _list(self, kind: str) -> str:
+        items: list[dict[str, Any]] = []
+        token, rv = "", ""
+        while True:
+            page, rv, token = self.list_fn(kind, token)
+            items.extend(page)
+            if not token:
+                break
+        self.state.replace(kind, items)
+        return rv
+
+    def _run(self, kind: str) -> None:
+        rv = ""
+        delay = self.backoff
+        while not self.stop.is_set():
+            try:
+                if not rv:
+                    rv = self._list(kind)
+                    log.info("listed", kind=kind, resource_version=rv)
+                for event in self.watch_fn(kind, rv):
+                    if self.stop.is_set():
+                        return
+                    etype = event.get("type")
+                    obj = event.get("object") or {}
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if etype in ("ADDED", "MODIFIED", "DELETED"):
+                        self.state.apply(kind, str(etype), obj)
+                    if new_rv:
+                        rv = str(new_rv)
+                delay = self.backoff
+            except self.gone:
+                log.info("watch expired, relisting", kind=kind)
+                rv = ""
+            except Exception as exc:  # the API may be down; keep trying with backoff
+                if self.stop.is_set():
+                    return
+                if _is_not_found(exc) and kind not in self.state.synced:
+                    self.state.replace(kind, [])  # the CRD is not installed: nothing to know
+                log.warning("watch failed", kind=kind, error=str(exc))
+                self.stop.wait(delay)
+                delay = min(delay * 2, 10.0)
+
+
+def _is_not_found(exc: Exception) -> bool:
+    return getattr(exc, "status", None) == 404

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Install everything the tests, the demo and the benchmarks need, on a fresh Debian 12 machine.
+#
+# Run as root from anywhere (it works from the repository root). Idempotent: a second run only
+# checks. What it does:
+#   1. Debian packages: containerd (1.6), runc, busybox-static, containernetworking-plugins, ...
+#   2. containerd 1.7 (Debian trixie) and 2.1 (Debian sid), fetched as .debs through a temporary
+#      apt sources list (the system's apt config is never changed) and unpacked with `dpkg -x`
+#      into $RHP_CONTAINERD_PREFIX/<major.minor>/ (default /opt/runtime-hook-proxy/containerd).
+#      A failed fetch is a warning: the tests for that version then skip and say why.
+#   3. The project's virtualenv in .venv with `pip install -e '.[dev]'`.
+# Environment: RHP_CONTAINERD_PREFIX (see above), RHP_SKIP_EXTRA_CONTAINERD=1 (skip step 2),
+# RHP_DEBIAN_URI (mirror for step 2; default: the machine's own Debian URI from its apt sources).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO_ROOT=$(pwd)
+PREFIX=${RHP_CONTAINERD_PREFIX:-/opt/runtime-hook-proxy/containerd}
+export DEBIAN_FRONTEND=noninteractive
+
+log() { printf 'install-deps: %s\n' "$*"; }
+warn() { printf 'install-deps: WARNING: %s\n' "$*" >&2; }
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install-deps: must run as root (apt-get, /opt)" >&2
+  exit 1
+fi
+
+# Several engineers (and CI) may run this at once on one machine: serialize the whole script.
+LOCK_DIR=/run/lock
+[[ -d $LOCK_DIR && -w $LOCK_DIR ]] || LOCK_DIR=/tmp
+exec 9>"$LOCK_DIR/runtime-hook-proxy-install-deps.lock"
+flock 9
+
+declare -a SUMMARY=()
+
+# --- 1. Debian packages ---------------------------------------------------------------------------
+APT_PACKAGES=(containerd runc busybox-static containernetworking-plugins ca-certificates util-linux)
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  APT_PACKAGES+=(python3-venv)
+fi
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$pkg")
+  fi
+done
+if ((${#missing[@]})); then
+  log "apt-get update; installing: ${missing[*]}"
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${APT_PACKAGES[@]}"
+else
+  log "Debian packages already installed: ${APT_PACKAGES[*]}"
+fi
+SUMMARY+=("containerd 1.6: $(/usr/bin/containerd --version | awk '{print $3}') (/usr/bin/containerd)")
+
+# --- 2. containerd 1.7 and 2.1 from other Debian suites -------------------------------------------
+debian_uri() {
+  # The machine's own Debian mirror URI, from deb822 sources or the classic one-line list.
+  local f uri=""
+  for f in /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list.d/*.sources; do
+    [[ -r $f ]] || continue
+    uri=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i ~ /\/debian\/?$/) { print $i; exit } }' "$f")
+    [[ -n $uri ]] && break
+  done
+  if [[ -z $uri && -r /etc/apt/sources.list ]]; then
+    uri=$(awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i ~ /:\/\// && $i !~ /security/) { print $i; exit } }' \
+      /etc/apt/sources.list)
+  fi
+  printf '%s\n' "${RHP_DEBIAN_URI:-${uri:-http://deb.debian.org/debian}}"
+}
+
+fetch_containerd() {
+  # fetch_containerd SUITE WANT_MAJOR_MINOR: download containerd from SUITE, unpack under $PREFIX.
+  local suite=$1 want=$2 dest="$PREFIX/$2"
+  if [[ -x $dest/usr/bin/containerd && -x $dest/usr/bin/containerd-shim-runc-v2 ]]; then
+    SUMMARY+=("containerd $want: $("$dest/usr/bin/containerd" --version | awk '{print $3}') ($dest, already there)")
+    return 0
+  fi
+  local tmp uri keyring opt
+  tmp=$(mktemp -d)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'; trap - RETURN" RETURN
+  uri=$(debian_uri)
+  keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  opt=""
+  [[ -r $keyring ]] && opt="[signed-by=$keyring] "
+  printf 'deb %s%s %s main\n' "$opt" "$uri" "$suite" >"$tmp/sources.list"
+  mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/debs"
+  local -a aptopts=(
+    -o "Dir::Etc::sourcelist=$tmp/sources.list" -o "Dir::Etc::sourceparts=-"
+    -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache"
+    -o "APT::Get::List-Cleanup=0" -o "APT::Sandbox::User=root" -q
+  )
+  log "fetching containerd from Debian $suite ($uri)"
+  if ! apt-get "${aptopts[@]}" --error-on=any update >"$tmp/update.log" 2>&1; then
+    warn "apt-get update for Debian $suite failed; containerd $want tests will skip. Log:"
+    sed 's/^/    /' "$tmp/update.log" >&2
+    SUMMARY+=("containerd $want: MISSING (apt-get update for $suite failed)")
+    return 0
+  fi
+  if ! (cd "$tmp/debs" && apt-get "${aptopts[@]}" download containerd) >"$tmp/download.log" 2>&1; then
+    warn "apt-get download containerd from Debian $suite failed; containerd $want tests will skip. Log:"
+    sed 's/^/    /' "$tmp/update.log" "$tmp/download.log" >&2
+    SUMMARY+=("containerd $want: MISSING (download from $suite failed)")
+    return 0
+  fi
+  local deb version got
+  deb=$(ls "$tmp"/debs/containerd_*.deb)
+  version=$(dpkg-deb -f "$deb" Version)
+  got=$(sed -E 's/^([0-9]+:)?([0-9]+\.[0-9]+).*/\2/' <<<"$version")
+  if [[ $got != "$want" ]]; then
+    warn "Debian $suite has containerd $version, not $want.x; containerd $want tests will skip."
+    SUMMARY+=("containerd $want: MISSING ($suite has $version)")
+    return 0
+  fi
+  mkdir -p "$PREFIX"
+  rm -rf "$dest.tmp"
+  dpkg -x "$deb" "$dest.tmp"
+  rm -rf "$dest"
+  mv "$dest.tmp" "$dest"
+  SUMMARY+=("containerd $want: $("$dest/usr/bin/containerd" --version | awk '{print $3}') ($dest)")
+}
+
+if [[ ${RHP_SKIP_EXTRA_CONTAINERD:-0} == 1 ]]; then
+  log "RHP_SKIP_EXTRA_CONTAINERD=1: not fetching containerd 1.7 and 2.1"
+else
+  fetch_containerd trixie 1.7
+  fetch_containerd sid 2.1
+fi
+
+# --- 3. Python virtualenv ---------------------------------------------------------------------------
+if [[ ! -x .venv/bin/python ]]; then
+  log "creating .venv with $(command -v python3) ($(python3 -V 2>&1))"
+  python3 -m venv .venv
+fi
+stamp=.venv/.runtime-hook-proxy-deps
+want_stamp=$(sha256sum pyproject.toml | awk '{print $1}')
+if [[ -r $stamp && $(cat "$stamp") == "$want_stamp" ]] && [[ -x .venv/bin/pytest ]]; then
+  log ".venv is up to date with pyproject.toml"
+else
+  log "pip install -e '.[dev]' into .venv"
+  .venv/bin/python -m pip install -q -e '.[dev]' </dev/null
+  printf '%s\n' "$want_stamp" >"$stamp"
+fi
+SUMMARY+=(".venv: $(.venv/bin/python -V 2>&1) at $REPO_ROOT/.venv")
+
+log "summary:"
+for line in "${SUMMARY[@]}"; do
+  printf '  %s\n' "$line"
+done

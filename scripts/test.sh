@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Set up this machine and run every check: the one command to "set up and run the tests".
+#
+#   bash scripts/test.sh [PYTEST ARGS...]     (as root; CI runs it through .ci/run)
+#
+# Steps: scripts/install-deps.sh (Debian packages, containerd 1.7/2.1, .venv), ruff, mypy on
+# the packages that exist, then pytest over tests/. Every step runs even when an earlier one
+# failed; the exit code is non-zero when any failed. pytest finding no test (exit 5) is a failure.
+# Never reads standard input. Environment:
+#   RHP_PYTEST_TIMEOUT      per-test timeout in seconds (default 180)
+#   RHP_REQUIRE_CONTAINERD  versions that must not be skipped (default 1.6, the Debian package)
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+exec </dev/null
+
+failed=()
+step() {
+  local name=$1
+  shift
+  printf '\n==> %s: %s\n' "$name" "$*"
+  local started=$SECONDS
+  "$@"
+  local rc=$?
+  printf '<== %s: exit %d in %ds\n' "$name" "$rc" $((SECONDS - started))
+  ((rc == 0)) || failed+=("$name (exit $rc)")
+  return "$rc"
+}
+
+if [[ $(id -u) -eq 0 ]]; then
+  if ! step install-deps bash scripts/install-deps.sh; then
+    echo "test.sh: install-deps failed; not running the checks" >&2
+    exit 1
+  fi
+elif [[ -x .venv/bin/pytest ]]; then
+  echo "test.sh: not root: skipping scripts/install-deps.sh, using the existing .venv" >&2
+else
+  echo "test.sh: not root and no .venv: run 'sudo bash scripts/install-deps.sh' first" >&2
+  exit 1
+fi
+
+step ruff .venv/bin/ruff check .
+
+packages=()
+for pkg in runtime_proxy hooks scheduler_ext cri_protos examples; do
+  if [[ -d $pkg ]] && find "$pkg" -name '*.py' -print -quit | grep -q .; then
+    packages+=("$pkg")
+  fi
+done
+if ((${#packages[@]})); then
+  step mypy .venv/bin/mypy --explicit-package-bases "${packages[@]}"
+fi
+
+export RHP_REQUIRE_CONTAINERD=${RHP_REQUIRE_CONTAINERD-1.6}
+step pytest .venv/bin/pytest -q -p no:cacheprovider --timeout="${RHP_PYTEST_TIMEOUT:-180}" tests/ "$@"
+pytest_rc=$?
+if ((pytest_rc == 5)); then
+  echo "test.sh: pytest collected no tests: that counts as a failure" >&2
+fi
+
+echo
+if ((${#failed[@]})); then
+  printf 'test.sh: FAILED: %s\n' "${failed[*]}"
+  exit 1
+fi
+echo "test.sh: all checks passed"

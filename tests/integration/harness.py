@@ -1,0 +1,106 @@
+"""Run a proxy for a test: in-process on its own event-loop thread (``ProxyThread``), or as a
+real ``runtime-proxy serve`` process (``ProxyProcess``) for kill -9 and signal tests."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from runtime_proxy.server import Proxy, ProxyOptions
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_for_socket(path: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            try:
+                ch = grpc.insecure_channel(f"unix://{path}")
+                grpc.channel_ready_future(ch).result(timeout=1)
+                ch.close()
+                return
+            except grpc.FutureTimeoutError:
+                pass
+        time.sleep(0.05)
+    raise TimeoutError(f"proxy socket {path} not ready")
+
+
+class ProxyThread:
+    """A ``Proxy`` running on a private event loop in a daemon thread."""
+
+    def __init__(self, opts: ProxyOptions) -> None:
+        self.opts = opts
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="proxy-loop")
+        self.proxy: Proxy | None = None
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(timeout)
+
+    def __enter__(self) -> ProxyThread:
+        self.thread.start()
+
+        async def start() -> Proxy:
+            proxy = Proxy(self.opts)
+            await proxy.start()
+            await asyncio.wait_for(proxy.ready.wait(), 20)
+            return proxy
+
+        self.proxy = self.call(start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proxy is not None:
+            self.call(self.proxy.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+class ProxyProcess:
+    """``runtime-proxy serve`` as a child process."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> None:
+        self.args = args
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, listen: str) -> ProxyProcess:
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "serve", "--listen", listen, *self.args],
+            env=self.env,
+            stdout=out,
+            stderr=out,
+        )
+        wait_for_socket(listen)
+        return self
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return self.proc.wait(5)
+        return self.proc.returncode
