@@ -21,6 +21,7 @@ A file the kernel lacks is ``unsupported``: reported (once in the log), never an
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,7 +35,7 @@ from hooks.plan import CgroupWrite, Plan, Removal, TaskMove
 from runtime_proxy.cgroups import CgroupError, Cgroups, WriteResult
 from runtime_proxy.resctrl import Resctrl
 
-__all__ = ["ApplyReport", "apply_files", "order_writes"]
+__all__ = ["ApplyError", "ApplyReport", "FileApplier", "apply_files", "order_writes"]
 
 log = structlog.get_logger("runtime_proxy.apply")
 
@@ -251,3 +252,48 @@ def _safe_group(resctrl: Resctrl, group: str) -> bool:
 
 def _remove_quietly(resctrl: Resctrl, group: str) -> None:
     resctrl.remove_group(group)
+
+
+class ApplyError(Exception):
+    """A plan's files could not all be applied; ``report`` says what happened."""
+
+    def __init__(self, report: ApplyReport, stage: str = "") -> None:
+        super().__init__(f"{stage or 'apply'}: " + "; ".join(report.errors))
+        self.report = report
+        self.stage = stage
+
+
+class FileApplier:
+    """The applier object the pipeline holds (``runtime_proxy.intercept.Applier``).
+
+    ``apply`` runs ``apply_files`` in a worker thread (cgroup I/O must not block the event
+    loop), logs the report and raises ``ApplyError`` when something failed (after restoring
+    what the plan had changed). ``last_report`` keeps the latest report for tests.
+    """
+
+    def __init__(self, *, cgroups: Cgroups, resctrl: Resctrl | None = None, dry_run: bool = False) -> None:
+        self.cgroups = cgroups
+        self.resctrl = resctrl
+        self.dry_run = dry_run
+        self.last_report: ApplyReport | None = None
+
+    def apply_now(self, plan: Plan, *, diff: bool = False, atomic: bool = True) -> ApplyReport:
+        """Synchronous ``apply_files`` with this applier's trees and dry-run setting."""
+        return apply_files(
+            plan, cgroups=self.cgroups, resctrl=self.resctrl, dry_run=self.dry_run, diff=diff, atomic=atomic
+        )
+
+    async def apply(self, plan: Plan, *, stage: str) -> None:
+        report = await asyncio.to_thread(self.apply_now, plan)
+        self.last_report = report
+        if report.changed or report.moved or report.removed:
+            log.info(
+                "plan applied",
+                stage=stage,
+                changed=len(report.changed),
+                moved=sum(n for _, n in report.moved),
+                removed=len(report.removed),
+                dry_run=self.dry_run,
+            )
+        if report.errors:
+            raise ApplyError(report, stage)

@@ -272,7 +272,15 @@ class Store:
         facts = container_facts_from_config(config, container_id=container_id)
         # The status reports what the runtime applies now (after updates); prefer it.
         if s.HasField("resources") and s.resources.HasField("linux"):
-            facts = facts.replace(resources=resources_from_pb(s.resources.linux))
+            current = resources_from_pb(s.resources.linux)
+            # containerd turns "no swap limit asked" into swap == memory limit; report what was
+            # asked, as the store did before the restart.
+            if (
+                facts.resources.memory_swap_limit_in_bytes == 0
+                and current.memory_swap_limit_in_bytes == current.memory_limit_in_bytes
+            ):
+                current = current.with_changes({"memory_swap_limit_in_bytes": 0})
+            facts = facts.replace(resources=current)
         sandbox_id = ""
         try:
             sandbox_id = json.loads(status.info.get("info", "{}")).get("sandboxID", "")

@@ -336,7 +336,9 @@ class FakeAPIServer:
         return f"http://{host!s}:{port}"
 
     def start(self) -> FakeAPIServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fakeapi", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fakeapi", daemon=True
+        )
         self._thread.start()
         return self
 

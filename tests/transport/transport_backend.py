@@ -11,7 +11,7 @@ service the test interceptor intercepts):
   ClientStream  answer the concatenation of all request messages
   Bidi          echo every request message as it arrives
   Slow          sleep ``x-sleep`` seconds (default 1), then echo; records cancellation
-  Error         fail with code ``x-code``, message ``x-message``, status details and trailers
+  Error         fail with code ``x-code``, message ``x-message-bin`` (UTF-8), status details and trailers
   Meta          answer a JSON object of the metadata and the deadline the handler saw
 """
 
@@ -62,7 +62,7 @@ def build_handlers(record: BackendLog) -> list[grpc.GenericRpcHandler]:
         md = [(k, v) for k, v in (context.invocation_metadata() or ()) if k.startswith("x-")]
         if md:
             await context.send_initial_metadata(tuple(md))
-            context.set_trailing_metadata(tuple((k + "-t", v) for k, v in md))
+            context.set_trailing_metadata(tuple(("x-t-" + k[2:], v) for k, v in md))
         return req
 
     async def server_stream(req: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
@@ -101,7 +101,8 @@ def build_handlers(record: BackendLog) -> list[grpc.GenericRpcHandler]:
         note("Error", req)
         md = _md(context)
         code = grpc.StatusCode.__members__[str(md.get("x-code", "NOT_FOUND"))]
-        message = str(md.get("x-message", "no such thing"))
+        raw = md.get("x-message-bin", b"no such thing")
+        message = raw.decode() if isinstance(raw, bytes) else raw
         context.set_trailing_metadata((("x-trailer", "t-value"), ("x-trailer-bin", b"\x00\xff\x10"),
                                        ("grpc-status-details-bin", STATUS_DETAILS)))
         await context.abort(code, message)
