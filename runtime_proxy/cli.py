@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     p = sub.add_parser("plan", help="print the plan for one JSON document (FILE or stdin)")
     p.add_argument("file", nargs="?")
-    h = sub.add_parser("hook-server", help="serve the plugins over Koordinator's RuntimeHookService")
-    h.add_argument("rest", nargs=argparse.REMAINDER)
-    d = sub.add_parser("demo", help="run the demo: private containerd, the proxy, a demo pod")
-    d.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    sub.add_parser("hook-server", help="serve the plugins over Koordinator's RuntimeHookService", add_help=False)
+    sub.add_parser("demo", help="run the demo: private containerd, the proxy, a demo pod", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command not in ("hook-server", "demo"):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logs.configure(args.log_format, args.log_level)
     if args.command == "serve":
         return _cmd_serve(args)
@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "hook-server":
         from runtime_proxy import hookserver
 
-        return hookserver.main(args.rest)
+        return hookserver.main(rest)
     if args.command == "demo":
         from runtime_proxy import demo
 
-        return demo.main(args.rest)
+        return demo.main(rest)
     return 2
 
 

@@ -19,10 +19,9 @@ kept). A config that does not validate is logged and counted, and the previous o
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import os
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,22 +298,24 @@ class ClusterWatch:
         if self._api_client is None:
             from kubernetes import client, config
 
+            k8s_config: Any = config
             cfg = client.Configuration()
             if os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config(client_configuration=cfg)
+                k8s_config.load_incluster_config(client_configuration=cfg)
             else:
-                config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
+                k8s_config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
             self._api_client = client.ApiClient(cfg)
         return self._api_client
 
     def _watch_loop(self, kind: str, on_change: Callable[[], None]) -> None:
         from kubernetes import client, watch
 
+        new_watch: Any = watch.Watch
         api = self._client()
         group, version, plural = _KINDS[kind]
         selector = f"metadata.name={self.node_name}"
         while not self._stop.is_set():
-            w = watch.Watch()
+            w = new_watch()
             self._watches.append(w)
             try:
                 if group:
@@ -480,7 +481,7 @@ class NodeConfig:
         while True:
             await asyncio.sleep(self.poll_interval)
             try:
-                await asyncio.to_thread(self.reload) if False else self.reload()
+                self.reload()
             except Exception:
                 log.exception("node config poll failed")
 
@@ -497,23 +498,7 @@ class NodeConfig:
             self.cluster.stop()
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
 
-
-def dump_facts(facts: NodeFacts) -> str:
-    """A readable JSON dump of node facts (for logs and debugging)."""
-    return json.dumps(
-        {
-            "name": facts.name,
-            "labels": dict(facts.labels),
-            "annotations": dict(facts.annotations),
-            "nodeSLO": dict(facts.node_slo),
-            "cpus": len(facts.cpu_topology.cpus) if facts.cpu_topology else None,
-            "at": time.time(),
-        },
-        default=str,
-    )

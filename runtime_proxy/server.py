@@ -105,7 +105,7 @@ class Proxy:
         from runtime_proxy import wiring
 
         self.node_source, self.node_watch = wiring.node_source(self.opts.config)
-        self.applier = wiring.applier(self.opts.config)
+        self.applier = wiring.applier(self.opts.config, dry_run=self.opts.dry_run)
 
     def _store_changed(self) -> None:
         if self.reconciler is not None:

@@ -14,11 +14,23 @@ if TYPE_CHECKING:
 
 def node_source(config: ProxyConfig) -> tuple[NodeSource, Any]:
     """The node-config source and the object to start/stop for it (or None)."""
-    return StaticNode(), None
+    from hooks.facts import NodeFacts
+    from runtime_proxy.sysfs import read_cpu_topology
+
+    return StaticNode(NodeFacts(cpu_topology=read_cpu_topology())), None
 
 
-def applier(config: ProxyConfig) -> Any:
-    return None
+def applier(config: ProxyConfig, *, dry_run: bool = False) -> Any:
+    """The single file applier over the configured cgroup and resctrl roots."""
+    from runtime_proxy.apply import FileApplier
+    from runtime_proxy.cgroups import Cgroups
+    from runtime_proxy.resctrl import Resctrl
+
+    return FileApplier(
+        cgroups=Cgroups(config.cgroupRoot, driver=config.cgroupDriver),
+        resctrl=Resctrl(config.resctrlRoot),
+        dry_run=dry_run or config.dryRun,
+    )
 
 
 async def start_hook_servers(proxy: Proxy) -> Any:

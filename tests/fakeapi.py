@@ -726,6 +726,13 @@ class _HTTPServer(ThreadingHTTPServer):
     request_queue_size = 128
     api: FakeAPIServer
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients that hang up (watchers being stopped) are normal, not errors."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError | OSError):
+            super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"

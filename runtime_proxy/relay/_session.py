@@ -158,6 +158,8 @@ class Session(asyncio.Protocol):
         self._down_max_frame = w.DEFAULT_MAX_FRAME  # largest frame the client accepts
         self._up_frame_limit = w.DEFAULT_MAX_FRAME  # largest seen, for validating client frames
         self._down_frame_limit = w.DEFAULT_MAX_FRAME
+        self._server_settings_q: list[list[tuple[int, int]]] = []  # sent by the server, not yet ACKed
+        self._client_settings_q: list[list[tuple[int, int]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._after_tasks: set[asyncio.Task[None]] = set()
         self._refuse_timer: asyncio.TimerHandle | None = None
@@ -383,6 +385,9 @@ class Session(asyncio.Protocol):
             del self._cin[:pos]
         elif pos < len(data):
             self._cin += memoryview(data)[pos:]
+        if self._resume and self._up_q is None:
+            self._resume = False
+            self._pump()
 
     def _parse_client(self, buf: bytes | bytearray) -> int:
         n = len(buf)
@@ -473,8 +478,12 @@ class Session(asyncio.Protocol):
                 elif ftype == w.SETTINGS:
                     if sid != 0 or length % 6:
                         raise FrameError(w.PROTOCOL_ERROR, "bad SETTINGS")
-                    if not flags & w.FLAG_ACK:
-                        self._client_settings(mv[pos + 9 : end])
+                    if flags & w.FLAG_ACK:
+                        if self._server_settings_q:  # the client now uses the server's settings
+                            self._server_settings(self._server_settings_q.pop(0))
+                    else:
+                        self._client_settings_q.append(w.parse_settings(mv[pos + 9 : end]))
+                        self._client_settings_early(self._client_settings_q[-1])
                 elif ftype == w.PING:
                     if sid != 0 or length != 8:
                         raise FrameError(w.PROTOCOL_ERROR, "bad PING")
@@ -506,14 +515,28 @@ class Session(asyncio.Protocol):
             down.clear()
             mv.release()
 
-    def _client_settings(self, payload: memoryview) -> None:
-        for key, value in w.parse_settings(payload):
+    # SETTINGS bind the side that receives them from the moment it acknowledges them: the relay
+    # applies the client's settings (to what it sends the client) when the server's ACK passes,
+    # and the server's when the client's ACK passes. Limits used only to check incoming frames
+    # or header blocks are widened at once, as the sender may use them before the ACK arrives.
+    def _client_settings_early(self, pairs: list[tuple[int, int]]) -> None:
+        for key, value in pairs:
             if key == w.SETTINGS_MAX_FRAME_SIZE:
-                self._down_max_frame = value
                 self._down_frame_limit = max(self._down_frame_limit, value)
             elif key == w.SETTINGS_HEADER_TABLE_SIZE:
-                # The server's encoder may now use up to this much; allow the largest seen.
                 self._s_dec.max_allowed_table_size = max(self._s_dec.max_allowed_table_size, value)
+
+    def _client_settings(self, pairs: list[tuple[int, int]]) -> None:
+        for key, value in pairs:
+            if key == w.SETTINGS_MAX_FRAME_SIZE:
+                self._down_max_frame = value
+
+    def _server_settings_early(self, pairs: list[tuple[int, int]]) -> None:
+        for key, value in pairs:
+            if key == w.SETTINGS_MAX_FRAME_SIZE:
+                self._up_frame_limit = max(self._up_frame_limit, value)
+            elif key == w.SETTINGS_HEADER_TABLE_SIZE:
+                self._c_dec.max_allowed_table_size = max(self._c_dec.max_allowed_table_size, value)
 
     def _client_block_done(self) -> None:
         block = self._c_block
@@ -839,8 +862,12 @@ class Session(asyncio.Protocol):
                 elif ftype == w.SETTINGS:
                     if sid != 0 or length % 6:
                         raise FrameError(w.PROTOCOL_ERROR, "bad SETTINGS")
-                    if not flags & w.FLAG_ACK:
-                        self._server_settings(mv[pos + 9 : end])
+                    if flags & w.FLAG_ACK:
+                        if self._client_settings_q:
+                            self._client_settings(self._client_settings_q.pop(0))
+                    else:
+                        self._server_settings_q.append(w.parse_settings(mv[pos + 9 : end]))
+                        self._server_settings_early(self._server_settings_q[-1])
                 elif ftype == w.PING:
                     if sid != 0 or length != 8:
                         raise FrameError(w.PROTOCOL_ERROR, "bad PING")
@@ -869,8 +896,8 @@ class Session(asyncio.Protocol):
             up.clear()
             mv.release()
 
-    def _server_settings(self, payload: memoryview) -> None:
-        for key, value in w.parse_settings(payload):
+    def _server_settings(self, pairs: list[tuple[int, int]]) -> None:
+        for key, value in pairs:
             if key == w.SETTINGS_INITIAL_WINDOW_SIZE:
                 delta = value - self._up_init_window
                 self._up_init_window = value
@@ -879,9 +906,7 @@ class Session(asyncio.Protocol):
                 self._resume = True
             elif key == w.SETTINGS_MAX_FRAME_SIZE:
                 self._up_max_frame = value
-                self._up_frame_limit = max(self._up_frame_limit, value)
-            elif key == w.SETTINGS_HEADER_TABLE_SIZE:
-                self._c_dec.max_allowed_table_size = max(self._c_dec.max_allowed_table_size, value)
+                self._resume = True
 
     def _s_decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         if self._s_pending:

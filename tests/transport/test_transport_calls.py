@@ -138,12 +138,18 @@ async def test_client_cancel_resets_the_upstream_stream(env: ProxyEnv, service: 
 
 
 async def test_cancelled_bidi_stream_is_cancelled_upstream(env: ProxyEnv) -> None:
-    call = env.channel().stream_stream("/test.Echo/Bidi")
-    c = call(timeout=60)
-    await c.write(b"one")
-    assert await c.read() == b"one"
+    ch = env.channel()
+    c = ch.stream_stream("/test.Echo/Ticker")(timeout=60)
+    await c.write(b"start")
+    assert await c.read() == b"tick 0"
+    assert await c.read() == b"tick 1"
     c.cancel()
-    await _wait_for(lambda: "Bidi" in env.record.cancelled, timeout=5)
+    await _wait_for(lambda: "Ticker" in env.record.cancelled, timeout=5)
+    # The connection carries on.
+    b = ch.stream_stream("/test.Echo/Bidi")(timeout=10)
+    await b.write(b"again")
+    assert await b.read() == b"again"
+    await b.done_writing()
 
 
 # --- streams ---------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ service the test interceptor intercepts):
   ServerStream  send the request ``x-count`` times (default 3)
   ClientStream  answer the concatenation of all request messages
   Bidi          echo every request message as it arrives
+  Ticker        after the first request message, stream ticks for 30 s; records cancellation
   Slow          sleep ``x-sleep`` seconds (default 1), then echo; records cancellation
   Error         fail with code ``x-code``, message ``x-message-bin`` (UTF-8), status details and trailers
   Meta          answer a JSON object of the metadata and the deadline the handler saw
@@ -78,14 +79,22 @@ def build_handlers(record: BackendLog) -> list[grpc.GenericRpcHandler]:
 
     async def bidi(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
         first = True
+        async for r in requests:
+            if first:
+                note("Bidi", r)
+                first = False
+            yield r
+
+    async def ticker(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        async for r in requests:
+            note("Ticker", r)
+            break
         try:
-            async for r in requests:
-                if first:
-                    note("Bidi", r)
-                    first = False
-                yield r
-        except asyncio.CancelledError:
-            record.cancelled.append("Bidi")
+            for i in range(3000):
+                yield b"tick %d" % i
+                await asyncio.sleep(0.01)
+        except BaseException:
+            record.cancelled.append("Ticker")
             raise
 
     async def slow(req: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
@@ -121,6 +130,7 @@ def build_handlers(record: BackendLog) -> list[grpc.GenericRpcHandler]:
         "ClientStream": grpc.stream_unary_rpc_method_handler(client_stream),
         "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
         "Slow": grpc.unary_unary_rpc_method_handler(slow),
+        "Ticker": grpc.stream_stream_rpc_method_handler(ticker),
         "Error": grpc.unary_unary_rpc_method_handler(error),
         "Meta": grpc.unary_unary_rpc_method_handler(meta),
     }
