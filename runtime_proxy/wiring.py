@@ -34,7 +34,14 @@ def applier(config: ProxyConfig, *, dry_run: bool = False) -> Any:
 
 
 async def start_hook_servers(proxy: Proxy) -> Any:
-    return None
+    """Watch ``hookServerDir`` and keep the pipeline's remote steps in line with it (see
+    ``runtime_proxy.hookservers``). Returns the registry; ``await registry.stop()`` ends it."""
+    from runtime_proxy.hookservers import HookServerRegistry
+
+    cfg = proxy.opts.config
+    registry = HookServerRegistry(cfg.hookServerDir, proxy.pipeline, default_timeout=cfg.hookServerTimeout)
+    await registry.start()
+    return registry
 
 
 async def start_reconciler(proxy: Proxy) -> Any:

@@ -184,38 +184,40 @@ def _better(candidate: Hint, best: Hint) -> bool:
 def merge_hints(
     policy: str, providers: Sequence[list[Hint] | None], nodes: tuple[int, ...]
 ) -> Hint:
-    """Merge per-provider hints like kubelet's Topology Manager and return the best one.
+    """Merge per-provider hints as kubelet's Topology Manager intends and return the best one.
 
-    ``None`` from a provider means "no preference"; an empty list means "cannot be satisfied"
-    (it makes every merged hint non-preferred). Under SingleNUMANode only preferred hints of
-    one NUMA node (or "any") survive before merging. Each permutation's affinity is the
-    intersection of its members; preferred is the conjunction. The best hint is preferred
-    before non-preferred, then narrower, then the first found.
+    ``None`` from a provider means "no preference"; an empty list means "cannot be satisfied".
+    Under SingleNUMANode only preferred hints of one NUMA node survive first. A candidate
+    affinity must be one that *every* provider can be satisfied inside (its hint list holds
+    that exact mask, hint lists being complete and monotone); it is preferred when every
+    provider marks that mask preferred. Best: preferred, then narrower, then the first mask.
+
+    This differs from kubelet's permutation AND in one way, on purpose: kubelet can merge
+    {0} (CPU) with {0,1} (two GPUs, one per node) into a "preferred" {0} that the GPUs cannot
+    meet, and then allocate unaligned devices. Here that pod gets {0,1}, not preferred.
     """
     all_nodes = frozenset(nodes)
-    lists: list[list[Hint]] = []
+    tables: list[dict[frozenset[int], bool]] = []
     for hints in providers:
         if hints is None:
-            lists.append([Hint(None, True)])
             continue
         if policy == "SingleNUMANode":
             hints = [
                 h for h in hints if h.preferred and (h.affinity is None or len(h.affinity) == 1)
             ]
-        lists.append(hints or [Hint(None, False)])
+        table: dict[frozenset[int], bool] = {}
+        for h in hints:
+            mask = all_nodes if h.affinity is None else h.affinity
+            table[mask] = table.get(mask, False) or h.preferred
+        tables.append(table)
+    if not tables:
+        return Hint(all_nodes, True)
     best = Hint(all_nodes, False)
-    for combo in itertools.product(*lists):
-        affinity = all_nodes
-        preferred = True
-        for h in combo:
-            if h.affinity is not None:
-                affinity = affinity & h.affinity
-            preferred = preferred and h.preferred
-        if not affinity:
-            continue
-        candidate = Hint(affinity, preferred)
-        if _better(candidate, best):
-            best = candidate
+    for mask in numa_masks(nodes):
+        if all(mask in t for t in tables):
+            candidate = Hint(mask, all(t[mask] for t in tables))
+            if _better(candidate, best):
+                best = candidate
     return best
 
 

@@ -20,4 +20,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "group_identity",
     "batch_resource",
     "gpu_env",
+    "cpu_burst",
+    "rdt",
+    "host_app_qos",
 )

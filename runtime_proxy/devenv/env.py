@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from runtime_proxy.devenv.cgroupfs import pod_cgroup_parent, remove_cgroup_tree
-from runtime_proxy.devenv.containerd import PrivateContainerd
+from runtime_proxy.devenv.containerd import PrivateContainerd, reap_stale_work_dirs
 from runtime_proxy.devenv.cri import CriClient
 
 __all__ = ["ContainerdEnv"]
@@ -45,13 +45,17 @@ class ContainerdEnv:
     _round_pods: set[str] = field(default_factory=set)
 
     @classmethod
-    def start(cls, version: str, *, tag: str | None = None) -> ContainerdEnv:
+    def start(cls, version: str, *, tag: str | None = None, reap_stale: bool = True) -> ContainerdEnv:
         """Start a :class:`PrivateContainerd` of *version* with the image imported.
 
         :param tag: names the top cgroup directory ``/rhptest-<tag>-<v>``; default random.
+        :param reap_stale: first clean up after private containerds whose owner died
+            (:func:`~runtime_proxy.devenv.containerd.reap_stale_work_dirs`).
         :raises ContainerdError: see :meth:`PrivateContainerd.start`.
         """
         began = time.monotonic()
+        if reap_stale:
+            reap_stale_work_dirs()
         ctrd = PrivateContainerd(version).start()
         top = f"/rhptest-{tag or secrets.token_hex(4)}-{version.replace('.', '')}"
         ctrd.track_cgroup_parent(top)

@@ -81,7 +81,8 @@ class ProxyProcess:
     def start(self, listen: str) -> ProxyProcess:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "serve", "--listen", listen, *self.args],
+            [sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level",
+             os.environ.get("RHP_LOG_LEVEL", "info"), "serve", "--listen", listen, *self.args],
             env=self.env,
             stdout=out,
             stderr=out,

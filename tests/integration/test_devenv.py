@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import queue
+import subprocess
+import sys
 import tarfile
 import threading
+import uuid
 from pathlib import Path
 
 import grpc
@@ -18,7 +21,7 @@ import pytest
 
 from cri_protos import api_pb2
 from runtime_proxy.devenv import cgroupfs
-from runtime_proxy.devenv.containerd import render_config
+from runtime_proxy.devenv.containerd import binaries_for, reap_stale_work_dirs, render_config
 from runtime_proxy.devenv.cri import BURN_CPU_COMMAND, CriClient, linux_resources
 from runtime_proxy.devenv.env import ContainerdEnv
 from runtime_proxy.devenv.image import DEFAULT_IMAGE, build_image_archive
@@ -151,6 +154,41 @@ def test_killed_daemon_restarts_with_pods_intact(containerd: ContainerdEnv, cri:
     patient = containerd.cri_client(wait_for_ready=True, timeout=10.0)
     assert patient.container_status(cid).state == api_pb2.CONTAINER_RUNNING
     assert _cpu(cgroup_parent, cid, "cpu.shares") == "256"
+
+
+_CRASHING_OWNER = """
+import sys, time
+from pathlib import Path
+from runtime_proxy.devenv.containerd import PrivateContainerd
+from runtime_proxy.devenv.cri import CriClient
+ctrd = PrivateContainerd("1.6", work_dir=Path(sys.argv[1])).start()
+ctrd.track_cgroup_parent(sys.argv[2])
+with CriClient(ctrd.socket) as cri:
+    cri.run_container(cri.run_pod(cgroup_parent=sys.argv[2] + "/kubepods/podx"))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.requires_root
+@pytest.mark.skipif(bool(binaries_for("1.6").missing()), reason="containerd 1.6 not installed")
+def test_work_dir_of_a_killed_owner_is_reaped(tmp_path: Path) -> None:
+    work_dir = tmp_path / "rhp-ctrd-crash"
+    top = f"/rhptest-reap-{uuid.uuid4().hex[:8]}"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _CRASHING_OWNER, str(work_dir), top], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "ready"
+        assert reap_stale_work_dirs(tmp_path, min_age=0) == []  # owner alive: untouched
+    finally:
+        owner.kill()
+        owner.wait()
+    assert Path("/sys/fs/cgroup/cpu", top.lstrip("/")).is_dir()  # the crash left the pod behind
+    assert reap_stale_work_dirs(tmp_path, min_age=0) == [work_dir]
+    assert not work_dir.exists()
+    assert not any(Path(h, top.lstrip("/")).exists() for h in cgroupfs.cgroup_hierarchies())
+    assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(work_dir) in line]
 
 
 # -- pure helpers (no root, no containerd) ---------------------------------------------------------

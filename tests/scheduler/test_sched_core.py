@@ -202,12 +202,15 @@ NODES2 = (0, 1)
         ("SingleNUMANode", [[Hint(F({0, 1}), True)]], Hint(F({0, 1}), False)),
         ("Restricted", [[Hint(F({0}), True), Hint(F({1}), True)], [Hint(F({1}), True)]], Hint(F({1}), True)),
         ("Restricted", [[Hint(F({0}), True)], [Hint(F({1}), True)]], Hint(F({0, 1}), False)),
+        ("Restricted", [[Hint(F({0}), True), Hint(F({1}), True), Hint(F({0, 1}), False)],
+                        [Hint(F({0, 1}), True)]], Hint(F({0, 1}), False)),
         ("BestEffort", [None, [Hint(F({1}), True)]], Hint(F({1}), True)),
         ("BestEffort", [[]], Hint(F({0, 1}), False)),
     ],
     ids=["narrowest-preferred-wins", "wide-preferred-is-fine-for-restricted",
          "single-numa-drops-multi-node-hints", "cpu-and-gpu-meet-on-one-node",
-         "disjoint-providers-give-no-preferred-hint", "no-preference-provider-is-neutral",
+         "disjoint-providers-give-no-preferred-hint", "never-narrower-than-a-provider-can-meet",
+         "no-preference-provider-is-neutral",
          "unsatisfiable-provider-is-not-preferred"],
 )
 def test_merge_hints_like_topology_manager(policy: str, providers: list, expected: Hint) -> None:  # type: ignore[type-arg]

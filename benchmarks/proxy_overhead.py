@@ -1,0 +1,240 @@
+"""Proxy overhead on real containerd: the same calls direct and through the proxy, interleaved
+A/B in one run, reported as p50/p99 and proxy/direct ratios.
+
+    .venv/bin/python benchmarks/proxy_overhead.py [--containerd 1.6] [--transport relay] [--quick]
+    .venv/bin/python benchmarks/proxy_overhead.py --stub      # stub backend: the proxy's own cost
+
+The proxy runs as a real `runtime-proxy serve` process with every built-in plugin on. Targets
+(issue 2) are printed next to the figures; nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cri_protos import api_pb2  # noqa: E402
+from runtime_proxy.devenv import PrivateContainerd, pod_cgroup_parent, remove_cgroup_tree  # noqa: E402
+from runtime_proxy.devenv.cri import CriClient, container_config, linux_resources  # noqa: E402
+from tests.integration.harness import ProxyProcess  # noqa: E402
+
+VERSION = "/runtime.v1.RuntimeService/Version"
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def row(name: str, direct: list[float], proxied: list[float], target: str = "") -> None:
+    d50, p50 = statistics.median(direct), statistics.median(proxied)
+    d99, p99 = pct(direct, 0.99), pct(proxied, 0.99)
+    print(f"{name:<34} {d50 * 1e3:9.3f} {p50 * 1e3:9.3f} {p50 / d50:7.2f}x {d99 * 1e3:9.3f} {p99 * 1e3:9.3f} "
+          f"{p99 / d99:7.2f}x  {target}")
+
+
+def header() -> None:
+    print(f"{'call':<34} {'direct50':>9} {'proxy50':>9} {'ratio':>8} {'direct99':>9} {'proxy99':>9} {'ratio':>8}")
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def ab(n: int, direct: Callable[[], Any], proxied: Callable[[], Any]) -> tuple[list[float], list[float]]:
+    d: list[float] = []
+    p: list[float] = []
+    for i in range(n):
+        if i % 2:
+            d.append(timed(direct))
+            p.append(timed(proxied))
+        else:
+            p.append(timed(proxied))
+            d.append(timed(direct))
+    return d, p
+
+
+def lifecycle(client: CriClient, top: str) -> None:
+    uid = str(uuid.uuid4())
+    parent = pod_cgroup_parent(top, "burstable", uid)
+    pod = client.run_pod(cgroup_parent=parent, uid=uid, labels={"koordinator.sh/qosClass": "LS"})
+    cid = client.create_container(pod.pod_id, container_config(resources=linux_resources(cpu_shares=512)), pod.config)
+    client.start_container(cid)
+    client.stop_container(cid)
+    client.remove_container(cid)
+    client.stop_pod_sandbox(pod.pod_id)
+    client.remove_pod_sandbox(pod.pod_id)
+
+
+def throughput(socket: str, clients: int, seconds: float) -> float:
+    stop = time.monotonic() + seconds
+    counts = [0] * clients
+
+    def worker(i: int) -> None:
+        with grpc.insecure_channel(f"unix://{socket}") as ch:
+            mc = ch.unary_unary(VERSION)
+            while time.monotonic() < stop:
+                mc(b"", timeout=10)
+                counts[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / seconds
+
+
+def fast_under_slow(socket: str, cid: str, n: int) -> tuple[list[float], list[float]]:
+    with grpc.insecure_channel(f"unix://{socket}") as ch:
+        mc = ch.unary_unary(VERSION)
+        idle = [timed(lambda: mc(b"", timeout=10)) for _ in range(n)]
+        slow = ch.unary_unary("/runtime.v1.RuntimeService/ExecSync")
+        req = api_pb2.ExecSyncRequest(container_id=cid, cmd=["sleep", "3"]).SerializeToString()
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            futures = [pool.submit(slow, req, timeout=30) for _ in range(32)]
+            time.sleep(0.5)
+            busy = [timed(lambda: mc(b"", timeout=10)) for _ in range(n)]
+            for f in futures:
+                f.result()
+    return idle, busy
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def run_real(args: argparse.Namespace) -> None:
+    n = 60 if args.quick else 300
+    top = f"/rhp-bench-{uuid.uuid4().hex[:6]}"
+    with PrivateContainerd(args.containerd) as ctrd, tempfile.TemporaryDirectory() as tmp:
+        listen = str(Path(tmp) / "proxy.sock")
+        proxy = ProxyProcess(["--backend", str(ctrd.socket), "--transport", args.transport,
+                              "--hook-server-dir", str(Path(tmp) / "hs.d")]).start(listen)
+        try:
+            direct, proxied = CriClient(str(ctrd.socket)), CriClient(listen)
+            print(f"containerd {args.containerd}, transport {args.transport}, n={n}\n")
+            header()
+            row("Version", *ab(n, direct.version, proxied.version))
+            pods = []
+            for i in range(5 if args.quick else 10):
+                uid = str(uuid.uuid4())
+                pod = direct.run_pod(cgroup_parent=pod_cgroup_parent(top, "burstable", uid), uid=uid)
+                for _ in range(10 if args.quick else 5):
+                    direct.run_container(pod, start=i == 0)
+                pods.append(pod)
+            ids = [c.id for c in direct.list_containers()]
+            print(f"-- with {len(ids)} containers --")
+            row("ListPodSandbox", *ab(n, direct.list_pod_sandboxes, proxied.list_pod_sandboxes))
+            row("ListContainers", *ab(n, direct.list_containers, proxied.list_containers), "target p50 <= 2.0x")
+            row("ContainerStatus", *ab(n, lambda: direct.container_status(ids[0]),
+                                      lambda: proxied.container_status(ids[0])))
+            k = 4 if args.quick else 12
+            row("full lifecycle (7 calls)", *ab(k, lambda: lifecycle(direct, top), lambda: lifecycle(proxied, top)),
+                "target <= 1.05x")
+            secs = 2.0 if args.quick else 4.0
+            td, tp = throughput(str(ctrd.socket), 16, secs), throughput(listen, 16, secs)
+            print(f"{'16-client Version throughput':<34} direct {td:8.0f}/s  proxy {tp:8.0f}/s  ratio {tp / td:5.2f}x"
+                  "  target >= 0.5x")
+            running = pods[0].container_ids[0]
+            idle, busy = fast_under_slow(listen, running, 40)
+            print(f"{'fast call, 32 slow in flight':<34} idle p50 {statistics.median(idle) * 1e3:7.3f} ms  busy p50 "
+                  f"{statistics.median(busy) * 1e3:7.3f} ms  ratio {statistics.median(busy) / statistics.median(idle):5.2f}x"
+                  "  target <= 3x")
+            # 200 tracked containers: create the rest through the proxy so the store holds them.
+            total = len(ids)
+            while total < 200:
+                uid = str(uuid.uuid4())
+                pod = proxied.run_pod(cgroup_parent=pod_cgroup_parent(top, "burstable", uid), uid=uid)
+                for _ in range(10):
+                    proxied.run_container(pod, start=False)
+                total += 10
+            assert proxy.proc is not None
+            print(f"{'proxy RSS, ' + str(total) + ' containers':<34} {rss_kib(proxy.proc.pid) / 1024:7.1f} MiB"
+                  "  target <= 64 MiB")
+            direct.remove_all_pods()
+        finally:
+            proxy.terminate()
+            remove_cgroup_tree(top)
+
+
+async def _stub_backend(path: str) -> Any:
+    """A CRI stand-in that answers every unary call at once with an empty message."""
+    server = grpc.aio.server()
+
+    class Generic(grpc.GenericRpcHandler):  # type: ignore[misc]
+        def service(self, details: Any) -> Any:
+            async def answer(request: bytes, context: Any) -> bytes:
+                return b""
+
+            return grpc.unary_unary_rpc_method_handler(answer)
+
+    server.add_generic_rpc_handlers((Generic(),))
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    return server
+
+
+def run_stub(args: argparse.Namespace) -> None:
+    n = 500 if args.quick else 3000
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = str(Path(tmp) / "stub.sock")
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(_stub_backend(backend), loop).result(10)
+        listen = str(Path(tmp) / "proxy.sock")
+        proxy = ProxyProcess(["--backend", backend, "--transport", args.transport, 
+                              "--hook-server-dir", str(Path(tmp) / "hs.d")]).start(listen)
+        try:
+            with grpc.insecure_channel(f"unix://{backend}") as dch, grpc.insecure_channel(f"unix://{listen}") as pch:
+                d, p = dch.unary_unary(VERSION), pch.unary_unary(VERSION)
+                for _ in range(50):
+                    d(b""), p(b"")
+                print(f"stub backend, transport {args.transport}, n={n}\n")
+                header()
+                row("Version (stub)", *ab(n, lambda: d(b""), lambda: p(b"")))
+                body = api_pb2.StartContainerRequest(container_id="x" * 64).SerializeToString()
+                sd, sp = dch.unary_unary("/runtime.v1.RuntimeService/StartContainer"), pch.unary_unary(
+                    "/runtime.v1.RuntimeService/StartContainer")
+                row("StartContainer, intercepted (stub)", *ab(n // 3, lambda: sd(body), lambda: sp(body)))
+            td, tp = throughput(backend, 16, 2.0), throughput(listen, 16, 2.0)
+            print(f"{'16-client throughput (stub)':<34} direct {td:8.0f}/s  proxy {tp:8.0f}/s  ratio {tp / td:5.2f}x")
+        finally:
+            proxy.terminate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--containerd", default="1.6")
+    parser.add_argument("--transport", default="relay", choices=("relay", "grpc"))
+    parser.add_argument("--stub", action="store_true", help="stub backend instead of containerd")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("PYTHONPATH", str(REPO))
+    os.environ.setdefault("RHP_LOG_LEVEL", "warning")
+    (run_stub if args.stub else run_real)(args)
+
+
+if __name__ == "__main__":
+    main()

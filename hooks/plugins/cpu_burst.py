@@ -1,0 +1,225 @@
+"""cpu_burst: Koordinator's CPU Burst for LS and label-less pods.
+
+Stages
+    ``post_create_container`` and ``pre_update_container_resources`` (container
+    ``cpu.cfs_burst_us``, once the container exists), ``reconcile_container`` (the same, and 0
+    when the policy is off), ``reconcile_pod`` (pod ``cpu.cfs_burst_us`` = sum over
+    ``pod.containers``).
+Inputs
+    NodeSLO ``cpuBurstStrategy`` (``policy`` none | cpuBurstOnly | cfsQuotaBurstOnly | auto,
+    ``cpuBurstPercent`` 1000, ``cfsQuotaBurstPercent`` 300, ``cfsQuotaBurstPeriodSeconds`` -1,
+    ``sharePoolThresholdPercent`` 50) merged with the pod annotation ``koordinator.sh/cpuBurst``;
+    pod label ``koordinator.sh/qosClass`` (LSR, LSE and BE pods are not eligible); the
+    container's CPU limit (CRI ``cpu_quota`` / ``cpu_period``).
+Outputs
+    writes ``container``/``cpu.cfs_burst_us`` and ``pod``/``cpu.cfs_burst_us`` (v2:
+    ``cpu.max.burst``): limit cores x cpuBurstPercent/100 x 100000, 0 without a limit. Mainline
+    kernels refuse a burst above the quota (EINVAL), so the value is capped at the container's
+    quota and the cap is recorded as a skip.
+cfsQuotaBurst (the periodic loop, ``runtime_proxy.burst``)
+    is decided here by pure functions over observed stats: ``share_pool_state``,
+    ``decide_operation``, ``next_quota`` and the token bucket ``BurstLimiter``. The loop reads
+    ``cpu.stat`` and the share-pool load, calls them and applies the quota writes.
+Leaves alone
+    ``cpu.cfs_quota_us`` (only the loop changes it), LSR/LSE/BE pods, containers without an id.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hooks.facts import (
+    CFS_PERIOD_US,
+    ContainerFacts,
+    CPUBurstConfig,
+    NodeFacts,
+    PodFacts,
+    container_cgroup_path,
+    pod_cgroup_path,
+    slo_cpu_burst,
+)
+from hooks.plan import Plan
+from hooks.spec import hookimpl
+
+BURST_FILE = "cpu.cfs_burst_us"
+SCALE_UP_RATIO = 1.2
+SCALE_DOWN_RATIO = 0.8
+COOLING_FACTOR = 0.9
+INELIGIBLE = ("LSR", "LSE", "BE")
+
+
+def is_eligible(pod: PodFacts) -> bool:
+    """CPU Burst covers LS and label-less pods (not LSR, LSE, BE)."""
+    return pod.qos_label not in INELIGIBLE
+
+
+def pod_burst_config(pod: PodFacts, node: NodeFacts, plan: Plan | None = None) -> CPUBurstConfig:
+    problems: list[str] = []
+    cfg = slo_cpu_burst(node.node_slo, pod.annotations, problems)
+    if plan is not None:
+        for p in problems:
+            plan.skip(f"pod {pod.namespace}/{pod.name}: {p}")
+    return cfg
+
+
+def limit_quota(container: ContainerFacts) -> int:
+    """The container's CFS quota scaled to the 100 ms base period; 0 without a limit."""
+    r = container.resources
+    if r.cpu_quota <= 0:
+        return 0
+    period = r.cpu_period or CFS_PERIOD_US
+    return r.cpu_quota * CFS_PERIOD_US // period
+
+
+def container_burst_us(container: ContainerFacts, cfg: CPUBurstConfig) -> tuple[int, int | None]:
+    """``(value, uncapped)``: Koordinator's burst for the container, capped at its quota;
+    ``uncapped`` is the value before the cap when the cap applied."""
+    quota = limit_quota(container)
+    if quota <= 0 or not cfg.cpu_burst_enabled:
+        return 0, None
+    value = quota * cfg.cpu_burst_percent // 100
+    cap = container.resources.cpu_quota
+    if value > cap:
+        return cap, value
+    return value, None
+
+
+def _container_plan(pod: PodFacts, container: ContainerFacts, node: NodeFacts, *, reconcile: bool) -> Plan:
+    plan = Plan()
+    if not is_eligible(pod) or not container.id:
+        return plan
+    cfg = pod_burst_config(pod, node, plan)
+    if not cfg.cpu_burst_enabled and not reconcile:
+        return plan
+    value, uncapped = container_burst_us(container, cfg)
+    if uncapped is not None:
+        plan.skip(f"{BURST_FILE} {uncapped} capped at the quota {value} (the kernel refuses a burst above the quota)")
+    try:
+        path = container_cgroup_path(pod, container.id, node.cgroup.driver)
+    except ValueError as exc:
+        return plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
+    plan.write("container", path, BURST_FILE, value)
+    return plan
+
+
+@hookimpl
+def rhp_post_create_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _container_plan(pod, container, node, reconcile=False)
+
+
+@hookimpl
+def rhp_pre_update_container_resources(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _container_plan(pod, container, node, reconcile=False)
+
+
+@hookimpl
+def rhp_reconcile_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _container_plan(pod, container, node, reconcile=True)
+
+
+@hookimpl
+def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    plan = Plan()
+    if not is_eligible(pod) or not pod.containers:
+        return plan
+    cfg = pod_burst_config(pod, node, plan)
+    try:
+        path = pod_cgroup_path(pod)
+    except ValueError as exc:
+        return plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
+    plan.write("pod", path, BURST_FILE, sum(container_burst_us(c, cfg)[0] for c in pod.containers))
+    return plan
+
+
+# ---- cfsQuotaBurst: pure decisions for runtime_proxy.burst -------------------------------------
+
+OVERLOAD, COOLING, IDLE = "overload", "cooling", "idle"
+UP, REMAIN, DOWN = "up", "remain", "down"
+
+
+def share_pool_state(usage_ratio: float | None, threshold_percent: int) -> str:
+    """Node state from the share pool's usage ratio: >= threshold -> overload; between
+    0.9 x threshold and threshold, or unknown -> cooling; below -> idle."""
+    if usage_ratio is None:
+        return COOLING
+    threshold = threshold_percent / 100
+    if usage_ratio >= threshold:
+        return OVERLOAD
+    if usage_ratio >= COOLING_FACTOR * threshold:
+        return COOLING
+    return IDLE
+
+
+def throttled_ratio(
+    prev: tuple[int, int, float] | None, cur: tuple[int, int, float], max_age: float
+) -> float | None:
+    """Δnr_throttled / Δnr_periods between two ``(nr_periods, nr_throttled, time)`` samples of
+    ``cpu.stat``; None (no data) without a previous sample younger than ``max_age``."""
+    if prev is None or cur[2] - prev[2] > max_age or cur[2] <= prev[2]:
+        return None
+    periods = cur[0] - prev[0]
+    if periods <= 0:
+        return 0.0
+    return max(0, cur[1] - prev[1]) / periods
+
+
+def decide_operation(throttled: float | None, node_state: str, limiter_ok: bool = True) -> str:
+    """Koordinator's per-container decision: throttled -> up, else remain; an overloaded pool
+    turns up/remain into down, a cooling one turns up into remain; an empty token bucket
+    forces down."""
+    op = UP if throttled is not None and throttled > 0 else REMAIN
+    if node_state == OVERLOAD:
+        op = DOWN
+    elif node_state == COOLING and op == UP:
+        op = REMAIN
+    if not limiter_ok:
+        op = DOWN
+    return op
+
+
+def quota_ceiling(base: int, cfg: CPUBurstConfig) -> int:
+    return base * cfg.cfs_quota_burst_percent // 100
+
+
+def next_quota(current: int, base: int, ceiling: int, op: str) -> int:
+    """Scale up x1.2 or down x0.8, always within [base, ceiling]."""
+    if current <= 0:
+        current = base
+    if op == UP:
+        value = int(current * SCALE_UP_RATIO)
+    elif op == DOWN:
+        value = int(current * SCALE_DOWN_RATIO)
+    else:
+        value = current
+    return max(base, min(ceiling, value))
+
+
+@dataclass
+class BurstLimiter:
+    """Token bucket for ``cfsQuotaBurstPeriodSeconds >= 0``: capacity = period x
+    (cfsQuotaBurstPercent - 100) (percent-seconds). Running at >= 100% of the limit consumes
+    (usage% - 100) per second; below 60% refills (100 - usage%) per second. Tokens <= 0 force
+    a scale-down. Initial tokens are random in [0, 0.5) x capacity."""
+
+    capacity: float
+    tokens: float
+    last: float
+
+    @classmethod
+    def new(cls, cfg: CPUBurstConfig, now: float, rng: Callable[[], float] = random.random) -> BurstLimiter:
+        capacity = float(cfg.cfs_quota_burst_period_seconds * (cfg.cfs_quota_burst_percent - 100))
+        return cls(capacity, rng() * 0.5 * capacity, now)
+
+    def update(self, usage_percent: float, now: float) -> bool:
+        """Account ``usage_percent`` (of the limit) since the last update; True while tokens
+        remain."""
+        elapsed = max(0.0, now - self.last)
+        self.last = now
+        if usage_percent >= 100:
+            self.tokens -= (usage_percent - 100) * elapsed
+        elif usage_percent < 60:
+            self.tokens += (100 - usage_percent) * elapsed
+        self.tokens = max(-self.capacity, min(self.capacity, self.tokens))
+        return self.tokens > 0

@@ -1,0 +1,85 @@
+"""host_app_qos: QoS for applications that run on the host, outside containers.
+
+Stages
+    ``reconcile_node`` (at proxy start, on every node config change and every period).
+Inputs
+    NodeSLO ``hostApplications[]``: ``name``, ``qos`` (LSE/LSR/LS/BE/SYSTEM), ``priority``,
+    ``cgroupPath{base (CgroupRoot | Kubepods | KubepodsBurstable | KubepodsBesteffort),
+    parentDir, relativePath}`` (default ``host-latency-sensitive/<name>`` for LSE/LSR/LS,
+    ``host-best-effort/<name>`` for BE); the group identity config (same keys and defaults as
+    plugin ``group_identity``); the LS share pools (as plugin ``cpuset``).
+Outputs
+    writes ``host-app``/``<path>``: ``cpu.bvt_warp_ns`` by the app's QoS (0 while group
+    identity is disabled; ``cpu.idle`` = schedIdle instead under ``cpuPolicy: coreSched``) and,
+    for LS apps only, ``cpuset.cpus`` = all LS share pools.
+Leaves alone
+    creating the cgroups, initialising their cpuset.mems and moving PIDs in (the user's job, as
+    in Koordinator); a path that would leave the cgroup root is refused (a skip), as is an app
+    without a path; cpuset for non-LS apps is recorded as a skip (Koordinator treats it as an
+    error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hooks.facts import (
+    SLO_CLASS_KEYS,
+    NodeFacts,
+    all_share_pool_cpus,
+    class_bvt_value,
+    format_cpu_list,
+    group_identity_enabled,
+    host_app_cgroup_path,
+    share_pools,
+    slo_cpu_policy,
+    slo_cpu_qos,
+)
+from hooks.plan import Plan
+from hooks.spec import hookimpl
+
+
+@hookimpl
+def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
+    plan = Plan()
+    apps = node.node_slo.get("hostApplications")
+    if apps is None:
+        return plan
+    if not isinstance(apps, list):
+        return plan.skip("hostApplications must be a list")
+    policy = slo_cpu_policy(node.node_slo)
+    gi_enabled = group_identity_enabled(node.node_slo)
+    ls_cpus: str | None = None
+    for app in apps:
+        if not isinstance(app, Mapping):
+            plan.skip(f"host application {app!r} is not an object")
+            continue
+        name = app.get("name", "")
+        qos = app.get("qos", "")
+        try:
+            path = host_app_cgroup_path(app, node.cgroup.driver)
+        except ValueError as exc:
+            plan.skip(f"host application {name!r} refused: {exc}")
+            continue
+        if not path:
+            plan.skip(f"host application {name!r} has no cgroup path (qos {qos!r})")
+            continue
+        key = SLO_CLASS_KEYS.get(qos) if isinstance(qos, str) else None
+        if policy == "coreSched":
+            if key and slo_cpu_qos(node.node_slo, key).enable:
+                plan.write("host-app", path, "cpu.idle", 1 if slo_cpu_qos(node.node_slo, key).sched_idle else 0)
+        elif policy in ("", "groupIdentity"):
+            value = class_bvt_value(node.node_slo, key) if (gi_enabled and key) else 0
+            plan.write("host-app", path, "cpu.bvt_warp_ns", value)
+        if qos == "LS":
+            if ls_cpus is None:
+                try:
+                    ls_cpus = format_cpu_list(all_share_pool_cpus(share_pools(node)))
+                except ValueError as exc:
+                    plan.skip(f"bad cpu share pools: {exc}")
+                    ls_cpus = ""
+            if ls_cpus:
+                plan.write("host-app", path, "cpuset.cpus", ls_cpus)
+        else:
+            plan.skip(f"host application {name!r}: cpuset is only set for LS applications, not {qos!r}")
+    return plan

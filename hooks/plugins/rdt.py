@@ -1,0 +1,246 @@
+"""rdt: cache (L3 CAT) and memory-bandwidth (MBA) isolation between QoS classes, and per pod.
+
+Stages
+    ``reconcile_node`` (class groups ``LSR``, ``LS``, ``BE`` and their schemata),
+    ``pre_run_pod_sandbox`` (pod group ``koordlet-<podUID>`` and its schemata),
+    ``post_run_pod_sandbox`` (the sandbox's tasks join the pod's group),
+    ``post_start_container`` (the container's tasks join its group, synchronously, at start —
+    not minutes later as Koordinator's async loop, issue #756), ``reconcile_pod`` and
+    ``reconcile_container`` (schemata and task moves again: new threads join),
+    ``post_remove_pod_sandbox`` (the pod group goes away with its pod).
+Inputs
+    NodeSLO ``resourceQOSStrategy.{lsrClass,lsClass,beClass}.resctrlQOS.{enable,
+    catRangeStartPercent,catRangeEndPercent,mbaPercent}`` (defaults LSR/LS 0-100 and 100, BE
+    0-30 and 100, ``enable`` false); ``node.resctrl`` (root ``cbm_mask``, L3 ``cache_ids``,
+    ``vendor``); pod label ``koordinator.sh/qosClass`` with the kube-QoS fallback (LSE pods use
+    LSR); pod annotation ``node.koordinator.sh/resctrl`` (``{"llc":{"schemata":{"range":[20,80]},
+    "schemataPerCache":[{"cacheID":0,"range":[20,50]}]},"mb":{"schemata":{"percent":20},
+    "schemataPerCache":[{"cacheID":1,"percent":40}]}}``).
+Schemata math (Koordinator)
+    ways = bit length of the root cbm; startWay = ceil(ways x start/100), endWay = ceil(ways x
+    end/100); mask = (1 << endWay) - (1 << startWay) in hex; line ``L3:<id>=<mask>;...;``.
+    MB: percent 1-100; Intel rounds up to a multiple of 10; AMD: 100 -> 2048 (unlimited), else
+    floor(160 x percent / 100); line ``MB:<id>=<v>;...;``.
+Outputs
+    writes ``resctrl``/``<group>``/``schemata``; moves of ``container``/``sandbox`` tasks;
+    removal of ``resctrl``/``koordlet-<podUID>``.
+Leaves alone
+    classes whose resctrlQOS is not enabled, SYSTEM pods, the root group, monitoring groups.
+    Without resctrl facts (no resctrl on the node) it records one skip and plans nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from hooks.facts import (
+    ANNOTATION_POD_RESCTRL,
+    ContainerFacts,
+    NodeFacts,
+    PodFacts,
+    container_cgroup_path,
+    load_json_annotation,
+    slo_resctrl_qos,
+)
+from hooks.plan import Plan
+from hooks.spec import hookimpl
+
+CLASS_GROUPS = {"LSR": "lsrClass", "LS": "lsClass", "BE": "beClass"}
+GROUP_OF_QOS = {"LSE": "LSR", "LSR": "LSR", "LS": "LS", "BE": "BE"}
+POD_GROUP_PREFIX = "koordlet-"
+AMD_MB_UNLIMITED = 2048
+AMD_MB_MAX_GBPS = 160
+
+
+def l3_mask(cbm_mask: str, start_percent: int, end_percent: int) -> str:
+    """The L3 capacity bitmask for a range of ways, in hex (``ValueError`` if empty/bad)."""
+    ways = int(cbm_mask, 16).bit_length()
+    if ways <= 0:
+        raise ValueError(f"bad root cbm mask {cbm_mask!r}")
+    if not 0 <= start_percent < end_percent <= 100:
+        raise ValueError(f"bad cache range {start_percent}-{end_percent}%")
+    start_way = math.ceil(ways * start_percent / 100)
+    end_way = math.ceil(ways * end_percent / 100)
+    mask = (1 << end_way) - (1 << start_way)
+    if mask <= 0:
+        raise ValueError(f"cache range {start_percent}-{end_percent}% of {ways} ways is empty")
+    return format(mask, "x")
+
+
+def mb_value(percent: int, vendor: str) -> int:
+    """The MB schemata value for a bandwidth percentage (``ValueError`` outside 1-100)."""
+    if isinstance(percent, bool) or not isinstance(percent, int) or not 1 <= percent <= 100:
+        raise ValueError(f"mba percent {percent!r} must be 1-100")
+    if vendor == "amd":
+        return AMD_MB_UNLIMITED if percent == 100 else AMD_MB_MAX_GBPS * percent // 100
+    return math.ceil(percent / 10) * 10
+
+
+def _line(resource: str, values: Mapping[int, str | int]) -> str:
+    return f"{resource}:" + "".join(f"{cid}={v};" for cid, v in sorted(values.items()))
+
+
+def class_schemata(node: NodeFacts, class_key: str) -> str:
+    """The schemata of a class group (``ValueError`` when the config or facts are bad)."""
+    q = slo_resctrl_qos(node.node_slo, class_key)
+    rc = node.resctrl
+    mask = l3_mask(rc.cbm_mask, q.cat_range_start_percent, q.cat_range_end_percent)
+    mb = mb_value(q.mba_percent, rc.vendor)
+    ids = rc.cache_ids or (0,)
+    return _line("L3", {i: mask for i in ids}) + "\n" + _line("MB", {i: mb for i in ids}) + "\n"
+
+
+def pod_schemata(data: Any, node: NodeFacts) -> str:
+    """The schemata of a pod group from the ``node.koordinator.sh/resctrl`` annotation."""
+    if not isinstance(data, Mapping):
+        raise ValueError("resctrl annotation must be a JSON object")
+    rc = node.resctrl
+    ids = rc.cache_ids or (0,)
+    lines: list[str] = []
+    llc = data.get("llc")
+    if llc is not None:
+        if not isinstance(llc, Mapping):
+            raise ValueError("llc must be an object")
+        per_id: dict[int, str] = {}
+        llc_default = llc.get("schemata") or {}
+        default = llc_default.get("range") if isinstance(llc_default, Mapping) else None
+        for i in ids:
+            rng = default
+            for entry in llc.get("schemataPerCache") or []:
+                if isinstance(entry, Mapping) and entry.get("cacheID") == i:
+                    rng = entry.get("range")
+            if rng is None:
+                rng = [0, 100]
+            if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(v, int) for v in rng)):
+                raise ValueError(f"llc range {rng!r} must be [start, end]")
+            per_id[i] = l3_mask(rc.cbm_mask, rng[0], rng[1])
+        lines.append(_line("L3", per_id))
+    mb = data.get("mb")
+    if mb is not None:
+        if not isinstance(mb, Mapping):
+            raise ValueError("mb must be an object")
+        mb_ids: dict[int, int] = {}
+        mb_default = mb.get("schemata") or {}
+        default_pct = mb_default.get("percent") if isinstance(mb_default, Mapping) else None
+        for i in ids:
+            pct = default_pct
+            for entry in mb.get("schemataPerCache") or []:
+                if isinstance(entry, Mapping) and entry.get("cacheID") == i:
+                    pct = entry.get("percent")
+            mb_ids[i] = mb_value(100 if pct is None else pct, rc.vendor)
+        lines.append(_line("MB", mb_ids))
+    if not lines:
+        raise ValueError("resctrl annotation has neither llc nor mb")
+    return "\n".join(lines) + "\n"
+
+
+def pod_group_name(pod: PodFacts) -> str:
+    if not pod.uid or "/" in pod.uid or "\x00" in pod.uid or pod.uid in (".", ".."):
+        raise ValueError(f"bad pod uid {pod.uid!r}")
+    return POD_GROUP_PREFIX + pod.uid
+
+
+def has_pod_group(pod: PodFacts) -> bool:
+    return bool(pod.annotations.get(ANNOTATION_POD_RESCTRL))
+
+
+def group_of(pod: PodFacts, node: NodeFacts) -> str | None:
+    """The resctrl group the pod's tasks belong in, None for "none"."""
+    if has_pod_group(pod):
+        try:
+            return pod_group_name(pod)
+        except ValueError:
+            return None
+    group = GROUP_OF_QOS.get(pod.qos_class)
+    if group is None or not slo_resctrl_qos(node.node_slo, CLASS_GROUPS[group]).enable:
+        return None
+    return group
+
+
+def _facts_ok(node: NodeFacts, plan: Plan) -> bool:
+    if not node.resctrl.cbm_mask:
+        plan.skip("resctrl is not available on this node (no L3 cbm mask)")
+        return False
+    return True
+
+
+def _pod_group_plan(pod: PodFacts, node: NodeFacts) -> Plan:
+    plan = Plan()
+    if not has_pod_group(pod) or not _facts_ok(node, plan):
+        return plan
+    try:
+        data = load_json_annotation(pod.annotations, ANNOTATION_POD_RESCTRL)
+        plan.write("resctrl", pod_group_name(pod), "schemata", pod_schemata(data, node))
+    except ValueError as exc:
+        plan.skip(f"pod {pod.namespace}/{pod.name}: bad {ANNOTATION_POD_RESCTRL}: {exc}")
+    return plan
+
+
+def _move(plan: Plan, pod: PodFacts, node: NodeFacts, level: str, cid: str) -> Plan:
+    if not cid or not node.resctrl.cbm_mask:
+        return plan
+    group = group_of(pod, node)
+    if group is None:
+        return plan
+    try:
+        plan.move_tasks(level, container_cgroup_path(pod, cid, node.cgroup.driver), group)
+    except ValueError as exc:
+        plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
+    return plan
+
+
+@hookimpl
+def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
+    plan = Plan()
+    enabled = [g for g, key in CLASS_GROUPS.items() if slo_resctrl_qos(node.node_slo, key).enable]
+    if not enabled or not _facts_ok(node, plan):
+        return plan
+    for group in enabled:
+        try:
+            plan.write("resctrl", group, "schemata", class_schemata(node, CLASS_GROUPS[group]))
+        except ValueError as exc:
+            plan.skip(f"resctrl group {group}: {exc}")
+    return plan
+
+
+@hookimpl
+def rhp_pre_run_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    return _pod_group_plan(pod, node)
+
+
+@hookimpl
+def rhp_post_run_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    return _move(Plan(), pod, node, "sandbox", pod.sandbox_id)
+
+
+@hookimpl
+def rhp_post_start_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _move(Plan(), pod, node, "container", container.id)
+
+
+@hookimpl
+def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    return _move(_pod_group_plan(pod, node), pod, node, "sandbox", pod.sandbox_id)
+
+
+@hookimpl
+def rhp_reconcile_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    return _move(Plan(), pod, node, "container", container.id)
+
+
+@hookimpl
+def rhp_post_remove_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    plan = Plan()
+    if has_pod_group(pod):
+        try:
+            plan.remove("resctrl", pod_group_name(pod))
+        except ValueError as exc:
+            plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
+    return plan
+
+
+def stale_pod_groups(existing: list[str], live_pod_uids: set[str]) -> list[str]:
+    """Pod-level groups (``koordlet-<uid>``) whose pod is gone (for the reconciler's GC)."""
+    return [g for g in existing if g.startswith(POD_GROUP_PREFIX) and g[len(POD_GROUP_PREFIX):] not in live_pod_uids]
