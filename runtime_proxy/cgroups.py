@@ -299,6 +299,17 @@ class Cgroups:
         except ValueError:
             return False
 
+    def matches(self, path: str, file: str, value: str | int) -> bool | None:
+        """Whether ``file`` of cgroup ``path`` already holds ``value`` (v1 terms); None when it
+        cannot be read (missing directory or file, unsafe path)."""
+        try:
+            directory, name = self._target(path, file)
+            raw = (directory / name).read_text()
+            wanted = self._translate(file, str(value), raw)
+        except (OSError, CgroupError, ValueError):
+            return None
+        return self._same(name if self.version == 2 else file, wanted, raw)
+
     def _report_unsupported(self, file: str, target: Path) -> None:
         CGROUP_UNSUPPORTED.labels(file).inc()
         if file not in self._unsupported:

@@ -79,7 +79,7 @@ def _timeout(context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
 
 async def _relay_error(context: grpc.aio.ServicerContext[Any, Any], err: grpc.aio.AioRpcError) -> None:
     trailing = err.trailing_metadata()
-    await context.abort(err.code(), err.details() or "", trailing if trailing else ())
+    await context.abort(err.code(), err.details() or "", tuple(trailing) if trailing else ())
 
 
 class GrpcTransport:
@@ -126,6 +126,10 @@ class GrpcTransport:
                     except HookRejected as rej:
                         code = _code(rej.code).name
                         await context.abort(_code(rej.code), rej.message)
+                    except Exception as exc:  # a bug in the hook side must not reach the runtime
+                        log.exception("interceptor failed", method=method)
+                        code = "INTERNAL"
+                        await context.abort(grpc.StatusCode.INTERNAL, f"runtime-hook-proxy: hook error: {exc}")
                 call = self._callable("uu", method)(
                     request, metadata=_request_metadata(context), timeout=_timeout(context)
                 )
@@ -141,10 +145,10 @@ class GrpcTransport:
                     raise
                 initial = await call.initial_metadata()
                 if initial:
-                    await context.send_initial_metadata(initial)
+                    await context.send_initial_metadata(tuple(initial))
                 trailing = await call.trailing_metadata()
                 if trailing:
-                    context.set_trailing_metadata(trailing)
+                    context.set_trailing_metadata(tuple(trailing))
                 if intercepted:
                     await interceptor.after(method, request, response)
                 return response
@@ -194,12 +198,12 @@ class GrpcTransport:
         try:
             initial = await call.initial_metadata()
             if initial:
-                await context.send_initial_metadata(initial)
+                await context.send_initial_metadata(tuple(initial))
             async for item in call:
                 yield item
             trailing = await call.trailing_metadata()
             if trailing:
-                context.set_trailing_metadata(trailing)
+                context.set_trailing_metadata(tuple(trailing))
         except grpc.aio.AioRpcError as err:
             await _relay_error(context, err)
         except (asyncio.CancelledError, GeneratorExit):
@@ -209,7 +213,7 @@ class GrpcTransport:
     def _handler_for(self, method: str) -> grpc.RpcMethodHandler:
         if method in SERVER_STREAMING:
             return grpc.unary_stream_rpc_method_handler(self._unary_stream(method))
-        if is_known_unary(method):
+        if is_known_unary(method) or self.interceptor.intercepts(method):
             return grpc.unary_unary_rpc_method_handler(self._unary(method))
         return grpc.stream_stream_rpc_method_handler(self._stream_stream(method))
 

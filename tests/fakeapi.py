@@ -29,7 +29,8 @@ NodeResourceTopology (``topology.node.k8s.io/v1alpha1``), Device
 with ``register``. Test helpers: ``create``/``get``/``objects`` without HTTP, ``inject`` to fail
 the next matching requests, ``count`` of requests by verb.
 
-Run standalone (benchmarks): ``python -m tests.fakeapi --port 0`` prints the URL.
+Run standalone (benchmarks): ``python -m tests.fakeapi --port 0 [--load objects.json]`` prints
+the URL.
 """
 
 from __future__ import annotations
@@ -873,8 +874,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Run the fake Kubernetes API server.")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--history", type=int, default=100_000)
+    parser.add_argument("--load", default="", help="JSON file with a list of objects to create first")
     args = parser.parse_args()
-    server = FakeAPIServer(port=args.port, history=args.history).start()
+    server = FakeAPIServer(port=args.port, history=args.history)
+    if args.load:
+        with open(args.load, encoding="utf-8") as fh:
+            server.create_many(json.load(fh))
+        server.store.events.clear()  # seeding is history nobody watched
+        server.store.first_rv = server.store.rv
+    server.start()
     print(server.url, flush=True)
     try:
         while True:

@@ -45,6 +45,7 @@ __all__ = [
     "PrivateContainerd",
     "available_versions",
     "binaries_for",
+    "clean_up_work_dir",
     "reap_stale_work_dirs",
     "render_config",
 ]
@@ -237,8 +238,13 @@ def _pids_with_arg(needle: str) -> list[int]:
     return found
 
 
-def _clean_up_after(work_dir: Path, cgroup_parents: list[str], *, remove_files: bool = True) -> None:
-    """Kill the shims of *work_dir*'s socket, remove cgroup trees, unmount, delete (daemon gone)."""
+def clean_up_work_dir(work_dir: Path, cgroup_parents: list[str], *, remove_files: bool = True) -> None:
+    """Tear down what a private containerd left in *work_dir* once its daemon is gone.
+
+    Kills the shims serving its socket (by PID, found by the socket path in their arguments),
+    removes *cgroup_parents* depth-first (killing what still runs in them), detaches mounts
+    under *work_dir*, deletes the shim sockets of its tasks and, with *remove_files*, the files.
+    """
     for pid in _pids_with_arg(str(work_dir / "containerd.sock")):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -310,7 +316,7 @@ def reap_stale_work_dirs(base: Path = Path("/tmp"), *, min_age: float = 120.0) -
             parents = (work_dir / _CGROUPS_FILE).read_text().split()
         except OSError:
             parents = []
-        _clean_up_after(work_dir, parents)
+        clean_up_work_dir(work_dir, parents)
         reaped.append(work_dir)
     return reaped
 
@@ -653,7 +659,7 @@ class PrivateContainerd:
                     self._kill_tasks_with_ctr()
         if proc is not None:
             self._terminate(proc, timeout)
-        _clean_up_after(self._work_dir, self._cgroup_parents, remove_files=not self.keep_work_dir)
+        clean_up_work_dir(self._work_dir, self._cgroup_parents, remove_files=not self.keep_work_dir)
         self._cgroup_parents.clear()
         self._work_dir = None
 

@@ -131,7 +131,9 @@ def pod(
     if numa_policy is not None:
         ann["scheduling.koordinator.sh/numa-topology-spec"] = json.dumps({"numaTopologyPolicy": numa_policy})
     spec: dict[str, Any] = {
-        "containers": [{"name": "main", "image": "busybox", "resources": {"requests": requests, "limits": dict(requests)}}],
+        "containers": [
+            {"name": "main", "image": "busybox", "resources": {"requests": requests, "limits": dict(requests)}}
+        ],
         "schedulerName": "default-scheduler",
     }
     if priority is not None:

@@ -58,7 +58,7 @@ def test_filter_with_node_names_reports_precise_reasons(
 ) -> None:
     full = [pod(f"f{i}", cpu="4", node_name="busy", annotations={RS: json.dumps({"cpuset": c})})
             for i, c in enumerate(["0-1,8-9", "2-3,10-11", "4-5,12-13", "6-7,14-15"])]
-    ext = serve(cluster(["busy", "free"]) + [node("bare")] + full)
+    ext = serve([*cluster(["busy", "free"]), node("bare"), *full])
     wait_for(lambda: len(ext.state.pods) == 4)
     p = pod("new", cpu="4")
     reply = httpx.post(f"{ext.url}/filter", json={"Pod": p, "Nodes": None,
@@ -97,7 +97,7 @@ def test_prioritize_scores_by_strategy(
     from scheduler_ext.extender import ExtenderConfig
 
     placed = pod("old", cpu="8", node_name="half", annotations={RS: json.dumps({"cpuset": "0-3,8-11"})})
-    ext = serve(cluster(["empty", "half"]) + [placed], cfg=ExtenderConfig(score_strategy=strategy))
+    ext = serve([*cluster(["empty", "half"]), placed], cfg=ExtenderConfig(score_strategy=strategy))
     wait_for(lambda: len(ext.state.pods) == 1)
     reply = httpx.post(f"{ext.url}/prioritize", json={"Pod": pod("new", cpu="2"),
                                                       "NodeNames": ["empty", "half"]}).json()
@@ -193,7 +193,7 @@ def test_invalid_pod_request_makes_every_node_unresolvable(serve: Callable[..., 
 def test_preempt_keeps_nodes_where_victims_make_room(serve: Callable[..., Extender]) -> None:
     victim = pod("victim", cpu="16", node_name="n1", annotations={RS: json.dumps({"cpuset": "0-15"})})
     other = pod("other", cpu="16", node_name="n2", annotations={RS: json.dumps({"cpuset": "0-15"})})
-    ext = serve(cluster(["n1", "n2"]) + [victim, other])
+    ext = serve([*cluster(["n1", "n2"]), victim, other])
     wait_for(lambda: len(ext.state.pods) == 2)
     body = {"Pod": pod("new", cpu="8"), "NodeNameToMetaVictims": {
         "n1": {"Pods": [{"UID": victim["metadata"]["uid"]}], "NumPDBViolations": 1},
@@ -228,7 +228,8 @@ def test_parallel_binds_on_one_node_get_disjoint_cpusets(
     exts = [start_extender(api.url, ledger=ledger, identity=f"r{i}") for i in range(replicas)]
     try:
         for ext in exts:
-            wait_for(lambda ext=ext: all(ext.state.pending(p["metadata"]["uid"]) for p in pods))
+            state = ext.state
+            wait_for(lambda: all(state.pending(p["metadata"]["uid"]) for p in pods))  # noqa: B023
         with ThreadPoolExecutor(16) as pool:
             errors = list(pool.map(lambda ip: bind(exts[ip[0] % replicas], ip[1], "n1"), enumerate(pods)))
     finally:
@@ -244,7 +245,7 @@ def test_parallel_binds_on_one_node_get_disjoint_cpusets(
 
 
 def test_device_objects_feed_the_gpu_inventory(api: FakeAPIServer, serve: Callable[..., Extender]) -> None:
-    ext = serve(cluster(["g"]) + [device("g", 2, unhealthy=[1])])
+    ext = serve([*cluster(["g"]), device("g", 2, unhealthy=[1])])
     wait_for(lambda: bool(ext.state.nodes["g"].gpus))
     reply = httpx.post(f"{ext.url}/filter", json={"Pod": pod("p", extra={"nvidia.com/gpu": "2"}),
                                                    "NodeNames": ["g"]}).json()

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="union-attr,arg-type,no-untyped-call,attr-defined,index"
 """The fake API server follows real REST semantics, checked with the official client only."""
 
 from __future__ import annotations

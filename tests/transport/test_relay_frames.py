@@ -64,8 +64,8 @@ def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
     return out
 
 
-REQ_HOOKED = b"grow:300:" + bytes(range(256)) * 80  # 20 KiB: several DATA frames
-REQ_PLAIN = b"plain" * 1000
+REQ_HOOKED = b"grow:300:" + bytes(range(256)) * 8  # 2 KiB in several DATA frames
+REQ_PLAIN = b"plain" * 100
 
 
 def _request_headers(enc: Encoder, path: str) -> bytes:
@@ -84,13 +84,13 @@ def client_stream() -> bytes:
     out.append(w.frame(w.HEADERS, 0, 1, block[:10]))
     out.append(w.frame(w.CONTINUATION, w.FLAG_END_HEADERS, 1, block[10:]))
     msg = w.grpc_frame(REQ_PLAIN)
-    out.append(w.frame(w.DATA, w.FLAG_PADDED, 1, bytes([7]) + msg[:2000] + b"\x00" * 7))
-    out.append(w.frame(w.DATA, w.FLAG_END_STREAM, 1, msg[2000:]))
+    out.append(w.frame(w.DATA, w.FLAG_PADDED, 1, bytes([7]) + msg[:200] + b"\x00" * 7))
+    out.append(w.frame(w.DATA, w.FLAG_END_STREAM, 1, msg[200:]))
     out.append(w.frame(w.HEADERS, w.FLAG_END_HEADERS, 3, _request_headers(enc, "/test.Hooked/Unary")))
     hooked = w.grpc_frame(REQ_HOOKED)
-    for i in range(0, len(hooked), 7000):
-        last = i + 7000 >= len(hooked)
-        out.append(w.frame(w.DATA, w.FLAG_END_STREAM if last else 0, 3, hooked[i : i + 7000]))
+    for i in range(0, len(hooked), 700):
+        last = i + 700 >= len(hooked)
+        out.append(w.frame(w.DATA, w.FLAG_END_STREAM if last else 0, 3, hooked[i : i + 700]))
     out.append(w.window_update(0, 100000))
     out.append(w.frame(w.PING, 0, 0, b"12345678"))
     out.append(w.frame(w.PRIORITY, 0, 5, b"\x00\x00\x00\x00\x10"))
@@ -111,9 +111,9 @@ def server_stream() -> bytes:
     out.append(w.frame(w.HEADERS, w.FLAG_END_HEADERS | w.FLAG_END_STREAM, 1, enc.encode(trailers)))
     grown = w.grpc_frame(expected(REQ_HOOKED))
     out.append(w.frame(w.HEADERS, w.FLAG_END_HEADERS, 3, enc.encode(resp_headers)))
-    out.append(w.frame(w.DATA, 0, 3, grown[:5000]))
+    out.append(w.frame(w.DATA, 0, 3, grown[:500]))
     out.append(w.window_update(0, 40000))
-    out.append(w.frame(w.DATA, 0, 3, grown[5000:]))
+    out.append(w.frame(w.DATA, 0, 3, grown[500:]))
     out.append(w.frame(w.HEADERS, w.FLAG_END_HEADERS | w.FLAG_END_STREAM, 3, enc.encode(trailers)))
     out.append(w.frame(w.PING, w.FLAG_ACK, 0, b"12345678"))
     return b"".join(out)

@@ -1,0 +1,280 @@
+"""Scale benchmark of the scheduler extender (issue 6); targets live here, not in tests.
+
+Setup, all on loopback: the fake API server (``tests/fakeapi.py``) in its own process, seeded
+with N nodes (two sockets of 104 CPUs each: 2 x 52 cores x 2 threads), their
+NodeResourceTopology objects and P placed LSR pods carrying ``resource-status`` cpusets; the
+extender as ``scheduler-ext serve`` in its own process (watches, cache, HA ledger on); this
+script as kube-scheduler, over keep-alive HTTP with kube-scheduler's JSON.
+
+Phases:
+
+1. sync: time until ``/readyz`` (the extender listed everything through the official client).
+2. latency: sequential cycles filter(500 names) -> prioritize(survivors) -> bind(best).
+3. throughput: the same cycle, but binds run in a pool of 4 (kube-scheduler binds
+   asynchronously while it schedules the next pod); pods/s over the whole phase.
+4. memory: the extender's resident set (VmRSS) and peak (VmHWM) from /proc.
+
+Run ``python benchmarks/extender_scale.py`` (full size: 5000 nodes, 50,000 pods, 500
+candidates) or ``--quick`` (500 nodes, 5,000 pods, 500 candidates at most).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scheduler_ext.topology import synthetic_topology, topology_annotation  # noqa: E402
+from tests.scheduler.builders import device, node, nrt, pod  # noqa: E402
+
+TARGETS = {"filter_p99_ms": 20.0, "prioritize_p99_ms": 20.0, "bind_p99_ms": 30.0,
+           "pods_per_s": 200.0, "rss_mib": 1024.0}
+TOPO_TEXT = topology_annotation(synthetic_topology(2, 1, 52, 2))
+RS = "scheduling.koordinator.sh/resource-status"
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def placed_pods(node_names: list[str], per_node: int, rng: random.Random) -> list[dict[str, Any]]:
+    """``per_node`` LSR pods per node with disjoint whole-core cpusets (2-8 CPUs each)."""
+    out: list[dict[str, Any]] = []
+    for name in node_names:
+        core = rng.randrange(0, 20)
+        for i in range(per_node):
+            cores = rng.choice((1, 2, 3, 4))
+            ids = [c for k in range(core, core + cores) for c in (k, k + 104)]
+            core += cores
+            p = pod(f"{name}-p{i}", cpu=str(len(ids)), node_name=name,
+                    annotations={RS: json.dumps({"cpuset": ",".join(map(str, sorted(ids)))})})
+            p["metadata"]["namespace"] = f"ns{i % 20}"
+            out.append(p)
+    return out
+
+
+class Cluster:
+    """Fake API server process plus extender process."""
+
+    def __init__(self, objects: list[dict[str, Any]], *, ledger: bool) -> None:
+        self.tmp = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
+        json.dump(objects, self.tmp)
+        self.tmp.close()
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.api = subprocess.Popen(
+            [sys.executable, "-m", "tests.fakeapi", "--port", "0", "--load", self.tmp.name,
+             "--history", "500000"],
+            cwd=ROOT, stdout=subprocess.PIPE, env=env, text=True,
+        )
+        assert self.api.stdout is not None
+        self.api_url = self.api.stdout.readline().strip()
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.started = time.monotonic()
+        args = [sys.executable, "-m", "scheduler_ext.cli", "serve", "--api-server", self.api_url,
+                "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
+        if not ledger:
+            args.append("--no-ha-ledger")
+        self.ext = subprocess.Popen(args, cwd=ROOT, env=env)
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def wait_ready(self, timeout: float = 600) -> float:
+        deadline = self.started + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.client.get("/readyz").status_code == 200:
+                    return time.monotonic() - self.started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("extender never became ready")
+
+    def rss_mib(self) -> tuple[float, float]:
+        fields = {}
+        with open(f"/proc/{self.ext.pid}/status", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+    def close(self) -> None:
+        self.client.close()
+        for proc in (self.ext, self.api):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        os.unlink(self.tmp.name)
+
+
+def cycle(
+    client: httpx.Client,
+    p: dict[str, Any],
+    candidates: list[str],
+    timings: dict[str, list[float]],
+    submit_bind: Callable[[dict[str, Any], str], None],
+) -> bool:
+    t0 = time.perf_counter()
+    f = client.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": candidates}).json()
+    t1 = time.perf_counter()
+    timings["filter"].append((t1 - t0) * 1000)
+    survivors = f["NodeNames"] or []
+    if not survivors:
+        return False
+    if len(survivors) > 1:
+        scores = client.post("/prioritize", json={"Pod": p, "Nodes": None, "NodeNames": survivors}).json()
+        timings["prioritize"].append((time.perf_counter() - t1) * 1000)
+        best = max(scores, key=lambda s: s["Score"])["Host"]
+    else:
+        best = survivors[0]
+    submit_bind(p, best)
+    return True
+
+
+def do_bind(client: httpx.Client, p: dict[str, Any], target: str, timings: dict[str, list[float]],
+            errors: list[str], lock: threading.Lock) -> None:
+    t0 = time.perf_counter()
+    reply = client.post("/bind", json={"PodName": p["metadata"]["name"],
+                                       "PodNamespace": p["metadata"]["namespace"],
+                                       "PodUID": p["metadata"]["uid"], "Node": target}).json()
+    with lock:
+        timings["bind"].append((time.perf_counter() - t0) * 1000)
+        if reply["Error"]:
+            errors.append(reply["Error"])
+
+
+def run_phases(
+    cl: Cluster, pending: list[dict[str, Any]], names: list[str], candidates: int, rng: random.Random
+) -> dict[str, Any]:
+    half = len(pending) // 2
+    lock = threading.Lock()
+    errors: list[str] = []
+    seq: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    for p in pending[:half]:
+        cycle(cl.client, p, rng.sample(names, candidates), seq,
+              lambda pp, n: do_bind(cl.client, pp, n, seq, errors, lock))
+    par: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    clients = [httpx.Client(base_url=cl.url, timeout=30) for _ in range(4)]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        idx = iter(range(10**9))
+        futures = []
+
+        def submit(pp: dict[str, Any], n: str) -> None:
+            c = clients[next(idx) % 4]
+            futures.append(pool.submit(do_bind, c, pp, n, par, errors, lock))
+
+        for p in pending[half:]:
+            cycle(cl.client, p, rng.sample(names, candidates), par, submit)
+        for fut in futures:
+            fut.result()
+    wall = time.perf_counter() - started
+    for c in clients:
+        c.close()
+    return {"seq": seq, "par": par, "pods_per_s": (len(pending) - half) / wall, "errors": errors}
+
+
+def report(title: str, rows: list[tuple[str, float, float | None, bool]], extra: dict[str, Any]) -> None:
+    print(f"\n{title}")
+    for k, v in extra.items():
+        print(f"  {k}: {v}")
+    print(f"  {'metric':<34}{'value':>12}{'target':>12}  verdict")
+    for name, value, target, lower_is_better in rows:
+        if target is None:
+            verdict, t = "", ""
+        else:
+            ok = value <= target if lower_is_better else value >= target
+            verdict = "PASS" if ok else "MISS"
+            t = f"{target:.1f}"
+        print(f"  {name:<34}{value:>12.2f}{t:>12}  {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="500 nodes, 5,000 placed pods")
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--placed", type=int, default=50_000)
+    parser.add_argument("--candidates", type=int, default=500)
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--no-ledger", action="store_true", help="single-replica mode")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if args.quick:
+        args.nodes, args.placed, args.cycles = 500, 5000, 600
+    rng = random.Random(args.seed)
+    names = [f"node-{i:05d}" for i in range(args.nodes)]
+    objects: list[dict[str, Any]] = []
+    for n in names:
+        objects.append(node(n))
+        objects.append(nrt(n, TOPO_TEXT))
+    objects += placed_pods(names, args.placed // args.nodes, rng)
+    pending = [pod(f"new-{i:05d}", cpu="4", namespace="bench") for i in range(args.cycles)]
+    objects += pending
+    t0 = time.monotonic()
+    cl = Cluster(objects, ledger=not args.no_ledger)
+    del objects
+    try:
+        sync = cl.wait_ready()
+        rss_sync, _ = cl.rss_mib()
+        res = run_phases(cl, pending, names, min(args.candidates, len(names)), rng)
+        time.sleep(1)  # let the watch confirm the last binds
+        rss, hwm = cl.rss_mib()
+    finally:
+        cl.close()
+    seq, par = res["seq"], res["par"]
+    rows = [
+        ("filter p99 ms (sequential)", pct(seq["filter"], 99), TARGETS["filter_p99_ms"], True),
+        ("prioritize p99 ms (sequential)", pct(seq["prioritize"], 99), TARGETS["prioritize_p99_ms"], True),
+        ("bind p99 ms (sequential)", pct(seq["bind"], 99), TARGETS["bind_p99_ms"], True),
+        ("filter p50 ms (sequential)", statistics.median(seq["filter"]), None, True),
+        ("prioritize p50 ms (sequential)", statistics.median(seq["prioritize"]), None, True),
+        ("bind p50 ms (sequential)", statistics.median(seq["bind"]), None, True),
+        ("filter p99 ms (pipelined)", pct(par["filter"], 99), None, True),
+        ("bind p99 ms (pipelined)", pct(par["bind"], 99), None, True),
+        ("full cycle pods/s (pipelined)", res["pods_per_s"], TARGETS["pods_per_s"], False),
+        ("extender RSS MiB (end)", rss, TARGETS["rss_mib"], True),
+        ("extender peak RSS MiB", hwm, TARGETS["rss_mib"], True),
+    ]
+    report(
+        "extender_scale",
+        rows,
+        {
+            "nodes": args.nodes, "placed pods": args.placed, "candidates": args.candidates,
+            "cycles": args.cycles, "ha ledger": not args.no_ledger, "cpus": os.cpu_count(),
+            "cache sync s": round(sync, 1), "RSS after sync MiB": round(rss_sync),
+            "bind errors": len(res["errors"]), "total s": round(time.monotonic() - t0, 1),
+        },
+    )
+    if res["errors"]:
+        print("  first bind error:", res["errors"][0])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Transport benchmark: each transport's cost as ratios against a direct call, in one run.
+
+Usage: ``.venv/bin/python benchmarks/transport/run.py [--quick] [--python-ends] [--json FILE]``
+
+Ends: the Go echo server and Go client from ``go/`` (built by ``setup.sh`` into
+``_work/transport-bench/bin``, or built here when ``go`` is on PATH); without Go, grpcio
+(Python) ends with the same call mix, whose ratios say less since the ends are slow themselves.
+
+Targets, each in its own process except ``direct``: direct (client -> echo server), ``floor``
+(``floor_relay.py``, a byte copy), ``relay`` (``RelayTransport``) and ``grpc`` (``GrpcTransport``,
+when ``runtime_proxy.grpc_transport`` imports). For every target:
+  - pass-through unary: sequential calls, p50 and p99 latency;
+  - intercepted unary: ``/bench.Echo/Hooked``, whose hook decodes and re-encodes a small CRI
+    ``CreateContainerRequest`` (for direct and floor it is just another call);
+  - 16-concurrent throughput: calls per second, 16 callers on one connection;
+  - 1000-message stream: a bidi stream, every message sent and echoed, p50 time;
+  - the proxy's peak RSS (VmHWM) and CPU time per pass-through call.
+Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+BIN = ROOT / "_work" / "transport-bench" / "bin"
+PY = sys.executable
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+
+def small_request() -> bytes:
+    from cri_protos import api_pb2
+
+    req = api_pb2.CreateContainerRequest(pod_sandbox_id="f" * 64)
+    req.config.metadata.name = "app"
+    req.config.image.image = "registry.local/app:1.0"
+    req.config.labels["io.kubernetes.pod.name"] = "web-0"
+    req.config.annotations["koordinator.sh/qosClass"] = "LS"
+    req.config.linux.resources.cpu_shares = 1024
+    req.config.linux.resources.memory_limit_in_bytes = 512 << 20
+    return req.SerializeToString()
+
+
+def go_available() -> bool:
+    if (BIN / "echoserver").exists() and (BIN / "client").exists():
+        return True
+    if shutil.which("go") is None:
+        return False
+    result = subprocess.run(["bash", str(HERE / "setup.sh"), "--build-only"], capture_output=True, text=True)
+    if result.returncode != 0:
+        print("building the Go ends failed; using Python ends:\n" + result.stderr[-2000:], file=sys.stderr)
+        return False
+    return (BIN / "echoserver").exists()
+
+
+def start(argv: list[str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != b"ready":
+        proc.kill()
+        raise RuntimeError(f"{argv} did not start: {line!r}")
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def proc_stats(pid: int) -> tuple[float, float]:
+    """(peak RSS in MiB, CPU seconds) of a process."""
+    hwm = 0.0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) / 1024
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return hwm, (int(fields[11]) + int(fields[12])) / ticks
+
+
+class Ends:
+    """Go or Python client and echo server."""
+
+    def __init__(self, go: bool, quick: bool) -> None:
+        self.go = go
+        self.n = 500 if quick else 3000
+        self.seconds = 1.0 if quick else 3.0
+        self.reps = 5 if quick else 20
+
+    def server(self, path: str) -> subprocess.Popen[bytes]:
+        if self.go:
+            return start([str(BIN / "echoserver"), "-listen", path])
+        return start([PY, str(HERE / "py_ends.py"), "server", path])
+
+    def client(self, path: str, mode: str, method: str, payload: bytes) -> dict[str, Any]:
+        if self.go:
+            argv = [str(BIN / "client"), "-addr", path, "-mode", mode, "-method", method, "-payload", payload.hex(),
+                    "-n", str(self.n), "-seconds", str(self.seconds), "-reps", str(self.reps)]
+        else:
+            argv = [PY, str(HERE / "py_ends.py"), "client", path, mode, method, payload.hex(),
+                    str(self.n), str(self.seconds), str(self.reps)]
+        out = subprocess.run(argv, capture_output=True, check=True, timeout=600).stdout
+        result: dict[str, Any] = json.loads(out)
+        return result
+
+
+def measure(ends: Ends, path: str, payload: bytes, proxy: subprocess.Popen[bytes] | None) -> dict[str, float]:
+    row: dict[str, float] = {}
+    cpu0 = proc_stats(proxy.pid)[1] if proxy else 0.0
+    r = ends.client(path, "unary", "/bench.Echo/Unary", payload)
+    if proxy:
+        row["cpu_us_per_call"] = (proc_stats(proxy.pid)[1] - cpu0) / (ends.n + 200) * 1e6
+    row["unary_p50_us"], row["unary_p99_us"] = r["p50_us"], r["p99_us"]
+    r = ends.client(path, "unary", "/bench.Echo/Hooked", payload)
+    row["hooked_p50_us"], row["hooked_p99_us"] = r["p50_us"], r["p99_us"]
+    r = ends.client(path, "conc", "/bench.Echo/Unary", payload)
+    row["conc16_calls_per_s"] = r["calls_per_s"]
+    r = ends.client(path, "stream", "/bench.Echo/Stream", payload)
+    row["stream1000_p50_ms"] = r["p50_ms"]
+    if proxy:
+        row["rss_mib"] = proc_stats(proxy.pid)[0]
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
+    parser.add_argument("--python-ends", action="store_true", help="use grpcio ends even when Go is there")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+
+    go = not args.python_ends and go_available()
+    ends = Ends(go, args.quick)
+    payload = small_request()
+    targets = ["direct", "floor", "relay"]
+    try:
+        import runtime_proxy.grpc_transport  # noqa: F401
+
+        targets.append("grpc")
+    except ImportError:
+        print("runtime_proxy.grpc_transport not importable: skipping the grpc transport", file=sys.stderr)
+
+    tmp = tempfile.mkdtemp(prefix="rhp-bench-")
+    backend_path = os.path.join(tmp, "echo.sock")
+    results: dict[str, dict[str, float]] = {}
+    server = ends.server(backend_path)
+    try:
+        for target in targets:
+            if target == "direct":
+                results[target] = measure(ends, backend_path, payload, None)
+                continue
+            listen = os.path.join(tmp, f"{target}.sock")
+            if target == "floor":
+                argv = [PY, str(HERE / "floor_relay.py"), listen, backend_path]
+            else:
+                argv = [PY, str(HERE / "serve.py"), target, listen, backend_path]
+            proxy = start(argv)
+            try:
+                results[target] = measure(ends, listen, payload, proxy)
+            finally:
+                stop(proxy)
+    finally:
+        stop(server)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    report(results, "Go" if go else "Python (grpcio)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ends": "go" if go else "python", "results": results}, indent=2))
+    return 0
+
+
+# (metric, label, higher is better)
+METRICS = [
+    ("unary_p50_us", "pass-through unary p50 (us)", False),
+    ("unary_p99_us", "pass-through unary p99 (us)", False),
+    ("hooked_p50_us", "intercepted unary p50 (us)", False),
+    ("hooked_p99_us", "intercepted unary p99 (us)", False),
+    ("conc16_calls_per_s", "16-concurrent throughput (calls/s)", True),
+    ("stream1000_p50_ms", "1000-message stream p50 (ms)", False),
+]
+
+
+def report(results: dict[str, dict[str, float]], ends: str) -> None:
+    direct = results["direct"]
+    names = list(results)
+    print(f"\ntransport benchmark, {ends} ends, {time.strftime('%Y-%m-%d %H:%M')}; ratio = target / direct")
+    head = f"{'metric':38}" + "".join(f"{n:>22}" for n in names)
+    print(head)
+    print("-" * len(head))
+    for key, label, _higher in METRICS:
+        cells = []
+        for n in names:
+            value = results[n][key]
+            cells.append(f"{value:10.1f}" + ("" if n == "direct" else f" ({value / direct[key]:5.2f}x)"))
+        print(f"{label:38}" + "".join(f"{c:>22}" for c in cells))
+    for key, label in (("cpu_us_per_call", "proxy CPU per pass-through call (us)"), ("rss_mib", "proxy peak RSS (MiB)")):
+        print(f"{label:38}" + "".join(f"{results[n].get(key, float('nan')):>22.1f}" for n in names))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install Debian's Go toolchain and gRPC-Go sources, and build the transport benchmark's Go ends
+# (go/echoserver and go/client) offline, into _work/transport-bench/bin.
+#
+# Debian's golang-google-grpc-dev (and its dependencies) install Go sources under
+# /usr/share/gocode/src, so the build runs in GOPATH mode (GO111MODULE=off) with a private
+# GOPATH that links our sources in as "rhpbench", followed by /usr/share/gocode. No module proxy
+# or network is used (GOPROXY=off, GOFLAGS=-mod=mod is not needed in GOPATH mode).
+#
+# Usage: bash benchmarks/transport/setup.sh [--build-only]   (root for the apt step)
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+OUT="$ROOT/_work/transport-bench"
+
+if [[ ${1:-} != --build-only ]]; then
+  missing=()
+  for pkg in golang-go golang-google-grpc-dev; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+command -v go >/dev/null || { echo "setup.sh: go not found" >&2; exit 1; }
+mkdir -p "$OUT/gopath/src" "$OUT/bin" "$OUT/cache"
+ln -sfn "$HERE/go" "$OUT/gopath/src/rhpbench"
+export GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$OUT/gopath:/usr/share/gocode" GOCACHE="$OUT/cache"
+cd "$OUT/gopath/src/rhpbench"
+go build -o "$OUT/bin/echoserver" ./echoserver
+go build -o "$OUT/bin/client" ./client
+echo "setup.sh: built $OUT/bin/echoserver and $OUT/bin/client ($(go version))"

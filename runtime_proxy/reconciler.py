@@ -1,0 +1,322 @@
+"""The reconciler: keeps every known pod, container and node-wide setting at its planned state.
+
+Started by the lead's server (``runtime_proxy.wiring.start_reconciler``) with a
+``ReconcileBackend`` (the store and the runtime client), the plugin manager, the cgroup and
+resctrl trees and the node config's change stream. It re-plans everything (stages
+``ReconcileNode``, ``ReconcilePod``, ``ReconcileContainer``) at start, on every node config
+change, shortly after the store changes (a pod arrived or left: the share pools moved) and every
+period, then applies only the differences:
+
+- writes go through ``runtime_proxy.apply.apply_files(diff=True)``;
+- container ``resources`` are compared with both what the runtime last accepted and the
+  container's cgroup files (so values changed by hand are found), and differing fields are
+  sent through ``backend.update_container_resources`` (containerd's UpdateContainerResources,
+  which is how running LS containers follow the share pools);
+- pod-level resctrl groups whose pod is gone are removed.
+
+Every difference found is counted as drift (``rhp_reconcile_drift_total``). With
+``dry_run`` nothing is written or updated; the drift is still counted and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pluggy
+import structlog
+from prometheus_client import Counter, Gauge, Histogram
+
+from hooks.facts import (
+    ContainerFacts,
+    NodeFacts,
+    PodFacts,
+    container_cgroup_path,
+    parse_cpu_list,
+    with_bound_pods,
+)
+from hooks.manager import plugin_order
+from hooks.plan import Plan
+from hooks.plugins.rdt import stale_pod_groups
+from runtime_proxy.apply import ApplyReport, apply_files
+from runtime_proxy.cgroups import Cgroups
+from runtime_proxy.planner import run_hook
+from runtime_proxy.resctrl import Resctrl
+
+__all__ = ["RESOURCE_FILES", "ReconcileBackend", "ReconcileReport", "Reconciler"]
+
+log = structlog.get_logger("runtime_proxy.reconciler")
+
+RECONCILE_RUNS = Counter("rhp_reconcile_runs", "reconcile rounds", ["reason"])
+RECONCILE_DRIFT = Counter("rhp_reconcile_drift", "differences found (and repaired unless dry-run)", ["level", "item"])
+RECONCILE_ERRORS = Counter("rhp_reconcile_errors", "errors during reconcile rounds", ["level"])
+RECONCILE_SECONDS = Histogram("rhp_reconcile_duration_seconds", "duration of a reconcile round")
+RECONCILE_LAST = Gauge("rhp_reconcile_last_run_timestamp_seconds", "end of the last reconcile round")
+
+# CRI resource field -> the v1 cgroup file that shows it.
+RESOURCE_FILES = {
+    "cpuset_cpus": "cpuset.cpus",
+    "cpuset_mems": "cpuset.mems",
+    "cpu_quota": "cpu.cfs_quota_us",
+    "cpu_period": "cpu.cfs_period_us",
+    "cpu_shares": "cpu.shares",
+    "memory_limit_in_bytes": "memory.limit_in_bytes",
+}
+
+
+class ReconcileBackend(Protocol):
+    """What the reconciler needs from the proxy (the lead plugs in the store and the runtime)."""
+
+    def node(self) -> NodeFacts:
+        """The current node facts (node config; bound cpusets are recomputed from ``pods``)."""
+        ...
+
+    def pods(self) -> list[PodFacts]:
+        """Every running pod sandbox the proxy knows (with ``sandbox_id``)."""
+        ...
+
+    def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
+        """Every running container (with ``id``) and its pod."""
+        ...
+
+    async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
+        """Send ``UpdateContainerResources`` for ``container_id`` with only ``changes`` set
+        (CRI ``LinuxContainerResources`` snake-case field names)."""
+        ...
+
+
+@dataclass
+class ReconcileReport:
+    """One round: what differed and what failed."""
+
+    reason: str
+    drift: list[str] = field(default_factory=list)
+    updates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    removed_groups: list[str] = field(default_factory=list)
+
+
+def _same_resource(name: str, want: Any, have: Any) -> bool:
+    if name in ("cpuset_cpus", "cpuset_mems"):
+        try:
+            return parse_cpu_list(str(want)) == parse_cpu_list(str(have))
+        except ValueError:
+            return False
+    return bool(want == have)
+
+
+class Reconciler:
+    """Periodic, event-driven reconciliation (see module docstring).
+
+    :param backend: pods, containers, node facts and container updates.
+    :param pm: the plugin manager (``hooks.manager.make_plugin_manager``).
+    :param order: plugin names in calling order (default: ``plugin_order(pm)``).
+    :param cgroups: the cgroup tree; ``resctrl`` the resctrl tree (optional).
+    :param period: seconds between rounds (``reconcilePeriodSeconds``, default 10).
+    :param dry_run: count and log drift, change nothing.
+    :param node_changes: async iterator of new ``NodeFacts`` (``NodeConfig.changes()``).
+    :param debounce: delay after ``store_changed`` before the round (coalesces bursts).
+    """
+
+    def __init__(
+        self,
+        backend: ReconcileBackend,
+        *,
+        pm: pluggy.PluginManager,
+        cgroups: Cgroups,
+        resctrl: Resctrl | None = None,
+        order: list[str] | None = None,
+        period: float = 10.0,
+        dry_run: bool = False,
+        node_changes: AsyncIterator[NodeFacts] | None = None,
+        debounce: float = 0.05,
+    ) -> None:
+        self.backend = backend
+        self.pm = pm
+        self.order = order if order is not None else plugin_order(pm)
+        self.cgroups = cgroups
+        self.resctrl = resctrl
+        self.period = period
+        self.dry_run = dry_run
+        self.node_changes = node_changes
+        self.debounce = debounce
+        self.rounds = 0
+        self.last_report: ReconcileReport | None = None
+        self._wake = asyncio.Event()
+        self._reason = "period"
+        self._tasks: list[asyncio.Task[None]] = []
+        self._lock = asyncio.Lock()
+
+    # -- triggers ------------------------------------------------------------------------------
+
+    def store_changed(self) -> None:
+        """A pod or container arrived or left: reconcile soon."""
+        self.trigger("store")
+
+    def trigger(self, reason: str = "manual") -> None:
+        self._reason = reason
+        self._wake.set()
+
+    # -- one round -----------------------------------------------------------------------------
+
+    def _plan(self, hook: str, **kwargs: Any) -> Plan:
+        result = run_hook(self.pm, hook, self.order, **kwargs)
+        for c in result.conflicts:
+            log.warning("plugin conflict during reconcile", conflict=str(c))
+        return result.plan
+
+    def _apply(self, plan: Plan, level: str, report: ReconcileReport) -> ApplyReport:
+        applied = apply_files(
+            plan, cgroups=self.cgroups, resctrl=self.resctrl, dry_run=self.dry_run, diff=True, atomic=False
+        )
+        for w in applied.drift:
+            RECONCILE_DRIFT.labels(w.level, w.file).inc()
+            report.drift.append(f"{w.level} {w.path} {w.file}={w.value}")
+        for m, n in applied.moved:
+            if n:
+                RECONCILE_DRIFT.labels(m.level, "resctrl-tasks").inc(n)
+                report.drift.append(f"{n} tasks of {m.path} into {m.group}")
+        for e in applied.errors:
+            RECONCILE_ERRORS.labels(level).inc()
+            report.errors.append(e)
+        report.skipped += [f"{s.plugin}: {s.reason}" for s in plan.skipped]
+        return applied
+
+    async def _update_container(
+        self, pod: PodFacts, container: ContainerFacts, plan: Plan, node: NodeFacts, report: ReconcileReport
+    ) -> None:
+        if not plan.resources or not container.id:
+            return
+        try:
+            path: str | None = container_cgroup_path(pod, container.id, node.cgroup.driver)
+        except ValueError:
+            path = None
+        changes: dict[str, Any] = {}
+        for name, want in plan.resources.items():
+            if name not in RESOURCE_FILES and name != "unified":
+                continue
+            have = getattr(container.resources, name, None)
+            differs = not _same_resource(name, want, have)
+            if not differs and path is not None and name in RESOURCE_FILES:
+                on_disk = self.cgroups.matches(path, RESOURCE_FILES[name], want)
+                differs = on_disk is False
+            if differs:
+                changes[name] = want
+        if not changes:
+            return
+        for name in changes:
+            RECONCILE_DRIFT.labels("container", name).inc()
+            report.drift.append(f"container {container.id} {name}={changes[name]}")
+        report.updates[container.id] = changes
+        if self.dry_run:
+            return
+        try:
+            await self.backend.update_container_resources(container.id, changes)
+        except Exception as exc:  # the runtime may refuse; the next round retries
+            RECONCILE_ERRORS.labels("container").inc()
+            report.errors.append(f"update container {container.id}: {exc}")
+
+    async def reconcile_once(self, reason: str = "manual") -> ReconcileReport:
+        """Plan and apply everything once; never raises for plugin or I/O errors."""
+        async with self._lock:
+            started = time.monotonic()
+            report = ReconcileReport(reason)
+            RECONCILE_RUNS.labels(reason).inc()
+            pods = [p for p in self.backend.pods() if not p.skips_hooks]
+            containers = [(p, c) for p, c in self.backend.containers() if not p.skips_hooks]
+            by_pod: dict[str, list[ContainerFacts]] = {}
+            for p, c in containers:
+                by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
+            node = with_bound_pods(self.backend.node(), pods)
+            pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
+
+            def files() -> None:
+                self._apply(self._plan("rhp_reconcile_node", node=node), "node", report)
+                for pod in pods:
+                    self._apply(self._plan("rhp_reconcile_pod", pod=pod, node=node), "pod", report)
+
+            await asyncio.to_thread(files)
+            for pod, container in containers:
+                full_pod = next((p for p in pods if (p.uid or p.sandbox_id) == (pod.uid or pod.sandbox_id)), pod)
+                plan = self._plan("rhp_reconcile_container", pod=full_pod, container=container, node=node)
+                await asyncio.to_thread(self._apply, plan, "container", report)
+                await self._update_container(full_pod, container, plan, node, report)
+            await asyncio.to_thread(self._collect_groups, pods, report)
+            self.rounds += 1
+            self.last_report = report
+            RECONCILE_SECONDS.observe(time.monotonic() - started)
+            RECONCILE_LAST.set(time.time())
+            if report.drift or report.errors:
+                log.info(
+                    "reconciled",
+                    reason=reason,
+                    drift=len(report.drift),
+                    errors=report.errors[:5],
+                    dry_run=self.dry_run,
+                    details=report.drift[:20],
+                )
+            return report
+
+    def _collect_groups(self, pods: list[PodFacts], report: ReconcileReport) -> None:
+        if self.resctrl is None or "rdt" not in self.order or not self.resctrl.available:
+            return
+        live = {p.uid for p in pods if p.uid}
+        for group in stale_pod_groups(self.resctrl.list_groups(), live):
+            report.drift.append(f"stale resctrl group {group}")
+            RECONCILE_DRIFT.labels("resctrl", "stale-group").inc()
+            if self.dry_run:
+                continue
+            try:
+                self.resctrl.remove_group(group)
+                report.removed_groups.append(group)
+            except Exception as exc:
+                report.errors.append(f"remove resctrl group {group}: {exc}")
+
+    # -- loops ---------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        await self._safe_round("start")
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.period)
+                await asyncio.sleep(self.debounce)
+                reason = self._reason
+            except TimeoutError:
+                reason = "period"
+            self._wake.clear()
+            await self._safe_round(reason)
+
+    async def _safe_round(self, reason: str) -> None:
+        try:
+            await self.reconcile_once(reason)
+        except Exception:
+            RECONCILE_ERRORS.labels("round").inc()
+            log.exception("reconcile round failed", reason=reason)
+
+    async def _follow_node(self) -> None:
+        assert self.node_changes is not None
+        async for _ in self.node_changes:
+            self.trigger("node-config")
+
+    async def start(self) -> None:
+        """Reconcile now, then keep going in the background."""
+        self._tasks.append(asyncio.create_task(self._run(), name="reconciler"))
+        if self.node_changes is not None:
+            self._tasks.append(asyncio.create_task(self._follow_node(), name="reconciler-node-changes"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        closer = getattr(self.node_changes, "aclose", None)
+        if closer is not None:
+            with contextlib.suppress(Exception):
+                await closer()
