@@ -11,19 +11,52 @@ RUNTIME = "/runtime.v1.RuntimeService/"
 IMAGE = "/runtime.v1.ImageService/"
 
 _RUNTIME_UNARY = (
-    "Version RunPodSandbox StopPodSandbox RemovePodSandbox PodSandboxStatus ListPodSandbox "
-    "CreateContainer StartContainer StopContainer RemoveContainer ListContainers ContainerStatus "
-    "UpdateContainerResources ReopenContainerLog ExecSync Exec Attach PortForward ContainerStats "
-    "ListContainerStats PodSandboxStats ListPodSandboxStats UpdateRuntimeConfig Status "
-    "CheckpointContainer ListMetricDescriptors ListPodSandboxMetrics RuntimeConfig "
-    "UpdatePodSandboxResources"
-).split()
+    "Version",
+    "RunPodSandbox",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+    "PodSandboxStatus",
+    "ListPodSandbox",
+    "CreateContainer",
+    "StartContainer",
+    "StopContainer",
+    "RemoveContainer",
+    "ListContainers",
+    "ContainerStatus",
+    "UpdateContainerResources",
+    "ReopenContainerLog",
+    "ExecSync",
+    "Exec",
+    "Attach",
+    "PortForward",
+    "ContainerStats",
+    "ListContainerStats",
+    "PodSandboxStats",
+    "ListPodSandboxStats",
+    "UpdateRuntimeConfig",
+    "Status",
+    "CheckpointContainer",
+    "ListMetricDescriptors",
+    "ListPodSandboxMetrics",
+    "RuntimeConfig",
+    "UpdatePodSandboxResources",
+)
 _RUNTIME_STREAMING = (
-    "StreamPodSandboxes StreamContainers StreamContainerStats StreamPodSandboxStats "
-    "GetContainerEvents StreamPodSandboxMetrics"
-).split()
-_IMAGE_UNARY = "ListImages ImageStatus PullImage RemoveImage ImageFsInfo".split()
-_IMAGE_STREAMING = ["StreamImages"]
+    "StreamPodSandboxes",
+    "StreamContainers",
+    "StreamContainerStats",
+    "StreamPodSandboxStats",
+    "GetContainerEvents",
+    "StreamPodSandboxMetrics",
+)
+_IMAGE_UNARY = (
+    "ListImages",
+    "ImageStatus",
+    "PullImage",
+    "RemoveImage",
+    "ImageFsInfo",
+)
+_IMAGE_STREAMING = ("StreamImages",)
 
 UNARY: frozenset[str] = frozenset(
     [RUNTIME + m for m in _RUNTIME_UNARY] + [IMAGE + m for m in _IMAGE_UNARY]

@@ -41,7 +41,7 @@ log = structlog.get_logger(__name__)
 
 Policy = Literal["Fail", "Ignore"]
 
-__all__ = ["PluginStep", "Pipeline", "StageResult", "Step", "StepFailure", "plugin_steps"]
+__all__ = ["Pipeline", "PluginStep", "StageResult", "Step", "StepFailure", "plugin_steps"]
 
 # What a plan may change in the CRI request, per stage; anything else in ``cri`` is dropped.
 CRI_FIELDS_BY_STAGE: dict[str, frozenset[str]] = {

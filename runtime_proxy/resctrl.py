@@ -73,11 +73,13 @@ def _is_resctrl_mount(root: Path) -> bool:
 
 
 class Resctrl:
-    """The resctrl tree under ``root``."""
+    """The resctrl tree under ``root``. ``vendor`` ("intel"/"amd") overrides the detection
+    from ``/proc/cpuinfo`` (tests on a resctrl-shaped tree)."""
 
-    def __init__(self, root: str | os.PathLike[str] = DEFAULT_ROOT) -> None:
+    def __init__(self, root: str | os.PathLike[str] = DEFAULT_ROOT, *, vendor: str | None = None) -> None:
         self.root = Path(root)
         self.real = _is_resctrl_mount(self.root)
+        self.vendor = vendor
 
     @property
     def available(self) -> bool:
@@ -100,13 +102,12 @@ class Resctrl:
                     ids.add(int(cid))
         except OSError:
             pass
-        vendor = "intel"
-        try:
-            with open("/proc/cpuinfo") as f:
+        vendor = self.vendor or ""
+        if not vendor:
+            vendor = "intel"
+            with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
                 if "AuthenticAMD" in f.read(4096):
                     vendor = "amd"
-        except OSError:
-            pass
         RESCTRL_SUPPORTED.set(1)
         return ResctrlFacts(cbm_mask=cbm, cache_ids=tuple(sorted(ids)), vendor=vendor, supported=True)
 

@@ -181,7 +181,7 @@ def resctrl_tree(tmp_path: Path) -> Path:
 
 
 async def test_rdt_groups_schemata_moves_and_cleanup(tmp_path: Path, resctrl_tree: Path) -> None:
-    rc = Resctrl(resctrl_tree)
+    rc = Resctrl(resctrl_tree, vendor="intel")
     cg = Cgroups(tmp_path / "cg", version=1)
     facts = rc.facts()
     assert facts.cbm_mask == "7ff" and facts.cache_ids == (0, 1)
