@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from typing import cast
 
 import uvloop
 
@@ -23,8 +24,7 @@ class _Half(asyncio.Protocol):
         self.pending = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
 
     def data_received(self, data: bytes) -> None:
         peer = self.peer

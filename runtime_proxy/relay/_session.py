@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 from hpack import Decoder, HPACKError, NeverIndexedHeaderTuple
@@ -174,8 +174,7 @@ class Session(asyncio.Protocol):
 
     # --- asyncio protocol (downstream) -------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.down = transport
+        self.down = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
         self._spawn(self._connect())
 
     def data_received(self, data: bytes) -> None:
@@ -1004,8 +1003,7 @@ class _Upstream(asyncio.Protocol):
         self._s = session
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._s.upstream_made(transport)
+        self._s.upstream_made(cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
         self._s.server_data(data)
