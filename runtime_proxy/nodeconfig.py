@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -464,7 +464,7 @@ class NodeConfig:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._publish, "cluster")
 
-    async def changes(self) -> AsyncIterator[NodeFacts]:
+    async def changes(self) -> AsyncGenerator[NodeFacts, None]:
         """Yield every new node config (the latest first when several piled up)."""
         q: asyncio.Queue[NodeFacts] = asyncio.Queue()
         self._subscribers.append(q)

@@ -882,6 +882,10 @@ def main() -> None:
             server.create_many(json.load(fh))
         server.store.events.clear()  # seeding is history nobody watched
         server.store.first_rv = server.store.rv
+        import gc
+
+        gc.collect()
+        gc.freeze()  # the seeded objects live forever: keep GC passes short
     server.start()
     print(server.url, flush=True)
     try:

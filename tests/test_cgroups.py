@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from hooks.facts import cgroup_path_of_parent, container_cgroup_path, host_app_cgroup_path, PodFacts
+from hooks.facts import PodFacts, cgroup_path_of_parent, container_cgroup_path, host_app_cgroup_path
 from runtime_proxy.cgroups import (
     CGROUP_UNSUPPORTED,
     CgroupMissingError,
@@ -42,8 +42,8 @@ def make_v2(root: Path, path: str, files: dict[str, str]) -> None:
                      "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice",
                      id="systemd slice is expanded like kubelet"),
         pytest.param("kubepods-pod9.slice", "kubepods.slice/kubepods-pod9.slice", id="guaranteed systemd slice"),
-        pytest.param("/kubepods.slice/kubepods-besteffort.slice/x.slice", "kubepods.slice/kubepods-besteffort.slice/x.slice",
-                     id="already expanded path is kept"),
+        pytest.param("/kubepods.slice/kubepods-besteffort.slice/x.slice",
+                     "kubepods.slice/kubepods-besteffort.slice/x.slice", id="already expanded path is kept"),
     ],
 )
 def test_cgroup_parent_to_path(parent: str, expected: str) -> None:
@@ -66,7 +66,8 @@ def test_bad_cgroup_parent_is_refused(parent: str) -> None:
 
 def test_container_paths_per_driver() -> None:
     pod = PodFacts(cgroup_parent="kubepods-besteffort-podu.slice")
-    assert container_cgroup_path(pod, "abc", "systemd").endswith("kubepods-besteffort-podu.slice/cri-containerd-abc.scope")
+    path = container_cgroup_path(pod, "abc", "systemd")
+    assert path.endswith("kubepods-besteffort-podu.slice/cri-containerd-abc.scope")
     assert container_cgroup_path(PodFacts(cgroup_parent="/kubepods/podu"), "abc") == "kubepods/podu/abc"
     with pytest.raises(ValueError):
         container_cgroup_path(PodFacts(cgroup_parent="/kubepods/podu"), "../x")

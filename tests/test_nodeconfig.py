@@ -110,8 +110,8 @@ NODE_EVENT = {"type": "ADDED", "object": {"metadata": {"name": "n1", "labels": {
         pytest.param("Node", {"type": "ADDED", "object": {"metadata": {"name": "other"}}}, False,
                      lambda s: s.labels is None, id="another node is ignored"),
         pytest.param("NodeSLO", {"type": "MODIFIED", "object": {"metadata": {"name": "n1"}, "spec": {
-            "cpuBurstStrategy": {"policy": "auto"}}}}, True, lambda s: s.node_slo["cpuBurstStrategy"]["policy"] == "auto",
-                     id="NodeSLO spec"),
+            "cpuBurstStrategy": {"policy": "auto"}}}}, True,
+                     lambda s: s.node_slo["cpuBurstStrategy"]["policy"] == "auto", id="NodeSLO spec"),
         pytest.param("NodeSLO", {"type": "MODIFIED", "object": {"metadata": {"name": "n1"}, "spec": {
             "cpuBurstStrategy": {"policy": 3}}}}, False, lambda s: s.node_slo is None, id="bad NodeSLO is rejected"),
         pytest.param("NodeResourceTopology", {"type": "ADDED", "object": {"metadata": {
@@ -165,3 +165,54 @@ async def test_cluster_mode_against_the_fake_api_server(tmp_path: Path) -> None:
                            is False)
         finally:
             await cfg.stop()
+
+
+# ---- sysfs and RDT detection (fake trees) ---------------------------------------------------------
+
+
+def fake_sysfs(root: Path, cpus: dict[int, tuple[int, int, int]]) -> None:
+    """cpu id -> (core_id, package, numa node), as the kernel lays it out."""
+    base = root / "devices/system/cpu"
+    base.mkdir(parents=True)
+    (base / "online").write_text(f"0-{max(cpus)}\n")
+    nodes: dict[int, list[int]] = {}
+    for cpu, (core, pkg, numa) in cpus.items():
+        t = base / f"cpu{cpu}" / "topology"
+        t.mkdir(parents=True)
+        (t / "core_id").write_text(f"{core}\n")
+        (t / "physical_package_id").write_text(f"{pkg}\n")
+        nodes.setdefault(numa, []).append(cpu)
+    for numa, ids in nodes.items():
+        d = root / f"devices/system/node/node{numa}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(",".join(map(str, ids)) + "\n")
+
+
+def test_sysfs_topology_makes_core_ids_unique(tmp_path: Path) -> None:
+    from runtime_proxy.sysfs import read_cpu_topology, read_numa_nodes
+
+    # two sockets, two cores each, HT; core_id repeats across sockets as in real sysfs
+    fake_sysfs(tmp_path, {0: (0, 0, 0), 1: (1, 0, 0), 2: (0, 1, 1), 3: (1, 1, 1),
+                          4: (0, 0, 0), 5: (1, 0, 0), 6: (0, 1, 1), 7: (1, 1, 1)})
+    topo = read_cpu_topology(tmp_path)
+    assert [(c.id, c.core, c.socket, c.node) for c in topo.cpus] == [
+        (0, 0, 0, 0), (1, 1, 0, 0), (2, 2, 1, 1), (3, 3, 1, 1), (4, 0, 0, 0), (5, 1, 0, 0), (6, 2, 1, 1), (7, 3, 1, 1)]
+    assert read_numa_nodes(tmp_path) == {0: frozenset({0, 1, 4, 5}), 1: frozenset({2, 3, 6, 7})}
+
+
+@pytest.mark.parametrize(
+    ("flags", "cmdline", "vendor", "expected"),
+    [
+        pytest.param("fpu cat_l3 mba", "", "GenuineIntel", (True, True), id="intel with CAT and MBA"),
+        pytest.param("fpu cat_l3 mba", "rdt=!l3cat", "GenuineIntel", (False, True), id="CAT disabled on cmdline"),
+        pytest.param("fpu sse", "", "AuthenticAMD", (False, False), id="no RDT flags (this VM)"),
+    ],
+)
+def test_rdt_detection(tmp_path: Path, flags: str, cmdline: str, vendor: str, expected: tuple[bool, bool]) -> None:
+    from runtime_proxy.sysfs import detect_rdt
+
+    (tmp_path / "cpuinfo").write_text(f"vendor_id\t: {vendor}\nflags\t\t: {flags}\n")
+    (tmp_path / "cmdline").write_text(cmdline)
+    (tmp_path / "mounts").write_text("proc /proc proc rw 0 0\n")
+    found = detect_rdt(tmp_path)
+    assert (found.l3_cat, found.mba) == expected and found.mounted is False

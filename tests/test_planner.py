@@ -101,3 +101,35 @@ def test_examples_in_packaging_plan_cleanly(example: str, capsys: pytest.Capture
     assert main([str(EXAMPLES / example)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["conflicts"] == []
+
+
+RESCTRL_NODE = {"cpuTopology": TOPO, "resctrl": {"cbmMask": "fff", "cacheIds": [0], "vendor": "amd"}}
+RDT_ON = {"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True}},
+                                  "lsClass": {"resctrlQOS": {"enable": True}}}}
+
+
+@pytest.mark.parametrize(
+    ("document", "key", "expected"),
+    [
+        pytest.param(doc("Reconcile", node=RESCTRL_NODE, nodeSLO=RDT_ON, plugins=["rdt"], pod=None, container=None),
+                     "writes", [{"level": "resctrl", "path": "LS", "file": "schemata",
+                                 "value": "L3:0=fff;\nMB:0=2048;\n"},
+                                {"level": "resctrl", "path": "BE", "file": "schemata",
+                                 "value": "L3:0=f;\nMB:0=2048;\n"}],
+                     id="Reconcile without a pod plans node-wide resctrl groups (AMD MB)"),
+        pytest.param(doc("PostStartContainer", node=RESCTRL_NODE, nodeSLO=RDT_ON, plugins=["rdt"],
+                         container={"name": "app", "id": "c1"}),
+                     "moves", [{"level": "container", "path": "kubepods/burstable/podu1/c1", "group": "LS"}],
+                     id="PostStartContainer moves the container's tasks"),
+        pytest.param(doc("PostCreateContainer", nodeSLO={"cpuBurstStrategy": {"policy": "auto",
+                                                                             "cpuBurstPercent": 50}},
+                         plugins=["cpu_burst"], container={"name": "app", "id": "c1", "resources": {
+                             "cpu_quota": 200000, "cpu_period": 100000}}),
+                     "writes", [{"level": "container", "path": "kubepods/burstable/podu1/c1",
+                                 "file": "cpu.cfs_burst_us", "value": "100000"}],
+                     id="PostCreateContainer sets cfs_burst_us"),
+        pytest.param(doc("PostStartContainer", plugins=["cpuset"]), "cri", {}, id="post stages never change CRI"),
+    ],
+)
+def test_plan_document_issue5(document: dict[str, Any], key: str, expected: Any) -> None:
+    assert plan_document(document)[key] == expected

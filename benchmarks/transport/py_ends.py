@@ -21,7 +21,7 @@ import grpc
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
-class _Echo(grpc.GenericRpcHandler):
+class _Echo(grpc.GenericRpcHandler):  # type: ignore[misc]
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         async def echo(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
             async for r in requests:

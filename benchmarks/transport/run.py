@@ -65,8 +65,9 @@ def go_available() -> bool:
 
 
 def start(argv: list[str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if line.strip() != b"ready":
@@ -114,11 +115,36 @@ class Ends:
 
     def client(self, path: str, mode: str, method: str, payload: bytes) -> dict[str, Any]:
         if self.go:
-            argv = [str(BIN / "client"), "-addr", path, "-mode", mode, "-method", method, "-payload", payload.hex(),
-                    "-n", str(self.n), "-seconds", str(self.seconds), "-reps", str(self.reps)]
+            argv = [
+                str(BIN / "client"),
+                "-addr",
+                path,
+                "-mode",
+                mode,
+                "-method",
+                method,
+                "-payload",
+                payload.hex(),
+                "-n",
+                str(self.n),
+                "-seconds",
+                str(self.seconds),
+                "-reps",
+                str(self.reps),
+            ]
         else:
-            argv = [PY, str(HERE / "py_ends.py"), "client", path, mode, method, payload.hex(),
-                    str(self.n), str(self.seconds), str(self.reps)]
+            argv = [
+                PY,
+                str(HERE / "py_ends.py"),
+                "client",
+                path,
+                mode,
+                method,
+                payload.hex(),
+                str(self.n),
+                str(self.seconds),
+                str(self.reps),
+            ]
         out = subprocess.run(argv, capture_output=True, check=True, timeout=600).stdout
         result: dict[str, Any] = json.loads(out)
         return result
@@ -213,7 +239,10 @@ def report(results: dict[str, dict[str, float]], ends: str) -> None:
             value = results[n][key]
             cells.append(f"{value:10.1f}" + ("" if n == "direct" else f" ({value / direct[key]:5.2f}x)"))
         print(f"{label:38}" + "".join(f"{c:>22}" for c in cells))
-    for key, label in (("cpu_us_per_call", "proxy CPU per pass-through call (us)"), ("rss_mib", "proxy peak RSS (MiB)")):
+    for key, label in (
+        ("cpu_us_per_call", "proxy CPU per pass-through call (us)"),
+        ("rss_mib", "proxy peak RSS (MiB)"),
+    ):
         print(f"{label:38}" + "".join(f"{results[n].get(key, float('nan')):>22.1f}" for n in names))
 
 

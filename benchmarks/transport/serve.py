@@ -10,9 +10,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from cri_protos import api_pb2
-from runtime_proxy.relay import new_event_loop
+from runtime_proxy.relay import RelayTransport, new_event_loop
+
+if TYPE_CHECKING:
+    from runtime_proxy.grpc_transport import GrpcTransport
 
 HOOKED = "/bench.Echo/Hooked"
 
@@ -33,9 +37,8 @@ class DecodeEncode:
 
 
 async def main(kind: str, listen: str, backend: str) -> None:
+    transport: RelayTransport | GrpcTransport
     if kind == "relay":
-        from runtime_proxy.relay import RelayTransport
-
         transport = RelayTransport(listen, backend, DecodeEncode())
     else:
         from runtime_proxy.grpc_transport import GrpcTransport

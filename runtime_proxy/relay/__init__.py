@@ -28,15 +28,18 @@ Design (``docs/transports.md`` has the long version):
   representations that never touch kubelet's dynamic table (static indexes and literals
   without indexing, no table size updates), so holding, dropping and injecting blocks is safe.
   The relay's own answers (rejections, UNAVAILABLE) use the same encoder.
-* **Intercepted calls.** The request HEADERS go upstream at once; the request DATA is buffered
-  until END_STREAM, the 5-byte gRPC prefix is checked (compressed, several or no messages, or
-  a truncated one go to ``undecodable``), ``before`` is awaited and the rebuilt message is sent
-  in DATA frames sized to containerd's SETTINGS_MAX_FRAME_SIZE and windows. The response DATA
-  flows to kubelet as it comes (and is copied for ``after``); only the trailers are held while
-  ``after`` runs, which is when a gRPC call completes for the caller. A ``HookRejected`` (or a
+* **Intercepted calls.** The request HEADERS frame is kept back (released early if another
+  header block, SETTINGS or RST_STREAM must follow it in order) while the request DATA is
+  buffered until END_STREAM; the 5-byte gRPC prefix is checked (compressed, several or no
+  messages, or a truncated one go to ``undecodable``), ``before`` is awaited and HEADERS plus the
+  rebuilt message go upstream in one write, in DATA frames sized to containerd's acknowledged
+  SETTINGS_MAX_FRAME_SIZE and its windows. The response (HEADERS and up to 16 KiB of DATA) is
+  kept back with its trailers while ``after`` runs; a longer response flows and only the
+  trailers wait, which is when a gRPC call completes for the caller. A ``HookRejected`` (or a
   refusing ``undecodable``) is answered by the relay (``:status 200``, ``content-type``, then
-  ``grpc-status``/percent-encoded ``grpc-message`` trailers) and the upstream stream is reset
-  with CANCEL: containerd has seen only the HEADERS and no message, so no handler runs.
+  ``grpc-status``/percent-encoded ``grpc-message`` trailers). containerd never sees the stream
+  when its kept-back header block was pure-indexed (it cannot change the HPACK table, so it can
+  be dropped); otherwise the block goes up followed by RST_STREAM(CANCEL), so no handler runs.
 * **Flow control.** Request bytes the relay swallows are returned to kubelet at once with
   WINDOW_UPDATEs (connection and stream). Bytes it injects are accounted against containerd's
   exact windows, which the relay tracks; the amount by which kubelet's view of containerd's

@@ -39,6 +39,9 @@ MAX_INTERCEPTED_REQUEST = 64 * 1024 * 1024
 MAX_INTERCEPTED_RESPONSE = 64 * 1024 * 1024
 # Locally answered streams whose late upstream frames are dropped; oldest forgotten first.
 _MAX_DROPPED = 1024
+# Response bytes of an intercepted call the relay keeps back with the trailers, at most; well
+# below the smallest stream window (65535), so the server never waits for the relay.
+_HOLD_LIMIT = 16384
 # Refuse mode (backend unreachable): close the connection this long after the last answer.
 _REFUSE_LINGER = 0.05
 _REFUSE_IDLE = 1.0
@@ -65,6 +68,43 @@ class FrameError(Exception):
         self.code = code
 
 
+class MirrorDecoder:
+    """An ``hpack.Decoder`` kept in step with one direction's encoder, plus a cache.
+
+    A block whose bytes are all >= 0x80 is a run of one-byte *indexed* fields: decoding it
+    cannot change the dynamic table, and the same bytes mean the same headers until some
+    other block changes the table. Such blocks (a steady stream of identical calls produces
+    them) are served from a cache that is emptied whenever a block that may change the table
+    is decoded; ``advance`` skips them altogether.
+    """
+
+    __slots__ = ("_cache", "dec")
+
+    def __init__(self) -> None:
+        self.dec = Decoder(max_header_list_size=_HEADER_LIST_LIMIT)
+        self._cache: dict[bytes, list[tuple[bytes, bytes]]] = {}
+
+    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        if block and min(block) >= 0x80:
+            hit = self._cache.get(block)
+            if hit is None:
+                hit = list(self.dec.decode(block, raw=True))
+                if len(self._cache) < 256:
+                    self._cache[block] = hit
+            return hit
+        if self._cache:
+            self._cache.clear()
+        return list(self.dec.decode(block, raw=True))
+
+    def advance(self, block: bytes) -> None:
+        """Keep the table in step with a block whose headers are not needed."""
+        if block and min(block) >= 0x80:
+            return
+        if self._cache:
+            self._cache.clear()
+        self.dec.decode(block, raw=True)
+
+
 class Intercepted:
     """One intercepted stream."""
 
@@ -72,6 +112,10 @@ class Intercepted:
         "after_task",
         "client_ended",
         "hdr_end_stream",
+        "held_down",
+        "held_headers",
+        "held_pure",
+        "held_size",
         "off",
         "out",
         "path",
@@ -100,6 +144,15 @@ class Intercepted:
         self.resp_encoding = b""  # grpc-encoding of the response
         self.trailers: list[tuple[bytes, bytes]] = []  # held trailers
         self.after_task: asyncio.Task[None] | None = None
+        # Request HEADERS frame kept back until the rebuilt request can follow it in one write
+        # (None once sent). ``held_pure``: the block cannot change the HPACK table, so it may
+        # be dropped altogether if the call is refused.
+        self.held_headers: bytes | None = None
+        self.held_pure = False
+        # Response frames (headers, DATA) kept back so that the answer reaches the client in
+        # one piece with its trailers; None once the response passes through instead.
+        self.held_down: list[bytes] | None = []
+        self.held_size = 0
 
 
 class Session(asyncio.Protocol):
@@ -126,8 +179,8 @@ class Session(asyncio.Protocol):
         self._preface_ok = False
         self._gated = False  # client parsing stopped: a DATA frame exceeds the server's window
         # HPACK decoders mirroring each direction's encoder.
-        self._c_dec = Decoder(max_header_list_size=_HEADER_LIST_LIMIT)
-        self._s_dec = Decoder(max_header_list_size=_HEADER_LIST_LIMIT)
+        self._c_dec = MirrorDecoder()
+        self._s_dec = MirrorDecoder()
         self._s_pending: list[bytes] = []  # server header fragments forwarded, not yet decoded
         # Header blocks being assembled (HEADERS + CONTINUATION).
         self._c_block: bytearray | None = None
@@ -146,6 +199,7 @@ class Session(asyncio.Protocol):
         self._icpt: dict[int, Intercepted] = {}
         self._dropped: dict[int, None] = {}
         self._inject_q: list[Intercepted] = []
+        self._held: list[Intercepted] = []  # intercepted streams whose HEADERS are kept back, in order
         self._icache: dict[bytes, bool] = {}
         # Flow control toward the server. ``_up_window`` is the server's connection receive
         # window as the relay accounts it exactly; ``_debt`` is how far the client's view of
@@ -438,14 +492,29 @@ class Session(asyncio.Protocol):
                     if sid == 0:
                         raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
                     a, b = _padded(buf, pos, length, flags, True)
-                    self._c_block = bytearray(mv[a:b])
                     self._c_block_sid = sid
                     self._c_block_flags = flags
-                    if flags & w.FLAG_END_HEADERS:
-                        if icpt:  # the block may make the relay write upstream: keep order
-                            up.append(mv[start:end])
+                    if self._held:  # header blocks keep their order (HPACK, stream ids)
+                        if pos > start:
+                            up.append(mv[start:pos])
+                        start = pos
+                        up.extend(self._flush_held(None))
+                    if not flags & w.FLAG_END_HEADERS:
+                        self._c_block = bytearray(mv[a:b])
+                    elif sid > self.c_max_sid:
+                        block = bytes(buf[a:b])
+                        st = self._client_block_done(block)
+                        if st is not None:  # keep the HEADERS until the request can follow
+                            if pos > start:
+                                up.append(mv[start:pos])
                             start = end
-                        self._client_block_done()
+                            st.held_headers = bytes(mv[pos:end])
+                            st.held_pure = not block or min(block) >= 0x80
+                            self._held.append(st)
+                    else:
+                        up.append(mv[start:end])  # the block may make the relay write upstream
+                        start = end
+                        self._client_block_done(bytes(buf[a:b]))
                 elif ftype == w.CONTINUATION:
                     if self._c_block is None or sid != self._c_block_sid:
                         raise FrameError(w.PROTOCOL_ERROR, "unexpected CONTINUATION")
@@ -454,10 +523,16 @@ class Session(asyncio.Protocol):
                         if icpt:
                             up.append(mv[start:end])
                             start = end
-                        self._client_block_done()
+                        block, self._c_block = bytes(self._c_block), None
+                        self._client_block_done(block)
                 elif ftype == w.RST_STREAM:
                     if length != 4 or sid == 0:
                         raise FrameError(w.PROTOCOL_ERROR, "bad RST_STREAM")
+                    if self._held:
+                        if pos > start:
+                            up.append(mv[start:pos])
+                        start = pos
+                        up.extend(self._flush_held(None))
                     self.live.pop(sid, None)
                     st = icpt.pop(sid, None) if icpt else None
                     if st is not None:
@@ -477,6 +552,11 @@ class Session(asyncio.Protocol):
                 elif ftype == w.SETTINGS:
                     if sid != 0 or length % 6:
                         raise FrameError(w.PROTOCOL_ERROR, "bad SETTINGS")
+                    if self._held:  # e.g. an ACK of a header table size must follow the blocks
+                        if pos > start:
+                            up.append(mv[start:pos])
+                        start = pos
+                        up.extend(self._flush_held(None))
                     if flags & w.FLAG_ACK:
                         if self._server_settings_q:  # the client now uses the server's settings
                             self._server_settings(self._server_settings_q.pop(0))
@@ -523,7 +603,7 @@ class Session(asyncio.Protocol):
             if key == w.SETTINGS_MAX_FRAME_SIZE:
                 self._down_frame_limit = max(self._down_frame_limit, value)
             elif key == w.SETTINGS_HEADER_TABLE_SIZE:
-                self._s_dec.max_allowed_table_size = max(self._s_dec.max_allowed_table_size, value)
+                self._s_dec.dec.max_allowed_table_size = max(self._s_dec.dec.max_allowed_table_size, value)
 
     def _client_settings(self, pairs: list[tuple[int, int]]) -> None:
         for key, value in pairs:
@@ -535,15 +615,26 @@ class Session(asyncio.Protocol):
             if key == w.SETTINGS_MAX_FRAME_SIZE:
                 self._up_frame_limit = max(self._up_frame_limit, value)
             elif key == w.SETTINGS_HEADER_TABLE_SIZE:
-                self._c_dec.max_allowed_table_size = max(self._c_dec.max_allowed_table_size, value)
+                self._c_dec.dec.max_allowed_table_size = max(self._c_dec.dec.max_allowed_table_size, value)
 
-    def _client_block_done(self) -> None:
-        block = self._c_block
-        assert block is not None
-        self._c_block = None
+    def _flush_held(self, upto: Intercepted | None) -> list[bytes]:
+        """Release kept-back request HEADERS, oldest first, through ``upto`` (None: all)."""
+        out: list[bytes] = []
+        held = self._held
+        while held:
+            st = held.pop(0)
+            if st.held_headers is not None:
+                out.append(st.held_headers)
+                st.held_headers = None
+            if st is upto:
+                break
+        return out
+
+    def _client_block_done(self, block: bytes) -> Intercepted | None:
+        """Decode a request header block; returns the new stream if it is intercepted."""
         sid = self._c_block_sid
         end_stream = bool(self._c_block_flags & w.FLAG_END_STREAM)
-        headers = self._c_dec.decode(bytes(block), raw=True)
+        headers = self._c_dec.decode(block)
         if sid > self.c_max_sid:
             if not sid & 1:
                 raise FrameError(w.PROTOCOL_ERROR, f"client opened even stream {sid}")
@@ -565,14 +656,16 @@ class Session(asyncio.Protocol):
                 if end_stream:
                     st.hdr_end_stream = True
                     self._request_complete(st)
-            return
+                return st
+            return None
         # A header block on a stream the client opened earlier: request trailers.
-        st = self._icpt.get(sid)
-        if st is not None and st.phase == _COLLECT:
+        old = self._icpt.get(sid)
+        if old is not None and old.phase == _COLLECT:
             # The block has to go upstream in order (HPACK), ahead of the request the relay
             # still holds, so the request cannot be rebuilt: refuse the call.
-            st.client_ended = end_stream
-            self._answer_local(st, w.GRPC_INTERNAL, "request trailers are not supported on intercepted methods")
+            old.client_ended = end_stream
+            self._answer_local(old, w.GRPC_INTERNAL, "request trailers are not supported on intercepted methods")
+        return None
 
     def _client_icpt_data(
         self, st: Intercepted, mv: memoryview, pos: int, length: int, flags: int, down: list[bytes]
@@ -629,8 +722,10 @@ class Session(asyncio.Protocol):
         st.req = bytearray()
         if st.phase != _HOOK or self.state != _RELAY:
             return
-        if st.hdr_end_stream:  # the HEADERS already ended the request upstream
+        if st.hdr_end_stream:  # the HEADERS alone carry the whole request
             st.phase = _SENT
+            if st.held_headers is not None:
+                self._send_up(b"".join(self._flush_held(st)))
             return
         st.out = out
         st.off = 0
@@ -647,6 +742,8 @@ class Session(asyncio.Protocol):
         for st in self._inject_q:
             if st.phase != _INJECT:
                 continue
+            if st.held_headers is not None:
+                frames.extend(self._flush_held(st))
             total = len(st.out)
             while True:
                 rest = total - st.off
@@ -685,7 +782,14 @@ class Session(asyncio.Protocol):
         flags = self.live.pop(sid, None)
         if flags is None:  # the server already finished the stream
             return
-        self._send_up(w.rst_stream(sid, w.CANCEL))
+        if st.held_headers is not None and st.held_pure:
+            # The server never saw the stream, and its header block changes nothing: drop it.
+            self._held.remove(st)
+            st.held_headers = None
+        else:
+            if st.held_headers is not None:
+                self._send_up(b"".join(self._flush_held(st)))
+            self._send_up(w.rst_stream(sid, w.CANCEL))
         out = self._error_frames(sid, code, message, bool(flags & 1))
         if st.client_ended:
             self._icpt.pop(sid, None)
@@ -709,6 +813,7 @@ class Session(asyncio.Protocol):
         st.phase = _DONE
         st.req = bytearray()
         st.resp = None
+        st.held_down = None
 
     def _error_frames(self, sid: int, code: int, message: str, headers_sent: bool) -> bytes:
         return w.grpc_error_frames(sid, code, message, headers_sent=headers_sent, max_frame=self._down_max_frame)
@@ -781,12 +886,21 @@ class Session(asyncio.Protocol):
                     else:
                         if icpt:
                             st = icpt.get(sid)
-                            if st is not None and st.resp is not None:
-                                a, b = _padded(mv, pos, length, flags, False)
-                                if len(st.resp) + (b - a) > MAX_INTERCEPTED_RESPONSE:
-                                    st.resp = None
-                                else:
-                                    st.resp += mv[a:b]
+                            if st is not None:
+                                if st.resp is not None:
+                                    a, b = _padded(mv, pos, length, flags, False)
+                                    if len(st.resp) + (b - a) > MAX_INTERCEPTED_RESPONSE:
+                                        st.resp = None
+                                    else:
+                                        st.resp += mv[a:b]
+                                if st.held_down is not None:
+                                    if pos > start:
+                                        down.append(mv[start:pos])
+                                    start = end
+                                    st.held_down.append(bytes(mv[pos:end]))
+                                    st.held_size += length
+                                    if st.held_size > _HOLD_LIMIT or flags & w.FLAG_END_STREAM:
+                                        self._release_down(st, down)
                         if flags & w.FLAG_END_STREAM:
                             self._server_ended(sid)
                 elif ftype == w.HEADERS:
@@ -799,8 +913,10 @@ class Session(asyncio.Protocol):
                         and not (icpt and sid in icpt)
                         and not (dropped and sid in dropped)
                     ):
-                        # Fast path: forward as is, decode after the write.
-                        self._s_pending.append(bytes(mv[a:b]))
+                        # Fast path: forward as is, decode after the write (if at all).
+                        frag = buf[a:b]
+                        if not frag or min(frag) < 0x80:
+                            self._s_pending.append(bytes(frag))
                         if flags & w.FLAG_END_STREAM:
                             self.live.pop(sid, None)
                         elif sid in self.live:
@@ -910,14 +1026,14 @@ class Session(asyncio.Protocol):
     def _s_decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         if self._s_pending:
             self._drain_server_decode()
-        return list(self._s_dec.decode(block, raw=True))
+        return self._s_dec.decode(block)
 
     def _drain_server_decode(self) -> None:
         pending = self._s_pending
         if pending:
-            dec = self._s_dec.decode
+            advance = self._s_dec.advance
             for block in pending:
-                dec(block, raw=True)
+                advance(block)
             pending.clear()
 
     def _flush_server_decode_quietly(self) -> None:
@@ -950,12 +1066,18 @@ class Session(asyncio.Protocol):
                 for name, value in headers:
                     if name == b"grpc-encoding":
                         st.resp_encoding = value
+                if st.held_down is not None and st.phase == _SENT:
+                    self.verbatim = False
+                    st.held_down.append(w.header_frames(sid, _encode_block(headers), False, self._down_max_frame))
+                    return
             else:
                 status = b""
                 for name, value in headers:
                     if name == b"grpc-status":
                         status = value
                         break
+                if st.held_down:  # what was kept back goes first (non-OK answers go now)
+                    self.verbatim = False
                 if status == b"0" and st.phase == _SENT:
                     self.verbatim = False
                     st.phase = _AFTER
@@ -965,6 +1087,7 @@ class Session(asyncio.Protocol):
                     task.add_done_callback(self._after_tasks.discard)
                     st.after_task = task
                     return
+                self._release_down(st, down)
         if self.verbatim:
             down.extend(raw)
         else:
@@ -973,6 +1096,14 @@ class Session(asyncio.Protocol):
             self._server_ended(sid)
         elif sid in self.live:
             self.live[sid] = 1
+
+    def _release_down(self, st: Intercepted, down: list[Any]) -> None:
+        """Send the response frames kept back so far; the rest of the response passes through."""
+        if st.held_down:
+            down.extend(st.held_down)
+            if st.sid in self.live:
+                self.live[st.sid] = 1
+        st.held_down = None
 
     async def _run_after(self, st: Intercepted) -> None:
         response = _response_message(st.resp, st.resp_encoding)
@@ -993,7 +1124,10 @@ class Session(asyncio.Protocol):
         st.phase = _DONE
         self.live.pop(st.sid, None)
         if self.down is not None:
-            self.down.write(w.header_frames(st.sid, _encode_block(st.trailers), True, self._down_max_frame))
+            out = st.held_down or []
+            st.held_down = None
+            out.append(w.header_frames(st.sid, _encode_block(st.trailers), True, self._down_max_frame))
+            self.down.write(b"".join(out))
 
 
 class _Upstream(asyncio.Protocol):

@@ -186,9 +186,7 @@ def percent_encode(message: str) -> bytes:
 
 def grpc_error_frames(sid: int, code: int, message: str, *, headers_sent: bool, max_frame: int) -> bytes:
     """The relay's own answer on ``sid``: response HEADERS (unless already sent) and trailers."""
-    trailers = encode_field(b"grpc-status", str(code).encode()) + encode_field(
-        b"grpc-message", percent_encode(message)
-    )
+    trailers = encode_field(b"grpc-status", str(code).encode()) + encode_field(b"grpc-message", percent_encode(message))
     head = b"" if headers_sent else header_frames(sid, _RESPONSE_HEADERS, False, max_frame)
     return head + header_frames(sid, trailers, True, max_frame)
 

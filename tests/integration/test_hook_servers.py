@@ -264,8 +264,12 @@ def test_faulty_hook_servers_under_policy(
         for fault, endpoint in endpoints.items():
             for policy in ("Fail", "Ignore"):
                 _register(regdir, "fault.json", endpoint, policy, **{"timeout-seconds": 0.5})
-                _wait_for(lambda e=endpoint, pol=policy: [(s.registration.endpoint, s.policy) for s in registry.steps]
-                          == [(str(e), pol)], 2, f"registration {fault}/{policy}")
+                wanted = [(str(endpoint), policy)]
+
+                def registered(wanted: list[tuple[str, str]] = wanted) -> bool:
+                    return [(s.registration.endpoint, s.policy) for s in registry.steps] == wanted
+
+                _wait_for(registered, 2, f"registration {fault}/{policy}")
                 started = time.monotonic()
                 before = {c.id for c in client.list_containers(pod_id=pod.pod_id)}
                 code, details = _outcome(lambda: client.run_container(pod))

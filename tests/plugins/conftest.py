@@ -1,10 +1,11 @@
-"""Make ``tests/`` importable (``topologies``) and the plugin test factories (``factories``)."""
+"""Plugin table tests import ``topologies`` (in ``tests/``) and ``plugins.factories``; make sure
+``tests/`` is importable however pytest was started."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-for _dir in (Path(__file__).resolve().parent.parent, Path(__file__).resolve().parent):
-    if str(_dir) not in sys.path:
-        sys.path.insert(0, str(_dir))
+_TESTS = str(Path(__file__).resolve().parent.parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from factories import call, container, node, pod, writes
 
 from hooks.plugins import batch_resource
+from plugins.factories import call, container, node, pod, writes
 
 SPEC = "node.koordinator.sh/extended-resource-spec"
 
@@ -29,8 +29,9 @@ RATIO = {"node.koordinator.sh/cpu-normalization-ratio": "1.5"}
         pytest.param(pod("BE", kube="BestEffort", annotations=spec(c1=C1_FULL)), node(),
                      {"cpu_shares": 1024, "cpu_quota": 200000, "memory_limit_in_bytes": 4 << 30},
                      id="BE container gets shares, quota and memory from batch resources"),
-        pytest.param(pod("BE", kube="BestEffort", annotations=spec(c1={"requests": {"kubernetes.io/batch-cpu": "500"}})),
-                     node(), {"cpu_shares": 512, "cpu_quota": -1, "memory_limit_in_bytes": -1},
+        pytest.param(pod("BE", kube="BestEffort",
+                         annotations=spec(c1={"requests": {"kubernetes.io/batch-cpu": "500"}})), node(),
+                     {"cpu_shares": 512, "cpu_quota": -1, "memory_limit_in_bytes": -1},
                      id="no limits give unlimited quota and memory"),
         pytest.param(pod("BE", kube="BestEffort", annotations=spec(c1={"limits": {"kubernetes.io/batch-cpu": "1"}})),
                      node(), {"cpu_quota": 1000, "memory_limit_in_bytes": -1},

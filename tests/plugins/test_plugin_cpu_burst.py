@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from factories import call, container, node, pod, writes
 
 from hooks.facts import CPUBurstConfig, slo_cpu_burst
 from hooks.plugins import cpu_burst
@@ -22,6 +21,7 @@ from hooks.plugins.cpu_burst import (
     share_pool_state,
     throttled_ratio,
 )
+from plugins.factories import call, container, node, pod, writes
 
 AUTO = {"cpuBurstStrategy": {"policy": "auto"}}
 BURST = "koordinator.sh/cpuBurst"

@@ -6,11 +6,11 @@ import json
 from typing import Any
 
 import pytest
-from factories import call, container, node, pod, status, writes
 from topologies import DUAL_SOCKET_HT, SINGLE_SOCKET_HT, cpus
 
 from hooks.facts import compute_share_pools, format_cpu_list, share_pools
 from hooks.plugins import cpuset
+from plugins.factories import call, container, node, pod, status, writes
 
 RS = "scheduling.koordinator.sh/resource-status"
 POOLS = "node.koordinator.sh/cpu-shared-pools"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from factories import call, node, pod, slo_class, writes
 
 from hooks.plugins import group_identity
+from plugins.factories import call, node, pod, slo_class, writes
 
 ALL_ON = {"resourceQOSStrategy": {k: {"cpuQOS": {"enable": True}} for k in ("lsrClass", "lsClass", "beClass")}}
 CPUQOS = "koordinator.sh/cpuQOS"
@@ -80,7 +80,8 @@ def test_reconcile_pod_resets_to_zero_when_disabled() -> None:
 @pytest.mark.parametrize(
     ("slo", "driver", "expected"),
     [
-        pytest.param(ALL_ON, "cgroupfs", [("kubepods", "0"), ("kubepods/burstable", "2"), ("kubepods/besteffort", "-1")],
+        pytest.param(ALL_ON, "cgroupfs",
+                     [("kubepods", "0"), ("kubepods/burstable", "2"), ("kubepods/besteffort", "-1")],
                      id="kube-QoS dirs get 0, LS and BE values"),
         pytest.param({}, "cgroupfs", [("kubepods", "0"), ("kubepods/burstable", "0"), ("kubepods/besteffort", "0")],
                      id="disabled resets kube-QoS dirs to 0"),

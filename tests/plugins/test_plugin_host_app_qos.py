@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from factories import call, node
 from topologies import SINGLE_SOCKET_HT
 
 from hooks.plugins import host_app_qos
+from plugins.factories import call, node
 
 GI = {"lsClass": {"cpuQOS": {"enable": True}}, "beClass": {"cpuQOS": {"enable": True}}}
 

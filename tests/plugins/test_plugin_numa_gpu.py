@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from factories import call, container, node, pod, status
 from topologies import DUAL_SOCKET_HT, THIS_VM
 
 from hooks.plugins import gpu_env, numa
+from plugins.factories import call, container, node, pod, status
 
 RS = "scheduling.koordinator.sh/resource-status"
 DEV = "scheduling.koordinator.sh/device-allocated"
@@ -20,8 +20,9 @@ DEV = "scheduling.koordinator.sh/device-allocated"
     [
         pytest.param({RS: status(numa=[{"node": 1, "resources": {"cpu": "4", "memory": "8Gi"}}])}, DUAL_SOCKET_HT,
                      {"cpuset_mems": "1"}, False, id="pod on NUMA node 1 gets mems 1"),
-        pytest.param({RS: status(numa=[{"node": 0, "resources": {"cpu": "2"}}, {"node": 1, "resources": {"cpu": "2"}}])},
-                     DUAL_SOCKET_HT, {"cpuset_mems": "0-1"}, False, id="pod across two NUMA nodes gets both"),
+        pytest.param({RS: status(numa=[{"node": 0, "resources": {"cpu": "2"}},
+                                       {"node": 1, "resources": {"cpu": "2"}}])}, DUAL_SOCKET_HT,
+                     {"cpuset_mems": "0-1"}, False, id="pod across two NUMA nodes gets both"),
         pytest.param({RS: status(numa=[{"node": 1, "resources": {"cpu": "2"}}])}, THIS_VM, {}, True,
                      id="NUMA node the machine lacks is refused"),
         pytest.param({RS: status(numa=[{"node": 0, "resources": {"cpu": "0"}}])}, DUAL_SOCKET_HT, {}, False,

@@ -6,11 +6,11 @@ import json
 from typing import Any
 
 import pytest
-from factories import call, container, node, pod
 
 from hooks.facts import ResctrlFacts
 from hooks.plugins import rdt
 from hooks.plugins.rdt import l3_mask, mb_value, stale_pod_groups
+from plugins.factories import call, container, node, pod
 
 INTEL = ResctrlFacts(cbm_mask="fff", cache_ids=(0, 1), vendor="intel", supported=True)
 AMD = ResctrlFacts(cbm_mask="ffff", cache_ids=(0,), vendor="amd", supported=True)

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import grpc
 import pytest
+from transport_backend import OPTIONS, BackendLog, RecordingInterceptor, start_backend
 
 from runtime_proxy.transport import CallInterceptor
-from transport_backend import OPTIONS, BackendLog, RecordingInterceptor, start_backend
 
 TRANSPORTS = ["relay", "grpc"]
 BACKEND_SCRIPT = os.path.join(os.path.dirname(__file__), "transport_backend.py")
@@ -71,8 +71,11 @@ class ProxyEnv:
         """A backend in its own process, so a test can SIGKILL it."""
         with open(os.devnull, "wb") as devnull:
             self.backend_proc = await asyncio.create_subprocess_exec(
-                sys.executable, BACKEND_SCRIPT, self.backend_path,
-                stdout=asyncio.subprocess.PIPE, stderr=devnull,
+                sys.executable,
+                BACKEND_SCRIPT,
+                self.backend_path,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=devnull,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
             )
         assert self.backend_proc.stdout is not None

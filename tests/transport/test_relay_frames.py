@@ -16,10 +16,10 @@ import pytest
 from hpack import Decoder, Encoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transport_backend import RecordingInterceptor, expected
 
 from runtime_proxy.relay import _session as session_mod
 from runtime_proxy.relay import _wire as w
-from transport_backend import RecordingInterceptor, expected
 
 
 class FakeTransport(asyncio.Transport):
@@ -70,8 +70,15 @@ REQ_PLAIN = b"plain" * 100
 
 def _request_headers(enc: Encoder, path: str) -> bytes:
     return enc.encode(
-        [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
-         ("content-type", "application/grpc"), ("te", "trailers"), ("x-custom", "v" * 40)]
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("x-custom", "v" * 40),
+        ]
     )
 
 
@@ -168,12 +175,12 @@ def _check_meaning(up: bytes, down: bytes) -> None:
         if ftype in (w.HEADERS, w.CONTINUATION):
             block += payload
             if flags & w.FLAG_END_HEADERS:
-                paths[sid] = dict(dec.decode(block))[":path"]
+                paths[sid] = dict(dec.decode(block, raw=True))[b":path"]
                 block = b""
         elif ftype == w.DATA:
             body = payload[1 : len(payload) - payload[0]] if flags & w.FLAG_PADDED else payload
             data.setdefault(sid, bytearray()).extend(body)
-    assert paths == {1: "/test.Echo/Unary", 3: "/test.Hooked/Unary", 5: "/test.Echo/Slow"}
+    assert paths == {1: b"/test.Echo/Unary", 3: b"/test.Hooked/Unary", 5: b"/test.Echo/Slow"}
     assert bytes(data[1]) == w.grpc_frame(REQ_PLAIN)
     assert bytes(data[3]) == w.grpc_frame(expected(REQ_HOOKED))  # rebuilt by the hook
     sizes = [len(p) for t, _, sid, p in frames if t == w.DATA and sid == 3]
@@ -183,20 +190,20 @@ def _check_meaning(up: bytes, down: bytes) -> None:
 
     frames = _frames(down)
     dec = Decoder()
-    heads: dict[int, list[dict[str, str]]] = {}
+    heads: dict[int, list[dict[bytes, bytes]]] = {}
     got: dict[int, bytearray] = {}
     window_back = 0
     for ftype, flags, sid, payload in frames:
         if ftype == w.HEADERS:
             assert flags & w.FLAG_END_HEADERS
-            heads.setdefault(sid, []).append(dict(dec.decode(payload)))
+            heads.setdefault(sid, []).append(dict(dec.decode(payload, raw=True)))
         elif ftype == w.DATA:
             got.setdefault(sid, bytearray()).extend(payload)
         elif ftype == w.WINDOW_UPDATE and sid == 0:
             window_back += w.u32(payload)
     for sid in (1, 3):
-        assert heads[sid][0][":status"] == "200"
-        assert heads[sid][-1]["grpc-status"] == "0"
+        assert heads[sid][0][b":status"] == b"200"
+        assert heads[sid][-1][b"grpc-status"] == b"0"
     assert bytes(got[1]) == w.grpc_frame(REQ_PLAIN)
     assert bytes(got[3]) == w.grpc_frame(expected(REQ_HOOKED))
     # Connection window: the relay returned the intercepted request bytes to the client, and
@@ -237,7 +244,7 @@ async def test_random_chunkings(reference: tuple[bytes, bytes]) -> None:
 @given(garbage=st.binary(min_size=1, max_size=300), side=st.sampled_from(["client", "server"]))
 def test_garbage_never_escapes_the_parser(garbage: bytes, side: str) -> None:
     async def run() -> None:
-        s, down, up = _session(RecordingInterceptor())
+        s, down, _up = _session(RecordingInterceptor())
         s.data_received(CLIENT[:200])
         if side == "client":
             s.data_received(garbage)

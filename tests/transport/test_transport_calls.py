@@ -11,10 +11,10 @@ import hashlib
 import json
 import random
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-
 from conftest import ProxyEnv
 from transport_backend import STATUS_DETAILS, RecordingInterceptor, expected
 
@@ -175,7 +175,7 @@ async def test_client_stream_is_concatenated(env: ProxyEnv) -> None:
     call = env.channel().stream_unary("/test.Echo/ClientStream")
     parts = [bytes([i]) * (i * 100) for i in range(50)]
 
-    async def gen():  # type: ignore[no-untyped-def]
+    async def gen() -> AsyncIterator[bytes]:
         for p in parts:
             yield p
 
@@ -238,7 +238,9 @@ async def test_hundreds_of_calls_and_streams_with_fast_calls_not_blocked(env: Pr
         pytest.param(b"", id="empty-message"),
     ],
 )
-async def test_hook_rewrites_the_request(env: ProxyEnv, interceptor: RecordingInterceptor, request_bytes: bytes) -> None:
+async def test_hook_rewrites_the_request(
+    env: ProxyEnv, interceptor: RecordingInterceptor, request_bytes: bytes
+) -> None:
     want = expected(request_bytes)
     got = await env.channel().unary_unary("/test.Hooked/Unary")(request_bytes, timeout=30)
     assert got == want
@@ -277,26 +279,40 @@ async def test_after_is_not_called_when_the_backend_fails(env: ProxyEnv, interce
     assert interceptor.after_calls == []
 
 
-async def test_compressed_request_on_intercepted_method_is_refused_under_fail_policy(
+async def test_compressed_request_on_intercepted_method_is_never_forwarded_unhooked_under_fail_policy(
     env: ProxyEnv, interceptor: RecordingInterceptor
 ) -> None:
+    """The relay sees the compressed message and refuses it (``undecodable`` raises); the grpcio
+    transport receives it already decompressed by grpcio and hooks it. Either way the backend
+    never gets the request unhooked."""
     call = env.channel().unary_unary("/test.Hooked/Unary")
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call(b"squeeze " * 1000, compression=grpc.Compression.Gzip, timeout=10)
-    assert info.value.code() == grpc.StatusCode.INTERNAL
-    assert env.record.calls == []
-    assert interceptor.undecodable_calls and interceptor.before_calls == []
+    payload = b"grow:10:" + b"squeeze " * 1000
+    try:
+        got = await call(payload, compression=grpc.Compression.Gzip, timeout=10)
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.INTERNAL
+        assert env.record.calls == []
+        assert interceptor.undecodable_calls and interceptor.before_calls == []
+    else:
+        assert got == expected(payload)
+        assert env.record.calls == [("Unary", expected(payload))]
+        assert interceptor.before_calls == [("/test.Hooked/Unary", payload)]
 
 
-async def test_compressed_request_passes_unhooked_under_ignore_policy(
+async def test_compressed_request_under_ignore_policy_reaches_the_backend(
     env: ProxyEnv, interceptor: RecordingInterceptor
 ) -> None:
     interceptor.fail_policy = False
     call = env.channel().unary_unary("/test.Hooked/Unary")
     payload = b"grow:10:" + b"squeeze " * 1000
-    assert await call(payload, compression=grpc.Compression.Gzip, timeout=10) == payload
-    assert env.record.calls == [("Unary", payload)]
-    assert interceptor.before_calls == []
+    got = await call(payload, compression=grpc.Compression.Gzip, timeout=10)
+    if interceptor.undecodable_calls:  # forwarded unhooked, as the policy allows
+        assert got == payload
+        assert env.record.calls == [("Unary", payload)]
+        assert interceptor.before_calls == []
+    else:  # decompressed by the transport and hooked
+        assert got == expected(payload)
+        assert env.record.calls == [("Unary", expected(payload))]
 
 
 async def test_compressed_pass_through_call_is_untouched(env: ProxyEnv) -> None:

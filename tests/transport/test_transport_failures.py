@@ -15,7 +15,6 @@ import time
 
 import grpc
 import pytest
-
 from conftest import ProxyEnv
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -97,8 +96,10 @@ async def _garbage_backend(path: str, reply: bytes) -> asyncio.AbstractServer:
     "reply",
     [
         pytest.param(b"\x00\x00\x03\x06\x00\x00\x00\x00\x00abc", id="ping-of-wrong-length"),
-        pytest.param(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x06\x04\x00\x00\x00\x00\x01" + b"\x00" * 6,
-                     id="settings-on-a-stream"),
+        pytest.param(
+            b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x06\x04\x00\x00\x00\x00\x01" + b"\x00" * 6,
+            id="settings-on-a-stream",
+        ),
         pytest.param(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"\xff" * 64, id="not-http2-at-all"),
     ],
 )
@@ -155,19 +156,28 @@ def _frame_types(data: bytes) -> list[int]:
 @pytest.mark.parametrize(
     "garbage",
     [
-        pytest.param(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x03\x06\x00\x00\x00\x00\x00abc",
-                     id="ping-of-wrong-length"),
-        pytest.param(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x04\x01\x05\x00\x00\x00\x01\xff\xff\xff\xff",
-                     id="undecodable-header-block"),
-        pytest.param(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x03\x08\x00\x00\x00\x00\x00\x00\x00\x01",
-                     id="window-update-of-wrong-length"),
+        pytest.param(
+            PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x03\x06\x00\x00\x00\x00\x00abc",
+            id="ping-of-wrong-length",
+        ),
+        pytest.param(
+            PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x04\x01\x05\x00\x00\x00\x01\xff\xff\xff\xff",
+            id="undecodable-header-block",
+        ),
+        pytest.param(
+            PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x03\x08\x00\x00\x00\x00\x00\x00\x00\x01",
+            id="window-update-of-wrong-length",
+        ),
         pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 40, id="http1-request"),
     ],
 )
 async def test_malformed_frames_from_a_client_end_that_connection_only(env: ProxyEnv, garbage: bytes) -> None:
+    start = time.monotonic()
     got = await asyncio.to_thread(_raw_exchange, env.listen_path, garbage)
-    if got.startswith(b"\x00"):
-        assert 7 in _frame_types(got), f"no GOAWAY in {got[:80]!r}"
+    if env.kind == "relay":  # grpcio's own HTTP/2 server may answer differently (no GOAWAY)
+        assert time.monotonic() - start < 4, "the relay kept a broken connection open"
+        if got.startswith(b"\x00"):
+            assert 7 in _frame_types(got), f"no GOAWAY in {got[:80]!r}"
     # The transport still serves everyone else.
     assert await env.channel().unary_unary("/test.Echo/Unary")(b"still here", timeout=10) == b"still here"
 

@@ -85,7 +85,9 @@ def build_handlers(record: BackendLog) -> list[grpc.GenericRpcHandler]:
                 first = False
             yield r
 
-    async def ticker(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+    async def ticker(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
         async for r in requests:
             note("Ticker", r)
             break
@@ -112,8 +114,9 @@ def build_handlers(record: BackendLog) -> list[grpc.GenericRpcHandler]:
         code = grpc.StatusCode.__members__[str(md.get("x-code", "NOT_FOUND"))]
         raw = md.get("x-message-bin", b"no such thing")
         message = raw.decode() if isinstance(raw, bytes) else raw
-        context.set_trailing_metadata((("x-trailer", "t-value"), ("x-trailer-bin", b"\x00\xff\x10"),
-                                       ("grpc-status-details-bin", STATUS_DETAILS)))
+        context.set_trailing_metadata(
+            (("x-trailer", "t-value"), ("x-trailer-bin", b"\x00\xff\x10"), ("grpc-status-details-bin", STATUS_DETAILS))
+        )
         await context.abort(code, message)
         raise AssertionError("abort returns never")
 
