@@ -104,7 +104,7 @@ async def _demo(version: str, transport: str) -> int:
         listen = str(Path(tmp) / "proxy.sock")
         print(f"containerd {ctrd.binary_version()} running privately at {ctrd.socket}")
         proxy = Proxy(ProxyOptions(listen=listen, backend=str(ctrd.socket), config=ProxyConfig(),
-                                   transport=transport, hook_servers=False, grace=2.0))
+                                   transport=transport, hook_servers=False, reconcile=False, grace=2.0))
         await proxy.start()
         await asyncio.wait_for(proxy.ready.wait(), 20)
         print(f"runtime-proxy ({transport} transport) serving CRI at {listen} with plugins: "
@@ -132,6 +132,6 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="runtime-proxy demo")
     versions = available_versions()
     parser.add_argument("--containerd", default=versions[-1] if versions else "1.6", choices=versions or ["1.6"])
-    parser.add_argument("--transport", default="relay", choices=("relay", "grpc"))
+    parser.add_argument("--transport", default="grpc", choices=("relay", "grpc"))
     args = parser.parse_args(argv)
     return asyncio.run(_demo(args.containerd, args.transport))

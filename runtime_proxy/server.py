@@ -44,7 +44,7 @@ class ProxyOptions:
     listen: str = DEFAULT_LISTEN
     backend: str = DEFAULT_BACKEND
     config: ProxyConfig = field(default_factory=ProxyConfig)
-    transport: str = "relay"
+    transport: str = "grpc"
     metrics_addr: str | None = None
     dry_run: bool = False
     grace: float = 10.0

@@ -22,15 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def wait_for_socket(path: str, timeout: float = 15.0) -> None:
+    """Wait until a CRI Version call through the socket succeeds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if os.path.exists(path):
             try:
-                ch = grpc.insecure_channel(f"unix://{path}")
-                grpc.channel_ready_future(ch).result(timeout=1)
-                ch.close()
+                with grpc.insecure_channel(f"unix://{path}") as ch:
+                    ch.unary_unary("/runtime.v1.RuntimeService/Version")(b"", timeout=1)
                 return
-            except grpc.FutureTimeoutError:
+            except grpc.RpcError:
                 pass
         time.sleep(0.05)
     raise TimeoutError(f"proxy socket {path} not ready")
