@@ -140,9 +140,11 @@ def test_deadlines_behave_as_direct(pin_proxy: ProxyThread, containerd: Any, cri
         # No deadline: a 1.5 s exec completes (nothing imposed a deadline on the way).
         code, took = _exec(socket, cid, ["sleep", "1.5"], None)
         assert code == grpc.StatusCode.OK and took >= 1.4, socket
-        # A short deadline expires at about the same time both ways.
+        # A short deadline expires at about the same time both ways. containerd 2.1 sometimes
+        # answers its own expired context with CANCELLED before the caller's timer fires,
+        # direct as well as through the proxy, so either code is the runtime's answer.
         code, took = _exec(socket, cid, ["sleep", "3"], 0.5)
-        assert code == grpc.StatusCode.DEADLINE_EXCEEDED and took < 1.5, socket
+        assert code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED) and took < 1.5, socket
 
 
 def test_image_service_passes(pin_proxy: ProxyThread, containerd: Any) -> None:
