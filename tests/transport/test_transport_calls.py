@@ -82,7 +82,7 @@ async def test_deadline_reaches_the_backend(env: ProxyEnv) -> None:
     call = env.channel().unary_unary("/test.Echo/Meta")
     seen = json.loads(await call(b"", timeout=5))
     assert seen["deadline"] is not None
-    assert 0 < seen["deadline"] <= 5
+    assert 0 < seen["deadline"] <= 5.5  # the backend rounds the propagated grpc-timeout up
 
 
 async def test_no_deadline_means_none_at_the_backend(env: ProxyEnv) -> None:
