@@ -36,6 +36,23 @@ def wait_for_socket(path: str, timeout: float = 15.0) -> None:
     raise TimeoutError(f"proxy socket {path} not ready")
 
 
+def proxy_options(containerd: Any, tmp_path: Path, transport: str, **kw: Any) -> ProxyOptions:
+    """Options for a test proxy in front of ``containerd``: no entry points, no built-ins, no hook
+    servers and no reconciler unless ``kw`` asks for them."""
+    defaults: dict[str, Any] = {
+        "listen": str(tmp_path / "proxy.sock"),
+        "backend": str(containerd.socket),
+        "transport": transport,
+        "entry_points": False,
+        "builtins": (),
+        "hook_servers": False,
+        "reconcile": False,
+        "grace": 2.0,
+    }
+    defaults.update(kw)
+    return ProxyOptions(**defaults)
+
+
 class ProxyThread:
     """A ``Proxy`` running on a private event loop in a daemon thread."""
 

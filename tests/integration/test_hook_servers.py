@@ -34,7 +34,7 @@ from runtime_proxy.devenv.cri import linux_resources
 from runtime_proxy.hookservers import HookServerRegistry
 from runtime_proxy.server import ProxyOptions
 from tests.integration import plugins_for_tests as tp
-from tests.integration.harness import REPO, ProxyThread
+from tests.integration.harness import REPO, ProxyThread, proxy_options
 
 pytestmark = pytest.mark.integration
 
@@ -169,19 +169,7 @@ def echo(request: Any, *, shares: int = 0, cpuset: str | None = None, ann: dict[
     return resp
 
 
-def _opts(containerd: Any, tmp_path: Path, transport: str, **kw: Any) -> ProxyOptions:
-    defaults: dict[str, Any] = {
-        "listen": str(tmp_path / "proxy.sock"),
-        "backend": str(containerd.socket),
-        "transport": transport,
-        "entry_points": False,
-        "builtins": (),
-        "hook_servers": False,
-        "reconcile": False,
-        "grace": 2.0,
-    }
-    defaults.update(kw)
-    return ProxyOptions(**defaults)
+_opts = proxy_options
 
 
 def _remote(containerd: Any, tmp_path: Path, transport: str, regdir: Path, timeout: float = 2.0) -> ProxyOptions:

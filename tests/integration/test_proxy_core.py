@@ -18,26 +18,14 @@ from runtime_proxy.config import PluginConfig, ProxyConfig
 from runtime_proxy.devenv.cgroupfs import read_cgroup_file
 from runtime_proxy.server import ProxyOptions
 from tests.integration import plugins_for_tests as tp
-from tests.integration.harness import ProxyThread
+from tests.integration.harness import ProxyThread, proxy_options
 
 pytestmark = pytest.mark.integration
 
 TRANSPORTS = os.environ.get("RHP_TRANSPORTS", "relay,grpc").split(",")
 
 
-def _opts(containerd: Any, tmp_path: Path, transport: str, **kw: Any) -> ProxyOptions:
-    defaults: dict[str, Any] = {
-        "listen": str(tmp_path / "proxy.sock"),
-        "backend": str(containerd.socket),
-        "transport": transport,
-        "entry_points": False,
-        "builtins": (),
-        "hook_servers": False,
-        "reconcile": False,
-        "grace": 2.0,
-    }
-    defaults.update(kw)
-    return ProxyOptions(**defaults)
+_opts = proxy_options
 
 
 @pytest.fixture(params=TRANSPORTS)
