@@ -16,7 +16,6 @@ limits how long a container may burst. ``cpu.cfs_burst_us`` is not this loop's j
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import time
@@ -50,6 +49,7 @@ from hooks.plugins.cpu_burst import (
 )
 from runtime_proxy.apply import apply_files
 from runtime_proxy.cgroups import CgroupError, Cgroups
+from runtime_proxy.loops import Background, every
 
 __all__ = ["BurstBackend", "CPUBurstLoop", "QuotaChange", "SharePoolLoad"]
 
@@ -169,7 +169,7 @@ class CPUBurstLoop:
         self._samples: dict[str, tuple[int, int, float]] = {}
         self._usage: dict[str, tuple[int, float]] = {}
         self._limiters: dict[str, BurstLimiter] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Background()
 
     def step(self) -> list[QuotaChange]:
         """One round over every container (synchronous: reads and writes cgroup files)."""
@@ -250,21 +250,14 @@ class CPUBurstLoop:
         log.info("cfs quota scaled", container=path, old=current, new=target, dry_run=self.dry_run)
         return not self.dry_run
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await asyncio.to_thread(self.step)
-            except Exception:
-                log.exception("cpu burst round failed")
-            await asyncio.sleep(self.interval)
+    async def _round(self) -> None:
+        await asyncio.to_thread(self.step)
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="cpu-burst")
+        if not self._loop.running:
+            self._loop.start(
+                every(self.interval, self._round, logger=log, error="cpu burst round failed"), name="cpu-burst"
+            )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.stop()

@@ -63,7 +63,6 @@ Channels. One ``grpc.aio`` channel per endpoint, shared by every registration na
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -79,6 +78,7 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_m
 from hooks.plan import Plan
 from hooks.spec import KOORD_HOOK_POINTS
 from runtime_proxy import metrics
+from runtime_proxy.loops import Background, every
 from runtime_proxy.pipeline import Pipeline, StepError
 
 log = structlog.get_logger(__name__)
@@ -452,7 +452,7 @@ class HookServerRegistry:
         self._files: dict[str, _FileState] = {}
         self._channels: dict[str, _Channel] = {}
         self._steps: list[RemoteStep] = []
-        self._task: asyncio.Task[None] | None = None
+        self._poller = Background()
         self._closing: dict[asyncio.Task[None], grpc.aio.Channel] = {}
         self._dir_missing_logged = False
         # Bumped whenever the set of steps changes (tests wait on it).
@@ -479,14 +479,14 @@ class HookServerRegistry:
     async def start(self) -> None:
         """Read the directory once (so the proxy starts with its registrations), then poll."""
         await self.refresh()
-        self._task = asyncio.create_task(self._poll(), name="hookserver-registry")
+        self._poller.start(
+            every(self.poll_interval, self.refresh, logger=log, error="reading hook-server registrations failed",
+                  delay_first=True),
+            name="hookserver-registry",
+        )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._poller.stop()
         self.pipeline.set_remote_steps([])
         self._steps = []
         closing = [*self._closing.items()]
@@ -497,14 +497,6 @@ class HookServerRegistry:
         for ch in self._channels.values():
             await ch.channel.close()
         self._channels.clear()
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval)
-            try:
-                await self.refresh()
-            except Exception:  # the poller must survive anything the filesystem does
-                log.exception("reading hook-server registrations failed")
 
     # -- scanning ---------------------------------------------------------------------------------
 

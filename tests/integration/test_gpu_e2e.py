@@ -42,23 +42,15 @@ def _wait(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
 
 
 @pytest.fixture
-def api() -> Iterator[FakeAPIServer]:
-    server = FakeAPIServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def extender(api: FakeAPIServer) -> Iterator[Extender]:
+def cluster_api() -> Iterator[tuple[FakeAPIServer, Extender]]:
+    """A fake API server holding one node with 4 GPUs, and an extender watching it."""
+    api = FakeAPIServer().start()
     for obj in cluster([NODE], topology_annotation(TOPO_SMALL), gpus=4):
         api.create(obj)
     ext = start_extender(api.url)
-    try:
-        yield ext
-    finally:
-        ext.stop()
+    yield api, ext
+    ext.stop()
+    api.stop()
 
 
 def _schedule(api: FakeAPIServer, ext: Extender, manifest: dict[str, Any]) -> None:
@@ -91,8 +83,9 @@ def _kubelet_sandbox(bound: kubernetes.client.V1Pod, cgroup_parent: str) -> api_
 
 
 def test_extender_bind_reaches_the_container_env(
-    api: FakeAPIServer, extender: Extender, containerd: Any, cri_client: Any, tmp_path: Path
+    cluster_api: tuple[FakeAPIServer, Extender], containerd: Any, cri_client: Any, tmp_path: Path
 ) -> None:
+    api, extender = cluster_api
     # A first pod takes a GPU, so the second one's minors are not simply "0,1".
     _schedule(api, extender, pod("warm", cpu="2", qos="LS", extra={"nvidia.com/gpu": "1"}))
     _schedule(api, extender, pod("train", cpu="2", qos="LS", extra={"nvidia.com/gpu": "2"}))
