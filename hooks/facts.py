@@ -153,6 +153,19 @@ def format_cpu_list(cpus: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+# The scalar fields of ``LinuxContainerResources`` (everything but ``unified`` and hugepages).
+SCALAR_RESOURCE_FIELDS: tuple[str, ...] = (
+    "cpu_period",
+    "cpu_quota",
+    "cpu_shares",
+    "memory_limit_in_bytes",
+    "oom_score_adj",
+    "cpuset_cpus",
+    "cpuset_mems",
+    "memory_swap_limit_in_bytes",
+)
+
+
 @dataclass(frozen=True)
 class Resources:
     """CRI ``LinuxContainerResources``, field for field (the proto's snake-case names).

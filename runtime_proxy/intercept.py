@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import structlog
 
 from cri_protos import api_pb2
-from hooks.facts import ContainerFacts, NodeFacts, PodFacts, parse_cpu_list
+from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, NodeFacts, PodFacts, parse_cpu_list
 from hooks.plan import CgroupWrite, Plan
 from runtime_proxy import metrics
 from runtime_proxy.methods import INTERCEPTED
@@ -60,18 +60,7 @@ _REQUEST_TYPES: dict[str, Any] = {
 }
 
 # Fields of LinuxContainerResources that a plan may set (the scalar ones and ``unified``).
-_SCALAR_RESOURCES = frozenset(
-    {
-        "cpu_period",
-        "cpu_quota",
-        "cpu_shares",
-        "memory_limit_in_bytes",
-        "oom_score_adj",
-        "cpuset_cpus",
-        "cpuset_mems",
-        "memory_swap_limit_in_bytes",
-    }
-)
+_SCALAR_RESOURCES = frozenset(SCALAR_RESOURCE_FIELDS)
 
 
 class NodeSource(Protocol):

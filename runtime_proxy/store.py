@@ -22,23 +22,14 @@ import structlog
 from google.protobuf import json_format
 
 from cri_protos import api_pb2, api_pb2_grpc
-from hooks.facts import ContainerFacts, PodFacts, Resources, frozen_map
+from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources, frozen_map
 from runtime_proxy import metrics
 
 log = structlog.get_logger(__name__)
 
 __all__ = ["RuntimeClient", "Store", "container_facts_from_config", "pod_facts_from_config", "resources_from_pb"]
 
-_RESOURCE_SCALARS = (
-    "cpu_period",
-    "cpu_quota",
-    "cpu_shares",
-    "memory_limit_in_bytes",
-    "oom_score_adj",
-    "cpuset_cpus",
-    "cpuset_mems",
-    "memory_swap_limit_in_bytes",
-)
+_RESOURCE_SCALARS = SCALAR_RESOURCE_FIELDS
 
 
 def resources_from_pb(res: Any) -> Resources:
