@@ -32,7 +32,7 @@ import structlog
 
 from hooks.facts import format_cpu_list, parse_cpu_list
 from hooks.plan import CgroupWrite, Plan, Removal, TaskMove
-from runtime_proxy.cgroups import CgroupError, Cgroups, WriteResult
+from runtime_proxy.cgroups import CgroupError, CgroupMissingError, Cgroups, WriteResult
 from runtime_proxy.resctrl import Resctrl
 
 __all__ = ["ApplyError", "ApplyReport", "FileApplier", "apply_files", "order_writes"]
@@ -58,6 +58,8 @@ class ApplyReport:
     rolled_back: list[str] = field(default_factory=list)
     # Writes that found a different value on disk (diff mode only).
     drift: list[CgroupWrite] = field(default_factory=list)
+    # Writes skipped because their cgroup directory does not exist (``missing_ok`` only).
+    missing: list[CgroupWrite] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -78,6 +80,7 @@ class ApplyReport:
             "errors": list(self.errors),
             "rolledBack": list(self.rolled_back),
             "drift": len(self.drift),
+            "missing": [w.to_json() for w in self.missing],
         }
 
 
@@ -142,6 +145,7 @@ def apply_files(
     dry_run: bool = False,
     diff: bool = False,
     atomic: bool = True,
+    missing_ok: bool = False,
 ) -> ApplyReport:
     """Perform the writes, task moves and removals of ``plan``.
 
@@ -152,6 +156,8 @@ def apply_files(
     :param diff: reconciler mode: a write that changes a file is counted in ``drift``.
     :param atomic: restore this call's writes when one fails (default); ``False`` goes on
         with the other writes and reports every failure.
+    :param missing_ok: a write whose cgroup directory does not exist is listed in ``missing``
+        (not logged, not an error) and the other writes go on; the caller decides what to say.
     :returns: the report; never raises for I/O errors.
     """
     report = ApplyReport(dry_run=dry_run)
@@ -188,6 +194,14 @@ def apply_files(
         w = step.write
         try:
             result = cgroups.write(w.path, w.file, step.value, dry_run=dry_run)
+        except CgroupMissingError as exc:
+            if missing_ok:
+                if w not in report.missing:
+                    report.missing.append(w)
+                continue
+            if fail(f"{w.level} {w.path or '/'} {w.file}={step.value}: {exc}"):
+                return report
+            continue
         except CgroupError as exc:
             if fail(f"{w.level} {w.path or '/'} {w.file}={step.value}: {exc}"):
                 return report

@@ -12,7 +12,11 @@ period, then applies only the differences:
   container's cgroup files (so values changed by hand are found), and differing fields are
   sent through ``backend.update_container_resources`` (containerd's UpdateContainerResources,
   which is how running LS containers follow the share pools);
-- pod-level resctrl groups whose pod is gone are removed.
+- pod-level resctrl groups whose pod is gone are removed;
+- a cgroup directory that does not exist (kubelet's ``kubepods/besteffort`` on a node without
+  it, a pod that just left) is not an error: its writes are skipped, it is listed in the
+  report's ``missing`` and logged once, until a round finds it again (then it is logged anew
+  the next time it is missing).
 
 Every difference found is counted as drift (``rhp_reconcile_drift_total``). With
 ``dry_run`` nothing is written or updated; the drift is still counted and logged.
@@ -44,6 +48,7 @@ from hooks.plan import Plan
 from hooks.plugins.rdt import stale_pod_groups
 from runtime_proxy.apply import ApplyReport, apply_files
 from runtime_proxy.cgroups import Cgroups
+from runtime_proxy.loops import Background
 from runtime_proxy.planner import run_hook
 from runtime_proxy.resctrl import Resctrl
 
@@ -56,6 +61,9 @@ RECONCILE_DRIFT = Counter("rhp_reconcile_drift", "differences found (and repaire
 RECONCILE_ERRORS = Counter("rhp_reconcile_errors", "errors during reconcile rounds", ["level"])
 RECONCILE_SECONDS = Histogram("rhp_reconcile_duration_seconds", "duration of a reconcile round")
 RECONCILE_LAST = Gauge("rhp_reconcile_last_run_timestamp_seconds", "end of the last reconcile round")
+
+# Plan levels whose directories come and go with pods and containers.
+_LIFECYCLE_LEVELS = frozenset({"pod", "sandbox", "container"})
 
 # CRI resource field -> the v1 cgroup file that shows it.
 RESOURCE_FILES = {
@@ -99,6 +107,8 @@ class ReconcileReport:
     errors: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     removed_groups: list[str] = field(default_factory=list)
+    # Cgroup directories that did not exist (their writes were skipped): "level path".
+    missing: list[str] = field(default_factory=list)
 
 
 def _same_resource(name: str, want: Any, have: Any) -> bool:
@@ -149,7 +159,10 @@ class Reconciler:
         self.last_report: ReconcileReport | None = None
         self._wake = asyncio.Event()
         self._reason = "period"
-        self._tasks: list[asyncio.Task[None]] = []
+        self._background = Background()
+        # Missing cgroup directories already logged ("level path"); one leaves this set when a
+        # round no longer finds it missing, so it is logged again if it goes away again.
+        self._missing_logged: set[str] = set()
         self._lock = asyncio.Lock()
 
     # -- triggers ------------------------------------------------------------------------------
@@ -172,8 +185,18 @@ class Reconciler:
 
     def _apply(self, plan: Plan, level: str, report: ReconcileReport) -> ApplyReport:
         applied = apply_files(
-            plan, cgroups=self.cgroups, resctrl=self.resctrl, dry_run=self.dry_run, diff=True, atomic=False
+            plan,
+            cgroups=self.cgroups,
+            resctrl=self.resctrl,
+            dry_run=self.dry_run,
+            diff=True,
+            atomic=False,
+            missing_ok=True,
         )
+        for w in applied.missing:
+            where = f"{w.level} {w.path}"
+            if where not in report.missing:
+                report.missing.append(where)
         for w in applied.drift:
             RECONCILE_DRIFT.labels(w.level, w.file).inc()
             report.drift.append(f"{w.level} {w.path} {w.file}={w.value}")
@@ -187,11 +210,13 @@ class Reconciler:
         report.skipped += [f"{s.plugin}: {s.reason}" for s in plan.skipped]
         return applied
 
-    async def _update_container(
-        self, pod: PodFacts, container: ContainerFacts, plan: Plan, node: NodeFacts, report: ReconcileReport
-    ) -> None:
+    def _resource_changes(
+        self, pod: PodFacts, container: ContainerFacts, plan: Plan, node: NodeFacts
+    ) -> dict[str, Any]:
+        """The planned CRI resources that differ from what the runtime last accepted or from
+        the container's cgroup files (reads files: call it off the event loop)."""
         if not plan.resources or not container.id:
-            return
+            return {}
         try:
             path: str | None = container_cgroup_path(pod, container.id, node.cgroup.driver)
         except ValueError:
@@ -207,6 +232,20 @@ class Reconciler:
                 differs = on_disk is False
             if differs:
                 changes[name] = want
+        return changes
+
+    def _container_files(
+        self, pod: PodFacts, container: ContainerFacts, node: NodeFacts, report: ReconcileReport
+    ) -> dict[str, Any]:
+        """Plan one container, apply its files and return the resources to update (worker
+        thread: plugins and file I/O stay off the event loop)."""
+        plan = self._plan("rhp_reconcile_container", pod=pod, container=container, node=node)
+        self._apply(plan, "container", report)
+        return self._resource_changes(pod, container, plan, node)
+
+    async def _update_container(
+        self, container: ContainerFacts, changes: dict[str, Any], report: ReconcileReport
+    ) -> None:
         if not changes:
             return
         for name in changes:
@@ -222,7 +261,10 @@ class Reconciler:
             report.errors.append(f"update container {container.id}: {exc}")
 
     async def reconcile_once(self, reason: str = "manual") -> ReconcileReport:
-        """Plan and apply everything once; never raises for plugin or I/O errors."""
+        """Plan and apply everything once; never raises for plugin or I/O errors.
+
+        Plugins and cgroup file I/O run in worker threads; the event loop only gathers the
+        store's facts and sends the container updates."""
         async with self._lock:
             started = time.monotonic()
             report = ReconcileReport(reason)
@@ -234,6 +276,7 @@ class Reconciler:
                 by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
             node = with_bound_pods(self.backend.node(), pods)
             pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
+            full = {p.uid or p.sandbox_id: p for p in pods}
 
             def files() -> None:
                 self._apply(self._plan("rhp_reconcile_node", node=node), "node", report)
@@ -242,11 +285,11 @@ class Reconciler:
 
             await asyncio.to_thread(files)
             for pod, container in containers:
-                full_pod = next((p for p in pods if (p.uid or p.sandbox_id) == (pod.uid or pod.sandbox_id)), pod)
-                plan = self._plan("rhp_reconcile_container", pod=full_pod, container=container, node=node)
-                await asyncio.to_thread(self._apply, plan, "container", report)
-                await self._update_container(full_pod, container, plan, node, report)
+                full_pod = full.get(pod.uid or pod.sandbox_id, pod)
+                changes = await asyncio.to_thread(self._container_files, full_pod, container, node, report)
+                await self._update_container(container, changes, report)
             await asyncio.to_thread(self._collect_groups, pods, report)
+            self._log_missing(report)
             self.rounds += 1
             self.last_report = report
             RECONCILE_SECONDS.observe(time.monotonic() - started)
@@ -261,6 +304,19 @@ class Reconciler:
                     details=report.drift[:20],
                 )
             return report
+
+    def _log_missing(self, report: ReconcileReport) -> None:
+        """Log each missing cgroup directory once, not every round (a node need not have
+        kubelet's ``kubepods/burstable`` or ``kubepods/besteffort``, and tests have neither)."""
+        now = set(report.missing)
+        for where in report.missing:
+            if where not in self._missing_logged:
+                level, _, path = where.partition(" ")
+                # a pod, sandbox or container directory is missing for a moment around every
+                # start and stop (containerd makes a container's cgroup at StartContainer)
+                say = log.debug if level in _LIFECYCLE_LEVELS else log.warning
+                say("cgroup directory missing; its writes are skipped while it is", level=level, path=path)
+        self._missing_logged = now
 
     def _collect_groups(self, pods: list[PodFacts], report: ReconcileReport) -> None:
         if self.resctrl is None or "rdt" not in self.order or not self.resctrl.available:
@@ -305,17 +361,12 @@ class Reconciler:
 
     async def start(self) -> None:
         """Reconcile now, then keep going in the background."""
-        self._tasks.append(asyncio.create_task(self._run(), name="reconciler"))
+        self._background.start(self._run(), name="reconciler")
         if self.node_changes is not None:
-            self._tasks.append(asyncio.create_task(self._follow_node(), name="reconciler-node-changes"))
+            self._background.start(self._follow_node(), name="reconciler-node-changes")
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
+        await self._background.stop()
         closer = getattr(self.node_changes, "aclose", None)
         if closer is not None:
             with contextlib.suppress(Exception):

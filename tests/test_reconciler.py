@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from topologies import SINGLE_SOCKET_HT, THIS_VM
@@ -144,6 +145,46 @@ async def test_dry_run_counts_drift_and_changes_nothing(tmp_path: Path) -> None:
     assert report.updates == {"c1": {"cpuset_cpus": "0-7"}}
     assert backend.updates == []
     assert read(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "0"
+
+
+async def test_missing_kube_qos_dirs_are_logged_once_until_they_appear(tmp_path: Path) -> None:
+    """kubepods/besteffort does not exist: its write is skipped and logged once (not every
+    round), not an error; once it appeared, a later disappearance is logged again."""
+    ls = make_pod("ls", "LS")
+    tree(tmp_path, ["kubepods", "kubepods/burstable", "kubepods/burstable/podls"], {"cpu.bvt_warp_ns": "0"})
+    backend = FakeBackend(NodeFacts(cpu_topology=SINGLE_SOCKET_HT, node_slo=MappingProxyType(GI_ON)), [ls])
+    r = reconciler(backend, tmp_path)
+
+    def missing_logged(logs: list[dict[str, Any]]) -> list[str]:
+        return sorted(e["path"] for e in logs if e["event"].startswith("cgroup directory missing"))
+
+    def levels(logs: list[dict[str, Any]]) -> dict[str, str]:
+        return {e["path"]: e["log_level"] for e in logs if e["event"].startswith("cgroup directory missing")}
+
+    with capture_logs() as logs:
+        first = await r.reconcile_once()
+        second = await r.reconcile_once()
+        third = await r.reconcile_once()
+    # (the sandbox's own cgroup is missing too: the cpuset plugin plans its cpuset.cpus)
+    assert missing_logged(logs) == ["kubepods/besteffort", "kubepods/burstable/podls/sb-ls"]
+    assert sorted(first.missing) == ["kubeqos kubepods/besteffort", "sandbox kubepods/burstable/podls/sb-ls"]
+    assert first.missing == second.missing == third.missing
+    # a kube-QoS directory is the node's set-up (warning); a pod's is a moment of its lifecycle
+    assert levels(logs) == {"kubepods/besteffort": "warning", "kubepods/burstable/podls/sb-ls": "debug"}
+    assert first.errors == second.errors == third.errors == []
+    assert not any(e["event"] == "apply failed" for e in logs)
+    assert read(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "2"
+    # it appears: written, nothing missing; it goes away again: logged once more
+    tree(tmp_path, ["kubepods/besteffort"], {"cpu.bvt_warp_ns": "0"})
+    with capture_logs() as logs:
+        back = await r.reconcile_once()
+        assert back.missing == ["sandbox kubepods/burstable/podls/sb-ls"]
+        assert read(tmp_path, "kubepods/besteffort", "cpu.bvt_warp_ns") == "-1"
+        (tmp_path / "cpu/kubepods/besteffort/cpu.bvt_warp_ns").unlink()
+        (tmp_path / "cpu/kubepods/besteffort").rmdir()
+        await r.reconcile_once()
+        await r.reconcile_once()
+    assert missing_logged(logs) == ["kubepods/besteffort"]  # the sandbox is still missing: not again
 
 
 async def test_nodeslo_change_converges_within_one_period(tmp_path: Path) -> None:
