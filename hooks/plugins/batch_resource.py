@@ -15,7 +15,11 @@ Outputs
     container: CRI ``cpu_shares`` (from the batch-cpu request, when given), ``cpu_quota`` (from
     the limit, -1 without one), ``memory_limit_in_bytes`` (from the batch-memory limit, -1
     without one). Pod: writes ``pod``/``cpu.shares`` (sum of requests), ``cpu.cfs_quota_us`` and
-    ``memory.limit_in_bytes`` (sums of limits, -1 if any container is unlimited).
+    ``memory.limit_in_bytes`` (sums of limits, -1 if any container is unlimited). When the
+    NodeSLO makes BE pods SCHED_IDLE (``policies.cpuPolicy: coreSched`` with
+    ``beClass.cpuQOS.enable`` and ``schedIdle: 1``, written by group_identity), the pod's
+    ``cpu.shares`` is left out, because the kernel refuses shares on an idle cgroup; the
+    omission is recorded as a skip.
 Leaves alone
     pods that are not labelled BE, pods without the annotation, containers it does not list,
     ``mid-cpu``/``mid-memory``. Malformed annotations are recorded as skips.
@@ -40,6 +44,8 @@ from hooks.facts import (
     milli_cpu_to_shares,
     parse_quantity,
     pod_cgroup_path,
+    slo_cpu_policy,
+    slo_cpu_qos,
 )
 from hooks.plan import Plan
 from hooks.spec import hookimpl
@@ -135,6 +141,14 @@ def _container_plan(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -
     return plan
 
 
+def be_pods_are_idle(node: NodeFacts) -> bool:
+    """Whether group_identity makes BE pod cgroups SCHED_IDLE (``cpu.idle`` 1) on this node."""
+    if slo_cpu_policy(node.node_slo) != "coreSched":
+        return False
+    q = slo_cpu_qos(node.node_slo, "beClass")
+    return q.enable and bool(q.sched_idle)
+
+
 def _pod_plan(pod: PodFacts, node: NodeFacts) -> Plan:
     plan = Plan()
     specs = _specs(pod, plan)
@@ -145,7 +159,10 @@ def _pod_plan(pod: PodFacts, node: NodeFacts) -> Plan:
     except ValueError as exc:
         return plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
     values = list(specs.values())
-    plan.write("pod", path, "cpu.shares", milli_cpu_to_shares(sum(v.cpu_request or 0 for v in values)))
+    if be_pods_are_idle(node):
+        plan.skip(f"pod {pod.namespace}/{pod.name}: BE pods are SCHED_IDLE here; pod cpu.shares left alone")
+    else:
+        plan.write("pod", path, "cpu.shares", milli_cpu_to_shares(sum(v.cpu_request or 0 for v in values)))
     cpu_limits = [v.cpu_limit for v in values]
     if any(v is None or v <= 0 for v in cpu_limits):
         quota = -1

@@ -1,8 +1,9 @@
 """cpu_burst: Koordinator's CPU Burst for LS and label-less pods.
 
 Stages
-    ``post_create_container`` and ``pre_update_container_resources`` (container
-    ``cpu.cfs_burst_us``, once the container exists), ``reconcile_container`` (the same, and 0
+    ``post_start_container`` and ``pre_update_container_resources`` (container
+    ``cpu.cfs_burst_us``, once the container's cgroup exists: containerd creates it at
+    StartContainer, not at CreateContainer), ``reconcile_container`` (the same, and 0
     when the policy is off), ``reconcile_pod`` (pod ``cpu.cfs_burst_us`` = sum over
     ``pod.containers``).
 Inputs
@@ -105,7 +106,7 @@ def _container_plan(pod: PodFacts, container: ContainerFacts, node: NodeFacts, *
 
 
 @hookimpl
-def rhp_post_create_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+def rhp_post_start_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
     return _container_plan(pod, container, node, reconcile=False)
 
 

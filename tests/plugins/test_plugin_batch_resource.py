@@ -76,6 +76,15 @@ def test_pod_level_writes(containers: dict[str, Any], expected: dict[str, str]) 
     assert {(lvl, path) for lvl, path, _, _ in writes(plan)} == {("pod", "kubepods/besteffort/podb1")}
 
 
+def test_idle_be_pods_keep_their_pod_shares() -> None:
+    core_sched = {"resourceQOSStrategy": {"policies": {"cpuPolicy": "coreSched"},
+                                          "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}}
+    the_pod = pod("BE", kube="BestEffort", uid="b1", annotations=spec(a=C1_FULL))
+    plan = call(batch_resource, "rhp_reconcile_pod", pod=the_pod, node=node(slo=core_sched))
+    assert {f for _, _, f, _ in writes(plan)} == {"cpu.cfs_quota_us", "memory.limit_in_bytes"}
+    assert any("SCHED_IDLE" in s.reason for s in plan.skipped)
+
+
 @pytest.mark.parametrize(
     "annotation",
     [

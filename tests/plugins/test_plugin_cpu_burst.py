@@ -67,7 +67,7 @@ def test_config_merge(slo: dict[str, Any], annotations: dict[str, str], expected
 )
 def test_cfs_burst_at_create(the_pod: Any, slo: dict[str, Any], quota: int, expected: list[Any], capped: bool) -> None:
     c = container(cid="cid", cpu_quota=quota, cpu_period=100000)
-    plan = call(cpu_burst, "rhp_post_create_container", pod=the_pod, container=c, node=node(slo=slo))
+    plan = call(cpu_burst, "rhp_post_start_container", pod=the_pod, container=c, node=node(slo=slo))
     assert writes(plan) == expected
     assert any("capped" in s.reason for s in plan.skipped) == capped
 
