@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 from hpack import Decoder, HPACKError, NeverIndexedHeaderTuple
 
+from runtime_proxy import metrics
+from runtime_proxy.methods import is_known_unary
 from runtime_proxy.relay import _wire as w
 from runtime_proxy.transport import HookRejected
 
@@ -46,6 +50,53 @@ _HOLD_LIMIT = 16384
 _REFUSE_LINGER = 0.05
 _REFUSE_IDLE = 1.0
 _HEADER_LIST_LIMIT = 1 << 20
+
+# gRPC status code names by number, as ``grpc.StatusCode`` names them (the metrics' ``code``).
+_CODE_NAMES = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+)
+# What a caller sees when the server resets a stream, by HTTP/2 error code (gRPC's mapping).
+_RST_CODES = {w.CANCEL: "CANCELLED", w.REFUSED_STREAM: "UNAVAILABLE"}
+# ``_icache`` flags: the method is intercepted; the method's calls are timed (metrics).
+_ICPT = 1
+_TIMED = 2
+
+# Request bytes the relay swallowed and owes the client as a connection WINDOW_UPDATE are sent
+# with the next write to the client (the answer, usually) instead of in a write of their own,
+# unless they reach this many: far below any connection window (65535 at least), so the
+# client's window never runs out because of what the relay still owes.
+_OWED_FLUSH = 16384
+
+_perf = time.perf_counter
+_LATENCY: dict[str, Any] = {}  # method -> its child of metrics.CALL_LATENCY
+
+
+def _observe(method: str, code: str, seconds: float) -> None:
+    """``metrics.observe_call``, with the per-method histogram looked up once."""
+    child = _LATENCY.get(method)
+    if child is None:
+        child = _LATENCY[method] = metrics.CALL_LATENCY.labels(method)
+    child.observe(seconds)
+    if code != "OK":
+        metrics.CALL_ERRORS.labels(method, code).inc()
+
+
+def _code_name(number: int) -> str:
+    return _CODE_NAMES[number] if 0 <= number < len(_CODE_NAMES) else "UNKNOWN"
+
+
+def _status_of(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The ``code`` label for a trailer block: its grpc-status, by name."""
+    for name, value in headers:
+        if name == b"grpc-status":
+            try:
+                return _code_name(int(value))
+            except ValueError:
+                return "UNKNOWN"
+    return "UNKNOWN"
+
 
 # Session states.
 _CONNECTING, _RELAY, _REFUSE, _CLOSED = range(4)
@@ -181,7 +232,9 @@ class Session(asyncio.Protocol):
         # HPACK decoders mirroring each direction's encoder.
         self._c_dec = MirrorDecoder()
         self._s_dec = MirrorDecoder()
-        self._s_pending: list[bytes] = []  # server header fragments forwarded, not yet decoded
+        # Server header fragments forwarded, not yet decoded, each with the stream whose call
+        # it ends when that call is timed (its grpc-status is wanted), else 0.
+        self._s_pending: list[tuple[bytes, int]] = []
         # Header blocks being assembled (HEADERS + CONTINUATION).
         self._c_block: bytearray | None = None
         self._c_block_sid = 0
@@ -200,7 +253,10 @@ class Session(asyncio.Protocol):
         self._dropped: dict[int, None] = {}
         self._inject_q: list[Intercepted] = []
         self._held: list[Intercepted] = []  # intercepted streams whose HEADERS are kept back, in order
-        self._icache: dict[bytes, bool] = {}
+        self._icache: dict[bytes, tuple[str, int]] = {}  # :path -> (method, _ICPT | _TIMED flags)
+        # Calls the metrics time, as the grpc transport does (known unary CRI methods and
+        # intercepted ones): sid -> (method, start). Each ends in ``_finish`` with its code.
+        self._timed: dict[int, tuple[str, float]] = {}
         # Flow control toward the server. ``_up_window`` is the server's connection receive
         # window as the relay accounts it exactly; ``_debt`` is how far the client's view of
         # that window exceeds it (bytes the relay injected that the server has not yet
@@ -219,9 +275,16 @@ class Session(asyncio.Protocol):
         self._refuse_timer: asyncio.TimerHandle | None = None
         self._refuse_answered = False
         self._refuse_block_sid = 0
+        self._refuse_block = bytearray()
         self._closing_up = False
         self._refuse_message = ""
         self._resume = False  # a server WINDOW_UPDATE or SETTINGS may unblock sending
+        # Connection window the relay owes the client (swallowed request bytes), see _OWED_FLUSH.
+        self._owed = 0
+        # Intercepted streams whose hook (``before``; ``after``) became due during the current
+        # parse: started when the parse ends, so what they send joins the parse's one write.
+        self._due_before: list[Intercepted] = []
+        self._due_after: list[Intercepted] = []
         # While a parse runs, frames the relay writes itself join its output in order.
         self._up_q: list[Any] | None = None
         self._down_q: list[Any] | None = None
@@ -263,10 +326,61 @@ class Session(asyncio.Protocol):
     def _spawn(self, coro: Any) -> asyncio.Task[None]:
         task: asyncio.Task[None] = self._loop.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
 
+    def _start_eager(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+        """Run ``coro`` at once until it first waits; only then does it get a task.
+
+        A hook that answers without waiting (no plugin for the stage, say) then costs no trip
+        through the event loop, and what it sends joins the write in progress. Python 3.12's
+        eager tasks do the same; on 3.11 the part before the first wait runs outside any task
+        (``asyncio.current_task()`` is None there), in a context of its own."""
+        ctx = contextvars.copy_context()
+        try:
+            first = ctx.run(coro.send, None)
+        except StopIteration:
+            return None
+        except BaseException:
+            # ``_run_before``/``_run_after`` catch everything; this is a relay bug.
+            log.exception("relay.task_failed")
+            self.close(w.INTERNAL_ERROR)
+            return None
+        task: asyncio.Task[None] = self._loop.create_task(_resume(coro, first), context=ctx)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _start_due(self) -> None:
+        """Start the hooks that became due during the parse that just ended."""
+        if self._due_before:
+            due, self._due_before = self._due_before, []
+            for st in due:
+                self._start_eager(self._run_before(st))
+        if self._due_after:
+            due, self._due_after = self._due_after, []
+            for st in due:
+                task = self._start_eager(self._run_after(st))
+                if task is not None:
+                    self._after_tasks.add(task)
+                    task.add_done_callback(self._after_tasks.discard)
+                    st.after_task = task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # A bug in the relay: never let it vanish with the task. The connection cannot be
+            # trusted any more, so it ends (the caller reconnects).
+            log.error("relay.task_failed", exc_info=task.exception())
+            self.close(w.INTERNAL_ERROR)
+
     async def _connect(self) -> None:
+        """Open the upstream connection; on failure answer the client from refuse mode.
+
+        The switch to relaying happens in ``upstream_made``, not here: the server (grpc-go in
+        containerd) sends its SETTINGS as soon as it accepts, and uvloop runs I/O callbacks
+        before the ready queue, so the upstream ``data_received`` can come before this
+        coroutine resumes. Only ``connection_made`` is guaranteed to come first."""
         try:
             async with asyncio.timeout(self._connect_timeout):
                 await self._loop.create_unix_connection(lambda: _Upstream(self), self._backend)
@@ -275,18 +389,18 @@ class Session(asyncio.Protocol):
                 log.warning("relay.backend_unreachable", backend=self._backend, error=str(exc) or type(exc).__name__)
                 self._start_refusing(f"backend unavailable: {exc or 'connect timeout'}")
             return
+
+    def upstream_made(self, transport: asyncio.Transport) -> None:
+        """The upstream connection is up: relay from now on (before any upstream byte arrives)."""
         if self.state != _CONNECTING:  # the client went away meanwhile
-            if self.up is not None:
-                self.up.close()
+            transport.close()
             return
+        self.up = transport
         self.state = _RELAY
         if self._cin:
             self._client_input()
-
-    def upstream_made(self, transport: asyncio.Transport) -> None:
-        self.up = transport
-        if self.state != _CONNECTING:
-            transport.close()
+        if self._sin and self.state == _RELAY:
+            self.server_data(b"")
 
     @property
     def busy(self) -> bool:
@@ -324,7 +438,18 @@ class Session(asyncio.Protocol):
         if self.up is not None:
             self.up.close()
         self.live.clear()
+        if self._timed:
+            # Calls cut off with the connection: by the backend going away, or by the client.
+            code = "UNAVAILABLE" if self._closing_up else "CANCELLED"
+            for sid in list(self._timed):
+                self._finish(sid, code)
         self._on_closed(self)
+
+    def _finish(self, sid: int, code: str) -> None:
+        """A timed call ended for the caller with ``code``: record it (once)."""
+        timed = self._timed.pop(sid, None)
+        if timed is not None:
+            _observe(timed[0], code, _perf() - timed[1])
 
     async def wait_tasks(self, timeout: float) -> None:
         if self._tasks:
@@ -358,6 +483,7 @@ class Session(asyncio.Protocol):
             if not flags & 1:
                 out.append(self._error_frames(sid, w.GRPC_UNAVAILABLE, f"backend connection lost: {reason}", False))
                 del self.live[sid]
+                self._finish(sid, "UNAVAILABLE")
         if out and self.down is not None:
             self.down.write(b"".join(out))
         pending = [st.after_task for st in self._icpt.values() if st.after_task is not None]
@@ -409,10 +535,28 @@ class Session(asyncio.Protocol):
             elif ftype in (w.HEADERS, w.CONTINUATION):
                 if ftype == w.HEADERS:
                     self._refuse_block_sid = sid
-                if flags & w.FLAG_END_HEADERS and self._refuse_block_sid > self.c_max_sid:
-                    self.c_max_sid = self._refuse_block_sid
-                    out.append(self._error_frames(self.c_max_sid, w.GRPC_UNAVAILABLE, self._refuse_message, False))
-                    self._refuse_answered = True
+                    try:
+                        a, b = _padded(buf, pos, end - pos - 9, flags, True)
+                    except FrameError as err:
+                        self.close(err.code)
+                        return
+                    self._refuse_block = bytearray(buf[a:b])
+                else:
+                    self._refuse_block += buf[pos + 9 : end]
+                if flags & w.FLAG_END_HEADERS:
+                    block, self._refuse_block = bytes(self._refuse_block), bytearray()
+                    try:  # for the metrics (and to keep the decoder in step)
+                        headers = self._c_dec.decode(block)
+                    except HPACKError:
+                        self.close(w.COMPRESSION_ERROR)
+                        return
+                    if self._refuse_block_sid > self.c_max_sid:
+                        self.c_max_sid = self._refuse_block_sid
+                        out.append(self._error_frames(self.c_max_sid, w.GRPC_UNAVAILABLE, self._refuse_message, False))
+                        self._refuse_answered = True
+                        method, kind = self._method_kind(headers)
+                        if kind & _TIMED:
+                            _observe(method, "UNAVAILABLE", 0.0)
             pos = end
         del buf[:pos]
         if self._refuse_answered and self._refuse_timer is not None:
@@ -534,6 +678,8 @@ class Session(asyncio.Protocol):
                         start = pos
                         up.extend(self._flush_held(None))
                     self.live.pop(sid, None)
+                    if self._timed:
+                        self._finish(sid, "CANCELLED")
                     st = icpt.pop(sid, None) if icpt else None
                     if st is not None:
                         local = st.phase == _LOCAL
@@ -575,6 +721,12 @@ class Session(asyncio.Protocol):
                 elif ftype == w.PUSH_PROMISE:
                     raise FrameError(w.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
                 pos = end
+            if self._due_before and self.state == _RELAY:
+                # What the hooks send goes after everything parsed so far, in the same write.
+                if pos > start:
+                    up.append(mv[start:pos])
+                start = pos
+                self._start_due()
             if self.state != _RELAY:
                 return pos
             self._up_q = self._down_q = None
@@ -640,18 +792,11 @@ class Session(asyncio.Protocol):
                 raise FrameError(w.PROTOCOL_ERROR, f"client opened even stream {sid}")
             self.c_max_sid = sid
             self.live[sid] = 0
-            path = b""
-            for name, value in headers:
-                if name == b":path":
-                    path = value
-                    break
-            hit = self._icache.get(path)
-            if hit is None:
-                hit = bool(self._interceptor.intercepts(path.decode("latin-1")))
-                if len(self._icache) < 4096:
-                    self._icache[path] = hit
-            if hit:
-                st = Intercepted(sid, path.decode("latin-1"), self._up_init_window)
+            method, kind = self._method_kind(headers)
+            if kind & _TIMED:
+                self._timed[sid] = (method, _perf())
+            if kind & _ICPT:
+                st = Intercepted(sid, method, self._up_init_window)
                 self._icpt[sid] = st
                 if end_stream:
                     st.hdr_end_stream = True
@@ -666,6 +811,24 @@ class Session(asyncio.Protocol):
             old.client_ended = end_stream
             self._answer_local(old, w.GRPC_INTERNAL, "request trailers are not supported on intercepted methods")
         return None
+
+    def _method_kind(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, int]:
+        """The method a request header block names, and its ``_ICPT``/``_TIMED`` flags."""
+        path = b""
+        for name, value in headers:
+            if name == b":path":
+                path = value
+                break
+        hit = self._icache.get(path)
+        if hit is None:
+            method = path.decode("latin-1")
+            kind = _ICPT if self._interceptor.intercepts(method) else 0
+            if kind or is_known_unary(method):
+                kind |= _TIMED
+            hit = (method, kind)
+            if len(self._icache) < 4096:
+                self._icache[path] = hit
+        return hit
 
     def _client_icpt_data(
         self, st: Intercepted, mv: memoryview, pos: int, length: int, flags: int, down: list[bytes]
@@ -683,7 +846,9 @@ class Session(asyncio.Protocol):
             repay = min(length, self._debt)
             self._debt -= repay
             if length > repay:
-                down.append(w.window_update(0, length - repay))
+                self._owed += length - repay
+                if self._owed >= _OWED_FLUSH:
+                    down.append(self._take_owed())
             if not end_stream and st.phase == _COLLECT:
                 down.append(w.window_update(st.sid, length))
         if end_stream:
@@ -696,7 +861,11 @@ class Session(asyncio.Protocol):
     def _request_complete(self, st: Intercepted) -> None:
         st.client_ended = True
         st.phase = _HOOK
-        self._spawn(self._run_before(st))
+        self._due_before.append(st)  # started when the parse ends (``_start_due``)
+
+    def _take_owed(self) -> bytes:
+        owed, self._owed = self._owed, 0
+        return w.window_update(0, owed)
 
     async def _run_before(self, st: Intercepted) -> None:
         msg, why = w.grpc_message(st.req)
@@ -764,8 +933,8 @@ class Session(asyncio.Protocol):
             if st.phase == _INJECT:
                 keep.append(st)
         self._inject_q = keep
-        if frames and self.up is not None:
-            self.up.write(b"".join(frames))
+        if frames:
+            self._send_up(b"".join(frames))
 
     def _answer_local(self, st: Intercepted, code: int, message: str) -> None:
         """Answer an intercepted call without the runtime; reset the upstream stream."""
@@ -774,6 +943,7 @@ class Session(asyncio.Protocol):
         st.phase = _LOCAL
         st.req = bytearray()
         sid = st.sid
+        self._finish(sid, _code_name(code))
         self._dropped[sid] = None
         if len(self._dropped) > _MAX_DROPPED:
             del self._dropped[next(iter(self._dropped))]
@@ -807,6 +977,8 @@ class Session(asyncio.Protocol):
         if self._down_q is not None:
             self._down_q.append(data)
         elif self.down is not None:
+            if self._owed:
+                data = self._take_owed() + data
             self.down.write(data)
 
     def _cancel_icpt(self, st: Intercepted) -> None:
@@ -821,6 +993,8 @@ class Session(asyncio.Protocol):
     # --- server -> client ----------------------------------------------------------------------
     def server_data(self, data: bytes) -> None:
         if self.state != _RELAY:
+            if self.state == _CONNECTING:  # cannot happen (``upstream_made`` comes first); keep it
+                self._sin += data
             return
         if self._sin:
             self._sin += data
@@ -903,6 +1077,8 @@ class Session(asyncio.Protocol):
                                         self._release_down(st, down)
                         if flags & w.FLAG_END_STREAM:
                             self._server_ended(sid)
+                            if self._timed:  # no trailers: the caller gets an error
+                                self._finish(sid, "INTERNAL")
                 elif ftype == w.HEADERS:
                     if sid == 0:
                         raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
@@ -915,8 +1091,10 @@ class Session(asyncio.Protocol):
                     ):
                         # Fast path: forward as is, decode after the write (if at all).
                         frag = buf[a:b]
-                        if not frag or min(frag) < 0x80:
-                            self._s_pending.append(bytes(frag))
+                        if flags & w.FLAG_END_STREAM and self._timed and sid in self._timed:
+                            self._s_pending.append((bytes(frag), sid))  # the call's grpc-status
+                        elif not frag or min(frag) < 0x80:
+                            self._s_pending.append((bytes(frag), 0))
                         if flags & w.FLAG_END_STREAM:
                             self.live.pop(sid, None)
                         elif sid in self.live:
@@ -945,6 +1123,8 @@ class Session(asyncio.Protocol):
                     if length != 4 or sid == 0:
                         raise FrameError(w.PROTOCOL_ERROR, "bad RST_STREAM")
                     self.live.pop(sid, None)
+                    if self._timed:
+                        self._finish(sid, _RST_CODES.get(w.u32(buf, pos + 9), "INTERNAL"))
                     st = icpt.pop(sid, None) if icpt else None
                     if st is not None:
                         self._cancel_icpt(st)
@@ -989,17 +1169,28 @@ class Session(asyncio.Protocol):
                 elif ftype == w.GOAWAY:
                     if sid != 0 or length < 8:
                         raise FrameError(w.PROTOCOL_ERROR, "bad GOAWAY")
+                    if self._timed:  # streams above the last one the server took never run
+                        last = w.u32(buf, pos + 9) & _MASK31
+                        for other in [t for t in self._timed if t > last]:
+                            self._finish(other, "UNAVAILABLE")
                 elif ftype == w.PUSH_PROMISE:
                     raise FrameError(w.PROTOCOL_ERROR, "PUSH_PROMISE (push is off for gRPC)")
                 pos = end
+            if self._due_after and self.state == _RELAY:
+                if pos > start:
+                    down.append(mv[start:pos])
+                start = pos
+                self._start_due()
             if self.state != _RELAY:
                 return pos
             self._up_q = self._down_q = None
-            if start == 0 and pos == n and not down and isinstance(buf, bytes):
+            if start == 0 and pos == n and not down and not self._owed and isinstance(buf, bytes):
                 self.down.write(buf)  # type: ignore[union-attr]
             else:
                 if pos > start:
                     down.append(mv[start:pos])
+                if self._owed:  # first, so it never waits behind a full write buffer
+                    down.insert(0, self._take_owed())
                 if down:
                     self.down.write(b"".join(down))  # type: ignore[union-attr]
             if up:
@@ -1032,8 +1223,11 @@ class Session(asyncio.Protocol):
         pending = self._s_pending
         if pending:
             advance = self._s_dec.advance
-            for block in pending:
-                advance(block)
+            for block, sid in pending:
+                if sid:
+                    self._finish(sid, _status_of(self._s_dec.decode(block)))
+                else:
+                    advance(block)
             pending.clear()
 
     def _flush_server_decode_quietly(self) -> None:
@@ -1082,10 +1276,7 @@ class Session(asyncio.Protocol):
                     self.verbatim = False
                     st.phase = _AFTER
                     st.trailers = headers
-                    task = self._spawn(self._run_after(st))
-                    self._after_tasks.add(task)
-                    task.add_done_callback(self._after_tasks.discard)
-                    st.after_task = task
+                    self._due_after.append(st)  # started when the parse ends (``_start_due``)
                     return
                 self._release_down(st, down)
         if self.verbatim:
@@ -1094,6 +1285,8 @@ class Session(asyncio.Protocol):
             down.append(w.header_frames(sid, _encode_block(headers), end_stream, self._down_max_frame))
         if end_stream:
             self._server_ended(sid)
+            if self._timed:
+                self._finish(sid, _status_of(headers))
         elif sid in self.live:
             self.live[sid] = 1
 
@@ -1127,7 +1320,40 @@ class Session(asyncio.Protocol):
             out = st.held_down or []
             st.held_down = None
             out.append(w.header_frames(st.sid, _encode_block(st.trailers), True, self._down_max_frame))
-            self.down.write(b"".join(out))
+            self._send_down(b"".join(out))
+            self._finish(st.sid, "OK")
+
+
+class _Resumed:
+    """Drives a coroutine that ``Session._start_eager`` already started, from its first wait on:
+    what it waits for is passed to the task, and what the task sends or throws is passed back."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, waiting = self._coro, self._first
+        self._first = None
+        while True:
+            try:
+                sent = yield waiting
+            except BaseException as exc:  # cancellation, or an error the awaited future raised
+                try:
+                    waiting = coro.throw(exc)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waiting = coro.send(sent)
+                except StopIteration:
+                    return
+
+
+async def _resume(coro: Coroutine[Any, Any, None], first: Any) -> None:
+    await _Resumed(coro, first)
 
 
 class _Upstream(asyncio.Protocol):
