@@ -227,7 +227,7 @@ def run_stub(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--containerd", default="1.6")
-    parser.add_argument("--transport", default="grpc", choices=("relay", "grpc"))
+    parser.add_argument("--transport", default="relay", choices=("relay", "grpc"))
     parser.add_argument("--stub", action="store_true", help="stub backend instead of containerd")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()

@@ -24,8 +24,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="the runtime's CRI unix socket (default %(default)s)")
     p.add_argument("--config", help="plugin config file (YAML or JSON)")
     p.add_argument("--metrics-addr", help="HOST:PORT to serve Prometheus metrics on")
-    p.add_argument("--transport", choices=("relay", "grpc"), default="grpc",
-                   help="grpc: grpcio transport (default); relay: HTTP/2 frame relay (faster, opt-in)")
+    p.add_argument("--transport", choices=("relay", "grpc"), default="relay",
+                   help="relay: HTTP/2 frame relay (default); grpc: the grpcio fallback")
     p.add_argument("--dry-run", action="store_true", help="log plans, change and apply nothing")
     p.add_argument("--hook-server-dir", help="directory of hook-server registrations (*.json)")
     p.add_argument("--node-config", help="node config file (NodeSLO spec, node labels and annotations)")

@@ -132,6 +132,6 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="runtime-proxy demo")
     versions = available_versions()
     parser.add_argument("--containerd", default=versions[-1] if versions else "1.6", choices=versions or ["1.6"])
-    parser.add_argument("--transport", default="grpc", choices=("relay", "grpc"))
+    parser.add_argument("--transport", default="relay", choices=("relay", "grpc"))
     args = parser.parse_args(argv)
     return asyncio.run(_demo(args.containerd, args.transport))

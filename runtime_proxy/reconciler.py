@@ -338,12 +338,16 @@ class Reconciler:
     async def _run(self) -> None:
         await self._safe_round("start")
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel that
+            # arrives as the event fires, and then stop() would wait for this task forever.
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.period)
-                await asyncio.sleep(self.debounce)
-                reason = self._reason
+                async with asyncio.timeout(self.period):
+                    await self._wake.wait()
             except TimeoutError:
                 reason = "period"
+            else:
+                await asyncio.sleep(self.debounce)
+                reason = self._reason
             self._wake.clear()
             await self._safe_round(reason)
 

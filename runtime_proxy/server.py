@@ -11,7 +11,6 @@ SIGTERM and SIGINT drain calls in flight (``grace`` seconds) before exit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import signal
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ class ProxyOptions:
     listen: str = DEFAULT_LISTEN
     backend: str = DEFAULT_BACKEND
     config: ProxyConfig = field(default_factory=ProxyConfig)
-    transport: str = "grpc"
+    transport: str = "relay"
     metrics_addr: str | None = None
     dry_run: bool = False
     grace: float = 10.0
@@ -148,9 +147,16 @@ class Proxy:
             task.cancel()
         for part in (self.reconciler, self.hook_servers, self.node_watch):
             stop = getattr(part, "stop", None)
-            if stop is not None:
-                with contextlib.suppress(Exception):
+            if stop is None:
+                continue
+            # A part that cannot stop must not keep the proxy from draining and exiting.
+            try:
+                async with asyncio.timeout(self.opts.grace):
                     await stop()
+            except TimeoutError:
+                log.warning("part did not stop in time; going on", part=type(part).__name__, grace=self.opts.grace)
+            except Exception:
+                log.exception("part failed to stop", part=type(part).__name__)
         await self.transport.stop(self.opts.grace)
         await self.client.close()
         log.info("proxy stopped")

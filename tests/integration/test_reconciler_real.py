@@ -35,7 +35,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD = 3.0  # reconcilePeriodSeconds
 MARGIN = 2.0  # a busy 2-core machine; the node config file itself is polled every second
 PLUGINS = ("group_identity", "cpu_burst", "batch_resource", "cpuset")
-TRANSPORTS = os.environ.get("RHP_RECONCILE_TRANSPORTS", "grpc").split(",")
+TRANSPORTS = os.environ.get("RHP_RECONCILE_TRANSPORTS", "relay,grpc").split(",")
 
 QOS = "koordinator.sh/qosClass"
 EXTENDED_RESOURCE_SPEC = "node.koordinator.sh/extended-resource-spec"
