@@ -15,14 +15,16 @@ What a pod needs on a node (``needs``):
 - NUMA alignment under the pod's ``numa-topology-spec`` or else the node's policy; a pod
   policy that contradicts a node policy other than None makes the node unresolvable.
 
-Filter uses only per-NUMA counts (``NodeState.refresh``) and memoises its verdict per node
-version, so 500 candidates cost 500 dictionary lookups when nothing changed. Bind recomputes
+Filter uses only per-NUMA counts (``NodeState.refresh``) and memoises its verdict per pod
+kind and node in one dictionary (``ClusterState.memo``, emptied for a node by each of its
+changes), so 500 candidates cost 500 lookups in one table when nothing changed. Bind recomputes
 exactly with ``allocator.take_cpus``/``take_gpus`` under the cluster lock, so two binds on one
 node never receive the same CPU.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -270,18 +272,55 @@ def _evaluate(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Verdict:
     return Verdict(True, score=_score(ns, pod, need, cfg))
 
 
+_KEY_IDS: dict[tuple[object, ...], int] = {}
+_NEXT_KEY_ID = itertools.count(1)
+
+
+def _key_id(pod: PodRequest, cfg: ExtenderConfig) -> int:
+    """A small int standing for ``(pod.key, cfg)``: the per-node memo key.
+
+    Hashing the full tuple (and the config dataclass) for each of 500 candidates was a third
+    of the filter's time; one lookup per request is enough. Ids are never reused (a counter),
+    so dropping the table when it grows only costs memo misses, never a wrong hit.
+    """
+    key = (pod.key, cfg)
+    kid = _KEY_IDS.get(key)
+    if kid is None:
+        if len(_KEY_IDS) > 4096:
+            _KEY_IDS.clear()
+        kid = _KEY_IDS[key] = next(_NEXT_KEY_ID)
+    return kid
+
+
+_VERDICTS: dict[Verdict, Verdict] = {}
+
+
+def _memo(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig, kid: int) -> Verdict:
+    """``evaluate`` without the per-call key work (``pod.error`` already checked)."""
+    verdicts = ns.memo.get(kid)
+    if verdicts is None:
+        if len(ns.memo) >= 64:  # many pod kinds seen: start over rather than grow
+            ns.memo.clear()
+        verdicts = ns.memo[kid] = {}
+    else:
+        hit: Verdict | None = verdicts.get(ns.name)
+        if hit is not None:
+            return hit
+    ns.refresh()
+    verdict = _evaluate(ns, pod, cfg)
+    # equal verdicts share one object (most are "fits, score s"), which keeps them in cache
+    if len(_VERDICTS) > 10_000:
+        _VERDICTS.clear()
+    verdict = _VERDICTS.setdefault(verdict, verdict)
+    verdicts[ns.name] = verdict
+    return verdict
+
+
 def evaluate(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Verdict:
     """Feasibility and score of ``pod`` on ``ns`` (caller holds the state lock)."""
     if pod.error:
         return Verdict(False, True, pod.error)
-    ns.refresh()
-    key = (pod.key, cfg)
-    hit = ns.cache.get(key)
-    if hit is not None and hit[0] == ns.version:
-        return hit[1]  # type: ignore[return-value]
-    verdict = _evaluate(ns, pod, cfg)
-    ns.cache[key] = (ns.version, verdict)
-    return verdict
+    return _memo(ns, pod, cfg, _key_id(pod, cfg))
 
 
 def _split_shared(ns: NodeState, affinity: frozenset[int] | None, milli: int) -> dict[int, int]:
@@ -310,6 +349,7 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
     verdict = evaluate(ns, pod, cfg)
     if not verdict.ok:
         raise AllocationError(verdict.reason)
+    ns.refresh()  # a memo hit skips it; the exact plan needs the derived sets current
     need = needs(ns, pod)
     assert not isinstance(need, str)
     if not need.anything:
@@ -392,19 +432,25 @@ def filter_nodes(
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
+    if pod.error:
+        return FilterResult([], {}, dict.fromkeys(names, pod.error))
+    plain = _plain_anywhere(pod)
+    kid = _key_id(pod, cfg)
     with state.lock:
-        nodes = state.nodes
+        get = state.nodes.get
+        memo: Mapping[str, Verdict] = state.memo.get(kid) or {}
         for name in names:
-            ns = nodes.get(name)
-            if ns is None:
-                if pod.error:
-                    unresolvable[name] = pod.error
-                elif _plain_anywhere(pod):
-                    passed.append(name)
-                else:
-                    failed[name] = f"node {name} is not in the extender's cache yet"
-                continue
-            v = evaluate(ns, pod, cfg)
+            v = memo.get(name)  # the memo hit of ``_memo``, inlined: this loop is hot
+            if v is None:
+                ns = get(name)
+                if ns is None:
+                    if plain:
+                        passed.append(name)
+                    else:
+                        failed[name] = f"node {name} is not in the extender's cache yet"
+                    continue
+                v = _memo(ns, pod, cfg, kid)
+                memo = state.memo.get(kid) or {}
             if v.ok:
                 passed.append(name)
             elif v.unresolvable:
@@ -423,15 +469,22 @@ def prioritize_nodes(
     state: ClusterState, pod: PodRequest, names: Sequence[str], cfg: ExtenderConfig
 ) -> list[tuple[str, int]]:
     """Scores 0..10 by the configured strategy; infeasible or unknown nodes score 0."""
+    if pod.error:
+        return [(name, 0) for name in names]
     out: list[tuple[str, int]] = []
+    kid = _key_id(pod, cfg)
     with state.lock:
-        nodes = state.nodes
+        get = state.nodes.get
+        memo: Mapping[str, Verdict] = state.memo.get(kid) or {}
         for name in names:
-            ns = nodes.get(name)
-            if ns is None or pod.error:
-                out.append((name, 0))
-                continue
-            v = evaluate(ns, pod, cfg)
+            v = memo.get(name)
+            if v is None:
+                ns = get(name)
+                if ns is None:
+                    out.append((name, 0))
+                    continue
+                v = _memo(ns, pod, cfg, kid)
+                memo = state.memo.get(kid) or {}
             out.append((name, v.score if v.ok else 0))
     return out
 

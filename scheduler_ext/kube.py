@@ -60,8 +60,7 @@ def _error(exc: ApiException) -> APIError:
     return cls(status, message)
 
 
-def _json(resp: Any) -> dict[str, Any]:
-    data = resp.data
+def _json(data: bytes) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(data) if data else {}
     return out
 
@@ -77,12 +76,29 @@ class KubeClient:
         self.watch_timeout = watch_timeout
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The raw urllib3 response (streams: the caller closes it and releases the connection)."""
         try:
             return fn(*args, _preload_content=False, **kwargs)
         except ApiException as exc:
             raise _error(exc) from None
         except OSError as exc:  # connection refused, reset, timeout
             raise APIError(0, f"API server unreachable: {exc}") from None
+
+    def _fetch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bytes:
+        """The whole body of a non-streaming call; the connection always goes back to the pool.
+
+        A response whose body is never read keeps its connection checked out, so urllib3
+        opens a fresh TCP connection for the next call (and the fake or real API server a
+        fresh handler): a bind then pays a connect per call.
+        """
+        resp = self._call(fn, *args, **kwargs)
+        try:
+            data: bytes = resp.data
+        except OSError as exc:
+            raise APIError(0, f"API server unreachable: {exc}") from None
+        finally:
+            resp.release_conn()
+        return data
 
     def _lister(self, kind: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         if kind == "nodes":
@@ -99,7 +115,7 @@ class KubeClient:
         kwargs: dict[str, Any] = {"limit": limit}
         if continue_token:
             kwargs["_continue"] = continue_token
-        doc = _json(self._call(fn, *args, **kwargs))
+        doc = _json(self._fetch(fn, *args, **kwargs))
         meta = doc.get("metadata") or {}
         return (
             list(doc.get("items") or []),
@@ -136,7 +152,7 @@ class KubeClient:
 
     # -- bind side ----------------------------------------------------------------------------
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return _json(self._call(self.core.read_namespaced_pod, name, namespace))
+        return _json(self._fetch(self.core.read_namespaced_pod, name, namespace))
 
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str
@@ -146,7 +162,7 @@ class KubeClient:
         if resource_version:
             meta["resourceVersion"] = resource_version
         return _json(
-            self._call(
+            self._fetch(
                 self.core.patch_namespaced_pod,
                 name,
                 namespace,
@@ -165,15 +181,15 @@ class KubeClient:
         }
         if uid:
             body["metadata"]["uid"] = uid
-        self._call(self.core.create_namespaced_pod_binding, name, namespace, body)
+        self._fetch(self.core.create_namespaced_pod_binding, name, namespace, body)
 
     # -- HA ledger ----------------------------------------------------------------------------
     def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
-        return _json(self._call(self.coordination.read_namespaced_lease, name, namespace))
+        return _json(self._fetch(self.coordination.read_namespaced_lease, name, namespace))
 
     def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return _json(self._call(self.coordination.create_namespaced_lease, namespace, dict(body)))
+        return _json(self._fetch(self.coordination.create_namespaced_lease, namespace, dict(body)))
 
     def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """PUT; ``metadata.resourceVersion`` in ``body`` makes it a compare-and-swap (409)."""
-        return _json(self._call(self.coordination.replace_namespaced_lease, name, namespace, dict(body)))
+        return _json(self._fetch(self.coordination.replace_namespaced_lease, name, namespace, dict(body)))

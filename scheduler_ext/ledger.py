@@ -23,7 +23,9 @@ Design:
   then every replica's cache holds the pod from its annotations. Entries whose pod this replica
   saw deleted are dropped at the next write.
 - Single-replica fast path: the last written version is cached, so an uncontended commit is
-  one PUT; only a 409 costs a GET.
+  one PUT; only a 409 costs a GET. A node whose Lease this process has never seen is assumed
+  to have none: the commit creates it (one POST), and 409 AlreadyExists is handled like any
+  other conflict (GET, re-plan, PUT).
 """
 
 from __future__ import annotations
@@ -119,57 +121,70 @@ class LeaseLedger:
         self.is_deleted = is_deleted
         self.clock = clock
         self._lock = threading.Lock()
-        self._cache: dict[str, dict[str, Any]] = {}  # node -> last Lease body we read or wrote
+        self._cache: dict[str, dict[str, Any] | None] = {}  # node -> last Lease read or written (None: none)
 
-    def _read(self, node: str) -> dict[str, Any]:
-        name = lease_name(self.prefix, node)
+    def _read(self, node: str) -> dict[str, Any] | None:
+        """GET the node's Lease (``None`` when there is none yet) and remember it."""
         try:
-            lease = self.api.get_lease(self.namespace, name)
+            lease: dict[str, Any] | None = self.api.get_lease(self.namespace, lease_name(self.prefix, node))
         except NotFoundError:
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": name, "namespace": self.namespace, "annotations": {}},
-                "spec": {"holderIdentity": self.identity},
-            }
-            try:
-                lease = self.api.create_lease(self.namespace, body)
-            except ConflictError:  # another replica created it first
-                lease = self.api.get_lease(self.namespace, name)
+            lease = None
         with self._lock:
             self._cache[node] = lease
         return lease
 
-    def _current(self, node: str, fresh: bool) -> dict[str, Any]:
-        with self._lock:
-            lease = self._cache.get(node)
-        if lease is None or fresh:
-            lease = self._read(node)
-        return lease
+    def _current(self, node: str, fresh: bool) -> dict[str, Any] | None:
+        """The Lease as last read or written; a node never seen counts as having none.
+
+        Assuming "none" is optimistic and safe: the first ``commit`` then *creates* the Lease,
+        which the API server refuses (409 AlreadyExists) if any replica made one before, and
+        the caller re-reads (``fresh``) and re-plans as on any other conflict. So a bind on a
+        node without a Lease costs one POST instead of GET, POST and PUT.
+        """
+        if not fresh:
+            with self._lock:
+                if node in self._cache:
+                    return self._cache[node]
+            return None
+        return self._read(node)
 
     def entries(self, node: str, *, fresh: bool) -> dict[str, Allocation]:
         """Live ledger entries of ``node`` (from the last read unless ``fresh``)."""
         lease = self._current(node, fresh)
+        if lease is None:
+            return {}
         now = self.clock()
         text = ((lease.get("metadata") or {}).get("annotations") or {}).get(LEDGER_ANNOTATION)
         return {
             uid: alloc for uid, (alloc, ts) in decode_entries(text).items() if now - ts <= self.ttl
         }
 
-    def _write(self, node: str, lease: dict[str, Any], entries: dict[str, Any]) -> None:
-        body = json.loads(json.dumps(lease))
-        meta = body.setdefault("metadata", {})
-        meta.setdefault("annotations", {})
-        meta["annotations"] = dict(meta["annotations"] or {})
-        meta["annotations"][LEDGER_ANNOTATION] = json.dumps(entries, separators=(",", ":"))
-        spec = body.setdefault("spec", {})
-        spec["holderIdentity"] = self.identity
-        spec["renewTime"] = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(self.clock()))
-        new = self.api.replace_lease(self.namespace, str(meta["name"]), body)
+    def _write(self, node: str, lease: dict[str, Any] | None, entries: dict[str, Any]) -> None:
+        """PUT with the version read (compare-and-swap), or POST when there was no Lease."""
+        text = json.dumps(entries, separators=(",", ":"))
+        renew = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(self.clock()))
+        if lease is None:
+            name = lease_name(self.prefix, node)
+            body: dict[str, Any] = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": self.namespace,
+                             "annotations": {LEDGER_ANNOTATION: text}},
+                "spec": {"holderIdentity": self.identity, "renewTime": renew},
+            }
+            new = self.api.create_lease(self.namespace, body)
+        else:
+            meta = dict(lease.get("metadata") or {})
+            meta["annotations"] = {**(meta.get("annotations") or {}), LEDGER_ANNOTATION: text}
+            spec = {**(lease.get("spec") or {}), "holderIdentity": self.identity, "renewTime": renew}
+            body = {**lease, "metadata": meta, "spec": spec}  # the stored Lease is never changed
+            new = self.api.replace_lease(self.namespace, str(meta["name"]), body)
         with self._lock:
             self._cache[node] = new
 
-    def _live(self, lease: Mapping[str, Any]) -> dict[str, Any]:
+    def _live(self, lease: Mapping[str, Any] | None) -> dict[str, Any]:
+        if lease is None:
+            return {}
         text = ((lease.get("metadata") or {}).get("annotations") or {}).get(LEDGER_ANNOTATION)
         try:
             doc = json.loads(text) if text else {}
@@ -185,7 +200,8 @@ class LeaseLedger:
         }
 
     def commit(self, node: str, uid: str, alloc: Allocation) -> None:
-        """Add ``uid``'s allocation; ``ConflictError`` if the ledger moved since it was read.
+        """Add ``uid``'s allocation; ``ConflictError`` if the ledger moved since it was read
+        (or, for a node believed to have no Lease yet, if one exists after all).
 
         The caller planned against ``entries``; on conflict it must re-read (``fresh=True``)
         and plan again, which is what makes concurrent replicas safe.
@@ -199,11 +215,17 @@ class LeaseLedger:
             with self._lock:
                 self._cache.pop(node, None)
             raise
+        except NotFoundError:  # the Lease was deleted since we read it: start over like a 409
+            with self._lock:
+                self._cache.pop(node, None)
+            raise ConflictError(409, f"ledger Lease of node {node} disappeared") from None
 
     def remove(self, node: str, uid: str) -> None:
         """Drop ``uid`` (rollback); retries on conflict, gives up quietly (the entry expires)."""
         for attempt in range(3):
             lease = self._current(node, attempt > 0)
+            if lease is None and attempt == 0:
+                lease = self._read(node)  # never seen here: look before concluding "nothing"
             live = self._live(lease)
             if uid not in live:
                 return

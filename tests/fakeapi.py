@@ -19,8 +19,11 @@ It speaks the real REST paths and semantics that client libraries depend on, so 
   lists with a known merge key merged by it, ``$patch: replace|delete`` honoured, other lists
   replaced) and ``application/json-patch+json`` (add, remove, replace, test). A
   ``metadata.resourceVersion`` in a PUT body or a patch is a precondition: 409 Conflict if stale.
-- ``POST .../pods/{name}/binding`` sets ``spec.nodeName`` and the PodScheduled condition; 409
-  if the pod is already bound or the Binding's ``metadata.uid`` does not match.
+- ``POST .../pods/{name}/binding`` sets ``spec.nodeName`` and the PodScheduled condition and
+  merges the Binding's ``metadata.annotations`` into the pod (as kube-apiserver does); 409 if
+  the pod is already bound or the Binding's ``metadata.uid`` does not match.
+- Watches wake only for events of their own resource; stored objects are never mutated in
+  place, so successive versions share unchanged parts (cheap writes on the benchmark path).
 - Errors are ``Status`` objects with the real ``reason`` values.
 
 Known resources: nodes, pods, namespaces, configmaps, events, leases,
@@ -295,12 +298,28 @@ class _Store:
     events: list[_Event] = field(default_factory=list)
     first_rv: int = 1  # oldest rv still in ``events``
     rv: int = 1
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    cond: threading.Condition = field(init=False)  # the store's lock, as a condition
+    # one condition per resource on the same lock: an event wakes only that resource's
+    # watchers (a Lease write used to wake every Node, Pod, NRT and Device watch thread)
+    watch_conds: dict[tuple[str, str], threading.Condition] = field(default_factory=dict)
     closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.cond = threading.Condition(self.lock)
 
     def register(self, res: Resource) -> None:
         self.resources[(res.group, res.plural)] = res
         self.objects.setdefault((res.group, res.plural), {})
+        self.watch_conds.setdefault((res.group, res.plural), threading.Condition(self.lock))
+
+    def watch_cond(self, res: Resource) -> threading.Condition:
+        return self.watch_conds[(res.group, res.plural)]
+
+    def notify_watchers(self) -> None:
+        self.cond.notify_all()
+        for c in self.watch_conds.values():
+            c.notify_all()
 
     def _emit(self, res: Resource, etype: str, obj: JSON) -> None:
         ns = str((obj.get("metadata") or {}).get("namespace") or "")
@@ -310,7 +329,7 @@ class _Store:
             drop = len(self.events) - self.history
             self.events = self.events[drop:]
             self.first_rv = self.events[0].rv
-        self.cond.notify_all()
+        self.watch_cond(res).notify_all()
 
     def next_rv(self) -> str:
         self.rv += 1
@@ -346,7 +365,7 @@ class FakeAPIServer:
     def stop(self) -> None:
         with self.store.cond:
             self.store.closed = True
-            self.store.cond.notify_all()
+            self.store.notify_watchers()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -544,9 +563,15 @@ class FakeAPIServer:
         if (pod.get("spec") or {}).get("nodeName"):
             raise _conflict(res, name, f"pod {name} is already assigned to node "
                             f"\"{pod['spec']['nodeName']}\"")
-        new = copy.deepcopy(pod)
-        new.setdefault("spec", {})["nodeName"] = node
-        status = new.setdefault("status", {})
+        # copy only what changes: stored objects are never mutated in place, so versions may
+        # share the rest (a deepcopy of the pod was most of a Binding's cost)
+        new = dict(pod)
+        new["spec"] = {**(pod.get("spec") or {}), "nodeName": node}
+        extra = (body.get("metadata") or {}).get("annotations") or {}
+        if extra:  # as kube-apiserver's BindingREST: the Binding's annotations merge into the pod
+            meta = new["metadata"] = dict(pod["metadata"])
+            meta["annotations"] = {**(meta.get("annotations") or {}), **extra}
+        status = new["status"] = dict(pod.get("status") or {})
         conds = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
         conds.append({"type": "PodScheduled", "status": "True",
                       "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
@@ -594,6 +619,7 @@ class FakeAPIServer:
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         deadline = time.monotonic() + timeout
         store = self.store
+        wakeup = store.watch_cond(res)
         rv_param = query.get("resourceVersion", "")
         with store.cond:
             if rv_param in ("", "0"):
@@ -620,7 +646,7 @@ class FakeAPIServer:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
-                    store.cond.wait(min(left, 1.0))
+                    wakeup.wait(min(left, 1.0))
                 if store.closed:
                     return
                 if since < store.first_rv - 1:
