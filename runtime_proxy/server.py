@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import structlog
 
 from hooks.manager import make_plugin_manager, plugin_order
-from runtime_proxy import metrics
+from runtime_proxy import memory, metrics
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.intercept import CriInterceptor, NodeSource, StaticNode
 from runtime_proxy.pipeline import Pipeline, plugin_steps
@@ -120,6 +120,7 @@ class Proxy:
                 await self.store.rebuild(self.client)
                 metrics.BACKEND_UP.set(1)
                 self.ready.set()
+                await asyncio.to_thread(memory.trim)
                 return
             except Exception as exc:
                 metrics.BACKEND_UP.set(0)
