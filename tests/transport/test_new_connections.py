@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 import pytest
 from conftest import BACKEND_SCRIPT, Transport, make_transport
+from test_relay_frames import FakeTransport
 from transport_backend import OPTIONS, RecordingInterceptor
 
 from runtime_proxy.relay import _session as session_mod
@@ -149,30 +150,14 @@ async def _start(kind: str, listen: str, backend: str) -> Transport:
     return transport
 
 
-class _FakeTransport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.data = bytearray()
-        self.closed = False
-
-    def write(self, data: Any) -> None:
-        self.data += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-
 async def test_relay_passes_server_bytes_that_arrive_before_the_connect_coroutine_resumes() -> None:
     """The order uvloop produces, made deterministic: upstream ``connection_made`` and then its
     ``data_received`` run before the relay's connect coroutine gets another turn."""
     session = session_mod.Session(RecordingInterceptor(), "/nonexistent", 1.0, lambda _s: None)
-    down = _FakeTransport()
+    down = FakeTransport()
     session.down = down  # as connection_made does, without starting the real connect
     session.data_received(w.PREFACE + w.settings())  # the client's first bytes, while connecting
-    up = _FakeTransport()
+    up = FakeTransport()
     upstream = session_mod._Upstream(session)
     upstream.connection_made(up)
     server_settings = w.settings([(w.SETTINGS_MAX_CONCURRENT_STREAMS, 100)])
@@ -188,7 +173,7 @@ def test_a_failing_relay_task_is_logged_and_ends_its_connection() -> None:
     async def scenario() -> tuple[bool, bool]:
         closed: list[session_mod.Session] = []
         session = session_mod.Session(RecordingInterceptor(), "/nonexistent", 1.0, closed.append)
-        down = _FakeTransport()
+        down = FakeTransport()
         session.down = down
 
         async def boom() -> None:

@@ -10,10 +10,9 @@ import contextvars
 from typing import Any
 
 from hpack import Encoder
-from test_relay_frames import FakeTransport, _frames, _request_headers
+from test_relay_frames import FakeTransport, _frames, _request_headers, _session
 from transport_backend import RecordingInterceptor
 
-from runtime_proxy.relay import _session as session_mod
 from runtime_proxy.relay import _wire as w
 
 MARK: contextvars.ContextVar[str] = contextvars.ContextVar("mark", default="unset")
@@ -36,14 +35,6 @@ class Hook(RecordingInterceptor):
             raise
         self.finished += 1
         return out
-
-
-def _session(hook: Hook) -> tuple[session_mod.Session, FakeTransport, FakeTransport]:
-    s = session_mod.Session(hook, "/nonexistent", 1.0, lambda _s: None)
-    down, up = FakeTransport(), FakeTransport()
-    s.down, s.up = down, up
-    s.state = session_mod._RELAY
-    return s, down, up
 
 
 def _request(body: bytes) -> bytes:
