@@ -25,6 +25,7 @@ import http.client
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -153,13 +154,18 @@ class Cluster:
         self.client = Client(self.url)
 
     def wait_ready(self, timeout: float = 600) -> float:
+        """Poll ``/readyz`` as the kubelet would: on a connection of its own, not on the one
+        kube-scheduler sends verbs over."""
         deadline = self.started + timeout
         while time.monotonic() < deadline:
+            probe = Client(self.url)
             try:
-                if self.client.get("/readyz")[0] == 200:
+                if probe.get("/readyz")[0] == 200:
                     return time.monotonic() - self.started
             except OSError:
                 pass
+            finally:
+                probe.close()
             time.sleep(0.2)
         raise TimeoutError("extender never became ready")
 
@@ -170,6 +176,22 @@ class Cluster:
                 key, _, value = line.partition(":")
                 fields[key] = value.strip()
         return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+    def ext_counters(self) -> dict[str, float]:
+        """The extender's user and system CPU seconds and context switches so far."""
+        tick = os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{self.ext.pid}/stat", encoding="utf-8") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+        out = {"user": int(fields[11]) / tick, "sys": int(fields[12]) / tick, "ctxsw": 0.0}
+        for task in os.listdir(f"/proc/{self.ext.pid}/task"):
+            try:
+                with open(f"/proc/{self.ext.pid}/task/{task}/status", encoding="utf-8") as fh:
+                    for line in fh:
+                        if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                            out["ctxsw"] += int(line.split()[1])
+            except FileNotFoundError:
+                continue
+        return out
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) used so far by the extender, the fake API server and this
@@ -231,8 +253,22 @@ def do_bind(client: Client, p: dict[str, Any], target: str, timings: dict[str, l
             errors.append(reply["Error"])
 
 
+def start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
+    """py-spy (installed in the venv) sampling ``pid`` into collapsed stacks at ``out``."""
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen([str(spy), "record", "-p", str(pid), "-o", out, "-f", "raw", "-r", "200", "--gil",
+                             "--threads"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        proc.wait(60)
+
+
 def run_phases(
-    cl: Cluster, pending: list[dict[str, Any]], names: list[str], candidates: int, rng: random.Random
+    cl: Cluster, pending: list[dict[str, Any]], names: list[str], candidates: int, rng: random.Random,
+    profile: str = "",
 ) -> dict[str, Any]:
     half = len(pending) // 2
     lock = threading.Lock()
@@ -243,7 +279,9 @@ def run_phases(
               lambda pp, n: do_bind(cl.client, pp, n, seq, errors, lock))
     par: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
     binds = Client(cl.url)  # one keep-alive connection per pool thread
-    cpu0 = cl.cpu_seconds()
+    spies = [start_profiler(pid, f"{profile}.{label}.txt")
+             for label, pid in (("extender", cl.ext.pid), ("apiserver", cl.api.pid))] if profile else []
+    cpu0, ext0 = cl.cpu_seconds(), cl.ext_counters()
     started = time.perf_counter()
     with ThreadPoolExecutor(4) as pool:
         futures = []
@@ -256,10 +294,14 @@ def run_phases(
         for fut in futures:
             fut.result()
     wall = time.perf_counter() - started
-    cpu1 = cl.cpu_seconds()
+    cpu1, ext1 = cl.cpu_seconds(), cl.ext_counters()
+    for spy in spies:
+        stop_profiler(spy)
     n_par = len(pending) - half
     cpu_ms = {k: (cpu1[k] - cpu0[k]) * 1000 / n_par for k in cpu0}
-    return {"seq": seq, "par": par, "pods_per_s": n_par / wall, "errors": errors, "cpu_ms": cpu_ms}
+    ext = {k: round((ext1[k] - ext0[k]) * (1000 if k != "ctxsw" else 1) / n_par, 2) for k in ext0}
+    return {"seq": seq, "par": par, "pods_per_s": n_par / wall, "errors": errors, "cpu_ms": cpu_ms,
+            "ext": ext}
 
 
 def report(title: str, rows: list[tuple[str, float, float | None, bool]], extra: dict[str, Any]) -> None:
@@ -284,8 +326,13 @@ def main() -> None:
     parser.add_argument("--placed", type=int, default=50_000)
     parser.add_argument("--candidates", type=int, default=500)
     parser.add_argument("--cycles", type=int, default=2000)
-    parser.add_argument("--no-ledger", action="store_true", help="single-replica mode")
+    parser.add_argument("--no-ledger", "--no-ha-ledger", dest="no_ledger", action="store_true",
+                        help="single-replica mode (the extender runs with --no-ha-ledger)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", default="", metavar="PREFIX",
+                        help="py-spy the extender and the API server during the throughput phase "
+                             "into PREFIX.extender.txt / PREFIX.apiserver.txt (collapsed stacks; "
+                             "sampling adds CPU, so don't compare pods/s of such runs)")
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.placed, args.cycles = 500, 5000, 600
@@ -304,7 +351,7 @@ def main() -> None:
     try:
         sync = cl.wait_ready()
         rss_sync, _ = cl.rss_mib()
-        res = run_phases(cl, pending, names, min(args.candidates, len(names)), rng)
+        res = run_phases(cl, pending, names, min(args.candidates, len(names)), rng, args.profile)
         time.sleep(1)  # let the watch confirm the last binds
         rss, hwm = cl.rss_mib()
     finally:
@@ -331,6 +378,8 @@ def main() -> None:
             "nodes": args.nodes, "placed pods": args.placed, "candidates": args.candidates,
             "cycles": args.cycles, "ha ledger": not args.no_ledger, "cpus": os.cpu_count(),
             "cache sync s": round(sync, 1), "RSS after sync MiB": round(rss_sync),
+            "extender per pod (pipelined): user ms, sys ms, context switches": (
+                f"{res['ext']['user']}, {res['ext']['sys']}, {res['ext']['ctxsw']}"),
             "bind errors": len(res["errors"]), "total s": round(time.monotonic() - t0, 1),
         },
     )

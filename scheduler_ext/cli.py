@@ -169,6 +169,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             port=int(port),
             log_level="warning",
             access_log=False,
+            http="httptools",  # the C parser: h11 cost ~0.2 ms of CPU per verb call
             timeout_keep_alive=60,
             **ssl_kwargs,
         )

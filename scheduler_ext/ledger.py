@@ -31,11 +31,12 @@ Design:
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
+
+import orjson
 
 from hooks.facts import format_cpu_list, parse_cpu_list
 from scheduler_ext.allocator import GPUGrant
@@ -70,7 +71,7 @@ def decode_entries(text: str | None) -> dict[str, tuple[Allocation, float]]:
     if not text:
         return {}
     try:
-        doc = json.loads(text)
+        doc = orjson.loads(text)
     except ValueError:
         return {}
     out: dict[str, tuple[Allocation, float]] = {}
@@ -161,7 +162,7 @@ class LeaseLedger:
 
     def _write(self, node: str, lease: dict[str, Any] | None, entries: dict[str, Any]) -> None:
         """PUT with the version read (compare-and-swap), or POST when there was no Lease."""
-        text = json.dumps(entries, separators=(",", ":"))
+        text = orjson.dumps(entries).decode()
         renew = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(self.clock()))
         if lease is None:
             name = lease_name(self.prefix, node)
@@ -187,7 +188,7 @@ class LeaseLedger:
             return {}
         text = ((lease.get("metadata") or {}).get("annotations") or {}).get(LEDGER_ANNOTATION)
         try:
-            doc = json.loads(text) if text else {}
+            doc = orjson.loads(text) if text else {}
         except ValueError:
             doc = {}
         now = self.clock()

@@ -93,7 +93,7 @@ def start_extender(
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="httptools")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
