@@ -128,7 +128,7 @@ class CriInterceptor:
         node_source: NodeSource | None = None,
         applier: Applier | None = None,
         dry_run: bool = False,
-        on_store_change: Callable[[], None] | None = None,
+        on_store_change: Callable[[bool], None] | None = None,
     ) -> None:
         self.store = store
         self.pipeline = pipeline
@@ -136,7 +136,10 @@ class CriInterceptor:
         self.node_source = node_source or StaticNode()
         self.applier = applier
         self.dry_run = dry_run
+        # Called after every intercepted call with "did the bound cpusets (the share pools'
+        # input) change?", so the reconciler can push new pools to running containers at once.
         self.on_store_change = on_store_change
+        self._pools: tuple[frozenset[tuple[str, frozenset[int]]], frozenset[str]] | None = None
         self._pending: dict[bytes, deque[_Pending]] = {}
         self._node_cache: tuple[int, int, NodeFacts] | None = None
 
@@ -188,7 +191,14 @@ class CriInterceptor:
         except Exception:  # post processing must never fail a call the runtime accepted
             log.exception("post-call processing failed", call=call)
         if self.on_store_change is not None:
-            self.on_store_change()
+            self.on_store_change(self._pools_changed())
+
+    def _pools_changed(self) -> bool:
+        node = self.node()
+        pools = (frozenset(node.bound_cpusets.items()), node.lse_pods)
+        changed = pools != self._pools
+        self._pools = pools
+        return changed
 
     # -- pending contexts between before and after -----------------------------------------------
 

@@ -130,7 +130,9 @@ class Reconciler:
     :param period: seconds between rounds (``reconcilePeriodSeconds``, default 10).
     :param dry_run: count and log drift, change nothing.
     :param node_changes: async iterator of new ``NodeFacts`` (``NodeConfig.changes()``).
-    :param debounce: delay after ``store_changed`` before the round (coalesces bursts).
+    :param debounce: delay after a trigger before the round (coalesces bursts).
+    :param store_delay: delay before the round for store changes that leave the bound cpusets
+        alone (``store_changed(pools_changed=False)``).
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class Reconciler:
         dry_run: bool = False,
         node_changes: AsyncIterator[NodeFacts] | None = None,
         debounce: float = 0.05,
+        store_delay: float = 1.0,
     ) -> None:
         self.backend = backend
         self.pm = pm
@@ -155,6 +158,8 @@ class Reconciler:
         self.dry_run = dry_run
         self.node_changes = node_changes
         self.debounce = debounce
+        self.store_delay = store_delay
+        self._routine: asyncio.TimerHandle | None = None
         self.rounds = 0
         self.last_report: ReconcileReport | None = None
         self._wake = asyncio.Event()
@@ -167,8 +172,21 @@ class Reconciler:
 
     # -- triggers ------------------------------------------------------------------------------
 
-    def store_changed(self) -> None:
-        """A pod or container arrived or left: reconcile soon."""
+    def store_changed(self, pools_changed: bool = True) -> None:
+        """A pod or container arrived, changed or left.
+
+        When the bound cpusets changed (``pools_changed``), running containers may need new
+        share pools now: reconcile after ``debounce``. Any other change (pod-level sums such as
+        the CPU burst of a pod with a new container) waits ``store_delay``, so that one round
+        covers a whole burst of lifecycle calls instead of one round per call competing with
+        the runtime for CPU."""
+        if pools_changed:
+            self.trigger("pools")
+        elif self._routine is None:
+            self._routine = asyncio.get_running_loop().call_later(self.store_delay, self._routine_round)
+
+    def _routine_round(self) -> None:
+        self._routine = None
         self.trigger("store")
 
     def trigger(self, reason: str = "manual") -> None:
@@ -370,6 +388,9 @@ class Reconciler:
             self._background.start(self._follow_node(), name="reconciler-node-changes")
 
     async def stop(self) -> None:
+        if self._routine is not None:
+            self._routine.cancel()
+            self._routine = None
         await self._background.stop()
         closer = getattr(self.node_changes, "aclose", None)
         if closer is not None:

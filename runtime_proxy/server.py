@@ -106,11 +106,11 @@ class Proxy:
         self.node_source, self.node_watch = wiring.node_source(self.opts.config)
         self.applier = wiring.applier(self.opts.config, dry_run=self.opts.dry_run)
 
-    def _store_changed(self) -> None:
+    def _store_changed(self, pools_changed: bool) -> None:
         if self.reconciler is not None:
             notify = getattr(self.reconciler, "store_changed", None)
             if notify is not None:
-                notify()
+                notify(pools_changed)
 
     async def _recover(self) -> None:
         """Rebuild the store from the runtime; retry until the runtime answers."""

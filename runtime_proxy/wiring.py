@@ -108,9 +108,9 @@ class _Loops:
             await part.start()
         self._started = True
 
-    def store_changed(self) -> None:
+    def store_changed(self, pools_changed: bool = True) -> None:
         if self._started:
-            self.reconciler.store_changed()
+            self.reconciler.store_changed(pools_changed)
 
     async def stop(self) -> None:
         self._task.cancel()

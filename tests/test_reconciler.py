@@ -110,6 +110,28 @@ async def test_ls_cpuset_shrinks_when_an_lsr_pod_arrives_and_grows_back(tmp_path
     assert backend.updates[-1] == ("c-ls", {"cpuset_cpus": "0-7"})
 
 
+async def test_store_changes_wake_the_reconciler_by_urgency(tmp_path: Path) -> None:
+    """A change of the bound cpusets starts a round after the debounce; other store changes
+    are gathered into one round ``store_delay`` later."""
+    backend = FakeBackend(NodeFacts(cpu_topology=SINGLE_SOCKET_HT), [], [])
+    r = reconciler(backend, tmp_path, period=60, debounce=0.01, store_delay=0.3)
+    await r.start()
+    try:
+        async def rounds_after(seconds: float) -> int:
+            await asyncio.sleep(seconds)
+            return r.rounds
+
+        start = await rounds_after(0.1)
+        for _ in range(5):
+            r.store_changed(pools_changed=False)
+        assert await rounds_after(0.15) == start
+        assert await rounds_after(0.35) == start + 1
+        r.store_changed(pools_changed=True)
+        assert await rounds_after(0.1) == start + 2
+    finally:
+        await r.stop()
+
+
 async def test_hand_changed_cgroup_file_is_found_and_fixed(tmp_path: Path) -> None:
     ls = make_pod("ls", "LS")
     c = ContainerFacts(name="app", id="c1", resources=Resources(cpuset_cpus="0-7"))
