@@ -162,6 +162,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         ssl_kwargs = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
         if args.tls_client_ca:
             ssl_kwargs.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    if args.switch_interval > 0:
+        sys.setswitchinterval(args.switch_interval)
     try:
         uvicorn.run(
             app,
@@ -207,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ledger-ttl", type=float, default=120.0, help="seconds a ledger entry lives")
     serve.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()))
     serve.add_argument("--watch-timeout", type=int, default=300, help="seconds per watch request")
+    serve.add_argument("--switch-interval", type=float, default=0.0005, metavar="SECONDS",
+                       help="Python's thread switch interval (sys.setswitchinterval; default %(default)s): "
+                            "short, so the verb loop is not kept waiting by bind threads")
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--log-format", choices=("json", "console"), default="json")
     scoring(serve)
