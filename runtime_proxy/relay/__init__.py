@@ -22,9 +22,10 @@ Design (``docs/transports.md`` has the long version):
   step with kubelet's encoder, to read ``:path``; the block itself is always forwarded
   verbatim and in order, also for intercepted streams, so containerd's decoder and the stream
   ids never diverge. Server (response) header blocks are decoded too (after the write, off the
-  latency path). They pass verbatim until the relay first has to hold or drop one (an
-  intercepted call's trailers wait for ``after``; the late answer on a stream the relay
-  answered itself is dropped). From then on the relay re-encodes every response block with
+  latency path). They pass verbatim until the relay first has to drop one (the late answer on
+  a stream the relay answered itself) or let one overtake another it holds back (an intercepted
+  call's response headers and trailers wait for ``after``; held blocks stay the server's own
+  bytes while no other block passes them). From then on the relay re-encodes every response block with
   representations that never touch kubelet's dynamic table (static indexes and literals
   without indexing, no table size updates), so holding, dropping and injecting blocks is safe.
   The relay's own answers (rejections, UNAVAILABLE) use the same encoder.

@@ -177,6 +177,7 @@ class Intercepted:
         "sent_msg",
         "sid",
         "trailers",
+        "trailers_raw",
         "window",
     )
 
@@ -194,6 +195,7 @@ class Intercepted:
         self.resp: bytearray | None = bytearray()  # response DATA copy for ``after``; None = gave up
         self.resp_encoding = b""  # grpc-encoding of the response
         self.trailers: list[tuple[bytes, bytes]] = []  # held trailers
+        self.trailers_raw: bytes | None = None  # their frames as the server sent them, if kept so
         self.after_task: asyncio.Task[None] | None = None
         # Request HEADERS frame kept back until the rebuilt request can follow it in one write
         # (None once sent). ``held_pure``: the block cannot change the HPACK table, so it may
@@ -246,6 +248,10 @@ class Session(asyncio.Protocol):
         # Server->client header blocks go verbatim until the relay first holds or drops one;
         # from then on every server block is re-encoded with the relay's literal-only encoder.
         self.verbatim = True
+        # The intercepted stream whose kept-back response blocks are the server's own bytes
+        # (kept so while ``verbatim``): they reach the client in order, before any later server
+        # block; should another block come first, ``verbatim`` ends (see _server_block_done).
+        self._vheld: Intercepted | None = None
         self.c_max_sid = 0
         # Streams the server has not finished: sid -> 1 once response headers went down.
         self.live: dict[int, int] = {}
@@ -986,6 +992,14 @@ class Session(asyncio.Protocol):
         st.req = bytearray()
         st.resp = None
         st.held_down = None
+        self._drop_vheld(st)
+
+    def _drop_vheld(self, st: Intercepted) -> None:
+        """Server blocks kept back verbatim for ``st`` will never reach the client: the client's
+        table may miss what they changed, so every later block is re-encoded."""
+        if self._vheld is st:
+            self._vheld = None
+            self.verbatim = False
 
     def _error_frames(self, sid: int, code: int, message: str, headers_sent: bool) -> bytes:
         return w.grpc_error_frames(sid, code, message, headers_sent=headers_sent, max_frame=self._down_max_frame)
@@ -1086,6 +1100,7 @@ class Session(asyncio.Protocol):
                     if (
                         flags & w.FLAG_END_HEADERS
                         and self.verbatim
+                        and self._vheld is None
                         and not (icpt and sid in icpt)
                         and not (dropped and sid in dropped)
                     ):
@@ -1251,6 +1266,12 @@ class Session(asyncio.Protocol):
         self._s_block_raw = []
         headers = self._s_decode(bytes(block))
         end_stream = bool(flags & w.FLAG_END_STREAM)
+        vheld = self._vheld
+        if vheld is not None and vheld.sid != sid:
+            # A block would overtake server blocks kept back verbatim: from now on blocks are
+            # re-encoded, so the client's table stays as those kept-back blocks expect.
+            self.verbatim = False
+            self._vheld = None
         if sid in self._dropped:
             self.verbatim = False  # a server block the client never sees
             return
@@ -1261,8 +1282,11 @@ class Session(asyncio.Protocol):
                     if name == b"grpc-encoding":
                         st.resp_encoding = value
                 if st.held_down is not None and st.phase == _SENT:
-                    self.verbatim = False
-                    st.held_down.append(w.header_frames(sid, _encode_block(headers), False, self._down_max_frame))
+                    if self.verbatim:
+                        self._vheld = st
+                        st.held_down.append(raw[0] if len(raw) == 1 else b"".join(raw))
+                    else:
+                        st.held_down.append(w.header_frames(sid, _encode_block(headers), False, self._down_max_frame))
                     return
             else:
                 status = b""
@@ -1270,10 +1294,12 @@ class Session(asyncio.Protocol):
                     if name == b"grpc-status":
                         status = value
                         break
-                if st.held_down:  # what was kept back goes first (non-OK answers go now)
+                if st.held_down and self._vheld is not st:  # what was kept back goes first
                     self.verbatim = False
                 if status == b"0" and st.phase == _SENT:
-                    self.verbatim = False
+                    if self.verbatim:
+                        self._vheld = st
+                        st.trailers_raw = raw[0] if len(raw) == 1 else b"".join(raw)
                     st.phase = _AFTER
                     st.trailers = headers
                     self._due_after.append(st)  # started when the parse ends (``_start_due``)
@@ -1297,6 +1323,8 @@ class Session(asyncio.Protocol):
             if st.sid in self.live:
                 self.live[st.sid] = 1
         st.held_down = None
+        if self._vheld is st:
+            self._vheld = None
 
     async def _run_after(self, st: Intercepted) -> None:
         response = _response_message(st.resp, st.resp_encoding)
@@ -1313,13 +1341,19 @@ class Session(asyncio.Protocol):
         self._icpt.pop(st.sid, None)
         if self.state != _RELAY or st.phase != _AFTER:
             self.live.pop(st.sid, None)
+            self._drop_vheld(st)
             return
         st.phase = _DONE
         self.live.pop(st.sid, None)
+        if self._vheld is st:
+            self._vheld = None
         if self.down is not None:
             out = st.held_down or []
             st.held_down = None
-            out.append(w.header_frames(st.sid, _encode_block(st.trailers), True, self._down_max_frame))
+            raw = st.trailers_raw
+            if raw is None:
+                raw = w.header_frames(st.sid, _encode_block(st.trailers), True, self._down_max_frame)
+            out.append(raw)
             self._send_down(b"".join(out))
             self._finish(st.sid, "OK")
 
