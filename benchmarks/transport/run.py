@@ -1,6 +1,6 @@
 """Transport benchmark: each transport's cost as ratios against a direct call, in one run.
 
-Usage: ``.venv/bin/python benchmarks/transport/run.py [--quick] [--python-ends] [--json FILE]``
+Usage: ``.venv/bin/python benchmarks/transport/run.py [--quick] [--rounds N] [--python-ends] [--json FILE]``
 
 Ends: the Go echo server and Go client from ``go/`` (built by ``setup.sh`` into
 ``_work/transport-bench/bin``, or built here when ``go`` is on PATH); without Go, grpcio
@@ -15,7 +15,9 @@ when ``runtime_proxy.grpc_transport`` imports). For every target:
   - 16-concurrent throughput: calls per second, 16 callers on one connection;
   - 1000-message stream: a bidi stream, every message sent and echoed, p50 time;
   - the proxy's peak RSS (VmHWM) and CPU time per pass-through call.
-Speed is reported, never asserted.
+Every proxy runs for the whole benchmark, and each measurement is taken against all targets in
+turn, ``--rounds`` times in rotated order; a figure is the median of its rounds. Speed is
+reported, never asserted.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -150,22 +153,21 @@ class Ends:
         return result
 
 
-def measure(ends: Ends, path: str, payload: bytes, proxy: subprocess.Popen[bytes] | None) -> dict[str, float]:
-    row: dict[str, float] = {}
-    cpu0 = proc_stats(proxy.pid)[1] if proxy else 0.0
-    r = ends.client(path, "unary", "/bench.Echo/Unary", payload)
-    if proxy:
-        row["cpu_us_per_call"] = (proc_stats(proxy.pid)[1] - cpu0) / (ends.n + 200) * 1e6
-    row["unary_p50_us"], row["unary_p99_us"] = r["p50_us"], r["p99_us"]
-    r = ends.client(path, "unary", "/bench.Echo/Hooked", payload)
-    row["hooked_p50_us"], row["hooked_p99_us"] = r["p50_us"], r["p99_us"]
-    r = ends.client(path, "conc", "/bench.Echo/Unary", payload)
-    row["conc16_calls_per_s"] = r["calls_per_s"]
-    r = ends.client(path, "stream", "/bench.Echo/Stream", payload)
-    row["stream1000_p50_ms"] = r["p50_ms"]
-    if proxy:
-        row["rss_mib"] = proc_stats(proxy.pid)[0]
-    return row
+# The four measurements, each a client run against one target.
+KINDS = ("unary", "hooked", "conc", "stream")
+
+
+def measure(ends: Ends, path: str, payload: bytes, kind: str) -> dict[str, float]:
+    """One client run of ``kind`` against the socket at ``path``."""
+    if kind == "unary":
+        r = ends.client(path, "unary", "/bench.Echo/Unary", payload)
+        return {"unary_p50_us": r["p50_us"], "unary_p99_us": r["p99_us"]}
+    if kind == "hooked":
+        r = ends.client(path, "unary", "/bench.Echo/Hooked", payload)
+        return {"hooked_p50_us": r["p50_us"], "hooked_p99_us": r["p99_us"]}
+    if kind == "conc":
+        return {"conc16_calls_per_s": ends.client(path, "conc", "/bench.Echo/Unary", payload)["calls_per_s"]}
+    return {"stream1000_p50_ms": ends.client(path, "stream", "/bench.Echo/Stream", payload)["p50_ms"]}
 
 
 def main() -> int:
@@ -173,8 +175,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
     parser.add_argument("--python-ends", action="store_true", help="use grpcio ends even when Go is there")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="interleaved rounds per measurement (default 3; 1 with --quick)")
     args = parser.parse_args()
 
+    args.rounds = args.rounds or (1 if args.quick else 3)
     go = not args.python_ends and go_available()
     ends = Ends(go, args.quick)
     payload = small_request()
@@ -188,26 +193,41 @@ def main() -> int:
 
     tmp = tempfile.mkdtemp(prefix="rhp-bench-")
     backend_path = os.path.join(tmp, "echo.sock")
-    results: dict[str, dict[str, float]] = {}
     server = ends.server(backend_path)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    paths = {"direct": backend_path}
+    samples: dict[str, dict[str, list[float]]] = {t: {} for t in targets}
     try:
-        for target in targets:
-            if target == "direct":
-                results[target] = measure(ends, backend_path, payload, None)
-                continue
-            listen = os.path.join(tmp, f"{target}.sock")
+        for target in targets[1:]:
+            listen = paths[target] = os.path.join(tmp, f"{target}.sock")
             if target == "floor":
                 argv = [PY, str(HERE / "floor_relay.py"), listen, backend_path]
             else:
                 argv = [PY, str(HERE / "serve.py"), target, listen, backend_path]
-            proxy = start(argv)
-            try:
-                results[target] = measure(ends, listen, payload, proxy)
-            finally:
-                stop(proxy)
+            procs[target] = start(argv)
+        # Interleaved: each measurement runs against every target in turn, ``rounds`` times, in
+        # a rotated order, so a slow moment of the host lands on all targets alike instead of
+        # on whichever target happened to be measured then. Each figure is the median of its
+        # rounds; a ratio compares medians taken over the same stretch of time.
+        for kind in KINDS:
+            for rnd in range(args.rounds):
+                order = targets[rnd % len(targets):] + targets[: rnd % len(targets)]
+                for target in order:
+                    proc = procs.get(target)
+                    cpu0 = proc_stats(proc.pid)[1] if proc else 0.0
+                    row = measure(ends, paths[target], payload, kind)
+                    if proc and kind == "unary":
+                        row["cpu_us_per_call"] = (proc_stats(proc.pid)[1] - cpu0) / (ends.n + 200) * 1e6
+                    for key, value in row.items():
+                        samples[target].setdefault(key, []).append(value)
+        for target, proc in procs.items():
+            samples[target]["rss_mib"] = [proc_stats(proc.pid)[0]]
     finally:
+        for proc in procs.values():
+            stop(proc)
         stop(server)
         shutil.rmtree(tmp, ignore_errors=True)
+    results = {t: {k: statistics.median(v) for k, v in rows.items()} for t, rows in samples.items()}
 
     report(results, "Go" if go else "Python (grpcio)")
     if args.json:
