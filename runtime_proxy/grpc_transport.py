@@ -70,6 +70,10 @@ def _request_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple
     ]
 
 
+# How close to the caller's deadline an upstream CANCELLED counts as the deadline (seconds).
+_DEADLINE_SLACK = 0.1
+
+
 def _timeout(context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
     remaining: float | None = context.time_remaining()
     if remaining is None or remaining > _NO_DEADLINE:
@@ -78,8 +82,16 @@ def _timeout(context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
 
 
 async def _relay_error(context: grpc.aio.ServicerContext[Any, Any], err: grpc.aio.AioRpcError) -> None:
+    code = err.code()
+    if code == grpc.StatusCode.CANCELLED:
+        # The upstream call carries the caller's deadline. When it runs out, containerd 2.x
+        # sometimes ends the call with CANCELLED before the caller's own timer fires; a direct
+        # caller would have seen its deadline, so that is what we answer.
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= _DEADLINE_SLACK:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
     trailing = err.trailing_metadata()
-    await context.abort(err.code(), err.details() or "", tuple(trailing) if trailing else ())
+    await context.abort(code, err.details() or "", tuple(trailing) if trailing else ())
 
 
 class GrpcTransport:
