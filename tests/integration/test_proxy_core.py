@@ -191,9 +191,16 @@ def test_container_events_stream_behaves_as_direct(pin_proxy: ProxyThread, conta
         if containerd.version != "1.6":
             assert seen["cid"] in seen[socket][1], socket
     proxied, direct = (seen[s] for s in sockets)
-    # The watch ends at its deadline on 1.7 and later; 1.6 has no events at all.
-    expected = "UNIMPLEMENTED" if containerd.version == "1.6" else "DEADLINE_EXCEEDED"
-    assert proxied[0] == direct[0] == expected, seen
+    # The watch ends at its deadline on 1.7 and later; 1.6 has no events at all. containerd 2.1
+    # itself sometimes ends an expired stream with CANCELLED before the caller's timer fires
+    # (seen on direct calls too), so either code is its answer to an expired deadline.
+    if containerd.version == "1.6":
+        expected = {"UNIMPLEMENTED"}
+    elif containerd.version == "1.7":
+        expected = {"DEADLINE_EXCEEDED"}
+    else:
+        expected = {"DEADLINE_EXCEEDED", "CANCELLED"}
+    assert proxied[0] in expected and direct[0] in expected, seen
 
 
 @pytest.mark.parametrize("plugin_cls", [tp.RaisingPlugin, tp.SleepingPlugin, tp.GarbagePlugin],
