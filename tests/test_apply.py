@@ -12,20 +12,9 @@ import pytest
 
 from hooks.plan import CgroupWrite, Plan
 from runtime_proxy.apply import apply_files, order_writes
-from runtime_proxy.cgroups import Cgroups, v1_controller
+from runtime_proxy.cgroups import Cgroups
 from runtime_proxy.resctrl import Resctrl
-
-
-def make(root: Path, path: str, files: dict[str, str]) -> None:
-    for file, value in files.items():
-        d = root / v1_controller(file) / path
-        d.mkdir(parents=True, exist_ok=True)
-        (d / file).write_text(value + "\n")
-
-
-def read(root: Path, path: str, file: str) -> str:
-    return (root / v1_controller(file) / path / file).read_text().strip()
-
+from tests.cgroup_files import make_files, make_resctrl, read_file
 
 W = CgroupWrite
 
@@ -58,46 +47,46 @@ def test_order(writes: list[CgroupWrite], current: dict[str, str], expected: lis
 
 
 def test_failed_write_restores_what_the_plan_changed(tmp_path: Path) -> None:
-    make(tmp_path, "p", {"cpu.shares": "2", "cpu.cfs_quota_us": "-1"})
+    make_files(tmp_path, "p", {"cpu.shares": "2", "cpu.cfs_quota_us": "-1"})
     plan = Plan().write("pod", "p", "cpu.shares", 1024).write("pod", "p", "cpu.cfs_quota_us", 50000)
     plan.write("container", "p/gone", "cpu.shares", 10)
     report = apply_files(plan, cgroups=Cgroups(tmp_path, version=1), resctrl=None)
     assert not report.ok and "does not exist" in report.errors[0]
-    assert read(tmp_path, "p", "cpu.shares") == "2"
-    assert read(tmp_path, "p", "cpu.cfs_quota_us") == "-1"  # a shrink: ordered after the failure
+    assert read_file(tmp_path, "p", "cpu.shares") == "2"
+    assert read_file(tmp_path, "p", "cpu.cfs_quota_us") == "-1"  # a shrink: ordered after the failure
     assert len(report.rolled_back) == 1
 
 
 def test_non_atomic_goes_on(tmp_path: Path) -> None:
-    make(tmp_path, "p", {"cpu.shares": "2"})
+    make_files(tmp_path, "p", {"cpu.shares": "2"})
     plan = Plan().write("container", "p/gone", "cpu.shares", 10).write("pod", "p", "cpu.shares", 1024)
     report = apply_files(plan, cgroups=Cgroups(tmp_path, version=1), atomic=False)
     assert len(report.errors) == 1
-    assert read(tmp_path, "p", "cpu.shares") == "1024"
+    assert read_file(tmp_path, "p", "cpu.shares") == "1024"
 
 
 def test_unsafe_path_in_a_plan_is_an_error_not_a_write(tmp_path: Path) -> None:
-    make(tmp_path, "p", {"cpu.shares": "2"})
+    make_files(tmp_path, "p", {"cpu.shares": "2"})
     report = apply_files(Plan().write("pod", "../p", "cpu.shares", 1024), cgroups=Cgroups(tmp_path / "cpu", version=1))
     assert not report.ok and "'..'" in report.errors[0]
 
 
 def test_unsupported_is_not_an_error(tmp_path: Path) -> None:
-    make(tmp_path, "p", {"cpu.shares": "2"})
+    make_files(tmp_path, "p", {"cpu.shares": "2"})
     report = apply_files(Plan().write("pod", "p", "cpu.bvt_warp_ns", 2), cgroups=Cgroups(tmp_path, version=1))
     assert report.ok and [w.file for w in report.unsupported] == ["cpu.bvt_warp_ns"]
 
 
 def test_dry_run_changes_nothing(tmp_path: Path) -> None:
-    make(tmp_path, "p", {"cpu.shares": "2"})
+    make_files(tmp_path, "p", {"cpu.shares": "2"})
     report = apply_files(Plan().write("pod", "p", "cpu.shares", 1024), cgroups=Cgroups(tmp_path, version=1),
                          dry_run=True)
     assert [w.value for w in report.changed] == ["1024"]
-    assert read(tmp_path, "p", "cpu.shares") == "2"
+    assert read_file(tmp_path, "p", "cpu.shares") == "2"
 
 
 def test_diff_mode_counts_drift(tmp_path: Path) -> None:
-    make(tmp_path, "p", {"cpu.shares": "2", "cpu.cfs_quota_us": "-1"})
+    make_files(tmp_path, "p", {"cpu.shares": "2", "cpu.cfs_quota_us": "-1"})
     plan = Plan().write("pod", "p", "cpu.shares", 1024).write("pod", "p", "cpu.cfs_quota_us", -1)
     report = apply_files(plan, cgroups=Cgroups(tmp_path, version=1), diff=True)
     assert [w.file for w in report.drift] == ["cpu.shares"]
@@ -107,16 +96,11 @@ def test_diff_mode_counts_drift(tmp_path: Path) -> None:
 
 @pytest.fixture
 def resctrl_tree(tmp_path: Path) -> Path:
-    root = tmp_path / "resctrl"
-    (root / "info" / "L3").mkdir(parents=True)
-    (root / "info" / "L3" / "cbm_mask").write_text("fff\n")
-    (root / "schemata").write_text("L3:0=fff;1=fff\nMB:0=100;1=100\n")
-    (root / "tasks").write_text("")
-    return root
+    return make_resctrl(tmp_path / "resctrl", cbm_mask="fff", schemata="L3:0=fff;1=fff\nMB:0=100;1=100\n")
 
 
 def test_resctrl_write_move_and_remove(tmp_path: Path, resctrl_tree: Path) -> None:
-    make(tmp_path / "cg", "p/c", {"tasks": "11\n12"})
+    make_files(tmp_path / "cg", "p/c", {"tasks": "11\n12"})
     cg, rc = Cgroups(tmp_path / "cg", version=1), Resctrl(resctrl_tree)
     plan = Plan().write("resctrl", "BE", "schemata", "L3:0=f;1=f;\nMB:0=100;1=100;\n")
     plan.move_tasks("container", "p/c", "BE")

@@ -31,6 +31,7 @@ from runtime_proxy.hookservers import (
     pod_request,
 )
 from runtime_proxy.pipeline import Pipeline
+from tests.hook_replies import echo_reply
 
 # ---- registration files -----------------------------------------------------------------------
 
@@ -213,17 +214,6 @@ async def _start(servicer: Any, path: Path) -> grpc.aio.Server:
     return server
 
 
-def _echo_with(req: Any, *, shares: int = 0, cpuset: str | None = None, ann: dict[str, str] | None = None) -> Any:
-    resp = pb.ContainerResourceHookResponse(container_annotations=dict(req.container_annotations))
-    resp.container_resources.CopyFrom(req.container_resources)
-    if shares:
-        resp.container_resources.cpu_shares = shares
-    if cpuset is not None:
-        resp.container_resources.cpuset_cpus = cpuset
-    resp.container_annotations.update(ann or {})
-    return resp
-
-
 def _register(directory: Path, name: str, endpoint: Path | str, policy: str = "Ignore",
               hooks: tuple[str, ...] = ("PreCreateContainer",), **extra: Any) -> None:
     doc = {"remote-endpoint": str(endpoint), "failure-policy": policy, "runtime-hooks": list(hooks), **extra}
@@ -251,7 +241,7 @@ async def test_registry_order_reload_and_channels(tmp_path: Path, sockdir: Path)
     def make(name: str, **kw: Any) -> FakeServer:
         async def handler(stage: str, req: Any) -> Any:
             seen.append(name)
-            return _echo_with(req, **kw)
+            return echo_reply(req, **kw)
         return FakeServer(handler)
 
     a, b = make("a", cpuset="0", ann={"a": "1"}), make("b", shares=600, ann={"b": "2"})
@@ -329,7 +319,7 @@ async def test_faulty_server_under_policy(tmp_path: Path, sockdir: Path, fault: 
 
 async def test_skip_label_is_never_sent(tmp_path: Path, sockdir: Path) -> None:
     async def handler(stage: str, req: Any) -> Any:
-        return _echo_with(req, shares=5)
+        return echo_reply(req, shares=5)
 
     fake = FakeServer(handler)
     server = await _start(fake, sockdir / "s.sock")

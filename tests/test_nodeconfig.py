@@ -138,7 +138,8 @@ async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
 
 
 async def test_cluster_mode_against_the_fake_api_server(tmp_path: Path) -> None:
-    kubernetes = pytest.importorskip("kubernetes")
+    import kubernetes
+
     from tests.fakeapi import FakeAPIServer
 
     with FakeAPIServer() as api:

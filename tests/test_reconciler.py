@@ -28,11 +28,12 @@ from hooks.manager import make_plugin_manager
 from hooks.plugins.cpu_burst import DOWN, UP
 from runtime_proxy.apply import apply_files
 from runtime_proxy.burst import CPUBurstLoop, SharePoolLoad
-from runtime_proxy.cgroups import Cgroups, v1_controller
+from runtime_proxy.cgroups import Cgroups
 from runtime_proxy.nodeconfig import NodeConfig
 from runtime_proxy.planner import run_hook
 from runtime_proxy.reconciler import RECONCILE_DRIFT, Reconciler
 from runtime_proxy.resctrl import Resctrl
+from tests.cgroup_files import make_files, make_resctrl, read_file
 
 RS = "scheduling.koordinator.sh/resource-status"
 GI_ON = {"resourceQOSStrategy": {"lsClass": {"cpuQOS": {"enable": True, "groupIdentity": 2}},
@@ -78,14 +79,7 @@ class FakeBackend:
 def tree(root: Path, paths: list[str], files: dict[str, str]) -> None:
     """A cgroup v1-shaped tree: every path gets every file."""
     for path in paths:
-        for file, value in files.items():
-            d = root / v1_controller(file) / path
-            d.mkdir(parents=True, exist_ok=True)
-            (d / file).write_text(value + "\n")
-
-
-def read(root: Path, path: str, file: str) -> str:
-    return (root / v1_controller(file) / path / file).read_text().strip()
+        make_files(root, path, files)
 
 
 def reconciler(backend: FakeBackend, root: Path, **kwargs: Any) -> Reconciler:
@@ -141,14 +135,14 @@ async def test_hand_changed_cgroup_file_is_found_and_fixed(tmp_path: Path) -> No
     backend = FakeBackend(NodeFacts(cpu_topology=SINGLE_SOCKET_HT, node_slo=MappingProxyType(GI_ON)), [ls], [(ls, c)])
     r = reconciler(backend, tmp_path)
     first = await r.reconcile_once("start")
-    assert read(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "2"
-    assert read(tmp_path, "kubepods/besteffort", "cpu.bvt_warp_ns") == "-1"
+    assert read_file(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "2"
+    assert read_file(tmp_path, "kubepods/besteffort", "cpu.bvt_warp_ns") == "-1"
     assert len(first.drift) == 3  # pod, burstable dir, besteffort dir
     (tmp_path / "cpu/kubepods/burstable/podls/cpu.bvt_warp_ns").write_text("0\n")
     (tmp_path / "cpuset/kubepods/burstable/podls/c1/cpuset.cpus").write_text("3\n")
     before = RECONCILE_DRIFT.labels("pod", "cpu.bvt_warp_ns")._value.get()
     second = await r.reconcile_once("start")
-    assert read(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "2"
+    assert read_file(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "2"
     assert backend.updates == [("c1", {"cpuset_cpus": "0-7"})]  # the runtime rewrites the file
     assert RECONCILE_DRIFT.labels("pod", "cpu.bvt_warp_ns")._value.get() - before == 1
     assert len(second.drift) == 2
@@ -166,7 +160,7 @@ async def test_dry_run_counts_drift_and_changes_nothing(tmp_path: Path) -> None:
     assert len(report.drift) == 4
     assert report.updates == {"c1": {"cpuset_cpus": "0-7"}}
     assert backend.updates == []
-    assert read(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "0"
+    assert read_file(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "0"
 
 
 async def test_missing_kube_qos_dirs_are_logged_once_until_they_appear(tmp_path: Path) -> None:
@@ -195,13 +189,13 @@ async def test_missing_kube_qos_dirs_are_logged_once_until_they_appear(tmp_path:
     assert levels(logs) == {"kubepods/besteffort": "warning", "kubepods/burstable/podls/sb-ls": "debug"}
     assert first.errors == second.errors == third.errors == []
     assert not any(e["event"] == "apply failed" for e in logs)
-    assert read(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "2"
+    assert read_file(tmp_path, "kubepods/burstable/podls", "cpu.bvt_warp_ns") == "2"
     # it appears: written, nothing missing; it goes away again: logged once more
     tree(tmp_path, ["kubepods/besteffort"], {"cpu.bvt_warp_ns": "0"})
     with capture_logs() as logs:
         back = await r.reconcile_once()
         assert back.missing == ["sandbox kubepods/burstable/podls/sb-ls"]
-        assert read(tmp_path, "kubepods/besteffort", "cpu.bvt_warp_ns") == "-1"
+        assert read_file(tmp_path, "kubepods/besteffort", "cpu.bvt_warp_ns") == "-1"
         (tmp_path / "cpu/kubepods/besteffort/cpu.bvt_warp_ns").unlink()
         (tmp_path / "cpu/kubepods/besteffort").rmdir()
         await r.reconcile_once()
@@ -224,8 +218,8 @@ async def test_nodeslo_change_converges_within_one_period(tmp_path: Path) -> Non
         await asyncio.sleep(0.1)
         cfg_file.write_text(json.dumps({"nodeSLO": GI_ON}))
         changed_at = time.monotonic()
-        while not all(read(tmp_path, p.cgroup_parent.strip("/"), "cpu.bvt_warp_ns") == ("-1" if p.uid == "b" else "2")
-                      for p in pods):
+        want = {p.uid: "-1" if p.uid == "b" else "2" for p in pods}
+        while not all(read_file(tmp_path, p.cgroup_parent.strip("/"), "cpu.bvt_warp_ns") == want[p.uid] for p in pods):
             assert time.monotonic() - changed_at < r.period, "did not converge within one period"
             await asyncio.sleep(0.01)
     finally:
@@ -235,12 +229,8 @@ async def test_nodeslo_change_converges_within_one_period(tmp_path: Path) -> Non
 
 @pytest.fixture
 def resctrl_tree(tmp_path: Path) -> Path:
-    root = tmp_path / "resctrl"
-    (root / "info" / "L3").mkdir(parents=True)
-    (root / "info" / "L3" / "cbm_mask").write_text("7ff\n")
-    (root / "schemata").write_text("    L3:0=7ff;1=7ff\n    MB:0=100;1=100\n")
-    (root / "tasks").write_text("1\n2\n")
-    return root
+    return make_resctrl(tmp_path / "resctrl", cbm_mask="7ff", schemata="    L3:0=7ff;1=7ff\n    MB:0=100;1=100\n",
+                        tasks="1\n2\n")
 
 
 async def test_rdt_groups_schemata_moves_and_cleanup(tmp_path: Path, resctrl_tree: Path) -> None:
@@ -334,8 +324,8 @@ def test_burst_loop_decisions(tmp_path: Path, load: float, throttled: int, expec
     bump_stat(root, 10, throttled)
     (change,) = loop.step()
     assert (change.op, change.new) == (expected_op, expected_quota)
-    assert read(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == str(expected_quota)
-    assert read(root, "kubepods/burstable/podb1", "cpu.cfs_quota_us") == str(expected_pod)
+    assert read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == str(expected_quota)
+    assert read_file(root, "kubepods/burstable/podb1", "cpu.cfs_quota_us") == str(expected_pod)
 
 
 def test_burst_loop_scales_to_the_ceiling_then_back_down(tmp_path: Path) -> None:
@@ -348,15 +338,15 @@ def test_burst_loop_scales_to_the_ceiling_then_back_down(tmp_path: Path) -> None
         clock.now += 1.0
         bump_stat(root, 10 * i, 5 * i)
         loop.step()
-        quotas.append(int(read(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us")))
+        quotas.append(int(read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us")))
     assert quotas[-1] == 60000 and quotas == sorted(quotas)  # ceiling = 300% of the base
     load["value"] = 0.8
     for i in range(10, 20):
         clock.now += 1.0
         bump_stat(root, 10 * i, 5 * i)
         loop.step()
-    assert read(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == "20000"
-    assert read(root, "kubepods/burstable/podb1", "cpu.cfs_quota_us") == "40000"
+    assert read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == "20000"
+    assert read_file(root, "kubepods/burstable/podb1", "cpu.cfs_quota_us") == "40000"
 
 
 def test_burst_loop_resets_when_the_policy_is_off(tmp_path: Path) -> None:
@@ -364,7 +354,7 @@ def test_burst_loop_resets_when_the_policy_is_off(tmp_path: Path) -> None:
     (root / "cpu/kubepods/burstable/podb1/c1/cpu.cfs_quota_us").write_text("50000\n")
     loop = CPUBurstLoop(backend, cgroups=Cgroups(root, version=1), pool_load=lambda: 0.1, clock=Clock())
     (change,) = loop.step()
-    assert change.op == "reset" and read(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == "20000"
+    assert change.op == "reset" and read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == "20000"
 
 
 # ---- real cgroups: host applications and a throttled busy loop (root only) ------------------------

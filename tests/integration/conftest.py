@@ -31,12 +31,9 @@ from runtime_proxy.devenv import VERSIONS
 from runtime_proxy.devenv.containerd import binaries_for
 from runtime_proxy.devenv.cri import CriClient
 from runtime_proxy.devenv.env import ContainerdEnv
+from tests.integration.harness import required_versions
 
 _SESSION_TAG = secrets.token_hex(4)
-
-
-def _required_versions() -> set[str]:
-    return {v.strip() for v in os.environ.get("RHP_REQUIRE_CONTAINERD", "").split(",") if v.strip()}
 
 
 @pytest.fixture(scope="session", params=VERSIONS, ids=[f"containerd-{v}" for v in VERSIONS])
@@ -51,7 +48,7 @@ def containerd_env(request: pytest.FixtureRequest) -> Iterator[ContainerdEnv]:
             f"containerd {version} is not installed ({', '.join(map(str, missing))} missing); "
             "scripts/install-deps.sh installs it"
         )
-        if version in _required_versions():
+        if version in required_versions():
             pytest.fail(reason)
         pytest.skip(reason)
     env = ContainerdEnv.start(version, tag=_SESSION_TAG)

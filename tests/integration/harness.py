@@ -21,6 +21,12 @@ from runtime_proxy.server import Proxy, ProxyOptions
 REPO = Path(__file__).resolve().parents[2]
 
 
+def required_versions() -> set[str]:
+    """containerd versions whose tests must fail, not skip, when the binaries are missing
+    (``RHP_REQUIRE_CONTAINERD``, comma-separated; ``scripts/test.sh`` sets 1.6)."""
+    return {v.strip() for v in os.environ.get("RHP_REQUIRE_CONTAINERD", "").split(",") if v.strip()}
+
+
 def wait_for_socket(path: str, timeout: float = 15.0) -> None:
     """Wait until a CRI Version call through the socket succeeds."""
     deadline = time.monotonic() + timeout

@@ -26,6 +26,7 @@ from runtime_proxy.devenv.containerd import binaries_for, clean_up_work_dir, rea
 from runtime_proxy.devenv.cri import BURN_CPU_COMMAND, CriClient, linux_resources
 from runtime_proxy.devenv.env import ContainerdEnv
 from runtime_proxy.devenv.image import DEFAULT_IMAGE, build_image_archive
+from tests.integration.harness import required_versions
 
 HOST_CPUS = Path("/sys/fs/cgroup/cpuset/cpuset.cpus")
 
@@ -172,7 +173,8 @@ time.sleep(600)
 
 
 @pytest.mark.requires_root
-@pytest.mark.skipif(bool(binaries_for("1.6").missing()), reason="containerd 1.6 not installed")
+@pytest.mark.skipif(bool(binaries_for("1.6").missing()) and "1.6" not in required_versions(),
+                    reason="containerd 1.6 not installed")
 def test_work_dir_of_a_killed_owner_is_reaped(tmp_path: Path) -> None:
     work_dir = tmp_path / "rhp-ctrd-crash"
     top = f"/rhptest-reap-{uuid.uuid4().hex[:8]}"

@@ -26,13 +26,13 @@ import grpc
 import pytest
 
 from cri_protos import api_pb2
-from cri_protos import hookserver_pb2 as pb
 from cri_protos import hookserver_pb2_grpc as pb_grpc
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.devenv.cgroupfs import read_cgroup_file
 from runtime_proxy.devenv.cri import linux_resources
 from runtime_proxy.hookservers import HookServerRegistry
 from runtime_proxy.server import ProxyOptions
+from tests.hook_replies import echo_reply
 from tests.integration import plugins_for_tests as tp
 from tests.integration.harness import REPO, ProxyThread, proxy_options
 
@@ -157,18 +157,6 @@ def fakes(sockdir: Path) -> Iterator[Fakes]:
     f.stop()
 
 
-def echo(request: Any, *, shares: int = 0, cpuset: str | None = None, ann: dict[str, str] | None = None) -> Any:
-    """Koordinator-style answer: the request's resources and annotations, changes on top."""
-    resp = pb.ContainerResourceHookResponse(container_annotations=dict(request.container_annotations))
-    resp.container_resources.CopyFrom(request.container_resources)
-    if shares:
-        resp.container_resources.cpu_shares = shares
-    if cpuset is not None:
-        resp.container_resources.cpuset_cpus = cpuset
-    resp.container_annotations.update(ann or {})
-    return resp
-
-
 _opts = proxy_options
 
 
@@ -233,7 +221,7 @@ def test_faulty_hook_servers_under_policy(
 ) -> None:
     def hang(request: Any, context: Any) -> Any:
         fakes.release.wait(10)
-        return echo(request)
+        return echo_reply(request)
 
     def error(request: Any, context: Any) -> Any:
         context.abort(grpc.StatusCode.INTERNAL, "boom from fake hook server")
@@ -280,8 +268,8 @@ def test_faulty_hook_servers_under_policy(
 def test_registrations_reload_while_running(
     containerd: Any, tmp_path: Path, cri_client: Any, fakes: Fakes
 ) -> None:
-    first = fakes.start("first", lambda r, c: echo(r, shares=600))
-    second = fakes.start("second", lambda r, c: echo(r, shares=700))
+    first = fakes.start("first", lambda r, c: echo_reply(r, shares=600))
+    second = fakes.start("second", lambda r, c: echo_reply(r, shares=700))
     regdir = tmp_path / "hookserver.d"
     regdir.mkdir()
     (regdir / "00-bad.json").write_text('{"remote-endpoint": 5, "runtime-hooks": "PreCreateContainer"')
@@ -318,8 +306,8 @@ def test_registrations_reload_while_running(
 def test_two_servers_run_in_order_and_merge(
     containerd: Any, tmp_path: Path, cri_client: Any, fakes: Fakes, example_server: Path
 ) -> None:
-    a = fakes.start("a", lambda r, c: echo(r, cpuset="0", ann={"example.com/a": "1"}))
-    b = fakes.start("b", lambda r, c: echo(r, shares=600, ann={"example.com/b": "2"}))
+    a = fakes.start("a", lambda r, c: echo_reply(r, cpuset="0", ann={"example.com/a": "1"}))
+    b = fakes.start("b", lambda r, c: echo_reply(r, shares=600, ann={"example.com/b": "2"}))
     regdir = tmp_path / "hookserver.d"
     regdir.mkdir()
     # Written in reverse so that file-name order, not creation order, decides.
