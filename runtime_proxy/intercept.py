@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -139,7 +139,7 @@ class CriInterceptor:
         # Called after every intercepted call with "did the bound cpusets (the share pools'
         # input) change?", so the reconciler can push new pools to running containers at once.
         self.on_store_change = on_store_change
-        self._pools: tuple[frozenset[tuple[str, frozenset[int]]], frozenset[str]] | None = None
+        self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] | None = None
         self._pending: dict[bytes, deque[_Pending]] = {}
         self._node_cache: tuple[int, int, NodeFacts] | None = None
 
@@ -194,8 +194,8 @@ class CriInterceptor:
             self.on_store_change(self._pools_changed())
 
     def _pools_changed(self) -> bool:
-        node = self.node()
-        pools = (frozenset(node.bound_cpusets.items()), node.lse_pods)
+        node = self.node()  # cached per store version
+        pools = (node.bound_cpusets, node.lse_pods)
         changed = pools != self._pools
         self._pools = pools
         return changed
