@@ -135,7 +135,7 @@ class Client:
 class Cluster:
     """Fake API server process plus extender process."""
 
-    def __init__(self, objects: list[dict[str, Any]], *, ledger: bool) -> None:
+    def __init__(self, objects: list[dict[str, Any]], *, ledger: bool, extra: list[str]) -> None:
         self.tmp = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
         json.dump(objects, self.tmp)
         self.tmp.close()
@@ -154,6 +154,7 @@ class Cluster:
                 "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
         if not ledger:
             args.append("--no-ha-ledger")
+        args += extra
         self.ext = subprocess.Popen(args, cwd=ROOT, env=env)
         self.client = Client(self.url)
 
@@ -333,6 +334,9 @@ def main() -> None:
     parser.add_argument("--no-ledger", "--no-ha-ledger", dest="no_ledger", action="store_true",
                         help="single-replica mode (the extender runs with --no-ha-ledger)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--extender-arg", action="append", default=[], metavar="ARG",
+                        help="extra argument for `scheduler-ext serve` (repeat), e.g. "
+                             "--extender-arg=--switch-interval=0.005")
     parser.add_argument("--profile", default="", metavar="PREFIX",
                         help="py-spy the extender and the API server during the throughput phase "
                              "into PREFIX.extender.txt / PREFIX.apiserver.txt (collapsed stacks; "
@@ -350,7 +354,7 @@ def main() -> None:
     pending = [pod(f"new-{i:05d}", cpu="4", namespace="bench") for i in range(args.cycles)]
     objects += pending
     t0 = time.monotonic()
-    cl = Cluster(objects, ledger=not args.no_ledger)
+    cl = Cluster(objects, ledger=not args.no_ledger, extra=args.extender_arg)
     del objects
     try:
         sync = cl.wait_ready()
@@ -381,6 +385,7 @@ def main() -> None:
         {
             "nodes": args.nodes, "placed pods": args.placed, "candidates": args.candidates,
             "cycles": args.cycles, "ha ledger": not args.no_ledger, "cpus": os.cpu_count(),
+            "extender args": " ".join(args.extender_arg) or "(defaults)",
             "cache sync s": round(sync, 1), "RSS after sync MiB": round(rss_sync),
             "extender per pod (pipelined): user ms, sys ms, context switches": (
                 f"{res['ext']['user']}, {res['ext']['sys']}, {res['ext']['ctxsw']}"),

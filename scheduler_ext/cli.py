@@ -118,7 +118,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from scheduler_ext.errors import GoneError
     from scheduler_ext.extender import Binder
-    from scheduler_ext.kube import KubeClient, api_client_from_flags
+    from scheduler_ext.kube import BindClient, KubeClient, api_client_from_flags
     from scheduler_ext.ledger import LeaseLedger
     from scheduler_ext.server import create_app
     from scheduler_ext.state import Watcher
@@ -140,19 +140,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     else:
         api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
     kube = KubeClient(api_client, watch_timeout=args.watch_timeout)
+    try:
+        bind_api = BindClient(api_client, timeout=args.api_timeout)
+    except (ValueError, OSError) as exc:  # unsupported proxy, unreadable TLS files
+        print(f"cannot talk to the API server: {exc}", file=sys.stderr)
+        return 2
     state = ClusterState()
     watcher = Watcher(state, kube.list, kube.watch, GoneError)
     watcher.start()
     ledger = None
     if args.ha_ledger:
         ledger = LeaseLedger(
-            kube,
+            bind_api,
             args.ledger_namespace,
             identity=args.identity,
             ttl=args.ledger_ttl,
             is_deleted=state.recently_deleted,
         )
-    binder = Binder(state, kube, cfg, ledger)
+    binder = Binder(state, bind_api, cfg, ledger)
     app = create_app(state, binder, cfg, prefix=args.path_prefix)
     log.info("serving", listen=args.listen, ha_ledger=bool(ledger), tls=bool(args.tls_cert))
     ssl_kwargs: dict[str, Any] = {}
@@ -209,9 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ledger-ttl", type=float, default=120.0, help="seconds a ledger entry lives")
     serve.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()))
     serve.add_argument("--watch-timeout", type=int, default=300, help="seconds per watch request")
+    serve.add_argument("--api-timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="limit of each API call a bind makes (default %(default)s)")
     serve.add_argument("--switch-interval", type=float, default=0.0005, metavar="SECONDS",
                        help="Python's thread switch interval (sys.setswitchinterval; default %(default)s): "
-                            "short, so the verb loop is not kept waiting by bind threads")
+                            "short, so the verb loop is not kept waiting by the watch threads")
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--log-format", choices=("json", "console"), default="json")
     scoring(serve)

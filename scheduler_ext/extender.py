@@ -5,6 +5,9 @@ decision functions (``evaluate``, ``plan``, ``filter_nodes``, ``prioritize_nodes
 ``preempt_nodes``) read ``scheduler_ext.state`` and return values. ``Binder.bind`` is the
 imperative shell: hold the allocation, commit it to the HA ledger, PATCH the pod's annotations
 with a resourceVersion precondition, create the Binding, and roll every step back on failure.
+It is a coroutine on the server's event loop: its API calls await, so the next pod's filter
+runs while a bind waits for the API server, and the cluster lock is only held around the
+(synchronous) planning, never across an await.
 
 What a pod needs on a node (``needs``):
 
@@ -24,8 +27,8 @@ node never receive the same CPU.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -533,23 +536,25 @@ def _evaluate_uncached(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> V
 class BindAPI(Protocol):
     """The API calls a bind makes (``scheduler_ext.kube.KubeClient`` implements it)."""
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 
-    def patch_pod_annotations(
+    async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str
     ) -> dict[str, Any]: ...
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class Ledger(Protocol):
     """The HA ledger (``scheduler_ext.ledger.LeaseLedger``)."""
 
-    def entries(self, node: str, *, fresh: bool) -> Mapping[str, Allocation]: ...
+    async def entries(self, node: str, *, fresh: bool) -> Mapping[str, Allocation]: ...
 
-    def commit(self, node: str, uid: str, alloc: Allocation) -> None: ...
+    async def commit(self, node: str, uid: str, alloc: Allocation) -> None: ...
 
-    def remove(self, node: str, uid: str) -> None: ...
+    async def remove(self, node: str, uid: str) -> None: ...
 
 
 @dataclass
@@ -563,29 +568,38 @@ class Binder:
     attempts: int = 8
 
     def __post_init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
+        self._locks: dict[str, asyncio.Lock] = {}
 
-    def _node_lock(self, node: str) -> threading.Lock:
+    def _node_lock(self, node: str) -> asyncio.Lock:
         """Serialises this replica's ledger commits per node (other replicas meet the CAS)."""
-        with self._locks_guard:
-            lock = self._locks.get(node)
-            if lock is None:
-                lock = self._locks[node] = threading.Lock()
-            return lock
+        lock = self._locks.get(node)
+        if lock is None:
+            lock = self._locks[node] = asyncio.Lock()
+        return lock
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
-        """Bind the pod; returns "" on success or the reason, with nothing left half-done."""
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
+        """Bind the pod; returns "" on success or the reason, with nothing left half-done.
+
+        Runs to its end even when the caller goes away: an ASGI server does not cancel a
+        request's task on disconnect, and ``shield`` keeps a cancelled caller from cutting a
+        bind between its PATCH and its Binding or rollback.
+        """
+        return await asyncio.shield(self._guarded(namespace, name, uid, node))
+
+    async def _guarded(self, namespace: str, name: str, uid: str, node: str) -> str:
         try:
-            return self._bind(namespace, name, uid, node)
+            return await self._bind(namespace, name, uid, node)
         except APIError as exc:
             return f"bind {namespace}/{name} to {node}: API error {exc}"
 
-    def _pod(self, namespace: str, name: str, uid: str) -> tuple[PodRequest, str, str, dict[str, str]]:
+    async def _pod(self, namespace: str, name: str, uid: str) -> tuple[PodRequest, str, str, dict[str, str]]:
         entry = self.state.pending(uid)
         if entry is not None and entry.request is not None and entry.name == name:
             return entry.request, entry.rv, "", {}
-        pod = self.api.get_pod(namespace, name)
+        pod = await self.api.get_pod(namespace, name)
         meta = pod.get("metadata") or {}
         if uid and meta.get("uid") != uid:
             raise AllocationError(f"pod {namespace}/{name} has UID {meta.get('uid')}, not {uid}")
@@ -596,17 +610,17 @@ class Binder:
             dict(meta.get("annotations") or {}),
         )
 
-    def _place(self, req: PodRequest, uid: str, node: str) -> Placement:
+    async def _place(self, req: PodRequest, uid: str, node: str) -> Placement:
         """Plan and hold, serialised with the other replicas through the ledger."""
         if self.ledger is None:
-            return self._place_once(req, uid, node)
-        with self._node_lock(node):
-            return self._place_once(req, uid, node)
+            return await self._place_once(req, uid, node)
+        async with self._node_lock(node):
+            return await self._place_once(req, uid, node)
 
-    def _place_once(self, req: PodRequest, uid: str, node: str) -> Placement:
+    async def _place_once(self, req: PodRequest, uid: str, node: str) -> Placement:
         for attempt in range(self.attempts):
             if self.ledger is not None:
-                foreign = self.ledger.entries(node, fresh=attempt > 0)
+                foreign = await self.ledger.entries(node, fresh=attempt > 0)
                 self._absorb(node, uid, foreign)
             with self.state.lock:
                 ns = self.state.node(node)
@@ -618,7 +632,7 @@ class Binder:
             if self.ledger is None or placement.allocation.empty:
                 return placement
             try:
-                self.ledger.commit(node, uid, placement.allocation)
+                await self.ledger.commit(node, uid, placement.allocation)
                 return placement
             except ConflictError:
                 BIND_CONFLICTS.labels("ledger").inc()
@@ -640,10 +654,10 @@ class Binder:
                     continue  # our own hold or confirmed by the watch
                 self.state.hold(uid, node, alloc, foreign=True)
 
-    def _bind(self, namespace: str, name: str, uid: str, node: str) -> str:
+    async def _bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         started = time.monotonic()
         try:
-            req, rv, bound_to, old_ann = self._pod(namespace, name, uid)
+            req, rv, bound_to, old_ann = await self._pod(namespace, name, uid)
         except AllocationError as exc:
             return str(exc)
         if bound_to:
@@ -651,17 +665,17 @@ class Binder:
         if req.error:
             return req.error
         try:
-            placement = self._place(req, uid, node)
+            placement = await self._place(req, uid, node)
         except AllocationError as exc:
             return f"cannot allocate on {node}: {exc}"
         patched_rv = ""
         try:
             if placement.annotations:
-                patched_rv = self._patch(namespace, name, uid, rv, placement.annotations, old_ann)
-            self.api.bind_pod(namespace, name, uid, node)
+                patched_rv = await self._patch(namespace, name, uid, rv, placement.annotations, old_ann)
+            await self.api.bind_pod(namespace, name, uid, node)
         except (APIError, AllocationError) as exc:
             BIND_ROLLBACKS.inc()
-            self._rollback(namespace, name, uid, node, patched_rv, placement, old_ann)
+            await self._rollback(namespace, name, uid, node, patched_rv, placement, old_ann)
             step = "binding" if patched_rv or not placement.annotations else "patch"
             log.warning("bind failed", pod=f"{namespace}/{name}", node=node, step=step, error=str(exc))
             return f"bind {namespace}/{name} to {node} failed at {step}, rolled back: {exc}"
@@ -674,7 +688,7 @@ class Binder:
         )
         return ""
 
-    def _patch(
+    async def _patch(
         self,
         namespace: str,
         name: str,
@@ -686,13 +700,13 @@ class Binder:
         """PATCH with a resourceVersion precondition; on a stale version, re-read once."""
         for attempt in range(2):
             try:
-                pod = self.api.patch_pod_annotations(namespace, name, annotations, rv)
+                pod = await self.api.patch_pod_annotations(namespace, name, annotations, rv)
                 return str((pod.get("metadata") or {}).get("resourceVersion") or "")
             except ConflictError:
                 BIND_CONFLICTS.labels("patch").inc()
                 if attempt:
                     raise
-                fresh = self.api.get_pod(namespace, name)
+                fresh = await self.api.get_pod(namespace, name)
                 meta = fresh.get("metadata") or {}
                 if meta.get("uid") != uid:
                     raise AllocationError(f"pod {namespace}/{name} was replaced") from None
@@ -703,7 +717,7 @@ class Binder:
                 old_ann.update(meta.get("annotations") or {})
         raise AssertionError("unreachable")
 
-    def _rollback(
+    async def _rollback(
         self,
         namespace: str,
         name: str,
@@ -718,11 +732,11 @@ class Binder:
             rv = patched_rv
             for _ in range(3):
                 try:
-                    self.api.patch_pod_annotations(namespace, name, restore, rv)
+                    await self.api.patch_pod_annotations(namespace, name, restore, rv)
                     break
                 except ConflictError:
                     try:
-                        fresh = self.api.get_pod(namespace, name)
+                        fresh = await self.api.get_pod(namespace, name)
                     except APIError:
                         break
                     if (fresh.get("spec") or {}).get("nodeName"):
@@ -734,7 +748,7 @@ class Binder:
                     break
         if self.ledger is not None and not placement.allocation.empty:
             try:
-                self.ledger.remove(node, uid)
+                await self.ledger.remove(node, uid)
             except APIError as exc:
                 log.warning("ledger cleanup failed; entry expires", node=node, error=str(exc))
         self.state.release(uid, node)

@@ -2,7 +2,8 @@
 double-allocate.
 
 Who calls this: ``extender.Binder`` before it PATCHes a pod (``commit``) and when it rolls a
-bind back (``remove``). The Lease calls go through ``scheduler_ext.kube``.
+bind back (``remove``). The Lease calls go through ``scheduler_ext.kube.BindClient``, as
+coroutines on the server's event loop; the ledger's cache is only touched from that loop.
 
 Why it is needed: kube-scheduler sends binds for different pods to whichever replica the
 Service picks. Each replica's cache learns about the other's allocations only through the
@@ -31,7 +32,6 @@ Design:
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -49,11 +49,11 @@ LEDGER_ANNOTATION = "scheduler-ext.runtime-hook-proxy.io/allocations"
 
 
 class LeaseAPI(Protocol):
-    def get_lease(self, namespace: str, name: str) -> dict[str, Any]: ...
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any]: ...
 
-    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
-    def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 def encode_entry(alloc: Allocation, ts: float) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def lease_name(prefix: str, node: str) -> str:
 
 
 class LeaseLedger:
-    """Per-node allocation ledger in Leases; thread-safe."""
+    """Per-node allocation ledger in Leases; used from one event loop."""
 
     def __init__(
         self,
@@ -121,20 +121,20 @@ class LeaseLedger:
         self.ttl = ttl
         self.is_deleted = is_deleted
         self.clock = clock
-        self._lock = threading.Lock()
         self._cache: dict[str, dict[str, Any] | None] = {}  # node -> last Lease read or written (None: none)
 
-    def _read(self, node: str) -> dict[str, Any] | None:
+    async def _read(self, node: str) -> dict[str, Any] | None:
         """GET the node's Lease (``None`` when there is none yet) and remember it."""
         try:
-            lease: dict[str, Any] | None = self.api.get_lease(self.namespace, lease_name(self.prefix, node))
+            lease: dict[str, Any] | None = await self.api.get_lease(
+                self.namespace, lease_name(self.prefix, node)
+            )
         except NotFoundError:
             lease = None
-        with self._lock:
-            self._cache[node] = lease
+        self._cache[node] = lease
         return lease
 
-    def _current(self, node: str, fresh: bool) -> dict[str, Any] | None:
+    async def _current(self, node: str, fresh: bool) -> dict[str, Any] | None:
         """The Lease as last read or written; a node never seen counts as having none.
 
         Assuming "none" is optimistic and safe: the first ``commit`` then *creates* the Lease,
@@ -143,15 +143,12 @@ class LeaseLedger:
         node without a Lease costs one POST instead of GET, POST and PUT.
         """
         if not fresh:
-            with self._lock:
-                if node in self._cache:
-                    return self._cache[node]
-            return None
-        return self._read(node)
+            return self._cache.get(node)
+        return await self._read(node)
 
-    def entries(self, node: str, *, fresh: bool) -> dict[str, Allocation]:
+    async def entries(self, node: str, *, fresh: bool) -> dict[str, Allocation]:
         """Live ledger entries of ``node`` (from the last read unless ``fresh``)."""
-        lease = self._current(node, fresh)
+        lease = await self._current(node, fresh)
         if lease is None:
             return {}
         now = self.clock()
@@ -160,7 +157,7 @@ class LeaseLedger:
             uid: alloc for uid, (alloc, ts) in decode_entries(text).items() if now - ts <= self.ttl
         }
 
-    def _write(self, node: str, lease: dict[str, Any] | None, entries: dict[str, Any]) -> None:
+    async def _write(self, node: str, lease: dict[str, Any] | None, entries: dict[str, Any]) -> None:
         """PUT with the version read (compare-and-swap), or POST when there was no Lease."""
         text = orjson.dumps(entries).decode()
         renew = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(self.clock()))
@@ -173,15 +170,14 @@ class LeaseLedger:
                              "annotations": {LEDGER_ANNOTATION: text}},
                 "spec": {"holderIdentity": self.identity, "renewTime": renew},
             }
-            new = self.api.create_lease(self.namespace, body)
+            new = await self.api.create_lease(self.namespace, body)
         else:
             meta = dict(lease.get("metadata") or {})
             meta["annotations"] = {**(meta.get("annotations") or {}), LEDGER_ANNOTATION: text}
             spec = {**(lease.get("spec") or {}), "holderIdentity": self.identity, "renewTime": renew}
             body = {**lease, "metadata": meta, "spec": spec}  # the stored Lease is never changed
-            new = self.api.replace_lease(self.namespace, str(meta["name"]), body)
-        with self._lock:
-            self._cache[node] = new
+            new = await self.api.replace_lease(self.namespace, str(meta["name"]), body)
+        self._cache[node] = new
 
     def _live(self, lease: Mapping[str, Any] | None) -> dict[str, Any]:
         if lease is None:
@@ -200,39 +196,37 @@ class LeaseLedger:
             and not self.is_deleted(uid)
         }
 
-    def commit(self, node: str, uid: str, alloc: Allocation) -> None:
+    async def commit(self, node: str, uid: str, alloc: Allocation) -> None:
         """Add ``uid``'s allocation; ``ConflictError`` if the ledger moved since it was read
         (or, for a node believed to have no Lease yet, if one exists after all).
 
         The caller planned against ``entries``; on conflict it must re-read (``fresh=True``)
         and plan again, which is what makes concurrent replicas safe.
         """
-        lease = self._current(node, False)
+        lease = self._cache.get(node)
         live = self._live(lease)
         live[uid] = encode_entry(alloc, self.clock())
         try:
-            self._write(node, lease, live)
+            await self._write(node, lease, live)
         except ConflictError:
-            with self._lock:
-                self._cache.pop(node, None)
+            self._cache.pop(node, None)
             raise
         except NotFoundError:  # the Lease was deleted since we read it: start over like a 409
-            with self._lock:
-                self._cache.pop(node, None)
+            self._cache.pop(node, None)
             raise ConflictError(409, f"ledger Lease of node {node} disappeared") from None
 
-    def remove(self, node: str, uid: str) -> None:
+    async def remove(self, node: str, uid: str) -> None:
         """Drop ``uid`` (rollback); retries on conflict, gives up quietly (the entry expires)."""
         for attempt in range(3):
-            lease = self._current(node, attempt > 0)
+            lease = await self._current(node, attempt > 0)
             if lease is None and attempt == 0:
-                lease = self._read(node)  # never seen here: look before concluding "nothing"
+                lease = await self._read(node)  # never seen here: look before concluding "nothing"
             live = self._live(lease)
             if uid not in live:
                 return
             del live[uid]
             try:
-                self._write(node, lease, live)
+                await self._write(node, lease, live)
                 return
             except ConflictError:
                 continue

@@ -11,17 +11,16 @@ Both ``nodeCacheCapable`` modes are accepted: with ``NodeNames`` the reply carri
 
 Failure policy: a request that cannot be decoded gets HTTP 200 with ``Error`` set for filter
 and bind (kube-scheduler then reports a scheduler error and retries with backoff) and HTTP 400
-for prioritize and preempt (the scheduler ignores a failed prioritize). Filter and prioritize
-run on the event loop (they only read the cache); bind runs in a worker thread, so the next
-pod's filter is served while a bind waits on the API server.
+for prioritize and preempt (the scheduler ignores a failed prioritize). Every verb runs on the
+event loop: filter and prioritize only read the cache, and bind is a coroutine whose API calls
+await, so the next pod's filter is served while a bind waits on the API server.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -203,13 +202,11 @@ def create_app(
     cfg: ExtenderConfig = DEFAULT_CONFIG,
     *,
     prefix: str = "",
-    bind_workers: int = 32,
 ) -> ExtenderApp:
     """The ASGI app. ``binder`` is ``None`` when no API server is configured."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StateCollector(state))
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
-    bind_pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="bind")
 
     async def filter_verb(raw: bytes) -> Reply:
         try:
@@ -265,12 +262,7 @@ def create_app(
             return _json({"Error": str(exc)})
         if binder is None:
             return _json({"Error": "this extender runs without an API server and cannot bind"})
-        # a plain executor: anyio's ``to_thread`` (capacity limiter, cancel scopes) cost more
-        # CPU than the hand-off itself
-        error = await asyncio.get_running_loop().run_in_executor(
-            bind_pool, binder.bind, namespace, name, uid, node
-        )
-        return _json({"Error": error})
+        return _json({"Error": await binder.bind(namespace, name, uid, node)})
 
     async def preempt_verb(raw: bytes) -> Reply:
         try:
@@ -331,4 +323,12 @@ def create_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return ExtenderApp(verbs, Starlette(routes=routes))
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if binder is not None:
+                await binder.aclose()  # the bind path's HTTP session lives on this loop
+
+    return ExtenderApp(verbs, Starlette(routes=routes, lifespan=lifespan))

@@ -345,6 +345,7 @@ class FakeAPIServer:
             self.store.register(res)
         self._faults: list[_Fault] = []
         self.counts: dict[str, int] = {}
+        self.connections = 0  # TCP connections accepted so far
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.api = self
         self._thread: threading.Thread | None = None
@@ -767,6 +768,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.server.api.connections += 1
         # headers and body go out in separate writes: without this, Nagle plus delayed ACK
         # add 40 ms to every response
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -22,7 +22,7 @@ import uvicorn  # noqa: E402
 
 from scheduler_ext.errors import GoneError  # noqa: E402
 from scheduler_ext.extender import Binder, ExtenderConfig  # noqa: E402
-from scheduler_ext.kube import KubeClient  # noqa: E402
+from scheduler_ext.kube import BindClient, KubeClient  # noqa: E402
 from scheduler_ext.ledger import LeaseLedger  # noqa: E402
 from scheduler_ext.server import create_app  # noqa: E402
 from scheduler_ext.state import ClusterState, Watcher  # noqa: E402
@@ -38,11 +38,19 @@ def api() -> Iterator[FakeAPIServer]:
         server.stop()
 
 
-def kube_client(url: str) -> KubeClient:
+def api_client(url: str) -> kubernetes.client.ApiClient:
     conf = kubernetes.client.Configuration()
     conf.host = url
     conf.connection_pool_maxsize = 32
-    return KubeClient(kubernetes.client.ApiClient(conf), watch_timeout=30)
+    return kubernetes.client.ApiClient(conf)
+
+
+def kube_client(url: str) -> KubeClient:
+    return KubeClient(api_client(url), watch_timeout=30)
+
+
+def bind_client(url: str) -> BindClient:
+    return BindClient(api_client(url), timeout=10)
 
 
 @pytest.fixture
@@ -79,21 +87,23 @@ class Extender:
 def start_extender(
     api_url: str, *, ledger: bool = False, identity: str = "test", cfg: ExtenderConfig | None = None
 ) -> Extender:
-    kube = kube_client(api_url)
+    client = api_client(api_url)
+    kube = KubeClient(client, watch_timeout=30)
+    bind_api = BindClient(client, timeout=10)
     state = ClusterState()
     watcher = Watcher(state, kube.list, kube.watch, GoneError, backoff=0.05)
     watcher.start()
     lease = (
-        LeaseLedger(kube, "kube-system", identity=identity, is_deleted=state.recently_deleted)
+        LeaseLedger(bind_api, "kube-system", identity=identity, is_deleted=state.recently_deleted)
         if ledger
         else None
     )
-    binder = Binder(state, kube, cfg or ExtenderConfig(), lease)
+    binder = Binder(state, bind_api, cfg or ExtenderConfig(), lease)
     app = create_app(state, binder, cfg or ExtenderConfig())
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="httptools")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http="httptools")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
