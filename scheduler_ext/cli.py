@@ -214,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ledger-ttl", type=float, default=120.0, help="seconds a ledger entry lives")
     serve.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()))
     serve.add_argument("--watch-timeout", type=int, default=300, help="seconds per watch request")
-    serve.add_argument("--api-timeout", type=float, default=30.0, metavar="SECONDS",
-                       help="limit of each API call a bind makes (default %(default)s)")
+    serve.add_argument("--api-timeout", type=float, default=5.0, metavar="SECONDS",
+                       help="limit of each API call a bind makes (default %(default)s); a call that "
+                            "runs out fails the bind, which is rolled back")
     serve.add_argument("--switch-interval", type=float, default=0.0005, metavar="SECONDS",
                        help="Python's thread switch interval (sys.setswitchinterval; default %(default)s): "
                             "short, so the verb loop is not kept waiting by the watch threads")

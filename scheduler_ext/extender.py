@@ -674,9 +674,15 @@ class Binder:
                 patched_rv = await self._patch(namespace, name, uid, rv, placement.annotations, old_ann)
             await self.api.bind_pod(namespace, name, uid, node)
         except (APIError, AllocationError) as exc:
+            step = "binding" if patched_rv or not placement.annotations else "patch"
+            if step == "binding" and isinstance(exc, APIError) and await self._landed(
+                namespace, name, uid, node, placement
+            ):
+                log.warning("binding reply lost, but the pod is bound with this allocation",
+                            pod=f"{namespace}/{name}", node=node, error=str(exc))
+                return ""
             BIND_ROLLBACKS.inc()
             await self._rollback(namespace, name, uid, node, patched_rv, placement, old_ann)
-            step = "binding" if patched_rv or not placement.annotations else "patch"
             log.warning("bind failed", pod=f"{namespace}/{name}", node=node, step=step, error=str(exc))
             return f"bind {namespace}/{name} to {node} failed at {step}, rolled back: {exc}"
         log.debug(
@@ -687,6 +693,25 @@ class Binder:
             **placement.annotations,
         )
         return ""
+
+    async def _landed(self, namespace: str, name: str, uid: str, node: str, placement: Placement) -> bool:
+        """After a failed Binding call, did it land anyway (a reply lost to a timeout or a reset)?
+
+        Only when the pod is bound to ``node`` and carries exactly this bind's annotations: then
+        the hold stays (the watch confirms it) and rolling back would strip a live allocation.
+        A pod bound elsewhere, or by another replica with other CPUs, is not ours.
+        """
+        try:
+            pod = await self.api.get_pod(namespace, name)
+        except APIError:
+            return False
+        meta = pod.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        return (
+            (pod.get("spec") or {}).get("nodeName") == node
+            and (not uid or meta.get("uid") == uid)
+            and all(ann.get(k) == v for k, v in placement.annotations.items())
+        )
 
     async def _patch(
         self,

@@ -288,6 +288,7 @@ class _Fault:
     reason: str
     message: str
     times: int
+    after: bool = False
 
 
 @dataclass
@@ -388,17 +389,22 @@ class FakeAPIServer:
         times: int = 1,
         reason: str = "InternalError",
         message: str = "injected failure",
+        after: bool = False,
     ) -> None:
-        """Fail the next ``times`` requests whose method and path match."""
+        """Fail the next ``times`` requests whose method and path match. With ``after`` the
+        request is carried out first and only its reply is the failure (a reply lost after the
+        write, as a timeout or a dropped connection looks to the client)."""
         with self.store.cond:
-            self._faults.append(_Fault(method.upper(), re.compile(path_regex), code, reason, message, times))
+            self._faults.append(
+                _Fault(method.upper(), re.compile(path_regex), code, reason, message, times, after)
+            )
 
-    def _fault(self, method: str, path: str) -> APIStatusError | None:
+    def _fault(self, method: str, path: str) -> tuple[APIStatusError, bool] | None:
         with self.store.cond:
             for f in self._faults:
                 if f.times > 0 and f.method == method and f.pattern.search(path):
                     f.times -= 1
-                    return APIStatusError(f.code, f.reason, f.message)
+                    return APIStatusError(f.code, f.reason, f.message), f.after
         return None
 
     # -- direct access (no HTTP) --------------------------------------------------------------
@@ -776,7 +782,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         return
 
+    _reply_fault: APIStatusError | None = None
+
     def _send(self, code: int, body: Mapping[str, Any] | list[Any]) -> None:
+        if self._reply_fault is not None:
+            code, body, self._reply_fault = self._reply_fault.code, self._reply_fault.status(), None
         data = json.dumps(body, separators=(",", ":")).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -802,9 +812,13 @@ class _Handler(BaseHTTPRequestHandler):
         api.counts[method] = api.counts.get(method, 0) + 1
         try:
             fault = api._fault(method, path)
+            self._reply_fault = None
             if fault is not None:
-                self._body()
-                raise fault
+                if fault[1]:
+                    self._reply_fault = fault[0]  # carried out below; ``_send`` swaps the reply
+                else:
+                    self._body()
+                    raise fault[0]
             if method == "GET":
                 doc = api.discovery(path)
                 if doc is not None:

@@ -134,6 +134,26 @@ def test_bind_failure_rolls_back_everything(api: FakeAPIServer, serve: Callable[
     assert bind(ext, p, "n1") == ""  # the same CPUs are free again
 
 
+def test_a_binding_whose_reply_is_lost_but_which_landed_keeps_its_allocation(
+    api: FakeAPIServer, serve: Callable[..., Extender]
+) -> None:
+    p = pod("web", cpu="4")
+    ext = serve([*cluster(["n1"]), p])
+    wait_for(lambda: ext.state.pending(p["metadata"]["uid"]) is not None)
+    api.inject("POST", r"/pods/web/binding$", 504, reason="Timeout", message="reply lost", after=True)
+    assert bind(ext, p, "n1") == ""  # the pod is bound with our annotations: a success
+    got = api.get("pods", "web", "default")
+    assert got is not None and got["spec"]["nodeName"] == "n1"
+    cpuset = json.loads(got["metadata"]["annotations"][RS])["cpuset"]
+    wait_for(lambda: ext.state.held_count() == 0)  # confirmed by the watch, never released
+    other = pod("other", cpu="4")
+    api.create(other)
+    wait_for(lambda: ext.state.pending(other["metadata"]["uid"]) is not None)
+    assert bind(ext, other, "n1") == ""
+    theirs = json.loads((api.get("pods", "other", "default") or {})["metadata"]["annotations"][RS])["cpuset"]
+    assert not cpus(cpuset) & cpus(theirs)
+
+
 def test_bind_retries_a_stale_resource_version(api: FakeAPIServer, serve: Callable[..., Extender]) -> None:
     p = pod("web", cpu="2")
     ext = serve([*cluster(["n1"]), p])
