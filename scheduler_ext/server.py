@@ -247,7 +247,7 @@ def create_app(
         except ValueError as exc:
             return _text(str(exc), 400)
         scores = prioritize_nodes(state, parse_pod(pod_json), names, cfg)
-        return _json([{"Host": n, "Score": s} for n, s in scores])
+        return 200, orjson.dumps([{"Host": n, "Score": s} for n, s in scores]), JSON_TYPE
 
     async def bind_verb(raw: bytes) -> Reply:
         try:
