@@ -537,7 +537,7 @@ def _evaluate_uncached(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> V
 
 
 class BindAPI(Protocol):
-    """The API calls a bind makes (``scheduler_ext.kube.KubeClient`` implements it)."""
+    """The API calls a bind makes (``scheduler_ext.kube.BindClient`` implements it)."""
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 

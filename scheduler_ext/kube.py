@@ -101,7 +101,6 @@ class KubeClient:
         self.api_client = api_client
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
-        self.coordination = kubernetes.client.CoordinationV1Api(api_client)
         self.watch_timeout = watch_timeout
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -209,7 +208,7 @@ class BindClient:
     """
 
     def __init__(
-        self, api_client: kubernetes.client.ApiClient, *, timeout: float | None = 30.0, limit: int = 32
+        self, api_client: kubernetes.client.ApiClient, *, timeout: float | None = 5.0, limit: int = 32
     ) -> None:
         self.api_client = api_client
         cfg = api_client.configuration

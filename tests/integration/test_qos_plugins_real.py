@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from cri_protos import api_pb2
+from hooks.facts import format_cpu_list
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.devenv.cri import CriClient, PodHandle, linux_resources
 from runtime_proxy.sysfs import read_cpu_topology
@@ -36,17 +37,18 @@ pytestmark = pytest.mark.integration
 
 TRANSPORTS = os.environ.get("RHP_TRANSPORTS", "relay,grpc").split(",")
 BUILTINS = ("cpuset", "numa", "batch_resource")
-ALL_CPUS = "0-1"
-LSR_CPU = "1"
-LS_POOL_WITH_LSR = "0"
+TOPO = read_cpu_topology()
+ALL_CPUS = format_cpu_list(TOPO.all_cpus)
+LSR_CPU = str(max(TOPO.all_cpus))  # the bound CPU; the rest is the share pool
+LS_POOL_WITH_LSR = format_cpu_list(TOPO.all_cpus - {max(TOPO.all_cpus)})
 MiB = 1024**2
 
 
 @pytest.fixture(autouse=True)
 def _two_cpus_one_numa_node() -> None:
-    topo = read_cpu_topology()
-    if sorted(topo.all_cpus) != [0, 1] or topo.numa_nodes() != (0,):
-        pytest.skip(f"written for CPUs 0-1 on NUMA node 0; this machine has {sorted(topo.all_cpus)}")
+    # the expectations bind one CPU and share the others, all on NUMA node 0
+    if len(TOPO.all_cpus) < 2 or TOPO.numa_nodes() != (0,):
+        pytest.skip(f"needs 2+ CPUs on one NUMA node 0; this machine has {ALL_CPUS} on {TOPO.numa_nodes()}")
 
 
 ProxyFactory = Callable[..., tuple[ProxyThread, CriClient]]
@@ -165,9 +167,9 @@ def test_ls_pod_follows_the_nrt_share_pool_annotation(qos_proxy: ProxyFactory, c
                                                       tmp_path: Path) -> None:
     """With ``node.koordinator.sh/cpu-shared-pools`` in the NodeResourceTopology, LS takes that
     pool; when koordlet rewrites it, the reconciler moves the running container to the new one."""
-    _, client = qos_proxy(reconcile=True, nrt=q.nrt_with_share_pool("0"))
+    _, client = qos_proxy(reconcile=True, nrt=q.nrt_with_share_pool(LS_POOL_WITH_LSR))
     pod, cid = run_ls_pod(containerd, client)
-    assert q.read_container_file(pod.cgroup_parent, cid, "cpuset.cpus") == "0"
+    assert q.read_container_file(pod.cgroup_parent, cid, "cpuset.cpus") == LS_POOL_WITH_LSR
     q.write_node_config(tmp_path / "node.json", nrt=q.nrt_with_share_pool(ALL_CPUS))
     q.wait_for(lambda: q.read_container_file(pod.cgroup_parent, cid, "cpuset.cpus"), ALL_CPUS,
                what="LS cpuset after the NRT share pool grew")
