@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.extender_scale import TOPO_TEXT, Cluster, pct, report  # noqa: E402
-from tests.scheduler.builders import device, node, nrt, pod  # noqa: E402
+from tests.scheduler_ext.builders import device, node, nrt, pod  # noqa: E402
 
 RS = "scheduling.koordinator.sh/resource-status"
 DA = "scheduling.koordinator.sh/device-allocated"

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scheduler_ext.topology import synthetic_topology, topology_annotation  # noqa: E402
-from tests.scheduler.builders import node, nrt, pod  # noqa: E402
+from tests.scheduler_ext.builders import node, nrt, pod  # noqa: E402
 
 TARGETS = {"filter_p99_ms": 20.0, "prioritize_p99_ms": 20.0, "bind_p99_ms": 30.0,
            "pods_per_s": 200.0, "rss_mib": 1024.0}

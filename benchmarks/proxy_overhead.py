@@ -29,9 +29,10 @@ import grpc
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from rhp_devenv import PrivateContainerd, pod_cgroup_parent, remove_cgroup_tree  # noqa: E402
+from rhp_devenv.cri import CriClient, container_config, linux_resources  # noqa: E402
+
 from cri_protos import api_pb2  # noqa: E402
-from runtime_proxy.devenv import PrivateContainerd, pod_cgroup_parent, remove_cgroup_tree  # noqa: E402
-from runtime_proxy.devenv.cri import CriClient, container_config, linux_resources  # noqa: E402
 from tests.integration.harness import ProxyProcess  # noqa: E402
 
 VERSION = "/runtime.v1.RuntimeService/Version"

@@ -1,7 +1,7 @@
 """Build the plugin manager: hookspecs, built-in plugins, and third-party plugins found through
 the ``runtime_hook_proxy.plugins`` entry-point group.
 
-Called by the proxy at start (``runtime_proxy.pipeline``), by the hook server and by the
+Called by the proxy at start (``runtime_proxy.engine.pipeline``), by the hook server and by the
 planner. Mistakes in a plugin surface here, at registration (``PluginValidationError``), not on
 its first call.
 """

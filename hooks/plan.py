@@ -4,7 +4,7 @@ A plugin creates a ``Plan``, records its intent through the setters (``set_resou
 ``set_env``, ``write``...) and returns it. The proxy's pipeline folds the plans of all plugins
 into one ``Plan`` with ``merge``, which claims every field for the plugin that set it first and
 reports a ``Conflict`` when a later plugin wants a different value for a claimed field (never a
-silent last-writer-wins). Only ``runtime_proxy.apply`` turns a plan into I/O.
+silent last-writer-wins). Only ``runtime_proxy.host.apply`` turns a plan into I/O.
 
 What each part of a plan means:
 

@@ -1,9 +1,8 @@
 """``runtime-proxy``: the command line. Sub-commands:
 
 - ``serve``: run the proxy (``runtime_proxy.server``).
-- ``plan``: print what the hooks would do for one JSON document (``runtime_proxy.planner``).
-- ``hook-server``: serve our plugins over Koordinator's RuntimeHookService (``runtime_proxy.hookserver``).
-- ``demo``: set up a private containerd, run the proxy in front of it and a demo pod through it.
+- ``plan``: print what the hooks would do for one JSON document (``runtime_proxy.engine.planner``).
+- ``hook-server``: serve our plugins over Koordinator's RuntimeHookService (``runtime_proxy.engine.hook_service``).
 """
 
 from __future__ import annotations
@@ -92,25 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("plan", help="print the plan for one JSON document (FILE or stdin)")
     p.add_argument("file", nargs="?")
     sub.add_parser("hook-server", help="serve the plugins over Koordinator's RuntimeHookService", add_help=False)
-    sub.add_parser("demo", help="run the demo: private containerd, the proxy, a demo pod", add_help=False)
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command not in ("hook-server", "demo"):
+    if rest and args.command != "hook-server":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logs.configure(args.log_format, args.log_level)
     if args.command == "serve":
         return _cmd_serve(args)
     if args.command == "plan":
-        from runtime_proxy import planner
+        from runtime_proxy.engine import planner
 
         return planner.main([args.file] if args.file else [])
     if args.command == "hook-server":
-        from runtime_proxy import hookserver
+        from runtime_proxy.engine import hook_service
 
-        return hookserver.main(rest)
-    if args.command == "demo":
-        from runtime_proxy import demo
-
-        return demo.main(rest)
+        return hook_service.main(rest)
     return 2
 
 

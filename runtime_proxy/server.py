@@ -21,10 +21,10 @@ import structlog
 from hooks.manager import make_plugin_manager, plugin_order
 from runtime_proxy import memory, metrics
 from runtime_proxy.config import ProxyConfig
-from runtime_proxy.intercept import CriInterceptor, NodeSource, StaticNode
-from runtime_proxy.pipeline import Pipeline, plugin_steps
-from runtime_proxy.store import RuntimeClient, Store
-from runtime_proxy.transport import CallInterceptor
+from runtime_proxy.cri.transport import CallInterceptor
+from runtime_proxy.engine.intercept import CriInterceptor, NodeSource, StaticNode
+from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.state.store import RuntimeClient, Store
 
 log = structlog.get_logger(__name__)
 
@@ -57,11 +57,11 @@ class ProxyOptions:
 
 def make_transport(kind: str, listen: str, backend: str, interceptor: CallInterceptor) -> Transport:
     if kind == "grpc":
-        from runtime_proxy.grpc_transport import GrpcTransport
+        from runtime_proxy.cri.grpc_transport import GrpcTransport
 
         return GrpcTransport(listen, backend, interceptor)
     if kind == "relay":
-        from runtime_proxy.relay import RelayTransport
+        from runtime_proxy.cri.relay import RelayTransport
 
         return RelayTransport(listen, backend, interceptor)
     raise ValueError(f"unknown transport {kind!r} (relay or grpc)")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from runtime_proxy.config import ProxyConfig
-from runtime_proxy.intercept import NodeSource
+from runtime_proxy.engine.intercept import NodeSource
 
 if TYPE_CHECKING:
     from runtime_proxy.server import Proxy
@@ -20,10 +20,10 @@ def node_source(config: ProxyConfig) -> tuple[NodeSource, Any]:
     """The node config: a local file (``nodeConfigFile``) watched for changes, and the cluster's
     Node, NodeSLO and NodeResourceTopology when ``fromCluster`` is set; topology from sysfs."""
     from hooks.facts import CgroupInfo
-    from runtime_proxy.cgroups import detect_cgroup_version
-    from runtime_proxy.nodeconfig import ClusterWatch, NodeConfig
-    from runtime_proxy.resctrl import Resctrl
-    from runtime_proxy.sysfs import read_cpu_topology
+    from runtime_proxy.host.cgroups import detect_cgroup_version
+    from runtime_proxy.host.resctrl import Resctrl
+    from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig
+    from runtime_proxy.state.sysfs import read_cpu_topology
 
     node_name = config.nodeName or os.environ.get("NODE_NAME", "") or socket.gethostname()
     source = NodeConfig(
@@ -39,9 +39,9 @@ def node_source(config: ProxyConfig) -> tuple[NodeSource, Any]:
 
 def applier(config: ProxyConfig, *, dry_run: bool = False) -> Any:
     """The single file applier over the configured cgroup and resctrl roots."""
-    from runtime_proxy.apply import FileApplier
-    from runtime_proxy.cgroups import Cgroups
-    from runtime_proxy.resctrl import Resctrl
+    from runtime_proxy.host.apply import FileApplier
+    from runtime_proxy.host.cgroups import Cgroups
+    from runtime_proxy.host.resctrl import Resctrl
 
     return FileApplier(
         cgroups=Cgroups(config.cgroupRoot, driver=config.cgroupDriver),
@@ -52,8 +52,8 @@ def applier(config: ProxyConfig, *, dry_run: bool = False) -> Any:
 
 async def start_hook_servers(proxy: Proxy) -> Any:
     """Watch ``hookServerDir`` and keep the pipeline's remote steps in line with it (see
-    ``runtime_proxy.hookservers``). Returns the registry; ``await registry.stop()`` ends it."""
-    from runtime_proxy.hookservers import HookServerRegistry
+    ``runtime_proxy.engine.remote``). Returns the registry; ``await registry.stop()`` ends it."""
+    from runtime_proxy.engine.remote import HookServerRegistry
 
     cfg = proxy.opts.config
     registry = HookServerRegistry(cfg.hookServerDir, proxy.pipeline, default_timeout=cfg.hookServerTimeout)
@@ -79,7 +79,7 @@ class _Backend:
     async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
         """Send only the changed fields (the runtime keeps the rest), then record them."""
         from cri_protos import api_pb2
-        from runtime_proxy.intercept import _set_resources
+        from runtime_proxy.engine.intercept import _set_resources
 
         linux = api_pb2.LinuxContainerResources()
         _set_resources(linux, changes)
@@ -121,8 +121,8 @@ class _Loops:
 async def start_reconciler(proxy: Proxy) -> Any:
     """The reconciler (at start, on node-config changes, every period) and the CPU burst loop."""
     from hooks.manager import plugin_order
-    from runtime_proxy.burst import CPUBurstLoop
-    from runtime_proxy.reconciler import Reconciler
+    from runtime_proxy.loops.burst import CPUBurstLoop
+    from runtime_proxy.loops.reconciler import Reconciler
 
     cfg = proxy.opts.config
     applier = proxy.applier

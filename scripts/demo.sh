@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/install-deps.sh
-exec .venv/bin/runtime-proxy --log-format console --log-level warning demo "$@"
+exec .venv/bin/python -m rhp_devenv.demo "$@"

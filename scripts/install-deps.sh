@@ -8,7 +8,8 @@
 #      apt sources list (the system's apt config is never changed) and unpacked with `dpkg -x`
 #      into $RHP_CONTAINERD_PREFIX/<major.minor>/ (default /opt/runtime-hook-proxy/containerd).
 #      A failed fetch is a warning: the tests for that version then skip and say why.
-#   3. The project's virtualenv in .venv with `pip install -e '.[dev]'`.
+#   3. The project's virtualenv in .venv with `pip install -e '.[dev]'` and the development
+#      harness (`pip install -e ./devenv`: private containerd, images, CRI client, demo).
 # Environment: RHP_CONTAINERD_PREFIX (see above), RHP_SKIP_EXTRA_CONTAINERD=1 (skip step 2),
 # RHP_DEBIAN_URI (mirror for step 2; default: the machine's own Debian URI from its apt sources).
 set -euo pipefail
@@ -135,12 +136,12 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 stamp=.venv/.runtime-hook-proxy-deps
-want_stamp=$(sha256sum pyproject.toml | awk '{print $1}')
+want_stamp=$(cat pyproject.toml devenv/pyproject.toml | sha256sum | awk '{print $1}')
 if [[ -r $stamp && $(cat "$stamp") == "$want_stamp" ]] && [[ -x .venv/bin/pytest ]]; then
   log ".venv is up to date with pyproject.toml"
 else
-  log "pip install -e '.[dev]' into .venv"
-  .venv/bin/python -m pip install -q -e '.[dev]' </dev/null
+  log "pip install -e '.[dev]' -e ./devenv into .venv"
+  .venv/bin/python -m pip install -q -e '.[dev]' -e ./devenv </dev/null
   printf '%s\n' "$want_stamp" >"$stamp"
 fi
 SUMMARY+=(".venv: $(.venv/bin/python -V 2>&1) at $REPO_ROOT/.venv")

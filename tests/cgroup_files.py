@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime_proxy.cgroups import v1_controller
+from runtime_proxy.host.cgroups import v1_controller
 
 
 def make_files(root: Path, path: str, files: dict[str, str]) -> None:

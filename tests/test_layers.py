@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cri_protos import api_pb2
-from runtime_proxy import methods
+from runtime_proxy.cri import methods
 
 REPO = Path(__file__).resolve().parents[1]
 

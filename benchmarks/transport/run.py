@@ -8,7 +8,7 @@ Ends: the Go echo server and Go client from ``go/`` (built by ``setup.sh`` into
 
 Targets, each in its own process except ``direct``: direct (client -> echo server), ``floor``
 (``floor_relay.py``, a byte copy), ``relay`` (``RelayTransport``) and ``grpc`` (``GrpcTransport``,
-when ``runtime_proxy.grpc_transport`` imports). For every target:
+when ``runtime_proxy.cri.grpc_transport`` imports). For every target:
   - pass-through unary: sequential calls, p50 and p99 latency;
   - intercepted unary: ``/bench.Echo/Hooked``, whose hook decodes and re-encodes a small CRI
     ``CreateContainerRequest`` (for direct and floor it is just another call);
@@ -185,11 +185,11 @@ def main() -> int:
     payload = small_request()
     targets = ["direct", "floor", "relay"]
     try:
-        import runtime_proxy.grpc_transport  # noqa: F401
+        import runtime_proxy.cri.grpc_transport  # noqa: F401
 
         targets.append("grpc")
     except ImportError:
-        print("runtime_proxy.grpc_transport not importable: skipping the grpc transport", file=sys.stderr)
+        print("runtime_proxy.cri.grpc_transport not importable: skipping the grpc transport", file=sys.stderr)
 
     tmp = tempfile.mkdtemp(prefix="rhp-bench-")
     backend_path = os.path.join(tmp, "echo.sock")

@@ -13,10 +13,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from cri_protos import api_pb2
-from runtime_proxy.relay import RelayTransport, new_event_loop
+from runtime_proxy.cri.relay import RelayTransport, new_event_loop
 
 if TYPE_CHECKING:
-    from runtime_proxy.grpc_transport import GrpcTransport
+    from runtime_proxy.cri.grpc_transport import GrpcTransport
 
 HOOKED = "/bench.Echo/Hooked"
 
@@ -41,7 +41,7 @@ async def main(kind: str, listen: str, backend: str) -> None:
     if kind == "relay":
         transport = RelayTransport(listen, backend, DecodeEncode())
     else:
-        from runtime_proxy.grpc_transport import GrpcTransport
+        from runtime_proxy.cri.grpc_transport import GrpcTransport
 
         transport = GrpcTransport(listen, backend, DecodeEncode())
     await transport.start()

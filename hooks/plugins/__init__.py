@@ -9,7 +9,7 @@ plugin's module name, registration name and config name are the same string.
 - ``batch_resource``: BE pods' batch-cpu/batch-memory as shares, quota and memory limit.
 - ``gpu_env``: ``NVIDIA_VISIBLE_DEVICES`` from the device allocation.
 - ``cpu_burst``: ``cpu.cfs_burst_us`` from ``cpuBurstStrategy`` (the cfsQuotaBurst loop's
-  decisions are pure functions in the same module, run by ``runtime_proxy.burst``).
+  decisions are pure functions in the same module, run by ``runtime_proxy.loops.burst``).
 - ``rdt``: resctrl class groups (LSR/LS/BE), pod-level groups, task moves, removal.
 - ``host_app_qos``: group identity and the LS cpuset for NodeSLO ``hostApplications``.
 """

@@ -17,7 +17,7 @@ Outputs
     ``cpu.max.burst``): limit cores x cpuBurstPercent/100 x 100000, 0 without a limit. Mainline
     kernels refuse a burst above the quota (EINVAL), so the value is capped at the container's
     quota and the cap is recorded as a skip.
-cfsQuotaBurst (the periodic loop, ``runtime_proxy.burst``)
+cfsQuotaBurst (the periodic loop, ``runtime_proxy.loops.burst``)
     is decided here by pure functions over observed stats: ``share_pool_state``,
     ``decide_operation``, ``next_quota`` and the token bucket ``BurstLimiter``. The loop reads
     ``cpu.stat`` and the share-pool load, calls them and applies the quota writes.
@@ -134,7 +134,7 @@ def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
     return plan
 
 
-# ---- cfsQuotaBurst: pure decisions for runtime_proxy.burst -------------------------------------
+# ---- cfsQuotaBurst: pure decisions for runtime_proxy.loops.burst -------------------------------------
 
 OVERLOAD, COOLING, IDLE = "overload", "cooling", "idle"
 UP, REMAIN, DOWN = "up", "remain", "down"

@@ -3,14 +3,14 @@
 Every test that uses one of these runs once per containerd version (ids ``containerd-1.6``,
 ``containerd-1.7``, ``containerd-2.1``):
 
-- ``containerd_env`` (session): a :class:`~runtime_proxy.devenv.env.ContainerdEnv`: a started
+- ``containerd_env`` (session): a :class:`~rhp_devenv.env.ContainerdEnv`: a started
   private containerd with the busybox image imported, its ``socket``, ``version``, a CRI client
   factory ``cri_client(socket=None)`` and ``new_cgroup_parent(qos="burstable")``. A version whose
   binaries are missing is skipped with the reason (``RHP_REQUIRE_CONTAINERD=1.6,1.7,2.1`` turns
   that into a failure). Not root: skipped.
 - ``containerd`` (function): the same object, with per-test cleanup: pods created during the test
   are stopped and removed, and the test's cgroup parents and CRI clients go away.
-- ``cri`` (function): a :class:`~runtime_proxy.devenv.cri.CriClient` on the containerd socket.
+- ``cri`` (function): a :class:`~rhp_devenv.cri.CriClient` on the containerd socket.
 - ``cri_client`` (function): the factory ``cri_client(socket=None, timeout=30.0)`` for any socket
   (a proxy in front of containerd, say).
 - ``cgroup_parent`` (function): a fresh ``/rhptest-<random>-<v>/kubepods/burstable/pod<uid>``.
@@ -26,11 +26,11 @@ import secrets
 from collections.abc import Callable, Iterator
 
 import pytest
+from rhp_devenv import VERSIONS
+from rhp_devenv.containerd import binaries_for
+from rhp_devenv.cri import CriClient
+from rhp_devenv.env import ContainerdEnv
 
-from runtime_proxy.devenv import VERSIONS
-from runtime_proxy.devenv.containerd import binaries_for
-from runtime_proxy.devenv.cri import CriClient
-from runtime_proxy.devenv.env import ContainerdEnv
 from tests.integration.harness import required_versions
 
 _SESSION_TAG = secrets.token_hex(4)

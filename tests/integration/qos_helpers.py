@@ -10,9 +10,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime_proxy.cgroups import v1_controller
-from runtime_proxy.devenv.cgroupfs import CGROUP_ROOT, read_cgroup_file, relative_cgroup_path
-from runtime_proxy.sysfs import read_cpu_topology
+from rhp_devenv.cgroupfs import CGROUP_ROOT, read_cgroup_file, relative_cgroup_path
+
+from runtime_proxy.host.cgroups import v1_controller
+from runtime_proxy.state.sysfs import read_cpu_topology
 
 T = TypeVar("T")
 

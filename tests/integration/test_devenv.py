@@ -19,13 +19,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from rhp_devenv import cgroupfs
+from rhp_devenv.containerd import binaries_for, clean_up_work_dir, reap_stale_work_dirs, render_config
+from rhp_devenv.cri import BURN_CPU_COMMAND, CriClient, linux_resources
+from rhp_devenv.env import ContainerdEnv
+from rhp_devenv.image import DEFAULT_IMAGE, build_image_archive
 
 from cri_protos import api_pb2
-from runtime_proxy.devenv import cgroupfs
-from runtime_proxy.devenv.containerd import binaries_for, clean_up_work_dir, reap_stale_work_dirs, render_config
-from runtime_proxy.devenv.cri import BURN_CPU_COMMAND, CriClient, linux_resources
-from runtime_proxy.devenv.env import ContainerdEnv
-from runtime_proxy.devenv.image import DEFAULT_IMAGE, build_image_archive
 from tests.integration.harness import required_versions
 
 HOST_CPUS = Path("/sys/fs/cgroup/cpuset/cpuset.cpus")
@@ -161,8 +161,8 @@ def test_killed_daemon_restarts_with_pods_intact(containerd: ContainerdEnv, cri:
 _CRASHING_OWNER = """
 import sys, time
 from pathlib import Path
-from runtime_proxy.devenv.containerd import PrivateContainerd
-from runtime_proxy.devenv.cri import CriClient
+from rhp_devenv.containerd import PrivateContainerd
+from rhp_devenv.cri import CriClient
 ctrd = PrivateContainerd("1.6", work_dir=Path(sys.argv[1])).start()
 ctrd.track_cgroup_parent(sys.argv[2])
 with CriClient(ctrd.socket) as cri:

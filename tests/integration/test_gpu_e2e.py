@@ -18,14 +18,14 @@ from typing import Any
 import httpx
 import kubernetes
 import pytest
+from rhp_devenv.cri import container_config
 
 from cri_protos import api_pb2
-from runtime_proxy.devenv.cri import container_config
 from scheduler_ext.topology import topology_annotation
 from tests.fakeapi import FakeAPIServer
 from tests.integration.harness import ProxyThread, proxy_options
-from tests.scheduler.builders import TOPO_SMALL, cluster, pod
-from tests.scheduler.conftest import Extender, start_extender
+from tests.scheduler_ext.builders import TOPO_SMALL, cluster, pod
+from tests.scheduler_ext.conftest import Extender, start_extender
 
 pytestmark = pytest.mark.integration
 

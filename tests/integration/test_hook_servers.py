@@ -24,13 +24,13 @@ from typing import Any
 
 import grpc
 import pytest
+from rhp_devenv.cgroupfs import read_cgroup_file
+from rhp_devenv.cri import linux_resources
 
 from cri_protos import api_pb2
 from cri_protos import hookserver_pb2_grpc as pb_grpc
 from runtime_proxy.config import ProxyConfig
-from runtime_proxy.devenv.cgroupfs import read_cgroup_file
-from runtime_proxy.devenv.cri import linux_resources
-from runtime_proxy.hookservers import HookServerRegistry
+from runtime_proxy.engine.remote import HookServerRegistry
 from runtime_proxy.server import ProxyOptions
 from tests.hook_replies import echo_reply
 from tests.integration import plugins_for_tests as tp

@@ -12,10 +12,10 @@ from typing import Any
 
 import grpc
 import pytest
+from rhp_devenv.cgroupfs import read_cgroup_file
 
 from cri_protos import api_pb2
 from runtime_proxy.config import PluginConfig, ProxyConfig
-from runtime_proxy.devenv.cgroupfs import read_cgroup_file
 from runtime_proxy.server import ProxyOptions
 from tests.integration import plugins_for_tests as tp
 from tests.integration.harness import ProxyThread, proxy_options
@@ -47,7 +47,7 @@ def test_lifecycle_with_plugin_changes_cgroups(pin_proxy: ProxyThread, container
     client = cri_client(pin_proxy.opts.listen)
     parent = containerd.new_cgroup_parent()
     pod = client.run_pod(cgroup_parent=parent, labels={"test": "pin"})
-    from runtime_proxy.devenv.cri import linux_resources
+    from rhp_devenv.cri import linux_resources
 
     cid = client.run_container(pod, resources=linux_resources(cpu_shares=256, cpu_quota=50000))
     assert _cg(parent, cid, "cpuset", "cpuset.cpus") == "0"
@@ -68,7 +68,7 @@ def test_lifecycle_with_plugin_changes_cgroups(pin_proxy: ProxyThread, container
 
 
 def test_pod_without_label_is_untouched(pin_proxy: ProxyThread, containerd: Any, cri_client: Any) -> None:
-    from runtime_proxy.devenv.cri import linux_resources
+    from rhp_devenv.cri import linux_resources
 
     client = cri_client(pin_proxy.opts.listen)
     parent = containerd.new_cgroup_parent()

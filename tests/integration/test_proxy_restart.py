@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rhp_devenv.cri import container_config, linux_resources
 
-from runtime_proxy.devenv.cri import container_config, linux_resources
 from tests.integration.harness import ProxyProcess
 
 pytestmark = pytest.mark.integration
 
 # Both transports by default; RHP_RESTART_TRANSPORTS=relay (or grpc) runs one. The relay once
 # lost new connections here (issue 8: the backend's SETTINGS arrived before the relay switched
-# to relaying, under uvloop); tests/transport/test_new_connections.py pins that down.
+# to relaying, under uvloop); tests/runtime_proxy/cri/test_new_connections.py pins that down.
 TRANSPORTS = [t for t in os.environ.get("RHP_RESTART_TRANSPORTS", "relay,grpc").split(",") if t]
 
 

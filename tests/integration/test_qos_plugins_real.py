@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rhp_devenv.cri import CriClient, PodHandle, linux_resources
 
 from cri_protos import api_pb2
 from hooks.facts import format_cpu_list
 from runtime_proxy.config import ProxyConfig
-from runtime_proxy.devenv.cri import CriClient, PodHandle, linux_resources
-from runtime_proxy.sysfs import read_cpu_topology
+from runtime_proxy.state.sysfs import read_cpu_topology
 from tests.integration import qos_helpers as q
 from tests.integration.harness import ProxyThread, proxy_options
 

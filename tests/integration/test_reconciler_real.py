@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rhp_devenv.cri import CriClient, PodHandle, linux_resources
 
-from runtime_proxy.cgroups import v1_controller
-from runtime_proxy.devenv.cri import CriClient, PodHandle, linux_resources
+from runtime_proxy.host.cgroups import v1_controller
 from tests.integration.harness import ProxyProcess
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,2 @@
+"""Where hooks run: the interceptor (decode, hook, forward), the pipeline and the planner that
+compute plans, remote hook servers, and our own RuntimeHookService."""

@@ -1,0 +1,369 @@
+"""``runtime-proxy hook-server``: our plugins served over Koordinator's RuntimeHookService.
+
+Called by ``runtime_proxy.cli`` (``main``). Any proxy that speaks ``runtime.v1alpha1`` (koord-
+runtime-proxy, or our own proxy in another process) can then call the built-in plugins and the
+third-party plugins of the ``runtime_hook_proxy.plugins`` entry-point group.
+
+For each hook call: the request becomes facts (``runtime_proxy.engine.remote`` conversions; the
+sandbox id is not part of the protocol and stays empty), the plugins run through the same
+``runtime_proxy.engine.pipeline.Pipeline`` as in the proxy (order, policies, timeouts, conflicts from
+``--config``), and the answer carries the CRI-expressible part of the merged plan on top of an
+echo of the request: full resources (Koordinator copies the cpuset even when empty), full
+annotations and labels, envs only when a plugin set one, the cgroup parent only when changed.
+A plugin failing under policy ``Fail`` at a ``Pre*`` hook answers ``FAILED_PRECONDITION``
+naming the plugin; the calling proxy's registration policy then decides.
+
+The plan's file part (cgroup and resctrl writes, task moves, removals) is performed here with
+``runtime_proxy.host.apply.FileApplier``, because the calling proxy only applies what the protocol
+carries. Writes with a complete path are applied before answering. Container-level writes of
+``PreCreateContainer`` whose path still lacks the container id are kept and applied at the
+``PreStartContainer`` hook of the same container (pod uid, name, attempt), which Koordinator's
+proxy sends with the id; ``PreStartContainer`` is therefore registered with
+``PreCreateContainer``. ``--no-apply`` logs the file part and leaves it to the caller;
+``--dry-run`` answers with the unchanged request and applies nothing.
+
+With ``--register-dir`` the server writes its registration (``<name>.json``, atomically) once it
+listens, and removes it on a clean exit unless ``--keep-registration``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import signal
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pluggy
+import structlog
+
+from cri_protos import hookserver_pb2_grpc
+from hooks.facts import ContainerFacts, PodFacts
+from hooks.manager import make_plugin_manager, plugin_order
+from hooks.plan import CgroupWrite, Plan
+from hooks.spec import KOORD_HOOK_POINTS
+from runtime_proxy.config import ProxyConfig, load_config
+from runtime_proxy.engine.intercept import NodeSource
+from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.engine.remote import (
+    POD_HOOKS,
+    container_facts_from_request,
+    container_response,
+    pod_facts_from_request,
+    pod_response,
+    strip_unix,
+)
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["HookServerOptions", "HookService", "load_plugin", "main", "registration_document", "serve"]
+
+DEFAULT_NAME = "runtime-hook-proxy"
+_PENDING_LIMIT = 1024
+
+
+def load_plugin(spec: str) -> tuple[str, object]:
+    """``module`` or ``module:attr`` -> (registration name, plugin object). A class is
+    instantiated (a plugin class with ``@hookimpl`` methods)."""
+    module_name, _, attr = spec.partition(":")
+    module = importlib.import_module(module_name)
+    if not attr:
+        return module_name, module
+    obj: object = getattr(module, attr)
+    if isinstance(obj, type):
+        obj = obj()
+    return attr, obj
+
+
+def _bind_container_id(writes: list[CgroupWrite], container_id: str) -> list[CgroupWrite]:
+    return [CgroupWrite(w.level, w.path + container_id, w.file, w.value) for w in writes]
+
+
+def _needs_id(w: CgroupWrite) -> bool:
+    return w.level in ("container", "sandbox") and (not w.path or w.path.endswith("/"))
+
+
+@dataclass
+class HookServerOptions:
+    listen: str
+    config: ProxyConfig = field(default_factory=ProxyConfig)
+    register_dir: str | None = None
+    register_name: str = DEFAULT_NAME
+    register_endpoint: str | None = None
+    failure_policy: str = "Ignore"
+    hooks: list[str] | None = None
+    register_timeout: float | None = None
+    keep_registration: bool = False
+    builtins: tuple[str, ...] | None = None
+    entry_points: bool = True
+    plugins: tuple[str, ...] = ()
+    apply: bool = True
+    dry_run: bool = False
+
+
+class HookService:
+    """The ``RuntimeHookService`` servicer: thin methods over ``handle``."""
+
+    def __init__(self, pipeline: Pipeline, node_source: NodeSource, applier: Any | None, *, dry_run: bool) -> None:
+        self.pipeline = pipeline
+        self.node_source = node_source
+        self.applier = applier
+        self.dry_run = dry_run
+        # Container-level writes waiting for the container id: (pod uid, name, attempt) -> writes.
+        self._pending: OrderedDict[tuple[str, str, int], list[CgroupWrite]] = OrderedDict()
+
+    async def handle(self, stage: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        pod = pod_facts_from_request(request)
+        container = None if stage in POD_HOOKS else container_facts_from_request(request)
+        if pod.skips_hooks:
+            return self._answer(stage, pod, container, Plan())
+        result = await self.pipeline.run(stage, pod, container, self.node_source.current())
+        if result.rejected is not None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"runtime-hook-proxy hook server: {result.rejected} (policy Fail)",
+            )
+        if self.dry_run:
+            if not result.plan.is_empty():
+                log.info("dry-run plan", stage=stage, plan=result.plan.to_json())
+            return self._answer(stage, pod, container, Plan())
+        await self._files(stage, pod, container, result.plan)
+        return self._answer(stage, result.pod, result.container, result.plan)
+
+    def _answer(self, stage: str, pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> Any:
+        if container is None:
+            return pod_response(pod, plan)
+        return container_response(pod, container, plan)
+
+    async def _files(self, stage: str, pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> None:
+        writes = list(plan.writes)
+        if container is not None:
+            key = (pod.uid, container.name, container.attempt)
+            if stage == "PreCreateContainer":
+                later = [w for w in writes if _needs_id(w)]
+                if later:
+                    self._pending[key] = later
+                    while len(self._pending) > _PENDING_LIMIT:
+                        self._pending.popitem(last=False)
+                    writes = [w for w in writes if not _needs_id(w)]
+            elif container.id and key in self._pending and stage in ("PreStartContainer", "PostStartContainer"):
+                writes = _bind_container_id(self._pending.pop(key), container.id) + writes
+        incomplete = [w for w in writes if _needs_id(w)]
+        if incomplete:
+            log.info("writes without a container or sandbox id dropped", stage=stage,
+                     writes=[w.to_json() for w in incomplete])
+            writes = [w for w in writes if not _needs_id(w)]
+        files = Plan(writes=writes, moves=plan.moves, removals=plan.removals)
+        if files.is_empty():
+            return
+        if self.applier is None:
+            log.info("file part of the plan left to the caller (--no-apply)", stage=stage, plan=files.to_json())
+            return
+        try:
+            await self.applier.apply(files, stage=stage)
+        except Exception:
+            log.exception("applying plan failed", stage=stage)
+
+    # -- RuntimeHookService ---------------------------------------------------------------------
+
+    async def PreRunPodSandboxHook(self, request: Any, context: Any) -> Any:
+        return await self.handle("PreRunPodSandbox", request, context)
+
+    async def PostStopPodSandboxHook(self, request: Any, context: Any) -> Any:
+        return await self.handle("PostStopPodSandbox", request, context)
+
+    async def PreCreateContainerHook(self, request: Any, context: Any) -> Any:
+        return await self.handle("PreCreateContainer", request, context)
+
+    async def PreStartContainerHook(self, request: Any, context: Any) -> Any:
+        return await self.handle("PreStartContainer", request, context)
+
+    async def PostStartContainerHook(self, request: Any, context: Any) -> Any:
+        return await self.handle("PostStartContainer", request, context)
+
+    async def PostStopContainerHook(self, request: Any, context: Any) -> Any:
+        return await self.handle("PostStopContainer", request, context)
+
+    async def PreUpdateContainerResourcesHook(self, request: Any, context: Any) -> Any:
+        return await self.handle("PreUpdateContainerResources", request, context)
+
+
+def served_hooks(pipeline: Pipeline, *, apply: bool) -> list[str]:
+    """Koordinator hook points with at least one plugin implementing them (plus
+    PreStartContainer with PreCreateContainer, to apply writes that need the container id)."""
+    hooks = [h for h in KOORD_HOOK_POINTS if pipeline.has_work(h)]
+    if apply and "PreCreateContainer" in hooks and "PreStartContainer" not in hooks:
+        hooks.insert(hooks.index("PreCreateContainer") + 1, "PreStartContainer")
+    return hooks
+
+
+def registration_document(endpoint: str, policy: str, hooks: list[str], timeout: float | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {"remote-endpoint": endpoint, "failure-policy": policy, "runtime-hooks": hooks}
+    if timeout is not None:
+        doc["timeout-seconds"] = timeout
+    return doc
+
+
+def write_registration(directory: str, name: str, doc: dict[str, Any]) -> Path:
+    """Write ``<directory>/<name>.json`` atomically (a dot-file that does not end in .json, renamed)."""
+    target_dir = Path(directory)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / f"{name}.json"
+    tmp = target_dir / f".{name}.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, target)
+    return target
+
+
+def build_pipeline(opts: HookServerOptions) -> tuple[pluggy.PluginManager, Pipeline]:
+    cfg = opts.config
+    modules = [importlib.import_module(name) for name in cfg.pluginModules]
+    pm = make_plugin_manager(builtins=opts.builtins, entry_points=opts.entry_points, extra=modules)
+    for spec in opts.plugins:
+        name, plugin = load_plugin(spec)
+        pm.register(plugin, name=name)
+    pm.check_pending()
+    names = plugin_order(pm, [p.name for p in cfg.plugins] if cfg.plugins else None)
+    return pm, Pipeline(plugin_steps(pm, cfg.plugin_settings(names)))
+
+
+def make_applier(cfg: ProxyConfig) -> Any:
+    from runtime_proxy.host.apply import FileApplier
+    from runtime_proxy.host.cgroups import Cgroups
+    from runtime_proxy.host.resctrl import Resctrl
+
+    return FileApplier(cgroups=Cgroups(cfg.cgroupRoot, driver=cfg.cgroupDriver), resctrl=Resctrl(cfg.resctrlRoot))
+
+
+async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, pipeline: Pipeline | None = None) -> None:
+    """Listen on ``opts.listen`` until ``stop`` is set (or SIGTERM/SIGINT when ``stop`` is None)."""
+    from runtime_proxy import wiring
+
+    cfg = opts.config
+    if pipeline is None:
+        _, pipeline = build_pipeline(opts)
+    node_source, node_watch = wiring.node_source(cfg)
+    dry_run = opts.dry_run or cfg.dryRun
+    applier = make_applier(cfg) if opts.apply and not dry_run else None
+    service = HookService(pipeline, node_source, applier, dry_run=dry_run)
+    listen = strip_unix(opts.listen)
+    Path(listen).parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(listen)
+    server = grpc.aio.server()
+    hookserver_pb2_grpc.add_RuntimeHookServiceServicer_to_server(service, server)
+    server.add_insecure_port(f"unix://{listen}")
+    if node_watch is not None:
+        await node_watch.start()
+    await server.start()
+    hooks = opts.hooks if opts.hooks is not None else served_hooks(pipeline, apply=applier is not None)
+    registered: Path | None = None
+    if opts.register_dir:
+        doc = registration_document(
+            opts.register_endpoint or listen, opts.failure_policy, hooks, opts.register_timeout
+        )
+        registered = write_registration(opts.register_dir, opts.register_name, doc)
+    log.info("hook server listening", listen=listen, hooks=hooks, registration=str(registered or ""),
+             plugins=[s.name for s in pipeline.steps])
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        if registered is not None and not opts.keep_registration:
+            with contextlib.suppress(FileNotFoundError):
+                registered.unlink()
+        await server.stop(2.0)
+        if node_watch is not None:
+            with contextlib.suppress(Exception):
+                await node_watch.stop()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(listen)
+        log.info("hook server stopped")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="runtime-proxy hook-server", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--listen", required=True, help="unix socket to serve RuntimeHookService on")
+    p.add_argument("--config", help="plugin config file (YAML or JSON), as for serve")
+    p.add_argument("--register-dir", help="write a registration file here (e.g. /etc/runtime/hookserver.d)")
+    p.add_argument("--register-name", default=DEFAULT_NAME, help="registration file name without .json")
+    p.add_argument("--register-endpoint",
+                   help="socket path written into the registration (default: --listen; differs in a container)")
+    p.add_argument("--failure-policy", choices=("Fail", "Ignore"), default="Ignore",
+                   help="failure-policy written into the registration (default %(default)s)")
+    p.add_argument("--hooks", nargs="+", choices=list(KOORD_HOOK_POINTS), metavar="HOOK",
+                   help="hook points to register (default: every one a plugin implements)")
+    p.add_argument("--timeout-seconds", type=float, dest="register_timeout",
+                   help="timeout-seconds written into the registration (our extension)")
+    p.add_argument("--keep-registration", action="store_true", help="leave the registration file on exit")
+    p.add_argument("--builtins", help="comma-separated built-in plugins to load ('' for none; default all)")
+    p.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
+    p.add_argument("--plugin-module", action="append", default=[], metavar="MODULE[:ATTR]",
+                   help="register an importable plugin (a module, or a class/object in it); repeatable")
+    p.add_argument("--node-config", help="node config file (NodeSLO spec, node labels and annotations)")
+    p.add_argument("--cgroup-root", help="cgroup filesystem root (default /sys/fs/cgroup)")
+    p.add_argument("--cgroup-driver", choices=("cgroupfs", "systemd"), help="kubelet's cgroup driver")
+    p.add_argument("--resctrl-root", help="resctrl filesystem root (default /sys/fs/resctrl)")
+    p.add_argument("--no-apply", action="store_true",
+                   help="do not perform cgroup/resctrl writes (logged; the protocol cannot carry them)")
+    p.add_argument("--dry-run", action="store_true", help="answer with the unchanged request, apply nothing")
+    return p
+
+
+def options_from_args(argv: list[str]) -> HookServerOptions:
+    args = _parser().parse_args(argv)
+    cfg = load_config(args.config)
+    updates = {
+        "nodeConfigFile": args.node_config,
+        "cgroupRoot": args.cgroup_root,
+        "cgroupDriver": args.cgroup_driver,
+        "resctrlRoot": args.resctrl_root,
+    }
+    cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
+    builtins = None if args.builtins is None else tuple(b for b in args.builtins.split(",") if b.strip())
+    return HookServerOptions(
+        listen=args.listen,
+        config=cfg,
+        register_dir=args.register_dir,
+        register_name=args.register_name,
+        register_endpoint=strip_unix(args.register_endpoint) if args.register_endpoint else None,
+        failure_policy=args.failure_policy,
+        hooks=args.hooks,
+        register_timeout=args.register_timeout,
+        keep_registration=args.keep_registration,
+        builtins=builtins,
+        entry_points=not args.no_entry_points,
+        plugins=tuple(args.plugin_module),
+        apply=not args.no_apply,
+        dry_run=args.dry_run,
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``runtime-proxy hook-server``; returns the exit code."""
+    try:
+        opts = options_from_args(argv)
+        _, pipeline = build_pipeline(opts)  # fail early, with a clear message
+    except (OSError, ValueError, ImportError, AttributeError, pluggy.PluginValidationError) as exc:
+        print(f"runtime-proxy hook-server: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(opts, pipeline=pipeline))
+    else:
+        uvloop.run(serve(opts, pipeline=pipeline))
+    return 0

@@ -1,0 +1,470 @@
+"""The lifecycle interceptor: decode, build facts, run the hooks, rewrite, record, apply.
+
+Called by either transport (through the ``runtime_proxy.cri.transport.CallInterceptor`` seam) for
+the eight intercepted CRI calls. For each call:
+
+1. ``before`` decodes the request (unknown fields are kept), builds ``PodFacts`` and
+   ``ContainerFacts`` from it and from the store, runs the ``Pre*`` stage of the pipeline, and
+   rewrites the request with the merged plan's CRI changes. A ``Fail``-policy failure raises
+   ``HookRejected`` and the runtime is never called. In dry-run mode the plan is only logged.
+2. The transport forwards the (rewritten) request.
+3. ``after`` (only when the runtime answered OK) records the pod or container in the store,
+   has the applier perform the plan's file writes (so a rejected call writes nothing), then runs
+   the ``Post*`` stage, whose failures are logged and never fail the call.
+
+Calls for pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` skip every hook but
+are still recorded in the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from cri_protos import api_pb2
+from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, NodeFacts, PodFacts, parse_cpu_list
+from hooks.plan import CgroupWrite, Plan
+from runtime_proxy import metrics
+from runtime_proxy.cri.methods import INTERCEPTED
+from runtime_proxy.cri.transport import HookRejected
+from runtime_proxy.engine.pipeline import Pipeline, StageResult
+from runtime_proxy.state.store import (
+    RuntimeClient,
+    Store,
+    container_facts_from_config,
+    pod_facts_from_config,
+    resources_from_pb,
+)
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["Applier", "CriInterceptor", "NodeSource", "StaticNode"]
+
+FAILED_PRECONDITION = 9
+ANNOTATION_RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+
+_REQUEST_TYPES: dict[str, Any] = {
+    "RunPodSandbox": api_pb2.RunPodSandboxRequest,
+    "StopPodSandbox": api_pb2.StopPodSandboxRequest,
+    "RemovePodSandbox": api_pb2.RemovePodSandboxRequest,
+    "CreateContainer": api_pb2.CreateContainerRequest,
+    "StartContainer": api_pb2.StartContainerRequest,
+    "UpdateContainerResources": api_pb2.UpdateContainerResourcesRequest,
+    "StopContainer": api_pb2.StopContainerRequest,
+    "RemoveContainer": api_pb2.RemoveContainerRequest,
+}
+
+# Fields of LinuxContainerResources that a plan may set (the scalar ones and ``unified``).
+_SCALAR_RESOURCES = frozenset(SCALAR_RESOURCE_FIELDS)
+
+
+class NodeSource(Protocol):
+    """Where the current ``NodeFacts`` come from (``runtime_proxy.state.nodeconfig`` in production)."""
+
+    def current(self) -> NodeFacts: ...
+
+
+class StaticNode:
+    """A fixed node config (tests, and a proxy started without node config)."""
+
+    def __init__(self, node: NodeFacts | None = None) -> None:
+        self.node = node or NodeFacts()
+
+    def current(self) -> NodeFacts:
+        return self.node
+
+
+class Applier(Protocol):
+    """Performs a plan's file writes, task moves and removals (``runtime_proxy.host.apply``)."""
+
+    async def apply(self, plan: Plan, *, stage: str) -> None: ...
+
+
+@dataclass
+class _Pending:
+    """What ``before`` decided, kept until ``after`` for the same request bytes."""
+
+    call: str
+    result: StageResult | None
+    created: float
+
+
+def bound_cpusets(store: Store) -> tuple[dict[str, frozenset[int]], frozenset[str]]:
+    """CPUs bound to pods (from their resource-status annotation) and which pods are LSE."""
+    import json
+
+    bound: dict[str, frozenset[int]] = {}
+    lse: set[str] = set()
+    for pod in store.pods():
+        raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
+        if not raw or not pod.uid:
+            continue
+        try:
+            cpuset = json.loads(raw).get("cpuset", "")
+            cpus = parse_cpu_list(cpuset) if isinstance(cpuset, str) else frozenset()
+        except (ValueError, AttributeError):
+            continue
+        if cpus:
+            bound[pod.uid] = cpus
+            if pod.qos_label == "LSE":
+                lse.add(pod.uid)
+    return bound, frozenset(lse)
+
+
+class CriInterceptor:
+    """Implements ``CallInterceptor`` for the CRI lifecycle calls."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        pipeline: Pipeline,
+        client: RuntimeClient,
+        node_source: NodeSource | None = None,
+        applier: Applier | None = None,
+        dry_run: bool = False,
+        on_store_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.pipeline = pipeline
+        self.client = client
+        self.node_source = node_source or StaticNode()
+        self.applier = applier
+        self.dry_run = dry_run
+        # Called after every intercepted call with "did the bound cpusets (the share pools'
+        # input) change?", so the reconciler can push new pools to running containers at once.
+        self.on_store_change = on_store_change
+        self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] | None = None
+        self._pending: dict[bytes, deque[_Pending]] = {}
+        self._node_cache: tuple[int, int, NodeFacts] | None = None
+
+    # -- CallInterceptor -----------------------------------------------------------------------
+
+    def intercepts(self, method: str) -> bool:
+        return method in INTERCEPTED
+
+    async def undecodable(self, method: str, reason: str) -> None:
+        call = INTERCEPTED.get(method, method)
+        if any(step.policy == "Fail" and step.handles(f"Pre{call}") for step in self.pipeline.steps):
+            raise HookRejected(
+                FAILED_PRECONDITION,
+                f"runtime-hook-proxy: cannot run Fail-policy hooks for {call}: {reason}",
+            )
+        metrics.HOOKS_SKIPPED.labels("undecodable").inc()
+        log.warning("request not decodable; forwarded without hooks", call=call, reason=reason)
+
+    async def before(self, method: str, request: bytes) -> bytes:
+        call = INTERCEPTED[method]
+        try:
+            msg = _REQUEST_TYPES[call].FromString(request)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            await self.undecodable(method, f"cannot decode request: {exc}")
+            return request
+        handler = getattr(self, f"_before_{call}")
+        result: StageResult | None = await handler(msg)
+        if result is not None and result.rejected is not None:
+            raise HookRejected(
+                FAILED_PRECONDITION,
+                f"runtime-hook-proxy: {result.rejected} (policy Fail)",
+            )
+        if result is not None and not self.dry_run:
+            out: bytes = msg.SerializeToString()
+        else:
+            if result is not None and not result.plan.is_empty():
+                log.info("dry-run plan", call=call, plan=result.plan.to_json())
+            out = request
+        self._remember(out, _Pending(call, result, time.monotonic()))
+        return out
+
+    async def after(self, method: str, request: bytes, response: bytes) -> None:
+        call = INTERCEPTED[method]
+        pending = self._recall(request)
+        try:
+            msg = _REQUEST_TYPES[call].FromString(request)
+            handler = getattr(self, f"_after_{call}")
+            await handler(msg, response, pending.result if pending else None)
+        except Exception:  # post processing must never fail a call the runtime accepted
+            log.exception("post-call processing failed", call=call)
+        if self.on_store_change is not None:
+            self.on_store_change(self._pools_changed())
+
+    def _pools_changed(self) -> bool:
+        node = self.node()  # cached per store version
+        pools = (node.bound_cpusets, node.lse_pods)
+        changed = pools != self._pools
+        self._pools = pools
+        return changed
+
+    # -- pending contexts between before and after -----------------------------------------------
+
+    def _remember(self, key: bytes, pending: _Pending) -> None:
+        now = pending.created
+        if len(self._pending) > 256:
+            for k in [k for k, q in self._pending.items() if q and now - q[0].created > 600]:
+                del self._pending[k]
+        self._pending.setdefault(key, deque()).append(pending)
+
+    def _recall(self, key: bytes) -> _Pending | None:
+        queue = self._pending.get(key)
+        if not queue:
+            return None
+        item = queue.popleft()
+        if not queue:
+            del self._pending[key]
+        return item
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    def node(self) -> NodeFacts:
+        base = self.node_source.current()
+        cache = self._node_cache
+        if cache is not None and cache[0] == self.store.version and cache[1] == id(base):
+            return cache[2]
+        bound, lse = bound_cpusets(self.store)
+        node = base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
+        self._node_cache = (self.store.version, id(base), node)
+        return node
+
+    async def _run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:
+        if pod.skips_hooks:
+            metrics.HOOKS_SKIPPED.labels("skip-label").inc()
+            return None
+        if not self.pipeline.has_work(stage):
+            return None
+        return await self.pipeline.run(stage, pod, container, self.node())
+
+    async def _post(self, stage: str, pod: PodFacts | None, container: ContainerFacts | None) -> None:
+        if pod is None:
+            return
+        result = await self._run(stage, pod, container)
+        if result is not None:
+            await self._apply(result.plan, stage)
+
+    async def _apply(self, plan: Plan, stage: str) -> None:
+        if plan.is_empty() or self.applier is None:
+            return
+        if self.dry_run:
+            log.info("dry-run: not applying", stage=stage, plan=plan.to_json())
+            return
+        try:
+            await self.applier.apply(plan, stage=stage)
+        except Exception:
+            log.exception("applying plan failed", stage=stage)
+
+    async def _pod_for(self, sandbox_id: str) -> PodFacts | None:
+        return await self.store.ensure_pod(self.client, sandbox_id)
+
+    async def _container_for(self, container_id: str) -> tuple[PodFacts | None, ContainerFacts | None]:
+        found = await self.store.ensure_container(self.client, container_id)
+        if found is None:
+            return None, None
+        return found
+
+    # -- pod sandbox calls -----------------------------------------------------------------------
+
+    async def _before_RunPodSandbox(self, msg: Any) -> StageResult | None:
+        pod = pod_facts_from_config(msg.config, runtime_handler=msg.runtime_handler)
+        result = await self._run("PreRunPodSandbox", pod, None)
+        if result is None or result.rejected is not None:
+            return result
+        plan = result.plan
+        if not self.dry_run:
+            msg.config.labels.update(plan.labels)
+            msg.config.annotations.update(plan.annotations)
+            if plan.cgroup_parent is not None:
+                msg.config.linux.cgroup_parent = plan.cgroup_parent
+        return result
+
+    async def _after_RunPodSandbox(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+        sandbox_id = api_pb2.RunPodSandboxResponse.FromString(response).pod_sandbox_id
+        pod = pod_facts_from_config(msg.config, runtime_handler=msg.runtime_handler, sandbox_id=sandbox_id)
+        self.store.put_pod(pod)
+        if result is not None:
+            await self._apply(result.plan, "PreRunPodSandbox")
+        await self._post("PostRunPodSandbox", pod, None)
+
+    async def _before_StopPodSandbox(self, msg: Any) -> StageResult | None:
+        pod = await self._pod_for(msg.pod_sandbox_id)
+        return None if pod is None else await self._run("PreStopPodSandbox", pod, None)
+
+    async def _after_StopPodSandbox(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+        if result is not None:
+            await self._apply(result.plan, "PreStopPodSandbox")
+        await self._post("PostStopPodSandbox", self.store.pod(msg.pod_sandbox_id), None)
+
+    async def _before_RemovePodSandbox(self, msg: Any) -> StageResult | None:
+        pod = await self._pod_for(msg.pod_sandbox_id)
+        return None if pod is None else await self._run("PreRemovePodSandbox", pod, None)
+
+    async def _after_RemovePodSandbox(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+        pod = self.store.pod(msg.pod_sandbox_id)
+        self.store.drop_pod(msg.pod_sandbox_id)
+        if result is not None:
+            await self._apply(result.plan, "PreRemovePodSandbox")
+        await self._post("PostRemovePodSandbox", pod, None)
+
+    # -- container calls -----------------------------------------------------------------------
+
+    async def _before_CreateContainer(self, msg: Any) -> StageResult | None:
+        pod = await self._pod_for(msg.pod_sandbox_id)
+        if pod is None:
+            pod = pod_facts_from_config(msg.sandbox_config, sandbox_id=msg.pod_sandbox_id)
+        container = container_facts_from_config(msg.config)
+        result = await self._run("PreCreateContainer", pod, container)
+        if result is None or result.rejected is not None or self.dry_run:
+            return result
+        plan = result.plan
+        _set_resources(msg.config.linux.resources, plan.resources)
+        if plan.envs:
+            _set_envs(msg.config, plan.envs)
+        msg.config.annotations.update(plan.annotations)
+        if plan.cgroup_parent is not None:
+            msg.sandbox_config.linux.cgroup_parent = plan.cgroup_parent
+        return result
+
+    async def _after_CreateContainer(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+        container_id = api_pb2.CreateContainerResponse.FromString(response).container_id
+        container = container_facts_from_config(msg.config, container_id=container_id)
+        self.store.put_container(msg.pod_sandbox_id, container)
+        pod = self.store.pod(msg.pod_sandbox_id)
+        if result is not None:
+            await self._apply(_bind_container_id(result.plan, container_id), "PreCreateContainer")
+        await self._post("PostCreateContainer", pod, container)
+
+    async def _container_stage(self, stage: str, container_id: str) -> StageResult | None:
+        pod, container = await self._container_for(container_id)
+        if pod is None or container is None:
+            return None
+        return await self._run(stage, pod, container)
+
+    async def _before_StartContainer(self, msg: Any) -> StageResult | None:
+        return await self._container_stage("PreStartContainer", msg.container_id)
+
+    async def _after_StartContainer(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+        await self._after_container("StartContainer", msg.container_id, result)
+
+    async def _before_UpdateContainerResources(self, msg: Any) -> StageResult | None:
+        pod, container = await self._container_for(msg.container_id)
+        if pod is None or container is None:
+            return None
+        if msg.HasField("linux"):
+            container = container.replace(resources=_overlay_update(container, msg.linux))
+        result = await self._run("PreUpdateContainerResources", pod, container)
+        if result is None or result.rejected is not None or self.dry_run:
+            return result
+        if result.plan.resources:
+            _set_resources(msg.linux, result.plan.resources)
+        return result
+
+    async def _after_UpdateContainerResources(
+        self, msg: Any, response: bytes, result: StageResult | None
+    ) -> None:
+        found = self.store.container(msg.container_id)
+        sandbox_id = self.store.sandbox_of(msg.container_id)
+        if found is not None and sandbox_id is not None and msg.HasField("linux"):
+            _, container = found
+            self.store.put_container(sandbox_id, container.replace(resources=_overlay_update(container, msg.linux)))
+        await self._after_container("UpdateContainerResources", msg.container_id, result)
+
+    async def _before_StopContainer(self, msg: Any) -> StageResult | None:
+        return await self._container_stage("PreStopContainer", msg.container_id)
+
+    async def _after_StopContainer(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+        await self._after_container("StopContainer", msg.container_id, result)
+
+    async def _before_RemoveContainer(self, msg: Any) -> StageResult | None:
+        return await self._container_stage("PreRemoveContainer", msg.container_id)
+
+    async def _after_RemoveContainer(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+        found = self.store.container(msg.container_id)
+        self.store.drop_container(msg.container_id)
+        if result is not None:
+            await self._apply(result.plan, "PreRemoveContainer")
+        if found is not None:
+            await self._post("PostRemoveContainer", found[0], found[1])
+
+    async def _after_container(self, call: str, container_id: str, result: StageResult | None) -> None:
+        if result is not None:
+            await self._apply(result.plan, f"Pre{call}")
+        found = self.store.container(container_id)
+        if found is not None:
+            await self._post(f"Post{call}", found[0], found[1])
+
+
+def _set_resources(target: Any, changes: dict[str, Any]) -> None:
+    """Write plan resource changes into a LinuxContainerResources message. Every field the plan
+    names is set as given, including an empty cpuset, which clears it (Koordinator's rule)."""
+    for name, value in changes.items():
+        if name in _SCALAR_RESOURCES:
+            setattr(target, name, value)
+        elif name == "unified":
+            target.unified.clear()
+            target.unified.update(dict(value))
+        elif name == "hugepage_limits":
+            del target.hugepage_limits[:]
+            for item in value:
+                page_size, limit = (item["page_size"], item["limit"]) if isinstance(item, dict) else item
+                target.hugepage_limits.add(page_size=page_size, limit=limit)
+
+
+def _set_envs(config: Any, envs: dict[str, str]) -> None:
+    """Set env values: an existing key keeps its place and gets the new value; new keys are
+    appended in the plan's order. Other entries, duplicates included, stay as kubelet sent them."""
+    remaining = dict(envs)
+    for kv in config.envs:
+        if kv.key in remaining:
+            kv.value = remaining[kv.key]
+    present = {kv.key for kv in config.envs}
+    for key, value in remaining.items():
+        if key not in present:
+            config.envs.add(key=key, value=value)
+
+
+def _overlay_update(container: ContainerFacts, linux: Any) -> Any:
+    """The container's resources after an UpdateContainerResources request: the request's
+    non-zero fields over the stored ones (a cpuset only when non-empty; oom_score_adj is not
+    updatable and is ignored)."""
+    incoming = resources_from_pb(linux)
+    changes: dict[str, Any] = {}
+    for name in ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "memory_swap_limit_in_bytes"):
+        value = getattr(incoming, name)
+        if value:
+            changes[name] = value
+    for name in ("cpuset_cpus", "cpuset_mems"):
+        value = getattr(incoming, name)
+        if value:
+            changes[name] = value
+    if incoming.unified:
+        changes["unified"] = {**container.resources.unified, **incoming.unified}
+    if incoming.hugepage_limits:
+        changes["hugepage_limits"] = [{"page_size": p, "limit": v} for p, v in incoming.hugepage_limits]
+    return container.resources.with_changes(changes) if changes else container.resources
+
+
+def _bind_container_id(plan: Plan, container_id: str) -> Plan:
+    """Container-level writes planned before the container existed have a path ending in "/"
+    (the id was empty); give them the id the runtime returned."""
+    if not any(w.level in ("container",) and (w.path.endswith("/") or not w.path) for w in plan.writes):
+        return plan
+    writes = [
+        CgroupWrite(w.level, w.path + container_id, w.file, w.value)
+        if w.level == "container" and (w.path.endswith("/") or not w.path)
+        else w
+        for w in plan.writes
+    ]
+    return Plan(
+        resources=plan.resources,
+        envs=plan.envs,
+        annotations=plan.annotations,
+        labels=plan.labels,
+        cgroup_parent=plan.cgroup_parent,
+        writes=writes,
+        moves=plan.moves,
+        removals=plan.removals,
+        skipped=plan.skipped,
+    )

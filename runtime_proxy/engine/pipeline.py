@@ -1,0 +1,282 @@
+"""The hook pipeline: one ordered list of steps (in-process plugins and hook servers) run for a
+stage, each under its own timeout and failure policy, their plans merged into one.
+
+Called by ``runtime_proxy.engine.intercept`` for every intercepted CRI call and by the reconciler.
+
+Order and visibility. Steps run one after another in the configured order. Each step sees the
+facts as changed by the steps before it (resources, envs, annotations, labels, cgroup parent),
+just as a chain of hook servers would. Each step's plan is merged with ``hooks.plan.merge``: a
+field that an earlier step set to a different value is a conflict, and the later step's whole
+plan is left out, so no step is ever half-applied.
+
+Failure policy (one model for plugins and hook servers). A step that raises, runs past its
+timeout, returns something that is not a ``Plan``/``None``, or conflicts, is a failure:
+
+- ``Ignore`` (the default): logged and counted; its plan is dropped and the pipeline goes on
+  with the facts as they were before it.
+- ``Fail``: at a ``Pre*`` stage the pipeline stops and the result carries ``rejected``; the
+  interceptor then fails the CRI call with an error that names the step, and nothing of the
+  plan is applied. At ``Post*`` and ``Reconcile*`` stages a failure never fails anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import pluggy
+import structlog
+
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources
+from hooks.plan import Plan, merge
+from hooks.spec import STAGES
+from runtime_proxy import metrics
+
+log = structlog.get_logger(__name__)
+
+Policy = Literal["Fail", "Ignore"]
+
+__all__ = ["Pipeline", "PluginStep", "StageResult", "Step", "StepFailure", "plugin_steps"]
+
+# What a plan may change in the CRI request, per stage; anything else in ``cri`` is dropped.
+CRI_FIELDS_BY_STAGE: dict[str, frozenset[str]] = {
+    "PreRunPodSandbox": frozenset({"labels", "annotations", "cgroup_parent"}),
+    "PreCreateContainer": frozenset({"resources", "envs", "annotations", "cgroup_parent"}),
+    "PreUpdateContainerResources": frozenset({"resources"}),
+    "ReconcileContainer": frozenset({"resources"}),
+}
+
+
+class StepError(Exception):
+    """A step failed in a way the policy decides about."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Step(Protocol):
+    """One entry of the pipeline."""
+
+    name: str
+    policy: Policy
+    timeout: float
+
+    def handles(self, stage: str) -> bool: ...
+
+    async def call(
+        self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts
+    ) -> Plan | None: ...
+
+
+_EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rhp-plugin")
+
+
+class PluginStep:
+    """An in-process pluggy plugin. Its hook functions run in a worker thread, so a plugin that
+    blocks or hangs never stalls the event loop; the timeout bounds how long a call waits."""
+
+    def __init__(self, pm: pluggy.PluginManager, name: str, policy: Policy = "Ignore", timeout: float = 2.0) -> None:
+        self.name = name
+        self.policy: Policy = policy
+        self.timeout = timeout
+        plugin = pm.get_plugin(name)
+        self._impls: dict[str, Any] = {}
+        for stage, hook_name in STAGES.items():
+            caller = getattr(pm.hook, hook_name)
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin:
+                    self._impls[stage] = impl
+
+    def handles(self, stage: str) -> bool:
+        return stage in self._impls
+
+    async def call(
+        self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts
+    ) -> Plan | None:
+        impl = self._impls[stage]
+        available: dict[str, Any] = {"pod": pod, "container": container, "node": node}
+        kwargs = {arg: available[arg] for arg in impl.argnames}
+        loop = asyncio.get_running_loop()
+        result: Plan | None = await loop.run_in_executor(_EXECUTOR, functools.partial(impl.function, **kwargs))
+        return result
+
+
+def plugin_steps(
+    pm: pluggy.PluginManager, settings: Iterable[tuple[str, Policy, float]]
+) -> list[Step]:
+    """Steps for ``(plugin name, policy, timeout)`` entries, in that order."""
+    return [PluginStep(pm, name, policy, timeout) for name, policy, timeout in settings]
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    step: str
+    stage: str
+    policy: Policy
+    kind: str  # "error", "timeout", "garbage" or "conflict"
+    message: str
+
+    def __str__(self) -> str:
+        return f"hook {self.step!r} at {self.stage}: {self.kind}: {self.message}"
+
+
+@dataclass
+class StageResult:
+    plan: Plan
+    pod: PodFacts
+    container: ContainerFacts | None
+    failures: list[StepFailure] = field(default_factory=list)
+    rejected: StepFailure | None = None
+    ran: list[str] = field(default_factory=list)
+
+
+def _validate(raw: Any, stage: str, container: ContainerFacts | None) -> Plan | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Plan):
+        raise StepError("garbage", f"returned {type(raw).__name__}, not a Plan or None")
+    plan: Plan = raw
+    if plan.resources:
+        base = container.resources if container is not None else Resources()
+        try:
+            base.with_changes(plan.resources)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StepError("garbage", f"bad resources in plan: {exc}") from exc
+    for mapping_name in ("envs", "annotations", "labels"):
+        mapping = getattr(plan, mapping_name)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+            raise StepError("garbage", f"{mapping_name} must map strings to strings")
+    if plan.cgroup_parent is not None and not isinstance(plan.cgroup_parent, str):
+        raise StepError("garbage", "cgroup_parent must be a string")
+    allowed = CRI_FIELDS_BY_STAGE.get(stage, frozenset())
+    dropped = [
+        name
+        for name, present in (
+            ("resources", bool(plan.resources)),
+            ("envs", bool(plan.envs)),
+            ("annotations", bool(plan.annotations)),
+            ("labels", bool(plan.labels)),
+            ("cgroup_parent", plan.cgroup_parent is not None),
+        )
+        if present and name not in allowed
+    ]
+    if dropped:
+        log.info("plan changes CRI fields its stage cannot carry; dropped", stage=stage, fields=dropped)
+        plan = Plan(
+            resources=plan.resources if "resources" in allowed else {},
+            envs=plan.envs if "envs" in allowed else {},
+            annotations=plan.annotations if "annotations" in allowed else {},
+            labels=plan.labels if "labels" in allowed else {},
+            cgroup_parent=plan.cgroup_parent if "cgroup_parent" in allowed else None,
+            writes=plan.writes,
+            moves=plan.moves,
+            removals=plan.removals,
+            skipped=plan.skipped,
+        )
+    return plan
+
+
+def _advance(pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> tuple[PodFacts, ContainerFacts | None]:
+    """The facts as the next step sees them once ``plan`` is taken."""
+    if container is not None:
+        changes: dict[str, Any] = {}
+        if plan.resources:
+            changes["resources"] = container.resources.with_changes(plan.resources)
+        if plan.envs:
+            changes["envs"] = {**container.envs, **plan.envs}
+        if plan.annotations:
+            changes["annotations"] = {**container.annotations, **plan.annotations}
+        if changes:
+            container = container.replace(**changes)
+        if plan.cgroup_parent is not None:
+            pod = pod.replace(cgroup_parent=plan.cgroup_parent)
+        return pod, container
+    pod_changes: dict[str, Any] = {}
+    if plan.labels:
+        pod_changes["labels"] = {**pod.labels, **plan.labels}
+    if plan.annotations:
+        pod_changes["annotations"] = {**pod.annotations, **plan.annotations}
+    if plan.cgroup_parent is not None:
+        pod_changes["cgroup_parent"] = plan.cgroup_parent
+    return (pod.replace(**pod_changes) if pod_changes else pod), None
+
+
+class Pipeline:
+    """The ordered steps. Replaceable at run time (``set_steps``) when config or hook servers change."""
+
+    def __init__(self, steps: Sequence[Step] = ()) -> None:
+        self._steps: list[Step] = list(steps)
+        self._remote: list[Step] = []
+
+    @property
+    def steps(self) -> list[Step]:
+        return self._steps + self._remote
+
+    def set_steps(self, steps: Sequence[Step]) -> None:
+        self._steps = list(steps)
+
+    def set_remote_steps(self, steps: Sequence[Step]) -> None:
+        """Hook servers, run after the in-process plugins (see ``runtime_proxy.engine.remote``)."""
+        self._remote = list(steps)
+
+    def has_work(self, stage: str) -> bool:
+        return any(step.handles(stage) for step in self.steps)
+
+    async def run(
+        self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts
+    ) -> StageResult:
+        failing_stage = stage.startswith("Pre")
+        merged = merge(())
+        result = StageResult(plan=merged.plan, pod=pod, container=container)
+        for step in self.steps:
+            if not step.handles(stage):
+                continue
+            started = time.perf_counter()
+            failure: StepFailure | None = None
+            try:
+                raw: Any = await asyncio.wait_for(step.call(stage, pod, container, node), timeout=step.timeout)
+                plan = _validate(raw, stage, container)
+                if plan is not None:
+                    conflicts = merged.add(step.name, plan)
+                    if conflicts:
+                        raise StepError("conflict", "; ".join(str(c) for c in conflicts))
+                    pod, container = _advance(pod, container, plan)
+            except TimeoutError:
+                failure = StepFailure(step.name, stage, step.policy, "timeout", f"no answer within {step.timeout:g}s")
+                metrics.PLUGIN_TIMEOUTS.labels(step.name, stage).inc()
+            except StepError as exc:
+                failure = StepFailure(step.name, stage, step.policy, exc.kind, str(exc))
+            except Exception as exc:  # a plugin's own bug must never take the proxy down
+                failure = StepFailure(step.name, stage, step.policy, "error", f"{type(exc).__name__}: {exc}")
+            finally:
+                metrics.PLUGIN_LATENCY.labels(step.name, stage).observe(time.perf_counter() - started)
+            result.ran.append(step.name)
+            if failure is None:
+                continue
+            metrics.PLUGIN_ERRORS.labels(step.name, stage, failure.kind).inc()
+            result.failures.append(failure)
+            if failing_stage and step.policy == "Fail":
+                log.warning("hook failed under policy Fail; rejecting call", **_fields(failure))
+                result.rejected = failure
+                return result
+            log.warning("hook failed under policy Ignore; going on without it", **_fields(failure))
+        result.plan = merged.plan
+        result.pod = pod
+        result.container = container
+        return result
+
+
+def _fields(failure: StepFailure) -> dict[str, Any]:
+    return {
+        "hook": failure.step,
+        "stage": failure.stage,
+        "policy": failure.policy,
+        "kind": failure.kind,
+        "reason": failure.message,
+    }

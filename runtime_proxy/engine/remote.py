@@ -1,0 +1,603 @@
+"""Out-of-process hook servers: Koordinator's ``runtime.v1alpha1.RuntimeHookService``, proxy side.
+
+Started by ``runtime_proxy.wiring.start_hook_servers`` when the proxy starts; it hands the
+pipeline (``runtime_proxy.engine.pipeline.Pipeline.set_remote_steps``) one ``RemoteStep`` per
+registered hook server, so hook servers run after the in-process plugins under the same policy
+model (Fail/Ignore, timeouts, conflicts). ``runtime_proxy.engine.hook_service`` (the server side) reuses
+the pure facts <-> protocol conversions of this module.
+
+Registrations. Every ``*.json`` file in the registration directory (``hookServerDir``, default
+``/etc/runtime/hookserver.d``) registers one server, with Koordinator's keys::
+
+    {"remote-endpoint": "/var/run/koordlet/koordlet.sock",
+     "failure-policy": "Ignore",
+     "runtime-hooks": ["PreRunPodSandbox", "PreCreateContainer", "PreUpdateContainerResources"],
+     "timeout-seconds": 1.5}
+
+- ``remote-endpoint``: an absolute unix socket path; ``unix://`` in front is accepted.
+- ``failure-policy``: ``Fail``, ``Ignore``, ``None`` or empty (the last three all mean Ignore).
+- ``runtime-hooks``: Koordinator hook point names; unknown names are logged and left out.
+- ``timeout-seconds`` (our extension, optional): per-call timeout; default ``hookServerTimeout``.
+  Koordinator has no timeout of its own (a hung server stalls kubelet's call).
+
+The directory is polled every 0.5 s (a stat of each file; a file is re-read only when its
+mtime, size or inode changed), so a file added, changed or removed takes effect within about a
+second, with no restart. Polling instead of inotify is deliberate: it works on any filesystem,
+survives the directory being deleted and re-created, and has no missed-event corner cases. A
+missing directory is treated as empty until it appears. A malformed file is logged (once per
+version of the file) and skipped; the other registrations are not disturbed.
+
+Order. Koordinator calls only the first server that registered a hook point. We call every
+server that registered it, in file-name order (byte order of the names, so ``10-a.json`` runs
+before ``20-b.json``); each sees the request as changed by the in-process plugins and by the
+servers before it.
+
+Merge rules (Koordinator's ``UpdateRequest``/``updateResource``), turned into a ``Plan`` that
+holds only what actually changes relative to the request the server saw, so the pipeline's
+conflict rules apply (a server that sets a field an earlier step set to another value is a
+conflict, decided by its policy):
+
+- ``PreRunPodSandbox``: labels and annotations are overlaid (keys added or changed);
+  a non-empty ``cgroup_parent`` replaces the sandbox's; ``resources`` is ignored (as in
+  Koordinator's containerd mode).
+- ``PreCreateContainer``: container annotations overlaid; ``container_resources`` (when the
+  response carries it) by field: ``cpu_period``, ``cpu_shares``, ``memory_limit_in_bytes``,
+  ``memory_swap_limit_in_bytes`` only when > 0; ``cpu_quota`` when != 0 (-1 allowed);
+  ``oom_score_adj`` when in [-1000, 1000] (so 0 overwrites); ``cpuset_cpus`` and
+  ``cpuset_mems`` always, even when empty (an empty cpuset clears the request's: a server must
+  echo the resources it received); ``unified`` overlaid; hugepage limits ignored. A non-empty
+  ``pod_cgroup_parent`` replaces the sandbox cgroup parent. A non-empty ``container_envs`` map
+  replaces the environment in Koordinator; we set the keys it adds or changes and keep the
+  others (a plan cannot delete a variable; keys left out are logged).
+- ``PreUpdateContainerResources``: resources only, by the same field rules.
+- ``PreStartContainer`` and every ``Post*`` hook: the response is ignored; only a failure
+  counts (and post hooks never fail a call).
+
+Pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` are never sent (the
+interceptor skips all hooks for them; ``RemoteStep`` checks again).
+
+Channels. One ``grpc.aio`` channel per endpoint, shared by every registration naming it, closed
+(after the longest timeout, so calls in flight finish) when no registration names it any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+import structlog
+
+from cri_protos import hookserver_pb2, hookserver_pb2_grpc
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
+from hooks.plan import Plan
+from hooks.spec import KOORD_HOOK_POINTS
+from runtime_proxy import metrics
+from runtime_proxy.engine.pipeline import Pipeline, StepError
+from runtime_proxy.loops.background import Background, every
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "DEFAULT_DIR",
+    "POD_HOOKS",
+    "HookServerRegistry",
+    "Registration",
+    "RegistrationError",
+    "RemoteStep",
+    "container_facts_from_request",
+    "container_plan_from_response",
+    "container_request",
+    "container_response",
+    "merge_resources",
+    "parse_registration",
+    "pod_facts_from_request",
+    "pod_plan_from_response",
+    "pod_request",
+    "pod_response",
+    "resources_from_hook_pb",
+    "resources_to_hook_pb",
+    "strip_unix",
+]
+
+Policy = Literal["Fail", "Ignore"]
+
+DEFAULT_DIR = "/etc/runtime/hookserver.d"
+POLL_INTERVAL = 0.5
+MAX_TIMEOUT = 300.0
+POD_HOOKS = frozenset({"PreRunPodSandbox", "PostStopPodSandbox"})
+# Hook points whose response may change the CRI request (the others only report failures).
+_MERGED_HOOKS = frozenset({"PreRunPodSandbox", "PreCreateContainer", "PreUpdateContainerResources"})
+_POLICIES: dict[str, Policy] = {"Fail": "Fail", "Ignore": "Ignore", "None": "Ignore", "": "Ignore"}
+_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 16 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+]
+
+
+# ---- registrations ------------------------------------------------------------------------------
+
+
+class RegistrationError(ValueError):
+    """A registration file that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One hook server, as a registration file describes it."""
+
+    name: str  # the file name, e.g. "koordlet.json"
+    endpoint: str  # unix socket path, no scheme
+    policy: Policy
+    hooks: tuple[str, ...]  # Koordinator hook point names, in the file's order
+    timeout: float
+    ignored_hooks: tuple[str, ...] = ()
+
+
+def strip_unix(endpoint: str) -> str:
+    """``unix:///run/x.sock`` and ``/run/x.sock`` -> ``/run/x.sock``."""
+    return endpoint[len("unix://"):] if endpoint.startswith("unix://") else endpoint
+
+
+def parse_registration(name: str, text: str | bytes, default_timeout: float) -> Registration:
+    """Parse one registration file's content. Raises ``RegistrationError`` when malformed."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RegistrationError(f"not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RegistrationError("must be a JSON object")
+    raw_endpoint = data.get("remote-endpoint")
+    if not isinstance(raw_endpoint, str) or not raw_endpoint.strip():
+        raise RegistrationError("remote-endpoint must be a non-empty string")
+    endpoint = strip_unix(raw_endpoint.strip())
+    if "://" in endpoint:
+        raise RegistrationError(f"remote-endpoint {raw_endpoint!r}: only unix sockets are supported")
+    if not endpoint.startswith("/") or "\x00" in endpoint:
+        raise RegistrationError(f"remote-endpoint {raw_endpoint!r} must be an absolute socket path")
+    raw_policy = data.get("failure-policy", "")
+    if raw_policy is None:
+        raw_policy = ""
+    if not isinstance(raw_policy, str) or raw_policy not in _POLICIES:
+        raise RegistrationError(f"failure-policy {raw_policy!r} must be Fail, Ignore, None or empty")
+    raw_hooks = data.get("runtime-hooks")
+    if not isinstance(raw_hooks, list) or not all(isinstance(h, str) for h in raw_hooks):
+        raise RegistrationError("runtime-hooks must be a list of hook names")
+    hooks: list[str] = []
+    ignored: list[str] = []
+    for hook in raw_hooks:
+        if hook in KOORD_HOOK_POINTS:
+            if hook not in hooks:
+                hooks.append(hook)
+        else:
+            ignored.append(hook)
+    timeout = default_timeout
+    if "timeout-seconds" in data:
+        raw_timeout = data["timeout-seconds"]
+        if isinstance(raw_timeout, bool) or not isinstance(raw_timeout, int | float):
+            raise RegistrationError("timeout-seconds must be a number")
+        if not 0 < raw_timeout <= MAX_TIMEOUT:
+            raise RegistrationError(f"timeout-seconds must be in (0, {MAX_TIMEOUT:g}]")
+        timeout = float(raw_timeout)
+    return Registration(name, endpoint, _POLICIES[raw_policy], tuple(hooks), timeout, tuple(ignored))
+
+
+# ---- facts <-> protocol (pure; shared with runtime_proxy.engine.hook_service) ------------------------------
+
+_INT_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj",
+               "memory_swap_limit_in_bytes")
+
+
+def resources_to_hook_pb(res: Resources, msg: Any | None = None) -> Any:
+    """Fill (or create) a ``runtime.v1alpha1.LinuxContainerResources`` from ``Resources``."""
+    out = msg if msg is not None else hookserver_pb2.LinuxContainerResources()
+    for name in _INT_FIELDS:
+        setattr(out, name, getattr(res, name))
+    out.cpuset_cpus = res.cpuset_cpus
+    out.cpuset_mems = res.cpuset_mems
+    out.unified.clear()
+    out.unified.update(dict(res.unified))
+    del out.hugepage_limits[:]
+    for page_size, limit in res.hugepage_limits:
+        out.hugepage_limits.add(page_size=page_size, limit=limit)
+    return out
+
+
+def resources_from_hook_pb(msg: Any) -> Resources:
+    """``Resources`` from a ``runtime.v1alpha1.LinuxContainerResources``."""
+    values: dict[str, Any] = {name: getattr(msg, name) for name in _INT_FIELDS}
+    values["cpuset_cpus"] = msg.cpuset_cpus
+    values["cpuset_mems"] = msg.cpuset_mems
+    values["unified"] = frozen_map(dict(msg.unified))
+    values["hugepage_limits"] = tuple((h.page_size, h.limit) for h in msg.hugepage_limits)
+    return Resources(**values)
+
+
+def _pod_meta(pod: PodFacts) -> Any:
+    return hookserver_pb2.PodSandboxMetadata(name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=pod.attempt)
+
+
+def pod_request(pod: PodFacts) -> Any:
+    """A ``PodSandboxHookRequest`` as Koordinator's containerd mode fills it (no resources)."""
+    return hookserver_pb2.PodSandboxHookRequest(
+        pod_meta=_pod_meta(pod),
+        runtime_handler=pod.runtime_handler,
+        labels=dict(pod.labels),
+        annotations=dict(pod.annotations),
+        cgroup_parent=pod.cgroup_parent,
+    )
+
+
+def container_request(pod: PodFacts, container: ContainerFacts) -> Any:
+    """A ``ContainerResourceHookRequest`` (pod resources are unknown in CRI mode: left empty)."""
+    req = hookserver_pb2.ContainerResourceHookRequest(
+        pod_meta=_pod_meta(pod),
+        container_meta=hookserver_pb2.ContainerMetadata(
+            name=container.name, attempt=container.attempt, id=container.id
+        ),
+        container_annotations=dict(container.annotations),
+        pod_annotations=dict(pod.annotations),
+        pod_labels=dict(pod.labels),
+        pod_cgroup_parent=pod.cgroup_parent,
+        container_envs=dict(container.envs),
+    )
+    resources_to_hook_pb(container.resources, req.container_resources)
+    return req
+
+
+def pod_facts_from_request(req: Any) -> PodFacts:
+    """``PodFacts`` from a ``PodSandboxHookRequest`` or a ``ContainerResourceHookRequest``
+    (the sandbox id is not part of the protocol and stays empty)."""
+    md = req.pod_meta
+    if isinstance(req, hookserver_pb2.PodSandboxHookRequest):
+        labels, annotations, cgroup_parent = req.labels, req.annotations, req.cgroup_parent
+        handler = req.runtime_handler
+    else:
+        labels, annotations, cgroup_parent = req.pod_labels, req.pod_annotations, req.pod_cgroup_parent
+        handler = ""
+    return PodFacts(
+        name=md.name,
+        namespace=md.namespace,
+        uid=md.uid,
+        attempt=md.attempt,
+        labels=frozen_map(dict(labels)),
+        annotations=frozen_map(dict(annotations)),
+        cgroup_parent=cgroup_parent,
+        runtime_handler=handler,
+    )
+
+
+def container_facts_from_request(req: Any) -> ContainerFacts:
+    md = req.container_meta
+    return ContainerFacts(
+        name=md.name,
+        id=md.id,
+        attempt=md.attempt,
+        annotations=frozen_map(dict(req.container_annotations)),
+        resources=resources_from_hook_pb(req.container_resources),
+        envs=frozen_map(dict(req.container_envs)),
+    )
+
+
+def pod_response(pod: PodFacts, plan: Plan) -> Any:
+    """The server's answer for a pod hook: the full (changed) labels and annotations, and the
+    cgroup parent when the plan changes it."""
+    return hookserver_pb2.PodSandboxHookResponse(
+        labels=dict(pod.labels),
+        annotations=dict(pod.annotations),
+        cgroup_parent=plan.cgroup_parent or "",
+    )
+
+
+def container_response(pod: PodFacts, container: ContainerFacts, plan: Plan) -> Any:
+    """The server's answer for a container hook. Echoes the full resources (Koordinator copies
+    the cpuset even when empty, so a partial answer would clear it) and annotations; envs only
+    when the plan sets some (a non-empty map replaces the environment)."""
+    resp = hookserver_pb2.ContainerResourceHookResponse(
+        container_annotations=dict(container.annotations),
+        pod_cgroup_parent=plan.cgroup_parent or "",
+    )
+    resources_to_hook_pb(container.resources, resp.container_resources)
+    if plan.envs:
+        resp.container_envs.update(dict(container.envs))
+    return resp
+
+
+def _overlay(seen: Mapping[str, str], answer: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in answer.items() if seen.get(k) != v}
+
+
+def merge_resources(seen: Resources, answer: Any) -> dict[str, Any]:
+    """Koordinator's ``updateResource`` as a set of changes: the fields of ``seen`` that the
+    answer (a ``runtime.v1alpha1.LinuxContainerResources``) changes, with their new values."""
+    new: dict[str, Any] = {}
+    for name in ("cpu_period", "cpu_shares", "memory_limit_in_bytes", "memory_swap_limit_in_bytes"):
+        value = getattr(answer, name)
+        if value > 0:
+            new[name] = value
+    if answer.cpu_quota != 0:
+        new["cpu_quota"] = answer.cpu_quota
+    if -1000 <= answer.oom_score_adj <= 1000:
+        new["oom_score_adj"] = answer.oom_score_adj
+    new["cpuset_cpus"] = answer.cpuset_cpus
+    new["cpuset_mems"] = answer.cpuset_mems
+    changes = {k: v for k, v in new.items() if getattr(seen, k) != v}
+    if answer.unified:
+        unified = {**seen.unified, **dict(answer.unified)}
+        if unified != dict(seen.unified):
+            changes["unified"] = unified
+    return changes
+
+
+def pod_plan_from_response(pod: PodFacts, resp: Any) -> Plan:
+    """What a ``PodSandboxHookResponse`` changes relative to the pod the server saw."""
+    plan = Plan()
+    plan.labels.update(_overlay(pod.labels, resp.labels))
+    plan.annotations.update(_overlay(pod.annotations, resp.annotations))
+    if resp.cgroup_parent and resp.cgroup_parent != pod.cgroup_parent:
+        plan.set_cgroup_parent(resp.cgroup_parent)
+    return plan
+
+
+def container_plan_from_response(
+    stage: str, pod: PodFacts, container: ContainerFacts, resp: Any, *, server: str = ""
+) -> Plan:
+    """What a ``ContainerResourceHookResponse`` changes relative to the request the server saw.
+    ``PreUpdateContainerResources`` takes resources only; ``PreCreateContainer`` everything."""
+    plan = Plan()
+    if resp.HasField("container_resources"):
+        plan.resources.update(merge_resources(container.resources, resp.container_resources))
+    if stage != "PreCreateContainer":
+        return plan
+    plan.annotations.update(_overlay(container.annotations, resp.container_annotations))
+    if resp.pod_cgroup_parent and resp.pod_cgroup_parent != pod.cgroup_parent:
+        plan.set_cgroup_parent(resp.pod_cgroup_parent)
+    if resp.container_envs:
+        plan.envs.update(_overlay(container.envs, resp.container_envs))
+        dropped = sorted(set(container.envs) - set(resp.container_envs))
+        if dropped:
+            log.info("hook server left env keys out of its answer; they are kept", server=server, keys=dropped)
+    return plan
+
+
+# ---- the pipeline step --------------------------------------------------------------------------
+
+
+class RemoteStep:
+    """One registered hook server as a pipeline step (``runtime_proxy.engine.pipeline.Step``)."""
+
+    def __init__(self, registration: Registration, stub: Any) -> None:
+        self.registration = registration
+        self.name = f"hookserver:{registration.name}"
+        self.policy: Policy = registration.policy
+        # The gRPC deadline is the real timeout; the pipeline's wait_for is a backstop.
+        self.timeout = registration.timeout + 0.5
+        self._stub = stub
+        self._hooks = frozenset(registration.hooks)
+
+    def handles(self, stage: str) -> bool:
+        return stage in self._hooks
+
+    async def call(
+        self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts
+    ) -> Plan | None:
+        if pod.skips_hooks:
+            return None
+        reg = self.registration
+        if stage in POD_HOOKS:
+            request = pod_request(pod)
+        elif container is not None:
+            request = container_request(pod, container)
+        else:
+            return None
+        method = getattr(self._stub, f"{stage}Hook")
+        try:
+            resp = await method(request, timeout=reg.timeout)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                metrics.PLUGIN_TIMEOUTS.labels(self.name, stage).inc()
+                raise StepError(
+                    "timeout", f"hook server {reg.endpoint} gave no answer within {reg.timeout:g}s"
+                ) from exc
+            raise StepError("error", f"hook server {reg.endpoint}: {code.name}: {exc.details()}") from exc
+        if stage not in _MERGED_HOOKS:
+            return None
+        if stage in POD_HOOKS:
+            return pod_plan_from_response(pod, resp)
+        assert container is not None
+        return container_plan_from_response(stage, pod, container, resp, server=self.name)
+
+
+# ---- the registry -----------------------------------------------------------------------------
+
+
+@dataclass
+class _FileState:
+    signature: tuple[int, int, int]  # (mtime_ns, size, inode)
+    registration: Registration | None
+    error: str = ""
+
+
+@dataclass
+class _Channel:
+    channel: grpc.aio.Channel
+    stub: Any
+    users: set[str] = field(default_factory=set)
+
+
+class HookServerRegistry:
+    """Keeps ``pipeline``'s remote steps in line with the registration directory."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        pipeline: Pipeline,
+        *,
+        default_timeout: float = 2.0,
+        poll_interval: float = POLL_INTERVAL,
+    ) -> None:
+        self.directory = Path(directory)
+        self.pipeline = pipeline
+        self.default_timeout = default_timeout
+        self.poll_interval = poll_interval
+        self._files: dict[str, _FileState] = {}
+        self._channels: dict[str, _Channel] = {}
+        self._steps: list[RemoteStep] = []
+        self._poller = Background()
+        self._closing: dict[asyncio.Task[None], grpc.aio.Channel] = {}
+        self._dir_missing_logged = False
+        # Bumped whenever the set of steps changes (tests wait on it).
+        self.generation = 0
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    @property
+    def steps(self) -> list[RemoteStep]:
+        """The current steps, in calling (file-name) order."""
+        return list(self._steps)
+
+    @property
+    def errors(self) -> dict[str, str]:
+        """Registration files skipped as malformed, with the reason."""
+        return {name: st.error for name, st in self._files.items() if st.error}
+
+    def endpoints(self) -> list[str]:
+        """Endpoints with an open channel."""
+        return sorted(self._channels)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the directory once (so the proxy starts with its registrations), then poll."""
+        await self.refresh()
+        self._poller.start(
+            every(self.poll_interval, self.refresh, logger=log, error="reading hook-server registrations failed",
+                  delay_first=True),
+            name="hookserver-registry",
+        )
+
+    async def stop(self) -> None:
+        await self._poller.stop()
+        self.pipeline.set_remote_steps([])
+        self._steps = []
+        closing = [*self._closing.items()]
+        self._closing.clear()
+        for task, channel in closing:
+            task.cancel()
+            await channel.close()
+        for ch in self._channels.values():
+            await ch.channel.close()
+        self._channels.clear()
+
+    # -- scanning ---------------------------------------------------------------------------------
+
+    async def refresh(self) -> bool:
+        """Re-read changed files and update the pipeline. True when the steps changed."""
+        found = await asyncio.to_thread(self._scan, {n: st.signature for n, st in self._files.items()})
+        changed = False
+        for name in list(self._files):
+            if name not in found:
+                gone = self._files.pop(name)
+                log.info("hook-server registration removed", file=name)
+                changed = changed or gone.registration is not None
+        for name, (signature, text) in found.items():
+            if text is None:
+                continue  # unchanged since last read
+            state = self._parse(name, signature, text)
+            previous = self._files.get(name)
+            self._files[name] = state
+            if previous is None or previous.registration != state.registration:
+                changed = True
+        if changed:
+            self._rebuild()
+        return changed
+
+    def _scan(self, known: Mapping[str, tuple[int, int, int]]) -> dict[str, tuple[tuple[int, int, int], bytes | None]]:
+        """``{file name: (signature, content or None when unchanged)}`` for the ``*.json`` files."""
+        out: dict[str, tuple[tuple[int, int, int], bytes | None]] = {}
+        try:
+            entries = list(os.scandir(self.directory))
+        except FileNotFoundError:
+            if not self._dir_missing_logged:
+                log.info("hook-server registration directory does not exist (yet)", dir=str(self.directory))
+                self._dir_missing_logged = True
+            return out
+        except NotADirectoryError:
+            log.warning("hook-server registration path is not a directory", dir=str(self.directory))
+            return out
+        self._dir_missing_logged = False
+        for entry in entries:
+            if not entry.name.endswith(".json"):
+                continue
+            try:
+                if not entry.is_file():
+                    continue
+                st = entry.stat()
+                signature = (st.st_mtime_ns, st.st_size, st.st_ino)
+                if known.get(entry.name) == signature:
+                    out[entry.name] = (signature, None)
+                    continue
+                with open(entry.path, "rb") as f:
+                    out[entry.name] = (signature, f.read(1 << 20))
+            except OSError as exc:  # removed between listing and reading, or unreadable
+                if entry.name in known:
+                    out[entry.name] = (known[entry.name], None)
+                log.debug("registration file not readable now", file=entry.name, error=str(exc))
+        return out
+
+    def _parse(self, name: str, signature: tuple[int, int, int], text: bytes) -> _FileState:
+        try:
+            reg = parse_registration(name, text, self.default_timeout)
+        except RegistrationError as exc:
+            log.warning("malformed hook-server registration skipped", file=name, dir=str(self.directory),
+                        error=str(exc))
+            return _FileState(signature, None, str(exc))
+        if reg.ignored_hooks:
+            log.warning("unknown hook names in registration left out", file=name, hooks=list(reg.ignored_hooks))
+        if not reg.hooks:
+            log.warning("registration names no hook point we dispatch", file=name)
+        log.info("hook-server registration loaded", file=name, endpoint=reg.endpoint, policy=reg.policy,
+                 hooks=list(reg.hooks), timeout=reg.timeout)
+        return _FileState(signature, reg)
+
+    def _rebuild(self) -> None:
+        regs = [st.registration for _, st in sorted(self._files.items()) if st.registration is not None]
+        wanted = {r.endpoint for r in regs}
+        for endpoint in [e for e in self._channels if e not in wanted]:
+            self._retire(endpoint)
+        steps: list[RemoteStep] = []
+        for reg in regs:
+            ch = self._channels.get(reg.endpoint)
+            if ch is None:
+                channel = grpc.aio.insecure_channel(f"unix://{reg.endpoint}", options=_CHANNEL_OPTIONS)
+                ch = _Channel(channel, hookserver_pb2_grpc.RuntimeHookServiceStub(channel))
+                self._channels[reg.endpoint] = ch
+            ch.users = {r.name for r in regs if r.endpoint == reg.endpoint}
+            steps.append(RemoteStep(reg, ch.stub))
+        self._steps = steps
+        self.pipeline.set_remote_steps(steps)
+        self.generation += 1
+        log.info("hook servers in use", order=[s.registration.name for s in steps])
+
+    def _retire(self, endpoint: str) -> None:
+        ch = self._channels.pop(endpoint)
+        delay = max([self.default_timeout, *(s.timeout for s in self._steps)]) + 0.5
+
+        async def close_later() -> None:
+            await asyncio.sleep(delay)
+            await ch.channel.close()
+            log.info("hook-server channel closed", endpoint=endpoint)
+
+        task = asyncio.create_task(close_later())
+        self._closing[task] = ch.channel
+        task.add_done_callback(lambda t: self._closing.pop(t, None))
+

@@ -1,0 +1,313 @@
+"""The single applier: turns the file part of a merged ``Plan`` into cgroup and resctrl I/O.
+
+Called by the lead's pipeline (``runtime_proxy.engine.pipeline``) after the runtime accepted a CRI
+call, by the reconciler (``runtime_proxy.loops.reconciler``, ``diff=True``) and by the burst loop
+(``runtime_proxy.loops.burst``). CRI request rewriting is not done here (the pipeline does it);
+this module performs ``plan.writes``, ``plan.moves`` and ``plan.removals`` and returns an
+``ApplyReport``.
+
+Order (so the kernel never sees a child outside its parent):
+    1. writes that grow a limit (``cpuset.cpus``/``cpuset.mems`` supersets, a larger
+       ``cpu.cfs_quota_us`` or ``memory.limit_in_bytes``), parents before children; a cpuset
+       that moves sideways first grows to the union of old and new here;
+    2. every other cgroup write, in plan order;
+    3. writes that shrink a limit, children before parents;
+    4. resctrl writes (creating groups), then task moves, then removals.
+All-or-nothing attempt: when a write fails, the writes this call already made are restored
+(in reverse order) and the error is reported; later writes, moves and removals are not tried.
+A file the kernel lacks is ``unsupported``: reported (once in the log), never an error.
+``diff=True`` (the reconciler) counts every write that changed a file as drift.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from hooks.facts import format_cpu_list, parse_cpu_list
+from hooks.plan import CgroupWrite, Plan, Removal, TaskMove
+from runtime_proxy.host.cgroups import CgroupError, CgroupMissingError, Cgroups, WriteResult
+from runtime_proxy.host.resctrl import Resctrl
+
+__all__ = ["ApplyError", "ApplyReport", "FileApplier", "apply_files", "order_writes"]
+
+log = structlog.get_logger("runtime_proxy.host.apply")
+
+_ORDERED = ("cpuset.cpus", "cpuset.mems", "cpu.cfs_quota_us", "memory.limit_in_bytes")
+
+
+@dataclass
+class ApplyReport:
+    """What ``apply_files`` did. ``errors`` empty means everything in the plan was applied."""
+
+    dry_run: bool = False
+    # One entry per write tried: (write, result status).
+    results: list[tuple[CgroupWrite, WriteResult]] = field(default_factory=list)
+    unsupported: list[CgroupWrite] = field(default_factory=list)
+    # (move, number of thread ids moved).
+    moved: list[tuple[TaskMove, int]] = field(default_factory=list)
+    removed: list[Removal] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    # Files restored after a failed write.
+    rolled_back: list[str] = field(default_factory=list)
+    # Writes that found a different value on disk (diff mode only).
+    drift: list[CgroupWrite] = field(default_factory=list)
+    # Writes skipped because their cgroup directory does not exist (``missing_ok`` only).
+    missing: list[CgroupWrite] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def changed(self) -> list[CgroupWrite]:
+        return [w for w, r in self.results if r.status in ("written", "would-write")]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dryRun": self.dry_run,
+            "changed": [w.to_json() for w in self.changed],
+            "unchanged": [w.to_json() for w, r in self.results if r.status == "unchanged"],
+            "unsupported": [w.to_json() for w in self.unsupported],
+            "moved": [dict(m.to_json(), tasks=n) for m, n in self.moved],
+            "removed": [r.to_json() for r in self.removed],
+            "errors": list(self.errors),
+            "rolledBack": list(self.rolled_back),
+            "drift": len(self.drift),
+            "missing": [w.to_json() for w in self.missing],
+        }
+
+
+def _depth(path: str) -> int:
+    return len([p for p in path.split("/") if p])
+
+
+def _limit(value: str) -> float:
+    n = int(value)
+    return float("inf") if n < 0 or n >= 1 << 62 else float(n)
+
+
+@dataclass(frozen=True)
+class _Step:
+    write: CgroupWrite
+    value: str  # the value written in this step (a union for the first half of a sideways move)
+    final: bool  # False for the intermediate union step
+
+
+def order_writes(writes: list[CgroupWrite], current: Callable[[CgroupWrite], str | None]) -> list[_Step]:
+    """The cgroup writes in a safe order (see module docstring). ``current`` reads a file."""
+    grow: list[_Step] = []
+    other: list[_Step] = []
+    shrink: list[_Step] = []
+    for w in writes:
+        if w.file not in _ORDERED:
+            other.append(_Step(w, w.value, True))
+            continue
+        try:
+            cur = current(w)
+        except CgroupError:
+            cur = None
+        if cur is None:
+            other.append(_Step(w, w.value, True))
+            continue
+        try:
+            if w.file.startswith("cpuset."):
+                new_set, old_set = parse_cpu_list(w.value), parse_cpu_list(cur)
+                if new_set >= old_set:
+                    grow.append(_Step(w, w.value, True))
+                elif new_set <= old_set:
+                    shrink.append(_Step(w, w.value, True))
+                else:
+                    grow.append(_Step(w, format_cpu_list(new_set | old_set), False))
+                    shrink.append(_Step(w, w.value, True))
+            elif _limit(w.value) >= _limit(cur):
+                grow.append(_Step(w, w.value, True))
+            else:
+                shrink.append(_Step(w, w.value, True))
+        except ValueError:
+            other.append(_Step(w, w.value, True))
+    grow.sort(key=lambda s: _depth(s.write.path))
+    shrink.sort(key=lambda s: -_depth(s.write.path))
+    return grow + other + shrink
+
+
+def apply_files(
+    plan: Plan,
+    *,
+    cgroups: Cgroups,
+    resctrl: Resctrl | None = None,
+    dry_run: bool = False,
+    diff: bool = False,
+    atomic: bool = True,
+    missing_ok: bool = False,
+) -> ApplyReport:
+    """Perform the writes, task moves and removals of ``plan``.
+
+    :param plan: a merged plan; only ``writes``, ``moves`` and ``removals`` are used.
+    :param cgroups: the cgroup tree (``runtime_proxy.host.cgroups.Cgroups``).
+    :param resctrl: the resctrl tree; resctrl writes, moves and removals fail without it.
+    :param dry_run: read and compare only; ``changed`` lists what would be written.
+    :param diff: reconciler mode: a write that changes a file is counted in ``drift``.
+    :param atomic: restore this call's writes when one fails (default); ``False`` goes on
+        with the other writes and reports every failure.
+    :param missing_ok: a write whose cgroup directory does not exist is listed in ``missing``
+        (not logged, not an error) and the other writes go on; the caller decides what to say.
+    :returns: the report; never raises for I/O errors.
+    """
+    report = ApplyReport(dry_run=dry_run)
+    undo: list[tuple[Callable[[], None], str]] = []
+
+    def fail(message: str) -> bool:
+        report.errors.append(message)
+        log.warning("apply failed", error=message, dry_run=dry_run)
+        if not atomic or dry_run:
+            return False
+        for restore, what in reversed(undo):
+            try:
+                restore()
+                report.rolled_back.append(what)
+            except CgroupError as exc:
+                report.errors.append(f"rollback of {what} failed: {exc}")
+        undo.clear()
+        return True
+
+    def record(w: CgroupWrite, result: WriteResult, final: bool) -> None:
+        if result.status == "unsupported":
+            if final:
+                report.unsupported.append(w)
+            return
+        if final:
+            report.results.append((w, result))
+            if diff and result.status in ("written", "would-write"):
+                report.drift.append(w)
+
+    cg_writes = [w for w in plan.writes if w.level != "resctrl"]
+    rc_writes = [w for w in plan.writes if w.level == "resctrl"]
+    steps = order_writes(cg_writes, lambda w: cgroups.read(w.path, w.file))
+    for step in steps:
+        w = step.write
+        try:
+            result = cgroups.write(w.path, w.file, step.value, dry_run=dry_run)
+        except CgroupMissingError as exc:
+            if missing_ok:
+                if w not in report.missing:
+                    report.missing.append(w)
+                continue
+            if fail(f"{w.level} {w.path or '/'} {w.file}={step.value}: {exc}"):
+                return report
+            continue
+        except CgroupError as exc:
+            if fail(f"{w.level} {w.path or '/'} {w.file}={step.value}: {exc}"):
+                return report
+            continue
+        if result.status == "written" and result.old_raw is not None:
+            target, old = Path(result.target), result.old_raw
+            undo.append((partial(cgroups.write_raw, target, old, file=w.file), result.target))
+        record(w, result, step.final)
+
+    for w in rc_writes:
+        if resctrl is None:
+            if fail(f"resctrl {w.path} {w.file}: no resctrl root configured"):
+                return report
+            continue
+        existed = resctrl.group_dir(w.path).is_dir() if _safe_group(resctrl, w.path) else True
+        try:
+            result = resctrl.write(w.path, w.file, w.value, dry_run=dry_run)
+        except CgroupError as exc:
+            if fail(f"resctrl {w.path} {w.file}: {exc}"):
+                return report
+            continue
+        if result.status == "written":
+            if not existed:
+                group = w.path
+                undo.append((partial(_remove_quietly, resctrl, group), f"resctrl group {group}"))
+            elif result.old_raw is not None:
+                target, old = Path(result.target), result.old_raw
+                undo.append((partial(resctrl.write_raw, target, old), result.target))
+        record(w, result, True)
+
+    for m in plan.moves:
+        if resctrl is None:
+            report.errors.append(f"move {m.path} to {m.group}: no resctrl root configured")
+            continue
+        try:
+            tids = cgroups.tasks(m.path)
+            moved = resctrl.add_tasks(m.group, tids, dry_run=dry_run)
+        except CgroupError as exc:
+            report.errors.append(f"move tasks of {m.level} {m.path} to {m.group}: {exc}")
+            continue
+        report.moved.append((m, len(moved)))
+
+    for r in plan.removals:
+        if r.level != "resctrl" or resctrl is None:
+            report.errors.append(f"remove {r.level} {r.path}: only resctrl groups can be removed")
+            continue
+        try:
+            if resctrl.remove_group(r.path, dry_run=dry_run):
+                report.removed.append(r)
+        except CgroupError as exc:
+            report.errors.append(f"remove resctrl group {r.path}: {exc}")
+    return report
+
+
+def _safe_group(resctrl: Resctrl, group: str) -> bool:
+    try:
+        resctrl.group_dir(group)
+    except CgroupError:
+        return False
+    return True
+
+
+def _remove_quietly(resctrl: Resctrl, group: str) -> None:
+    resctrl.remove_group(group)
+
+
+class ApplyError(Exception):
+    """A plan's files could not all be applied; ``report`` says what happened."""
+
+    def __init__(self, report: ApplyReport, stage: str = "") -> None:
+        super().__init__(f"{stage or 'apply'}: " + "; ".join(report.errors))
+        self.report = report
+        self.stage = stage
+
+
+class FileApplier:
+    """The applier object the pipeline holds (``runtime_proxy.engine.intercept.Applier``).
+
+    ``apply`` runs ``apply_files`` in a worker thread (cgroup I/O must not block the event
+    loop), logs the report and raises ``ApplyError`` when something failed (after restoring
+    what the plan had changed). ``last_report`` keeps the latest report for tests.
+    """
+
+    def __init__(self, *, cgroups: Cgroups, resctrl: Resctrl | None = None, dry_run: bool = False) -> None:
+        self.cgroups = cgroups
+        self.resctrl = resctrl
+        self.dry_run = dry_run
+        self.last_report: ApplyReport | None = None
+
+    def apply_now(self, plan: Plan, *, diff: bool = False, atomic: bool = True) -> ApplyReport:
+        """Synchronous ``apply_files`` with this applier's trees and dry-run setting."""
+        return apply_files(
+            plan, cgroups=self.cgroups, resctrl=self.resctrl, dry_run=self.dry_run, diff=diff, atomic=atomic
+        )
+
+    async def apply(self, plan: Plan, *, stage: str) -> None:
+        report = await asyncio.to_thread(self.apply_now, plan)
+        self.last_report = report
+        if report.changed or report.moved or report.removed:
+            log.info(
+                "plan applied",
+                stage=stage,
+                changed=len(report.changed),
+                moved=sum(n for _, n in report.moved),
+                removed=len(report.removed),
+                dry_run=self.dry_run,
+            )
+        if report.errors:
+            raise ApplyError(report, stage)

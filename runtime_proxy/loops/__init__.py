@@ -1,0 +1,1 @@
+"""Background control loops: the reconciler, the cfsQuotaBurst loop and their task helper."""

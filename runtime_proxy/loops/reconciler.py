@@ -1,0 +1,398 @@
+"""The reconciler: keeps every known pod, container and node-wide setting at its planned state.
+
+Started by the lead's server (``runtime_proxy.wiring.start_reconciler``) with a
+``ReconcileBackend`` (the store and the runtime client), the plugin manager, the cgroup and
+resctrl trees and the node config's change stream. It re-plans everything (stages
+``ReconcileNode``, ``ReconcilePod``, ``ReconcileContainer``) at start, on every node config
+change, shortly after the store changes (a pod arrived or left: the share pools moved) and every
+period, then applies only the differences:
+
+- writes go through ``runtime_proxy.host.apply.apply_files(diff=True)``;
+- container ``resources`` are compared with both what the runtime last accepted and the
+  container's cgroup files (so values changed by hand are found), and differing fields are
+  sent through ``backend.update_container_resources`` (containerd's UpdateContainerResources,
+  which is how running LS containers follow the share pools);
+- pod-level resctrl groups whose pod is gone are removed;
+- a cgroup directory that does not exist (kubelet's ``kubepods/besteffort`` on a node without
+  it, a pod that just left) is not an error: its writes are skipped, it is listed in the
+  report's ``missing`` and logged once, until a round finds it again (then it is logged anew
+  the next time it is missing).
+
+Every difference found is counted as drift (``rhp_reconcile_drift_total``). With
+``dry_run`` nothing is written or updated; the drift is still counted and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pluggy
+import structlog
+from prometheus_client import Counter, Gauge, Histogram
+
+from hooks.facts import (
+    ContainerFacts,
+    NodeFacts,
+    PodFacts,
+    container_cgroup_path,
+    parse_cpu_list,
+    with_bound_pods,
+)
+from hooks.manager import plugin_order
+from hooks.plan import Plan
+from hooks.plugins.rdt import stale_pod_groups
+from runtime_proxy.engine.planner import run_hook
+from runtime_proxy.host.apply import ApplyReport, apply_files
+from runtime_proxy.host.cgroups import Cgroups
+from runtime_proxy.host.resctrl import Resctrl
+from runtime_proxy.loops.background import Background
+
+__all__ = ["RESOURCE_FILES", "ReconcileBackend", "ReconcileReport", "Reconciler"]
+
+log = structlog.get_logger("runtime_proxy.loops.reconciler")
+
+RECONCILE_RUNS = Counter("rhp_reconcile_runs", "reconcile rounds", ["reason"])
+RECONCILE_DRIFT = Counter("rhp_reconcile_drift", "differences found (and repaired unless dry-run)", ["level", "item"])
+RECONCILE_ERRORS = Counter("rhp_reconcile_errors", "errors during reconcile rounds", ["level"])
+RECONCILE_SECONDS = Histogram("rhp_reconcile_duration_seconds", "duration of a reconcile round")
+RECONCILE_LAST = Gauge("rhp_reconcile_last_run_timestamp_seconds", "end of the last reconcile round")
+
+# Plan levels whose directories come and go with pods and containers.
+_LIFECYCLE_LEVELS = frozenset({"pod", "sandbox", "container"})
+
+# CRI resource field -> the v1 cgroup file that shows it.
+RESOURCE_FILES = {
+    "cpuset_cpus": "cpuset.cpus",
+    "cpuset_mems": "cpuset.mems",
+    "cpu_quota": "cpu.cfs_quota_us",
+    "cpu_period": "cpu.cfs_period_us",
+    "cpu_shares": "cpu.shares",
+    "memory_limit_in_bytes": "memory.limit_in_bytes",
+}
+
+
+class ReconcileBackend(Protocol):
+    """What the reconciler needs from the proxy (the lead plugs in the store and the runtime)."""
+
+    def node(self) -> NodeFacts:
+        """The current node facts (node config; bound cpusets are recomputed from ``pods``)."""
+        ...
+
+    def pods(self) -> list[PodFacts]:
+        """Every running pod sandbox the proxy knows (with ``sandbox_id``)."""
+        ...
+
+    def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
+        """Every running container (with ``id``) and its pod."""
+        ...
+
+    async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
+        """Send ``UpdateContainerResources`` for ``container_id`` with only ``changes`` set
+        (CRI ``LinuxContainerResources`` snake-case field names)."""
+        ...
+
+
+@dataclass
+class ReconcileReport:
+    """One round: what differed and what failed."""
+
+    reason: str
+    drift: list[str] = field(default_factory=list)
+    updates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    removed_groups: list[str] = field(default_factory=list)
+    # Cgroup directories that did not exist (their writes were skipped): "level path".
+    missing: list[str] = field(default_factory=list)
+
+
+def _same_resource(name: str, want: Any, have: Any) -> bool:
+    if name in ("cpuset_cpus", "cpuset_mems"):
+        try:
+            return parse_cpu_list(str(want)) == parse_cpu_list(str(have))
+        except ValueError:
+            return False
+    return bool(want == have)
+
+
+class Reconciler:
+    """Periodic, event-driven reconciliation (see module docstring).
+
+    :param backend: pods, containers, node facts and container updates.
+    :param pm: the plugin manager (``hooks.manager.make_plugin_manager``).
+    :param order: plugin names in calling order (default: ``plugin_order(pm)``).
+    :param cgroups: the cgroup tree; ``resctrl`` the resctrl tree (optional).
+    :param period: seconds between rounds (``reconcilePeriodSeconds``, default 10).
+    :param dry_run: count and log drift, change nothing.
+    :param node_changes: async iterator of new ``NodeFacts`` (``NodeConfig.changes()``).
+    :param debounce: delay after a trigger before the round (coalesces bursts).
+    :param store_delay: delay before the round for store changes that leave the bound cpusets
+        alone (``store_changed(pools_changed=False)``).
+    """
+
+    def __init__(
+        self,
+        backend: ReconcileBackend,
+        *,
+        pm: pluggy.PluginManager,
+        cgroups: Cgroups,
+        resctrl: Resctrl | None = None,
+        order: list[str] | None = None,
+        period: float = 10.0,
+        dry_run: bool = False,
+        node_changes: AsyncIterator[NodeFacts] | None = None,
+        debounce: float = 0.05,
+        store_delay: float = 1.0,
+    ) -> None:
+        self.backend = backend
+        self.pm = pm
+        self.order = order if order is not None else plugin_order(pm)
+        self.cgroups = cgroups
+        self.resctrl = resctrl
+        self.period = period
+        self.dry_run = dry_run
+        self.node_changes = node_changes
+        self.debounce = debounce
+        self.store_delay = store_delay
+        self._routine: asyncio.TimerHandle | None = None
+        self.rounds = 0
+        self.last_report: ReconcileReport | None = None
+        self._wake = asyncio.Event()
+        self._reason = "period"
+        self._background = Background()
+        # Missing cgroup directories already logged ("level path"); one leaves this set when a
+        # round no longer finds it missing, so it is logged again if it goes away again.
+        self._missing_logged: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    # -- triggers ------------------------------------------------------------------------------
+
+    def store_changed(self, pools_changed: bool = True) -> None:
+        """A pod or container arrived, changed or left.
+
+        When the bound cpusets changed (``pools_changed``), running containers may need new
+        share pools now: reconcile after ``debounce``. Any other change (pod-level sums such as
+        the CPU burst of a pod with a new container) waits ``store_delay``, so that one round
+        covers a whole burst of lifecycle calls instead of one round per call competing with
+        the runtime for CPU."""
+        if pools_changed:
+            self.trigger("pools")
+        elif self._routine is None:
+            self._routine = asyncio.get_running_loop().call_later(self.store_delay, self._routine_round)
+
+    def _routine_round(self) -> None:
+        self._routine = None
+        self.trigger("store")
+
+    def trigger(self, reason: str = "manual") -> None:
+        self._reason = reason
+        self._wake.set()
+
+    # -- one round -----------------------------------------------------------------------------
+
+    def _plan(self, hook: str, **kwargs: Any) -> Plan:
+        result = run_hook(self.pm, hook, self.order, **kwargs)
+        for c in result.conflicts:
+            log.warning("plugin conflict during reconcile", conflict=str(c))
+        return result.plan
+
+    def _apply(self, plan: Plan, level: str, report: ReconcileReport) -> ApplyReport:
+        applied = apply_files(
+            plan,
+            cgroups=self.cgroups,
+            resctrl=self.resctrl,
+            dry_run=self.dry_run,
+            diff=True,
+            atomic=False,
+            missing_ok=True,
+        )
+        for w in applied.missing:
+            where = f"{w.level} {w.path}"
+            if where not in report.missing:
+                report.missing.append(where)
+        for w in applied.drift:
+            RECONCILE_DRIFT.labels(w.level, w.file).inc()
+            report.drift.append(f"{w.level} {w.path} {w.file}={w.value}")
+        for m, n in applied.moved:
+            if n:
+                RECONCILE_DRIFT.labels(m.level, "resctrl-tasks").inc(n)
+                report.drift.append(f"{n} tasks of {m.path} into {m.group}")
+        for e in applied.errors:
+            RECONCILE_ERRORS.labels(level).inc()
+            report.errors.append(e)
+        report.skipped += [f"{s.plugin}: {s.reason}" for s in plan.skipped]
+        return applied
+
+    def _resource_changes(
+        self, pod: PodFacts, container: ContainerFacts, plan: Plan, node: NodeFacts
+    ) -> dict[str, Any]:
+        """The planned CRI resources that differ from what the runtime last accepted or from
+        the container's cgroup files (reads files: call it off the event loop)."""
+        if not plan.resources or not container.id:
+            return {}
+        try:
+            path: str | None = container_cgroup_path(pod, container.id, node.cgroup.driver)
+        except ValueError:
+            path = None
+        changes: dict[str, Any] = {}
+        for name, want in plan.resources.items():
+            if name not in RESOURCE_FILES and name != "unified":
+                continue
+            have = getattr(container.resources, name, None)
+            differs = not _same_resource(name, want, have)
+            if not differs and path is not None and name in RESOURCE_FILES:
+                on_disk = self.cgroups.matches(path, RESOURCE_FILES[name], want)
+                differs = on_disk is False
+            if differs:
+                changes[name] = want
+        return changes
+
+    def _container_files(
+        self, pod: PodFacts, container: ContainerFacts, node: NodeFacts, report: ReconcileReport
+    ) -> dict[str, Any]:
+        """Plan one container, apply its files and return the resources to update (worker
+        thread: plugins and file I/O stay off the event loop)."""
+        plan = self._plan("rhp_reconcile_container", pod=pod, container=container, node=node)
+        self._apply(plan, "container", report)
+        return self._resource_changes(pod, container, plan, node)
+
+    async def _update_container(
+        self, container: ContainerFacts, changes: dict[str, Any], report: ReconcileReport
+    ) -> None:
+        if not changes:
+            return
+        for name in changes:
+            RECONCILE_DRIFT.labels("container", name).inc()
+            report.drift.append(f"container {container.id} {name}={changes[name]}")
+        report.updates[container.id] = changes
+        if self.dry_run:
+            return
+        try:
+            await self.backend.update_container_resources(container.id, changes)
+        except Exception as exc:  # the runtime may refuse; the next round retries
+            RECONCILE_ERRORS.labels("container").inc()
+            report.errors.append(f"update container {container.id}: {exc}")
+
+    async def reconcile_once(self, reason: str = "manual") -> ReconcileReport:
+        """Plan and apply everything once; never raises for plugin or I/O errors.
+
+        Plugins and cgroup file I/O run in worker threads; the event loop only gathers the
+        store's facts and sends the container updates."""
+        async with self._lock:
+            started = time.monotonic()
+            report = ReconcileReport(reason)
+            RECONCILE_RUNS.labels(reason).inc()
+            pods = [p for p in self.backend.pods() if not p.skips_hooks]
+            containers = [(p, c) for p, c in self.backend.containers() if not p.skips_hooks]
+            by_pod: dict[str, list[ContainerFacts]] = {}
+            for p, c in containers:
+                by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
+            node = with_bound_pods(self.backend.node(), pods)
+            pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
+            full = {p.uid or p.sandbox_id: p for p in pods}
+
+            def files() -> None:
+                self._apply(self._plan("rhp_reconcile_node", node=node), "node", report)
+                for pod in pods:
+                    self._apply(self._plan("rhp_reconcile_pod", pod=pod, node=node), "pod", report)
+
+            await asyncio.to_thread(files)
+            for pod, container in containers:
+                full_pod = full.get(pod.uid or pod.sandbox_id, pod)
+                changes = await asyncio.to_thread(self._container_files, full_pod, container, node, report)
+                await self._update_container(container, changes, report)
+            await asyncio.to_thread(self._collect_groups, pods, report)
+            self._log_missing(report)
+            self.rounds += 1
+            self.last_report = report
+            RECONCILE_SECONDS.observe(time.monotonic() - started)
+            RECONCILE_LAST.set(time.time())
+            if report.drift or report.errors:
+                log.info(
+                    "reconciled",
+                    reason=reason,
+                    drift=len(report.drift),
+                    errors=report.errors[:5],
+                    dry_run=self.dry_run,
+                    details=report.drift[:20],
+                )
+            return report
+
+    def _log_missing(self, report: ReconcileReport) -> None:
+        """Log each missing cgroup directory once, not every round (a node need not have
+        kubelet's ``kubepods/burstable`` or ``kubepods/besteffort``, and tests have neither)."""
+        now = set(report.missing)
+        for where in report.missing:
+            if where not in self._missing_logged:
+                level, _, path = where.partition(" ")
+                # a pod, sandbox or container directory is missing for a moment around every
+                # start and stop (containerd makes a container's cgroup at StartContainer)
+                say = log.debug if level in _LIFECYCLE_LEVELS else log.warning
+                say("cgroup directory missing; its writes are skipped while it is", level=level, path=path)
+        self._missing_logged = now
+
+    def _collect_groups(self, pods: list[PodFacts], report: ReconcileReport) -> None:
+        if self.resctrl is None or "rdt" not in self.order or not self.resctrl.available:
+            return
+        live = {p.uid for p in pods if p.uid}
+        for group in stale_pod_groups(self.resctrl.list_groups(), live):
+            report.drift.append(f"stale resctrl group {group}")
+            RECONCILE_DRIFT.labels("resctrl", "stale-group").inc()
+            if self.dry_run:
+                continue
+            try:
+                self.resctrl.remove_group(group)
+                report.removed_groups.append(group)
+            except Exception as exc:
+                report.errors.append(f"remove resctrl group {group}: {exc}")
+
+    # -- loops ---------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        await self._safe_round("start")
+        while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel that
+            # arrives as the event fires, and then stop() would wait for this task forever.
+            try:
+                async with asyncio.timeout(self.period):
+                    await self._wake.wait()
+            except TimeoutError:
+                reason = "period"
+            else:
+                await asyncio.sleep(self.debounce)
+                reason = self._reason
+            self._wake.clear()
+            await self._safe_round(reason)
+
+    async def _safe_round(self, reason: str) -> None:
+        try:
+            await self.reconcile_once(reason)
+        except Exception:
+            RECONCILE_ERRORS.labels("round").inc()
+            log.exception("reconcile round failed", reason=reason)
+
+    async def _follow_node(self) -> None:
+        assert self.node_changes is not None
+        async for _ in self.node_changes:
+            self.trigger("node-config")
+
+    async def start(self) -> None:
+        """Reconcile now, then keep going in the background."""
+        self._background.start(self._run(), name="reconciler")
+        if self.node_changes is not None:
+            self._background.start(self._follow_node(), name="reconciler-node-changes")
+
+    async def stop(self) -> None:
+        if self._routine is not None:
+            self._routine.cancel()
+            self._routine = None
+        await self._background.stop()
+        closer = getattr(self.node_changes, "aclose", None)
+        if closer is not None:
+            with contextlib.suppress(Exception):
+                await closer()

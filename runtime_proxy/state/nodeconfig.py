@@ -1,0 +1,504 @@
+"""The node's config: NodeSLO spec, node labels and annotations, NodeResourceTopology
+annotations, plus what sysfs says about the machine, as one current ``NodeFacts``.
+
+Called by the lead's server (``runtime_proxy.wiring``): it builds a ``NodeConfig``, starts it,
+hands ``current`` to the pipeline (``intercept.NodeSource``) and ``changes()`` to the
+reconciler. Two sources, usable together (the cluster's values win once they arrive):
+
+- a local YAML or JSON file (``NodeConfigDocument``; example ``packaging/examples/nodeslo.yaml``),
+  polled for a new mtime/size about every second, so edits apply without a restart;
+- the cluster, with the official ``kubernetes`` client (in-cluster or kubeconfig credentials):
+  this node's ``Node``, its ``NodeSLO`` (``slo.koordinator.sh/v1alpha1`` ``nodeslos``) and its
+  ``NodeResourceTopology`` (``topology.node.k8s.io/v1alpha1`` ``noderesourcetopologies``), each
+  list-watched in a worker thread with reconnects.
+
+Every new config is validated (pydantic models of the NodeSLO keys we use; unknown keys are
+kept). A config that does not validate is logged and counted, and the previous one stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import structlog
+import yaml
+from prometheus_client import Counter, Gauge
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from hooks.facts import (
+    NODE_ANNOTATION_CPU_TOPOLOGY,
+    CgroupInfo,
+    CPUTopology,
+    NodeFacts,
+    ResctrlFacts,
+    load_json_annotation,
+)
+
+__all__ = [
+    "ClusterWatch",
+    "NodeConfig",
+    "NodeConfigDocument",
+    "NodeSLOSpec",
+    "load_document",
+    "node_facts_from_document",
+    "validate_node_slo",
+]
+
+log = structlog.get_logger("runtime_proxy.state.nodeconfig")
+CONFIG_RELOADS = Counter("rhp_node_config_reloads", "node config changes taken", ["source"])
+CONFIG_REJECTED = Counter("rhp_node_config_rejected", "node configs that failed validation (previous kept)", ["source"])
+CONFIG_GENERATION = Gauge("rhp_node_config_generation", "generation of the node config in use")
+
+
+# ---- validation models (Koordinator's NodeSLO keys that we read; unknown keys allowed) ---------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class CPUQOSModel(_Model):
+    enable: StrictBool | None = None
+    groupIdentity: StrictInt | None = Field(default=None, ge=-1, le=2)
+    schedIdle: StrictInt | None = Field(default=None, ge=0, le=1)
+    coreExpeller: StrictBool | None = None
+
+
+class ResctrlQOSModel(_Model):
+    enable: StrictBool | None = None
+    catRangeStartPercent: StrictInt | None = Field(default=None, ge=0, le=100)
+    catRangeEndPercent: StrictInt | None = Field(default=None, ge=0, le=100)
+    mbaPercent: StrictInt | None = Field(default=None, ge=1, le=100)
+
+
+class ResourceQOSModel(_Model):
+    cpuQOS: CPUQOSModel | None = None
+    resctrlQOS: ResctrlQOSModel | None = None
+
+
+class PoliciesModel(_Model):
+    cpuPolicy: Literal["", "groupIdentity", "coreSched"] | None = None
+
+
+class ResourceQOSStrategyModel(_Model):
+    policies: PoliciesModel | None = None
+    lsrClass: ResourceQOSModel | None = None
+    lsClass: ResourceQOSModel | None = None
+    beClass: ResourceQOSModel | None = None
+    systemClass: ResourceQOSModel | None = None
+    cgroupRoot: ResourceQOSModel | None = None
+
+
+class CPUBurstStrategyModel(_Model):
+    policy: Literal["none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto"] | None = None
+    cpuBurstPercent: StrictInt | None = Field(default=None, ge=0)
+    cfsQuotaBurstPercent: StrictInt | None = Field(default=None, ge=100)
+    cfsQuotaBurstPeriodSeconds: StrictInt | None = Field(default=None, ge=-1)
+    sharePoolThresholdPercent: StrictInt | None = Field(default=None, ge=0, le=100)
+
+
+class HostCgroupPathModel(_Model):
+    base: Literal["CgroupRoot", "Kubepods", "KubepodsBurstable", "KubepodsBesteffort"] | None = None
+    parentDir: StrictStr | None = None
+    relativePath: StrictStr | None = None
+
+
+class HostApplicationModel(_Model):
+    name: StrictStr
+    qos: StrictStr | None = None
+    priority: StrictStr | None = None
+    cgroupPath: HostCgroupPathModel | None = None
+
+
+class NodeSLOSpec(_Model):
+    """The parts of ``NodeSLO.spec`` we validate; everything else passes through unchanged."""
+
+    resourceQOSStrategy: ResourceQOSStrategyModel | None = None
+    cpuBurstStrategy: CPUBurstStrategyModel | None = None
+    hostApplications: list[HostApplicationModel] | None = None
+    resourceUsedThresholdWithBE: dict[str, Any] | None = None
+
+
+class _NRTModel(_Model):
+    annotations: dict[str, StrictStr] = Field(default_factory=dict)
+
+
+class _CgroupModel(_Model):
+    version: Literal[1, 2] | None = None
+    driver: Literal["cgroupfs", "systemd"] | None = None
+
+
+class NodeConfigDocument(BaseModel):
+    """The local node config file: ``name``, ``labels``, ``annotations`` (node annotations),
+    ``nodeResourceTopology.annotations``, ``nodeSLO`` (the NodeSLO spec), optional ``cgroup``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StrictStr = ""
+    labels: dict[str, StrictStr] = Field(default_factory=dict)
+    annotations: dict[str, StrictStr] = Field(default_factory=dict)
+    nodeResourceTopology: _NRTModel = Field(default_factory=_NRTModel)
+    nodeSLO: dict[str, Any] = Field(default_factory=dict)
+    cgroup: _CgroupModel | None = None
+
+
+def validate_node_slo(spec: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` (a pydantic ``ValidationError``) when the NodeSLO spec is bad."""
+    NodeSLOSpec.model_validate(dict(spec))
+
+
+def load_document(text: str) -> NodeConfigDocument:
+    """Parse (YAML or JSON) and validate a node config file; ``ValueError`` when bad."""
+    try:
+        data = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not YAML/JSON: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ValueError("the node config must be a mapping")
+    doc = NodeConfigDocument.model_validate(dict(data))
+    validate_node_slo(doc.nodeSLO)
+    return doc
+
+
+def node_facts_from_document(
+    doc: NodeConfigDocument,
+    *,
+    topology: CPUTopology | None = None,
+    resctrl: ResctrlFacts | None = None,
+    cgroup: CgroupInfo | None = None,
+    name: str = "",
+) -> NodeFacts:
+    """``NodeFacts`` from a document: node annotations overlaid by NRT annotations; the CPU
+    topology from sysfs (``topology``) or else from the ``node.koordinator.sh/cpu-topology``
+    annotation."""
+    annotations = {**doc.annotations, **doc.nodeResourceTopology.annotations}
+    topo = topology
+    if topo is None:
+        try:
+            data = load_json_annotation(annotations, NODE_ANNOTATION_CPU_TOPOLOGY)
+            topo = CPUTopology.from_annotation(data) if data is not None else None
+        except ValueError as exc:
+            log.warning("bad cpu-topology annotation ignored", error=str(exc))
+    cg = cgroup or CgroupInfo()
+    if doc.cgroup is not None:
+        cg = CgroupInfo(version=doc.cgroup.version or cg.version, driver=doc.cgroup.driver or cg.driver)
+    return NodeFacts(
+        name=doc.name or name,
+        labels=MappingProxyType(dict(doc.labels)),
+        annotations=MappingProxyType(annotations),
+        node_slo=MappingProxyType(dict(doc.nodeSLO)),
+        cpu_topology=topo,
+        resctrl=resctrl or ResctrlFacts(),
+        cgroup=cg,
+    )
+
+
+# ---- cluster source ----------------------------------------------------------------------------
+
+
+@dataclass
+class ClusterState:
+    """What the cluster told us so far; ``None`` = not seen (the file's value stays)."""
+
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    nrt_annotations: dict[str, str] | None = None
+    node_slo: dict[str, Any] | None = None
+    resource_versions: dict[str, str] = field(default_factory=dict)
+
+
+_KINDS: dict[str, tuple[str, str, str]] = {
+    # kind -> (group, version, plural); "" group = core API
+    "Node": ("", "v1", "nodes"),
+    "NodeSLO": ("slo.koordinator.sh", "v1alpha1", "nodeslos"),
+    "NodeResourceTopology": ("topology.node.k8s.io", "v1alpha1", "noderesourcetopologies"),
+}
+
+
+class ClusterWatch:
+    """Watches this node's Node, NodeSLO and NodeResourceTopology with the official client.
+
+    :param node_name: the node (and NodeSLO / NRT object) name.
+    :param api_client: a ready ``kubernetes.client.ApiClient``; when ``None`` credentials are
+        loaded in-cluster (service account) or from ``kubeconfig`` / ``~/.kube/config``.
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        api_client: Any = None,
+        kubeconfig: str | None = None,
+        watch_timeout: int = 60,
+        retry_seconds: float = 1.0,
+    ) -> None:
+        self.node_name = node_name
+        self._api_client = api_client
+        self._kubeconfig = kubeconfig
+        self.watch_timeout = watch_timeout
+        self.retry_seconds = retry_seconds
+        self.state = ClusterState()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._watches: list[Any] = []
+
+    # Pure part: one watch event in, state updated, "changed?" out.
+    def handle_event(self, kind: str, event: Mapping[str, Any]) -> bool:
+        """Fold a watch event (``{"type": ADDED|MODIFIED|DELETED, "object": {...}}``) into the
+        state. Events for other objects and bad NodeSLO specs are ignored (logged). Returns
+        True when what the node config is built from changed."""
+        obj = event.get("object")
+        etype = event.get("type")
+        if not isinstance(obj, Mapping) or etype not in ("ADDED", "MODIFIED", "DELETED"):
+            return False
+        meta = obj.get("metadata") or {}
+        if meta.get("name") != self.node_name:
+            return False
+        with self._lock:
+            rv = str(meta.get("resourceVersion", ""))
+            if rv:
+                self.state.resource_versions[kind] = rv
+            deleted = etype == "DELETED"
+            if kind == "Node":
+                labels = {} if deleted else dict(meta.get("labels") or {})
+                annotations = {} if deleted else dict(meta.get("annotations") or {})
+                changed = (labels, annotations) != (self.state.labels, self.state.annotations)
+                self.state.labels, self.state.annotations = labels, annotations
+                return changed
+            if kind == "NodeResourceTopology":
+                nrt = {} if deleted else dict(meta.get("annotations") or {})
+                changed = nrt != self.state.nrt_annotations
+                self.state.nrt_annotations = nrt
+                return changed
+            if kind == "NodeSLO":
+                spec = {} if deleted else dict(obj.get("spec") or {})
+                try:
+                    validate_node_slo(spec)
+                except ValidationError as exc:
+                    CONFIG_REJECTED.labels("cluster").inc()
+                    log.warning("NodeSLO rejected; keeping the previous one", errors=exc.errors(include_url=False))
+                    return False
+                changed = spec != self.state.node_slo
+                self.state.node_slo = spec
+                return changed
+        return False
+
+    def _client(self) -> Any:
+        if self._api_client is None:
+            from kubernetes import client, config
+
+            k8s_config: Any = config
+            cfg = client.Configuration()
+            if os.environ.get("KUBERNETES_SERVICE_HOST"):
+                k8s_config.load_incluster_config(client_configuration=cfg)
+            else:
+                k8s_config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
+            self._api_client = client.ApiClient(cfg)
+        return self._api_client
+
+    def _watch_loop(self, kind: str, on_change: Callable[[], None]) -> None:
+        from kubernetes import client, watch
+
+        new_watch: Any = watch.Watch
+        api = self._client()
+        group, version, plural = _KINDS[kind]
+        selector = f"metadata.name={self.node_name}"
+        while not self._stop.is_set():
+            w = new_watch()
+            self._watches.append(w)
+            try:
+                if group:
+                    func: Any = client.CustomObjectsApi(api).list_cluster_custom_object
+                    args: tuple[Any, ...] = (group, version, plural)
+                else:
+                    func, args = client.CoreV1Api(api).list_node, ()
+                for event in w.stream(func, *args, field_selector=selector, timeout_seconds=self.watch_timeout):
+                    if self._stop.is_set():
+                        break
+                    obj = event.get("object")
+                    if not isinstance(obj, Mapping):
+                        obj = api.sanitize_for_serialization(obj)
+                    if self.handle_event(kind, {"type": event.get("type"), "object": obj}):
+                        on_change()
+            except Exception as exc:
+                if not self._stop.is_set():
+                    log.warning("watch failed; retrying", kind=kind, error=str(exc))
+                    self._stop.wait(self.retry_seconds)
+            finally:
+                w.stop()
+                if w in self._watches:
+                    self._watches.remove(w)
+
+    def start(self, on_change: Callable[[], None]) -> None:
+        """Start one watcher thread per kind; ``on_change`` is called from those threads."""
+        self._stop.clear()
+        for kind in _KINDS:
+            t = threading.Thread(target=self._watch_loop, args=(kind, on_change), name=f"watch-{kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for w in list(self._watches):
+            w.stop()
+        self._threads.clear()
+
+
+# ---- the node config ---------------------------------------------------------------------------
+
+
+class NodeConfig:
+    """The current node config, from a file and/or the cluster.
+
+    :param path: the node config file (YAML or JSON); polled every ``poll_interval`` seconds.
+    :param cluster: a ``ClusterWatch`` (``None``: file only).
+    :param topology: the CPU topology (``runtime_proxy.state.sysfs.read_cpu_topology()``); when
+        ``None`` the ``node.koordinator.sh/cpu-topology`` annotation is used.
+    :param resctrl: resctrl facts (``runtime_proxy.host.resctrl.Resctrl(root).facts()``).
+    :param cgroup: the cgroup layout (version, driver).
+    """
+
+    def __init__(
+        self,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        cluster: ClusterWatch | None = None,
+        node_name: str = "",
+        topology: CPUTopology | None = None,
+        resctrl: ResctrlFacts | None = None,
+        cgroup: CgroupInfo | None = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self.path = Path(path) if path is not None else None
+        self.cluster = cluster
+        self.node_name = node_name
+        self.topology = topology
+        self.resctrl = resctrl or ResctrlFacts()
+        self.cgroup = cgroup or CgroupInfo()
+        self.poll_interval = poll_interval
+        self.generation = 0
+        self._doc = NodeConfigDocument(name=node_name)
+        self._stamp: tuple[float, int] | None = None
+        self._facts = self._build()
+        self._subscribers: list[asyncio.Queue[NodeFacts]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if self.path is not None:
+            self.reload()
+
+    def current(self) -> NodeFacts:
+        """The node config in use (``intercept.NodeSource``)."""
+        return self._facts
+
+    def _build(self) -> NodeFacts:
+        doc = self._doc
+        state = self.cluster.state if self.cluster is not None else None
+        if state is not None:
+            doc = doc.model_copy(
+                update={
+                    "labels": state.labels if state.labels is not None else doc.labels,
+                    "annotations": state.annotations if state.annotations is not None else doc.annotations,
+                    "nodeResourceTopology": _NRTModel(
+                        annotations=state.nrt_annotations
+                        if state.nrt_annotations is not None
+                        else doc.nodeResourceTopology.annotations
+                    ),
+                    "nodeSLO": state.node_slo if state.node_slo is not None else doc.nodeSLO,
+                }
+            )
+        return node_facts_from_document(
+            doc, topology=self.topology, resctrl=self.resctrl, cgroup=self.cgroup, name=self.node_name
+        )
+
+    def _publish(self, source: str) -> bool:
+        facts = self._build()
+        if facts == self._facts:
+            return False
+        self._facts = facts
+        self.generation += 1
+        CONFIG_GENERATION.set(self.generation)
+        CONFIG_RELOADS.labels(source).inc()
+        log.info("node config changed", source=source, generation=self.generation)
+        for q in list(self._subscribers):
+            q.put_nowait(facts)
+        return True
+
+    def reload(self) -> bool:
+        """Re-read the file if its mtime or size changed. Returns True when the config changed.
+        A bad file is logged and counted; the previous config stays."""
+        if self.path is None:
+            return False
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            if self._stamp is not None:
+                log.warning("node config file disappeared; keeping the last config", path=str(self.path))
+                self._stamp = None
+            return False
+        stamp = (st.st_mtime, st.st_size)
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            doc = load_document(self.path.read_text())
+        except (OSError, ValueError) as exc:
+            CONFIG_REJECTED.labels("file").inc()
+            log.warning("node config rejected; keeping the previous one", path=str(self.path), error=str(exc))
+            return False
+        self._doc = doc
+        return self._publish("file")
+
+    def _cluster_changed(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._publish, "cluster")
+
+    async def changes(self) -> AsyncGenerator[NodeFacts, None]:
+        """Yield every new node config (the latest first when several piled up)."""
+        q: asyncio.Queue[NodeFacts] = asyncio.Queue()
+        self._subscribers.append(q)
+        try:
+            while True:
+                facts = await q.get()
+                while not q.empty():
+                    facts = q.get_nowait()
+                yield facts
+        finally:
+            self._subscribers.remove(q)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                self.reload()
+            except Exception:
+                log.exception("node config poll failed")
+
+    async def start(self) -> None:
+        """Start polling the file and watching the cluster (when configured)."""
+        self._loop = asyncio.get_running_loop()
+        if self.cluster is not None:
+            self.cluster.start(self._cluster_changed)
+        if self.path is not None and self._task is None:
+            self._task = asyncio.create_task(self._poll(), name="node-config-poll")
+
+    async def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+

@@ -1,0 +1,307 @@
+"""What the proxy remembers about pods and containers, and how it rebuilds that from the runtime.
+
+Written by ``runtime_proxy.engine.intercept`` after each successful lifecycle call; read by it to give
+hooks the context of calls that carry only an ID (StartContainer, UpdateContainerResources...),
+and by the reconciler. Nothing is persisted: ``rebuild`` recovers everything from containerd
+after a restart — pod labels, annotations, cgroup parent and runtime handler from
+``PodSandboxStatus(verbose)``; container labels, annotations and envs from the container config
+that ``ContainerStatus(verbose)`` returns, and its current resources from
+``ContainerStatus.status.resources`` (falling back to the config). A pod or container the store
+does not know is looked up the same way on first use (``ensure_*``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf import json_format
+
+from cri_protos import api_pb2, api_pb2_grpc
+from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources, frozen_map
+from runtime_proxy import metrics
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["RuntimeClient", "Store", "container_facts_from_config", "pod_facts_from_config", "resources_from_pb"]
+
+_RESOURCE_SCALARS = SCALAR_RESOURCE_FIELDS
+
+
+def resources_from_pb(res: Any) -> Resources:
+    """``Resources`` from a ``runtime.v1.LinuxContainerResources`` message."""
+    values: dict[str, Any] = {name: getattr(res, name) for name in _RESOURCE_SCALARS}
+    values["unified"] = frozen_map(dict(res.unified))
+    values["hugepage_limits"] = tuple((h.page_size, h.limit) for h in res.hugepage_limits)
+    return Resources(**values)
+
+
+def pod_facts_from_config(config: Any, runtime_handler: str = "", sandbox_id: str = "") -> PodFacts:
+    """``PodFacts`` from a ``runtime.v1.PodSandboxConfig`` message."""
+    md = config.metadata
+    return PodFacts(
+        name=md.name,
+        namespace=md.namespace,
+        uid=md.uid,
+        attempt=md.attempt,
+        labels=frozen_map(dict(config.labels)),
+        annotations=frozen_map(dict(config.annotations)),
+        cgroup_parent=config.linux.cgroup_parent,
+        runtime_handler=runtime_handler,
+        sandbox_id=sandbox_id,
+    )
+
+
+def container_facts_from_config(config: Any, container_id: str = "") -> ContainerFacts:
+    """``ContainerFacts`` from a ``runtime.v1.ContainerConfig`` message."""
+    envs: dict[str, str] = {}
+    for kv in config.envs:
+        envs[kv.key] = kv.value
+    return ContainerFacts(
+        name=config.metadata.name,
+        id=container_id,
+        attempt=config.metadata.attempt,
+        labels=frozen_map(dict(config.labels)),
+        annotations=frozen_map(dict(config.annotations)),
+        resources=resources_from_pb(config.linux.resources),
+        envs=frozen_map(envs),
+    )
+
+
+class RuntimeClient:
+    """Decoded CRI calls to the runtime, for the store and the reconciler (never for forwarding)."""
+
+    def __init__(self, backend: str, *, timeout: float = 10.0) -> None:
+        from runtime_proxy.cri.grpc_transport import CHANNEL_OPTIONS
+
+        self.channel = grpc.aio.insecure_channel(f"unix://{backend}", options=CHANNEL_OPTIONS)
+        self.runtime = api_pb2_grpc.RuntimeServiceStub(self.channel)
+        self.timeout = timeout
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def version(self) -> Any:
+        return await self.runtime.Version(api_pb2.VersionRequest(), timeout=self.timeout)
+
+    async def list_sandboxes(self) -> list[Any]:
+        resp = await self.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=self.timeout)
+        return list(resp.items)
+
+    async def list_containers(self) -> list[Any]:
+        resp = await self.runtime.ListContainers(api_pb2.ListContainersRequest(), timeout=self.timeout)
+        return list(resp.containers)
+
+    async def sandbox_status(self, sandbox_id: str) -> Any:
+        return await self.runtime.PodSandboxStatus(
+            api_pb2.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True), timeout=self.timeout
+        )
+
+    async def container_status(self, container_id: str) -> Any:
+        return await self.runtime.ContainerStatus(
+            api_pb2.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=self.timeout
+        )
+
+    async def update_container_resources(self, container_id: str, resources: Resources) -> None:
+        linux = api_pb2.LinuxContainerResources()
+        _fill_resources(linux, resources)
+        await self.runtime.UpdateContainerResources(
+            api_pb2.UpdateContainerResourcesRequest(container_id=container_id, linux=linux), timeout=self.timeout
+        )
+
+
+def _fill_resources(msg: Any, res: Resources) -> None:
+    for name in _RESOURCE_SCALARS:
+        setattr(msg, name, getattr(res, name))
+    msg.unified.clear()
+    msg.unified.update(dict(res.unified))
+    del msg.hugepage_limits[:]
+    for page_size, limit in res.hugepage_limits:
+        msg.hugepage_limits.add(page_size=page_size, limit=limit)
+
+
+def _verbose_config(info: Mapping[str, str], message: Any) -> Any | None:
+    """Parse the ``config`` object of containerd's verbose ``info`` JSON into ``message``."""
+    raw = info.get("info")
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw).get("config")
+        if not isinstance(config, dict):
+            return None
+        json_format.ParseDict(config, message, ignore_unknown_fields=True)
+    except (ValueError, json_format.ParseError, AttributeError) as exc:
+        log.warning("cannot parse runtime's verbose config", error=str(exc))
+        return None
+    return message
+
+
+@dataclass
+class _Container:
+    sandbox_id: str
+    facts: ContainerFacts
+
+
+class Store:
+    """Pods by sandbox ID and containers by container ID. Single event loop; no locking needed."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, PodFacts] = {}
+        self._containers: dict[str, _Container] = {}
+        # Bumped on every change, so derived values (bound cpusets) can be cached.
+        self.version = 0
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def put_pod(self, pod: PodFacts) -> None:
+        self._pods[pod.sandbox_id] = pod
+        self._changed()
+
+    def drop_pod(self, sandbox_id: str) -> None:
+        self._pods.pop(sandbox_id, None)
+        for cid in [c for c, e in self._containers.items() if e.sandbox_id == sandbox_id]:
+            del self._containers[cid]
+        self._changed()
+
+    def put_container(self, sandbox_id: str, container: ContainerFacts) -> None:
+        self._containers[container.id] = _Container(sandbox_id, container)
+        self._changed()
+
+    def drop_container(self, container_id: str) -> None:
+        if self._containers.pop(container_id, None) is not None:
+            self._changed()
+
+    def _changed(self) -> None:
+        self.version += 1
+        metrics.STORE_OBJECTS.labels("pod").set(len(self._pods))
+        metrics.STORE_OBJECTS.labels("container").set(len(self._containers))
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def pod(self, sandbox_id: str) -> PodFacts | None:
+        return self._pods.get(sandbox_id)
+
+    def container(self, container_id: str) -> tuple[PodFacts | None, ContainerFacts] | None:
+        entry = self._containers.get(container_id)
+        if entry is None:
+            return None
+        return self._pods.get(entry.sandbox_id), entry.facts
+
+    def sandbox_of(self, container_id: str) -> str | None:
+        entry = self._containers.get(container_id)
+        return entry.sandbox_id if entry else None
+
+    def pods(self) -> list[PodFacts]:
+        return list(self._pods.values())
+
+    def containers(self) -> Iterator[tuple[PodFacts, ContainerFacts]]:
+        for entry in list(self._containers.values()):
+            pod = self._pods.get(entry.sandbox_id)
+            if pod is not None:
+                yield pod, entry.facts
+
+    def __len__(self) -> int:
+        return len(self._pods) + len(self._containers)
+
+    # -- recovery from the runtime --------------------------------------------------------------
+
+    async def ensure_pod(self, client: RuntimeClient, sandbox_id: str) -> PodFacts | None:
+        pod = self._pods.get(sandbox_id)
+        if pod is None:
+            pod = await self._load_pod(client, sandbox_id)
+            if pod is not None:
+                self.put_pod(pod)
+        return pod
+
+    async def ensure_container(
+        self, client: RuntimeClient, container_id: str
+    ) -> tuple[PodFacts | None, ContainerFacts] | None:
+        found = self.container(container_id)
+        if found is not None and found[0] is not None:
+            return found
+        loaded = await self._load_container(client, container_id)
+        if loaded is None:
+            return found
+        sandbox_id, facts = loaded
+        await self.ensure_pod(client, sandbox_id)
+        self.put_container(sandbox_id, facts)
+        return self.container(container_id)
+
+    async def _load_pod(self, client: RuntimeClient, sandbox_id: str) -> PodFacts | None:
+        try:
+            status = await client.sandbox_status(sandbox_id)
+        except grpc.aio.AioRpcError as err:
+            log.info("cannot load pod from runtime", sandbox_id=sandbox_id, code=err.code().name)
+            return None
+        config = _verbose_config(status.info, api_pb2.PodSandboxConfig())
+        s = status.status
+        if config is None:
+            # Without the verbose config we still have metadata, labels and annotations.
+            config = api_pb2.PodSandboxConfig()
+            config.metadata.CopyFrom(s.metadata)
+            config.labels.update(dict(s.labels))
+            config.annotations.update(dict(s.annotations))
+        return pod_facts_from_config(config, runtime_handler=s.runtime_handler, sandbox_id=sandbox_id)
+
+    async def _load_container(self, client: RuntimeClient, container_id: str) -> tuple[str, ContainerFacts] | None:
+        try:
+            status = await client.container_status(container_id)
+        except grpc.aio.AioRpcError as err:
+            log.info("cannot load container from runtime", container_id=container_id, code=err.code().name)
+            return None
+        s = status.status
+        config = _verbose_config(status.info, api_pb2.ContainerConfig())
+        if config is None:
+            config = api_pb2.ContainerConfig()
+            config.metadata.CopyFrom(s.metadata)
+            config.labels.update(dict(s.labels))
+            config.annotations.update(dict(s.annotations))
+        facts = container_facts_from_config(config, container_id=container_id)
+        # The status reports what the runtime applies now (after updates); prefer it.
+        if s.HasField("resources") and s.resources.HasField("linux"):
+            current = resources_from_pb(s.resources.linux)
+            # containerd turns "no swap limit asked" into swap == memory limit; report what was
+            # asked, as the store did before the restart.
+            if (
+                facts.resources.memory_swap_limit_in_bytes == 0
+                and current.memory_swap_limit_in_bytes == current.memory_limit_in_bytes
+            ):
+                current = current.with_changes({"memory_swap_limit_in_bytes": 0})
+            facts = facts.replace(resources=current)
+        sandbox_id = ""
+        try:
+            sandbox_id = json.loads(status.info.get("info", "{}")).get("sandboxID", "")
+        except ValueError:
+            sandbox_id = ""
+        if not sandbox_id:
+            sandbox_id = await self._sandbox_id_by_listing(client, container_id)
+        return sandbox_id, facts
+
+    async def _sandbox_id_by_listing(self, client: RuntimeClient, container_id: str) -> str:
+        for c in await client.list_containers():
+            if c.id == container_id:
+                return str(c.pod_sandbox_id)
+        return ""
+
+    async def rebuild(self, client: RuntimeClient) -> None:
+        """Replace the store's content with what the runtime reports now."""
+        pods: dict[str, PodFacts] = {}
+        for sandbox in await client.list_sandboxes():
+            pod = await self._load_pod(client, sandbox.id)
+            if pod is not None:
+                pods[sandbox.id] = pod
+        containers: dict[str, _Container] = {}
+        for c in await client.list_containers():
+            loaded = await self._load_container(client, c.id)
+            if loaded is None:
+                continue
+            _, facts = loaded
+            containers[c.id] = _Container(c.pod_sandbox_id, facts)
+        self._pods = pods
+        self._containers = containers
+        self._changed()
+        log.info("store rebuilt from runtime", pods=len(pods), containers=len(containers))

@@ -1,0 +1,142 @@
+"""rdt plugin: schemata math, class and pod groups, task moves, removal."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from hooks.facts import ResctrlFacts
+from hooks.plugins import rdt
+from hooks.plugins.rdt import l3_mask, mb_value, stale_pod_groups
+from tests.hooks.plugins.factories import call, container, node, pod
+
+INTEL = ResctrlFacts(cbm_mask="fff", cache_ids=(0, 1), vendor="intel", supported=True)
+AMD = ResctrlFacts(cbm_mask="ffff", cache_ids=(0,), vendor="amd", supported=True)
+ALL_ON = {"resourceQOSStrategy": {k: {"resctrlQOS": {"enable": True}} for k in ("lsrClass", "lsClass", "beClass")}}
+ANN = "node.koordinator.sh/resctrl"
+
+
+@pytest.mark.parametrize(
+    ("cbm", "start", "end", "expected"),
+    [
+        pytest.param("fff", 0, 100, "fff", id="12 ways, whole cache"),
+        pytest.param("fff", 0, 30, "f", id="BE default 0-30 of 12 ways is 4 ways"),
+        pytest.param("fff", 20, 80, "3f8", id="20-80 of 12 ways: ways 3 to 9"),
+        pytest.param("7ff", 20, 80, "1f8", id="20-80 of 11 ways"),
+        pytest.param("fffff", 50, 100, "ffc00", id="upper half of 20 ways"),
+    ],
+)
+def test_l3_mask(cbm: str, start: int, end: int, expected: str) -> None:
+    assert l3_mask(cbm, start, end) == expected
+
+
+@pytest.mark.parametrize(("start", "end"), [(50, 50), (80, 20), (0, 101), (-1, 10)])
+def test_bad_cache_range(start: int, end: int) -> None:
+    with pytest.raises(ValueError):
+        l3_mask("fff", start, end)
+
+
+@pytest.mark.parametrize(
+    ("percent", "vendor", "expected"),
+    [
+        pytest.param(100, "intel", 100, id="intel 100"),
+        pytest.param(25, "intel", 30, id="intel rounds up to tens"),
+        pytest.param(1, "intel", 10, id="intel minimum"),
+        pytest.param(100, "amd", 2048, id="amd 100 is unlimited"),
+        pytest.param(50, "amd", 80, id="amd 50% of 160 Gbps"),
+        pytest.param(33, "amd", 52, id="amd floors"),
+    ],
+)
+def test_mb_value(percent: int, vendor: str, expected: int) -> None:
+    assert mb_value(percent, vendor) == expected
+
+
+@pytest.mark.parametrize("percent", [0, 101, "50"])
+def test_bad_mb(percent: Any) -> None:
+    with pytest.raises(ValueError):
+        mb_value(percent, "intel")
+
+
+@pytest.mark.parametrize(
+    ("slo", "facts", "expected"),
+    [
+        pytest.param(ALL_ON, INTEL, {"LSR": "L3:0=fff;1=fff;\nMB:0=100;1=100;\n",
+                                     "LS": "L3:0=fff;1=fff;\nMB:0=100;1=100;\n",
+                                     "BE": "L3:0=f;1=f;\nMB:0=100;1=100;\n"}, id="defaults for all classes"),
+        pytest.param({"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True, "catRangeEndPercent": 50,
+                                                                         "mbaPercent": 50}}}}, AMD,
+                     {"BE": "L3:0=ff;\nMB:0=80;\n"}, id="only enabled classes, AMD MB"),
+        pytest.param({}, INTEL, {}, id="nothing enabled by default"),
+    ],
+)
+def test_class_groups(slo: dict[str, Any], facts: ResctrlFacts, expected: dict[str, str]) -> None:
+    plan = call(rdt, "rhp_reconcile_node", node=node(slo=slo, resctrl=facts))
+    assert {w.path: w.value for w in plan.writes} == expected
+    assert all(w.level == "resctrl" and w.file == "schemata" for w in plan.writes)
+
+
+def test_no_resctrl_is_one_skip() -> None:
+    plan = call(rdt, "rhp_reconcile_node", node=node(slo=ALL_ON))
+    assert plan.writes == [] and len(plan.skipped) == 1
+
+
+POD_ANN = {"llc": {"schemata": {"range": [20, 80]}, "schemataPerCache": [{"cacheID": 0, "range": [20, 50]}]},
+           "mb": {"schemata": {"percent": 20}, "schemataPerCache": [{"cacheID": 1, "percent": 40}]}}
+
+
+@pytest.mark.parametrize(
+    ("annotation", "expected", "skipped"),
+    [
+        pytest.param(json.dumps(POD_ANN), "L3:0=38;1=3f8;\nMB:0=20;1=40;\n", False, id="per-cache overrides"),
+        pytest.param('{"mb":{"schemata":{"percent":25}}}', "MB:0=30;1=30;\n", False, id="mb only, intel rounding"),
+        pytest.param('{"llc":{"schemata":{"range":[50,10]}}}', None, True, id="bad range"),
+        pytest.param("{bad", None, True, id="bad JSON"),
+        pytest.param("{}", None, True, id="neither llc nor mb"),
+    ],
+)
+def test_pod_group_schemata(annotation: str, expected: str | None, skipped: bool) -> None:
+    the_pod = pod("LS", uid="u1", annotations={ANN: annotation})
+    plan = call(rdt, "rhp_pre_run_pod_sandbox", pod=the_pod, node=node(resctrl=INTEL))
+    assert [(w.path, w.value) for w in plan.writes] == ([("koordlet-u1", expected)] if expected else [])
+    assert bool(plan.skipped) == skipped
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "slo", "group"),
+    [
+        pytest.param(pod("LS", uid="u"), ALL_ON, "LS", id="LS container joins LS"),
+        pytest.param(pod("LSE", uid="u", kube="Guaranteed"), ALL_ON, "LSR", id="LSE joins LSR"),
+        pytest.param(pod(None, uid="u", kube="BestEffort"), ALL_ON, "BE", id="label-less BestEffort joins BE"),
+        pytest.param(pod("LS", uid="u", annotations={ANN: '{"mb":{"schemata":{"percent":20}}}'}), ALL_ON,
+                     "koordlet-u", id="pod-level group wins"),
+        pytest.param(pod("LS", uid="u"), {}, None, id="class not enabled: no move"),
+        pytest.param(pod("SYSTEM", uid="u"), ALL_ON, None, id="SYSTEM: no move"),
+    ],
+)
+def test_task_moves_at_start(the_pod: Any, slo: dict[str, Any], group: str | None) -> None:
+    plan = call(rdt, "rhp_post_start_container", pod=the_pod, container=container(cid="c1"),
+                node=node(slo=slo, resctrl=INTEL))
+    assert [(m.level, m.path, m.group) for m in plan.moves] == (
+        [("container", f"{the_pod.cgroup_parent.strip('/')}/c1", group)] if group else [])
+    sandbox = call(rdt, "rhp_post_run_pod_sandbox", pod=the_pod.replace(sandbox_id="sb"),
+                   node=node(slo=slo, resctrl=INTEL))
+    assert [m.group for m in sandbox.moves] == ([group] if group else [])
+
+
+def test_pod_group_is_removed_with_the_pod() -> None:
+    the_pod = pod("LS", uid="u", annotations={ANN: '{"mb":{"schemata":{"percent":20}}}'})
+    plan = call(rdt, "rhp_post_remove_pod_sandbox", pod=the_pod, node=node(resctrl=INTEL))
+    assert [(r.level, r.path) for r in plan.removals] == [("resctrl", "koordlet-u")]
+    assert call(rdt, "rhp_post_remove_pod_sandbox", pod=pod("LS"), node=node()).removals == []
+
+
+def test_bad_uid_never_names_a_group() -> None:
+    the_pod = pod("LS", uid="../x", annotations={ANN: '{"mb":{"schemata":{"percent":20}}}'})
+    plan = call(rdt, "rhp_pre_run_pod_sandbox", pod=the_pod, node=node(resctrl=INTEL))
+    assert plan.writes == [] and plan.skipped
+
+
+def test_stale_pod_groups() -> None:
+    assert stale_pod_groups(["LS", "koordlet-a", "koordlet-b"], {"a"}) == ["koordlet-b"]

@@ -1,0 +1,126 @@
+"""Fixtures for the scheduler extender tests: a fake API server, the official client bound to
+it, and an extender served by uvicorn on loopback."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # ``tests.fakeapi`` and ``tests.scheduler_ext.builders``
+
+import kubernetes  # noqa: E402
+import uvicorn  # noqa: E402
+
+from scheduler_ext.errors import GoneError  # noqa: E402
+from scheduler_ext.extender import Binder, ExtenderConfig  # noqa: E402
+from scheduler_ext.kube import BindClient, KubeClient  # noqa: E402
+from scheduler_ext.ledger import LeaseLedger  # noqa: E402
+from scheduler_ext.server import create_app  # noqa: E402
+from scheduler_ext.state import ClusterState, Watcher  # noqa: E402
+from tests.fakeapi import FakeAPIServer  # noqa: E402
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAPIServer]:
+    server = FakeAPIServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def api_client(url: str) -> kubernetes.client.ApiClient:
+    conf = kubernetes.client.Configuration()
+    conf.host = url
+    conf.connection_pool_maxsize = 32
+    return kubernetes.client.ApiClient(conf)
+
+
+def kube_client(url: str) -> KubeClient:
+    return KubeClient(api_client(url), watch_timeout=30)
+
+
+def bind_client(url: str) -> BindClient:
+    return BindClient(api_client(url), timeout=10)
+
+
+@pytest.fixture
+def official(api: FakeAPIServer) -> kubernetes.client.ApiClient:
+    conf = kubernetes.client.Configuration()
+    conf.host = api.url
+    return kubernetes.client.ApiClient(conf)
+
+
+@dataclass
+class Extender:
+    """An extender served over loopback HTTP, wired as ``scheduler-ext serve`` wires it."""
+
+    url: str
+    state: ClusterState
+    binder: Binder
+    watcher: Watcher
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.state.ready:
+            if time.monotonic() > deadline:
+                raise TimeoutError("extender cache did not sync")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.watcher.stop.set()
+        self.server.should_exit = True
+        self.thread.join(5)
+
+
+def start_extender(
+    api_url: str, *, ledger: bool = False, identity: str = "test", cfg: ExtenderConfig | None = None
+) -> Extender:
+    client = api_client(api_url)
+    kube = KubeClient(client, watch_timeout=30)
+    bind_api = BindClient(client, timeout=10)
+    state = ClusterState()
+    watcher = Watcher(state, kube.list, kube.watch, GoneError, backoff=0.05)
+    watcher.start()
+    lease = (
+        LeaseLedger(bind_api, "kube-system", identity=identity, is_deleted=state.recently_deleted)
+        if ledger
+        else None
+    )
+    binder = Binder(state, bind_api, cfg or ExtenderConfig(), lease)
+    app = create_app(state, binder, cfg or ExtenderConfig())
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http="httptools")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise TimeoutError("uvicorn did not start")
+        time.sleep(0.01)
+    ext = Extender(f"http://127.0.0.1:{port}", state, binder, watcher, server, thread)
+    ext.wait_ready()
+    return ext
+
+
+@pytest.fixture
+def extender(api: FakeAPIServer) -> Iterator[Extender]:
+    ext = start_extender(api.url)
+    try:
+        yield ext
+    finally:
+        ext.stop()
