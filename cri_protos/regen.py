@@ -18,7 +18,7 @@ from pathlib import Path
 
 PACKAGE = "cri_protos"
 PACKAGE_DIR = Path(__file__).resolve().parent
-PROTOS: tuple[str, ...] = ("api.proto", "hookserver.proto")
+PROTOS: tuple[str, ...] = ("api.proto", "hookserver.proto", "nri.proto", "ttrpc.proto")
 GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 

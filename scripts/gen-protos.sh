@@ -10,4 +10,4 @@ if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
 fi
 exec "${PYTHON}" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. \
-    cri_protos/api.proto cri_protos/hookserver.proto
+    cri_protos/api.proto cri_protos/hookserver.proto cri_protos/nri.proto cri_protos/ttrpc.proto
