@@ -10,15 +10,20 @@ prints what filter, prioritize and bind would decide, without any cluster.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import ipaddress
 import json
 import logging
 import os
 import socket
+import ssl
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import structlog
+import uvicorn
 import yaml
 
 from scheduler_ext.allocator import AllocationError
@@ -26,7 +31,16 @@ from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, e
 from scheduler_ext.pods import parse_pod
 from scheduler_ext.state import ClusterState, load_objects
 
-__all__ = ["main", "simulate"]
+__all__ = ["EXIT_OK", "EXIT_USAGE", "is_loopback", "main", "simulate", "tls_problem"]
+
+EXIT_OK = 0
+EXIT_SERVE_FAILED = 1  # serve: the listener could not start (address in use, TLS handshake setup)
+EXIT_USAGE = 2  # bad flags or configuration; also argparse's own code for unknown options
+
+
+def _fail(command: str, message: str, code: int) -> int:
+    print(f"scheduler-ext {command}: {message}", file=sys.stderr)
+    return code
 
 
 def _configure_logging(level: str, fmt: str) -> None:
@@ -113,22 +127,125 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+def _host_port(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (IPv6 hosts in brackets) -> (host without brackets, port); ``None`` if bad."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        return None
+    return host, int(port)
 
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address literal or ``localhost``) is only reachable from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything, so it counts as reachable
+
+
+def tls_problem(args: argparse.Namespace, host: str) -> str:
+    """Why ``serve`` must refuse to start with these TLS flags on ``host`` ("" when it may start).
+
+    The verbs can bind any pending pod, so a listener that other machines can reach must serve
+    HTTPS and require client certificates from ``--tls-client-ca``; ``--insecure`` overrides
+    that (the caller logs a warning). Loopback listeners may serve plain HTTP.
+    """
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
+    if args.tls_client_ca and not args.tls_cert:
+        return "--tls-client-ca needs --tls-cert and --tls-key"
+    if is_loopback(host) or args.insecure:
+        return ""
+    if not (args.tls_cert and args.tls_client_ca):
+        return (
+            f"refusing to serve the extender verbs on {host}, reachable from other machines, "
+            "without --tls-cert, --tls-key and --tls-client-ca: anyone who can connect could "
+            "bind pending pods. Give the three TLS flags, listen on a loopback address "
+            "(--listen 127.0.0.1:PORT), or pass --insecure to accept the risk"
+        )
+    return ""
+
+
+def _tls_context_error(args: argparse.Namespace) -> str:
+    """Load the TLS files once before serving, so a bad file is a message, not a traceback."""
+    if not args.tls_cert:
+        return ""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        return f"cannot load --tls-cert/--tls-key: {exc}"
+    if args.tls_client_ca:
+        try:
+            ctx.load_verify_locations(cafile=args.tls_client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot load --tls-client-ca: {exc}"
+    return ""
+
+
+class _NoSignalServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to the main server next to it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        http="httptools",  # the C parser: h11 cost ~0.2 ms of CPU per verb call
+        proxy_headers=False,  # kube-scheduler calls directly; no X-Forwarded-* to honour
+        timeout_keep_alive=60,
+        **kwargs,
+    )
+
+
+async def _serve_all(main_server: uvicorn.Server, health: uvicorn.Server | None) -> None:
+    task = asyncio.create_task(health.serve()) if health is not None else None
+    try:
+        await main_server.serve()
+    finally:
+        if health is not None and task is not None:
+            health.should_exit = True
+            await task
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
     from scheduler_ext.errors import GoneError
     from scheduler_ext.extender import Binder
     from scheduler_ext.kube import BindClient, KubeClient, api_client_from_flags
     from scheduler_ext.ledger import LeaseLedger
-    from scheduler_ext.server import create_app
+    from scheduler_ext.server import create_app, create_health_app
     from scheduler_ext.state import Watcher
 
     _configure_logging(args.log_level, args.log_format)
     log = structlog.get_logger("scheduler_ext.cli")
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        print("--listen must be HOST:PORT", file=sys.stderr)
-        return 2
+    listen = _host_port(args.listen)
+    if listen is None:
+        return _fail("serve", "--listen must be HOST:PORT", EXIT_USAGE)
+    host, port = listen
+    health_listen = _host_port(args.health_listen) if args.health_listen else None
+    if args.health_listen and health_listen is None:
+        return _fail("serve", "--health-listen must be HOST:PORT", EXIT_USAGE)
+    problem = tls_problem(args, host) or _tls_context_error(args)
+    if problem:
+        return _fail("serve", problem, EXIT_USAGE)
+    if not is_loopback(host) and not (args.tls_cert and args.tls_client_ca):
+        log.warning(
+            "INSECURE: the extender verbs are served without client certificates on an address "
+            "other machines can reach; anyone who can connect can bind pending pods",
+            listen=args.listen,
+            tls=bool(args.tls_cert),
+            client_ca=bool(args.tls_client_ca),
+        )
     cfg = ExtenderConfig(args.score_strategy, args.gpu_strategy)
     if args.api_server:
         import kubernetes
@@ -138,13 +255,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         conf.connection_pool_maxsize = 32
         api_client = kubernetes.client.ApiClient(conf)
     else:
-        api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
+        try:
+            api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
+        except Exception as exc:  # the kubernetes config loaders raise their own types
+            return _fail("serve", f"cannot load the API server configuration: {exc}", EXIT_USAGE)
     kube = KubeClient(api_client, watch_timeout=args.watch_timeout)
     try:
         bind_api = BindClient(api_client, timeout=args.api_timeout)
     except (ValueError, OSError) as exc:  # unsupported proxy, unreadable TLS files
-        print(f"cannot talk to the API server: {exc}", file=sys.stderr)
-        return 2
+        return _fail("serve", f"cannot talk to the API server: {exc}", EXIT_USAGE)
     state = ClusterState()
     watcher = Watcher(state, kube.list, kube.watch, GoneError)
     watcher.start()
@@ -159,31 +278,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
     binder = Binder(state, bind_api, cfg, ledger)
     app = create_app(state, binder, cfg, prefix=args.path_prefix)
-    log.info("serving", listen=args.listen, ha_ledger=bool(ledger), tls=bool(args.tls_cert))
+    log.info("serving", listen=args.listen, ha_ledger=bool(ledger), tls=bool(args.tls_cert),
+             client_certificates=bool(args.tls_client_ca), health_listen=args.health_listen or None)
     ssl_kwargs: dict[str, Any] = {}
     if args.tls_cert:
-        import ssl
-
         ssl_kwargs = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
         if args.tls_client_ca:
             ssl_kwargs.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
     if args.switch_interval > 0:
         sys.setswitchinterval(args.switch_interval)
-    try:
-        uvicorn.run(
-            app,
-            host=host.strip("[]"),
-            port=int(port),
-            log_level="warning",
-            access_log=False,
-            http="httptools",  # the C parser: h11 cost ~0.2 ms of CPU per verb call
-            proxy_headers=False,  # kube-scheduler calls directly; no X-Forwarded-* to honour
-            timeout_keep_alive=60,
-            **ssl_kwargs,
+    main_server = uvicorn.Server(_uvicorn_config(app, host, port, **ssl_kwargs))
+    health = None
+    if health_listen is not None:
+        health = _NoSignalServer(
+            _uvicorn_config(create_health_app(state), health_listen[0], health_listen[1], lifespan="off")
         )
+    try:
+        asyncio.run(_serve_all(main_server, health))
     finally:
         watcher.stop.set()
-    return 0
+    return EXIT_OK if main_server.started else EXIT_SERVE_FAILED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,7 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="node GPU score and the GPU order inside a node")
 
     serve = sub.add_parser("serve", help="run the HTTP extender")
-    serve.add_argument("--listen", default="0.0.0.0:8888", help="HOST:PORT (default %(default)s)")
+    serve.add_argument("--listen", default="0.0.0.0:8888",
+                       help="HOST:PORT (default %(default)s); any address but loopback needs --tls-cert, "
+                            "--tls-key and --tls-client-ca, or --insecure")
     serve.add_argument("--path-prefix", default="", help="URL prefix of the verbs, e.g. /scheduler")
     serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file")
     serve.add_argument("--context", default=None, help="kubeconfig context")
@@ -208,7 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-server", default="", help="plain API URL without credentials (tests)")
     serve.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate")
     serve.add_argument("--tls-key", default="", help="private key of --tls-cert")
-    serve.add_argument("--tls-client-ca", default="", help="require client certificates from this CA")
+    serve.add_argument("--tls-client-ca", default="",
+                       help="require and verify client certificates signed by this CA")
+    serve.add_argument("--insecure", action="store_true",
+                       help="allow a non-loopback --listen without --tls-cert, --tls-key and "
+                            "--tls-client-ca (anyone who can connect can bind pods; logs a warning)")
+    serve.add_argument("--health-listen", default="", metavar="HOST:PORT",
+                       help="also serve GET /healthz, /readyz and /metrics (never the verbs) in plain "
+                            "HTTP here, for kubelet probes and scrapers without client certificates")
     serve.add_argument("--ha-ledger", action=argparse.BooleanOptionalAction, default=True,
                        help="serialise binds per node across replicas through Leases (default on)")
     serve.add_argument("--ledger-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"))

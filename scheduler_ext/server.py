@@ -45,7 +45,7 @@ from scheduler_ext.extender import (
 from scheduler_ext.pods import parse_pod
 from scheduler_ext.state import ClusterState
 
-__all__ = ["ExtenderApp", "create_app"]
+__all__ = ["ExtenderApp", "create_app", "create_health_app"]
 
 log = structlog.get_logger("scheduler_ext.server")
 
@@ -196,6 +196,43 @@ def _names(args: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]] | None
     return [], None
 
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _probe_endpoints(state: ClusterState) -> tuple[Endpoint, Endpoint, Endpoint]:
+    """``/healthz``, ``/readyz`` and ``/metrics`` of one cache."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(StateCollector(state))
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        if state.ready:
+            return PlainTextResponse("ok")
+        missing = sorted({"nodes", "pods", "noderesourcetopologies", "devices"} - state.synced)
+        return PlainTextResponse(f"cache not synced: {', '.join(missing)}", status_code=503)
+
+    async def metrics(request: Request) -> Response:
+        body = generate_latest(REGISTRY) + generate_latest(registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return healthz, readyz, metrics
+
+
+def create_health_app(state: ClusterState) -> Starlette:
+    """Only ``GET /healthz``, ``/readyz`` and ``/metrics``: for ``serve --health-listen``, where
+    kubelet probes and scrapers connect without the client certificate the verbs require."""
+    healthz, readyz, metrics = _probe_endpoints(state)
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ]
+    )
+
+
 def create_app(
     state: ClusterState,
     binder: Binder | None,
@@ -204,8 +241,6 @@ def create_app(
     prefix: str = "",
 ) -> ExtenderApp:
     """The ASGI app. ``binder`` is ``None`` when no API server is configured."""
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(StateCollector(state))
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     async def filter_verb(raw: bytes) -> Reply:
@@ -294,18 +329,7 @@ def create_app(
             }
         )
 
-    async def healthz(request: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    async def readyz(request: Request) -> Response:
-        if state.ready:
-            return PlainTextResponse("ok")
-        missing = sorted({"nodes", "pods", "noderesourcetopologies", "devices"} - state.synced)
-        return PlainTextResponse(f"cache not synced: {', '.join(missing)}", status_code=503)
-
-    async def metrics(request: Request) -> Response:
-        body = generate_latest(REGISTRY) + generate_latest(registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+    healthz, readyz, metrics = _probe_endpoints(state)
 
     verbs: dict[str, VerbHandler] = {
         f"{prefix}/filter": _timed("filter", filter_verb),
@@ -323,6 +347,7 @@ def create_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
