@@ -148,7 +148,7 @@ def test_plain_http_to_the_tls_port_is_refused(
 def test_the_health_listener_serves_probes_but_no_verbs(
     tls_extender: tuple[TLSExtender, dict[str, Any]]
 ) -> None:
-    ext, p = tls_extender
+    ext, _ = tls_extender
     assert httpx.get(f"{ext.health}/healthz").text == "ok"
     assert "scheduler_ext_ready 1.0" in httpx.get(f"{ext.health}/metrics").text
     reply = httpx.post(f"{ext.health}/bind", json={"PodName": "web", "PodNamespace": "default", "Node": "n1"})
