@@ -3,6 +3,8 @@
 - ``serve``: run the proxy (``runtime_proxy.server``).
 - ``plan``: print what the hooks would do for one JSON document (``runtime_proxy.engine.planner``).
 - ``hook-server``: serve our plugins over Koordinator's RuntimeHookService (``runtime_proxy.engine.hook_service``).
+
+Machine-readable output goes to stdout only; logs and error messages go to stderr.
 """
 
 from __future__ import annotations
@@ -10,19 +12,42 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
 
 from runtime_proxy import logs
 from runtime_proxy.server import DEFAULT_BACKEND, DEFAULT_LISTEN
 
+log = structlog.get_logger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_START = 3
+
+EXIT_CODES_EPILOG = """\
+exit codes:
+  0  stopped cleanly (SIGTERM or SIGINT)
+  1  failed while running (the error is logged on stderr)
+  2  bad command line or config: unknown flag or value, unreadable or invalid config file,
+     a plugin that is configured but not installed, a plugin module that cannot be imported
+  3  cannot start: the listen socket path or the metrics address cannot be used
+     (a file, a directory or a live socket is there; address in use; no permission)
+"""
+
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="run the CRI proxy")
+    p = sub.add_parser("serve", help="run the CRI proxy", description="Run the CRI proxy in front of the runtime.",
+                       epilog=EXIT_CODES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--listen", "--koord-runtimeproxy-endpoint", dest="listen", default=DEFAULT_LISTEN,
                    help="unix socket to serve CRI on (default %(default)s)")
     p.add_argument("--backend", "--remote-runtime-service-endpoint", dest="backend", default=DEFAULT_BACKEND,
                    help="the runtime's CRI unix socket (default %(default)s)")
     p.add_argument("--config", help="plugin config file (YAML or JSON)")
-    p.add_argument("--metrics-addr", help="HOST:PORT to serve Prometheus metrics on")
+    p.add_argument("--metrics-addr", metavar="[HOST]:PORT",
+                   help="serve Prometheus metrics on HOST:PORT; :PORT means 127.0.0.1:PORT")
     p.add_argument("--transport", choices=("relay", "grpc"), default="relay",
                    help="relay: HTTP/2 frame relay (default); grpc: the grpcio fallback")
     p.add_argument("--dry-run", action="store_true", help="log plans, change and apply nothing")
@@ -41,15 +66,21 @@ def _strip(s: str | None) -> str | None:
     return s[len("unix://"):] if s.startswith("unix://") else s
 
 
+def _error(command: str, message: str, code: int) -> int:
+    print(f"runtime-proxy {command}: {message}", file=sys.stderr, flush=True)
+    return code
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from runtime_proxy.config import load_config
+    from runtime_proxy import metrics
+    from runtime_proxy.config import ConfigError, load_config
+    from runtime_proxy.engine.hook_service import PluginLoadError, check_plugins
     from runtime_proxy.server import ProxyOptions, serve
 
     try:
         cfg = load_config(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"runtime-proxy: bad config {args.config}: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:
+        return _error("serve", f"bad config {exc}", EXIT_USAGE)
     updates = {
         "hookServerDir": args.hook_server_dir,
         "nodeConfigFile": args.node_config,
@@ -58,6 +89,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "resctrlRoot": args.resctrl_root,
     }
     cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
+    if args.metrics_addr is not None:
+        try:
+            metrics.parse_addr(args.metrics_addr)
+        except ValueError as exc:
+            return _error("serve", f"--metrics-addr: {exc}", EXIT_USAGE)
+    if not args.grace >= 0:
+        return _error("serve", "--grace must be a number of seconds >= 0", EXIT_USAGE)
+    try:
+        check_plugins(cfg, entry_points=not args.no_entry_points)
+    except PluginLoadError as exc:
+        where = f"config {args.config}" if args.config else "plugins"
+        return _error("serve", f"bad {where}: {exc}", EXIT_USAGE)
     opts = ProxyOptions(
         listen=_strip(args.listen) or DEFAULT_LISTEN,
         backend=_strip(args.backend) or DEFAULT_BACKEND,
@@ -68,31 +111,44 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         grace=args.grace,
         entry_points=not args.no_entry_points,
     )
-    _run(serve(opts))
-    return 0
+    return run_main("serve", serve(opts))
 
 
-def _run(coro: object) -> None:
+def run_main(command: str, coro: Coroutine[Any, Any, None]) -> int:
+    """Run ``coro`` on uvloop (asyncio when uvloop is missing) and turn what escapes into an exit
+    code: an ``OSError`` means the process could not take its socket or address (3), anything
+    else is a failure while running (1, logged with its traceback on stderr)."""
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
 
-        uvloop.run(coro)  # type: ignore[arg-type]
+        runner = uvloop.run
     except ImportError:
-        asyncio.run(coro)  # type: ignore[arg-type]
+        runner = asyncio.run
+    try:
+        runner(coro)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except OSError as exc:
+        return _error(command, f"cannot start: {exc}", EXIT_START)
+    except Exception as exc:
+        log.error("stopped by an error", command=command, exc_info=True)
+        return _error(command, f"failed: {type(exc).__name__}: {exc}", EXIT_FAILED)
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="runtime-proxy", description=__doc__,
+    parser = argparse.ArgumentParser(prog="runtime-proxy", description=__doc__, epilog=EXIT_CODES_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log-format", choices=("json", "console"), default="json")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                        type=str.lower)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    p = sub.add_parser("plan", help="print the plan for one JSON document (FILE or stdin)")
-    p.add_argument("file", nargs="?")
+    sub.add_parser("plan", help="print the plan for one JSON document (FILE or stdin)", add_help=False)
     sub.add_parser("hook-server", help="serve the plugins over Koordinator's RuntimeHookService", add_help=False)
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command != "hook-server":
+    if rest and args.command not in ("hook-server", "plan"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logs.configure(args.log_format, args.log_level)
     if args.command == "serve":
@@ -100,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         from runtime_proxy.engine import planner
 
-        return planner.main([args.file] if args.file else [])
+        return planner.main(rest)
     if args.command == "hook-server":
         from runtime_proxy.engine import hook_service
 
         return hook_service.main(rest)
-    return 2
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -21,13 +21,19 @@ with the defaults; each acts only where a pod's labels or annotations or the nod
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["PluginConfig", "ProxyConfig", "load_config"]
+__all__ = ["MAX_CONFIG_BYTES", "ConfigError", "PluginConfig", "ProxyConfig", "load_config"]
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and says why, in one or a
+    few lines meant for a person (no traceback, no pydantic URLs)."""
 
 
 class PluginConfig(BaseModel):
@@ -72,10 +78,48 @@ class ProxyConfig(BaseModel):
         return out
 
 
+def _validation_message(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        lines.append(f"{where}: {err['msg']}")
+    return "; ".join(lines)
+
+
 def load_config(path: str | None) -> ProxyConfig:
-    """Read and validate a config file; ``None`` gives the defaults. Raises ValueError."""
+    """Read and validate a config file (JSON when the name ends in ``.json``, else YAML);
+    ``None`` gives the defaults. Raises ``ConfigError`` (a ValueError) for an unreadable,
+    oversized (> ``MAX_CONFIG_BYTES``), unparsable or invalid file, and nothing else."""
     if not path:
         return ProxyConfig()
-    text = Path(path).read_text()
-    data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    return ProxyConfig.model_validate(data or {})
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8: {exc.reason} at byte {exc.start}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: nested too deeply") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping of settings, not {type(data).__name__}")
+    try:
+        return ProxyConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_validation_message(exc)}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: nested too deeply") from exc

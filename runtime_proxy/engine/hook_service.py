@@ -22,8 +22,13 @@ proxy sends with the id; ``PreStartContainer`` is therefore registered with
 ``PreCreateContainer``. ``--no-apply`` logs the file part and leaves it to the caller;
 ``--dry-run`` answers with the unchanged request and applies nothing.
 
-With ``--register-dir`` the server writes its registration (``<name>.json``, atomically) once it
-listens, and removes it on a clean exit unless ``--keep-registration``.
+With ``--register-dir`` the server writes its registration (``<name>.json``, atomically, mode
+0644 in a directory of mode 0755, as the proxy's registry requires) once it listens, and removes
+it on a clean exit unless ``--keep-registration``.
+
+The listen socket: a stale socket (nobody accepts on it) is replaced; a regular file, a
+directory, anything else, or a socket another process serves is refused and left alone. The new
+socket's mode is 0660 whatever the umask.
 """
 
 from __future__ import annotations
@@ -31,10 +36,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import importlib
 import json
 import os
 import signal
+import socket
+import stat
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -64,10 +72,26 @@ from runtime_proxy.engine.remote import (
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["HookServerOptions", "HookService", "load_plugin", "main", "registration_document", "serve"]
+__all__ = [
+    "HookServerOptions",
+    "HookService",
+    "PluginLoadError",
+    "check_plugins",
+    "load_plugin",
+    "main",
+    "prepare_listen_path",
+    "registration_document",
+    "serve",
+]
 
 DEFAULT_NAME = "runtime-hook-proxy"
+SOCKET_MODE = 0o660
 _PENDING_LIMIT = 1024
+
+
+class PluginLoadError(ValueError):
+    """A plugin that cannot be loaded or configured: a module that does not import, an object
+    pluggy refuses, or a configured plugin name that is not installed."""
 
 
 def load_plugin(spec: str) -> tuple[str, object]:
@@ -215,24 +239,84 @@ def registration_document(endpoint: str, policy: str, hooks: list[str], timeout:
 def write_registration(directory: str, name: str, doc: dict[str, Any]) -> Path:
     """Write ``<directory>/<name>.json`` atomically (a dot-file that does not end in .json, renamed)."""
     target_dir = Path(directory)
-    target_dir.mkdir(parents=True, exist_ok=True)
+    if not target_dir.is_dir():
+        target_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chmod(target_dir, 0o755)
     target = target_dir / f"{name}.json"
     tmp = target_dir / f".{name}.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o644)
+        f.write(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, target)
     return target
 
 
+def _import(kind: str, spec: str, load: Any) -> Any:
+    try:
+        return load(spec)
+    except Exception as exc:
+        raise PluginLoadError(f"{kind} {spec!r} cannot be loaded: {type(exc).__name__}: {exc}") from exc
+
+
 def build_pipeline(opts: HookServerOptions) -> tuple[pluggy.PluginManager, Pipeline]:
+    """The plugin manager and pipeline ``opts`` describe. Raises ``PluginLoadError`` (and only
+    that) when a plugin cannot be imported, registered or configured."""
     cfg = opts.config
-    modules = [importlib.import_module(name) for name in cfg.pluginModules]
-    pm = make_plugin_manager(builtins=opts.builtins, entry_points=opts.entry_points, extra=modules)
+    modules = [_import("pluginModules entry", name, importlib.import_module) for name in cfg.pluginModules]
+    try:
+        pm = make_plugin_manager(builtins=opts.builtins, entry_points=opts.entry_points, extra=modules)
+    except Exception as exc:
+        raise PluginLoadError(f"plugins cannot be registered: {type(exc).__name__}: {exc}") from exc
     for spec in opts.plugins:
-        name, plugin = load_plugin(spec)
-        pm.register(plugin, name=name)
-    pm.check_pending()
+        name, plugin = _import("--plugin-module", spec, load_plugin)
+        try:
+            pm.register(plugin, name=name)
+            pm.check_pending()
+        except Exception as exc:
+            raise PluginLoadError(f"--plugin-module {spec!r}: {type(exc).__name__}: {exc}") from exc
     names = plugin_order(pm, [p.name for p in cfg.plugins] if cfg.plugins else None)
-    return pm, Pipeline(plugin_steps(pm, cfg.plugin_settings(names)))
+    try:
+        settings = cfg.plugin_settings(names)
+    except ValueError as exc:
+        raise PluginLoadError(str(exc)) from exc
+    return pm, Pipeline(plugin_steps(pm, settings))
+
+
+def check_plugins(cfg: ProxyConfig, *, entry_points: bool = True) -> None:
+    """Load the plugins ``cfg`` names as ``runtime-proxy serve`` will, so that a bad plugin
+    config fails before anything starts. Raises ``PluginLoadError``."""
+    build_pipeline(HookServerOptions(listen="", config=cfg, entry_points=entry_points))
+
+
+def prepare_listen_path(path: str) -> None:
+    """Make ``path`` free for a new unix socket: create its directory, remove a stale socket.
+    Raises ``FileExistsError`` for anything that is not a socket and ``OSError`` (EADDRINUSE)
+    for a socket another process accepts on; neither is touched."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode) else "file"
+        raise FileExistsError(errno.EEXIST, f"listen path exists and is a {kind}, not a socket; left alone", path)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    except OSError as exc:
+        raise OSError(errno.EADDRINUSE, f"listen socket exists and cannot be probed ({exc}); left alone",
+                      path) from exc
+    finally:
+        probe.close()
+    raise OSError(errno.EADDRINUSE, "another process serves this socket; left alone", path)
 
 
 def make_applier(cfg: ProxyConfig) -> Any:
@@ -255,12 +339,19 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, pipe
     applier = make_applier(cfg) if opts.apply and not dry_run else None
     service = HookService(pipeline, node_source, applier, dry_run=dry_run)
     listen = strip_unix(opts.listen)
-    Path(listen).parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(listen)
+    prepare_listen_path(listen)
     server = grpc.aio.server()
     hookserver_pb2_grpc.add_RuntimeHookServiceServicer_to_server(service, server)
-    server.add_insecure_port(f"unix://{listen}")
+    old_umask = os.umask(0o117)
+    try:
+        bound = server.add_insecure_port(f"unix://{listen}")
+    except RuntimeError as exc:
+        raise OSError(errno.EADDRNOTAVAIL, f"cannot bind the listen socket: {exc}", listen) from exc
+    finally:
+        os.umask(old_umask)
+    if not bound:
+        raise OSError(errno.EADDRNOTAVAIL, "cannot bind the listen socket", listen)
+    os.chmod(listen, SOCKET_MODE)
     if node_watch is not None:
         await node_watch.start()
     await server.start()
@@ -288,13 +379,30 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, pipe
         if node_watch is not None:
             with contextlib.suppress(Exception):
                 await node_watch.stop()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(listen)
+        _remove_own_socket(listen)
         log.info("hook server stopped")
 
 
+def _remove_own_socket(path: str) -> None:
+    """Remove our listen socket on exit; anything else found there by now is left alone."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+
+
+EXIT_CODES_EPILOG = """\
+exit codes:
+  0  stopped cleanly (SIGTERM or SIGINT)
+  1  failed while running (the error is logged on stderr)
+  2  bad command line or config: unknown flag or value, invalid config file, a plugin or
+     plugin module that cannot be loaded
+  3  cannot start: the listen path holds a file, a directory or a live socket (left alone),
+     or the socket cannot be created there
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="runtime-proxy hook-server", description=__doc__,
+    p = argparse.ArgumentParser(prog="runtime-proxy hook-server", description=__doc__, epilog=EXIT_CODES_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--listen", required=True, help="unix socket to serve RuntimeHookService on")
     p.add_argument("--config", help="plugin config file (YAML or JSON), as for serve")
@@ -324,6 +432,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(argv: list[str]) -> HookServerOptions:
+    """Parse the command line. argparse exits with code 2 on a bad flag; a bad config file
+    raises ``runtime_proxy.config.ConfigError``."""
     args = _parser().parse_args(argv)
     cfg = load_config(args.config)
     updates = {
@@ -333,9 +443,16 @@ def options_from_args(argv: list[str]) -> HookServerOptions:
         "resctrlRoot": args.resctrl_root,
     }
     cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
-    builtins = None if args.builtins is None else tuple(b for b in args.builtins.split(",") if b.strip())
+    builtins = None if args.builtins is None else tuple(b.strip() for b in args.builtins.split(",") if b.strip())
+    listen = strip_unix(args.listen)
+    if not listen or "\x00" in listen:
+        raise ValueError("--listen must be a unix socket path")
+    if args.register_timeout is not None and not 0 < args.register_timeout <= 300:
+        raise ValueError("--timeout-seconds must be in (0, 300]")
+    if "/" in args.register_name or args.register_name in ("", ".", ".."):
+        raise ValueError("--register-name must be a plain file name without .json")
     return HookServerOptions(
-        listen=args.listen,
+        listen=listen,
         config=cfg,
         register_dir=args.register_dir,
         register_name=args.register_name,
@@ -353,17 +470,14 @@ def options_from_args(argv: list[str]) -> HookServerOptions:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point of ``runtime-proxy hook-server``; returns the exit code."""
+    """Entry point of ``runtime-proxy hook-server``; returns the exit code (see
+    ``EXIT_CODES_EPILOG``). Messages go to stderr, never a traceback for bad input."""
+    from runtime_proxy.cli import EXIT_USAGE, run_main
+
     try:
         opts = options_from_args(argv)
         _, pipeline = build_pipeline(opts)  # fail early, with a clear message
-    except (OSError, ValueError, ImportError, AttributeError, pluggy.PluginValidationError) as exc:
+    except ValueError as exc:  # ConfigError and PluginLoadError are ValueErrors
         print(f"runtime-proxy hook-server: {exc}", file=sys.stderr, flush=True)
-        return 2
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(opts, pipeline=pipeline))
-    else:
-        uvloop.run(serve(opts, pipeline=pipeline))
-    return 0
+        return EXIT_USAGE
+    return run_main("hook-server", serve(opts, pipeline=pipeline))
