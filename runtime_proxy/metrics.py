@@ -31,6 +31,11 @@ PLUGIN_TIMEOUTS = Counter("rhp_plugin_timeouts_total", "Plugin calls that ran pa
 HOOKS_SKIPPED = Counter("rhp_hooks_skipped_total", "Calls whose hooks were skipped, by reason.", ["reason"])
 STORE_OBJECTS = Gauge("rhp_store_objects", "Pods and containers the proxy tracks.", ["kind"])
 BACKEND_UP = Gauge("rhp_backend_up", "1 when the runtime answered the last health check.")
+REGISTRATIONS_REFUSED = Counter(
+    "rhp_hookserver_registrations_refused_total",
+    "Hook-server registration files refused (unsafe owner or mode, symlink, malformed, own socket), by reason.",
+    ["reason"],
+)
 
 
 def observe_call(method: str, code: str, seconds: float) -> None:
@@ -39,7 +44,23 @@ def observe_call(method: str, code: str, seconds: float) -> None:
         CALL_ERRORS.labels(method, code).inc()
 
 
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> ``(host, port)``. An empty host (``:9464``) means loopback
+    (``127.0.0.1``), never every interface; ``[::1]:9464`` gives ``::1``. Raises ValueError."""
+    host, sep, port_text = addr.strip().rpartition(":")
+    if not sep or not port_text.isascii() or not port_text.isdigit():
+        raise ValueError(f"metrics address {addr!r} must be HOST:PORT or :PORT")
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError(f"metrics address {addr!r}: port must be in 1..65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        host = "127.0.0.1"
+    return host, port
+
+
 def serve(addr: str) -> None:
-    """Serve /metrics on ``HOST:PORT`` in a background thread."""
-    host, _, port = addr.rpartition(":")
-    start_http_server(int(port), addr=host or "0.0.0.0")
+    """Serve /metrics on ``HOST:PORT`` (``:PORT`` = loopback) in a background thread."""
+    host, port = parse_addr(addr)
+    start_http_server(port, addr=host)

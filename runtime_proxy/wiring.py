@@ -56,7 +56,8 @@ async def start_hook_servers(proxy: Proxy) -> Any:
     from runtime_proxy.engine.remote import HookServerRegistry
 
     cfg = proxy.opts.config
-    registry = HookServerRegistry(cfg.hookServerDir, proxy.pipeline, default_timeout=cfg.hookServerTimeout)
+    registry = HookServerRegistry(cfg.hookServerDir, proxy.pipeline, default_timeout=cfg.hookServerTimeout,
+                                  own_sockets=(proxy.opts.backend, proxy.opts.listen))
     await registry.start()
     return registry
 

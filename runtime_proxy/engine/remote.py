@@ -27,6 +27,16 @@ survives the directory being deleted and re-created, and has no missed-event cor
 missing directory is treated as empty until it appears. A malformed file is logged (once per
 version of the file) and skipped; the other registrations are not disturbed.
 
+Trust. A registration decides which socket the proxy sends every pod's data to, and with
+``Fail`` it can block every pod, so only files that root (or the proxy's own user) controls are
+read: the directory and each file must be owned by root or by the proxy's effective user and
+must not be group- or world-writable; the directory itself and any file in it must not be a
+symlink; a file is at most ``MAX_REGISTRATION_BYTES``. A registration whose endpoint is one of
+the proxy's own sockets (its backend, containerd's, or its listen socket; compared by resolved
+path and by inode) is refused. Every refusal is logged with its reason (once per version of the
+file) and counted in ``rhp_hookserver_registrations_refused_total{reason}``; an unsafe directory
+drops every registration until it is fixed.
+
 Order. Koordinator calls only the first server that registered a hook point. We call every
 server that registered it, in file-name order (byte order of the names, so ``10-a.json`` runs
 before ``20-b.json``); each sees the request as changed by the in-process plugins and by the
@@ -65,7 +75,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -85,6 +96,7 @@ log = structlog.get_logger(__name__)
 
 __all__ = [
     "DEFAULT_DIR",
+    "MAX_REGISTRATION_BYTES",
     "POD_HOOKS",
     "HookServerRegistry",
     "Registration",
@@ -109,6 +121,7 @@ Policy = Literal["Fail", "Ignore"]
 
 DEFAULT_DIR = "/etc/runtime/hookserver.d"
 POLL_INTERVAL = 0.5
+MAX_REGISTRATION_BYTES = 64 << 10
 MAX_TIMEOUT = 300.0
 POD_HOOKS = frozenset({"PreRunPodSandbox", "PostStopPodSandbox"})
 # Hook points whose response may change the CRI request (the others only report failures).
@@ -149,10 +162,14 @@ def strip_unix(endpoint: str) -> str:
 
 def parse_registration(name: str, text: str | bytes, default_timeout: float) -> Registration:
     """Parse one registration file's content. Raises ``RegistrationError`` when malformed."""
+    if len(text) > MAX_REGISTRATION_BYTES:
+        raise RegistrationError(f"larger than {MAX_REGISTRATION_BYTES} bytes")
     try:
         data = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RegistrationError(f"not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise RegistrationError("not valid JSON: nested too deeply") from exc
     if not isinstance(data, dict):
         raise RegistrationError("must be a JSON object")
     raw_endpoint = data.get("remote-endpoint")
@@ -420,9 +437,46 @@ class RemoteStep:
 # ---- the registry -----------------------------------------------------------------------------
 
 
+# (mtime_ns, ctime_ns, size, inode, mode, uid) from lstat: any change re-reads the file.
+_Signature = tuple[int, int, int, int, int, int]
+
+
+def _signature(st: os.stat_result) -> _Signature:
+    return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid)
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """A registration file (or the directory) that is not read, and why."""
+
+    reason: str  # the metric label: symlink, not-regular-file, owner, writable, too-large, unsafe-directory
+    message: str
+
+
+def _unsafe(st: os.stat_result, what: str) -> _Refusal | None:
+    """Why a file or directory with this ``lstat`` may not be trusted, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return _Refusal("symlink", f"{what} is a symlink")
+    if st.st_uid not in (0, os.geteuid()):
+        return _Refusal("owner", f"{what} is owned by uid {st.st_uid}, not root")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return _Refusal("writable", f"{what} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
+    return None
+
+
+def _same_socket(endpoint: str, own: str) -> bool:
+    if os.path.realpath(endpoint) == os.path.realpath(own):
+        return True
+    try:
+        a, b = os.stat(endpoint), os.stat(own)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 @dataclass
 class _FileState:
-    signature: tuple[int, int, int]  # (mtime_ns, size, inode)
+    signature: _Signature
     registration: Registration | None
     error: str = ""
 
@@ -444,11 +498,16 @@ class HookServerRegistry:
         *,
         default_timeout: float = 2.0,
         poll_interval: float = POLL_INTERVAL,
+        own_sockets: Iterable[str] = (),
     ) -> None:
+        """``own_sockets``: the proxy's backend and listen sockets; a registration naming one
+        of them is refused."""
         self.directory = Path(directory)
         self.pipeline = pipeline
         self.default_timeout = default_timeout
         self.poll_interval = poll_interval
+        self.own_sockets = tuple(strip_unix(p) for p in own_sockets if p)
+        self._dir_refusal: _Refusal | None = None
         self._files: dict[str, _FileState] = {}
         self._channels: dict[str, _Channel] = {}
         self._steps: list[RemoteStep] = []
@@ -512,7 +571,10 @@ class HookServerRegistry:
         for name, (signature, text) in found.items():
             if text is None:
                 continue  # unchanged since last read
-            state = self._parse(name, signature, text)
+            if isinstance(text, _Refusal):
+                state = self._refuse(name, signature, text)
+            else:
+                state = self._parse(name, signature, text)
             previous = self._files.get(name)
             self._files[name] = state
             if previous is None or previous.registration != state.registration:
@@ -521,11 +583,16 @@ class HookServerRegistry:
             self._rebuild()
         return changed
 
-    def _scan(self, known: Mapping[str, tuple[int, int, int]]) -> dict[str, tuple[tuple[int, int, int], bytes | None]]:
-        """``{file name: (signature, content or None when unchanged)}`` for the ``*.json`` files."""
-        out: dict[str, tuple[tuple[int, int, int], bytes | None]] = {}
+    def _scan(self, known: Mapping[str, _Signature]) -> dict[str, tuple[_Signature, bytes | _Refusal | None]]:
+        """``{file name: (signature, content, a refusal, or None when unchanged)}`` for the
+        ``*.json`` files. Runs in a worker thread; touches only ``_dir_missing_logged`` and
+        ``_dir_refusal`` of the registry."""
+        out: dict[str, tuple[_Signature, bytes | _Refusal | None]] = {}
+        entries: list[os.DirEntry[str]] = []
         try:
-            entries = list(os.scandir(self.directory))
+            dir_st = os.lstat(self.directory)
+            if not stat.S_ISLNK(dir_st.st_mode):
+                entries = list(os.scandir(self.directory))
         except FileNotFoundError:
             if not self._dir_missing_logged:
                 log.info("hook-server registration directory does not exist (yet)", dir=str(self.directory))
@@ -535,32 +602,73 @@ class HookServerRegistry:
             log.warning("hook-server registration path is not a directory", dir=str(self.directory))
             return out
         self._dir_missing_logged = False
+        refusal = _unsafe(dir_st, "the registration directory")
+        if refusal is not None:
+            refusal = _Refusal("unsafe-directory", refusal.message)
+        if refusal != self._dir_refusal:
+            self._dir_refusal = refusal
+            if refusal is not None:
+                log.warning("hook-server registrations refused: unsafe directory", dir=str(self.directory),
+                            reason=refusal.message)
+                metrics.REGISTRATIONS_REFUSED.labels(refusal.reason).inc()
+            else:
+                log.info("hook-server registration directory is safe again", dir=str(self.directory))
+        if refusal is not None:
+            return out
         for entry in entries:
             if not entry.name.endswith(".json"):
                 continue
             try:
-                if not entry.is_file():
-                    continue
-                st = entry.stat()
-                signature = (st.st_mtime_ns, st.st_size, st.st_ino)
+                st = entry.stat(follow_symlinks=False)
+                signature = _signature(st)
                 if known.get(entry.name) == signature:
                     out[entry.name] = (signature, None)
                     continue
-                with open(entry.path, "rb") as f:
-                    out[entry.name] = (signature, f.read(1 << 20))
+                out[entry.name] = (signature, self._read(entry.path, st))
             except OSError as exc:  # removed between listing and reading, or unreadable
                 if entry.name in known:
                     out[entry.name] = (known[entry.name], None)
                 log.debug("registration file not readable now", file=entry.name, error=str(exc))
         return out
 
-    def _parse(self, name: str, signature: tuple[int, int, int], text: bytes) -> _FileState:
+    @staticmethod
+    def _read(path: str, st: os.stat_result) -> bytes | _Refusal:
+        """The content of a trusted registration file, or why it is not read."""
+        if not stat.S_ISLNK(st.st_mode) and not stat.S_ISREG(st.st_mode):
+            return _Refusal("not-regular-file", "not a regular file")
+        refusal = _unsafe(st, "the file")
+        if refusal is not None:
+            return refusal
+        if st.st_size > MAX_REGISTRATION_BYTES:
+            return _Refusal("too-large", f"larger than {MAX_REGISTRATION_BYTES} bytes")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            opened = os.fstat(f.fileno())
+            if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+                raise FileNotFoundError(f"{path} was replaced while being read")
+            data = f.read(MAX_REGISTRATION_BYTES + 1)
+        if len(data) > MAX_REGISTRATION_BYTES:
+            return _Refusal("too-large", f"larger than {MAX_REGISTRATION_BYTES} bytes")
+        return data
+
+    def _refuse(self, name: str, signature: _Signature, refusal: _Refusal) -> _FileState:
+        log.warning("hook-server registration refused", file=name, dir=str(self.directory), reason=refusal.reason,
+                    error=refusal.message)
+        metrics.REGISTRATIONS_REFUSED.labels(refusal.reason).inc()
+        return _FileState(signature, None, refusal.message)
+
+    def _parse(self, name: str, signature: _Signature, text: bytes) -> _FileState:
         try:
             reg = parse_registration(name, text, self.default_timeout)
         except RegistrationError as exc:
             log.warning("malformed hook-server registration skipped", file=name, dir=str(self.directory),
                         error=str(exc))
+            metrics.REGISTRATIONS_REFUSED.labels("malformed").inc()
             return _FileState(signature, None, str(exc))
+        own = next((p for p in self.own_sockets if _same_socket(reg.endpoint, p)), None)
+        if own is not None:
+            return self._refuse(name, signature, _Refusal(
+                "own-socket", f"remote-endpoint {reg.endpoint} is the proxy's own socket {own}"))
         if reg.ignored_hooks:
             log.warning("unknown hook names in registration left out", file=name, hooks=list(reg.ignored_hooks))
         if not reg.hooks:
