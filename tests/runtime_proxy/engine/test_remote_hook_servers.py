@@ -222,8 +222,10 @@ def _register(directory: Path, name: str, endpoint: Path | str, policy: str = "I
 
 @pytest.fixture
 async def sockdir(tmp_path: Path) -> AsyncIterator[Path]:
-    # Unix socket paths are limited to 108 bytes; pytest's tmp_path can be long.
-    short = Path(f"/tmp/rhp-hs-{os.getpid()}-{id(tmp_path) % 100000}")
+    # Unix socket paths are limited to 108 bytes; pytest's tmp_path can be long. A fresh name per
+    # test: gRPC shares subchannels by address, so a path reused after a test whose server was
+    # down would start in that subchannel's connection backoff.
+    short = Path(f"/tmp/rhp-hs-{os.getpid()}-{os.urandom(4).hex()}")
     short.mkdir(exist_ok=True)
     yield short
     for p in short.iterdir():
