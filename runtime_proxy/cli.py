@@ -3,6 +3,7 @@
 - ``serve``: run the proxy (``runtime_proxy.server``).
 - ``plan``: print what the hooks would do for one JSON document (``runtime_proxy.engine.planner``).
 - ``hook-server``: serve our plugins over Koordinator's RuntimeHookService (``runtime_proxy.engine.hook_service``).
+- ``nri``: run the plugins as a containerd NRI plugin (``runtime_proxy.nri.cli``).
 
 Machine-readable output goes to stdout only; logs and error messages go to stderr.
 """
@@ -146,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("plan", help="print the plan for one JSON document (FILE or stdin)", add_help=False)
+    from runtime_proxy.nri import cli as nri_cli
+
+    nri_cli.add_parser(sub)
     sub.add_parser("hook-server", help="serve the plugins over Koordinator's RuntimeHookService", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if rest and args.command not in ("hook-server", "plan"):
@@ -157,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         from runtime_proxy.engine import planner
 
         return planner.main(rest)
+    if args.command == "nri":
+        return nri_cli.main_from_args(args)
     if args.command == "hook-server":
         from runtime_proxy.engine import hook_service
 

@@ -1,0 +1,331 @@
+"""NRI events onto the proxy's pipeline: facts from NRI's pods and containers, plans back into
+NRI replies, and the file part of every plan through the same applier as in proxy mode.
+
+Mapping (stage names from ``hooks.spec.STAGES``):
+
+- RunPodSandbox -> ``PreRunPodSandbox`` then ``PostRunPodSandbox``. The pod already exists, so
+  the plans' pod-level writes are applied at once; labels, annotations and a cgroup parent cannot
+  be changed through NRI and are logged as not carried.
+- CreateContainer -> ``PreCreateContainer``; resources, envs and annotations become the
+  ``ContainerAdjustment`` of the reply. The plan's file writes wait until the container's cgroup
+  exists and are applied at StartContainer, followed by ``PreStartContainer``.
+- UpdateContainer -> ``PreUpdateContainerResources``; the reply carries one ``ContainerUpdate``
+  with the container's id set (the runtime matches updates by id).
+- PostCreate/PostStart/PostUpdate, Stop and Remove of pods and containers -> the ``Post*``
+  stages; their writes are applied.
+- Synchronize -> the store is rebuilt from the runtime's pods and containers; no updates yet.
+
+A ``Fail``-policy failure at a ``Pre*`` stage answers with an error status, so the runtime fails
+the CRI call; every other failure costs only the plan of the step that failed (the pipeline's
+rules). In dry-run mode plans are logged and replies carry no changes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from cri_protos import nri_pb2
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
+from hooks.plan import Plan
+from runtime_proxy.engine.intercept import Applier, NodeSource, StaticNode, bound_cpusets
+from runtime_proxy.engine.pipeline import Pipeline, StageResult
+from runtime_proxy.nri.connection import RpcError
+from runtime_proxy.state.store import Store
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "NriEngine",
+    "container_facts",
+    "linux_resources",
+    "pod_facts",
+    "resources_from_nri",
+]
+
+FAILED_PRECONDITION = 9
+MAX_DEFERRED = 4096
+E = nri_pb2.Event
+
+
+# -- facts from NRI messages ----------------------------------------------------------------------
+
+
+def resources_from_nri(res: Any) -> Resources:
+    """``Resources`` from an NRI ``LinuxResources`` (unset optional values read as 0)."""
+    cpu, mem = res.cpu, res.memory
+    return Resources(
+        cpu_period=cpu.period.value if cpu.HasField("period") else 0,
+        cpu_quota=cpu.quota.value if cpu.HasField("quota") else 0,
+        cpu_shares=cpu.shares.value if cpu.HasField("shares") else 0,
+        memory_limit_in_bytes=mem.limit.value if mem.HasField("limit") else 0,
+        memory_swap_limit_in_bytes=mem.swap.value if mem.HasField("swap") else 0,
+        cpuset_cpus=cpu.cpus,
+        cpuset_mems=cpu.mems,
+        unified=frozen_map(dict(res.unified)),
+        hugepage_limits=tuple((h.page_size, h.limit) for h in res.hugepage_limits),
+    )
+
+
+def pod_facts(pod: Any) -> PodFacts:
+    return PodFacts(
+        name=pod.name,
+        namespace=pod.namespace,
+        uid=pod.uid,
+        labels=frozen_map(dict(pod.labels)),
+        annotations=frozen_map(dict(pod.annotations)),
+        cgroup_parent=pod.linux.cgroup_parent,
+        runtime_handler=pod.runtime_handler,
+        sandbox_id=pod.id,
+    )
+
+
+def container_facts(container: Any) -> ContainerFacts:
+    envs: dict[str, str] = {}
+    for entry in container.env:
+        key, sep, value = entry.partition("=")
+        if sep and key:
+            envs[key] = value
+    resources = resources_from_nri(container.linux.resources)
+    if container.linux.HasField("oom_score_adj"):
+        resources = resources.with_changes({"oom_score_adj": container.linux.oom_score_adj.value})
+    return ContainerFacts(
+        name=container.name,
+        id=container.id,
+        labels=frozen_map(dict(container.labels)),
+        annotations=frozen_map(dict(container.annotations)),
+        resources=resources,
+        envs=frozen_map(envs),
+    )
+
+
+# -- plans into NRI messages ----------------------------------------------------------------------
+
+
+def linux_resources(changes: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """An NRI ``LinuxResources`` for the plan's resource changes, and the names NRI cannot carry
+    (an empty cpuset, which NRI reads as "no change"; ``oom_score_adj``, which is not a resource)."""
+    res = nri_pb2.LinuxResources()
+    skipped: list[str] = []
+    for name, value in changes.items():
+        if name == "cpu_period" and value > 0:
+            res.cpu.period.value = value
+        elif name == "cpu_quota" and value != 0:
+            res.cpu.quota.value = value
+        elif name == "cpu_shares" and value > 0:
+            res.cpu.shares.value = value
+        elif name == "memory_limit_in_bytes" and value != 0:
+            res.memory.limit.value = value
+        elif name == "memory_swap_limit_in_bytes" and value != 0:
+            res.memory.swap.value = value
+        elif name == "cpuset_cpus" and value:
+            res.cpu.cpus = value
+        elif name == "cpuset_mems" and value:
+            res.cpu.mems = value
+        elif name == "unified" and value:
+            res.unified.update(dict(value))
+        elif name == "hugepage_limits" and value:
+            for item in value:
+                page_size, limit = (item["page_size"], item["limit"]) if isinstance(item, dict) else item
+                res.hugepage_limits.add(page_size=page_size, limit=limit)
+        else:
+            skipped.append(name)
+    return res, skipped
+
+
+def adjustment(plan: Plan) -> tuple[Any, list[str]]:
+    """The ``ContainerAdjustment`` for a ``PreCreateContainer`` plan, and what it cannot carry."""
+    adjust = nri_pb2.ContainerAdjustment()
+    resources = {k: v for k, v in plan.resources.items() if k != "oom_score_adj"}
+    res, skipped = linux_resources(resources)
+    if res.ListFields():
+        adjust.linux.resources.CopyFrom(res)
+    if "oom_score_adj" in plan.resources:
+        adjust.linux.oom_score_adj.value = plan.resources["oom_score_adj"]
+    for key, value in plan.envs.items():
+        adjust.env.add(key=key, value=value)
+    adjust.annotations.update(plan.annotations)
+    if plan.cgroup_parent is not None:
+        skipped.append("cgroup_parent")
+    return adjust, skipped
+
+
+def _files_only(plan: Plan) -> Plan:
+    return Plan(writes=list(plan.writes), moves=list(plan.moves), removals=list(plan.removals))
+
+
+class NriEngine:
+    """Implements ``runtime_proxy.nri.plugin.Events`` over a ``Pipeline`` and an applier."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        node_source: NodeSource | None = None,
+        applier: Applier | None = None,
+        dry_run: bool = False,
+    ) -> None:
+        self.pipeline = pipeline
+        self.node_source = node_source or StaticNode()
+        self.applier = applier
+        self.dry_run = dry_run
+        self.store = Store()
+        # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
+        self._deferred: OrderedDict[str, Plan] = OrderedDict()
+        self.runtime = ""
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def node(self) -> NodeFacts:
+        base = self.node_source.current()
+        bound, lse = bound_cpusets(self.store)
+        return base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
+
+    async def _run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:
+        if pod.skips_hooks or not self.pipeline.has_work(stage):
+            return None
+        result = await self.pipeline.run(stage, pod, container, self.node())
+        if result.rejected is not None:
+            raise RpcError(FAILED_PRECONDITION, f"runtime-hook-proxy: {result.rejected} (policy Fail)")
+        if self.dry_run and not result.plan.is_empty():
+            log.info("dry-run plan", stage=stage, plan=result.plan.to_json())
+        return result
+
+    async def _apply(self, plan: Plan, stage: str) -> None:
+        if self.applier is None or self.dry_run:
+            return
+        files = _files_only(plan)
+        if files.is_empty():
+            return
+        try:
+            await self.applier.apply(files, stage=stage)
+        except Exception:
+            log.exception("applying plan failed", stage=stage)
+
+    async def _stage_and_apply(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> None:
+        result = await self._run(stage, pod, container)
+        if result is not None:
+            await self._apply(result.plan, stage)
+
+    def _remember(self, pod: Any, container: Any | None = None) -> tuple[PodFacts, ContainerFacts | None]:
+        pod_f = pod_facts(pod)
+        if self.store.pod(pod_f.sandbox_id) is None:
+            self.store.put_pod(pod_f)
+        if container is None:
+            return pod_f, None
+        container_f = container_facts(container)
+        return pod_f, container_f
+
+    # -- Events --------------------------------------------------------------------------------
+
+    async def configure(self, request: Any) -> None:
+        self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
+
+    def session_ended(self) -> None:
+        """Nothing to drop: the next session's Synchronize rebuilds the store."""
+
+    async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
+        store = Store()
+        for pod in pods:
+            store.put_pod(pod_facts(pod))
+        for container in containers:
+            store.put_container(container.pod_sandbox_id, container_facts(container))
+        self.store = store
+        return []
+
+    async def create_container(self, pod: Any, container: Any) -> Any:
+        pod_f, container_f = self._remember(pod, container)
+        assert container_f is not None
+        reply = nri_pb2.CreateContainerResponse()
+        result = await self._run("PreCreateContainer", pod_f, container_f)
+        if result is None:
+            self.store.put_container(pod_f.sandbox_id, container_f)
+            return reply
+        plan = result.plan
+        self.store.put_container(pod_f.sandbox_id, result.container or container_f)
+        if self.dry_run:
+            return reply
+        adjust, skipped = adjustment(plan)
+        if skipped:
+            log.info("plan fields NRI cannot carry at create; dropped", fields=skipped, container=container.id)
+        if adjust.ListFields():
+            reply.adjust.CopyFrom(adjust)
+        files = _files_only(plan)
+        if not files.is_empty():
+            self._deferred[container.id] = files
+            while len(self._deferred) > MAX_DEFERRED:
+                dropped, _ = self._deferred.popitem(last=False)
+                log.warning("deferred container writes dropped (too many pending)", container=dropped)
+        return reply
+
+    async def update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
+        pod_f, container_f = self._remember(pod, container)
+        assert container_f is not None
+        incoming = resources_from_nri(resources)
+        changes = {name: getattr(incoming, name) for name in (
+            "cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "memory_swap_limit_in_bytes",
+            "cpuset_cpus", "cpuset_mems") if getattr(incoming, name)}
+        if changes:
+            container_f = container_f.replace(resources=container_f.resources.with_changes(changes))
+        result = await self._run("PreUpdateContainerResources", pod_f, container_f)
+        self.store.put_container(pod_f.sandbox_id, (result.container if result else None) or container_f)
+        if result is None or self.dry_run:
+            return []
+        await self._apply(result.plan, "PreUpdateContainerResources")
+        if not result.plan.resources:
+            return []
+        res, skipped = linux_resources(result.plan.resources)
+        if skipped:
+            log.info("plan fields NRI cannot carry at update; dropped", fields=skipped, container=container.id)
+        if not res.ListFields():
+            return []
+        update = nri_pb2.ContainerUpdate(container_id=container.id)
+        update.linux.resources.CopyFrom(res)
+        return [update]
+
+    async def stop_container(self, pod: Any, container: Any) -> list[Any]:
+        pod_f, container_f = self._remember(pod, container)
+        await self._stage_and_apply("PostStopContainer", pod_f, container_f)
+        return []
+
+    async def state_change(self, event: int, pod: Any, container: Any | None) -> None:
+        pod_f, container_f = self._remember(pod, container)
+        if event == E.RUN_POD_SANDBOX:
+            self.store.put_pod(pod_f)
+            result = await self._run("PreRunPodSandbox", pod_f, None)
+            if result is not None:
+                plan = result.plan
+                not_carried = [name for name, present in (
+                    ("labels", bool(plan.labels)), ("annotations", bool(plan.annotations)),
+                    ("cgroup_parent", plan.cgroup_parent is not None)) if present]
+                if not_carried:
+                    log.info("pod plan fields NRI cannot carry; dropped", fields=not_carried, pod=pod.id)
+                await self._apply(plan, "PreRunPodSandbox")
+            await self._stage_and_apply("PostRunPodSandbox", pod_f, None)
+        elif event == E.STOP_POD_SANDBOX:
+            await self._stage_and_apply("PostStopPodSandbox", pod_f, None)
+        elif event == E.REMOVE_POD_SANDBOX:
+            self.store.drop_pod(pod_f.sandbox_id)
+            await self._stage_and_apply("PostRemovePodSandbox", pod_f, None)
+        elif container_f is None:
+            return
+        elif event == E.POST_CREATE_CONTAINER:
+            await self._stage_and_apply("PostCreateContainer", pod_f, container_f)
+        elif event == E.START_CONTAINER:
+            deferred = self._deferred.pop(container_f.id, None)
+            if deferred is not None:
+                await self._apply(deferred, "PreCreateContainer")
+            await self._stage_and_apply("PreStartContainer", pod_f, container_f)
+        elif event == E.POST_START_CONTAINER:
+            await self._stage_and_apply("PostStartContainer", pod_f, container_f)
+        elif event == E.POST_UPDATE_CONTAINER:
+            await self._stage_and_apply("PostUpdateContainerResources", pod_f, container_f)
+        elif event == E.STOP_CONTAINER:
+            await self._stage_and_apply("PostStopContainer", pod_f, container_f)
+        elif event == E.REMOVE_CONTAINER:
+            self._deferred.pop(container_f.id, None)
+            self.store.drop_container(container_f.id)
+            await self._stage_and_apply("PostRemoveContainer", pod_f, container_f)

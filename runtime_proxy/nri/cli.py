@@ -1,0 +1,134 @@
+"""``runtime-proxy nri``: run the plugins as a containerd NRI plugin (no kubelet change).
+
+Builds the same parts as ``serve`` from the same ``--config`` file (``runtime_proxy.server``):
+plugins and their failure policies, the pipeline, hook-server registrations, node config and
+the file applier; then registers with the runtime's NRI socket and serves events until SIGTERM
+or SIGINT, reconnecting whenever the runtime goes away (``runtime_proxy.nri.plugin``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from runtime_proxy.config import ProxyConfig
+from runtime_proxy.nri.plugin import DEFAULT_SOCKET, PluginIdentity
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["NriOptions", "add_parser", "build", "main_from_args", "run"]
+
+DEFAULT_NAME = "runtime-hook-proxy"
+DEFAULT_IDX = "50"
+
+
+@dataclass
+class NriOptions:
+    socket: str = DEFAULT_SOCKET
+    identity: PluginIdentity = field(default_factory=lambda: PluginIdentity(DEFAULT_NAME, DEFAULT_IDX))
+    config: ProxyConfig = field(default_factory=ProxyConfig)
+    dry_run: bool = False
+    metrics_addr: str | None = None
+    entry_points: bool = True
+    hook_servers: bool = True
+    extra_plugins: tuple[object, ...] = ()
+    builtins: tuple[str, ...] | None = None
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("nri", help="run the plugins as a containerd NRI plugin")
+    p.add_argument("--nri-socket", default=DEFAULT_SOCKET, help="the runtime's NRI socket (default %(default)s)")
+    p.add_argument("--plugin-name", default=DEFAULT_NAME, help="name to register under (default %(default)s)")
+    p.add_argument("--plugin-idx", default=DEFAULT_IDX,
+                   help="two-digit index; plugins are called in ascending order (default %(default)s)")
+    p.add_argument("--config", help="plugin config file (YAML or JSON), the same file as serve takes")
+    p.add_argument("--metrics-addr", help="HOST:PORT to serve Prometheus metrics on")
+    p.add_argument("--dry-run", action="store_true", help="log plans, change and apply nothing")
+    p.add_argument("--hook-server-dir", help="directory of hook-server registrations (*.json)")
+    p.add_argument("--node-config", help="node config file (NodeSLO spec, node labels and annotations)")
+    p.add_argument("--cgroup-root", help="cgroup filesystem root (default /sys/fs/cgroup)")
+    p.add_argument("--cgroup-driver", choices=("cgroupfs", "systemd"), help="kubelet's cgroup driver")
+    p.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    from runtime_proxy.config import load_config
+
+    try:
+        cfg = load_config(args.config)
+        identity = PluginIdentity(args.plugin_name, args.plugin_idx)
+    except (OSError, ValueError) as exc:
+        print(f"runtime-proxy nri: {exc}", file=sys.stderr)
+        return 2
+    updates = {
+        "hookServerDir": args.hook_server_dir,
+        "nodeConfigFile": args.node_config,
+        "cgroupRoot": args.cgroup_root,
+        "cgroupDriver": args.cgroup_driver,
+    }
+    cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
+    socket_path = args.nri_socket.removeprefix("unix://")
+    opts = NriOptions(socket=socket_path, identity=identity, config=cfg, dry_run=args.dry_run,
+                      metrics_addr=args.metrics_addr, entry_points=not args.no_entry_points)
+    asyncio.run(run(opts))
+    return 0
+
+
+def build(opts: NriOptions) -> tuple[Any, Any, Any]:
+    """(plugin, engine, node watch) for ``opts``; nothing is started."""
+    from hooks.manager import make_plugin_manager, plugin_order
+    from runtime_proxy import wiring
+    from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+    from runtime_proxy.nri.adapter import NriEngine
+    from runtime_proxy.nri.plugin import NriPlugin
+
+    cfg = opts.config
+    modules = [importlib.import_module(name) for name in cfg.pluginModules]
+    pm = make_plugin_manager(builtins=opts.builtins, entry_points=opts.entry_points,
+                             extra=[*modules, *opts.extra_plugins])
+    names = plugin_order(pm, [p.name for p in cfg.plugins] if cfg.plugins else None)
+    pipeline = Pipeline(plugin_steps(pm, cfg.plugin_settings(names)))
+    node_source, node_watch = wiring.node_source(cfg)
+    dry_run = opts.dry_run or cfg.dryRun
+    applier = wiring.applier(cfg, dry_run=dry_run)
+    engine = NriEngine(pipeline, node_source=node_source, applier=applier, dry_run=dry_run)
+    plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
+    return plugin, engine, node_watch
+
+
+async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given)."""
+    from runtime_proxy import metrics
+    from runtime_proxy.engine.remote import HookServerRegistry
+
+    plugin, engine, node_watch = build(opts)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    if opts.metrics_addr:
+        metrics.serve(opts.metrics_addr)
+    registry = None
+    if opts.hook_servers:
+        registry = HookServerRegistry(opts.config.hookServerDir, engine.pipeline,
+                                      default_timeout=opts.config.hookServerTimeout)
+        await registry.start()
+    if node_watch is not None:
+        await node_watch.start()
+    log.info("NRI plugin starting", socket=opts.socket, name=opts.identity.name, idx=opts.identity.idx,
+             dry_run=engine.dry_run)
+    try:
+        await plugin.run(stop)
+    finally:
+        for part in (registry, node_watch):
+            if part is not None:
+                await part.stop()
+        log.info("NRI plugin stopped")

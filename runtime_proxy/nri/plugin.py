@@ -1,0 +1,236 @@
+"""The NRI plugin session: register, subscribe, dispatch the Plugin methods to an ``Events``
+implementation, and reconnect when the runtime goes away.
+
+Sequence per session: connect to the runtime's socket, start reading, call RegisterPlugin on
+connection 2 (the runtime may send Configure before it answers; the reader never waits), answer
+Configure with the event mask, answer Synchronize (chunks with ``more`` get ``more`` and no
+updates; updates go only in the final reply), then answer events until the socket closes. The
+runtime never sends Shutdown on restart; the socket just closes, and ``run`` dials again with
+backoff and registers under the same name.
+
+Events. ``SUBSCRIBED`` lists events 1..11 only: they are valid on every runtime with NRI v0.3 or
+later (containerd 1.7 and 2.x); a bit the runtime does not know gets the plugin dropped. Runtimes
+before NRI v0.12 deliver pod events and PostCreate/Start/PostStart/PostUpdate/RemoveContainer
+through StateChange; v0.12 has a method for each. Both reach the same ``Events`` method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from cri_protos import nri_pb2
+from runtime_proxy.nri.connection import NriConnection, RpcError, Unimplemented
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["SUBSCRIBED", "Events", "NriPlugin", "PluginIdentity", "event_mask"]
+
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"
+NAME_RE = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+IDX_RE = re.compile(r"[0-9]{2}")
+
+E = nri_pb2.Event
+SUBSCRIBED: tuple[int, ...] = (
+    E.RUN_POD_SANDBOX,
+    E.STOP_POD_SANDBOX,
+    E.REMOVE_POD_SANDBOX,
+    E.CREATE_CONTAINER,
+    E.POST_CREATE_CONTAINER,
+    E.START_CONTAINER,
+    E.POST_START_CONTAINER,
+    E.UPDATE_CONTAINER,
+    E.POST_UPDATE_CONTAINER,
+    E.STOP_CONTAINER,
+    E.REMOVE_CONTAINER,
+)
+
+
+def event_mask(events: tuple[int, ...]) -> int:
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+class Events(Protocol):
+    """What the plugin does on each runtime event (``runtime_proxy.nri.adapter.NriEngine``)."""
+
+    async def configure(self, request: Any) -> None: ...
+
+    async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]: ...
+
+    async def create_container(self, pod: Any, container: Any) -> Any: ...
+
+    async def update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]: ...
+
+    async def stop_container(self, pod: Any, container: Any) -> list[Any]: ...
+
+    async def state_change(self, event: int, pod: Any, container: Any | None) -> None: ...
+
+    def session_ended(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PluginIdentity:
+    name: str
+    idx: str
+
+    def __post_init__(self) -> None:
+        if not NAME_RE.fullmatch(self.name):
+            raise ValueError(f"plugin name {self.name!r}: 1-64 of A-Z a-z 0-9 _ . + -")
+        if not IDX_RE.fullmatch(self.idx):
+            raise ValueError(f"plugin index {self.idx!r}: exactly two digits")
+
+
+# Dedicated (NRI v0.12) methods that carry {pod, container} and map onto a StateChange event.
+_STATE_METHODS: dict[str, tuple[Any, int]] = {
+    "RunPodSandbox": (nri_pb2.RunPodSandboxRequest, E.RUN_POD_SANDBOX),
+    "StopPodSandbox": (nri_pb2.StopPodSandboxRequest, E.STOP_POD_SANDBOX),
+    "RemovePodSandbox": (nri_pb2.RemovePodSandboxRequest, E.REMOVE_POD_SANDBOX),
+    "PostCreateContainer": (nri_pb2.PostCreateContainerRequest, E.POST_CREATE_CONTAINER),
+    "StartContainer": (nri_pb2.StartContainerRequest, E.START_CONTAINER),
+    "PostStartContainer": (nri_pb2.PostStartContainerRequest, E.POST_START_CONTAINER),
+    "PostUpdateContainer": (nri_pb2.PostUpdateContainerRequest, E.POST_UPDATE_CONTAINER),
+    "RemoveContainer": (nri_pb2.RemoveContainerRequest, E.REMOVE_CONTAINER),
+}
+
+
+class NriPlugin:
+    """Dispatches one session's Plugin calls to ``events``; ``run`` keeps sessions going."""
+
+    def __init__(
+        self,
+        identity: PluginIdentity,
+        events: Events,
+        *,
+        socket_path: str = DEFAULT_SOCKET,
+        backoff: tuple[float, float] = (0.5, 10.0),
+        connect: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.identity = identity
+        self.events = events
+        self.socket_path = socket_path
+        self.backoff = backoff
+        self._connect = connect or asyncio.open_unix_connection
+        self.connection: NriConnection | None = None
+        self.configured = asyncio.Event()
+        self.synchronized = asyncio.Event()
+        self.sessions = 0
+        self._sync_pods: list[Any] = []
+        self._sync_containers: list[Any] = []
+        self._sync_limit = 100_000
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    async def handle(self, method: str, payload: bytes) -> bytes:
+        log.debug("NRI call", method=method, size=len(payload))
+        if method == "Configure":
+            configure = nri_pb2.ConfigureRequest.FromString(payload)
+            log.info("NRI configure", runtime=configure.runtime_name, version=configure.runtime_version,
+                     nri_version=configure.NRI_version, request_timeout_ms=configure.request_timeout)
+            if configure.request_timeout > 0 and self.connection is not None:
+                self.connection.default_timeout = configure.request_timeout / 1000
+            await self.events.configure(configure)
+            self.configured.set()
+            return nri_pb2.ConfigureResponse(events=event_mask(SUBSCRIBED)).SerializeToString()
+        if method == "Synchronize":
+            return await self._synchronize(nri_pb2.SynchronizeRequest.FromString(payload))
+        if method == "Shutdown":
+            log.info("NRI runtime announced shutdown")
+            return nri_pb2.Empty().SerializeToString()
+        if method == "CreateContainer":
+            create = nri_pb2.CreateContainerRequest.FromString(payload)
+            reply = await self.events.create_container(create.pod, create.container)
+            return bytes(reply.SerializeToString())
+        if method == "UpdateContainer":
+            update = nri_pb2.UpdateContainerRequest.FromString(payload)
+            updates = await self.events.update_container(update.pod, update.container, update.linux_resources)
+            return nri_pb2.UpdateContainerResponse(update=updates).SerializeToString()
+        if method == "StopContainer":
+            stop = nri_pb2.StopContainerRequest.FromString(payload)
+            updates = await self.events.stop_container(stop.pod, stop.container)
+            return nri_pb2.StopContainerResponse(update=updates).SerializeToString()
+        if method == "StateChange":
+            change = nri_pb2.StateChangeEvent.FromString(payload)
+            container = change.container if change.HasField("container") else None
+            await self.events.state_change(change.event, change.pod, container)
+            return nri_pb2.Empty().SerializeToString()
+        if method in _STATE_METHODS:
+            request_type, event = _STATE_METHODS[method]
+            request = request_type.FromString(payload)
+            container = request.container if "container" in request.DESCRIPTOR.fields_by_name else None
+            await self.events.state_change(event, request.pod, container)
+            return b""
+        raise Unimplemented(method)
+
+    async def _synchronize(self, request: Any) -> bytes:
+        self._sync_pods.extend(request.pods)
+        self._sync_containers.extend(request.containers)
+        if len(self._sync_pods) + len(self._sync_containers) > self._sync_limit:
+            self._sync_pods, self._sync_containers = [], []
+            raise RpcError(8, "synchronize: too many pods and containers")
+        if request.more:
+            return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
+        pods, containers = self._sync_pods, self._sync_containers
+        self._sync_pods, self._sync_containers = [], []
+        updates = await self.events.synchronize(pods, containers)
+        self.synchronized.set()
+        log.info("NRI synchronized", pods=len(pods), containers=len(containers), updates=len(updates))
+        return nri_pb2.SynchronizeResponse(update=updates).SerializeToString()
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    async def session(self) -> None:
+        """One session: connect, register, serve until the socket closes."""
+        reader, writer = await self._connect(self.socket_path)
+        connection = NriConnection(reader, writer, self.handle)
+        self.connection = connection
+        self._sync_pods, self._sync_containers = [], []
+        self.configured.clear()
+        self.synchronized.clear()
+        reading = asyncio.create_task(connection.serve())
+        try:
+            register = nri_pb2.RegisterPluginRequest(plugin_name=self.identity.name, plugin_idx=self.identity.idx)
+            await connection.call("RegisterPlugin", register.SerializeToString(), timeout=5.0)
+            self.sessions += 1
+            log.info("NRI plugin registered", name=self.identity.name, idx=self.identity.idx, socket=self.socket_path)
+            await reading
+        finally:
+            if not reading.done():
+                await connection.close("session ended")
+                reading.cancel()
+            self.events.session_ended()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Sessions until ``stop`` is set, re-dialling with exponential backoff."""
+        stop = stop or asyncio.Event()
+        first, limit = self.backoff
+        delay = first
+        while not stop.is_set():
+            before = self.sessions
+            session = asyncio.create_task(self.session())
+            stopping = asyncio.create_task(stop.wait())
+            try:
+                done, _ = await asyncio.wait({session, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if session not in done:
+                session.cancel()
+                await asyncio.gather(session, return_exceptions=True)
+                break
+            error = session.exception()
+            if self.sessions > before:
+                delay = first
+            log.warning("NRI session ended; reconnecting", error=str(error) if error else None, retry_in=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(delay * 2, limit)
+        if self.connection is not None:
+            await self.connection.close("stopped")

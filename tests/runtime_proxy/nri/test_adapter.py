@@ -1,0 +1,200 @@
+"""NRI events through the real pipeline and built-in plugins: facts in, NRI replies and applier
+writes out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from cri_protos import nri_pb2
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts
+from hooks.manager import make_plugin_manager, plugin_order
+from hooks.plan import Plan
+from hooks.spec import hookimpl
+from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.nri.adapter import NriEngine, adjustment, container_facts, linux_resources, pod_facts
+from runtime_proxy.nri.connection import RpcError
+
+E = nri_pb2.Event
+PARENT = "/kubepods/burstable/podu1"
+
+
+class RecordingApplier:
+    def __init__(self) -> None:
+        self.applied: list[tuple[str, Plan]] = []
+
+    async def apply(self, plan: Plan, *, stage: str) -> None:
+        self.applied.append((stage, plan))
+
+    def writes(self) -> list[tuple[str, str, str, str]]:
+        return [(stage, w.path, w.file, w.value) for stage, plan in self.applied for w in plan.writes]
+
+
+def _engine(*extra: object, builtins: tuple[str, ...] = (), policy: str = "Ignore",
+            dry_run: bool = False) -> tuple[NriEngine, RecordingApplier]:
+    pm = make_plugin_manager(builtins=builtins, entry_points=False, extra=extra)
+    names = plugin_order(pm)
+    pipeline = Pipeline(plugin_steps(pm, [(name, policy, 2.0) for name in names]))  # type: ignore[misc]
+    applier = RecordingApplier()
+    return NriEngine(pipeline, applier=applier, dry_run=dry_run), applier
+
+
+def _pod(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> Any:
+    pod = nri_pb2.PodSandbox(id="sb1", name="web", uid="u1", namespace="default",
+                             labels=labels or {}, annotations=annotations or {})
+    pod.linux.cgroup_parent = PARENT
+    return pod
+
+
+def _container(cid: str = "c1", env: tuple[str, ...] = ()) -> Any:
+    container = nri_pb2.Container(id=cid, pod_sandbox_id="sb1", name="app", env=list(env))
+    container.linux.resources.cpu.shares.value = 1024
+    container.linux.resources.cpu.quota.value = 50000
+    container.linux.resources.cpu.period.value = 100000
+    container.linux.resources.cpu.cpus = "0-3"
+    container.linux.resources.memory.limit.value = 1 << 30
+    return container
+
+
+LSR = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "2"})}
+LSR_LABELS = {"koordinator.sh/qosClass": "LSR"}
+
+
+class Everything:
+    """A plugin that sets every field NRI can carry at create and update."""
+
+    @hookimpl
+    def rhp_pre_create_container(self, pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:
+        plan = Plan()
+        for name, value in (("cpuset_cpus", "1"), ("cpuset_mems", "0"), ("cpu_shares", 2),
+                            ("cpu_quota", -1), ("cpu_period", 100000), ("memory_limit_in_bytes", 1 << 28)):
+            plan.set_resource(name, value)
+        plan.set_env("FROM_PLUGIN", "yes").set_annotation("rhp/seen", container.id)
+        plan.write("container", f"{pod.cgroup_parent.strip('/')}/{container.id}", "cpu.cfs_burst_us", 0)
+        return plan
+
+    @hookimpl
+    def rhp_pre_update_container_resources(self, pod: PodFacts, container: ContainerFacts,
+                                           node: NodeFacts) -> Plan:
+        return Plan().set_resource("cpu_shares", 4).set_resource("cpuset_cpus", "3")
+
+
+class Rejects:
+    @hookimpl
+    def rhp_pre_create_container(self, pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:
+        raise RuntimeError("no")
+
+
+def test_facts_from_nri_messages() -> None:
+    pod = pod_facts(_pod(LSR, LSR_LABELS))
+    assert (pod.sandbox_id, pod.uid, pod.name, pod.namespace, pod.cgroup_parent) == ("sb1", "u1", "web", "default",
+                                                                                     PARENT)
+    assert pod.qos_label == "LSR" and pod.effective_kube_qos == "Burstable"
+    container = container_facts(_container(env=("A=1", "B=x=y", "NOEQUALS", "=novalue")))
+    assert container.envs == {"A": "1", "B": "x=y"}
+    res = container.resources
+    assert (res.cpu_shares, res.cpu_quota, res.cpu_period, res.cpuset_cpus, res.memory_limit_in_bytes) == (
+        1024, 50000, 100000, "0-3", 1 << 30)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected", "skipped"),
+    [
+        pytest.param({"cpu_quota": -1}, {"cpu": {"quota": {"value": "-1"}}}, [], id="an unlimited quota is carried"),
+        pytest.param({"cpuset_cpus": "1-2", "cpuset_mems": "0"}, {"cpu": {"cpus": "1-2", "mems": "0"}}, [],
+                     id="cpuset cpus and mems are carried"),
+        pytest.param({"cpu_shares": 2, "cpu_period": 100000},
+                     {"cpu": {"shares": {"value": "2"}, "period": {"value": "100000"}}}, [],
+                     id="shares and period are carried"),
+        pytest.param({"memory_limit_in_bytes": 1024}, {"memory": {"limit": {"value": "1024"}}}, [],
+                     id="a memory limit is carried"),
+        pytest.param({"cpuset_cpus": ""}, {}, ["cpuset_cpus"], id="an empty cpuset cannot be said in NRI"),
+        pytest.param({"oom_score_adj": 5}, {}, ["oom_score_adj"], id="oom_score_adj is not a resource"),
+    ],
+)
+def test_linux_resources_from_plan_changes(changes: dict[str, Any], expected: dict[str, Any],
+                                           skipped: list[str]) -> None:
+    from google.protobuf.json_format import MessageToDict
+
+    res, not_carried = linux_resources(changes)
+    assert MessageToDict(res, preserving_proto_field_name=True) == expected
+    assert not_carried == skipped
+
+
+def test_adjustment_carries_env_annotations_and_oom_score_adj() -> None:
+    plan = Plan().set_env("K", "V").set_annotation("a", "b").set_resource("oom_score_adj", 3)
+    plan.set_cgroup_parent("/elsewhere")
+    adjust, skipped = adjustment(plan)
+    assert [(kv.key, kv.value) for kv in adjust.env] == [("K", "V")]
+    assert dict(adjust.annotations) == {"a": "b"}
+    assert adjust.linux.oom_score_adj.value == 3
+    assert skipped == ["cgroup_parent"]
+
+
+async def test_lsr_pod_gets_its_cpuset_and_unlimited_quota_from_the_builtin_plugin() -> None:
+    engine, applier = _engine(builtins=("cpuset",))
+    await engine.state_change(E.RUN_POD_SANDBOX, _pod(LSR, LSR_LABELS), None)
+    assert ("PreRunPodSandbox", PARENT.strip("/"), "cpu.cfs_quota_us", "-1") in applier.writes()
+    reply = await engine.create_container(_pod(LSR, LSR_LABELS), _container())
+    cpu = reply.adjust.linux.resources.cpu
+    assert cpu.cpus == "2" and cpu.quota.value == -1
+
+
+async def test_create_reply_writes_wait_for_start_and_update_names_the_container() -> None:
+    engine, applier = _engine(Everything())
+    reply = await engine.create_container(_pod(), _container("c7"))
+    adjust = reply.adjust
+    assert {kv.key: kv.value for kv in adjust.env} == {"FROM_PLUGIN": "yes"}
+    assert dict(adjust.annotations) == {"rhp/seen": "c7"}
+    res = adjust.linux.resources
+    assert (res.cpu.cpus, res.cpu.mems, res.cpu.shares.value, res.cpu.quota.value, res.cpu.period.value,
+            res.memory.limit.value) == ("1", "0", 2, -1, 100000, 1 << 28)
+    assert applier.applied == []  # the container's cgroup does not exist yet
+    await engine.state_change(E.START_CONTAINER, _pod(), _container("c7"))
+    assert applier.writes() == [("PreCreateContainer", f"{PARENT.strip('/')}/c7", "cpu.cfs_burst_us", "0")]
+
+    updates = await engine.update_container(_pod(), _container("c7"), nri_pb2.LinuxResources())
+    assert [u.container_id for u in updates] == ["c7"]
+    assert updates[0].linux.resources.cpu.shares.value == 4
+    assert updates[0].linux.resources.cpu.cpus == "3"
+
+
+async def test_fail_policy_rejects_the_create_with_an_error_status() -> None:
+    engine, _ = _engine(Rejects(), policy="Fail")
+    with pytest.raises(RpcError) as info:
+        await engine.create_container(_pod(), _container())
+    assert info.value.code == 9
+
+
+async def test_ignore_policy_lets_the_create_through_unchanged() -> None:
+    engine, _ = _engine(Rejects())
+    reply = await engine.create_container(_pod(), _container())
+    assert reply == nri_pb2.CreateContainerResponse()
+
+
+async def test_dry_run_answers_with_no_changes_and_applies_nothing() -> None:
+    engine, applier = _engine(Everything(), dry_run=True)
+    reply = await engine.create_container(_pod(), _container())
+    await engine.state_change(E.START_CONTAINER, _pod(), _container())
+    assert reply == nri_pb2.CreateContainerResponse()
+    assert await engine.update_container(_pod(), _container(), nri_pb2.LinuxResources()) == []
+    assert applier.applied == []
+
+
+async def test_skip_label_bypasses_every_hook() -> None:
+    engine, _ = _engine(Everything())
+    pod = _pod(labels={"runtimeproxy.koordinator.sh/skip-hookserver": "true"})
+    reply = await engine.create_container(pod, _container())
+    assert reply == nri_pb2.CreateContainerResponse()
+
+
+async def test_synchronize_rebuilds_the_store_and_bound_cpusets_reach_the_node() -> None:
+    engine, _ = _engine()
+    lsr = _pod(LSR, LSR_LABELS)
+    assert await engine.synchronize([lsr], [_container()]) == []
+    assert [p.sandbox_id for p in engine.store.pods()] == ["sb1"]
+    assert dict(engine.node().bound_cpusets) == {"u1": frozenset({2})}
+    await engine.state_change(E.REMOVE_POD_SANDBOX, lsr, None)
+    assert engine.store.pods() == []

@@ -1,0 +1,54 @@
+"""``runtime-proxy nri`` argument handling and wiring (no runtime needed)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from runtime_proxy.config import ProxyConfig
+from runtime_proxy.nri.cli import NriOptions, add_parser, build, main_from_args, run
+from runtime_proxy.nri.plugin import PluginIdentity
+from tests.runtime_proxy.nri.fake_runtime import FakeRuntime
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--plugin-idx", "7"], id="a one-digit index is a usage error"),
+        pytest.param(["--plugin-name", "bad name"], id="a name with a space is a usage error"),
+        pytest.param(["--config", "/nonexistent/rhp.yaml"], id="a missing config file is a usage error"),
+    ],
+)
+def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    assert main_from_args(parser.parse_args(["nri", *argv])) == 2
+    assert "runtime-proxy nri:" in capsys.readouterr().err
+
+
+def test_build_uses_the_same_config_as_serve(tmp_path: Path) -> None:
+    config = ProxyConfig(plugins=[{"name": "cpuset", "policy": "Fail"}], dryRun=True,  # type: ignore[list-item]
+                         hookServerDir=str(tmp_path), cgroupRoot=str(tmp_path))
+    plugin, engine, _ = build(NriOptions(socket=str(tmp_path / "nri.sock"), config=config, entry_points=False))
+    assert [(s.name, s.policy) for s in engine.pipeline.steps] == [("cpuset", "Fail")]
+    assert engine.dry_run
+    assert plugin.socket_path == str(tmp_path / "nri.sock")
+
+
+async def test_run_registers_and_stops_on_request(tmp_path: Path) -> None:
+    runtime = await FakeRuntime(tmp_path / "nri.sock").start()
+    config = ProxyConfig(hookServerDir=str(tmp_path / "hooks"), cgroupRoot=str(tmp_path))
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(NriOptions(socket=str(runtime.path), identity=PluginIdentity("rhp", "42"),
+                                              config=config, entry_points=False), stop))
+    try:
+        session = await runtime.next_session()
+        await asyncio.wait_for(session.registered.wait(), 5)
+        assert [(r.plugin_name, r.plugin_idx) for r in runtime.registrations] == [("rhp", "42")]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await runtime.stop()

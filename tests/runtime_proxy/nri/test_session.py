@@ -1,0 +1,316 @@
+"""The NRI session against a fake runtime over a real unix socket: registration, early
+Configure, dispatch, bounds, split Synchronize and reconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cri_protos import nri_pb2
+from runtime_proxy.nri import mux, ttrpc
+from runtime_proxy.nri.plugin import SUBSCRIBED, NriPlugin, PluginIdentity, event_mask
+from tests.runtime_proxy.nri.fake_runtime import FakeRuntime, Session
+
+E = nri_pb2.Event
+
+
+class RecordingEvents:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.sync_updates: list[Any] = []
+        self.plugin: NriPlugin | None = None
+        self.create_delay = 0.0
+        self.call_runtime_in_handler = False
+        self.handler_error: BaseException | None = None
+        self.annotations: dict[str, str] = {}
+
+    async def configure(self, request: Any) -> None:
+        self.calls.append(("configure", request.runtime_name))
+
+    async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
+        self.calls.append(("synchronize", [p.id for p in pods], [c.id for c in containers]))
+        return self.sync_updates
+
+    async def create_container(self, pod: Any, container: Any) -> Any:
+        self.calls.append(("create", pod.id, container.id))
+        if self.create_delay:
+            await asyncio.sleep(self.create_delay)
+        if self.call_runtime_in_handler:
+            assert self.plugin is not None and self.plugin.connection is not None
+            try:
+                await self.plugin.connection.call("UpdateContainers", b"")
+            except BaseException as exc:
+                self.handler_error = exc
+                raise
+        reply = nri_pb2.CreateContainerResponse()
+        reply.adjust.annotations.update(self.annotations)
+        return reply
+
+    async def update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
+        self.calls.append(("update", container.id, resources.cpu.cpus))
+        return [nri_pb2.ContainerUpdate(container_id=container.id)]
+
+    async def stop_container(self, pod: Any, container: Any) -> list[Any]:
+        self.calls.append(("stop", container.id))
+        return []
+
+    async def state_change(self, event: int, pod: Any, container: Any | None) -> None:
+        self.calls.append(("state", event, pod.id, container.id if container is not None else None))
+
+    def session_ended(self) -> None:
+        self.calls.append(("ended",))
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[FakeRuntime]:
+    fake = await FakeRuntime(tmp_path / "nri.sock").start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+def events() -> RecordingEvents:
+    return RecordingEvents()
+
+
+@pytest.fixture
+async def plugin(runtime: FakeRuntime, events: RecordingEvents) -> AsyncIterator[NriPlugin]:
+    nri = NriPlugin(PluginIdentity("rhp-test", "07"), events, socket_path=str(runtime.path), backoff=(0.05, 0.2))
+    events.plugin = nri
+    stop = asyncio.Event()
+    task = asyncio.create_task(nri.run(stop))
+    yield nri
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def _registered(runtime: FakeRuntime) -> Session:
+    session = await runtime.next_session()
+    await asyncio.wait_for(session.registered.wait(), 5)
+    return session
+
+
+def _pod(pod_id: str) -> Any:
+    return nri_pb2.PodSandbox(id=pod_id, name=pod_id, uid=f"uid-{pod_id}", namespace="default")
+
+
+def _container(container_id: str, pod_id: str = "p1") -> Any:
+    return nri_pb2.Container(id=container_id, pod_sandbox_id=pod_id, name=container_id)
+
+
+async def test_registers_with_its_name_and_index(runtime: FakeRuntime, plugin: NriPlugin) -> None:
+    await _registered(runtime)
+    assert [(r.plugin_name, r.plugin_idx) for r in runtime.registrations] == [("rhp-test", "07")]
+
+
+async def test_configure_before_the_register_reply_is_answered(
+    runtime: FakeRuntime, events: RecordingEvents, plugin: NriPlugin
+) -> None:
+    answers: list[Any] = []
+
+    async def configure_first(session: Session) -> None:
+        reply = await session.call("Configure", nri_pb2.ConfigureRequest(runtime_name="fake", request_timeout=2000))
+        answers.append(nri_pb2.ConfigureResponse.FromString(reply.payload))
+
+    runtime.before_register_reply = configure_first
+    await _registered(runtime)
+    assert [a.events for a in answers] == [event_mask(SUBSCRIBED)]
+    assert ("configure", "fake") in events.calls
+
+
+def test_event_mask_holds_only_events_every_nri_runtime_knows() -> None:
+    # Events 1..11; containerd before NRI v0.10 drops a plugin that subscribes to 12 or later.
+    assert event_mask(SUBSCRIBED) == (1 << 11) - 1
+
+
+@pytest.mark.parametrize(
+    ("service", "method"),
+    [
+        pytest.param("nri.pkg.api.v1alpha1.Plugin", "NoSuchMethod", id="an unknown method is Unimplemented"),
+        pytest.param("some.other.Service", "Configure", id="an unknown service is Unimplemented"),
+        pytest.param("nri.pkg.api.v1alpha1.Plugin", "ValidateContainerAdjustment",
+                     id="a newer method we do not implement is Unimplemented"),
+    ],
+)
+async def test_unknown_calls_get_unimplemented(
+    runtime: FakeRuntime, plugin: NriPlugin, service: str, method: str
+) -> None:
+    session = await _registered(runtime)
+    reply = await session.call(method, b"", service=service)
+    assert reply.status.code == ttrpc.CODE_UNIMPLEMENTED
+    assert not session.closed.is_set()
+
+
+async def test_frames_for_unknown_connections_are_dropped(runtime: FakeRuntime, plugin: NriPlugin) -> None:
+    session = await _registered(runtime)
+    session.send(7, b"garbage for a connection nobody has")
+    session.send(0, b"connection 0 is reserved")
+    reply = await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=_pod("p1")))
+    assert reply.status.code == 0
+    assert plugin.connection is not None and plugin.connection.dropped_frames == 2
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(struct.pack(">II", 1, (4 << 20) + 65), id="a frame header announcing more than the bound"),
+        pytest.param(mux.encode(1, ttrpc.HEADER.pack((4 << 20) + 1, 1, 1, 0)),
+                     id="a ttrpc header announcing more than 4 MiB"),
+    ],
+)
+async def test_oversized_input_closes_the_session(runtime: FakeRuntime, plugin: NriPlugin, raw: bytes) -> None:
+    session = await _registered(runtime)
+    session.send_raw(raw)
+    await asyncio.wait_for(session.closed.wait(), 5)
+    # The plugin dials again and registers under the same name.
+    await _registered(runtime)
+    assert [r.plugin_name for r in runtime.registrations] == ["rhp-test", "rhp-test"]
+
+
+async def test_split_synchronize_answers_more_and_updates_only_at_the_end(
+    runtime: FakeRuntime, events: RecordingEvents, plugin: NriPlugin
+) -> None:
+    session = await _registered(runtime)
+    events.sync_updates = [nri_pb2.ContainerUpdate(container_id="c1")]
+    first = await session.call("Synchronize", nri_pb2.SynchronizeRequest(pods=[_pod("p1")], more=True))
+    second = await session.call("Synchronize", nri_pb2.SynchronizeRequest(
+        pods=[_pod("p2")], containers=[_container("c1")], more=True))
+    last = await session.call("Synchronize", nri_pb2.SynchronizeRequest(containers=[_container("c2")]))
+    for chunk in (first, second):
+        reply = nri_pb2.SynchronizeResponse.FromString(chunk.payload)
+        assert reply.more and not reply.update
+    final = nri_pb2.SynchronizeResponse.FromString(last.payload)
+    assert not final.more and [u.container_id for u in final.update] == ["c1"]
+    assert ("synchronize", ["p1", "p2"], ["c1", "c2"]) in events.calls
+    assert plugin.synchronized.is_set()
+
+
+async def test_large_replies_go_out_in_frames_of_at_most_4096_bytes(
+    runtime: FakeRuntime, events: RecordingEvents, plugin: NriPlugin
+) -> None:
+    session = await _registered(runtime)
+    events.annotations = {f"key-{i}": "v" * 100 for i in range(200)}
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(pod=_pod("p1"),
+                                                                                  container=_container("c1")))
+    adjust = nri_pb2.CreateContainerResponse.FromString(reply.payload).adjust
+    assert len(adjust.annotations) == 200
+    assert 0 < runtime.max_frame_seen <= 4096
+
+
+async def test_calling_the_runtime_from_a_handler_is_refused(
+    runtime: FakeRuntime, events: RecordingEvents, plugin: NriPlugin
+) -> None:
+    session = await _registered(runtime)
+    events.call_runtime_in_handler = True
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(pod=_pod("p1"),
+                                                                                  container=_container("c1")))
+    assert isinstance(events.handler_error, RuntimeError)
+    assert reply.status.code == 0 and reply.payload == b""  # answered with no changes
+    assert session.update_requests == []
+
+
+async def test_a_slow_handler_is_answered_with_no_changes_within_the_runtimes_timeout(
+    runtime: FakeRuntime, events: RecordingEvents, plugin: NriPlugin
+) -> None:
+    session = await _registered(runtime)
+    events.create_delay = 5.0
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+        pod=_pod("p1"), container=_container("c1")), timeout_nano=300_000_000)
+    assert reply.status.code == 0 and reply.payload == b""
+    assert loop.time() - started < 2.0
+
+
+@pytest.mark.parametrize(
+    ("method", "request_message", "expected"),
+    [
+        pytest.param("StateChange", nri_pb2.StateChangeEvent(event=E.START_CONTAINER, pod=_pod("p1"),
+                                                              container=_container("c1")),
+                     ("state", E.START_CONTAINER, "p1", "c1"), id="StateChange carries a container event"),
+        pytest.param("StateChange", nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=_pod("p1")),
+                     ("state", E.RUN_POD_SANDBOX, "p1", None), id="StateChange carries a pod event"),
+        pytest.param("StartContainer", nri_pb2.StartContainerRequest(pod=_pod("p1"), container=_container("c1")),
+                     ("state", E.START_CONTAINER, "p1", "c1"), id="a dedicated StartContainer reaches the same place"),
+        pytest.param("RunPodSandbox", nri_pb2.RunPodSandboxRequest(pod=_pod("p1")),
+                     ("state", E.RUN_POD_SANDBOX, "p1", None), id="a dedicated RunPodSandbox reaches the same place"),
+        pytest.param("RemoveContainer", nri_pb2.RemoveContainerRequest(pod=_pod("p1"), container=_container("c1")),
+                     ("state", E.REMOVE_CONTAINER, "p1", "c1"), id="a dedicated RemoveContainer arrives too"),
+        pytest.param("StopContainer", nri_pb2.StopContainerRequest(pod=_pod("p1"), container=_container("c1")),
+                     ("stop", "c1"), id="StopContainer has its own call"),
+    ],
+)
+async def test_events_reach_the_handlers(
+    runtime: FakeRuntime, events: RecordingEvents, plugin: NriPlugin, method: str, request_message: Any,
+    expected: tuple[Any, ...],
+) -> None:
+    session = await _registered(runtime)
+    reply = await session.call(method, request_message)
+    assert reply.status.code == 0
+    assert expected in events.calls
+
+
+async def test_update_container_reply_carries_the_updates(
+    runtime: FakeRuntime, events: RecordingEvents, plugin: NriPlugin
+) -> None:
+    session = await _registered(runtime)
+    request = nri_pb2.UpdateContainerRequest(pod=_pod("p1"), container=_container("c9"))
+    request.linux_resources.cpu.cpus = "0-1"
+    reply = await session.call("UpdateContainer", request)
+    update = nri_pb2.UpdateContainerResponse.FromString(reply.payload)
+    assert [u.container_id for u in update.update] == ["c9"]
+    assert ("update", "c9", "0-1") in events.calls
+
+
+async def test_undecodable_payload_is_an_error_reply_not_a_crash(runtime: FakeRuntime, plugin: NriPlugin) -> None:
+    session = await _registered(runtime)
+    reply = await session.call("CreateContainer", b"\xff\xff\xff")
+    assert reply.payload == b"" and reply.status.code == 0
+    assert not session.closed.is_set()
+
+
+async def test_reconnects_after_the_runtime_closes_the_socket(
+    runtime: FakeRuntime, events: RecordingEvents, plugin: NriPlugin
+) -> None:
+    first = await _registered(runtime)
+    first.close()
+    second = await _registered(runtime)
+    reply = await second.call("Configure", nri_pb2.ConfigureRequest(runtime_name="again"))
+    assert reply.status.code == 0
+    assert [r.plugin_name for r in runtime.registrations] == ["rhp-test", "rhp-test"]
+    assert ("ended",) in events.calls
+
+
+async def test_keeps_dialling_while_the_socket_is_absent(tmp_path: Path, events: RecordingEvents) -> None:
+    path = tmp_path / "later.sock"
+    nri = NriPlugin(PluginIdentity("rhp-test", "07"), events, socket_path=str(path), backoff=(0.02, 0.05))
+    stop = asyncio.Event()
+    task = asyncio.create_task(nri.run(stop))
+    await asyncio.sleep(0.15)
+    fake = await FakeRuntime(path).start()
+    try:
+        await _registered(fake)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await fake.stop()
+
+
+@pytest.mark.parametrize(
+    ("name", "idx"),
+    [
+        pytest.param("", "10", id="an empty name is refused"),
+        pytest.param("has space", "10", id="a name with a space is refused"),
+        pytest.param("ok", "1", id="a one-digit index is refused"),
+        pytest.param("ok", "100", id="a three-digit index is refused"),
+        pytest.param("ok", "ab", id="a non-numeric index is refused"),
+    ],
+)
+def test_identity_is_checked_like_the_runtime_does(name: str, idx: str) -> None:
+    with pytest.raises(ValueError):
+        PluginIdentity(name, idx)
