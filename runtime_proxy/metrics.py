@@ -30,6 +30,11 @@ PLUGIN_ERRORS = Counter(
 PLUGIN_TIMEOUTS = Counter("rhp_plugin_timeouts_total", "Plugin calls that ran past their timeout.", ["plugin", "stage"])
 HOOKS_SKIPPED = Counter("rhp_hooks_skipped_total", "Calls whose hooks were skipped, by reason.", ["reason"])
 STORE_OBJECTS = Gauge("rhp_store_objects", "Pods and containers the proxy tracks.", ["kind"])
+RELAY_LIMIT_HITS = Counter(
+    "rhp_relay_limit_hits_total",
+    "Times a peer hit one of the relay's resource limits (runtime_proxy/cri/relay/_limits.py).",
+    ["limit"],
+)
 BACKEND_UP = Gauge("rhp_backend_up", "1 when the runtime answered the last health check.")
 REGISTRATIONS_REFUSED = Counter(
     "rhp_hookserver_registrations_refused_total",

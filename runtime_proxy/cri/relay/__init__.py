@@ -41,13 +41,15 @@ Design (``docs/transports.md`` has the long version):
   ``grpc-status``/percent-encoded ``grpc-message`` trailers). containerd never sees the stream
   when its kept-back header block was pure-indexed (it cannot change the HPACK table, so it can
   be dropped); otherwise the block goes up followed by RST_STREAM(CANCEL), so no handler runs.
-* **Flow control.** Request bytes the relay swallows are returned to kubelet at once with
-  WINDOW_UPDATEs (connection and stream). Bytes it injects are accounted against containerd's
-  exact windows, which the relay tracks; the amount by which kubelet's view of containerd's
-  connection window then exceeds the real one is a *debt* that the relay repays by swallowing
-  that much of containerd's connection WINDOW_UPDATEs (or of later swallowed request bytes).
-  While in debt, a pass-through DATA frame larger than the real window waits in the relay
-  until the window opens, so containerd never sees a flow-control violation.
+* **Flow control.** Request bytes the relay swallows are returned to kubelet with WINDOW_UPDATEs
+  (connection and stream) as they are buffered, within the limits of ``_limits.RelayLimits``
+  (per call, per connection, per transport), which also bound header blocks and open intercepted
+  calls; DATA past an advertised window is a FLOW_CONTROL_ERROR. Bytes it injects are accounted
+  against containerd's exact windows, which the relay tracks; the amount by which kubelet's view
+  of containerd's connection window then exceeds the real one is a *debt* that the relay repays
+  by swallowing that much of containerd's connection WINDOW_UPDATEs (or of later swallowed
+  request bytes). While in debt, a pass-through DATA frame larger than the real window waits in
+  the relay until the window opens, so containerd never sees a flow-control violation.
 * **Failures.** Backend unreachable at connect: the relay speaks just enough HTTP/2 to answer
   every stream with UNAVAILABLE, then GOAWAY and closes, so the caller gets a status at once and
   the next call reconnects. Backend lost mid-call: streams without response headers get
@@ -67,10 +69,11 @@ import stat
 
 import structlog
 
+from runtime_proxy.cri.relay._limits import Budget, RelayLimits
 from runtime_proxy.cri.relay._session import Session
 from runtime_proxy.cri.transport import CallInterceptor
 
-__all__ = ["RelayTransport", "new_event_loop"]
+__all__ = ["RelayLimits", "RelayTransport", "new_event_loop"]
 
 log = structlog.get_logger("runtime_proxy.cri.relay")
 
@@ -102,11 +105,14 @@ class RelayTransport:
         interceptor: CallInterceptor,
         *,
         connect_timeout: float = 2.0,
+        limits: RelayLimits | None = None,
     ) -> None:
         self.listen = _unix_path(listen)
         self.backend = _unix_path(backend)
         self.interceptor = interceptor
         self.connect_timeout = connect_timeout
+        self.limits = limits or RelayLimits()
+        self._budget = Budget(self.limits.total_buffer)
         self._server: asyncio.AbstractServer | None = None
         self._sessions: set[Session] = set()
 
@@ -115,10 +121,17 @@ class RelayTransport:
         """Downstream connections currently open."""
         return len(self._sessions)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Request bytes held for intercepted calls across all connections (``_limits``)."""
+        return self._budget.held
+
     async def start(self) -> None:
-        """Bind the listen socket (mode 0660; a stale socket file is removed) and serve."""
+        """Bind the listen socket (mode 0660; its directory is created, a stale socket file is
+        removed) and serve."""
         if self._server is not None:
             raise RuntimeError("RelayTransport already started")
+        os.makedirs(os.path.dirname(self.listen) or ".", exist_ok=True)
         _remove_stale_socket(self.listen)
         loop = asyncio.get_running_loop()
         old_umask = os.umask(0o117)
@@ -130,7 +143,14 @@ class RelayTransport:
         log.info("relay.listening", listen=self.listen, backend=self.backend)
 
     def _new_session(self) -> Session:
-        session = Session(self.interceptor, self.backend, self.connect_timeout, self._sessions.discard)
+        session = Session(
+            self.interceptor,
+            self.backend,
+            self.connect_timeout,
+            self._sessions.discard,
+            limits=self.limits,
+            budget=self._budget,
+        )
         self._sessions.add(session)
         return session
 

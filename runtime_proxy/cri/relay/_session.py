@@ -25,6 +25,7 @@ from hpack import Decoder, HPACKError, NeverIndexedHeaderTuple
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import is_known_unary
 from runtime_proxy.cri.relay import _wire as w
+from runtime_proxy.cri.relay._limits import Budget, RelayLimits, hit
 from runtime_proxy.cri.transport import HookRejected
 
 if TYPE_CHECKING:
@@ -36,11 +37,10 @@ _MASK31 = 0x7FFFFFFF
 _FH = w.FRAME_HEADER
 _unpack_header = _FH.unpack_from
 
-# Largest intercepted request the relay buffers (gRPC's default limit is 4 MiB; kubelet raises
-# its own to 16 MiB).
-MAX_INTERCEPTED_REQUEST = 64 * 1024 * 1024
-# Largest intercepted response the relay copies for ``after`` (the response itself always flows).
-MAX_INTERCEPTED_RESPONSE = 64 * 1024 * 1024
+# Largest intercepted response the relay copies for ``after`` (the response itself always flows);
+# kubelet's and containerd's message limit, 16 MiB, plus the gRPC prefix. The largest request
+# is ``RelayLimits.stream_buffer`` (``_limits``).
+MAX_INTERCEPTED_RESPONSE = 16 * 1024 * 1024 + 5
 # Locally answered streams whose late upstream frames are dropped; oldest forgotten first.
 _MAX_DROPPED = 1024
 # Response bytes of an intercepted call the relay keeps back with the trailers, at most; well
@@ -53,9 +53,23 @@ _HEADER_LIST_LIMIT = 1 << 20
 
 # gRPC status code names by number, as ``grpc.StatusCode`` names them (the metrics' ``code``).
 _CODE_NAMES = (
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
 )
 # What a caller sees when the server resets a stream, by HTTP/2 error code (gRPC's mapping).
 _RST_CODES = {w.CANCEL: "CANCELLED", w.REFUSED_STREAM: "UNAVAILABLE"}
@@ -100,6 +114,13 @@ def _status_of(headers: Iterable[tuple[bytes, bytes]]) -> str:
 
 # Session states.
 _CONNECTING, _RELAY, _REFUSE, _CLOSED = range(4)
+
+# Why a side's reading is paused: the client's write buffer is full; the server's write buffer is
+# full; a client DATA frame waits for the server's window; the backend connection is not up yet.
+_PAUSE_DOWN_FULL = 1
+_PAUSE_UP_FULL = 2
+_PAUSE_GATED = 4
+_PAUSE_EARLY = 8
 
 # Phases of an intercepted stream.
 _COLLECT = 0  # buffering the request DATA until END_STREAM
@@ -162,6 +183,7 @@ class Intercepted:
     __slots__ = (
         "after_task",
         "client_ended",
+        "cwin",
         "hdr_end_stream",
         "held_down",
         "held_headers",
@@ -181,15 +203,16 @@ class Intercepted:
         "window",
     )
 
-    def __init__(self, sid: int, path: str, window: int) -> None:
+    def __init__(self, sid: int, path: str, window: int, client_window: int) -> None:
         self.sid = sid  # never changes
         self.path = path  # never changes
         self.phase = _COLLECT  # moves forward only, see the phase constants
         self.req = bytearray()  # request DATA payload while collecting
+        self.cwin = client_window  # the client's send window on this stream while collecting
         self.client_ended = False  # client sent END_STREAM
         self.hdr_end_stream = False  # the request HEADERS carried END_STREAM (no body at all)
         self.window = window  # server's send window for this stream, as the relay accounts it
-        self.out: bytes = b""  # rebuilt request being injected
+        self.out: bytes = b""  # rebuilt request being injected (counted in the buffer budgets)
         self.off = 0  # bytes of ``out`` already sent
         self.sent_msg: bytes | None = None  # the request message ``before`` returned
         self.resp: bytearray | None = bytearray()  # response DATA copy for ``after``; None = gave up
@@ -217,8 +240,19 @@ class Session(asyncio.Protocol):
         backend: str,
         connect_timeout: float,
         on_closed: Callable[[Session], None],
+        *,
+        limits: RelayLimits | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self._interceptor = interceptor
+        self._limits = limits = limits or RelayLimits()
+        self._block_limit = limits.header_block
+        self._budget = budget or Budget(limits.total_buffer)
+        # Request bytes held for this connection's intercepted calls (``req`` and ``out``).
+        self.buffered = 0
+        # Why reading from each side is paused (``_PAUSE_*`` bits); it resumes when none is left.
+        self._down_stop = 0
+        self._up_stop = 0
         self._backend = backend
         self._connect_timeout = connect_timeout
         self._on_closed = on_closed
@@ -310,6 +344,8 @@ class Session(asyncio.Protocol):
                 self._client_input(data)
         elif self.state == _CONNECTING:
             self._cin += data
+            if len(self._cin) > self._limits.early_input:
+                self._pause_down(_PAUSE_EARLY)
         elif self.state == _REFUSE:
             self._cin += data
             self._refuse_input()
@@ -321,12 +357,36 @@ class Session(asyncio.Protocol):
         self._close_all()
 
     def pause_writing(self) -> None:
-        if self.up is not None:
-            self.up.pause_reading()
+        # The client does not read: stop reading what would make more to write to it (the
+        # server's frames, and the client's own, which the relay may answer itself).
+        self._pause_up(_PAUSE_DOWN_FULL)
+        self._pause_down(_PAUSE_DOWN_FULL)
 
     def resume_writing(self) -> None:
-        if self.up is not None and not self.up.is_closing():
-            self.up.resume_reading()
+        self._resume_up(_PAUSE_DOWN_FULL)
+        self._resume_down(_PAUSE_DOWN_FULL)
+
+    def _pause_down(self, why: int) -> None:
+        if not self._down_stop and self.down is not None:
+            self.down.pause_reading()
+        self._down_stop |= why
+
+    def _resume_down(self, why: int) -> None:
+        if self._down_stop & why:
+            self._down_stop &= ~why
+            if not self._down_stop and self.down is not None and not self.down.is_closing():
+                self.down.resume_reading()
+
+    def _pause_up(self, why: int) -> None:
+        if not self._up_stop and self.up is not None:
+            self.up.pause_reading()
+        self._up_stop |= why
+
+    def _resume_up(self, why: int) -> None:
+        if self._up_stop & why:
+            self._up_stop &= ~why
+            if not self._up_stop and self.up is not None and not self.up.is_closing():
+                self.up.resume_reading()
 
     # --- lifecycle -----------------------------------------------------------------------------
     def _spawn(self, coro: Any) -> asyncio.Task[None]:
@@ -403,8 +463,11 @@ class Session(asyncio.Protocol):
             return
         self.up = transport
         self.state = _RELAY
+        if self._up_stop:
+            transport.pause_reading()
         if self._cin:
             self._client_input()
+        self._resume_down(_PAUSE_EARLY)
         if self._sin and self.state == _RELAY:
             self.server_data(b"")
 
@@ -444,6 +507,10 @@ class Session(asyncio.Protocol):
         if self.up is not None:
             self.up.close()
         self.live.clear()
+        for st in [*self._icpt.values(), *self._inject_q]:
+            self._release(st)
+        self._budget.held -= self.buffered  # nothing, unless a stream was forgotten while holding
+        self.buffered = 0
         if self._timed:
             # Calls cut off with the connection: by the backend going away, or by the client.
             code = "UNAVAILABLE" if self._closing_up else "CANCELLED"
@@ -508,6 +575,7 @@ class Session(asyncio.Protocol):
             return
         self.state = _REFUSE
         self._refuse_message = message
+        self._resume_down(_PAUSE_EARLY)
         assert self.down is not None
         self.down.write(w.settings())
         self._refuse_timer = self._loop.call_later(_REFUSE_IDLE, self.close)
@@ -532,6 +600,9 @@ class Session(asyncio.Protocol):
             end = pos + 9 + (lt >> 8)
             if end > n:
                 break
+            if lt >> 8 > w.DEFAULT_MAX_FRAME:  # the refuse-mode server's SETTINGS are empty
+                self.close(w.FRAME_SIZE_ERROR)
+                return
             ftype = lt & 0xFF
             sid &= _MASK31
             if ftype == w.SETTINGS and not flags & w.FLAG_ACK:
@@ -549,6 +620,10 @@ class Session(asyncio.Protocol):
                     self._refuse_block = bytearray(buf[a:b])
                 else:
                     self._refuse_block += buf[pos + 9 : end]
+                if len(self._refuse_block) > self._block_limit:
+                    hit("header_block")
+                    self.close(w.ENHANCE_YOUR_CALM)
+                    return
                 if flags & w.FLAG_END_HEADERS:
                     block, self._refuse_block = bytes(self._refuse_block), bytearray()
                     try:  # for the metrics (and to keep the decoder in step)
@@ -588,6 +663,8 @@ class Session(asyncio.Protocol):
             del self._cin[:pos]
         elif pos < len(data):
             self._cin += memoryview(data)[pos:]
+        if self._gated:
+            self._pause_down(_PAUSE_GATED)
         if self._resume and self._up_q is None:
             self._resume = False
             self._pump()
@@ -629,12 +706,18 @@ class Session(asyncio.Protocol):
                     if sid == 0:
                         raise FrameError(w.PROTOCOL_ERROR, "DATA on stream 0")
                     if icpt and sid in icpt:
+                        if length > self._up_window + self._debt - self._owed:
+                            self._flow_control_violation()
                         if pos > start:
                             up.append(mv[start:pos])
                         start = end
                         self._client_icpt_data(icpt[sid], mv, pos, length, flags, down)
                     else:
                         if length > self._up_window:
+                            # The client's view of the window is the server's plus the debt,
+                            # less the window the relay owes it and has not yet returned.
+                            if length > self._up_window + self._debt - self._owed:
+                                self._flow_control_violation()
                             self._gated = True
                             break
                         self._up_window -= length
@@ -642,6 +725,8 @@ class Session(asyncio.Protocol):
                     if sid == 0:
                         raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
                     a, b = _padded(buf, pos, length, flags, True)
+                    if length > self._block_limit and b - a > self._block_limit:
+                        self._block_too_large("request")
                     self._c_block_sid = sid
                     self._c_block_flags = flags
                     if self._held:  # header blocks keep their order (HPACK, stream ids)
@@ -661,6 +746,8 @@ class Session(asyncio.Protocol):
                             st.held_headers = bytes(mv[pos:end])
                             st.held_pure = not block or min(block) >= 0x80
                             self._held.append(st)
+                            if len(icpt) > self._limits.intercepted_streams:
+                                self._too_many(st)
                     else:
                         up.append(mv[start:end])  # the block may make the relay write upstream
                         start = end
@@ -669,12 +756,16 @@ class Session(asyncio.Protocol):
                     if self._c_block is None or sid != self._c_block_sid:
                         raise FrameError(w.PROTOCOL_ERROR, "unexpected CONTINUATION")
                     self._c_block += mv[pos + 9 : end]
+                    if len(self._c_block) > self._block_limit:
+                        self._block_too_large("request")
                     if flags & w.FLAG_END_HEADERS:
                         if icpt:
                             up.append(mv[start:end])
                             start = end
                         block, self._c_block = bytes(self._c_block), None
-                        self._client_block_done(block)
+                        st = self._client_block_done(block)
+                        if st is not None and len(icpt) > self._limits.intercepted_streams:
+                            self._too_many(st)
                 elif ftype == w.RST_STREAM:
                     if length != 4 or sid == 0:
                         raise FrameError(w.PROTOCOL_ERROR, "bad RST_STREAM")
@@ -802,11 +893,12 @@ class Session(asyncio.Protocol):
             if kind & _TIMED:
                 self._timed[sid] = (method, _perf())
             if kind & _ICPT:
-                st = Intercepted(sid, method, self._up_init_window)
+                st = Intercepted(sid, method, self._up_init_window, self._up_init_window)
                 self._icpt[sid] = st
                 if end_stream:
                     st.hdr_end_stream = True
-                    self._request_complete(st)
+                    if len(self._icpt) <= self._limits.intercepted_streams:
+                        self._request_complete(st)
                 return st
             return None
         # A header block on a stream the client opened earlier: request trailers.
@@ -842,12 +934,21 @@ class Session(asyncio.Protocol):
         """Swallow request DATA of an intercepted stream; give the client its window back."""
         end_stream = flags & w.FLAG_END_STREAM
         if st.phase == _COLLECT and length:
-            a, b = _padded(mv, pos, length, flags, False)
-            if len(st.req) + (b - a) > MAX_INTERCEPTED_REQUEST:
+            st.cwin -= length
+            if st.cwin < 0:
+                hit("flow_control")
                 st.client_ended = bool(end_stream)
-                self._answer_local(st, w.GRPC_RESOURCE_EXHAUSTED, "request too large for an intercepted method")
+                self._answer_local(st, w.GRPC_INTERNAL, "", reset=w.FLOW_CONTROL_ERROR)
             else:
-                st.req += mv[a:b]
+                a, b = _padded(mv, pos, length, flags, False)
+                size = b - a
+                over = self._over_budget(len(st.req) + size, size)
+                if over:
+                    st.client_ended = bool(end_stream)
+                    self._answer_local(st, w.GRPC_RESOURCE_EXHAUSTED, over)
+                else:
+                    st.req += mv[a:b]
+                    self._hold(size)
         if length:
             repay = min(length, self._debt)
             self._debt -= repay
@@ -856,6 +957,7 @@ class Session(asyncio.Protocol):
                 if self._owed >= _OWED_FLUSH:
                     down.append(self._take_owed())
             if not end_stream and st.phase == _COLLECT:
+                st.cwin += length
                 down.append(w.window_update(st.sid, length))
         if end_stream:
             st.client_ended = True
@@ -872,6 +974,46 @@ class Session(asyncio.Protocol):
     def _take_owed(self) -> bytes:
         owed, self._owed = self._owed, 0
         return w.window_update(0, owed)
+
+    # --- resource limits (``_limits``) ---------------------------------------------------------
+    def _flow_control_violation(self) -> None:
+        hit("flow_control")
+        raise FrameError(w.FLOW_CONTROL_ERROR, "client DATA beyond the connection window")
+
+    def _block_too_large(self, side: str) -> None:
+        hit("header_block")
+        raise FrameError(w.ENHANCE_YOUR_CALM, f"{side} header block over {self._block_limit} bytes")
+
+    def _too_many(self, st: Intercepted) -> None:
+        hit("intercepted_streams")
+        st.client_ended = st.hdr_end_stream
+        self._answer_local(st, w.GRPC_RESOURCE_EXHAUSTED, "too many intercepted calls on this connection")
+
+    def _over_budget(self, stream_total: int, more: int) -> str:
+        """Which buffer limit holding ``more`` request bytes would cross ("" if none), counted."""
+        if stream_total > self._limits.stream_buffer:
+            hit("stream_buffer")
+            return "request too large for an intercepted method"
+        if self.buffered + more > self._limits.connection_buffer:
+            hit("connection_buffer")
+            return "too many request bytes held for intercepted calls on this connection"
+        if self._budget.held + more > self._budget.limit:
+            hit("total_buffer")
+            return "too many request bytes held for intercepted calls"
+        return ""
+
+    def _hold(self, size: int) -> None:
+        self.buffered += size
+        self._budget.held += size
+
+    def _release(self, st: Intercepted) -> None:
+        """Forget the request bytes ``st`` holds and give them back to the budgets."""
+        size = len(st.req) + len(st.out)
+        if size:
+            st.req = bytearray()
+            st.out = b""
+            self.buffered -= size
+            self._budget.held -= size
 
     async def _run_before(self, st: Intercepted) -> None:
         msg, why = w.grpc_message(st.req)
@@ -894,7 +1036,7 @@ class Session(asyncio.Protocol):
             if st.phase == _HOOK:
                 self._answer_local(st, w.GRPC_INTERNAL, f"hook failed: {type(exc).__name__}")
             return
-        st.req = bytearray()
+        self._release(st)
         if st.phase != _HOOK or self.state != _RELAY:
             return
         if st.hdr_end_stream:  # the HEADERS alone carry the whole request
@@ -904,6 +1046,7 @@ class Session(asyncio.Protocol):
             return
         st.out = out
         st.off = 0
+        self._hold(len(out))
         st.phase = _INJECT
         self._inject_q.append(st)
         self._pump()
@@ -934,7 +1077,7 @@ class Session(asyncio.Protocol):
                 self._debt += chunk
                 if last:
                     st.phase = _SENT
-                    st.out = b""
+                    self._release(st)
                     break
             if st.phase == _INJECT:
                 keep.append(st)
@@ -942,12 +1085,14 @@ class Session(asyncio.Protocol):
         if frames:
             self._send_up(b"".join(frames))
 
-    def _answer_local(self, st: Intercepted, code: int, message: str) -> None:
-        """Answer an intercepted call without the runtime; reset the upstream stream."""
+    def _answer_local(self, st: Intercepted, code: int, message: str, *, reset: int | None = None) -> None:
+        """Answer an intercepted call without the runtime; reset the upstream stream.
+
+        With ``reset``, the client gets only RST_STREAM(reset) instead of a gRPC status."""
         if st.phase in (_LOCAL, _DONE):
             return
         st.phase = _LOCAL
-        st.req = bytearray()
+        self._release(st)
         sid = st.sid
         self._finish(sid, _code_name(code))
         self._dropped[sid] = None
@@ -966,11 +1111,14 @@ class Session(asyncio.Protocol):
             if st.held_headers is not None:
                 self._send_up(b"".join(self._flush_held(st)))
             self._send_up(w.rst_stream(sid, w.CANCEL))
-        out = self._error_frames(sid, code, message, bool(flags & 1))
+        if reset is not None:
+            out = w.rst_stream(sid, reset)
+        else:
+            out = self._error_frames(sid, code, message, bool(flags & 1))
+            if not st.client_ended:
+                out += w.rst_stream(sid, w.NO_ERROR)
         if st.client_ended:
             self._icpt.pop(sid, None)
-        else:
-            out += w.rst_stream(sid, w.NO_ERROR)
         self._send_down(out)
 
     def _send_up(self, data: bytes) -> None:
@@ -989,7 +1137,7 @@ class Session(asyncio.Protocol):
 
     def _cancel_icpt(self, st: Intercepted) -> None:
         st.phase = _DONE
-        st.req = bytearray()
+        self._release(st)
         st.resp = None
         st.held_down = None
         self._drop_vheld(st)
@@ -1036,6 +1184,8 @@ class Session(asyncio.Protocol):
             if self._gated:
                 self._gated = False
                 self._client_input()
+                if not self._gated:
+                    self._resume_down(_PAUSE_GATED)
 
     def _parse_server(self, buf: bytes | bytearray) -> int:
         n = len(buf)
@@ -1097,6 +1247,8 @@ class Session(asyncio.Protocol):
                     if sid == 0:
                         raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
                     a, b = _padded(buf, pos, length, flags, True)
+                    if length > self._block_limit and b - a > self._block_limit:
+                        self._block_too_large("response")
                     if (
                         flags & w.FLAG_END_HEADERS
                         and self.verbatim
@@ -1131,6 +1283,8 @@ class Session(asyncio.Protocol):
                         down.append(mv[start:pos])
                     start = end
                     self._s_block += mv[pos + 9 : end]
+                    if len(self._s_block) > self._block_limit:
+                        self._block_too_large("response")
                     self._s_block_raw.append(bytes(mv[pos:end]))
                     if flags & w.FLAG_END_HEADERS:
                         self._server_block_done(down)
@@ -1224,6 +1378,7 @@ class Session(asyncio.Protocol):
                 self._up_init_window = value
                 for st in self._icpt.values():
                     st.window += delta
+                    st.cwin += delta
                 self._resume = True
             elif key == w.SETTINGS_MAX_FRAME_SIZE:
                 self._up_max_frame = value
@@ -1409,12 +1564,12 @@ class _Upstream(asyncio.Protocol):
         self._s.upstream_lost(str(exc) if exc else "closed by the backend")
 
     def pause_writing(self) -> None:
-        if self._s.down is not None:
-            self._s.down.pause_reading()
+        self._s._pause_down(_PAUSE_UP_FULL)
+        self._s._pause_up(_PAUSE_UP_FULL)
 
     def resume_writing(self) -> None:
-        if self._s.down is not None and not self._s.down.is_closing():
-            self._s.down.resume_reading()
+        self._s._resume_down(_PAUSE_UP_FULL)
+        self._s._resume_up(_PAUSE_UP_FULL)
 
 
 def _padded(buf: bytes | bytearray | memoryview, pos: int, length: int, flags: int, headers: bool) -> tuple[int, int]:
