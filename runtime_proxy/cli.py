@@ -11,32 +11,11 @@ Machine-readable output goes to stdout only; logs and error messages go to stder
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
-
-import structlog
 
 from runtime_proxy import logs
+from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, fail, run_main
 from runtime_proxy.server import DEFAULT_BACKEND, DEFAULT_LISTEN
-
-log = structlog.get_logger(__name__)
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_START = 3
-
-EXIT_CODES_EPILOG = """\
-exit codes:
-  0  stopped cleanly (SIGTERM or SIGINT)
-  1  failed while running (the error is logged on stderr)
-  2  bad command line or config: unknown flag or value, unreadable or invalid config file,
-     a plugin that is configured but not installed, a plugin module that cannot be imported
-  3  cannot start: the listen socket path or the metrics address cannot be used
-     (a file, a directory or a live socket is there; address in use; no permission)
-"""
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,11 +46,6 @@ def _strip(s: str | None) -> str | None:
     return s[len("unix://"):] if s.startswith("unix://") else s
 
 
-def _error(command: str, message: str, code: int) -> int:
-    print(f"runtime-proxy {command}: {message}", file=sys.stderr, flush=True)
-    return code
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
     from runtime_proxy import metrics
     from runtime_proxy.config import ConfigError, load_config
@@ -81,7 +55,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
-        return _error("serve", f"bad config {exc}", EXIT_USAGE)
+        return fail("serve", f"bad config {exc}", EXIT_USAGE)
     updates = {
         "hookServerDir": args.hook_server_dir,
         "nodeConfigFile": args.node_config,
@@ -94,14 +68,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         try:
             metrics.parse_addr(args.metrics_addr)
         except ValueError as exc:
-            return _error("serve", f"--metrics-addr: {exc}", EXIT_USAGE)
+            return fail("serve", f"--metrics-addr: {exc}", EXIT_USAGE)
     if not args.grace >= 0:
-        return _error("serve", "--grace must be a number of seconds >= 0", EXIT_USAGE)
+        return fail("serve", "--grace must be a number of seconds >= 0", EXIT_USAGE)
     try:
         check_plugins(cfg, entry_points=not args.no_entry_points)
     except PluginLoadError as exc:
         where = f"config {args.config}" if args.config else "plugins"
-        return _error("serve", f"bad {where}: {exc}", EXIT_USAGE)
+        return fail("serve", f"bad {where}: {exc}", EXIT_USAGE)
     opts = ProxyOptions(
         listen=_strip(args.listen) or DEFAULT_LISTEN,
         backend=_strip(args.backend) or DEFAULT_BACKEND,
@@ -113,29 +87,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         entry_points=not args.no_entry_points,
     )
     return run_main("serve", serve(opts))
-
-
-def run_main(command: str, coro: Coroutine[Any, Any, None]) -> int:
-    """Run ``coro`` on uvloop (asyncio when uvloop is missing) and turn what escapes into an exit
-    code: an ``OSError`` means the process could not take its socket or address (3), anything
-    else is a failure while running (1, logged with its traceback on stderr)."""
-    runner: Callable[[Coroutine[Any, Any, None]], None]
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    try:
-        runner(coro)
-    except KeyboardInterrupt:
-        return EXIT_OK
-    except OSError as exc:
-        return _error(command, f"cannot start: {exc}", EXIT_START)
-    except Exception as exc:
-        log.error("stopped by an error", command=command, exc_info=True)
-        return _error(command, f"failed: {type(exc).__name__}: {exc}", EXIT_FAILED)
-    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,7 @@ from runtime_proxy.engine.remote import (
     pod_response,
     strip_unix,
 )
+from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, run_main
 
 log = structlog.get_logger(__name__)
 
@@ -390,17 +391,6 @@ def _remove_own_socket(path: str) -> None:
             os.unlink(path)
 
 
-EXIT_CODES_EPILOG = """\
-exit codes:
-  0  stopped cleanly (SIGTERM or SIGINT)
-  1  failed while running (the error is logged on stderr)
-  2  bad command line or config: unknown flag or value, invalid config file, a plugin or
-     plugin module that cannot be loaded
-  3  cannot start: the listen path holds a file, a directory or a live socket (left alone),
-     or the socket cannot be created there
-"""
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="runtime-proxy hook-server", description=__doc__, epilog=EXIT_CODES_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -471,9 +461,7 @@ def options_from_args(argv: list[str]) -> HookServerOptions:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``runtime-proxy hook-server``; returns the exit code (see
-    ``EXIT_CODES_EPILOG``). Messages go to stderr, never a traceback for bad input."""
-    from runtime_proxy.cli import EXIT_USAGE, run_main
-
+    ``runtime_proxy.process.EXIT_CODES_EPILOG``). Messages go to stderr, never a traceback for bad input."""
     try:
         opts = options_from_args(argv)
         _, pipeline = build_pipeline(opts)  # fail early, with a clear message

@@ -1,5 +1,5 @@
 """``runtime-proxy serve`` and ``runtime-proxy hook-server`` given bad input: each answers with
-one clear line on stderr and its documented exit code (``runtime_proxy.cli.EXIT_CODES_EPILOG``),
+one clear line on stderr and its documented exit code (``runtime_proxy.process.EXIT_CODES_EPILOG``),
 never a traceback; stdout stays empty (it is for machine-readable output only), and nothing found
 at a listen path is removed. Each case runs the real command in a subprocess."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_proxy.cli import EXIT_START, EXIT_USAGE
+from runtime_proxy.process import EXIT_START, EXIT_USAGE
 
 REPO = Path(__file__).resolve().parents[2]
 
