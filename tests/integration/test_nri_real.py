@@ -1,0 +1,202 @@
+"""``runtime-proxy nri`` against real containerd 2.1 and 1.7 with NRI on a private socket.
+
+Pods are created directly against containerd (no proxy in the CRI path); the plugin runs as a
+child process with the built-in plugins and changes them through NRI and the applier. Each
+test checks the real cgroup files. Everything is private: the NRI socket lives in the private
+containerd's work dir, pods use the session's own top cgroup, the plugin is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rhp_devenv.containerd import PrivateContainerd, binaries_for
+from rhp_devenv.cri import linux_resources
+from rhp_devenv.env import ContainerdEnv
+
+from tests.integration import qos_helpers as q
+from tests.integration.harness import REPO, required_versions
+
+VERSIONS = ("2.1", "1.7")
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module", params=VERSIONS, ids=[f"containerd-{v}-nri" for v in VERSIONS])
+def nri_env(request: pytest.FixtureRequest) -> Iterator[ContainerdEnv]:
+    """A private containerd with NRI enabled on ``work_dir/nri/nri.sock`` (never /var/run/nri)."""
+    version: str = request.param
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run containerd")
+    missing = binaries_for(version).missing()
+    if missing:
+        reason = f"containerd {version} is not installed ({', '.join(map(str, missing))} missing)"
+        if version in required_versions():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    ctrd = PrivateContainerd(version, nri=True).start()
+    top = f"/rhptest-nri-{os.getpid()}-{version.replace('.', '')}"
+    ctrd.track_cgroup_parent(top)
+    env = ContainerdEnv(ctrd=ctrd, cgroup_top=top)
+    try:
+        yield env
+    finally:
+        env.stop()
+
+
+@pytest.fixture
+def containerd(nri_env: ContainerdEnv) -> Iterator[ContainerdEnv]:
+    nri_env.begin_round()
+    try:
+        yield nri_env
+    finally:
+        nri_env.end_round()
+
+
+class NriPluginProcess:
+    """``runtime-proxy nri`` as a child process, stopped by its PID."""
+
+    def __init__(self, socket: Path, tmp_path: Path) -> None:
+        self.socket = socket
+        self.log = tmp_path / "nri-plugin.log"
+        hooks = tmp_path / "hookserver.d"
+        hooks.mkdir(exist_ok=True)
+        self.args = [
+            sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level", "info", "nri",
+            "--nri-socket", str(socket), "--plugin-name", "rhp-test", "--plugin-idx", "10",
+            "--no-entry-points", "--hook-server-dir", str(hooks),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> NriPluginProcess:
+        out = open(self.log, "ab")  # noqa: SIM115
+        env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devenv'}"}
+        self.proc = subprocess.Popen(self.args, env=env, stdout=out, stderr=out)
+        out.close()
+        self.wait_synchronized(1)
+        return self
+
+    def events(self, name: str) -> int:
+        count = 0
+        for line in self.log.read_text().splitlines():
+            try:
+                if json.loads(line).get("event") == name:
+                    count += 1
+            except ValueError:
+                continue
+        return count
+
+    def wait_synchronized(self, times: int, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.events("NRI synchronized") < times:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"plugin exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"plugin not synchronized {times}x:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.05)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def nri_plugin(containerd: ContainerdEnv, tmp_path: Path) -> Iterator[NriPluginProcess]:
+    plugin = NriPluginProcess(containerd.ctrd.nri_socket, tmp_path).start()
+    try:
+        yield plugin
+    finally:
+        plugin.stop()
+
+
+def _lsr_pod(containerd: ContainerdEnv, cpu: str) -> tuple[str, Any, str]:
+    client = containerd.cri_client()
+    parent = containerd.new_cgroup_parent("burstable")
+    pod = client.run_pod(cgroup_parent=parent, labels={q.LABEL_QOS: "LSR"},
+                         annotations={q.RESOURCE_STATUS: q.resource_status(cpuset=cpu)})
+    cid = client.run_container(pod, resources=linux_resources(cpu_shares=1024, cpu_quota=50_000, cpuset_cpus="0"))
+    return parent, pod, cid
+
+
+def _a_cpu() -> str:
+    """The highest online CPU (so the bound value differs from kubelet's "0")."""
+    return str(max(os.sched_getaffinity(0)))
+
+
+def test_lsr_pod_gets_its_cpuset_and_unlimited_quota(containerd: ContainerdEnv, nri_plugin: NriPluginProcess) -> None:
+    cpu = _a_cpu()
+    parent, _, cid = _lsr_pod(containerd, cpu)
+    assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
+    assert q.read_container_file(parent, cid, "cpu.cfs_quota_us") == "-1"
+    assert q.read_container_file(parent, cid, "cpu.shares") == "1024"
+    assert q.read_pod_file(parent, "cpu.cfs_quota_us") == "-1"
+
+
+def test_be_pod_gets_batch_values(containerd: ContainerdEnv, nri_plugin: NriPluginProcess) -> None:
+    client = containerd.cri_client()
+    parent = containerd.new_cgroup_parent("besteffort")
+    q.kubelet_pod_cgroup(parent, {"cpu.shares": 2})
+    spec = q.extended_resource_spec({
+        "be-app": {
+            "requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "128Mi"},
+            "limits": {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "256Mi"},
+        }
+    })
+    pod = client.run_pod(cgroup_parent=parent, labels={q.LABEL_QOS: "BE"},
+                         annotations={q.EXTENDED_RESOURCE_SPEC: spec})
+    cid = client.run_container(pod, name="be-app", resources=linux_resources(cpu_shares=2))
+    expect = {"cpu.shares": "512", "cpu.cfs_quota_us": "100000", "memory.limit_in_bytes": str(256 * MiB)}
+    assert {f: q.read_container_file(parent, cid, f) for f in expect} == expect
+    assert {f: q.read_pod_file(parent, f) for f in expect} == expect
+
+
+def test_update_is_rewritten_for_the_same_container(containerd: ContainerdEnv,
+                                                     nri_plugin: NriPluginProcess) -> None:
+    cpu = _a_cpu()
+    parent, _, cid = _lsr_pod(containerd, cpu)
+    # kubelet resizes the container with a quota and a cpuset; the plugin keeps the bound values.
+    containerd.cri_client().update_container_resources(
+        cid, linux_resources(cpu_shares=2048, cpu_quota=80_000, cpuset_cpus="0"))
+    assert q.read_container_file(parent, cid, "cpu.shares") == "2048"
+    assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
+    assert q.read_container_file(parent, cid, "cpu.cfs_quota_us") == "-1"
+
+
+def test_pods_keep_starting_after_the_plugin_is_killed(containerd: ContainerdEnv,
+                                                        nri_plugin: NriPluginProcess) -> None:
+    nri_plugin.kill9()
+    parent, _, cid = _lsr_pod(containerd, _a_cpu())
+    # Nobody changed the request: kubelet's values are what runc wrote.
+    assert q.read_container_file(parent, cid, "cpuset.cpus") == "0"
+    assert q.read_container_file(parent, cid, "cpu.cfs_quota_us") == "50000"
+
+
+def test_plugin_reconnects_after_containerd_restarts(containerd: ContainerdEnv,
+                                                      nri_plugin: NriPluginProcess) -> None:
+    containerd.ctrd.restart_daemon()
+    nri_plugin.wait_synchronized(2)
+    cpu = _a_cpu()
+    parent, _, cid = _lsr_pod(containerd, cpu)
+    assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
+    assert q.read_container_file(parent, cid, "cpu.cfs_quota_us") == "-1"
+    assert nri_plugin.events("NRI plugin registered") == 2
