@@ -1,0 +1,227 @@
+"""Every Koordinator key we read or write, defined once: labels, annotations, resource names,
+NodeSLO field names and the enumerations (QoS classes, priority classes, policies).
+
+Spellings are Koordinator's; the file under ``apis/`` of koordinator-sh/koordinator that
+defines each group is named above it. Importers use these names, never the string literals.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ANNOTATION_DEVICE_ALLOCATED",
+    "ANNOTATION_EXTENDED_RESOURCE_SPEC",
+    "ANNOTATION_NUMA_TOPOLOGY_SPEC",
+    "ANNOTATION_POD_CPU_BURST",
+    "ANNOTATION_POD_CPU_QOS",
+    "ANNOTATION_POD_RESCTRL",
+    "ANNOTATION_RESOURCE_SPEC",
+    "ANNOTATION_RESOURCE_STATUS",
+    "BIND_POLICIES",
+    "BIND_POLICY_CONSTRAINED_BURST",
+    "BIND_POLICY_DEFAULT",
+    "BIND_POLICY_FULL_PCPUS",
+    "BIND_POLICY_SPREAD_BY_PCPUS",
+    "CPU_BURST_POLICIES",
+    "CPU_POLICIES",
+    "CPU_POLICY_CORE_SCHED",
+    "CPU_POLICY_GROUP_IDENTITY",
+    "CPU_SUPPRESS_POLICY_CFS_QUOTA",
+    "CPU_SUPPRESS_POLICY_CPUSET",
+    "EXCLUSIVE_POLICIES",
+    "EXCLUSIVE_POLICY_NONE",
+    "EXCLUSIVE_POLICY_NUMA_NODE_LEVEL",
+    "EXCLUSIVE_POLICY_PCPU_LEVEL",
+    "GPU_RESOURCE_NAMES",
+    "HOST_APP_BASES",
+    "KOORD_QOS_CLASSES",
+    "LABEL_CPU_BIND_POLICY",
+    "LABEL_GPU_ISOLATION_PROVIDER",
+    "LABEL_NUMA_ALLOCATE_STRATEGY",
+    "LABEL_NUMA_TOPOLOGY_POLICY",
+    "LABEL_PRIORITY",
+    "LABEL_PRIORITY_CLASS",
+    "LABEL_QOS_CLASS",
+    "LABEL_SKIP_HOOKSERVER",
+    "NODE_ANNOTATION_BE_CPU_SHARED_POOLS",
+    "NODE_ANNOTATION_CPU_NORMALIZATION_RATIO",
+    "NODE_ANNOTATION_CPU_SHARED_POOLS",
+    "NODE_ANNOTATION_CPU_TOPOLOGY",
+    "NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY",
+    "NODE_ANNOTATION_POD_CPU_ALLOCS",
+    "NODE_ANNOTATION_RESERVATION",
+    "NODE_ANNOTATION_SYSTEM_QOS_RESOURCE",
+    "NODE_CPU_BIND_POLICIES",
+    "NUMA_ALLOCATE_STRATEGIES",
+    "NUMA_POLICIES",
+    "PRIORITY_BATCH",
+    "PRIORITY_CLASSES",
+    "PRIORITY_FREE",
+    "PRIORITY_MID",
+    "PRIORITY_PROD",
+    "QOS_BE",
+    "QOS_LS",
+    "QOS_LSE",
+    "QOS_LSR",
+    "QOS_SYSTEM",
+    "RESOURCE_BATCH_CPU",
+    "RESOURCE_BATCH_MEMORY",
+    "RESOURCE_GPU",
+    "RESOURCE_GPU_CORE",
+    "RESOURCE_GPU_MEMORY",
+    "RESOURCE_GPU_MEMORY_RATIO",
+    "RESOURCE_GPU_SHARED",
+    "RESOURCE_MID_CPU",
+    "RESOURCE_MID_MEMORY",
+    "RESOURCE_NVIDIA_GPU",
+    "RESOURCE_RDMA",
+    "SLO",
+    "SLO_CLASS_KEYS",
+]
+
+# ---- QoS classes (apis/extension/qos.go) -------------------------------------------------------
+LABEL_QOS_CLASS = "koordinator.sh/qosClass"
+QOS_LSE = "LSE"
+QOS_LSR = "LSR"
+QOS_LS = "LS"
+QOS_BE = "BE"
+QOS_SYSTEM = "SYSTEM"
+KOORD_QOS_CLASSES = (QOS_LSE, QOS_LSR, QOS_LS, QOS_BE, QOS_SYSTEM)
+
+# ---- priority classes (apis/extension/priority.go) ---------------------------------------------
+LABEL_PRIORITY = "koordinator.sh/priority"
+LABEL_PRIORITY_CLASS = "koordinator.sh/priority-class"
+PRIORITY_PROD = "koord-prod"
+PRIORITY_MID = "koord-mid"
+PRIORITY_BATCH = "koord-batch"
+PRIORITY_FREE = "koord-free"
+PRIORITY_CLASSES = (PRIORITY_PROD, PRIORITY_MID, PRIORITY_BATCH, PRIORITY_FREE)
+
+# ---- koord-runtime-proxy (pkg/runtimeproxy/server/cri, flag --runtime-hook-server-key) ---------
+LABEL_SKIP_HOOKSERVER = "runtimeproxy.koordinator.sh/skip-hookserver"
+
+# ---- pod annotations (apis/extension/{numa_aware,device_share,resource,resctrl}.go) ------------
+ANNOTATION_RESOURCE_SPEC = "scheduling.koordinator.sh/resource-spec"
+ANNOTATION_RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+ANNOTATION_NUMA_TOPOLOGY_SPEC = "scheduling.koordinator.sh/numa-topology-spec"
+ANNOTATION_DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+ANNOTATION_EXTENDED_RESOURCE_SPEC = "node.koordinator.sh/extended-resource-spec"
+ANNOTATION_POD_RESCTRL = "node.koordinator.sh/resctrl"
+# Pod overrides of NodeSLO strategies (apis/slo/v1alpha1/pod.go).
+ANNOTATION_POD_CPU_QOS = "koordinator.sh/cpuQOS"
+ANNOTATION_POD_CPU_BURST = "koordinator.sh/cpuBurst"
+# HAMi-core GPU isolation (apis/extension/device_share.go).
+LABEL_GPU_ISOLATION_PROVIDER = "koordinator.sh/gpu-isolation-provider"
+
+# ---- node labels and annotations (apis/extension/{numa_aware,node_reservation,system_qos,
+# ---- cpu_normalization}.go) and NodeResourceTopology annotations ---------------------------------
+LABEL_CPU_BIND_POLICY = "node.koordinator.sh/cpu-bind-policy"
+LABEL_NUMA_ALLOCATE_STRATEGY = "node.koordinator.sh/numa-allocate-strategy"
+LABEL_NUMA_TOPOLOGY_POLICY = "node.koordinator.sh/numa-topology-policy"
+NODE_ANNOTATION_CPU_TOPOLOGY = "node.koordinator.sh/cpu-topology"
+NODE_ANNOTATION_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
+NODE_ANNOTATION_BE_CPU_SHARED_POOLS = "node.koordinator.sh/be-cpu-shared-pools"
+NODE_ANNOTATION_POD_CPU_ALLOCS = "node.koordinator.sh/pod-cpu-allocs"
+NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
+NODE_ANNOTATION_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
+NODE_ANNOTATION_RESERVATION = "node.koordinator.sh/reservation"
+NODE_ANNOTATION_CPU_NORMALIZATION_RATIO = "node.koordinator.sh/cpu-normalization-ratio"
+
+# ---- resource names (apis/extension/resource.go, device_share.go) ------------------------------
+RESOURCE_BATCH_CPU = "kubernetes.io/batch-cpu"  # integer milli-cores
+RESOURCE_BATCH_MEMORY = "kubernetes.io/batch-memory"  # bytes
+RESOURCE_MID_CPU = "kubernetes.io/mid-cpu"
+RESOURCE_MID_MEMORY = "kubernetes.io/mid-memory"
+RESOURCE_NVIDIA_GPU = "nvidia.com/gpu"
+RESOURCE_GPU = "koordinator.sh/gpu"
+RESOURCE_GPU_SHARED = "koordinator.sh/gpu.shared"
+RESOURCE_GPU_CORE = "koordinator.sh/gpu-core"
+RESOURCE_GPU_MEMORY = "koordinator.sh/gpu-memory"
+RESOURCE_GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
+RESOURCE_RDMA = "koordinator.sh/rdma"
+GPU_RESOURCE_NAMES = (
+    RESOURCE_NVIDIA_GPU,
+    RESOURCE_GPU,
+    RESOURCE_GPU_SHARED,
+    RESOURCE_GPU_CORE,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_GPU_MEMORY_RATIO,
+)
+
+# ---- scheduling policies (apis/extension/numa_aware.go) ----------------------------------------
+BIND_POLICY_DEFAULT = "Default"
+BIND_POLICY_FULL_PCPUS = "FullPCPUs"
+BIND_POLICY_SPREAD_BY_PCPUS = "SpreadByPCPUs"
+BIND_POLICY_CONSTRAINED_BURST = "ConstrainedBurst"
+BIND_POLICIES = (
+    BIND_POLICY_DEFAULT,
+    BIND_POLICY_FULL_PCPUS,
+    BIND_POLICY_SPREAD_BY_PCPUS,
+    BIND_POLICY_CONSTRAINED_BURST,
+)
+EXCLUSIVE_POLICY_NONE = "None"
+EXCLUSIVE_POLICY_PCPU_LEVEL = "PCPULevel"
+EXCLUSIVE_POLICY_NUMA_NODE_LEVEL = "NUMANodeLevel"
+EXCLUSIVE_POLICIES = (EXCLUSIVE_POLICY_NONE, EXCLUSIVE_POLICY_PCPU_LEVEL, EXCLUSIVE_POLICY_NUMA_NODE_LEVEL)
+NUMA_POLICIES = ("None", "BestEffort", "Restricted", "SingleNUMANode")
+# Values of the node label cpu-bind-policy.
+NODE_CPU_BIND_POLICIES = ("None", "FullPCPUsOnly", "SpreadByPCPUs")
+# Values of the node label numa-allocate-strategy (LeastAllocated when absent).
+NUMA_ALLOCATE_STRATEGIES = ("MostAllocated", "LeastAllocated", "DistributeEvenly")
+
+
+# ---- NodeSLO spec field names (apis/slo/v1alpha1/nodeslo_types.go, host_application.go) -------
+class SLO:
+    """NodeSLO ``spec`` field names, in Koordinator's camelCase. A namespace, never instantiated."""
+
+    RESOURCE_QOS_STRATEGY = "resourceQOSStrategy"
+    POLICIES = "policies"
+    CPU_POLICY = "cpuPolicy"
+    LSR_CLASS = "lsrClass"
+    LS_CLASS = "lsClass"
+    BE_CLASS = "beClass"
+    SYSTEM_CLASS = "systemClass"
+    CGROUP_ROOT = "cgroupRoot"
+    CPU_QOS = "cpuQOS"
+    RESCTRL_QOS = "resctrlQOS"
+    ENABLE = "enable"
+    GROUP_IDENTITY = "groupIdentity"
+    SCHED_IDLE = "schedIdle"
+    CORE_EXPELLER = "coreExpeller"
+    CAT_RANGE_START_PERCENT = "catRangeStartPercent"
+    CAT_RANGE_END_PERCENT = "catRangeEndPercent"
+    MBA_PERCENT = "mbaPercent"
+    CPU_BURST_STRATEGY = "cpuBurstStrategy"
+    POLICY = "policy"
+    CPU_BURST_PERCENT = "cpuBurstPercent"
+    CFS_QUOTA_BURST_PERCENT = "cfsQuotaBurstPercent"
+    CFS_QUOTA_BURST_PERIOD_SECONDS = "cfsQuotaBurstPeriodSeconds"
+    SHARE_POOL_THRESHOLD_PERCENT = "sharePoolThresholdPercent"
+    RESOURCE_USED_THRESHOLD_WITH_BE = "resourceUsedThresholdWithBE"
+    CPU_SUPPRESS_THRESHOLD_PERCENT = "cpuSuppressThresholdPercent"
+    CPU_SUPPRESS_POLICY = "cpuSuppressPolicy"
+    MEMORY_EVICT_THRESHOLD_PERCENT = "memoryEvictThresholdPercent"
+    HOST_APPLICATIONS = "hostApplications"
+    NAME = "name"
+    QOS = "qos"
+    PRIORITY = "priority"
+    CGROUP_PATH = "cgroupPath"
+    BASE = "base"
+    PARENT_DIR = "parentDir"
+    RELATIVE_PATH = "relativePath"
+
+
+# The NodeSLO class section each Koordinator QoS class reads (LSE shares the LSR section).
+SLO_CLASS_KEYS = {
+    QOS_LSE: SLO.LSR_CLASS,
+    QOS_LSR: SLO.LSR_CLASS,
+    QOS_LS: SLO.LS_CLASS,
+    QOS_BE: SLO.BE_CLASS,
+    QOS_SYSTEM: SLO.SYSTEM_CLASS,
+}
+CPU_POLICY_GROUP_IDENTITY = "groupIdentity"
+CPU_POLICY_CORE_SCHED = "coreSched"
+CPU_POLICIES = ("", CPU_POLICY_GROUP_IDENTITY, CPU_POLICY_CORE_SCHED)
+CPU_BURST_POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")
+CPU_SUPPRESS_POLICY_CPUSET = "cpuset"
+CPU_SUPPRESS_POLICY_CFS_QUOTA = "cfsQuota"
+HOST_APP_BASES = ("CgroupRoot", "Kubepods", "KubepodsBurstable", "KubepodsBesteffort")

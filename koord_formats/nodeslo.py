@@ -1,0 +1,304 @@
+"""NodeSLO ``spec`` strategies with Koordinator's defaults, read from the decoded spec.
+
+The spec arrives as a mapping (from the API server or a YAML file). Every accessor here reads
+one strategy, fills what is missing with Koordinator's default and never raises: a value of the
+wrong type or out of range is reported in ``problems`` (when given) and replaced by the
+default, as koordlet falls back to its defaults. ``validate_node_slo`` instead raises
+``FormatError`` for the first such value, for callers that refuse a bad spec as a whole.
+
+Defaults: ``pkg/util/sloconfig/nodeslo_config.go`` (``DefaultCPUQOS``, ``DefaultResctrlQOS``,
+``DefaultCPUBurstConfig``, ``DefaultResourceThresholdStrategy``); field names and ranges:
+``apis/slo/v1alpha1/nodeslo_types.go``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from koord_formats import keys
+from koord_formats.bounded import load_json
+from koord_formats.errors import FormatError
+from koord_formats.keys import SLO
+
+__all__ = [
+    "CPUQOS",
+    "DEFAULT_CPU_BURST",
+    "DEFAULT_GROUP_IDENTITY",
+    "DEFAULT_RESCTRL",
+    "CPUBurstConfig",
+    "CPUSuppress",
+    "ResctrlQOS",
+    "class_bvt_value",
+    "cpu_burst",
+    "cpu_burst_from_pod",
+    "cpu_policy",
+    "cpu_qos",
+    "cpu_suppress",
+    "group_identity_enabled",
+    "resctrl_qos",
+    "section",
+    "validate_node_slo",
+]
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+# groupIdentity per class (DefaultCPUQOS: LSR 2, LS 2, BE -1; classes without a default, such as
+# systemClass, take NoneCPUQOS's 0).
+DEFAULT_GROUP_IDENTITY = {SLO.LSR_CLASS: 2, SLO.LS_CLASS: 2, SLO.BE_CLASS: -1, SLO.SYSTEM_CLASS: 0}
+# (catRangeStartPercent, catRangeEndPercent, mbaPercent) per class (DefaultResctrlQOS; others
+# take NoneResctrlQOS's 0, 100, 100).
+DEFAULT_RESCTRL = {SLO.LSR_CLASS: (0, 100, 100), SLO.LS_CLASS: (0, 100, 100), SLO.BE_CLASS: (0, 30, 100)}
+
+
+def section(spec: object, *path: str) -> Mapping[str, Any]:
+    """The mapping at ``path`` inside ``spec``; empty when any step is missing or not a mapping."""
+    data = spec
+    for key in path:
+        if not isinstance(data, Mapping):
+            return _EMPTY
+        data = data.get(key)
+    return data if isinstance(data, Mapping) else _EMPTY
+
+
+def _typed(sec: Mapping[str, Any], key: str, kind: type, default: Any, problems: list[str] | None) -> Any:
+    value = sec.get(key)
+    if value is None:
+        return default
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        if -(2**63) <= value < 2**63:
+            return value
+    elif kind is not int and isinstance(value, kind):
+        return value
+    if problems is not None:
+        problems.append(f"NodeSLO {key}={str(value)[:64]!r} is not a valid {kind.__name__}; using {default!r}")
+    return default
+
+
+def _ranged(value: int, lo: int, hi: int, default: int, key: str, problems: list[str] | None) -> int:
+    if lo <= value <= hi:
+        return value
+    if problems is not None:
+        problems.append(f"NodeSLO {key}={value} is outside {lo}..{hi}; using {default}")
+    return default
+
+
+# ---- resourceQOSStrategy ---------------------------------------------------------------------------
+
+
+def cpu_policy(spec: Mapping[str, Any]) -> str:
+    """``resourceQOSStrategy.policies.cpuPolicy``: "" (group identity), "groupIdentity" or
+    "coreSched"; an unknown value reads as ""."""
+    value = section(spec, SLO.RESOURCE_QOS_STRATEGY, SLO.POLICIES).get(SLO.CPU_POLICY, "")
+    return value if value in keys.CPU_POLICIES else ""
+
+
+@dataclass(frozen=True, slots=True)
+class CPUQOS:
+    """``resourceQOSStrategy.<class>.cpuQOS`` after defaults."""
+
+    enable: bool = False  # DefaultResourceQOSStrategy: false for every class
+    group_identity: int = 0  # -1..2, default per class in DEFAULT_GROUP_IDENTITY
+    sched_idle: int = 0  # 0 or 1; nodeslo_types.go: default 0
+    core_expeller: bool = False  # nodeslo_types.go: default false
+
+
+def cpu_qos(spec: Mapping[str, Any], class_key: str, problems: list[str] | None = None) -> CPUQOS:
+    """cpuQOS of ``class_key`` (``SLO.LSR_CLASS``, ``LS_CLASS``, ``BE_CLASS``, ``SYSTEM_CLASS``)."""
+    sec = section(spec, SLO.RESOURCE_QOS_STRATEGY, class_key, SLO.CPU_QOS)
+    default_gi = DEFAULT_GROUP_IDENTITY.get(class_key, 0)
+    gi = _ranged(
+        _typed(sec, SLO.GROUP_IDENTITY, int, default_gi, problems), -1, 2, default_gi, SLO.GROUP_IDENTITY, problems
+    )
+    idle = _ranged(_typed(sec, SLO.SCHED_IDLE, int, 0, problems), 0, 1, 0, SLO.SCHED_IDLE, problems)
+    return CPUQOS(
+        enable=_typed(sec, SLO.ENABLE, bool, False, problems),
+        group_identity=gi,
+        sched_idle=idle,
+        core_expeller=_typed(sec, SLO.CORE_EXPELLER, bool, False, problems),
+    )
+
+
+def group_identity_enabled(spec: Mapping[str, Any]) -> bool:
+    """True when group identity is the CPU policy and some class enables its cpuQOS."""
+    if cpu_policy(spec) not in ("", keys.CPU_POLICY_GROUP_IDENTITY):
+        return False
+    return any(cpu_qos(spec, k).enable for k in DEFAULT_GROUP_IDENTITY)
+
+
+def class_bvt_value(spec: Mapping[str, Any], class_key: str) -> int:
+    """A class's ``cpu.bvt_warp_ns``: its groupIdentity when its cpuQOS is enabled, else 0."""
+    q = cpu_qos(spec, class_key)
+    return q.group_identity if q.enable else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResctrlQOS:
+    """``resourceQOSStrategy.<class>.resctrlQOS`` after defaults (DEFAULT_RESCTRL)."""
+
+    enable: bool = False
+    cat_range_start_percent: int = 0
+    cat_range_end_percent: int = 100
+    mba_percent: int = 100
+
+
+def resctrl_qos(spec: Mapping[str, Any], class_key: str, problems: list[str] | None = None) -> ResctrlQOS:
+    """resctrlQOS of ``class_key``; percentages outside 0..100 (mba 1..100) take the default."""
+    sec = section(spec, SLO.RESOURCE_QOS_STRATEGY, class_key, SLO.RESCTRL_QOS)
+    start, end, mba = DEFAULT_RESCTRL.get(class_key, (0, 100, 100))
+
+    def pct(key: str, default: int, lo: int) -> int:
+        return _ranged(_typed(sec, key, int, default, problems), lo, 100, default, key, problems)
+
+    return ResctrlQOS(
+        enable=_typed(sec, SLO.ENABLE, bool, False, problems),
+        cat_range_start_percent=pct(SLO.CAT_RANGE_START_PERCENT, start, 0),
+        cat_range_end_percent=pct(SLO.CAT_RANGE_END_PERCENT, end, 0),
+        mba_percent=pct(SLO.MBA_PERCENT, mba, 1),
+    )
+
+
+# ---- resourceUsedThresholdWithBE -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CPUSuppress:
+    """The CPU-suppress part of ``resourceUsedThresholdWithBE`` after defaults
+    (DefaultResourceThresholdStrategy)."""
+
+    enable: bool = False
+    cpu_suppress_threshold_percent: int = 65
+    cpu_suppress_policy: str = keys.CPU_SUPPRESS_POLICY_CPUSET  # "cpuset" or "cfsQuota"
+
+
+def cpu_suppress(spec: Mapping[str, Any], problems: list[str] | None = None) -> CPUSuppress:
+    """``resourceUsedThresholdWithBE`` with its defaults."""
+    sec = section(spec, SLO.RESOURCE_USED_THRESHOLD_WITH_BE)
+    base = CPUSuppress()
+    policy = _typed(sec, SLO.CPU_SUPPRESS_POLICY, str, base.cpu_suppress_policy, problems)
+    if policy not in (keys.CPU_SUPPRESS_POLICY_CPUSET, keys.CPU_SUPPRESS_POLICY_CFS_QUOTA):
+        if problems is not None:
+            problems.append(
+                f"NodeSLO {SLO.CPU_SUPPRESS_POLICY}={policy[:64]!r} is unknown; using {base.cpu_suppress_policy!r}"
+            )
+        policy = base.cpu_suppress_policy
+    threshold = _typed(sec, SLO.CPU_SUPPRESS_THRESHOLD_PERCENT, int, base.cpu_suppress_threshold_percent, problems)
+    return CPUSuppress(
+        enable=_typed(sec, SLO.ENABLE, bool, base.enable, problems),
+        cpu_suppress_threshold_percent=_ranged(
+            threshold, 0, 100, base.cpu_suppress_threshold_percent, SLO.CPU_SUPPRESS_THRESHOLD_PERCENT, problems
+        ),
+        cpu_suppress_policy=policy,
+    )
+
+
+# ---- cpuBurstStrategy --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CPUBurstConfig:
+    """``cpuBurstStrategy`` (NodeSLO), possibly merged with the pod's ``koordinator.sh/cpuBurst``.
+    Defaults: DefaultCPUBurstConfig and DefaultCPUBurstStrategy."""
+
+    policy: str = "none"  # none | cpuBurstOnly | cfsQuotaBurstOnly | auto
+    cpu_burst_percent: int = 1000
+    cfs_quota_burst_percent: int = 300
+    cfs_quota_burst_period_seconds: int = -1  # -1: no limit on how long the quota stays raised
+    share_pool_threshold_percent: int = 50
+
+    @property
+    def cpu_burst_enabled(self) -> bool:
+        return self.policy in ("auto", "cpuBurstOnly")
+
+    @property
+    def cfs_quota_burst_enabled(self) -> bool:
+        return self.policy in ("auto", "cfsQuotaBurstOnly")
+
+
+DEFAULT_CPU_BURST = CPUBurstConfig()
+_MAX_PERCENT = 10**6
+
+
+def _burst_from(sec: Mapping[str, Any], base: CPUBurstConfig, problems: list[str] | None) -> CPUBurstConfig:
+    policy = _typed(sec, SLO.POLICY, str, base.policy, problems)
+    if policy not in keys.CPU_BURST_POLICIES:
+        if problems is not None:
+            problems.append(f"unknown cpu burst policy {policy[:64]!r}; using {base.policy!r}")
+        policy = base.policy
+    out = CPUBurstConfig(
+        policy=policy,
+        cpu_burst_percent=_typed(sec, SLO.CPU_BURST_PERCENT, int, base.cpu_burst_percent, problems),
+        cfs_quota_burst_percent=_typed(sec, SLO.CFS_QUOTA_BURST_PERCENT, int, base.cfs_quota_burst_percent, problems),
+        cfs_quota_burst_period_seconds=_typed(
+            sec, SLO.CFS_QUOTA_BURST_PERIOD_SECONDS, int, base.cfs_quota_burst_period_seconds, problems
+        ),
+        share_pool_threshold_percent=_typed(
+            sec, SLO.SHARE_POOL_THRESHOLD_PERCENT, int, base.share_pool_threshold_percent, problems
+        ),
+    )
+    if (
+        not 0 <= out.cpu_burst_percent <= _MAX_PERCENT
+        or not 100 <= out.cfs_quota_burst_percent <= _MAX_PERCENT
+        or not -1 <= out.cfs_quota_burst_period_seconds <= 10**9
+        or not 0 <= out.share_pool_threshold_percent <= 100
+    ):
+        if problems is not None:
+            problems.append("cpu burst values out of range; using the previous values")
+        return base
+    return out
+
+
+def cpu_burst(spec: Mapping[str, Any], problems: list[str] | None = None) -> CPUBurstConfig:
+    """The node's ``cpuBurstStrategy`` with Koordinator's defaults."""
+    return _burst_from(section(spec, SLO.CPU_BURST_STRATEGY), DEFAULT_CPU_BURST, problems)
+
+
+def cpu_burst_from_pod(
+    node_config: CPUBurstConfig, text: str | None, problems: list[str] | None = None
+) -> CPUBurstConfig:
+    """``node_config`` with the pod annotation ``koordinator.sh/cpuBurst`` (JSON, the same keys)
+    merged over it; a malformed annotation is reported and ignored."""
+    if not text:
+        return node_config
+    try:
+        data = load_json(text, keys.ANNOTATION_POD_CPU_BURST, max_chars=4096)
+    except FormatError as exc:
+        if problems is not None:
+            problems.append(str(exc))
+        return node_config
+    if not isinstance(data, dict):
+        if problems is not None:
+            problems.append(f"annotation {keys.ANNOTATION_POD_CPU_BURST} must be a JSON object")
+        return node_config
+    return _burst_from(data, node_config, problems)
+
+
+# ---- whole-spec validation -----------------------------------------------------------------------------
+
+_CLASS_KEYS = (SLO.LSR_CLASS, SLO.LS_CLASS, SLO.BE_CLASS, SLO.SYSTEM_CLASS, SLO.CGROUP_ROOT)
+
+
+def validate_node_slo(spec: object) -> None:
+    """``FormatError`` naming the first field of the strategies above that has the wrong type,
+    an unknown value or a value out of range; unknown fields are allowed."""
+    if not isinstance(spec, Mapping):
+        raise FormatError("NodeSLO spec must be a mapping")
+    problems: list[str] = []
+    for key in (SLO.RESOURCE_QOS_STRATEGY, SLO.CPU_BURST_STRATEGY, SLO.RESOURCE_USED_THRESHOLD_WITH_BE):
+        if spec.get(key) is not None and not isinstance(spec.get(key), Mapping):
+            problems.append(f"NodeSLO {key} must be a mapping")
+    policy = section(spec, SLO.RESOURCE_QOS_STRATEGY, SLO.POLICIES).get(SLO.CPU_POLICY)
+    if policy is not None and policy not in keys.CPU_POLICIES:
+        problems.append(f"NodeSLO {SLO.CPU_POLICY}={str(policy)[:64]!r} is unknown")
+    for class_key in _CLASS_KEYS:
+        cpu_qos(spec, class_key, problems)
+        resctrl_qos(spec, class_key, problems)
+    cpu_burst(spec, problems)
+    cpu_suppress(spec, problems)
+    apps = spec.get(SLO.HOST_APPLICATIONS)
+    if apps is not None and not isinstance(apps, list):
+        problems.append(f"NodeSLO {SLO.HOST_APPLICATIONS} must be a list")
+    if problems:
+        raise FormatError(problems[0])

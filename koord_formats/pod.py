@@ -1,0 +1,297 @@
+"""Pod annotations the scheduler and the webhook write: resource-status, resource-spec,
+numa-topology-spec, device-allocated and the batch extended-resource-spec.
+
+Each parser takes the raw annotation text and returns a frozen value or raises
+``FormatError``; the formatters write exactly what Koordinator's scheduler writes.
+
+Formats (koordinator-sh/koordinator ``apis/extension/numa_aware.go``, ``device_share.go``,
+``resource.go``):
+
+- ``scheduling.koordinator.sh/resource-status``:
+  ``{"cpuset":"2,54","numaNodeResources":[{"node":0,"resources":{"cpu":"4","memory":"8Gi"}}]}``
+- ``scheduling.koordinator.sh/resource-spec``:
+  ``{"requiredCPUBindPolicy":"FullPCPUs","preferredCPUBindPolicy":"SpreadByPCPUs","preferredCPUExclusivePolicy":"PCPULevel"}``
+- ``scheduling.koordinator.sh/numa-topology-spec``:
+  ``{"numaTopologyPolicy":"SingleNUMANode","singleNUMANodeExclusive":"Required"}``
+- ``scheduling.koordinator.sh/device-allocated``:
+  ``{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"100",...},"id":"GPU-..."}]}``
+- ``node.koordinator.sh/extended-resource-spec``:
+  ``{"containers":{"c1":{"requests":{"kubernetes.io/batch-cpu":"1000"},"limits":{...}}}}``
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any
+
+from koord_formats import keys
+from koord_formats.bounded import (
+    MAX_NAME_CHARS,
+    load_json,
+    memo_by_text,
+    read_int,
+    read_list,
+    read_object,
+    read_str,
+)
+from koord_formats.cpulist import MAX_CPU_LIST_CHARS, format_cpu_list, parse_cpu_list
+from koord_formats.errors import FormatError
+from koord_formats.quantity import format_quantity, parse_quantity
+
+__all__ = [
+    "MAX_NUMA_NODE_ID",
+    "ContainerResourceSpec",
+    "DeviceAllocation",
+    "NUMANodeResource",
+    "NUMATopologySpec",
+    "ResourceSpec",
+    "ResourceStatus",
+    "format_device_allocated",
+    "format_resource_status",
+    "parse_device_allocated",
+    "parse_extended_resource_spec",
+    "parse_numa_topology_spec",
+    "parse_resource_spec",
+    "parse_resource_status",
+]
+
+MAX_NUMA_NODE_ID = 1023
+_MAX_CHARS = MAX_CPU_LIST_CHARS + 16 * 1024
+_MAX_NUMA_ENTRIES = 64
+_MAX_RESOURCES = 64
+_MAX_DEVICE_TYPES = 16
+_MAX_DEVICES = 256
+_MAX_CONTAINERS = 256
+_MAX_MINOR = 65535
+
+
+def _resources(value: object, what: str) -> Mapping[str, Fraction]:
+    if value is None:
+        return MappingProxyType({})
+    doc = read_object(value, what)
+    if len(doc) > _MAX_RESOURCES:
+        raise FormatError(f"{what}: more than {_MAX_RESOURCES} resources")
+    out: dict[str, Fraction] = {}
+    for name, amount in doc.items():
+        read_str(name, f"{what} name")
+        try:
+            out[name] = parse_quantity(amount)
+        except FormatError as exc:
+            raise FormatError(f"{what} {name[:64]}: {exc}") from None
+    return MappingProxyType(out)
+
+
+# ---- resource-status -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NUMANodeResource:
+    """One entry of ``numaNodeResources``: a NUMA node and what the pod got there."""
+
+    node: int
+    # Resource name -> quantity in base units (cpu in cores, memory in bytes).
+    resources: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
+
+    def has_cpu(self) -> bool:
+        """True when the pod got CPU (or batch CPU) on this node."""
+        return bool(self.resources.get("cpu", 0)) or bool(self.resources.get(keys.RESOURCE_BATCH_CPU, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceStatus:
+    """``scheduling.koordinator.sh/resource-status``: the scheduler's CPU and NUMA decision."""
+
+    cpuset: frozenset[int] = frozenset()
+    numa_node_resources: tuple[NUMANodeResource, ...] = ()
+
+
+@memo_by_text(maxsize=1024)
+def parse_resource_status(text: str) -> ResourceStatus:
+    """Parse ``scheduling.koordinator.sh/resource-status``."""
+    what = "resource-status"
+    doc = read_object(load_json(text, what, max_chars=_MAX_CHARS), what)
+    cpuset_text = doc.get("cpuset")
+    cpuset = (
+        frozenset()
+        if cpuset_text is None
+        else parse_cpu_list(read_str(cpuset_text, f"{what} cpuset", MAX_CPU_LIST_CHARS))
+    )
+    raw = doc.get("numaNodeResources")
+    numa: list[NUMANodeResource] = []
+    for entry in [] if raw is None else read_list(raw, f"{what} numaNodeResources", _MAX_NUMA_ENTRIES):
+        item = read_object(entry, f"{what} numaNodeResources entry")
+        numa.append(
+            NUMANodeResource(
+                node=read_int(item.get("node", 0), f"{what} NUMA node", 0, MAX_NUMA_NODE_ID),
+                resources=_resources(item.get("resources"), f"{what} resources"),
+            )
+        )
+    return ResourceStatus(cpuset, tuple(numa))
+
+
+def format_resource_status(cpus: frozenset[int], numa: Mapping[int, Mapping[str, str]]) -> str | None:
+    """The resource-status JSON the scheduler writes at bind, or ``None`` when there is nothing
+    to write. ``numa`` maps a NUMA node to formatted quantities (``{"cpu":"4","memory":"8Gi"}``)."""
+    doc: dict[str, Any] = {}
+    if cpus:
+        doc["cpuset"] = format_cpu_list(cpus)
+    if numa:
+        doc["numaNodeResources"] = [{"node": n, "resources": dict(numa[n])} for n in sorted(numa)]
+    return json.dumps(doc, separators=(",", ":")) if doc else None
+
+
+# ---- resource-spec and numa-topology-spec -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSpec:
+    """``scheduling.koordinator.sh/resource-spec``: the pod's CPU bind and exclusive policies.
+
+    Empty strings mean "not given"; ``keys.BIND_POLICY_DEFAULT`` is kept as written (the
+    scheduler resolves it to its configured default, FullPCPUs in
+    ``pkg/scheduler/apis/config/v1/defaults.go``).
+    """
+
+    required_cpu_bind_policy: str = ""
+    preferred_cpu_bind_policy: str = ""
+    preferred_cpu_exclusive_policy: str = ""
+
+
+def _enum(doc: Mapping[str, Any], key: str, allowed: tuple[str, ...], what: str) -> str:
+    value = doc.get(key)
+    if value is None:
+        return ""
+    text = read_str(value, f"{what} {key}", 64)
+    if text and text not in allowed:
+        raise FormatError(f"{what}: unknown {key} {text!r}")
+    return text
+
+
+@memo_by_text(maxsize=1024)
+def parse_resource_spec(text: str) -> ResourceSpec:
+    """Parse ``scheduling.koordinator.sh/resource-spec``; unknown policy names are refused."""
+    what = "resource-spec"
+    doc = read_object(load_json(text, what, max_chars=16 * 1024), what)
+    return ResourceSpec(
+        required_cpu_bind_policy=_enum(doc, "requiredCPUBindPolicy", keys.BIND_POLICIES, what),
+        preferred_cpu_bind_policy=_enum(doc, "preferredCPUBindPolicy", keys.BIND_POLICIES, what),
+        preferred_cpu_exclusive_policy=_enum(doc, "preferredCPUExclusivePolicy", keys.EXCLUSIVE_POLICIES, what),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NUMATopologySpec:
+    """``scheduling.koordinator.sh/numa-topology-spec``: a pod-level NUMA policy."""
+
+    numa_topology_policy: str = ""  # one of keys.NUMA_POLICIES, "" when not given
+    single_numa_node_exclusive: str = ""  # "Preferred" | "Required" | ""
+
+
+@memo_by_text(maxsize=1024)
+def parse_numa_topology_spec(text: str) -> NUMATopologySpec:
+    """Parse ``scheduling.koordinator.sh/numa-topology-spec``."""
+    what = "numa-topology-spec"
+    doc = read_object(load_json(text, what, max_chars=16 * 1024), what)
+    return NUMATopologySpec(
+        numa_topology_policy=_enum(doc, "numaTopologyPolicy", keys.NUMA_POLICIES, what),
+        single_numa_node_exclusive=_enum(doc, "singleNUMANodeExclusive", ("Preferred", "Required"), what),
+    )
+
+
+# ---- device-allocated ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAllocation:
+    """One device of ``device-allocated``: its minor number, what the pod got of it, its id."""
+
+    minor: int
+    # Resource name -> quantity (gpu-core and gpu-memory-ratio in percent, gpu-memory in bytes).
+    resources: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
+    id: str = ""
+
+
+@memo_by_text(maxsize=1024)
+def parse_device_allocated(text: str) -> Mapping[str, tuple[DeviceAllocation, ...]]:
+    """Parse ``scheduling.koordinator.sh/device-allocated``: device type ("gpu", "rdma", ...) ->
+    its allocations. Entries' ``extension`` parts are not read."""
+    what = "device-allocated"
+    doc = read_object(load_json(text, what, max_chars=_MAX_CHARS), what)
+    if len(doc) > _MAX_DEVICE_TYPES:
+        raise FormatError(f"{what}: more than {_MAX_DEVICE_TYPES} device types")
+    out: dict[str, tuple[DeviceAllocation, ...]] = {}
+    for kind, entries in doc.items():
+        read_str(kind, f"{what} device type", 64)
+        devices: list[DeviceAllocation] = []
+        for entry in read_list(entries, f"{what} {kind}", _MAX_DEVICES):
+            item = read_object(entry, f"{what} {kind} entry")
+            dev_id = item.get("id")
+            devices.append(
+                DeviceAllocation(
+                    minor=read_int(item.get("minor"), f"{what} {kind} minor", 0, _MAX_MINOR),
+                    resources=_resources(item.get("resources"), f"{what} {kind} resources"),
+                    id="" if dev_id is None else read_str(dev_id, f"{what} {kind} id", MAX_NAME_CHARS),
+                )
+            )
+        out[kind] = tuple(devices)
+    return MappingProxyType(out)
+
+
+_BYTE_RESOURCES = frozenset({keys.RESOURCE_GPU_MEMORY})
+
+
+def format_device_allocated(devices: Mapping[str, Sequence[DeviceAllocation]]) -> str | None:
+    """The device-allocated JSON for ``devices`` (device type -> allocations), or ``None`` when
+    no type has an allocation. Quantities are written as strings, memory with a binary suffix."""
+    doc: dict[str, list[dict[str, Any]]] = {}
+    for kind, allocs in devices.items():
+        if not allocs:
+            continue
+        entries: list[dict[str, Any]] = []
+        for a in allocs:
+            entry: dict[str, Any] = {
+                "minor": a.minor,
+                "resources": {
+                    name: format_quantity(value, binary=name in _BYTE_RESOURCES) for name, value in a.resources.items()
+                },
+            }
+            if a.id:
+                entry["id"] = a.id
+            entries.append(entry)
+        doc[kind] = entries
+    return json.dumps(doc, separators=(",", ":")) if doc else None
+
+
+# ---- extended-resource-spec --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerResourceSpec:
+    """One container of ``extended-resource-spec``: its extended requests and limits."""
+
+    requests: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
+    limits: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@memo_by_text(maxsize=1024)
+def parse_extended_resource_spec(text: str) -> Mapping[str, ContainerResourceSpec]:
+    """Parse ``node.koordinator.sh/extended-resource-spec``: container name -> its spec."""
+    what = "extended-resource-spec"
+    doc = read_object(load_json(text, what, max_chars=64 * 1024), what)
+    raw = doc.get("containers")
+    containers = read_object({} if raw is None else raw, f"{what} containers")
+    if len(containers) > _MAX_CONTAINERS:
+        raise FormatError(f"{what}: more than {_MAX_CONTAINERS} containers")
+    out: dict[str, ContainerResourceSpec] = {}
+    for name, spec in containers.items():
+        read_str(name, f"{what} container name")
+        item = read_object(spec, f"{what} container {name[:64]}")
+        out[name] = ContainerResourceSpec(
+            requests=_resources(item.get("requests"), f"{what} {name[:64]} requests"),
+            limits=_resources(item.get("limits"), f"{what} {name[:64]} limits"),
+        )
+    return MappingProxyType(out)

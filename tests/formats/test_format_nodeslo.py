@@ -1,0 +1,170 @@
+"""NodeSLO strategies with Koordinator's defaults."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from koord_formats import FormatError, nodeslo
+from koord_formats.keys import SLO
+from tests.formats.hostile import call_total, json_values
+
+
+def _class(class_key: str, section: str, **fields: Any) -> dict[str, Any]:
+    return {SLO.RESOURCE_QOS_STRATEGY: {class_key: {section: fields}}}
+
+
+@pytest.mark.parametrize(
+    ("class_key", "group_identity"),
+    [
+        pytest.param(SLO.LSR_CLASS, 2, id="LSR defaults to 2"),
+        pytest.param(SLO.LS_CLASS, 2, id="LS defaults to 2"),
+        pytest.param(SLO.BE_CLASS, -1, id="BE defaults to -1"),
+        pytest.param(SLO.SYSTEM_CLASS, 0, id="SYSTEM defaults to 0"),
+    ],
+)
+def test_cpu_qos_defaults(class_key: str, group_identity: int) -> None:
+    q = nodeslo.cpu_qos({}, class_key)
+    assert q == nodeslo.CPUQOS(enable=False, group_identity=group_identity)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected", "problem"),
+    [
+        pytest.param(
+            _class(SLO.BE_CLASS, SLO.CPU_QOS, enable=True, groupIdentity=1),
+            nodeslo.CPUQOS(enable=True, group_identity=1),
+            False,
+            id="given values win",
+        ),
+        pytest.param(
+            _class(SLO.BE_CLASS, SLO.CPU_QOS, enable="yes"),
+            nodeslo.CPUQOS(enable=False, group_identity=-1),
+            True,
+            id="a string enable is reported and defaulted",
+        ),
+        pytest.param(
+            _class(SLO.BE_CLASS, SLO.CPU_QOS, groupIdentity=7),
+            nodeslo.CPUQOS(group_identity=-1),
+            True,
+            id="group identity outside -1..2 is reported and defaulted",
+        ),
+        pytest.param(
+            _class(SLO.BE_CLASS, SLO.CPU_QOS, groupIdentity=1.0),
+            nodeslo.CPUQOS(group_identity=-1),
+            True,
+            id="a float group identity is reported and defaulted",
+        ),
+        pytest.param(
+            _class(SLO.BE_CLASS, SLO.CPU_QOS, groupIdentity=10**30),
+            nodeslo.CPUQOS(group_identity=-1),
+            True,
+            id="a huge group identity is reported and defaulted",
+        ),
+    ],
+)
+def test_cpu_qos_values(spec: dict[str, Any], expected: nodeslo.CPUQOS, problem: bool) -> None:
+    problems: list[str] = []
+    assert nodeslo.cpu_qos(spec, SLO.BE_CLASS, problems) == expected
+    assert bool(problems) is problem
+
+
+def test_resctrl_defaults_per_class() -> None:
+    assert nodeslo.resctrl_qos({}, SLO.BE_CLASS) == nodeslo.ResctrlQOS(False, 0, 30, 100)
+    assert nodeslo.resctrl_qos({}, SLO.LSR_CLASS) == nodeslo.ResctrlQOS(False, 0, 100, 100)
+
+
+def test_cpu_burst_defaults_and_pod_override() -> None:
+    node_cfg = nodeslo.cpu_burst({SLO.CPU_BURST_STRATEGY: {SLO.POLICY: "auto"}})
+    assert node_cfg == nodeslo.CPUBurstConfig(policy="auto")
+    merged = nodeslo.cpu_burst_from_pod(node_cfg, '{"policy":"none","cpuBurstPercent":200}')
+    assert merged == nodeslo.CPUBurstConfig(policy="none", cpu_burst_percent=200)
+    problems: list[str] = []
+    assert nodeslo.cpu_burst_from_pod(node_cfg, "[" * 3000, problems) == node_cfg
+    assert problems
+
+
+def test_cpu_suppress_defaults() -> None:
+    assert nodeslo.cpu_suppress({}) == nodeslo.CPUSuppress(False, 65, "cpuset")
+
+
+def test_group_identity_enabled_follows_the_cpu_policy() -> None:
+    spec = _class(SLO.LS_CLASS, SLO.CPU_QOS, enable=True)
+    assert nodeslo.group_identity_enabled(spec)
+    spec[SLO.RESOURCE_QOS_STRATEGY][SLO.POLICIES] = {SLO.CPU_POLICY: "coreSched"}
+    assert not nodeslo.group_identity_enabled(spec)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param(_class(SLO.LS_CLASS, SLO.CPU_QOS, groupIdentity=5), id="group identity out of range"),
+        pytest.param({SLO.CPU_BURST_STRATEGY: {SLO.POLICY: "always"}}, id="an unknown burst policy"),
+        pytest.param({SLO.RESOURCE_QOS_STRATEGY: {SLO.POLICIES: {SLO.CPU_POLICY: "x"}}}, id="an unknown cpu policy"),
+        pytest.param({SLO.HOST_APPLICATIONS: {}}, id="host applications that are not a list"),
+        pytest.param({SLO.CPU_BURST_STRATEGY: []}, id="a strategy that is not a mapping"),
+    ],
+)
+def test_validate_refuses(spec: dict[str, Any]) -> None:
+    with pytest.raises(FormatError):
+        nodeslo.validate_node_slo(spec)
+
+
+def test_validate_accepts_unknown_fields() -> None:
+    nodeslo.validate_node_slo({"somethingNew": {"x": 1}, SLO.CPU_BURST_STRATEGY: {SLO.POLICY: "auto"}})
+
+
+slo_paths = st.sampled_from(
+    [
+        (SLO.RESOURCE_QOS_STRATEGY,),
+        (SLO.RESOURCE_QOS_STRATEGY, SLO.LSR_CLASS),
+        (SLO.RESOURCE_QOS_STRATEGY, SLO.BE_CLASS, SLO.CPU_QOS),
+        (SLO.RESOURCE_QOS_STRATEGY, SLO.LS_CLASS, SLO.RESCTRL_QOS),
+        (SLO.RESOURCE_QOS_STRATEGY, SLO.POLICIES),
+        (SLO.CPU_BURST_STRATEGY,),
+        (SLO.RESOURCE_USED_THRESHOLD_WITH_BE,),
+        (),
+    ]
+)
+leaf_keys = st.sampled_from(
+    [
+        SLO.ENABLE,
+        SLO.GROUP_IDENTITY,
+        SLO.SCHED_IDLE,
+        SLO.MBA_PERCENT,
+        SLO.POLICY,
+        SLO.CPU_POLICY,
+        SLO.CPU_BURST_PERCENT,
+        SLO.CPU_SUPPRESS_POLICY,
+        SLO.HOST_APPLICATIONS,
+    ]
+)
+hostile_values = st.one_of(
+    json_values,
+    st.sampled_from([10**400, float("inf"), float("nan"), -(10**30), True, "1e9999999", [[[[]]]]]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(path=slo_paths, key=leaf_keys, value=hostile_values, pod_text=st.text(max_size=40) | json_values.map(json.dumps))
+def test_nodeslo_accessors_are_total_and_bounded(path: tuple[str, ...], key: str, value: object, pod_text: str) -> None:
+    spec: dict[str, Any] = {}
+    cursor = spec
+    for step in path:
+        cursor = cursor.setdefault(step, {})
+    cursor[key] = value
+    for class_key in (SLO.LSR_CLASS, SLO.LS_CLASS, SLO.BE_CLASS, SLO.SYSTEM_CLASS):
+        q = call_total(nodeslo.cpu_qos, spec, class_key, [])
+        assert -1 <= q.group_identity <= 2
+        r = call_total(nodeslo.resctrl_qos, spec, class_key, [])
+        assert 1 <= r.mba_percent <= 100
+    call_total(nodeslo.cpu_policy, spec)
+    call_total(nodeslo.cpu_suppress, spec, [])
+    call_total(nodeslo.group_identity_enabled, spec)
+    burst = call_total(nodeslo.cpu_burst, spec, [])
+    call_total(nodeslo.cpu_burst_from_pod, burst, pod_text, [])
+    call_total(nodeslo.validate_node_slo, spec)

@@ -1,0 +1,251 @@
+"""Pod annotations: resource-status, resource-spec, numa-topology-spec, device-allocated and
+extended-resource-spec."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from koord_formats import FormatError, keys, pod
+from tests.formats.hostile import HOLE, call_total, fill, fragments
+
+# ---- resource-status ----------------------------------------------------------------------
+
+
+def test_resource_status_as_the_scheduler_writes_it() -> None:
+    status = pod.parse_resource_status(
+        '{"cpuset":"2,54","numaNodeResources":[{"node":0,"resources":{"cpu":"4","memory":"8Gi"}}]}'
+    )
+    assert status.cpuset == frozenset({2, 54})
+    assert status.numa_node_resources == (pod.NUMANodeResource(0, {"cpu": Fraction(4), "memory": Fraction(8 * 2**30)}),)
+    assert status.numa_node_resources[0].has_cpu()
+
+
+@pytest.mark.parametrize(
+    ("text", "cpuset", "numa_nodes"),
+    [
+        pytest.param("{}", frozenset(), (), id="an empty object binds nothing"),
+        pytest.param('{"cpuset":""}', frozenset(), (), id="an empty cpuset binds nothing"),
+        pytest.param('{"numaNodeResources":null}', frozenset(), (), id="null NUMA resources are none"),
+        pytest.param('{"numaNodeResources":[{"node":1}]}', frozenset(), (1,), id="a NUMA node without resources"),
+    ],
+)
+def test_resource_status_shapes(text: str, cpuset: frozenset[int], numa_nodes: tuple[int, ...]) -> None:
+    status = pod.parse_resource_status(text)
+    assert status.cpuset == cpuset
+    assert tuple(n.node for n in status.numa_node_resources) == numa_nodes
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("[" * 3000, id="the annotation that broke every other pod"),
+        pytest.param('{"numaNodeResources":[{"node":0,"resources":{"cpu":"1e9999999"}}]}', id="a huge exponent"),
+        pytest.param('{"numaNodeResources":[{"node":0,"resources":{"cpu":Infinity}}]}', id="Infinity"),
+        pytest.param('{"cpuset":5}', id="a cpuset that is a number"),
+        pytest.param('{"cpuset":"' + "0-16383," * 20000 + '"}', id="a 160 KB cpuset"),
+        pytest.param('{"numaNodeResources":[{"node":-1}]}', id="a negative NUMA node"),
+        pytest.param('{"numaNodeResources":[{"node":true}]}', id="a boolean NUMA node"),
+        pytest.param('{"numaNodeResources":{}}', id="NUMA resources that are not a list"),
+        pytest.param('"x"', id="a string"),
+    ],
+)
+def test_resource_status_refuses(text: str) -> None:
+    with pytest.raises(FormatError):
+        pod.parse_resource_status(text)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "numa", "text"),
+    [
+        pytest.param(frozenset(), {}, None, id="nothing to write"),
+        pytest.param(frozenset({2, 3}), {}, '{"cpuset":"2-3"}', id="a cpuset"),
+        pytest.param(
+            frozenset(),
+            {1: {"cpu": "2"}, 0: {"cpu": "1500m"}},
+            '{"numaNodeResources":[{"node":0,"resources":{"cpu":"1500m"}},{"node":1,"resources":{"cpu":"2"}}]}',
+            id="NUMA nodes in ascending order",
+        ),
+    ],
+)
+def test_format_resource_status(cpus: frozenset[int], numa: dict[int, dict[str, str]], text: str | None) -> None:
+    assert pod.format_resource_status(cpus, numa) == text
+    if text is not None:
+        assert pod.parse_resource_status(text).cpuset == cpus
+
+
+# ---- resource-spec and numa-topology-spec -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("{}", pod.ResourceSpec(), id="nothing given"),
+        pytest.param(
+            '{"requiredCPUBindPolicy":"FullPCPUs","preferredCPUExclusivePolicy":"PCPULevel"}',
+            pod.ResourceSpec(required_cpu_bind_policy="FullPCPUs", preferred_cpu_exclusive_policy="PCPULevel"),
+            id="required bind and preferred exclusive policies",
+        ),
+        pytest.param(
+            '{"preferredCPUBindPolicy":"Default"}',
+            pod.ResourceSpec(preferred_cpu_bind_policy=keys.BIND_POLICY_DEFAULT),
+            id="Default is kept for the scheduler to resolve",
+        ),
+    ],
+)
+def test_parse_resource_spec(text: str, expected: pod.ResourceSpec) -> None:
+    assert pod.parse_resource_spec(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('{"requiredCPUBindPolicy":"Everything"}', id="an unknown bind policy"),
+        pytest.param('{"preferredCPUExclusivePolicy":"Socket"}', id="an unknown exclusive policy"),
+        pytest.param('{"requiredCPUBindPolicy":5}', id="a policy that is a number"),
+        pytest.param("[[[[[[[[[[[[[[[[[[[[[[[[", id="deep nesting"),
+    ],
+)
+def test_parse_resource_spec_refuses(text: str) -> None:
+    with pytest.raises(FormatError):
+        pod.parse_resource_spec(text)
+
+
+def test_parse_numa_topology_spec() -> None:
+    spec = pod.parse_numa_topology_spec('{"numaTopologyPolicy":"SingleNUMANode","singleNUMANodeExclusive":"Required"}')
+    assert spec == pod.NUMATopologySpec("SingleNUMANode", "Required")
+    with pytest.raises(FormatError):
+        pod.parse_numa_topology_spec('{"numaTopologyPolicy":"Anywhere"}')
+
+
+# ---- device-allocated ------------------------------------------------------------------------
+
+
+def test_device_allocated_as_the_scheduler_writes_it() -> None:
+    text = (
+        '{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory":"16Gi",'
+        '"koordinator.sh/gpu-memory-ratio":"100"},"id":"GPU-1"}],"rdma":[{"minor":0,"id":"0000:09:00.0"}]}'
+    )
+    devices = pod.parse_device_allocated(text)
+    (gpu,) = devices["gpu"]
+    assert gpu.minor == 0 and gpu.id == "GPU-1"
+    assert gpu.resources[keys.RESOURCE_GPU_MEMORY] == 16 * 2**30
+    assert pod.format_device_allocated({"gpu": [gpu]}) == (
+        '{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory":"16Gi",'
+        '"koordinator.sh/gpu-memory-ratio":"100"},"id":"GPU-1"}]}'
+    )
+    assert devices["rdma"][0].resources == {}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('{"gpu":[5]}', id="the entry that wedged the extender's watch"),
+        pytest.param('{"gpu":[{"minor":1e400}]}', id="a minor that overflows"),
+        pytest.param('{"gpu":[{"minor":1.0}]}', id="a float minor"),
+        pytest.param('{"gpu":[{"minor":"1"}]}', id="a string minor"),
+        pytest.param('{"gpu":[{}]}', id="no minor"),
+        pytest.param('{"gpu":{"minor":1}}', id="a device list that is an object"),
+        pytest.param('{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"1e500000"}}]}', id="a huge exponent"),
+    ],
+)
+def test_device_allocated_refuses(text: str) -> None:
+    with pytest.raises(FormatError):
+        pod.parse_device_allocated(text)
+
+
+def test_format_device_allocated_without_devices_writes_nothing() -> None:
+    assert pod.format_device_allocated({}) is None
+    assert pod.format_device_allocated({"gpu": []}) is None
+
+
+# ---- extended-resource-spec ------------------------------------------------------------------
+
+
+def test_extended_resource_spec() -> None:
+    spec = pod.parse_extended_resource_spec(
+        '{"containers":{"c1":{"requests":{"kubernetes.io/batch-cpu":"1000"},'
+        '"limits":{"kubernetes.io/batch-cpu":"2000","kubernetes.io/batch-memory":"4Gi"}}}}'
+    )
+    assert spec["c1"].requests[keys.RESOURCE_BATCH_CPU] == 1000
+    assert spec["c1"].limits[keys.RESOURCE_BATCH_MEMORY] == 4 * 2**30
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('{"containers":[]}', id="containers that are a list"),
+        pytest.param('{"containers":{"c1":5}}', id="a container that is a number"),
+        pytest.param('{"containers":{"c1":{"limits":{"kubernetes.io/batch-cpu":true}}}}', id="a boolean quantity"),
+    ],
+)
+def test_extended_resource_spec_refuses(text: str) -> None:
+    with pytest.raises(FormatError):
+        pod.parse_extended_resource_spec(text)
+
+
+# ---- one property test per format ------------------------------------------------------------
+
+PARSERS: list[Any] = [
+    pytest.param(
+        pod.parse_resource_status,
+        [
+            HOLE,
+            '{"cpuset":HOLE}',
+            '{"numaNodeResources":HOLE}',
+            '{"numaNodeResources":[HOLE]}',
+            '{"numaNodeResources":[{"node":HOLE,"resources":{"cpu":"1"}}]}',
+            '{"numaNodeResources":[{"node":0,"resources":HOLE}]}',
+            '{"numaNodeResources":[{"node":0,"resources":{"cpu":HOLE,"memory":HOLE}}]}',
+        ],
+        id="resource-status",
+    ),
+    pytest.param(
+        pod.parse_resource_spec,
+        [HOLE, '{"requiredCPUBindPolicy":HOLE}', '{"preferredCPUExclusivePolicy":HOLE}'],
+        id="resource-spec",
+    ),
+    pytest.param(
+        pod.parse_numa_topology_spec,
+        [HOLE, '{"numaTopologyPolicy":HOLE}', '{"singleNUMANodeExclusive":HOLE}'],
+        id="numa-topology-spec",
+    ),
+    pytest.param(
+        pod.parse_device_allocated,
+        [
+            HOLE,
+            '{"gpu":HOLE}',
+            '{"gpu":[HOLE]}',
+            '{"gpu":[{"minor":HOLE}]}',
+            '{"gpu":[{"minor":0,"resources":HOLE,"id":HOLE}]}',
+            '{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":HOLE}}]}',
+        ],
+        id="device-allocated",
+    ),
+    pytest.param(
+        pod.parse_extended_resource_spec,
+        [
+            HOLE,
+            '{"containers":HOLE}',
+            '{"containers":{"c":HOLE}}',
+            '{"containers":{"c":{"requests":HOLE}}}',
+            '{"containers":{"c":{"limits":{"kubernetes.io/batch-cpu":HOLE}}}}',
+        ],
+        id="extended-resource-spec",
+    ),
+]
+
+
+@pytest.mark.parametrize(("parse", "templates"), PARSERS)
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), fragment=fragments, repeat=st.integers(min_value=1, max_value=2))
+def test_pod_annotation_parsers_are_total_and_bounded(
+    parse: Callable[[str], object], templates: list[str], data: st.DataObject, fragment: str, repeat: int
+) -> None:
+    template = data.draw(st.sampled_from(templates))
+    call_total(parse, fill(template, ",".join([fragment] * repeat)))
