@@ -27,11 +27,12 @@ from typing import Any, Protocol
 import structlog
 
 from cri_protos import api_pb2
-from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, NodeFacts, PodFacts, parse_cpu_list
+from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, NodeFacts, PodFacts
 from hooks.plan import CgroupWrite, Plan
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
+from runtime_proxy.engine.bound import POD_INPUT_REJECTED, BoundCpusets
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.state.store import (
     RuntimeClient,
@@ -46,7 +47,6 @@ log = structlog.get_logger(__name__)
 __all__ = ["Applier", "CriInterceptor", "NodeSource", "StaticNode"]
 
 FAILED_PRECONDITION = 9
-ANNOTATION_RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
 
 _REQUEST_TYPES: dict[str, Any] = {
     "RunPodSandbox": api_pb2.RunPodSandboxRequest,
@@ -94,28 +94,6 @@ class _Pending:
     created: float
 
 
-def bound_cpusets(store: Store) -> tuple[dict[str, frozenset[int]], frozenset[str]]:
-    """CPUs bound to pods (from their resource-status annotation) and which pods are LSE."""
-    import json
-
-    bound: dict[str, frozenset[int]] = {}
-    lse: set[str] = set()
-    for pod in store.pods():
-        raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
-        if not raw or not pod.uid:
-            continue
-        try:
-            cpuset = json.loads(raw).get("cpuset", "")
-            cpus = parse_cpu_list(cpuset) if isinstance(cpuset, str) else frozenset()
-        except (ValueError, AttributeError):
-            continue
-        if cpus:
-            bound[pod.uid] = cpus
-            if pod.qos_label == "LSE":
-                lse.add(pod.uid)
-    return bound, frozenset(lse)
-
-
 class CriInterceptor:
     """Implements ``CallInterceptor`` for the CRI lifecycle calls."""
 
@@ -142,6 +120,8 @@ class CriInterceptor:
         self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] | None = None
         self._pending: dict[bytes, deque[_Pending]] = {}
         self._node_cache: tuple[int, int, NodeFacts] | None = None
+        self._bound = BoundCpusets(where="interceptor")
+        self._refreshed_version = -1
 
     # -- CallInterceptor -----------------------------------------------------------------------
 
@@ -166,7 +146,13 @@ class CriInterceptor:
             await self.undecodable(method, f"cannot decode request: {exc}")
             return request
         handler = getattr(self, f"_before_{call}")
-        result: StageResult | None = await handler(msg)
+        try:
+            result: StageResult | None = await handler(msg)
+        except HookRejected:
+            raise
+        except Exception as exc:  # this pod's input or a bug: costs this call, never the others
+            await self._hooks_failed(call, exc)
+            return request
         if result is not None and result.rejected is not None:
             raise HookRejected(
                 FAILED_PRECONDITION,
@@ -181,6 +167,19 @@ class CriInterceptor:
         self._remember(out, _Pending(call, result, time.monotonic()))
         return out
 
+    async def _hooks_failed(self, call: str, exc: Exception) -> None:
+        """The hooks of one call could not run (its pod's input, or a bug). Like an undecodable
+        request: rejected when a ``Fail``-policy step handles the stage, else forwarded as sent."""
+        POD_INPUT_REJECTED.labels("interceptor", type(exc).__name__).inc()
+        reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if any(step.policy == "Fail" and step.handles(f"Pre{call}") for step in self.pipeline.steps):
+            log.warning("hooks failed under policy Fail; rejecting call", call=call, reason=reason)
+            raise HookRejected(
+                FAILED_PRECONDITION, f"runtime-hook-proxy: cannot run Fail-policy hooks for {call}: {reason}"
+            )
+        metrics.HOOKS_SKIPPED.labels("hook-error").inc()
+        log.warning("hooks failed; request forwarded as sent", call=call, reason=reason)
+
     async def after(self, method: str, request: bytes, response: bytes) -> None:
         call = INTERCEPTED[method]
         pending = self._recall(request)
@@ -191,7 +190,13 @@ class CriInterceptor:
         except Exception:  # post processing must never fail a call the runtime accepted
             log.exception("post-call processing failed", call=call)
         if self.on_store_change is not None:
-            self.on_store_change(self._pools_changed())
+            try:
+                await self._refresh()
+                changed = self._pools_changed()
+            except Exception:
+                log.exception("bound cpusets not recomputed", call=call)
+                changed = True
+            self.on_store_change(changed)
 
     def _pools_changed(self) -> bool:
         node = self.node()  # cached per store version
@@ -220,12 +225,22 @@ class CriInterceptor:
 
     # -- facts ---------------------------------------------------------------------------------
 
+    async def _refresh(self) -> None:
+        """Parse, off the event loop and under a deadline, the resource-status of pods that
+        arrived or changed since the last call (see ``runtime_proxy.engine.bound``)."""
+        version = self.store.version
+        if version != self._refreshed_version:
+            await self._bound.refresh(self.store.pods())
+            self._refreshed_version = version
+
     def node(self) -> NodeFacts:
+        """The node facts hooks see: the node config plus the CPUs bound to the stored pods
+        (cached per store version; a pod whose annotation does not parse is left out)."""
         base = self.node_source.current()
         cache = self._node_cache
         if cache is not None and cache[0] == self.store.version and cache[1] == id(base):
             return cache[2]
-        bound, lse = bound_cpusets(self.store)
+        bound, lse = self._bound.bound(self.store.pods())
         node = base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
         self._node_cache = (self.store.version, id(base), node)
         return node
@@ -236,6 +251,7 @@ class CriInterceptor:
             return None
         if not self.pipeline.has_work(stage):
             return None
+        await self._refresh()
         return await self.pipeline.run(stage, pod, container, self.node())
 
     async def _post(self, stage: str, pod: PodFacts | None, container: ContainerFacts | None) -> None:

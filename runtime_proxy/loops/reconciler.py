@@ -41,11 +41,11 @@ from hooks.facts import (
     PodFacts,
     container_cgroup_path,
     parse_cpu_list,
-    with_bound_pods,
 )
 from hooks.manager import plugin_order
 from hooks.plan import Plan
 from hooks.plugins.rdt import stale_pod_groups
+from runtime_proxy.engine.bound import BoundCpusets
 from runtime_proxy.engine.planner import run_hook
 from runtime_proxy.host.apply import ApplyReport, apply_files
 from runtime_proxy.host.cgroups import Cgroups
@@ -169,6 +169,7 @@ class Reconciler:
         # round no longer finds it missing, so it is logged again if it goes away again.
         self._missing_logged: set[str] = set()
         self._lock = asyncio.Lock()
+        self._bound = BoundCpusets(where="reconciler")
 
     # -- triggers ------------------------------------------------------------------------------
 
@@ -292,20 +293,27 @@ class Reconciler:
             by_pod: dict[str, list[ContainerFacts]] = {}
             for p, c in containers:
                 by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
-            node = with_bound_pods(self.backend.node(), pods)
+            await self._bound.refresh(pods)
+            node = await asyncio.to_thread(self._bound.with_bound_pods, self.backend.node(), pods)
             pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
             full = {p.uid or p.sandbox_id: p for p in pods}
 
             def files() -> None:
                 self._apply(self._plan("rhp_reconcile_node", node=node), "node", report)
                 for pod in pods:
-                    self._apply(self._plan("rhp_reconcile_pod", pod=pod, node=node), "pod", report)
+                    try:
+                        self._apply(self._plan("rhp_reconcile_pod", pod=pod, node=node), "pod", report)
+                    except Exception as exc:  # one pod's input never ends the round for the others
+                        self._pod_failed("pod", pod, exc, report)
 
             await asyncio.to_thread(files)
             for pod, container in containers:
                 full_pod = full.get(pod.uid or pod.sandbox_id, pod)
-                changes = await asyncio.to_thread(self._container_files, full_pod, container, node, report)
-                await self._update_container(container, changes, report)
+                try:
+                    changes = await asyncio.to_thread(self._container_files, full_pod, container, node, report)
+                    await self._update_container(container, changes, report)
+                except Exception as exc:
+                    self._pod_failed("container", pod, exc, report)
             await asyncio.to_thread(self._collect_groups, pods, report)
             self._log_missing(report)
             self.rounds += 1
@@ -322,6 +330,13 @@ class Reconciler:
                     details=report.drift[:20],
                 )
             return report
+
+    @staticmethod
+    def _pod_failed(level: str, pod: PodFacts, exc: Exception, report: ReconcileReport) -> None:
+        RECONCILE_ERRORS.labels(level).inc()
+        where = f"{pod.namespace}/{pod.name}" if pod.name else pod.sandbox_id
+        report.errors.append(f"{level} of {where}: {type(exc).__name__}: {str(exc)[:200]}")
+        log.warning("reconcile skipped one pod", level=level, pod=where, error=f"{type(exc).__name__}: {exc}"[:300])
 
     def _log_missing(self, report: ReconcileReport) -> None:
         """Log each missing cgroup directory once, not every round (a node need not have
