@@ -31,7 +31,8 @@ import structlog
 from cri_protos import nri_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
 from hooks.plan import Plan
-from runtime_proxy.engine.intercept import Applier, NodeSource, StaticNode, bound_cpusets
+from runtime_proxy.engine.bound import BoundCpusets
+from runtime_proxy.engine.intercept import Applier, NodeSource, StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.nri.connection import RpcError
 from runtime_proxy.state.store import Store
@@ -173,6 +174,7 @@ class NriEngine:
         self.applier = applier
         self.dry_run = dry_run
         self.store = Store()
+        self._bound = BoundCpusets(where="nri")
         # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
         self._deferred: OrderedDict[str, Plan] = OrderedDict()
         self.runtime = ""
@@ -181,7 +183,7 @@ class NriEngine:
 
     def node(self) -> NodeFacts:
         base = self.node_source.current()
-        bound, lse = bound_cpusets(self.store)
+        bound, lse = self._bound.bound(self.store.pods())
         return base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
 
     async def _run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:
