@@ -28,7 +28,7 @@ import yaml
 
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
-from scheduler_ext.pods import parse_pod
+from scheduler_ext.guard import decode_pod
 from scheduler_ext.state import ClusterState, load_objects
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "is_loopback", "main", "simulate", "tls_problem"]
@@ -74,7 +74,7 @@ def simulate(doc: Mapping[str, Any], cfg: ExtenderConfig = DEFAULT_CONFIG) -> di
         raise ValueError('the document needs "objects" (a list) and "pod" (an object)')
     state = ClusterState()
     load_objects(state, objects)
-    pod = parse_pod(pod_json)
+    pod = decode_pod(pod_json)
     nodes: list[dict[str, Any]] = []
     with state.lock:
         for name in sorted(n for n, ns in state.nodes.items() if ns.node_seen):

@@ -60,7 +60,8 @@ from scheduler_ext.annotations import (
     numa_resources,
 )
 from scheduler_ext.errors import APIError, ConflictError
-from scheduler_ext.pods import GPURequest, PodRequest, parse_pod
+from scheduler_ext.guard import decode_pod
+from scheduler_ext.pods import GPURequest, PodRequest
 from scheduler_ext.state import ClusterState, NodeState
 
 __all__ = [
@@ -603,14 +604,17 @@ class Binder:
         if entry is not None and entry.request is not None and entry.name == name:
             return entry.request, entry.rv, "", {}
         pod = await self.api.get_pod(namespace, name)
-        meta = pod.get("metadata") or {}
+        meta, spec = pod.get("metadata"), pod.get("spec")
+        meta = meta if isinstance(meta, dict) else {}
+        spec = spec if isinstance(spec, dict) else {}
         if uid and meta.get("uid") != uid:
-            raise AllocationError(f"pod {namespace}/{name} has UID {meta.get('uid')}, not {uid}")
+            raise AllocationError(f"pod {namespace}/{name} has UID {str(meta.get('uid'))[:64]}, not {uid}")
+        annotations = meta.get("annotations")
         return (
-            parse_pod(pod),
+            decode_pod(pod),
             str(meta.get("resourceVersion") or ""),
-            str((pod.get("spec") or {}).get("nodeName") or ""),
-            dict(meta.get("annotations") or {}),
+            str(spec.get("nodeName") or ""),
+            {k: v for k, v in annotations.items() if isinstance(v, str)} if isinstance(annotations, dict) else {},
         )
 
     async def _place(self, req: PodRequest, uid: str, node: str) -> Placement:

@@ -40,6 +40,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from yarl import URL
 
 from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError
+from scheduler_ext.guard import bad_object
 
 __all__ = ["BindClient", "KubeClient", "api_client_from_flags"]
 
@@ -166,10 +167,19 @@ class KubeClient:
             for line in iter_resp_lines(resp):  # type: ignore[no-untyped-call]
                 if not line.strip():
                     continue
-                event = orjson.loads(line)
+                try:
+                    event = orjson.loads(line)
+                except ValueError as exc:  # e.g. an object nested deeper than orjson's limit
+                    bad_object(kind, "undecodable", "?", exc)  # later events move the version on
+                    continue
+                if not isinstance(event, dict):
+                    bad_object(kind, "undecodable", "?", "watch event is not an object")
+                    continue
                 if event.get("type") == "ERROR":
-                    obj = event.get("object") or {}
-                    code = int(obj.get("code") or 0)
+                    obj = event.get("object")
+                    obj = obj if isinstance(obj, dict) else {}
+                    raw_code = obj.get("code")
+                    code = raw_code if isinstance(raw_code, int) else 0
                     if code == 410:
                         raise GoneError(410, str(obj.get("message") or "watch expired"))
                     raise APIError(code, str(obj.get("message") or "watch error"))

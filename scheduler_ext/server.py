@@ -42,7 +42,7 @@ from scheduler_ext.extender import (
     preempt_nodes,
     prioritize_nodes,
 )
-from scheduler_ext.pods import parse_pod
+from scheduler_ext.guard import decode_pod
 from scheduler_ext.state import ClusterState
 
 __all__ = ["ExtenderApp", "create_app", "create_health_app"]
@@ -253,7 +253,7 @@ def create_app(
         except ValueError as exc:
             return _json({"Nodes": None, "NodeNames": None, "FailedNodes": {},
                           "FailedAndUnresolvableNodes": {}, "Error": str(exc)})
-        pod = parse_pod(pod_json)
+        pod = decode_pod(pod_json)
         result = filter_nodes(state, pod, names, cfg)
         if result.failed:
             NODES_FAILED.labels("failed").inc(len(result.failed))
@@ -281,7 +281,7 @@ def create_app(
             names, _ = _names(args)
         except ValueError as exc:
             return _text(str(exc), 400)
-        scores = prioritize_nodes(state, parse_pod(pod_json), names, cfg)
+        scores = prioritize_nodes(state, decode_pod(pod_json), names, cfg)
         return 200, orjson.dumps([{"Host": n, "Score": s} for n, s in scores]), JSON_TYPE
 
     async def bind_verb(raw: bytes) -> Reply:
@@ -319,7 +319,7 @@ def create_app(
                 pdb[node] = int((v or {}).get("NumPDBViolations") or 0)
         except (ValueError, AttributeError, TypeError) as exc:
             return _text(f"bad preempt request: {exc}", 400)
-        kept = preempt_nodes(state, parse_pod(pod_json), victims, cfg)
+        kept = preempt_nodes(state, decode_pod(pod_json), victims, cfg)
         return _json(
             {
                 "NodeNameToMetaVictims": {

@@ -40,7 +40,8 @@ from scheduler_ext.annotations import (
     Allocation,
     parse_allocation,
 )
-from scheduler_ext.pods import ANN_RESOURCE_SPEC, PodRequest, parse_pod
+from scheduler_ext.guard import bad_object, bounded_decimals, decode_pod, describe
+from scheduler_ext.pods import ANN_RESOURCE_SPEC, PodRequest
 from scheduler_ext.topology import (
     ANN_CPU_TOPOLOGY,
     ANN_KUBELET_CPU_MANAGER_POLICY,
@@ -136,7 +137,8 @@ class NodeState:
         self.topo, self.topo_error, self.bindable = None, "", frozenset()
         if text:
             try:
-                self.topo = parse_cpu_topology(text)
+                with bounded_decimals():
+                    self.topo = parse_cpu_topology(text)
                 reserved = (
                     parse_kubelet_reserved_cpus(self.nrt_annotations.get(ANN_KUBELET_CPU_MANAGER_POLICY))
                     | parse_kubelet_managed_cpus(self.nrt_annotations.get(ANN_POD_CPU_ALLOCS))
@@ -151,11 +153,18 @@ class NodeState:
                 self.bindable = self.topo.cpus - reserved
             except TopologyError as exc:
                 self.topo, self.topo_error = None, str(exc)
+            except Exception as exc:  # a parser's last line: wrong types, deep JSON, overflow
+                self.topo, self.topo_error = None, f"unreadable CPU topology: {describe(exc)}"
+                bad_object("nodes", "topology", self.name, exc)
         try:
-            self.gpus = parse_gpu_devices(self.device_spec)
+            with bounded_decimals():
+                self.gpus = parse_gpu_devices(self.device_spec)
             self.gpu_error = ""
         except TopologyError as exc:
             self.gpus, self.gpu_error = (), str(exc)
+        except Exception as exc:  # as above
+            self.gpus, self.gpu_error = (), f"unreadable Device object: {describe(exc)}"
+            bad_object("devices", "devices", self.name, exc)
         self.gpu_by_minor = {g.minor: g for g in self.gpus}
         self.touch()
 
@@ -249,19 +258,114 @@ class PodEntry:
 
 def _exclusive_of(annotations: Mapping[str, str]) -> str:
     raw = annotations.get(ANN_RESOURCE_SPEC)
-    if not raw:
+    if not raw or not isinstance(raw, str):
         return "None"
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # deep nesting raises RecursionError, not ValueError
         return "None"
     value = doc.get("preferredCPUExclusivePolicy") if isinstance(doc, dict) else None
     return value if value in ("PCPULevel", "NUMANodeLevel") else "None"
 
 
 def _is_terminal(pod: Mapping[str, Any]) -> bool:
-    phase = (pod.get("status") or {}).get("phase")
+    phase = _mapping(pod.get("status"), "status").get("phase")
     return phase in ("Succeeded", "Failed")
+
+
+@dataclass(slots=True)
+class _PodUpdate:
+    """One pod event, decoded outside the lock (``ClusterState._read_pod``)."""
+
+    uid: str
+    gone: bool
+    namespace: str = ""
+    name: str = ""
+    node: str = ""
+    rv: str = ""
+    request: PodRequest | None = None  # pending pods
+    ann: tuple[str | None, str | None, str] | None = None  # bound pods: the raw annotations
+    alloc: Allocation | None = None  # parsed from ``ann``; None when not parsed or unreadable
+    error: str | None = None  # why ``ann`` could not be read
+
+
+def _parse_allocation(namespace: str, name: str, ann: tuple[str | None, str | None, str]) -> tuple[
+    Allocation | None, str | None
+]:
+    """(allocation, None) or (None, error); unreadable annotations are logged and counted."""
+    try:
+        with bounded_decimals():
+            return parse_allocation(*ann), None
+    except Exception as exc:  # ValueError from the parser, or anything a wrong type raises
+        return None, bad_object("pods", "allocation", f"{namespace}/{name}", exc)
+
+
+def _warm_parsers(obj: Mapping[str, Any]) -> None:
+    """Parse a Node's or NRT's topology annotations before the lock is taken.
+
+    The topology parsers are memoised by annotation text, so ``NodeState._rebuild_static``
+    then finds the result under the lock instead of parsing there while verbs wait. Failures
+    are left for ``_rebuild_static`` to report.
+    """
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return
+    for key, parser in (
+        (ANN_CPU_TOPOLOGY, parse_cpu_topology),
+        (ANN_KUBELET_CPU_MANAGER_POLICY, parse_kubelet_reserved_cpus),
+        (ANN_POD_CPU_ALLOCS, parse_kubelet_managed_cpus),
+        (ANN_RESERVATION, parse_node_reserved_cpus),
+        (ANN_SYSTEM_QOS_RESOURCE, parse_system_qos_cpus),
+    ):
+        text = annotations.get(key)
+        if isinstance(text, str) and text:
+            try:
+                with bounded_decimals():
+                    parser(text)
+            except Exception:  # reported by _rebuild_static under the lock
+                pass
+
+
+class BadObject(ValueError):
+    """An object whose own structure has the wrong types; ``state`` skips it."""
+
+
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    """``value`` when it is an object, ``{}`` when absent; ``BadObject`` for anything else."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise BadObject(f"{what} is a {type(value).__name__}, not an object")
+    return value
+
+
+def _strings(value: Any, what: str) -> dict[str, str]:
+    """A copy of a labels or annotations map; ``BadObject`` unless every key and value is a string."""
+    out = dict(_mapping(value, what))
+    for k, v in out.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise BadObject(f"{what} must map strings to strings")
+    return out
+
+
+def _text(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadObject(f"{what} is a {type(value).__name__}, not a string")
+    return value
+
+
+def _name_of(kind: str, obj: Any) -> str:
+    """Best-effort ``namespace/name`` of an object for log lines; never raises."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return "?"
+    name = meta.get("name")
+    ns = meta.get("namespace")
+    name = name if isinstance(name, str) else "?"
+    return f"{ns}/{name}" if kind == "pods" and isinstance(ns, str) else name
 
 
 class ClusterState:
@@ -301,39 +405,74 @@ class ClusterState:
         return ns
 
     # -- objects ------------------------------------------------------------------------------
-    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
-        """Apply one watch event (ADDED, MODIFIED, DELETED) of ``kind`` (see ``KINDS``)."""
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> bool:
+        """Apply one watch event (ADDED, MODIFIED, DELETED) of ``kind`` (see ``KINDS``).
+
+        Never raises for the object's content: an object whose structure has the wrong types is
+        skipped (the cache keeps what it knew), logged and counted
+        (``scheduler_ext_bad_objects_total``); returns ``False`` then. Every field is read and
+        checked before anything in the cache changes, so a skip leaves nothing half-applied.
+        """
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}")
+        try:
+            update = self._read_pod(event, obj) if kind == "pods" else None
+            if kind != "pods":
+                _warm_parsers(obj)
+        except Exception as exc:  # the last line: one object never stops the watch
+            bad_object(kind, "object", _name_of(kind, obj), exc)
+            with self.lock:
+                self.events += 1
+            return False
         with self.lock:
             self.events += 1
-            if kind == "pods":
-                self._apply_pod(event, obj)
-                return
-            name = str((obj.get("metadata") or {}).get("name") or "")
-            if not name:
-                return
-            deleted = event == "DELETED"
+            try:
+                if update is not None:
+                    self._commit_pod(update)
+                elif kind != "pods":
+                    self._apply_node_object(kind, event, obj)
+            except Exception as exc:  # as above
+                bad_object(kind, "object", _name_of(kind, obj), exc)
+                return False
+            return True
+
+    def _apply_node_object(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        meta = _mapping(_mapping(obj, "object").get("metadata"), "metadata")
+        name = _text(meta.get("name"), "metadata.name")
+        if not name:
+            return
+        deleted = event == "DELETED"
+        if kind == "nodes":
+            labels = {} if deleted else _strings(meta.get("labels"), "metadata.labels")
+            annotations = {} if deleted else _strings(meta.get("annotations"), "metadata.annotations")
             ns = self._node_for(name)
-            meta = obj.get("metadata") or {}
-            if kind == "nodes":
-                ns.node_seen = not deleted
-                ns.node_labels = {} if deleted else dict(meta.get("labels") or {})
-                ns.node_annotations = {} if deleted else dict(meta.get("annotations") or {})
-            elif kind == "noderesourcetopologies":
-                ns.nrt_annotations = {} if deleted else dict(meta.get("annotations") or {})
-                ns.nrt_policies = () if deleted else tuple(obj.get("topologyPolicies") or ())
-            elif kind == "devices":
-                ns.device_spec = None if deleted else (obj.get("spec") or {})
-            else:
-                raise ValueError(f"unknown kind {kind!r}")
-            ns._rebuild_static()
+            ns.node_seen = not deleted
+            ns.node_labels, ns.node_annotations = labels, annotations
+        elif kind == "noderesourcetopologies":
+            annotations = {} if deleted else _strings(meta.get("annotations"), "metadata.annotations")
+            raw = None if deleted else obj.get("topologyPolicies")
+            if raw is not None and not (isinstance(raw, list) and all(isinstance(p, str) for p in raw)):
+                raise BadObject("topologyPolicies must be a list of strings")
+            ns = self._node_for(name)
+            ns.nrt_annotations, ns.nrt_policies = annotations, tuple(raw or ())
+        else:  # devices
+            spec = None if deleted else dict(_mapping(obj.get("spec"), "spec"))
+            ns = self._node_for(name)
+            ns.device_spec = spec
+        ns._rebuild_static()
 
     def replace(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
         """A full list of ``kind``: apply every object and delete what is no longer listed."""
         with self.lock:
             seen: set[str] = set()
             for obj in objs:
-                meta = obj.get("metadata") or {}
-                seen.add(str(meta.get("uid") if kind == "pods" else meta.get("name")))
+                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+                key = meta.get("uid" if kind == "pods" else "name") if isinstance(meta, Mapping) else None
+                if not isinstance(key, str) or not key:
+                    bad_object(kind, "object", _name_of(kind, obj), "listed object without a string "
+                               + ("metadata.uid" if kind == "pods" else "metadata.name"))
+                    continue
+                seen.add(key)
                 self.apply(kind, "ADDED", obj)
             if kind == "pods":
                 for uid in [u for u in self.pods if u not in seen]:
@@ -374,41 +513,66 @@ class ClusterState:
         if held_on is not None and held_on in self.nodes:
             self.nodes[held_on].drop(uid)
 
-    def _apply_pod(self, event: str, pod: Mapping[str, Any]) -> None:
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
+    def _read_pod(self, event: str, pod: Mapping[str, Any]) -> _PodUpdate | None:
+        """Decode one pod event without the lock (parsing may take a while; verbs wait on the
+        lock). Raises ``BadObject`` (or whatever a wrong type raises) for a malformed structure;
+        unreadable annotations are recorded in the update instead."""
+        meta = _mapping(_mapping(pod, "object").get("metadata"), "metadata")
+        uid = _text(meta.get("uid"), "metadata.uid")
         if not uid:
-            return
+            return None
         if event == "DELETED" or _is_terminal(pod):
-            self._forget_pod(uid)
-            return
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
-        annotations: Mapping[str, str] = meta.get("annotations") or {}
-        entry = self.pods.get(uid)
-        if entry is None:
-            entry = self.pods[uid] = PodEntry(
-                namespace=str(meta.get("namespace") or "default"),
-                name=str(meta.get("name") or ""),
-                node="",
-                rv="",
-            )
-        entry.rv = str(meta.get("resourceVersion") or "")
+            return _PodUpdate(uid, gone=True)
+        node = _text(_mapping(pod.get("spec"), "spec").get("nodeName"), "spec.nodeName")
+        annotations = _strings(meta.get("annotations"), "metadata.annotations")
+        update = _PodUpdate(
+            uid,
+            gone=False,
+            namespace=_text(meta.get("namespace"), "metadata.namespace") or "default",
+            name=_text(meta.get("name"), "metadata.name"),
+            node=node,
+            rv=_text(meta.get("resourceVersion"), "metadata.resourceVersion"),
+        )
         if not node:
-            entry.request = parse_pod(pod)
-            return
-        entry.request = None
-        ann = (
+            update.request = decode_pod(pod)
+            return update
+        update.ann = (
             annotations.get(ANN_RESOURCE_STATUS),
             annotations.get(ANN_DEVICE_ALLOCATED),
             _exclusive_of(annotations),
         )
-        if ann != entry.ann or entry.node != node:
-            try:
-                entry.alloc, entry.bad = parse_allocation(*ann), ""
-            except (ValueError, TypeError, KeyError) as exc:
-                entry.alloc, entry.bad = EMPTY, str(exc)
-                log.warning("bad allocation annotations", pod=f"{entry.namespace}/{entry.name}", error=str(exc))
-            entry.ann = ann
+        entry = self.pods.get(uid)  # read without the lock: only this watch thread writes entries
+        if entry is None or entry.ann != update.ann or entry.node != node:
+            update.alloc, update.error = _parse_allocation(update.namespace, update.name, update.ann)
+        return update
+
+    def _commit_pod(self, update: _PodUpdate) -> None:
+        """Apply a decoded pod event (caller holds the lock). A bound pod whose allocation
+        annotations cannot be read keeps the allocation last read for it on the same node, or
+        holds nothing if none was ever read (see "Hostile objects" in ``scheduler_ext/README.md``)."""
+        uid, node = update.uid, update.node
+        if update.gone:
+            self._forget_pod(uid)
+            return
+        entry = self.pods.get(uid)
+        if entry is None:
+            entry = self.pods[uid] = PodEntry(namespace=update.namespace, name=update.name, node="", rv="")
+        entry.rv = update.rv
+        if not node:
+            entry.request = update.request
+            return
+        entry.request = None
+        if update.ann != entry.ann or entry.node != node:
+            alloc, error = update.alloc, update.error
+            if alloc is None and error is None:  # the entry changed since the read: parse again
+                alloc, error = _parse_allocation(entry.namespace, entry.name, update.ann or (None, None, "None"))
+            if alloc is not None:
+                entry.alloc, entry.bad = alloc, ""
+            else:
+                if entry.node != node:
+                    entry.alloc = EMPTY  # nothing was ever proven on this node
+                entry.bad = error or "unreadable"
+            entry.ann = update.ann or (None, None, "None")
         if entry.node and entry.node != node:
             old = self.nodes.get(entry.node)
             if old is not None:
@@ -533,6 +697,17 @@ class Watcher:
         self.state.replace(kind, items)
         return rv
 
+    def _event(self, kind: str, event: Any) -> str:
+        """Apply one watch event; returns its resourceVersion ("" when it has none).
+
+        The version advances past an object the cache had to skip: retrying the same event
+        would meet the same content forever and stop the watch of every other object.
+        """
+        etype, rv, obj = _event_rv(kind, event)
+        if obj is not None and etype in ("ADDED", "MODIFIED", "DELETED"):
+            self.state.apply(kind, etype, obj)
+        return rv
+
     def _run(self, kind: str) -> None:
         rv = ""
         delay = self.backoff
@@ -544,13 +719,7 @@ class Watcher:
                 for event in self.watch_fn(kind, rv):
                     if self.stop.is_set():
                         return
-                    etype = event.get("type")
-                    obj = event.get("object") or {}
-                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if etype in ("ADDED", "MODIFIED", "DELETED"):
-                        self.state.apply(kind, str(etype), obj)
-                    if new_rv:
-                        rv = str(new_rv)
+                    rv = self._event(kind, event) or rv
                 delay = self.backoff
             except self.gone:
                 log.info("watch expired, relisting", kind=kind)
@@ -563,6 +732,20 @@ class Watcher:
                 log.warning("watch failed", kind=kind, error=str(exc))
                 self.stop.wait(delay)
                 delay = min(delay * 2, 10.0)
+
+
+def _event_rv(kind: str, event: Any) -> tuple[str, str, Mapping[str, Any] | None]:
+    """(type, resourceVersion, object) of a watch event; unreadable parts come back empty."""
+    if not isinstance(event, Mapping):
+        bad_object(kind, "object", "?", "watch event is not an object")
+        return "", "", None
+    etype, obj = event.get("type"), event.get("object")
+    if not isinstance(obj, Mapping):
+        bad_object(kind, "object", "?", "watch event without an object")
+        return "", "", None
+    meta = obj.get("metadata")
+    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return (etype if isinstance(etype, str) else ""), (rv if isinstance(rv, str) else ""), obj
 
 
 def _is_not_found(exc: Exception) -> bool:

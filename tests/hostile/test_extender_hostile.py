@@ -1,0 +1,193 @@
+"""Adversarial tests of the scheduler extender, one per class of attack.
+
+- Poisoned watch objects (pods, Nodes, NRTs, Devices with malformed annotations or wrong
+  types), followed by correct allocation for later pods, in a running extender and in a fresh
+  replica that lists them at start.
+- Anonymous and badly certified verb calls, refused in the TLS handshake; a reachable
+  listener without mutual TLS refused at start.
+
+Everything runs against the fake API server (``tests/fakeapi.py``) through the official
+``kubernetes`` client, as ``scheduler-ext serve`` does, on loopback only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakeapi import FakeAPIServer
+from tests.scheduler_ext.builders import cluster, cpus, device, node, nrt, pod
+from tests.scheduler_ext.conftest import Extender, start_extender
+
+RS = "scheduling.koordinator.sh/resource-status"
+DA = "scheduling.koordinator.sh/device-allocated"
+SPEC = "scheduling.koordinator.sh/resource-spec"
+TOPO_KEY = "node.koordinator.sh/cpu-topology"
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAPIServer]:
+    server = FakeAPIServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        time.sleep(0.02)
+
+
+def poisoned_objects() -> list[dict[str, Any]]:
+    """Bound and pending pods, a Node, an NRT and a Device, each malformed in its own way."""
+    def bound(name: str, annotations: dict[str, Any]) -> dict[str, Any]:
+        return pod(name, cpu="4", node_name="n1", annotations=annotations)
+
+    wrong_labels = node("n2")
+    wrong_labels["metadata"]["labels"] = ["not", "a", "map"]
+    wrong_spec = pod("wrong-spec", node_name="n1")
+    wrong_spec["spec"] = ["x"]
+    wrong_ann = pod("wrong-annotation-type", node_name="n1")
+    wrong_ann["metadata"]["annotations"] = {RS: {"cpuset": "0-15"}}
+    return [
+        bound("gpu-number", {DA: '{"gpu":[5]}'}),
+        bound("gpu-minor-overflow", {DA: '{"gpu":[{"minor":1e400}]}'}),
+        bound("cpuset-number", {RS: '{"cpuset":5}'}),
+        bound("status-deep", {RS: "[" * 3000}),
+        bound("spec-deep", {SPEC: "[[[" * 1000}),
+        pod("pending-spec-deep", annotations={SPEC: "[" * 3000}),
+        pod("pending-huge-memory", memory="1e500000"),
+        wrong_spec,
+        wrong_ann,
+        wrong_labels,
+        nrt("n3", "[" * 3000),
+        {**device("n1", 2), "spec": {"devices": [{"type": "gpu", "minor": 0, "resources": [1]}]}},
+    ]
+
+
+def bind(ext: Extender, p: dict[str, Any], node_name: str = "n1") -> str:
+    body = {"PodName": p["metadata"]["name"], "PodNamespace": p["metadata"]["namespace"],
+            "PodUID": p["metadata"]["uid"], "Node": node_name}
+    return str(httpx.post(f"{ext.url}/bind", json=body, timeout=30).json()["Error"])
+
+
+def cpuset_of(api: FakeAPIServer, name: str) -> frozenset[int]:
+    got = api.get("pods", name, "default")
+    assert got is not None and got["spec"].get("nodeName") == "n1"
+    return cpus(json.loads(got["metadata"]["annotations"][RS])["cpuset"])
+
+
+def bad_objects_counted(ext: Extender) -> float:
+    text = httpx.get(f"{ext.url}/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(r'^scheduler_ext_bad_objects_total\{[^}]*\} (\S+)$', text, re.M))
+
+
+def bind_three_and_check(api: FakeAPIServer, ext: Extender, keeper: frozenset[int]) -> None:
+    """Three 4-CPU pods fill the 12 CPUs the keeper left on the 16-CPU node, all disjoint."""
+    later = [pod(f"later{i}", cpu="4") for i in range(3)]
+    for p in later:
+        api.create(p)
+    wait_for(lambda: all(ext.state.pending(p["metadata"]["uid"]) for p in later))
+    assert [bind(ext, p) for p in later] == ["", "", ""]
+    sets = [cpuset_of(api, p["metadata"]["name"]) for p in later]
+    assert all(len(s) == 4 for s in sets)
+    assert not any(s & keeper for s in sets)
+    assert len(frozenset().union(*sets)) == 12
+    assert bind(ext, api.create(pod("one-too-many", cpu="2"))) != ""  # the node is full
+
+
+def test_poisoned_watch_objects_cost_only_themselves_in_a_running_extender(api: FakeAPIServer) -> None:
+    for obj in cluster(["n1"]):
+        api.create(obj)
+    ext = start_extender(api.url)
+    try:
+        for obj in poisoned_objects():
+            api.create(obj)
+        keeper = api.create(pod("keeper", cpu="4", node_name="n1", annotations={RS: '{"cpuset":"0-1,8-9"}'}))
+        leaver = api.create(pod("leaver", cpu="4", node_name="n1", annotations={RS: '{"cpuset":"2-3,10-11"}'}))
+        wait_for(lambda: leaver["metadata"]["uid"] in ext.state.pods)
+        api.delete("pods", "leaver", "default")  # a deletion after the poison is still seen
+        wait_for(lambda: keeper["metadata"]["uid"] in ext.state.pods
+                 and leaver["metadata"]["uid"] not in ext.state.pods)
+        assert httpx.get(f"{ext.url}/readyz").status_code == 200
+        assert bad_objects_counted(ext) >= 8
+        bind_three_and_check(api, ext, cpus("0-1,8-9"))
+    finally:
+        ext.stop()
+
+
+def test_a_fresh_replica_lists_poisoned_objects_and_becomes_ready(api: FakeAPIServer) -> None:
+    for obj in [*cluster(["n1"]), *poisoned_objects()]:
+        api.create(obj)
+    api.create(pod("keeper", cpu="4", node_name="n1", annotations={RS: '{"cpuset":"4-5,12-13"}'}))
+    ext = start_extender(api.url)  # waits for readiness
+    try:
+        bind_three_and_check(api, ext, cpus("4-5,12-13"))
+    finally:
+        ext.stop()
+
+
+# -- authentication --------------------------------------------------------------------------
+
+
+def test_anonymous_and_badly_certified_verbs_are_refused(
+    api: FakeAPIServer, tmp_path: Any
+) -> None:
+    from tests.scheduler_ext.test_sched_tls import spawn_tls, stop
+    from tests.scheduler_ext.tlscerts import client_context, make_pki
+
+    pki = make_pki(tmp_path)
+    p = pod("web", cpu="2")
+    for obj in [*cluster(["n1"]), p]:
+        api.create(obj)
+    ext = spawn_tls(api.url, pki)
+    body = {"PodName": "web", "PodNamespace": "default", "PodUID": p["metadata"]["uid"], "Node": "n1"}
+    try:
+        for cert, key in ((None, None), (pki.other_cert, pki.other_key)):
+            with httpx.Client(verify=client_context(pki, cert, key), timeout=10) as client, \
+                    pytest.raises(httpx.TransportError):
+                client.post(f"{ext.url}/bind", json=body)
+        with pytest.raises(httpx.TransportError):
+            httpx.post(ext.url.replace("https:", "http:") + "/bind", json=body, timeout=10)
+        got = api.get("pods", "web", "default")
+        assert got is not None and "nodeName" not in got["spec"]  # nobody moved the pod
+        with httpx.Client(verify=client_context(pki, pki.client_cert, pki.client_key), timeout=10) as client:
+            reply = client.post(f"{ext.url}/filter", json={"Pod": p, "NodeNames": ["n1"]})
+        assert reply.json()["NodeNames"] == ["n1"]  # the trusted caller is served
+    finally:
+        stop(ext)
+
+
+def test_a_reachable_listener_without_mutual_tls_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing may start listening: uvicorn's entry points are replaced by recorders, so even
+    code that would serve never binds a socket beyond loopback."""
+    import uvicorn
+
+    from scheduler_ext import cli
+
+    served: list[str] = []
+
+    def record_run(*args: Any, **kwargs: Any) -> None:
+        served.append("run")
+
+    async def record_serve(self: Any, *args: Any, **kwargs: Any) -> None:
+        served.append("serve")
+
+    monkeypatch.setattr(uvicorn, "run", record_run)
+    monkeypatch.setattr(uvicorn.Server, "serve", record_serve)
+    code = cli.main(["serve", "--api-server", "http://127.0.0.1:9", "--listen", "0.0.0.0:8888",
+                     "--no-ha-ledger"])
+    assert served == [] and code == 2
+    assert "--tls-client-ca" in capsys.readouterr().err
