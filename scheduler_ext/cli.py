@@ -296,7 +296,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         asyncio.run(_serve_all(main_server, health))
     finally:
-        watcher.stop.set()
+        watcher.close()
     return EXIT_OK if main_server.started else EXIT_SERVE_FAILED
 
 

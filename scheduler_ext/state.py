@@ -686,6 +686,18 @@ class Watcher:
             t.start()
             self.threads.append(t)
 
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop every watch and wait up to ``timeout`` seconds in total for the threads.
+
+        A thread blocked in a watch read ends when its stream does; it is a daemon and logs
+        nothing once stopped, so the process can exit without a thread writing to stderr during
+        interpreter shutdown (which aborts the process).
+        """
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
     def _list(self, kind: str) -> str:
         items: list[dict[str, Any]] = []
         token, rv = "", ""
@@ -715,6 +727,8 @@ class Watcher:
             try:
                 if not rv:
                     rv = self._list(kind)
+                    if self.stop.is_set():
+                        return
                     log.info("listed", kind=kind, resource_version=rv)
                 for event in self.watch_fn(kind, rv):
                     if self.stop.is_set():
@@ -722,6 +736,8 @@ class Watcher:
                     rv = self._event(kind, event) or rv
                 delay = self.backoff
             except self.gone:
+                if self.stop.is_set():
+                    return
                 log.info("watch expired, relisting", kind=kind)
                 rv = ""
             except Exception as exc:  # the API may be down; keep trying with backoff

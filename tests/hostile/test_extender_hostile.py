@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,7 +31,7 @@ from tests.scheduler_ext.conftest import Extender, start_extender
 RS = "scheduling.koordinator.sh/resource-status"
 DA = "scheduling.koordinator.sh/device-allocated"
 SPEC = "scheduling.koordinator.sh/resource-spec"
-TOPO_KEY = "node.koordinator.sh/cpu-topology"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -168,26 +171,31 @@ def test_anonymous_and_badly_certified_verbs_are_refused(
         stop(ext)
 
 
-def test_a_reachable_listener_without_mutual_tls_is_refused_at_start(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Nothing may start listening: uvicorn's entry points are replaced by recorders, so even
-    code that would serve never binds a socket beyond loopback."""
-    import uvicorn
+# The child replaces uvicorn's entry points by recorders before running the CLI, so even code
+# that would serve never binds a socket beyond loopback.
+_RECORDING_UVICORN = """
+import sys
+import uvicorn
 
-    from scheduler_ext import cli
+def record_run(*args, **kwargs):
+    print("served", flush=True)
 
-    served: list[str] = []
+async def record_serve(self, *args, **kwargs):
+    print("served", flush=True)
 
-    def record_run(*args: Any, **kwargs: Any) -> None:
-        served.append("run")
+uvicorn.run = record_run
+uvicorn.Server.serve = record_serve
+from scheduler_ext import cli
+raise SystemExit(cli.main(sys.argv[1:]))
+"""
 
-    async def record_serve(self: Any, *args: Any, **kwargs: Any) -> None:
-        served.append("serve")
 
-    monkeypatch.setattr(uvicorn, "run", record_run)
-    monkeypatch.setattr(uvicorn.Server, "serve", record_serve)
-    code = cli.main(["serve", "--api-server", "http://127.0.0.1:9", "--listen", "0.0.0.0:8888",
-                     "--no-ha-ledger"])
-    assert served == [] and code == 2
-    assert "--tls-client-ca" in capsys.readouterr().err
+def test_a_reachable_listener_without_mutual_tls_is_refused_at_start() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _RECORDING_UVICORN, "serve", "--api-server", "http://127.0.0.1:9",
+         "--listen", "0.0.0.0:8888", "--no-ha-ledger"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert "served" not in done.stdout
+    assert done.returncode == 2
+    assert "--tls-client-ca" in done.stderr and "Traceback" not in done.stderr

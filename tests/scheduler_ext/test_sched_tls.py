@@ -184,24 +184,30 @@ def test_serve_refuses_unsafe_or_broken_listeners(pki: PKI, flags: list[str], me
     assert done.stdout == ""
 
 
-def test_insecure_serves_a_reachable_listener_and_warns(
-    api: FakeAPIServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``--insecure`` lets a non-loopback listener start (it is not bound here: the serving
-    coroutine is replaced, so the test never listens beyond loopback) and logs a warning."""
-    seen: dict[str, Any] = {}
+# Runs ``cli.main`` in a child process whose serving coroutine is replaced by a recorder, so
+# the test never listens beyond loopback and the child's logging setup stays out of pytest.
+_RECORDING_SERVE = """
+import sys
+from scheduler_ext import cli
 
-    async def fake_serve(main_server: Any, health: Any) -> None:
-        seen["host"], seen["ssl"] = main_server.config.host, main_server.config.ssl_certfile
-        main_server.started = True
+async def record(main_server, health):
+    print("serving", main_server.config.host, main_server.config.ssl_certfile, flush=True)
+    main_server.started = True
 
-    monkeypatch.setattr(cli, "_serve_all", fake_serve)
-    code = cli.main(["serve", "--api-server", api.url, "--listen", "0.0.0.0:8888", "--insecure",
-                     "--no-ha-ledger"])
-    assert code == cli.EXIT_OK
-    assert seen == {"host": "0.0.0.0", "ssl": None}
-    err = capsys.readouterr().err
-    assert "INSECURE" in err and "bind pending pods" in err
+cli._serve_all = record
+raise SystemExit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_insecure_serves_a_reachable_listener_and_warns(api: FakeAPIServer) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _RECORDING_SERVE, "serve", "--api-server", api.url, "--listen", "0.0.0.0:8888",
+         "--insecure", "--no-ha-ledger"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == cli.EXIT_OK
+    assert done.stdout == "serving 0.0.0.0 None\n"
+    assert "INSECURE" in done.stderr and "bind pending pods" in done.stderr
 
 
 @pytest.mark.parametrize(
