@@ -52,3 +52,26 @@ async def test_run_registers_and_stops_on_request(tmp_path: Path) -> None:
         stop.set()
         await asyncio.wait_for(task, 5)
         await runtime.stop()
+
+
+def test_the_daemonset_manifest_matches_the_cli_and_the_config_schema(tmp_path: Path) -> None:
+    import yaml
+
+    from runtime_proxy.config import load_config
+
+    repo = Path(__file__).resolve().parents[3]
+    docs = list(yaml.safe_load_all((repo / "packaging" / "nri-daemonset.yaml").read_text()))
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(config_map["data"]["config.yaml"])
+    load_config(str(config_file))  # raises on an unknown or invalid key
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:2] == ["runtime-proxy", "nri"]
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(container["command"][1:])
+    assert PluginIdentity(args.plugin_name, args.plugin_idx).idx == "50"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/var/run/nri", "/sys/fs/cgroup"} <= mounts
+    assert container["securityContext"].get("privileged") is not True
