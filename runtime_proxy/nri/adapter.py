@@ -175,13 +175,24 @@ class NriEngine:
         self.dry_run = dry_run
         self.store = Store()
         self._bound = BoundCpusets(where="nri")
+        self._refreshed_version = -1
         # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
         self._deferred: OrderedDict[str, Plan] = OrderedDict()
         self.runtime = ""
 
     # -- helpers -------------------------------------------------------------------------------
 
+    async def _refresh(self) -> None:
+        """Parse, off the event loop and under a deadline, the resource-status of pods that
+        arrived or changed (``runtime_proxy.engine.bound``); a pod whose value does not parse is
+        left out of the bound cpusets."""
+        version = self.store.version
+        if version != self._refreshed_version:
+            await self._bound.refresh(self.store.pods())
+            self._refreshed_version = version
+
     def node(self) -> NodeFacts:
+        """The node config plus the CPUs bound to the stored pods."""
         base = self.node_source.current()
         bound, lse = self._bound.bound(self.store.pods())
         return base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
@@ -189,6 +200,7 @@ class NriEngine:
     async def _run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:
         if pod.skips_hooks or not self.pipeline.has_work(stage):
             return None
+        await self._refresh()
         result = await self.pipeline.run(stage, pod, container, self.node())
         if result.rejected is not None:
             raise RpcError(FAILED_PRECONDITION, f"runtime-hook-proxy: {result.rejected} (policy Fail)")
@@ -236,6 +248,7 @@ class NriEngine:
         for container in containers:
             store.put_container(container.pod_sandbox_id, container_facts(container))
         self.store = store
+        self._refreshed_version = -1
         return []
 
     async def create_container(self, pod: Any, container: Any) -> Any:
