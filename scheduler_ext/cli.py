@@ -29,6 +29,7 @@ import yaml
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import decode_pod
+from scheduler_ext.server import MAX_BODY_BYTES
 from scheduler_ext.state import ClusterState, load_objects
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "is_loopback", "main", "simulate", "tls_problem"]
@@ -277,7 +278,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             is_deleted=state.recently_deleted,
         )
     binder = Binder(state, bind_api, cfg, ledger)
-    app = create_app(state, binder, cfg, prefix=args.path_prefix)
+    app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes)
     log.info("serving", listen=args.listen, ha_ledger=bool(ledger), tls=bool(args.tls_cert),
              client_certificates=bool(args.tls_client_ca), health_listen=args.health_listen or None)
     ssl_kwargs: dict[str, Any] = {}
@@ -318,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="HOST:PORT (default %(default)s); any address but loopback needs --tls-cert, "
                             "--tls-key and --tls-client-ca, or --insecure")
     serve.add_argument("--path-prefix", default="", help="URL prefix of the verbs, e.g. /scheduler")
+    serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, metavar="BYTES",
+                       help="largest verb request body (default %(default)s); a larger one is refused "
+                            "with the verb's error reply before it is read")
     serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file")
     serve.add_argument("--context", default=None, help="kubeconfig context")
     serve.add_argument("--in-cluster", action="store_true", help="use the pod's service account")

@@ -9,11 +9,16 @@ extender structs carry no json tags, so the keys are ``Pod``, ``Nodes``, ``NodeN
 Both ``nodeCacheCapable`` modes are accepted: with ``NodeNames`` the reply carries
 ``NodeNames``; with ``Nodes`` (a NodeList) it carries the surviving Node objects unchanged.
 
-Failure policy: a request that cannot be decoded gets HTTP 200 with ``Error`` set for filter
-and bind (kube-scheduler then reports a scheduler error and retries with backoff) and HTTP 400
-for prioritize and preempt (the scheduler ignores a failed prioritize). Every verb runs on the
-event loop: filter and prioritize only read the cache, and bind is a coroutine whose API calls
-await, so the next pod's filter is served while a bind waits on the API server.
+Failure policy: a body that is malformed or over a bound (``MAX_BODY_BYTES``, ``MAX_NODES``,
+``MAX_VICTIM_PODS``, and orjson's nesting limit of 1024) gets HTTP 200 with ``Error`` set for
+filter and bind, whose reply types carry that field (kube-scheduler then reports a scheduler
+error and retries with backoff), and HTTP 400 with the reason as text for prioritize and
+preempt, whose reply types have no error field (kube-scheduler treats any non-200 as that
+verb's error: a failed prioritize adds no score, a failed preempt fails that preemption). A
+pod whose content is invalid is not a malformed body: filter reports it on every node as
+``FailedAndUnresolvableNodes`` with the reason. Every verb runs on the event loop: filter and
+prioritize only read the cache, and bind is a coroutine whose API calls await, so the next
+pod's filter is served while a bind waits on the API server.
 """
 
 from __future__ import annotations
@@ -42,10 +47,18 @@ from scheduler_ext.extender import (
     preempt_nodes,
     prioritize_nodes,
 )
-from scheduler_ext.guard import decode_pod
+from scheduler_ext.guard import BAD_OBJECTS, decode_pod, describe
 from scheduler_ext.state import ClusterState
 
-__all__ = ["ExtenderApp", "create_app", "create_health_app"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_NODES",
+    "MAX_VICTIM_PODS",
+    "BadRequest",
+    "ExtenderApp",
+    "create_app",
+    "create_health_app",
+]
 
 log = structlog.get_logger("scheduler_ext.server")
 
@@ -63,6 +76,14 @@ NODES_FAILED = Counter(
 )
 
 CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
+
+# Bounds on one verb body, checked before (size) or right after (counts) decoding. A NodeList of
+# 500 full Node objects (nodeCacheCapable: false) is a few MiB; orjson decodes 8 MiB in a few
+# tens of milliseconds, the most one request may hold the loop for.
+MAX_BODY_BYTES = 8 << 20
+MAX_NODES = 10_000  # candidate nodes in filter/prioritize, nodes in preempt
+MAX_VICTIM_PODS = 10_000  # victims over all nodes of one preempt call
+MAX_NAME = 253  # a DNS subdomain: pod, namespace and node names, UIDs
 
 
 class StateCollector(Collector):
@@ -107,9 +128,34 @@ def _text(text: str, status: int) -> Reply:
     return status, text.encode(), TEXT_TYPE
 
 
-def _timed(verb: str, fn: VerbHandler) -> VerbHandler:
+class BadRequest(ValueError):
+    """A verb body that is malformed or over a bound; the message says which."""
+
+
+# the reply for a body that cannot be served, per verb (see the failure policy above)
+Refusal = Callable[[str], Reply]
+
+
+def _filter_refusal(message: str) -> Reply:
+    return _json({"Nodes": None, "NodeNames": None, "FailedNodes": {},
+                  "FailedAndUnresolvableNodes": {}, "Error": message})
+
+
+def _bind_refusal(message: str) -> Reply:
+    return _json({"Error": message})
+
+
+def _status_refusal(message: str) -> Reply:
+    return _text(message, 400)
+
+
+def _timed(verb: str, fn: VerbHandler, refuse: Refusal) -> VerbHandler:
+    """Time and count ``fn``; a ``BadRequest`` or any other failure becomes ``refuse``'s reply
+    (for prioritize and preempt an unexpected failure stays a 500: it is a bug, not input)."""
     seconds = VERB_SECONDS.labels(verb)
     totals = {o: VERB_TOTAL.labels(verb, o) for o in ("ok", "bad_request", "error")}
+    bad_bodies = BAD_OBJECTS.labels("request", "body")
+    has_error_field = verb in ("filter", "bind")
 
     async def handler(raw: bytes) -> Reply:
         started = time.perf_counter()
@@ -119,9 +165,16 @@ def _timed(verb: str, fn: VerbHandler) -> VerbHandler:
             if reply[0] != 200:
                 outcome = "bad_request"
             return reply
-        except Exception:
+        except BadRequest as exc:
+            outcome = "bad_request"
+            bad_bodies.inc()
+            return refuse(str(exc))
+        except Exception as exc:
             outcome = "error"
-            raise
+            log.exception("verb failed", verb=verb)
+            if has_error_field:
+                return refuse(f"internal error: {describe(exc)}")
+            return _text("Internal Server Error", 500)
         finally:
             seconds.observe(time.perf_counter() - started)
             totals[outcome].inc()
@@ -132,11 +185,18 @@ def _timed(verb: str, fn: VerbHandler) -> VerbHandler:
 def _body(raw: bytes) -> dict[str, Any]:
     try:
         doc = orjson.loads(raw)
-    except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
-        raise ValueError(f"request body is not JSON: {exc}") from None
+    except ValueError as exc:  # orjson.JSONDecodeError is a ValueError; also nesting over 1024
+        raise BadRequest(f"request body is not JSON: {str(exc)[:200]}") from None
     if not isinstance(doc, dict):
-        raise ValueError("request body must be a JSON object")
+        raise BadRequest("request body must be a JSON object")
     return doc
+
+
+def _pod_arg(args: dict[str, Any]) -> dict[str, Any]:
+    pod = args.get("Pod")
+    if not isinstance(pod, dict):
+        raise BadRequest("Pod is missing" if pod is None else "Pod must be an object")
+    return pod
 
 
 class ExtenderApp:
@@ -147,9 +207,18 @@ class ExtenderApp:
     them; a wrong method on a verb path and every GET still go through Starlette (405, 404).
     """
 
-    def __init__(self, verbs: Mapping[str, VerbHandler], fallback: Starlette) -> None:
+    def __init__(
+        self,
+        verbs: Mapping[str, VerbHandler],
+        fallback: Starlette,
+        refusals: Mapping[str, Refusal] | None = None,
+        *,
+        max_body: int = MAX_BODY_BYTES,
+    ) -> None:
         self.verbs = dict(verbs)
         self.fallback = fallback
+        self.refusals = dict(refusals or {})
+        self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         handler = self.verbs.get(scope["path"]) if scope["type"] == "http" else None
@@ -157,26 +226,46 @@ class ExtenderApp:
             await self.fallback(scope, receive, send)
             return
         chunks: list[bytes] = []
-        while True:
+        size = 0
+        too_big = _declared_length(scope) > self.max_body
+        while not too_big:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                too_big = True
+                break
+            chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        try:
-            status, body, ctype = await handler(b"".join(chunks))
-        except Exception:
-            log.exception("verb failed", path=scope["path"])
-            status, body, ctype = _text("Internal Server Error", 500)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())],
-            }
-        )
+        headers = []
+        if too_big:  # answered without reading the rest; the connection closes after the reply
+            BAD_OBJECTS.labels("request", "body").inc()
+            refuse = self.refusals.get(scope["path"], _status_refusal)
+            status, body, ctype = refuse(f"request body is larger than {self.max_body} bytes")
+            headers.append((b"connection", b"close"))
+        else:
+            try:
+                status, body, ctype = await handler(b"".join(chunks))
+            except Exception:
+                log.exception("verb failed", path=scope["path"])
+                status, body, ctype = _text("Internal Server Error", 500)
+        headers += [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _declared_length(scope: Scope) -> int:
+    """The request's Content-Length, 0 when absent or unreadable (then the read is bounded)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
 
 
 def _names(args: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]] | None]:
@@ -184,16 +273,72 @@ def _names(args: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]] | None
     names = args.get("NodeNames")
     if names is not None:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise ValueError("NodeNames must be a list of strings")
+            raise BadRequest("NodeNames must be a list of strings")
+        if len(names) > MAX_NODES:
+            raise BadRequest(f"NodeNames lists {len(names)} nodes, more than the limit of {MAX_NODES}")
         return names, None
     nodes = args.get("Nodes")
-    if isinstance(nodes, dict):
-        items = nodes.get("items") or []
-        if not isinstance(items, list):
-            raise ValueError("Nodes.items must be a list")
-        out = [str(((i or {}).get("metadata") or {}).get("name") or "") for i in items]
-        return out, items
-    return [], None
+    if nodes is None:
+        return [], None
+    if not isinstance(nodes, dict):
+        raise BadRequest("Nodes must be a NodeList object")
+    items = nodes.get("items")
+    if items is None:
+        return [], []
+    if not isinstance(items, list):
+        raise BadRequest("Nodes.items must be a list")
+    if len(items) > MAX_NODES:
+        raise BadRequest(f"Nodes lists {len(items)} nodes, more than the limit of {MAX_NODES}")
+    out: list[str] = []
+    for item in items:
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
+            raise BadRequest("every item of Nodes needs a metadata.name string")
+        out.append(name)
+    return out, items
+
+
+def _victims(args: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Victim UIDs and PDB violation counts by node, from either preempt request shape."""
+    meta = args.get("NodeNameToMetaVictims")
+    full = args.get("NodeNameToVictims")
+    if meta is not None and not isinstance(meta, dict):
+        raise BadRequest("NodeNameToMetaVictims must be an object")
+    if full is not None and not isinstance(full, dict):
+        raise BadRequest("NodeNameToVictims must be an object")
+    source = meta if meta is not None else full if full is not None else {}
+    if len(source) > MAX_NODES:
+        raise BadRequest(f"preempt names {len(source)} nodes, more than the limit of {MAX_NODES}")
+    victims: dict[str, list[str]] = {}
+    pdb: dict[str, int] = {}
+    total = 0
+    for node, v in source.items():
+        if not isinstance(v, dict):
+            raise BadRequest(f"victims of node {node[:MAX_NAME]!r} must be an object")
+        pods = v.get("Pods")
+        pods = [] if pods is None else pods
+        if not isinstance(pods, list):
+            raise BadRequest(f"Pods of node {node[:MAX_NAME]!r} must be a list")
+        total += len(pods)
+        if total > MAX_VICTIM_PODS:
+            raise BadRequest(f"preempt lists more than {MAX_VICTIM_PODS} victim pods")
+        uids: list[str] = []
+        for p in pods:
+            if source is meta:
+                uid = p.get("UID") if isinstance(p, dict) else None
+            else:
+                pod_meta = p.get("metadata") if isinstance(p, dict) else None
+                uid = pod_meta.get("uid") if isinstance(pod_meta, dict) else None
+            if not isinstance(uid, str):
+                raise BadRequest(f"a victim on node {node[:MAX_NAME]!r} has no UID string")
+            uids.append(uid)
+        count = v.get("NumPDBViolations")
+        count = 0 if count is None else count
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 2**31:
+            raise BadRequest(f"NumPDBViolations of node {node[:MAX_NAME]!r} must be a small whole number")
+        victims[node], pdb[node] = uids, count
+    return victims, pdb
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -239,20 +384,15 @@ def create_app(
     cfg: ExtenderConfig = DEFAULT_CONFIG,
     *,
     prefix: str = "",
+    max_body: int = MAX_BODY_BYTES,
 ) -> ExtenderApp:
     """The ASGI app. ``binder`` is ``None`` when no API server is configured."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     async def filter_verb(raw: bytes) -> Reply:
-        try:
-            args = _body(raw)
-            pod_json = args.get("Pod")
-            if not isinstance(pod_json, dict):
-                raise ValueError("Pod is missing")
-            names, items = _names(args)
-        except ValueError as exc:
-            return _json({"Nodes": None, "NodeNames": None, "FailedNodes": {},
-                          "FailedAndUnresolvableNodes": {}, "Error": str(exc)})
+        args = _body(raw)
+        pod_json = _pod_arg(args)
+        names, items = _names(args)
         pod = decode_pod(pod_json)
         result = filter_nodes(state, pod, names, cfg)
         if result.failed:
@@ -273,52 +413,33 @@ def create_app(
         return _json(reply)
 
     async def prioritize_verb(raw: bytes) -> Reply:
-        try:
-            args = _body(raw)
-            pod_json = args.get("Pod")
-            if not isinstance(pod_json, dict):
-                raise ValueError("Pod is missing")
-            names, _ = _names(args)
-        except ValueError as exc:
-            return _text(str(exc), 400)
+        args = _body(raw)
+        pod_json = _pod_arg(args)
+        names, _ = _names(args)
         scores = prioritize_nodes(state, decode_pod(pod_json), names, cfg)
         return 200, orjson.dumps([{"Host": n, "Score": s} for n, s in scores]), JSON_TYPE
 
     async def bind_verb(raw: bytes) -> Reply:
-        try:
-            args = _body(raw)
-            name, namespace = args.get("PodName"), args.get("PodNamespace")
-            uid, node = args.get("PodUID") or "", args.get("Node")
-            if not (isinstance(name, str) and name and isinstance(namespace, str) and namespace):
-                raise ValueError("PodName and PodNamespace are required")
-            if not (isinstance(node, str) and node) or not isinstance(uid, str):
-                raise ValueError("Node is required and PodUID must be a string")
-        except ValueError as exc:
-            return _json({"Error": str(exc)})
+        args = _body(raw)
+        name, namespace = args.get("PodName"), args.get("PodNamespace")
+        uid, node = args.get("PodUID") or "", args.get("Node")
+        if not (isinstance(name, str) and name and isinstance(namespace, str) and namespace):
+            raise BadRequest("PodName and PodNamespace are required")
+        if not (isinstance(node, str) and node) or not isinstance(uid, str):
+            raise BadRequest("Node is required and PodUID must be a string")
+        if max(len(name), len(namespace), len(node), len(uid)) > MAX_NAME:
+            raise BadRequest(f"PodName, PodNamespace, PodUID and Node are at most {MAX_NAME} characters")
         if binder is None:
             return _json({"Error": "this extender runs without an API server and cannot bind"})
         return _json({"Error": await binder.bind(namespace, name, uid, node)})
 
     async def preempt_verb(raw: bytes) -> Reply:
+        args = _body(raw)
+        pod_json = _pod_arg(args)
         try:
-            args = _body(raw)
-            pod_json = args.get("Pod")
-            if not isinstance(pod_json, dict):
-                raise ValueError("Pod is missing")
-            victims: dict[str, list[str]] = {}
-            pdb: dict[str, int] = {}
-            meta = args.get("NodeNameToMetaVictims")
-            full = args.get("NodeNameToVictims")
-            source = meta if isinstance(meta, dict) else full if isinstance(full, dict) else {}
-            for node, v in source.items():
-                pods = (v or {}).get("Pods") or []
-                if source is meta:
-                    victims[node] = [str(p.get("UID") or "") for p in pods]
-                else:
-                    victims[node] = [str(((p.get("metadata") or {}).get("uid")) or "") for p in pods]
-                pdb[node] = int((v or {}).get("NumPDBViolations") or 0)
-        except (ValueError, AttributeError, TypeError) as exc:
-            return _text(f"bad preempt request: {exc}", 400)
+            victims, pdb = _victims(args)
+        except BadRequest as exc:
+            raise BadRequest(f"bad preempt request: {exc}") from None
         kept = preempt_nodes(state, decode_pod(pod_json), victims, cfg)
         return _json(
             {
@@ -331,12 +452,14 @@ def create_app(
 
     healthz, readyz, metrics = _probe_endpoints(state)
 
-    verbs: dict[str, VerbHandler] = {
-        f"{prefix}/filter": _timed("filter", filter_verb),
-        f"{prefix}/prioritize": _timed("prioritize", prioritize_verb),
-        f"{prefix}/bind": _timed("bind", bind_verb),
-        f"{prefix}/preempt": _timed("preempt", preempt_verb),
+    table: dict[str, tuple[VerbHandler, Refusal]] = {
+        "filter": (filter_verb, _filter_refusal),
+        "prioritize": (prioritize_verb, _status_refusal),
+        "bind": (bind_verb, _bind_refusal),
+        "preempt": (preempt_verb, _status_refusal),
     }
+    verbs = {f"{prefix}/{v}": _timed(v, fn, refuse) for v, (fn, refuse) in table.items()}
+    refusals = {f"{prefix}/{v}": refuse for v, (_, refuse) in table.items()}
 
     async def not_post(request: Request) -> Response:  # routed only for the 405 it earns
         return PlainTextResponse("Method Not Allowed", status_code=405)
@@ -356,4 +479,4 @@ def create_app(
             if binder is not None:
                 await binder.aclose()  # the bind path's HTTP session lives on this loop
 
-    return ExtenderApp(verbs, Starlette(routes=routes, lifespan=lifespan))
+    return ExtenderApp(verbs, Starlette(routes=routes, lifespan=lifespan), refusals, max_body=max_body)

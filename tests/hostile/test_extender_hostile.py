@@ -5,6 +5,9 @@
   replica that lists them at start.
 - Anonymous and badly certified verb calls, refused in the TLS handshake; a reachable
   listener without mutual TLS refused at start.
+- A 500-byte filter body whose memory request is ``1e500000``: answered at once, while a
+  concurrent ``/healthz`` probe keeps being served (its worst latency is a generous safety
+  bound on the loop's stall, not a speed claim; speed is measured in ``benchmarks/``).
 
 Everything runs against the fake API server (``tests/fakeapi.py``) through the official
 ``kubernetes`` client, as ``scheduler-ext serve`` does, on loopback only.
@@ -16,6 +19,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -136,6 +140,64 @@ def test_a_fresh_replica_lists_poisoned_objects_and_becomes_ready(api: FakeAPISe
     ext = start_extender(api.url)  # waits for readiness
     try:
         bind_three_and_check(api, ext, cpus("4-5,12-13"))
+    finally:
+        ext.stop()
+
+
+# -- bounded work on the loop -----------------------------------------------------------------
+
+
+class HealthProbe:
+    """GET /healthz back to back from a thread; ``worst`` is the slowest answer in seconds."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.worst = 0.0
+        self.calls = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                assert client.get(f"{self.url}/healthz").text == "ok"
+                self.worst = max(self.worst, time.perf_counter() - started)
+                self.calls += 1
+                time.sleep(0.005)
+
+    def __enter__(self) -> HealthProbe:
+        self.thread.start()
+        time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.1)
+        self.stop.set()
+        self.thread.join(60)
+
+
+def test_a_filter_with_an_exponent_bomb_is_answered_at_once_and_the_loop_keeps_serving(
+    api: FakeAPIServer
+) -> None:
+    for obj in cluster(["n1", "n2"]):
+        api.create(obj)
+    ext = start_extender(api.url)
+    try:
+        bomb = {"metadata": {"name": "bomb", "namespace": "default", "uid": "u1",
+                             "labels": {"koordinator.sh/qosClass": "LSR"}},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1e500000"}}}]}}
+        body = json.dumps({"Pod": bomb, "NodeNames": ["n1", "n2"]}).encode()
+        assert len(body) < 512
+        with HealthProbe(ext.url) as probe:
+            reply = httpx.post(f"{ext.url}/filter", content=body, timeout=60).json()
+        assert reply["Error"] == "" and reply["NodeNames"] == []
+        assert set(reply["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
+        assert "invalid pod request" in reply["FailedAndUnresolvableNodes"]["n1"]
+        assert probe.calls > 0
+        assert probe.worst < 2.0, f"/healthz waited {probe.worst:.2f} s while the filter ran"
+        ok = httpx.post(f"{ext.url}/filter", json={"Pod": pod("fine", cpu="2"), "NodeNames": ["n1"]}).json()
+        assert ok["NodeNames"] == ["n1"]
     finally:
         ext.stop()
 
