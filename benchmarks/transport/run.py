@@ -1,6 +1,7 @@
 """Transport benchmark: each transport's cost as ratios against a direct call, in one run.
 
-Usage: ``.venv/bin/python benchmarks/transport/run.py [--quick] [--rounds N] [--python-ends] [--json FILE]``
+Usage: ``.venv/bin/python benchmarks/transport/run.py [--quick] [--rounds N] [--python-ends] [--json FILE]
+[--baseline NAME=TREE ...] [--only relay]``
 
 Ends: the Go echo server and Go client from ``go/`` (built by ``setup.sh`` into
 ``_work/transport-bench/bin``, or built here when ``go`` is on PATH); without Go, grpcio
@@ -15,6 +16,10 @@ when ``runtime_proxy.cri.grpc_transport`` imports). For every target:
   - 16-concurrent throughput: calls per second, 16 callers on one connection;
   - 1000-message stream: a bidi stream, every message sent and echoed, p50 time;
   - the proxy's peak RSS (VmHWM) and CPU time per pass-through call.
+``--baseline NAME=TREE`` adds a target ``NAME``: the relay of another source tree (for example a
+``git worktree add /tmp/base COMMIT``), run by that tree's ``serve.py`` with that tree first on
+the import path, so a change is measured against its base in the same interleaved run and the
+report adds a ratio column against the first baseline. ``--only relay`` leaves out floor and grpc.
 Every proxy runs for the whole benchmark, and each measurement is taken against all targets in
 turn, ``--rounds`` times in rotated order; a figure is the median of its rounds. Speed is
 reported, never asserted.
@@ -67,9 +72,9 @@ def go_available() -> bool:
     return (BIN / "echoserver").exists()
 
 
-def start(argv: list[str]) -> subprocess.Popen[bytes]:
+def start(argv: list[str], root: Path = ROOT) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -175,21 +180,33 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
     parser.add_argument("--python-ends", action="store_true", help="use grpcio ends even when Go is there")
     parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--rounds", type=int, default=0,
-                        help="interleaved rounds per measurement (default 3; 1 with --quick)")
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="interleaved rounds per measurement (default 3; 1 with --quick)"
+    )
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="NAME=TREE",
+        help="also run the relay of source tree TREE as target NAME (repeatable)",
+    )
+    parser.add_argument("--only", choices=["relay"], help="leave out the floor and grpc targets")
     args = parser.parse_args()
+    baselines = dict(b.split("=", 1) for b in args.baseline)
 
     args.rounds = args.rounds or (1 if args.quick else 3)
     go = not args.python_ends and go_available()
     ends = Ends(go, args.quick)
     payload = small_request()
-    targets = ["direct", "floor", "relay"]
+    targets = ["direct", "relay"] if args.only else ["direct", "floor", "relay"]
     try:
         import runtime_proxy.cri.grpc_transport  # noqa: F401
 
-        targets.append("grpc")
+        if not args.only:
+            targets.append("grpc")
     except ImportError:
         print("runtime_proxy.cri.grpc_transport not importable: skipping the grpc transport", file=sys.stderr)
+    targets += list(baselines)
 
     tmp = tempfile.mkdtemp(prefix="rhp-bench-")
     backend_path = os.path.join(tmp, "echo.sock")
@@ -201,17 +218,20 @@ def main() -> int:
         for target in targets[1:]:
             listen = paths[target] = os.path.join(tmp, f"{target}.sock")
             if target == "floor":
-                argv = [PY, str(HERE / "floor_relay.py"), listen, backend_path]
+                procs[target] = start([PY, str(HERE / "floor_relay.py"), listen, backend_path])
+            elif target in baselines:
+                tree = Path(baselines[target]).resolve()
+                serve = tree / "benchmarks" / "transport" / "serve.py"
+                procs[target] = start([PY, str(serve), "relay", listen, backend_path], tree)
             else:
-                argv = [PY, str(HERE / "serve.py"), target, listen, backend_path]
-            procs[target] = start(argv)
+                procs[target] = start([PY, str(HERE / "serve.py"), target, listen, backend_path])
         # Interleaved: each measurement runs against every target in turn, ``rounds`` times, in
         # a rotated order, so a slow moment of the host lands on all targets alike instead of
         # on whichever target happened to be measured then. Each figure is the median of its
         # rounds; a ratio compares medians taken over the same stretch of time.
         for kind in KINDS:
             for rnd in range(args.rounds):
-                order = targets[rnd % len(targets):] + targets[: rnd % len(targets)]
+                order = targets[rnd % len(targets) :] + targets[: rnd % len(targets)]
                 for target in order:
                     proc = procs.get(target)
                     cpu0 = proc_stats(proc.pid)[1] if proc else 0.0
@@ -230,6 +250,8 @@ def main() -> int:
     results = {t: {k: statistics.median(v) for k, v in rows.items()} for t, rows in samples.items()}
 
     report(results, "Go" if go else "Python (grpcio)")
+    if baselines:
+        report_against(results, next(iter(baselines)))
     if args.json:
         Path(args.json).write_text(json.dumps({"ends": "go" if go else "python", "results": results}, indent=2))
     return 0
@@ -264,6 +286,24 @@ def report(results: dict[str, dict[str, float]], ends: str) -> None:
         ("rss_mib", "proxy peak RSS (MiB)"),
     ):
         print(f"{label:38}" + "".join(f"{results[n].get(key, float('nan')):>22.1f}" for n in names))
+
+
+def report_against(results: dict[str, dict[str, float]], base: str) -> None:
+    """Every relay target against the baseline ``base``, measured in the same interleaved run."""
+    names = [n for n in results if n not in ("direct", "floor", "grpc", base)]
+    print(f"\nagainst {base} (same run); ratio = target / {base}")
+    head = f"{'metric':38}" + f"{base:>14}" + "".join(f"{n:>24}" for n in names)
+    print(head)
+    print("-" * len(head))
+    keys = [(k, label) for k, label, _h in METRICS]
+    keys += [("cpu_us_per_call", "proxy CPU per pass-through call (us)"), ("rss_mib", "proxy peak RSS (MiB)")]
+    for key, label in keys:
+        ref = results[base].get(key, float("nan"))
+        cells = [
+            f"{results[n].get(key, float('nan')):10.1f} ({results[n].get(key, float('nan')) / ref:5.2f}x)"
+            for n in names
+        ]
+        print(f"{label:38}{ref:>14.1f}" + "".join(f"{c:>24}" for c in cells))
 
 
 if __name__ == "__main__":

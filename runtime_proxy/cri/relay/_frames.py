@@ -1,0 +1,110 @@
+"""Frame-level helpers of the relay that read what peers send: the frame error, the content
+bounds of a padded frame, the HPACK decoder kept in step with a peer's encoder, the relay's
+re-encoding of a decoded block, and the decoding of one gRPC response message for ``after``.
+
+Used by the session units (``_client``, ``_server``, ``_intercept``, ``_refuse``). Frame
+headers are read in the parsers themselves, with ``unpack_header`` (one ``struct`` call).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+
+from hpack import Decoder, NeverIndexedHeaderTuple
+
+from runtime_proxy.cri.relay import _wire as w
+
+MASK31 = 0x7FFFFFFF
+unpack_header = w.FRAME_HEADER.unpack_from
+# Largest decoded header list the relay accepts from either side.
+HEADER_LIST_LIMIT = 1 << 20
+
+
+class FrameError(Exception):
+    """A frame the relay cannot accept; ends the connection it came from with GOAWAY(code)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class MirrorDecoder:
+    """An ``hpack.Decoder`` kept in step with one direction's encoder, plus a cache.
+
+    A block whose bytes are all >= 0x80 is a run of one-byte *indexed* fields: decoding it
+    cannot change the dynamic table, and the same bytes mean the same headers until some
+    other block changes the table. Such blocks (a steady stream of identical calls produces
+    them) are served from a cache that is emptied whenever a block that may change the table
+    is decoded; ``advance`` skips them altogether.
+    """
+
+    __slots__ = ("_cache", "dec")
+
+    def __init__(self) -> None:
+        self.dec = Decoder(max_header_list_size=HEADER_LIST_LIMIT)
+        self._cache: dict[bytes, list[tuple[bytes, bytes]]] = {}
+
+    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        if block and min(block) >= 0x80:
+            hit = self._cache.get(block)
+            if hit is None:
+                hit = list(self.dec.decode(block, raw=True))
+                if len(self._cache) < 256:
+                    self._cache[block] = hit
+            return hit
+        if self._cache:
+            self._cache.clear()
+        return list(self.dec.decode(block, raw=True))
+
+    def advance(self, block: bytes) -> None:
+        """Keep the table in step with a block whose headers are not needed."""
+        if block and min(block) >= 0x80:
+            return
+        if self._cache:
+            self._cache.clear()
+        self.dec.decode(block, raw=True)
+
+
+def padded(buf: bytes | bytearray | memoryview, pos: int, length: int, flags: int, headers: bool) -> tuple[int, int]:
+    """Start and end of a DATA or HEADERS frame's content, without padding and priority."""
+    a = pos + 9
+    b = a + length
+    if flags & w.FLAG_PADDED:
+        if length < 1:
+            raise FrameError(w.PROTOCOL_ERROR, "padded frame too short")
+        pad = buf[a]
+        a += 1
+        b -= pad
+    if headers and flags & w.FLAG_PRIORITY:
+        a += 5
+    if b < a:
+        raise FrameError(w.PROTOCOL_ERROR, "padding exceeds the frame")
+    return a, b
+
+
+def encode_block(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    enc = w.encode_field
+    return b"".join(enc(n, v, isinstance(h, NeverIndexedHeaderTuple)) for h in headers for n, v in (h,))
+
+
+def response_message(data: bytearray | None, encoding: bytes) -> bytes | None:
+    if data is None or len(data) < 5:
+        return None
+    size = w.u32(data, 1)
+    if 5 + size != len(data):
+        return None
+    body = bytes(data[5:])
+    if data[0] & 1:
+        if encoding == b"gzip":
+            try:
+                return zlib.decompress(body, wbits=31)
+            except zlib.error:
+                return None
+        if encoding == b"deflate":
+            try:
+                return zlib.decompress(body)
+            except zlib.error:
+                return None
+        return None
+    return body
