@@ -88,7 +88,7 @@ class ClientSide(Interception):
                     if sid == 0:
                         raise FrameError(w.PROTOCOL_ERROR, "DATA on stream 0")
                     if icpt and sid in icpt:
-                        if length > self._up_window + self._debt - self._owed:
+                        if length > self._up_window and length > self._up_window + self._debt - self._owed:
                             self._flow_control_violation()
                         if pos > start:
                             up.append(mv[start:pos])
@@ -128,7 +128,7 @@ class ClientSide(Interception):
                             st.held_headers = bytes(mv[pos:end])
                             st.held_pure = not block or min(block) >= 0x80
                             self._held.append(st)
-                            if len(icpt) > self._limits.intercepted_streams:
+                            if len(icpt) > self._icpt_cap:
                                 self._too_many(st)
                     else:
                         up.append(mv[start:end])  # the block may make the relay write upstream
@@ -146,7 +146,7 @@ class ClientSide(Interception):
                             start = end
                         block, self._c_block = bytes(self._c_block), None
                         st = self._client_block_done(block)
-                        if st is not None and len(icpt) > self._limits.intercepted_streams:
+                        if st is not None and len(icpt) > self._icpt_cap:
                             self._too_many(st)
                 elif ftype == w.RST_STREAM:
                     if length != 4 or sid == 0:
@@ -243,7 +243,7 @@ class ClientSide(Interception):
                 self._icpt[sid] = st
                 if end_stream:
                     st.hdr_end_stream = True
-                    if len(self._icpt) <= self._limits.intercepted_streams:
+                    if len(self._icpt) <= self._icpt_cap:
                         self._request_complete(st)
                 return st
             return None

@@ -65,21 +65,16 @@ class FlowControl(SessionState):
         raise FrameError(w.ENHANCE_YOUR_CALM, f"{side} header block over {self._block_limit} bytes")
 
     def _over_budget(self, stream_total: int, more: int) -> str:
-        """Which buffer limit holding ``more`` request bytes would cross ("" if none), counted."""
+        """Which buffer limit holding ``more`` request bytes crosses, counted (``_intercept`` checks
+        all three inline first, and calls this only when one is crossed)."""
         if stream_total > self._limits.stream_buffer:
             hit("stream_buffer")
             return "request too large for an intercepted method"
         if self.buffered + more > self._limits.connection_buffer:
             hit("connection_buffer")
             return "too many request bytes held for intercepted calls on this connection"
-        if self._budget.held + more > self._budget.limit:
-            hit("total_buffer")
-            return "too many request bytes held for intercepted calls"
-        return ""
-
-    def _hold(self, size: int) -> None:
-        self.buffered += size
-        self._budget.held += size
+        hit("total_buffer")
+        return "too many request bytes held for intercepted calls"
 
     def _release(self, st: Intercepted) -> None:
         """Forget the request bytes ``st`` holds and give them back to the budgets."""

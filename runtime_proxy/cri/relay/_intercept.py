@@ -90,21 +90,27 @@ class Interception(FlowControl):
         """Swallow request DATA of an intercepted stream; give the client its window back."""
         end_stream = flags & w.FLAG_END_STREAM
         if st.phase == COLLECT and length:
-            st.cwin -= length
-            if st.cwin < 0:
+            # The window of a collecting stream is returned frame by frame (below), so the
+            # client may send at most ``cwin`` bytes in one frame.
+            if length > st.cwin:
                 hit("flow_control")
                 st.client_ended = bool(end_stream)
                 self._answer_local(st, w.GRPC_INTERNAL, "", reset=w.FLOW_CONTROL_ERROR)
             else:
                 a, b = padded(mv, pos, length, flags, False)
                 size = b - a
-                over = self._over_budget(len(st.req) + size, size)
-                if over:
-                    st.client_ended = bool(end_stream)
-                    self._answer_local(st, w.GRPC_RESOURCE_EXHAUSTED, over)
-                else:
+                budget = self._budget
+                if (
+                    len(st.req) + size <= self._stream_cap
+                    and self.buffered + size <= self._conn_cap
+                    and budget.held + size <= budget.limit
+                ):
                     st.req += mv[a:b]
-                    self._hold(size)
+                    self.buffered += size
+                    budget.held += size
+                else:
+                    st.client_ended = bool(end_stream)
+                    self._answer_local(st, w.GRPC_RESOURCE_EXHAUSTED, self._over_budget(len(st.req) + size, size))
         if length:
             repay = min(length, self._debt)
             self._debt -= repay
@@ -113,7 +119,6 @@ class Interception(FlowControl):
                 if self._owed >= OWED_FLUSH:
                     down.append(self._take_owed())
             if not end_stream and st.phase == COLLECT:
-                st.cwin += length
                 down.append(w.window_update(st.sid, length))
         if end_stream:
             st.client_ended = True
@@ -153,17 +158,24 @@ class Interception(FlowControl):
             if st.phase == HOOK:
                 self._answer_local(st, w.GRPC_INTERNAL, f"hook failed: {type(exc).__name__}")
             return
-        self._release(st)
-        if st.phase != HOOK or self.state != RELAY:
-            return
-        if st.hdr_end_stream:  # the HEADERS alone carry the whole request
-            st.phase = SENT
-            if st.held_headers is not None:
-                self._send_up(b"".join(self._flush_held(st)))
+        # The request bytes held become ``out``'s (none if the call was given up meanwhile).
+        held = len(st.req)
+        st.req = bytearray()
+        if st.phase != HOOK or self.state != RELAY or st.hdr_end_stream:
+            if held:
+                self.buffered -= held
+                self._budget.held -= held
+            if st.hdr_end_stream and st.phase == HOOK and self.state == RELAY:
+                # The HEADERS alone carry the whole request.
+                st.phase = SENT
+                if st.held_headers is not None:
+                    self._send_up(b"".join(self._flush_held(st)))
             return
         st.out = out
         st.off = 0
-        self._hold(len(out))
+        if len(out) != held:
+            self.buffered += len(out) - held
+            self._budget.held += len(out) - held
         st.phase = INJECT
         self._inject_q.append(st)
         self._pump()
@@ -194,7 +206,9 @@ class Interception(FlowControl):
                 self._debt += chunk
                 if last:
                     st.phase = SENT
-                    self._release(st)
+                    st.out = b""
+                    self.buffered -= total
+                    self._budget.held -= total
                     break
             if st.phase == INJECT:
                 keep.append(st)

@@ -3,10 +3,13 @@
 Called by ``RelayTransport`` (``runtime_proxy.cri.relay``), which creates one ``Session`` per
 accepted downstream connection. The session opens the upstream connection, copies frames both
 ways and passes intercepted calls to the ``CallInterceptor``. The package docstring explains the
-design; the comments here explain the bookkeeping.
+design.
 
-Terms used below: *client* is the downstream peer (kubelet), *server* the upstream peer
-(containerd). "Up" means toward the server, "down" toward the client.
+This module holds the connection's lifecycle: the asyncio protocol callbacks of both halves,
+opening the upstream connection, backpressure between the halves, graceful drain, close, and the
+switch to refuse mode (``_refuse``). The rest of the session comes from its units, which share
+the state of ``_state.SessionState``: ``_client`` and ``_server`` parse each direction,
+``_intercept`` runs intercepted calls, ``_flow`` keeps SETTINGS and the resource limits.
 """
 
 from __future__ import annotations
@@ -31,9 +34,7 @@ from runtime_proxy.cri.relay._state import (
     log,
 )
 from runtime_proxy.cri.relay._state import RELAY as _RELAY  # noqa: F401 - the tests' name
-from runtime_proxy.cri.relay._streams import (
-    AFTER,
-)
+from runtime_proxy.cri.relay._streams import AFTER
 
 __all__ = ["Session"]
 

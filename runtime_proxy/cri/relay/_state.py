@@ -73,6 +73,9 @@ class SessionState:
         self._interceptor = interceptor
         self._limits = limits = limits or RelayLimits()
         self._block_limit = limits.header_block
+        self._stream_cap = limits.stream_buffer
+        self._conn_cap = limits.connection_buffer
+        self._icpt_cap = limits.intercepted_streams
         self._budget = budget or Budget(limits.total_buffer)
         # Request bytes held for this connection's intercepted calls (``req`` and ``out``).
         self.buffered = 0
