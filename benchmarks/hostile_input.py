@@ -1,0 +1,455 @@
+"""Hostile input against the proxy on real containerd: the event loop's worst stall and the
+proxy's peak RSS while poisoned pods and simple relay attacks run next to healthy pods.
+
+    .venv/bin/python benchmarks/hostile_input.py [--containerd 1.6] [--seconds 20] [--quick]
+
+Two phases in one run, each with a fresh proxy (relay transport, every built-in plugin) in front
+of one private containerd (``rhp_devenv``):
+
+- baseline: healthy pods are created and removed through the proxy in a loop, and a
+  pass-through ``Version`` call is made every 10 ms;
+- attack: the same, plus pods whose annotations are poisoned (resource-status ``"[" * 3000``,
+  a NUMA cpu quantity of ``1e9999999``, ``Infinity``, a 160 KB cpuset, deeply nested
+  resource-spec JSON), a CONTINUATION flood (HEADERS without END_HEADERS followed by 16 KiB
+  CONTINUATION frames, 64 MiB per connection, reconnecting when the relay closes it) and a client
+  that opens its windows, sends ListContainers on stream after stream and never reads.
+
+The proxy runs in a child process (this file with ``--child``) next to a loop-lag probe: a task
+that sleeps 5 ms and records how late it wakes up. Peak RSS is the child's ``VmHWM``. Targets:
+worst stall <= 50 ms, peak RSS <= 96 MiB. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import grpc  # noqa: E402
+import hpack  # noqa: E402
+
+try:
+    from koord_formats.keys import ANNOTATION_RESOURCE_SPEC, ANNOTATION_RESOURCE_STATUS, LABEL_QOS_CLASS
+except ImportError:  # the formats package is not in this tree
+    from hooks.facts import ANNOTATION_RESOURCE_STATUS  # type: ignore[no-redef]
+
+    ANNOTATION_RESOURCE_SPEC = ANNOTATION_RESOURCE_STATUS.replace("status", "spec")  # type: ignore[misc]
+    LABEL_QOS_CLASS = "koordinator.sh/qosClass"  # type: ignore[misc]
+
+VERSION = "/runtime.v1.RuntimeService/Version"
+PROBE_INTERVAL = 0.005
+POISON_PAUSE = 0.1  # seconds between two poisoned pods
+STALL_TARGET_MS = 50.0
+RSS_TARGET_MIB = 96.0
+
+POISONS: dict[str, dict[str, str]] = {
+    "resource-status [ x3000": {ANNOTATION_RESOURCE_STATUS: "[" * 3000},
+    "numa cpu 1e9999999": {ANNOTATION_RESOURCE_STATUS: json.dumps(
+        {"cpuset": "0", "numaNodeResources": [{"node": 0, "resources": {"cpu": "1e9999999"}}]})},
+    "numa cpu Infinity": {ANNOTATION_RESOURCE_STATUS:
+                          '{"cpuset": "0", "numaNodeResources": [{"node": 0, "resources": {"cpu": Infinity}}]}'},
+    "160 KB cpuset": {ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": ("0-16383," * 20000).rstrip(",")})},
+    "deep resource-spec": {ANNOTATION_RESOURCE_SPEC: '{"a":' * 5000 + "1" + "}" * 5000},
+}
+
+
+# ---- the child: the proxy and the loop-lag probe ------------------------------------------------
+
+
+@dataclass
+class LagStats:
+    lags: list[float] = field(default_factory=list)
+    worst: float = 0.0
+
+    def report(self) -> dict[str, float]:
+        lags = sorted(self.lags) or [0.0]
+        return {
+            "worst_ms": self.worst * 1e3,
+            "p99_ms": lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3,
+            "over_50ms": float(sum(1 for x in lags if x > 0.05)),
+            "samples": float(len(self.lags)),
+            "hwm_mib": _status_kib("VmHWM") / 1024,
+            "rss_mib": _status_kib("VmRSS") / 1024,
+        }
+
+
+def _status_kib(key: str, pid: int | str = "self") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+async def _probe(stats: LagStats) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(PROBE_INTERVAL)
+        lag = max(0.0, loop.time() - start - PROBE_INTERVAL)
+        stats.lags.append(lag)
+        stats.worst = max(stats.worst, lag)
+
+
+def _control(stats: LagStats) -> None:
+    """Answer the parent on stdin/stdout: ``reset`` clears the lag figures, ``report`` prints them."""
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "reset":
+            stats.lags, stats.worst = [], 0.0
+            print("ok", flush=True)
+        elif command == "report":
+            print(json.dumps(stats.report()), flush=True)
+
+
+def child(args: argparse.Namespace) -> None:
+    from runtime_proxy import logs
+    from runtime_proxy.config import ProxyConfig
+    from runtime_proxy.server import ProxyOptions, serve
+
+    logs.configure("json", "warning")
+    cfg = ProxyConfig(hookServerDir=args.hook_server_dir)
+    opts = ProxyOptions(listen=args.listen, backend=args.backend, config=cfg, transport="relay",
+                        entry_points=False)
+    stats = LagStats()
+    threading.Thread(target=_control, args=(stats,), daemon=True).start()
+
+    async def main() -> None:
+        probe = asyncio.create_task(_probe(stats))
+        try:
+            await serve(opts)
+        finally:
+            probe.cancel()
+
+    import uvloop
+
+    uvloop.run(main())
+
+
+# ---- the parent: workload, attacks, report -----------------------------------------------------
+
+
+class Child:
+    def __init__(self, listen: str, backend: str, hs_dir: str, log: Path) -> None:
+        self.log = open(log, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--child", "--listen", listen, "--backend", backend,
+             "--hook-server-dir", hs_dir],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+
+    def ask(self, command: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        if not ready:
+            raise TimeoutError(f"proxy did not answer {command!r}")
+        return self.proc.stdout.readline().strip()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+def wait_ready(path: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            try:
+                with grpc.insecure_channel(f"unix://{path}") as ch:
+                    ch.unary_unary(VERSION)(b"", timeout=1)
+                return
+            except grpc.RpcError:
+                pass
+        time.sleep(0.05)
+    raise TimeoutError(f"proxy socket {path} not ready")
+
+
+@dataclass
+class Outcomes:
+    ok: int = 0
+    failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)
+
+    def add(self, fn: Callable[[], Any]) -> None:
+        start = time.perf_counter()
+        try:
+            fn()
+        except grpc.RpcError as exc:
+            self.failed += 1
+            key = f"{exc.code().name}"
+            self.errors[key] = self.errors.get(key, 0) + 1
+        else:
+            self.ok += 1
+        self.latencies.append(time.perf_counter() - start)
+
+
+def pass_through(listen: str, stop: threading.Event, out: Outcomes) -> None:
+    with grpc.insecure_channel(f"unix://{listen}") as ch:
+        version = ch.unary_unary(VERSION)
+        while not stop.is_set():
+            out.add(lambda: version(b"", timeout=10))
+            time.sleep(0.01)
+
+
+def pods(env: Any, listen: str, stop: threading.Event, out: Outcomes,
+         annotations: list[dict[str, str]], labels: dict[str, str], pause: float = 0.0) -> None:
+    """Create a pod with one running container through the proxy, remove it, repeat (waiting
+    ``pause`` seconds between pods)."""
+    from rhp_devenv.cri import CriClient
+
+    i = 0
+    with CriClient(listen, timeout=30) as cri, CriClient(str(env.socket), timeout=30) as direct:
+        while not stop.is_set():
+            ann = annotations[i % len(annotations)]
+            i += 1
+
+            def one(ann: dict[str, str] = ann) -> None:
+                pod = cri.run_pod(cgroup_parent=env.new_cgroup_parent(), labels=labels, annotations=ann)
+                try:
+                    cri.run_container(pod)
+                finally:
+                    with contextlib.suppress(grpc.RpcError):
+                        direct.remove_pod(pod)
+
+            failed = out.failed
+            out.add(one)
+            if pause or out.failed > failed:
+                stop.wait(max(pause, 0.1))  # a failing pod is retried the way kubelet would: not at once
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HEADERS, CONTINUATION, SETTINGS, WINDOW_UPDATE, DATA = 1, 9, 4, 8, 0
+END_STREAM, END_HEADERS = 0x1, 0x4
+
+
+def _request_headers(encoder: hpack.Encoder, path: str) -> bytes:
+    return bytes(encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", path),
+                                 (":authority", "localhost"), ("content-type", "application/grpc"),
+                                 ("te", "trailers")]))
+
+
+@dataclass
+class AttackCounts:
+    connections: int = 0
+    closed_by_proxy: int = 0
+    sent_mib: float = 0.0
+    streams: int = 0
+
+
+def continuation_flood(listen: str, stop: threading.Event, out: AttackCounts) -> None:
+    chunk = _frame(CONTINUATION, 0, 1, b"\x00" * 16384)
+    while not stop.is_set():
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(2.0)
+        try:
+            sock.connect(listen)
+            out.connections += 1
+            first = _request_headers(hpack.Encoder(), "/runtime.v1.RuntimeService/ListContainers")
+            sock.sendall(PREFACE + _frame(SETTINGS, 0, 0, b"") + _frame(HEADERS, 0, 1, first))
+            sent = 0
+            while sent < 64 << 20 and not stop.is_set():
+                sock.sendall(chunk)
+                sent += len(chunk)
+                out.sent_mib += len(chunk) / (1 << 20)
+        except TimeoutError:
+            # The proxy stopped reading: hold the connection for a while, as an attacker would.
+            stop.wait(2.0)
+        except OSError:
+            out.closed_by_proxy += 1
+        finally:
+            sock.close()
+        stop.wait(0.01)  # a CONTINUATION attack, not a connection-rate attack
+
+
+def never_reads(listen: str, stop: threading.Event, out: AttackCounts) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(1.0)
+    try:
+        sock.connect(listen)
+        out.connections += 1
+        settings = (0x4).to_bytes(2, "big") + (2**31 - 1).to_bytes(4, "big")
+        sock.sendall(PREFACE + _frame(SETTINGS, 0, 0, settings)
+                     + _frame(WINDOW_UPDATE, 0, 0, (2**31 - 1 - 65535).to_bytes(4, "big")))
+        encoder = hpack.Encoder()
+        body = b"\x00" + len(b"").to_bytes(4, "big")
+        stream = 1
+        while not stop.is_set() and stream < 2**31 - 1:
+            block = _request_headers(encoder, "/runtime.v1.RuntimeService/ListContainers")
+            try:
+                sock.sendall(_frame(HEADERS, END_HEADERS, stream, block) + _frame(DATA, END_STREAM, stream, body))
+            except TimeoutError:
+                stop.wait(0.5)  # the proxy stopped reading our requests; keep the connection open
+                continue
+            out.streams += 1
+            stream += 2
+    except OSError:
+        out.closed_by_proxy += 1
+    finally:
+        stop.wait()
+        sock.close()
+
+
+@dataclass
+class Phase:
+    name: str
+    lag: dict[str, float]
+    version: Outcomes
+    healthy: Outcomes
+    poisoned: Outcomes | None
+    flood: AttackCounts | None
+    slow: AttackCounts | None
+
+
+def run_phase(env: Any, name: str, seconds: float, attack: bool, tmp: Path) -> Phase:
+    listen = str(tmp / f"{name}.sock")
+    child_proc = Child(listen, str(env.socket), str(tmp / "hs.d"), tmp / f"{name}.log")
+    env.begin_round()
+    try:
+        wait_ready(listen)
+        # Warm up: the store is rebuilt, the loops started, every path of a pod's life taken once.
+        from rhp_devenv.cri import CriClient
+
+        with CriClient(listen, timeout=30) as cri:
+            pod = cri.run_pod(cgroup_parent=env.new_cgroup_parent(), labels={LABEL_QOS_CLASS: "LS"})
+            cri.run_container(pod)
+            cri.remove_pod(pod)
+        time.sleep(1.0)
+        assert child_proc.ask("reset") == "ok"
+        stop = threading.Event()
+        version, healthy = Outcomes(), Outcomes()
+        healthy_ann = [{ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": "0"})}, {}]
+        threads = [
+            threading.Thread(target=pass_through, args=(listen, stop, version)),
+            threading.Thread(target=pods, args=(env, listen, stop, healthy, healthy_ann, {LABEL_QOS_CLASS: "LS"})),
+        ]
+        poisoned = flood = slow = None
+        if attack:
+            poisoned, flood, slow = Outcomes(), AttackCounts(), AttackCounts()
+            threads += [
+                threading.Thread(target=pods, args=(env, listen, stop, poisoned, list(POISONS.values()),
+                                                    {LABEL_QOS_CLASS: "LSR"}, POISON_PAUSE)),
+                threading.Thread(target=continuation_flood, args=(listen, stop, flood)),
+                threading.Thread(target=never_reads, args=(listen, stop, slow)),
+            ]
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        lag = json.loads(child_proc.ask("report"))
+        stop.set()
+        for t in threads:
+            t.join(60)
+        if child_proc.proc.poll() is not None:
+            raise RuntimeError(f"the proxy exited during {name} (code {child_proc.proc.returncode})")
+        return Phase(name, lag, version, healthy, poisoned, flood, slow)
+    finally:
+        child_proc.stop()
+        env.end_round()
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values) or [0.0]
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def report(base: Phase, att: Phase, args: argparse.Namespace) -> None:
+    print(f"\ncontainerd {args.containerd}, relay transport, {args.seconds:g} s per phase, "
+          f"probe every {PROBE_INTERVAL * 1e3:g} ms\n")
+    head = (f"{'phase':<10} {'worst stall':>12} {'p99 stall':>10} {'>50ms':>6} {'peak RSS':>10} "
+            f"{'Version p99':>12} {'Version max':>12} {'healthy pods ok':>16} {'poisoned pods ok/err':>21}")
+    print(head)
+    print("-" * len(head))
+    for ph in (base, att):
+        pois = f"{ph.poisoned.ok}/{ph.poisoned.failed}" if ph.poisoned else "-"
+        print(f"{ph.name:<10} {ph.lag['worst_ms']:>9.1f} ms {ph.lag['p99_ms']:>7.2f} ms {ph.lag['over_50ms']:>6.0f} "
+              f"{ph.lag['hwm_mib']:>6.1f} MiB {_pct(ph.version.latencies, 0.99) * 1e3:>9.2f} ms "
+              f"{max(ph.version.latencies or [0.0]) * 1e3:>9.1f} ms "
+              f"{ph.healthy.ok:>7}/{ph.healthy.ok + ph.healthy.failed:<8} {pois:>21}")
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}x" if b > 0 else "-"
+
+    print(f"{'ratio':<10} {ratio(att.lag['worst_ms'], base.lag['worst_ms']):>12} "
+          f"{ratio(att.lag['p99_ms'], base.lag['p99_ms']):>10} {'':>6} "
+          f"{ratio(att.lag['hwm_mib'], base.lag['hwm_mib']):>10} "
+          f"{ratio(_pct(att.version.latencies, 0.99), _pct(base.version.latencies, 0.99)):>12} "
+          f"{ratio(max(att.version.latencies or [0.0]), max(base.version.latencies or [1.0])):>12}")
+    stall_ok = att.lag["worst_ms"] <= STALL_TARGET_MS
+    rss_ok = att.lag["hwm_mib"] <= RSS_TARGET_MIB
+    print(f"\ntargets under attack: worst stall <= {STALL_TARGET_MS:g} ms: "
+          f"{'met' if stall_ok else 'MISSED'} ({att.lag['worst_ms']:.1f} ms); "
+          f"peak RSS <= {RSS_TARGET_MIB:g} MiB: {'met' if rss_ok else 'MISSED'} ({att.lag['hwm_mib']:.1f} MiB)")
+    if att.healthy.failed or base.healthy.failed:
+        print(f"healthy pod failures: baseline {base.healthy.errors}, attack {att.healthy.errors}")
+    if att.version.failed:
+        print(f"pass-through Version failures under attack: {att.version.errors}")
+    if att.poisoned is not None:
+        print(f"poisoned pods ({', '.join(POISONS)}): {att.poisoned.ok} started, {att.poisoned.failed} refused "
+              f"{att.poisoned.errors or ''}")
+    if att.flood is not None and att.slow is not None:
+        print(f"CONTINUATION flood: {att.flood.connections} connections, {att.flood.sent_mib:.0f} MiB sent, "
+              f"{att.flood.closed_by_proxy} ended by the proxy; never-reading client: {att.slow.streams} streams "
+              f"sent, {'ended by the proxy' if att.slow.closed_by_proxy else 'connection left open'}")
+    median = statistics.median(att.healthy.latencies) if att.healthy.latencies else 0.0
+    base_median = statistics.median(base.healthy.latencies) if base.healthy.latencies else 0.0
+    print(f"healthy pod (run + create + start) p50: baseline {base_median * 1e3:.0f} ms, "
+          f"attack {median * 1e3:.0f} ms ({ratio(median, base_median)})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--containerd", default="1.6")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
+    parser.add_argument("--quick", action="store_true", help="8 s per phase")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--listen", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    parser.add_argument("--hook-server-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    if args.quick:
+        args.seconds = 8.0
+    from rhp_devenv.env import ContainerdEnv
+
+    with ContainerdEnv.start(args.containerd) as env, tempfile.TemporaryDirectory(prefix="rhp-hostile-") as tmp:
+        base = run_phase(env, "baseline", args.seconds, False, Path(tmp))
+        att = run_phase(env, "attack", args.seconds, True, Path(tmp))
+        report(base, att, args)
+        print(f"\nproxy logs: kept in {tmp} until exit")
+
+
+if __name__ == "__main__":
+    main()
