@@ -46,13 +46,7 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 import hpack  # noqa: E402
 
-try:
-    from koord_formats.keys import ANNOTATION_RESOURCE_SPEC, ANNOTATION_RESOURCE_STATUS, LABEL_QOS_CLASS
-except ImportError:  # the formats package is not in this tree
-    from hooks.facts import ANNOTATION_RESOURCE_STATUS  # type: ignore[no-redef]
-
-    ANNOTATION_RESOURCE_SPEC = ANNOTATION_RESOURCE_STATUS.replace("status", "spec")  # type: ignore[misc]
-    LABEL_QOS_CLASS = "koordinator.sh/qosClass"  # type: ignore[misc]
+from koord_formats.keys import ANNOTATION_RESOURCE_SPEC, ANNOTATION_RESOURCE_STATUS, LABEL_QOS_CLASS  # noqa: E402
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 PROBE_INTERVAL = 0.005
