@@ -1,39 +1,38 @@
-"""The hook specifications: the public contract between the proxy and its plugins.
+"""The hook specifications: the contract between the proxy and its plugins.
 
-Every CRI lifecycle call that the proxy intercepts has a ``pre`` hook, called before the call
-is forwarded to the runtime, and a ``post`` hook, called after the runtime answered with
-success. The ``reconcile`` hooks are called by the reconciler at proxy start, on every node
-config change and periodically. A hook is named ``rhp_<pre|post>_<cri call in snake case>``.
+Every CRI lifecycle call the proxy intercepts has a ``pre`` hook, called before the call is
+forwarded to the runtime, and a ``post`` hook, called after the runtime answered with success.
+The ``reconcile`` hooks are called by the reconciler at proxy start, on every node config change,
+after pods come and go, and periodically. A hook is named ``rhp_<stage in snake case>``; its
+stage name (``PreCreateContainer``, ``ReconcileContainer``...) is the same words in CamelCase.
 
-How a plugin is called
-    - Hooks are called with keyword arguments. An implementation may accept fewer arguments
-      than its spec (only the ones it needs), so a spec can gain an argument later without
-      breaking plugins. Asking for an argument the spec does not have fails at registration.
-    - Each implementation is called on its own, in the configured plugin order, with its own
-      timeout and failure policy (``Fail`` or ``Ignore``; default ``Ignore``). This is why the
-      specs are not ``firstresult``: every result counts.
-    - An implementation returns a ``hooks.plan.Plan`` or ``None`` ("no opinion"). It must not
-      do I/O: the proxy's applier performs the plan. Plans are merged in plugin order and a
-      field set to different values by two plugins is a conflict (see ``hooks.plan``).
+Rules shared by every hook
+    - Hooks are called with keyword arguments. An implementation may accept fewer arguments than
+      its spec (only the ones it needs), so a spec can gain an argument later without breaking
+      plugins. Asking for an argument the spec does not have fails at registration.
+    - An implementation returns a ``hooks.Plan`` or ``None`` ("no opinion"), and does no I/O:
+      the proxy's applier performs the plan. Its arguments are frozen facts.
+    - Each implementation is called on its own, in the configured plugin order, each in a worker
+      thread with its own timeout and failure policy (``Ignore``, the default: the failure is
+      logged and counted and the plugin's plan is left out; ``Fail``: at a ``pre`` hook the CRI
+      call is refused and nothing is applied). ``post`` and ``reconcile`` hooks never fail a call.
+    - Each implementation sees the facts as changed by the plans of the plugins before it
+      (resources, envs, annotations, labels, cgroup parent). Plans are merged in order; a field
+      that two plugins set to different values is a conflict, and the later plugin's whole plan
+      is left out (see ``hooks.plan``).
+    - A plan may change the CRI fields its hook names under "May change" (``CRI_FIELDS`` holds
+      the same, per stage, read by the proxy, the planner and ``docs/planner.md``); other CRI
+      changes are dropped and recorded as skipped. Every hook may plan writes, task moves and
+      removals. Writes of a ``pre`` hook happen once the runtime accepted the call.
     - Pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` call no hook at all.
-
-What a plan may change, per stage
-    - ``pre_run_pod_sandbox``: labels, annotations, cgroup parent of the sandbox request, and
-      pod-level writes (performed once the runtime created the sandbox).
-    - ``pre_create_container`` and ``pre_update_container_resources``: container resources,
-      envs (create only), annotations (create only), and writes at any level (container-level
-      writes are performed once the container exists).
-    - every other stage and every ``post`` hook: writes, task moves and removals only; CRI
-      changes in their plans are ignored and logged.
-    - ``reconcile_*``: resources (applied through the runtime's UpdateContainerResources),
-      writes, moves and removals.
 
 .. versionadded:: 0.1
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import pluggy
 
@@ -41,348 +40,258 @@ if TYPE_CHECKING:
     from hooks.facts import ContainerFacts, NodeFacts, PodFacts
     from hooks.plan import Plan
 
+__all__ = ["CRI_FIELDS", "KOORD_HOOK_POINTS", "PROJECT", "STAGES", "hookimpl", "hookspec"]
+
 PROJECT = "runtime_hook_proxy"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-# Hook point names as Koordinator spells them, mapped to our hook names. The proxy dispatches
-# out-of-process hook servers (RuntimeHookService) by the Koordinator names.
-KOORD_HOOK_POINTS: dict[str, str] = {
-    "PreRunPodSandbox": "rhp_pre_run_pod_sandbox",
-    "PostStopPodSandbox": "rhp_post_stop_pod_sandbox",
-    "PreCreateContainer": "rhp_pre_create_container",
-    "PreStartContainer": "rhp_pre_start_container",
-    "PostStartContainer": "rhp_post_start_container",
-    "PreUpdateContainerResources": "rhp_pre_update_container_resources",
-    "PostStopContainer": "rhp_post_stop_container",
-}
-# Every stage name (``PreCreateContainer``...) mapped to its hook name, in call order.
-STAGES: dict[str, str] = {
-    "PreRunPodSandbox": "rhp_pre_run_pod_sandbox",
-    "PostRunPodSandbox": "rhp_post_run_pod_sandbox",
-    "PreStopPodSandbox": "rhp_pre_stop_pod_sandbox",
-    "PostStopPodSandbox": "rhp_post_stop_pod_sandbox",
-    "PreRemovePodSandbox": "rhp_pre_remove_pod_sandbox",
-    "PostRemovePodSandbox": "rhp_post_remove_pod_sandbox",
-    "PreCreateContainer": "rhp_pre_create_container",
-    "PostCreateContainer": "rhp_post_create_container",
-    "PreStartContainer": "rhp_pre_start_container",
-    "PostStartContainer": "rhp_post_start_container",
-    "PreUpdateContainerResources": "rhp_pre_update_container_resources",
-    "PostUpdateContainerResources": "rhp_post_update_container_resources",
-    "PreStopContainer": "rhp_pre_stop_container",
-    "PostStopContainer": "rhp_post_stop_container",
-    "PreRemoveContainer": "rhp_pre_remove_container",
-    "PostRemoveContainer": "rhp_post_remove_container",
-    "ReconcileNode": "rhp_reconcile_node",
-    "ReconcilePod": "rhp_reconcile_pod",
-    "ReconcileContainer": "rhp_reconcile_container",
-}
+# The CRI parts of a plan, by their ``hooks.Plan`` attribute names.
+_PLAN_CRI_FIELDS = frozenset({"resources", "envs", "annotations", "labels", "cgroup_parent"})
+_F = TypeVar("_F", bound=Callable[..., object])
+_SPECS: list[Callable[..., object]] = []
 
-# ---- pod sandbox lifecycle, in call order ---------------------------------------------------
 
-@hookspec
+def _stage(*cri_fields: str) -> Callable[[_F], _F]:
+    """Mark a function as a hookspec of one stage that may change ``cri_fields``."""
+    unknown = set(cri_fields) - _PLAN_CRI_FIELDS
+    if unknown:
+        raise ValueError(f"not CRI parts of a plan: {sorted(unknown)}")
+
+    def mark(fn: _F) -> _F:
+        fn.rhp_cri_fields = frozenset(cri_fields)  # type: ignore[attr-defined]
+        _SPECS.append(fn)
+        return hookspec(fn)
+
+    return mark
+
+
+# ---- pod sandbox lifecycle, in call order -----------------------------------------------------
+
+
+@_stage("labels", "annotations", "cgroup_parent")
 def rhp_pre_run_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``RunPodSandbox``.
+    """Before ``RunPodSandbox`` is forwarded.
 
-    Called before the runtime is called; the plan may change the request.
+    May change: the sandbox's labels, annotations and cgroup parent. Pod-level writes happen once
+    the runtime created the sandbox.
 
-    :param pod: the pod sandbox. ``pod.sandbox_id`` is empty before RunPodSandbox returns.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call for pre hooks; ``Ignore`` logs and
-    goes on).
+    :param pod: the pod to create; ``pod.sandbox_id`` is still empty.
+    :param node: the node's config, topology and bound cpusets.
     """
 
 
-@hookspec
+@_stage()
 def rhp_post_run_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``RunPodSandbox``.
+    """After the runtime created the pod sandbox.
 
-    Called after the runtime answered with success; the plan may only write files.
-
-    :param pod: the pod sandbox. ``pod.sandbox_id`` is empty before RunPodSandbox returns.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call; ``Ignore`` logs and
-    goes on). Post hooks never fail the call.
+    :param pod: the pod, with its ``sandbox_id``.
+    :param node: the node's config, topology and bound cpusets.
     """
 
 
-@hookspec
+@_stage()
 def rhp_pre_stop_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``StopPodSandbox``.
+    """Before ``StopPodSandbox`` is forwarded.
 
-    Called before the runtime is called; the plan may change the request.
-
-    :param pod: the pod sandbox. ``pod.sandbox_id`` is empty before RunPodSandbox returns.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call for pre hooks; ``Ignore`` logs and
-    goes on).
+    :param pod: the pod as stored at RunPodSandbox (or rebuilt from the runtime).
+    :param node: the node's config, topology and bound cpusets.
     """
 
 
-@hookspec
+@_stage()
 def rhp_post_stop_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``StopPodSandbox``.
+    """After the runtime stopped the pod sandbox.
 
-    Called after the runtime answered with success; the plan may only write files.
-
-    :param pod: the pod sandbox. ``pod.sandbox_id`` is empty before RunPodSandbox returns.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call; ``Ignore`` logs and
-    goes on). Post hooks never fail the call.
+    :param pod: the stopped pod.
+    :param node: the node's config, topology and bound cpusets.
     """
 
 
-@hookspec
+@_stage()
 def rhp_pre_remove_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``RemovePodSandbox``.
+    """Before ``RemovePodSandbox`` is forwarded.
 
-    Called before the runtime is called; the plan may change the request.
-
-    :param pod: the pod sandbox. ``pod.sandbox_id`` is empty before RunPodSandbox returns.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call for pre hooks; ``Ignore`` logs and
-    goes on).
+    :param pod: the pod about to be removed.
+    :param node: the node's config, topology and bound cpusets.
     """
 
 
-@hookspec
+@_stage()
 def rhp_post_remove_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``RemovePodSandbox``.
+    """After the runtime removed the pod sandbox; the proxy has forgotten the pod.
 
-    Called after the runtime answered with success; the plan may only write files.
-
-    :param pod: the pod sandbox. ``pod.sandbox_id`` is empty before RunPodSandbox returns.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call; ``Ignore`` logs and
-    goes on). Post hooks never fail the call.
+    :param pod: the removed pod, as it was stored.
+    :param node: the node's config, topology and bound cpusets.
     """
 
 
-# ---- container lifecycle, in call order ----------------------------------------------------
+# ---- container lifecycle, in call order -------------------------------------------------------
 
-@hookspec
+
+@_stage("resources", "envs", "annotations", "cgroup_parent")
 def rhp_pre_create_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``CreateContainer``.
+    """Before ``CreateContainer`` is forwarded.
 
-    Called before the runtime is called; the plan may change the request.
+    May change: the container's resources, envs and annotations, and the cgroup parent in the
+    request's sandbox config. Container-level writes (path ending in "/") get the new
+    container's id and happen once the runtime created it.
 
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call for pre hooks; ``Ignore`` logs and
-    goes on).
+    :param pod: the container's pod, as stored at RunPodSandbox.
+    :param container: the container to create; ``container.id`` is still empty.
+    :param node: the node's config, topology and bound cpusets.
     """
 
 
-@hookspec
+@_stage()
 def rhp_post_create_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``CreateContainer``.
-
-    Called after the runtime answered with success; the plan may only write files.
-
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call; ``Ignore`` logs and
-    goes on). Post hooks never fail the call.
-    """
-
-
-@hookspec
-def rhp_pre_start_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``StartContainer``.
-
-    Called before the runtime is called; the plan may change the request.
-
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call for pre hooks; ``Ignore`` logs and
-    goes on).
-    """
-
-
-@hookspec
-def rhp_post_start_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``StartContainer``.
-
-    Called after the runtime answered with success; the plan may only write files.
-
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call; ``Ignore`` logs and
-    goes on). Post hooks never fail the call.
-    """
-
-
-@hookspec
-def rhp_pre_update_container_resources(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``UpdateContainerResources``.
-
-    Called before the runtime is called; the plan may change the request.
-
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call for pre hooks; ``Ignore`` logs and
-    goes on).
-    """
-
-
-@hookspec
-def rhp_post_update_container_resources(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``UpdateContainerResources``.
-
-    Called after the runtime answered with success; the plan may only write files.
-
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call; ``Ignore`` logs and
-    goes on). Post hooks never fail the call.
-    """
-
-
-@hookspec
-def rhp_pre_stop_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``StopContainer``.
-
-    Called before the runtime is called; the plan may change the request.
-
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call for pre hooks; ``Ignore`` logs and
-    goes on).
-    """
-
-
-@hookspec
-def rhp_post_stop_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``StopContainer``.
-
-    Called after the runtime answered with success; the plan may only write files.
-
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call; ``Ignore`` logs and
-    goes on). Post hooks never fail the call.
-    """
-
-
-@hookspec
-def rhp_pre_remove_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``RemoveContainer``.
-
-    Called before the runtime is called; the plan may change the request.
-
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call for pre hooks; ``Ignore`` logs and
-    goes on).
-    """
-
-
-@hookspec
-def rhp_post_remove_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan for the CRI call ``RemoveContainer``.
-
-    Called after the runtime answered with success; the plan may only write files.
-
-    :param pod: the pod the container belongs to, as stored at RunPodSandbox.
-    :param container: the container. ``container.id`` is empty before CreateContainer returns;
-        for UpdateContainerResources, ``container.resources`` already carries the update.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion. Results of all plugins are merged in order.
-
-    Failure policy: per plugin (``Fail`` fails the CRI call; ``Ignore`` logs and
-    goes on). Post hooks never fail the call.
-    """
-
-
-# ---- reconciliation --------------------------------------------------------------------------
-
-
-@hookspec
-def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
-    """Plan node-wide state: kube-QoS cgroup directories, host applications, resctrl groups.
-
-    Called by the reconciler at proxy start, on every node config change and periodically.
-    The applier writes only the differences from what is on disk.
-
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion.
-
-    Failure policy: errors are logged and counted; the reconciler goes on with other plugins.
-    """
-
-
-@hookspec
-def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
-    """Plan the desired pod-level state of a running pod (stage ``Reconcile``).
-
-    :param pod: a pod known to the proxy, rebuilt from the runtime after a restart.
-    :param node: the node's config and topology.
-    :returns: a plan of writes, or ``None`` for no opinion.
-
-    Failure policy: errors are logged and counted; never affects a CRI call.
-    """
-
-
-@hookspec
-def rhp_reconcile_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    """Plan the desired state of a running container (stage ``Reconcile``).
-
-    ``resources`` in the plan are applied through the runtime's UpdateContainerResources
-    (only the fields that differ from ``container.resources``); writes go to cgroup files.
+    """After the runtime created the container.
 
     :param pod: the container's pod.
-    :param container: the container, with the resources the runtime last accepted.
-    :param node: the node's config and topology.
-    :returns: a plan, or ``None`` for no opinion.
-
-    Failure policy: errors are logged and counted; never affects a CRI call.
+    :param container: the new container, with its ``id``.
+    :param node: the node's config, topology and bound cpusets.
     """
+
+
+@_stage()
+def rhp_pre_start_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    """Before ``StartContainer`` is forwarded.
+
+    :param pod: the container's pod.
+    :param container: the container about to start.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage()
+def rhp_post_start_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    """After the runtime started the container (its cgroup exists now).
+
+    :param pod: the container's pod.
+    :param container: the running container.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage("resources")
+def rhp_pre_update_container_resources(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    """Before ``UpdateContainerResources`` is forwarded.
+
+    May change: the resources of the update.
+
+    :param pod: the container's pod.
+    :param container: the container; ``container.resources`` already carries the update.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage()
+def rhp_post_update_container_resources(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    """After the runtime updated the container's resources.
+
+    :param pod: the container's pod.
+    :param container: the container with its updated resources.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage()
+def rhp_pre_stop_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    """Before ``StopContainer`` is forwarded.
+
+    :param pod: the container's pod.
+    :param container: the container about to stop.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage()
+def rhp_post_stop_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    """After the runtime stopped the container.
+
+    :param pod: the container's pod.
+    :param container: the stopped container.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage()
+def rhp_pre_remove_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    """Before ``RemoveContainer`` is forwarded.
+
+    :param pod: the container's pod.
+    :param container: the container about to be removed.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage()
+def rhp_post_remove_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    """After the runtime removed the container; the proxy has forgotten it.
+
+    :param pod: the container's pod.
+    :param container: the removed container, as it was stored.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+# ---- reconciliation ----------------------------------------------------------------------------
+
+
+@_stage()
+def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
+    """Node-wide state: kube-QoS cgroup directories, host applications, resctrl groups.
+
+    The applier writes only what differs from the files on disk.
+
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage()
+def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
+    """The pod-level state of a running pod.
+
+    :param pod: a pod known to the proxy, with ``pod.containers`` filled in.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage("resources")
+def rhp_reconcile_container(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
+    """The state of a running container.
+
+    May change: the container's resources; the fields that differ from what the runtime last
+    accepted, or from the container's cgroup files, are sent through UpdateContainerResources.
+
+    :param pod: the container's pod, with ``pod.containers`` filled in.
+    :param container: the container, with the resources the runtime last accepted.
+    :param node: the node's config, topology and bound cpusets.
+    """
+
+
+def _stage_name(hook_name: str) -> str:
+    return "".join(word.capitalize() for word in hook_name.removeprefix("rhp_").split("_"))
+
+
+# Every stage (``PreCreateContainer``...) and its hook name, in call order.
+STAGES: dict[str, str] = {_stage_name(fn.__name__): fn.__name__ for fn in _SPECS}
+# The CRI parts of a plan (``hooks.Plan`` attribute names) each stage may change.
+CRI_FIELDS: dict[str, frozenset[str]] = {
+    _stage_name(fn.__name__): fn.rhp_cri_fields for fn in _SPECS  # type: ignore[attr-defined]
+}
+
+# The hook points of Koordinator's RuntimeHookService (its names are our stage names) that hook
+# servers may register for.
+KOORD_HOOK_POINTS: dict[str, str] = {
+    stage: STAGES[stage]
+    for stage in (
+        "PreRunPodSandbox",
+        "PostStopPodSandbox",
+        "PreCreateContainer",
+        "PreStartContainer",
+        "PostStartContainer",
+        "PreUpdateContainerResources",
+        "PostStopContainer",
+    )
+}

@@ -26,7 +26,10 @@ from types import MappingProxyType
 import structlog
 from prometheus_client import Counter
 
-from hooks.facts import ANNOTATION_RESOURCE_STATUS, NodeFacts, PodFacts, parse_resource_status
+from hooks.facts import NodeFacts, PodFacts
+from koord_formats import keys
+from koord_formats.errors import FormatError
+from koord_formats.pod import parse_resource_status
 
 __all__ = ["PARSE_DEADLINE", "POD_INPUT_REJECTED", "BoundCpusets"]
 
@@ -55,12 +58,12 @@ class _Entry:
 def _parse(raw: str) -> _Entry:
     """Parse one resource-status value; any failure is this pod's alone."""
     try:
-        status = parse_resource_status({ANNOTATION_RESOURCE_STATUS: raw})
-    except ValueError as exc:
+        status = parse_resource_status(raw)
+    except FormatError as exc:
         return _Entry(raw, frozenset(), f"malformed: {exc}")
     except Exception as exc:  # the last line: whatever a hostile value provokes stays with its pod
         return _Entry(raw, frozenset(), f"{type(exc).__name__}: {exc}")
-    return _Entry(raw, status.cpuset if status is not None else frozenset())
+    return _Entry(raw, status.cpuset)
 
 
 def _kind(reason: str) -> str:
@@ -104,7 +107,7 @@ class BoundCpusets:
     @staticmethod
     def _inputs(pods: Iterable[PodFacts]) -> Iterable[tuple[PodFacts, str]]:
         for pod in pods:
-            raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
+            raw = pod.annotations.get(keys.ANNOTATION_RESOURCE_STATUS)
             if raw and pod.uid:
                 yield pod, raw
 
@@ -138,7 +141,7 @@ class BoundCpusets:
 
     def rejected(self, pod: PodFacts) -> str:
         """Why ``pod``'s resource-status was not used ("" when it was, or was never read)."""
-        raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
+        raw = pod.annotations.get(keys.ANNOTATION_RESOURCE_STATUS)
         entry = self._known(pod.uid, raw) if raw else None
         return entry.rejected if entry is not None else ""
 

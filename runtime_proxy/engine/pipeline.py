@@ -1,19 +1,23 @@
-"""The hook pipeline: one ordered list of steps (in-process plugins and hook servers) run for a
+"""The hook runner: one ordered list of steps (in-process plugins and hook servers) run for a
 stage, each under its own timeout and failure policy, their plans merged into one.
 
-Called by ``runtime_proxy.engine.intercept`` for every intercepted CRI call and by the reconciler.
+The only place hooks are run: ``runtime_proxy.engine.intercept`` calls it for every intercepted
+CRI call, ``runtime_proxy.loops.reconciler`` for the ``Reconcile*`` stages and
+``runtime_proxy.engine.planner`` (``runtime-proxy plan``) for its document, so a plan is the same
+wherever it is computed.
 
 Order and visibility. Steps run one after another in the configured order. Each step sees the
 facts as changed by the steps before it (resources, envs, annotations, labels, cgroup parent),
-just as a chain of hook servers would. Each step's plan is merged with ``hooks.plan.merge``: a
-field that an earlier step set to a different value is a conflict, and the later step's whole
-plan is left out, so no step is ever half-applied.
+just as a chain of hook servers would. Each step's plan keeps only the CRI fields its stage may
+change (``hooks.spec.CRI_FIELDS``; the rest is dropped and recorded under ``skipped``) and is
+merged with ``hooks.plan.MergeResult``: a field that an earlier step set to a different value is
+a conflict, and the later step's whole plan is left out, so no step is ever half-applied.
 
 Failure policy (one model for plugins and hook servers). A step that raises, runs past its
 timeout, returns something that is not a ``Plan``/``None``, or conflicts, is a failure:
 
-- ``Ignore`` (the default): logged and counted; its plan is dropped and the pipeline goes on
-  with the facts as they were before it.
+- ``Ignore`` (the default): logged, counted and recorded under the plan's ``skipped``; its plan
+  is dropped and the pipeline goes on with the facts as they were before it.
 - ``Fail``: at a ``Pre*`` stage the pipeline stops and the result carries ``rejected``; the
   interceptor then fails the CRI call with an error that names the step, and nothing of the
   plan is applied. At ``Post*`` and ``Reconcile*`` stages a failure never fails anything.
@@ -33,8 +37,8 @@ import pluggy
 import structlog
 
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources
-from hooks.plan import Plan, merge
-from hooks.spec import STAGES
+from hooks.plan import Conflict, MergeResult, Plan, Skip
+from hooks.spec import CRI_FIELDS, STAGES
 from runtime_proxy import metrics
 
 log = structlog.get_logger(__name__)
@@ -43,13 +47,6 @@ Policy = Literal["Fail", "Ignore"]
 
 __all__ = ["Pipeline", "PluginStep", "StageResult", "Step", "StepFailure", "plugin_steps"]
 
-# What a plan may change in the CRI request, per stage; anything else in ``cri`` is dropped.
-CRI_FIELDS_BY_STAGE: dict[str, frozenset[str]] = {
-    "PreRunPodSandbox": frozenset({"labels", "annotations", "cgroup_parent"}),
-    "PreCreateContainer": frozenset({"resources", "envs", "annotations", "cgroup_parent"}),
-    "PreUpdateContainerResources": frozenset({"resources"}),
-    "ReconcileContainer": frozenset({"resources"}),
-}
 
 
 class StepError(Exception):
@@ -128,15 +125,19 @@ class StepFailure:
 
 @dataclass
 class StageResult:
+    """What one stage gave: the merged plan and the facts as the last step left them."""
+
     plan: Plan
     pod: PodFacts
     container: ContainerFacts | None
     failures: list[StepFailure] = field(default_factory=list)
+    # Set when a ``Fail``-policy step failed at a ``Pre*`` stage; the call is then refused.
     rejected: StepFailure | None = None
     ran: list[str] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
 
 
-def _validate(raw: Any, stage: str, container: ContainerFacts | None) -> Plan | None:
+def _validate(raw: Any, stage: str, container: ContainerFacts | None, step: str) -> Plan | None:
     if raw is None:
         return None
     if not isinstance(raw, Plan):
@@ -154,7 +155,7 @@ def _validate(raw: Any, stage: str, container: ContainerFacts | None) -> Plan | 
             raise StepError("garbage", f"{mapping_name} must map strings to strings")
     if plan.cgroup_parent is not None and not isinstance(plan.cgroup_parent, str):
         raise StepError("garbage", "cgroup_parent must be a string")
-    allowed = CRI_FIELDS_BY_STAGE.get(stage, frozenset())
+    allowed = CRI_FIELDS.get(stage, frozenset())
     dropped = [
         name
         for name, present in (
@@ -167,7 +168,7 @@ def _validate(raw: Any, stage: str, container: ContainerFacts | None) -> Plan | 
         if present and name not in allowed
     ]
     if dropped:
-        log.info("plan changes CRI fields its stage cannot carry; dropped", stage=stage, fields=dropped)
+        log.info("plan changes CRI fields its stage cannot carry; dropped", stage=stage, step=step, fields=dropped)
         plan = Plan(
             resources=plan.resources if "resources" in allowed else {},
             envs=plan.envs if "envs" in allowed else {},
@@ -177,7 +178,7 @@ def _validate(raw: Any, stage: str, container: ContainerFacts | None) -> Plan | 
             writes=plan.writes,
             moves=plan.moves,
             removals=plan.removals,
-            skipped=plan.skipped,
+            skipped=[*plan.skipped, *(Skip(f"stage {stage} cannot change cri.{name}") for name in dropped)],
         )
     return plan
 
@@ -232,8 +233,8 @@ class Pipeline:
         self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts
     ) -> StageResult:
         failing_stage = stage.startswith("Pre")
-        merged = merge(())
-        result = StageResult(plan=merged.plan, pod=pod, container=container)
+        merged = MergeResult()
+        result = StageResult(plan=merged.plan, pod=pod, container=container, conflicts=merged.conflicts)
         for step in self.steps:
             if not step.handles(stage):
                 continue
@@ -241,7 +242,7 @@ class Pipeline:
             failure: StepFailure | None = None
             try:
                 raw: Any = await asyncio.wait_for(step.call(stage, pod, container, node), timeout=step.timeout)
-                plan = _validate(raw, stage, container)
+                plan = _validate(raw, stage, container, step.name)
                 if plan is not None:
                     conflicts = merged.add(step.name, plan)
                     if conflicts:
@@ -266,6 +267,7 @@ class Pipeline:
                 result.rejected = failure
                 return result
             log.warning("hook failed under policy Ignore; going on without it", **_fields(failure))
+            merged.plan.skipped.append(Skip(f"{failure.kind}: {failure.message}", step.name))
         result.plan = merged.plan
         result.pod = pod
         result.container = container

@@ -2,20 +2,21 @@
 
 Called by the CLI (``runtime_proxy.cli`` wires ``runtime-proxy plan`` to ``main``) and by tests
 through ``plan_document``. Reads one JSON document (the schema is in ``docs/planner.md``),
-builds the same facts the proxy builds, runs the plugins of the stage in the proxy's order,
-merges their plans with ``hooks.plan.merge`` and prints the result: ``cri`` (the request
-changes the stage accepts), ``writes``, ``moves``, ``removals``, ``skipped`` and ``conflicts``.
-The plan lists what a kernel that supports each file would get; nothing is read from or
-written to the node. ``run_hook`` is shared with ``runtime_proxy.loops.reconciler``.
+builds the same facts the proxy builds and runs the stage through the proxy's own hook runner
+(``runtime_proxy.engine.pipeline.Pipeline``: plugin order, facts advanced from step to step,
+the stage's CRI fields from ``hooks.spec.CRI_FIELDS``, merge and conflicts), then prints the
+result: ``cri`` (the request changes the stage accepts), ``writes``, ``moves``, ``removals``,
+``skipped`` and ``conflicts``. The plan lists what a kernel that supports each file would get;
+nothing is read from or written to the node.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -35,9 +36,12 @@ from hooks.facts import (
     parse_cpu_list,
 )
 from hooks.manager import make_plugin_manager, plugin_order
-from hooks.plan import MergeResult, Plan, Skip
+from hooks.plan import MergeResult
 from hooks.plugins import BUILTIN_PLUGINS
 from hooks.spec import STAGES
+from koord_formats.bounded import load_json
+from koord_formats.errors import FormatError
+from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 
 __all__ = [
     "PlanInputError",
@@ -46,16 +50,14 @@ __all__ = [
     "node_facts_from_json",
     "plan_document",
     "pod_facts_from_json",
-    "run_hook",
+    "run_stages",
 ]
 
-# CRI fields each stage may change (hooks.spec "What a plan may change, per stage").
-CRI_FIELDS: dict[str, frozenset[str]] = {
-    "rhp_pre_run_pod_sandbox": frozenset({"labels", "annotations", "cgroupParent"}),
-    "rhp_pre_create_container": frozenset({"resources", "envs", "annotations"}),
-    "rhp_pre_update_container_resources": frozenset({"resources"}),
-    "rhp_reconcile_container": frozenset({"resources"}),
-}
+# Seconds each plugin may take, as in the proxy's default config.
+PLUGIN_TIMEOUT = 2.0
+# The input document's bounds: a few topologies and NodeSLOs fit many times over.
+MAX_DOCUMENT_CHARS = 4 * 1024 * 1024
+MAX_DOCUMENT_DEPTH = 32
 POD_STAGES = {name for name, hook in STAGES.items() if "pod_sandbox" in hook} | {"ReconcilePod"}
 NODE_STAGES = {"ReconcileNode"}
 
@@ -174,109 +176,75 @@ def node_facts_from_json(data: Mapping[str, Any], node_slo: Mapping[str, Any] | 
     )
 
 
-@dataclass
-class _Calls:
-    hook: str
-    kwargs: dict[str, Any]
+def _stage_calls(
+    stage: str, pod: PodFacts | None, container: ContainerFacts | None
+) -> list[tuple[str, PodFacts, ContainerFacts | None]]:
+    """The ``(stage, pod, container)`` runs one document asks for (``Reconcile`` is three)."""
+    if stage == "Reconcile":
+        calls: list[tuple[str, PodFacts, ContainerFacts | None]] = [("ReconcileNode", PodFacts(), None)]
+        if pod is not None:
+            calls.append(("ReconcilePod", pod, None))
+            if container is not None:
+                calls.append(("ReconcileContainer", pod, container))
+        return calls
+    if stage in NODE_STAGES:
+        return [(stage, PodFacts(), None)]
+    if pod is None:
+        raise PlanInputError(f"stage {stage} needs a pod")
+    if stage in POD_STAGES:
+        return [(stage, pod, None)]
+    if container is None:
+        raise PlanInputError(f"stage {stage} needs a container")
+    return [(stage, pod, container)]
 
 
-def run_hook(
-    pm: pluggy.PluginManager,
-    hook_name: str,
-    order: Iterable[str],
-    result: MergeResult | None = None,
-    **kwargs: Any,
+async def run_stages(
+    pipeline: Pipeline, calls: Iterable[tuple[str, PodFacts, ContainerFacts | None]], node: NodeFacts
 ) -> MergeResult:
-    """Call ``hook_name`` on each plugin in ``order`` separately (so each plan is attributed to
-    its plugin), folding the plans into ``result``. A plugin that raises is recorded as a skip
-    (failure policy ``Ignore``); it never stops the others."""
-    result = result if result is not None else MergeResult()
-    impls = {impl.plugin_name: impl for impl in getattr(pm.hook, hook_name).get_hookimpls()}
-    for name in order:
-        impl = impls.get(name)
-        if impl is None:
-            continue
-        try:
-            plan = impl.function(**{a: kwargs[a] for a in impl.argnames if a in kwargs})
-        except Exception as exc:  # a plugin bug must not stop the others
-            plan = Plan()
-            plan.skip(f"plugin raised {type(exc).__name__}: {exc}")
-        if plan is not None:
-            result.add(name, plan)
-    return result
+    """Run each stage through ``pipeline`` (the proxy's own hook runner) and merge the stages'
+    plans in order; each stage's conflicts are kept."""
+    merged = MergeResult()
+    for stage, pod, container in calls:
+        part = await pipeline.run(stage, pod, container, node)
+        merged.conflicts.extend(part.conflicts)
+        merged.rejected.extend(c.second for c in part.conflicts)
+        merged.add("", part.plan)
+    return merged
 
 
-def _filter_cri(hook: str, plan: Plan) -> list[Skip]:
-    allowed = CRI_FIELDS.get(hook, frozenset())
-    dropped: list[Skip] = []
-    for key in ("resources", "envs", "annotations", "labels"):
-        if key not in allowed and getattr(plan, key):
-            dropped.append(Skip(f"stage ignores cri.{key} {sorted(getattr(plan, key))}", "planner"))
-            getattr(plan, key).clear()
-    if "cgroupParent" not in allowed and plan.cgroup_parent is not None:
-        dropped.append(Skip("stage ignores cri.cgroupParent", "planner"))
-        plan.cgroup_parent = None
-    return dropped
+def plan_document(doc: Mapping[str, Any], *, pm: pluggy.PluginManager | None = None) -> dict[str, Any]:
+    """The planner as a function: input document -> output document (see module doc).
 
-
-def plan_document(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The planner as a pure function: input document -> output document (see module doc).
-
+    :param pm: the plugin manager to plan with (default: the built-in plugins named by the
+        document's ``plugins``, or all of them); its plugins run in ``plugin_order``.
     Raises ``PlanInputError`` for a malformed document (never for malformed annotations or
     NodeSLO values, which the plugins record under ``skipped``).
     """
     if not isinstance(doc, Mapping):
         raise PlanInputError("the document must be a JSON object")
     stage = doc.get("stage")
-    if stage != "Reconcile" and stage not in STAGES:
-        raise PlanInputError(f"unknown stage {stage!r}; use one of {sorted(STAGES)} or 'Reconcile'")
+    if not isinstance(stage, str) or (stage != "Reconcile" and stage not in STAGES):
+        raise PlanInputError(f"unknown stage {_short(stage)}; use one of {sorted(STAGES)} or 'Reconcile'")
     plugins = doc.get("plugins")
     if plugins is not None and (not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins)):
         raise PlanInputError("plugins must be a list of plugin names")
-    unknown = sorted(set(plugins or ()) - set(BUILTIN_PLUGINS))
-    if unknown:
-        raise PlanInputError(f"unknown plugins {unknown}; built-in plugins are {list(BUILTIN_PLUGINS)}")
+    if pm is None:
+        unknown = sorted(set(plugins or ()) - set(BUILTIN_PLUGINS))
+        if unknown:
+            raise PlanInputError(f"unknown plugins {unknown}; built-in plugins are {list(BUILTIN_PLUGINS)}")
+        pm = make_plugin_manager(builtins=plugins if plugins is not None else None, entry_points=False)
     node = node_facts_from_json(doc.get("node") or {}, doc.get("nodeSLO") or {})
     pod = pod_facts_from_json(doc["pod"]) if doc.get("pod") is not None else None
     container = container_facts_from_json(doc["container"]) if doc.get("container") is not None else None
+    calls = _stage_calls(stage, pod, container)
 
-    calls: list[_Calls] = []
-    if stage == "Reconcile":
-        calls.append(_Calls("rhp_reconcile_node", {"node": node}))
-        if pod is not None:
-            calls.append(_Calls("rhp_reconcile_pod", {"pod": pod, "node": node}))
-            if container is not None:
-                calls.append(_Calls("rhp_reconcile_container", {"pod": pod, "container": container, "node": node}))
-    else:
-        hook = STAGES[str(stage)]
-        if stage not in NODE_STAGES and pod is None:
-            raise PlanInputError(f"stage {stage} needs a pod")
-        if stage not in NODE_STAGES | POD_STAGES and container is None:
-            raise PlanInputError(f"stage {stage} needs a container")
-        kwargs: dict[str, Any] = {"node": node}
-        if pod is not None and stage not in NODE_STAGES:
-            kwargs["pod"] = pod
-        if container is not None and stage not in NODE_STAGES | POD_STAGES:
-            kwargs["container"] = container
-        calls.append(_Calls(hook, kwargs))
-
-    pm = make_plugin_manager(builtins=plugins if plugins is not None else None, entry_points=False)
     order = plugin_order(pm, plugins)
-    merged = MergeResult()
-    dropped: list[Skip] = []
-    for call in calls:
-        part = run_hook(pm, call.hook, order, **call.kwargs)
-        dropped += _filter_cri(call.hook, part.plan)
-        for name in part.rejected:
-            merged.rejected.append(name)
-        merged.conflicts.extend(part.conflicts)
-        merged.add("", part.plan)
-    out = merged.plan.to_json()
-    out["skipped"] = [s.to_json() for s in merged.plan.skipped] + [s.to_json() for s in dropped]
+    pipeline = Pipeline(plugin_steps(pm, [(name, "Ignore", PLUGIN_TIMEOUT) for name in order]))
+    merged = asyncio.run(run_stages(pipeline, calls, node))
     return {
         "stage": stage,
         "plugins": order,
-        **out,
+        **merged.plan.to_json(),
         "conflicts": [
             {"field": c.field, "plugins": [c.first, c.second], "values": [c.first_value, c.second_value]}
             for c in merged.conflicts
@@ -284,27 +252,60 @@ def plan_document(doc: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+EXIT_CODES = """\
+exit codes:
+  0  the plan was printed on stdout
+  1  the planner itself failed (the error is printed on stderr)
+  2  the input is unreadable, not JSON, too large or too deep, or does not match the schema
+     in docs/planner.md (the error is printed on stderr)
+"""
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read(MAX_DOCUMENT_CHARS + 1)
+    with open(path, encoding="utf-8") as f:
+        return f.read(MAX_DOCUMENT_CHARS + 1)
+
+
 def main(argv: list[str]) -> int:
     """``runtime-proxy plan [FILE]``: read the document from FILE (or stdin when absent or
-    ``-``), print the plan as JSON. Exit 0 on success, 2 for an unreadable or malformed
-    document (the error is printed as ``{"error": ...}`` on stderr)."""
-    parser = argparse.ArgumentParser(prog="runtime-proxy plan", description=__doc__.splitlines()[0])
+    ``-``), print the plan as JSON on stdout. Exit codes: ``EXIT_CODES``; an error is one line
+    ``runtime-proxy plan: ...`` on stderr, never a traceback."""
+    parser = argparse.ArgumentParser(
+        prog="runtime-proxy plan",
+        description=(__doc__ or "").splitlines()[0],
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("file", nargs="?", default="-", help="the input document (default: stdin)")
     parser.add_argument("--compact", action="store_true", help="print JSON on one line")
     args = parser.parse_args(argv)
     try:
-        if args.file == "-":
-            text = sys.stdin.read()
-        else:
-            with open(args.file, encoding="utf-8") as f:
-                text = f.read()
-        doc = json.loads(text)
+        text = _read(args.file)
+    except (OSError, UnicodeDecodeError) as exc:
+        return _fail(f"cannot read {args.file}: {exc}", 2)
+    try:
+        doc = load_json(text, "plan document", max_chars=MAX_DOCUMENT_CHARS, max_depth=MAX_DOCUMENT_DEPTH)
         result = plan_document(doc)
-    except (OSError, ValueError) as exc:
-        print(json.dumps({"error": str(exc)}), file=sys.stderr)
-        return 2
+    except (PlanInputError, FormatError) as exc:
+        return _fail(str(exc), 2)
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
+        return _fail(f"bad input: {type(exc).__name__}: {_short(str(exc))}", 2)
+    except Exception as exc:  # no traceback for the user; the message says what failed
+        return _fail(f"planner failed: {type(exc).__name__}: {_short(str(exc))}", 1)
     print(json.dumps(result, indent=None if args.compact else 2, sort_keys=False, default=str))
     return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"runtime-proxy plan: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,9 @@
 """The reconciler: keeps every known pod, container and node-wide setting at its planned state.
 
-Started by the lead's server (``runtime_proxy.wiring.start_reconciler``) with a
-``ReconcileBackend`` (the store and the runtime client), the plugin manager, the cgroup and
-resctrl trees and the node config's change stream. It re-plans everything (stages
+Started by the proxy's composition root (``runtime_proxy.server``) with a ``ReconcileBackend``
+(the store and the runtime client), the plugin manager, the proxy's hook runner
+(``runtime_proxy.engine.pipeline.Pipeline``), the cgroup and resctrl trees and the node config's
+change stream. It re-plans everything (stages
 ``ReconcileNode``, ``ReconcilePod``, ``ReconcileContainer``) at start, on every node config
 change, shortly after the store changes (a pod arrived or left: the share pools moved) and every
 period, then applies only the differences:
@@ -46,7 +47,7 @@ from hooks.manager import plugin_order
 from hooks.plan import Plan
 from hooks.plugins.rdt import stale_pod_groups
 from runtime_proxy.engine.bound import BoundCpusets
-from runtime_proxy.engine.planner import run_hook
+from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import ApplyReport, apply_files
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.host.resctrl import Resctrl
@@ -126,6 +127,9 @@ class Reconciler:
     :param backend: pods, containers, node facts and container updates.
     :param pm: the plugin manager (``hooks.manager.make_plugin_manager``).
     :param order: plugin names in calling order (default: ``plugin_order(pm)``).
+    :param pipeline: the hook runner for the ``Reconcile*`` stages (the proxy passes its own, so
+        plugin policies and timeouts are the configured ones); default: ``order`` with policy
+        ``Ignore`` and ``plugin_timeout`` seconds per call.
     :param cgroups: the cgroup tree; ``resctrl`` the resctrl tree (optional).
     :param period: seconds between rounds (``reconcilePeriodSeconds``, default 10).
     :param dry_run: count and log drift, change nothing.
@@ -148,10 +152,13 @@ class Reconciler:
         node_changes: AsyncIterator[NodeFacts] | None = None,
         debounce: float = 0.05,
         store_delay: float = 1.0,
+        pipeline: Pipeline | None = None,
+        plugin_timeout: float = 2.0,
     ) -> None:
         self.backend = backend
         self.pm = pm
         self.order = order if order is not None else plugin_order(pm)
+        self.pipeline = pipeline or Pipeline(plugin_steps(pm, [(n, "Ignore", plugin_timeout) for n in self.order]))
         self.cgroups = cgroups
         self.resctrl = resctrl
         self.period = period
@@ -196,8 +203,9 @@ class Reconciler:
 
     # -- one round -----------------------------------------------------------------------------
 
-    def _plan(self, hook: str, **kwargs: Any) -> Plan:
-        result = run_hook(self.pm, hook, self.order, **kwargs)
+    async def _plan(self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts) -> Plan:
+        """Plan one stage through the hook runner (plugins run in its worker threads)."""
+        result = await self.pipeline.run(stage, pod, container, node)
         for c in result.conflicts:
             log.warning("plugin conflict during reconcile", conflict=str(c))
         return result.plan
@@ -254,11 +262,10 @@ class Reconciler:
         return changes
 
     def _container_files(
-        self, pod: PodFacts, container: ContainerFacts, node: NodeFacts, report: ReconcileReport
+        self, pod: PodFacts, container: ContainerFacts, plan: Plan, node: NodeFacts, report: ReconcileReport
     ) -> dict[str, Any]:
-        """Plan one container, apply its files and return the resources to update (worker
-        thread: plugins and file I/O stay off the event loop)."""
-        plan = self._plan("rhp_reconcile_container", pod=pod, container=container, node=node)
+        """Apply one container's files and return the resources to update (worker thread: file
+        I/O stays off the event loop)."""
         self._apply(plan, "container", report)
         return self._resource_changes(pod, container, plan, node)
 
@@ -280,10 +287,11 @@ class Reconciler:
             report.errors.append(f"update container {container.id}: {exc}")
 
     async def reconcile_once(self, reason: str = "manual") -> ReconcileReport:
-        """Plan and apply everything once; never raises for plugin or I/O errors.
+        """Plan and apply everything once; never raises for plugin or I/O errors, and one pod's
+        failure is that pod's alone.
 
-        Plugins and cgroup file I/O run in worker threads; the event loop only gathers the
-        store's facts and sends the container updates."""
+        Plugins run in the hook runner's worker threads and cgroup file I/O in worker threads;
+        the event loop only gathers the store's facts and sends the container updates."""
         async with self._lock:
             started = time.monotonic()
             report = ReconcileReport(reason)
@@ -298,19 +306,19 @@ class Reconciler:
             pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
             full = {p.uid or p.sandbox_id: p for p in pods}
 
-            def files() -> None:
-                self._apply(self._plan("rhp_reconcile_node", node=node), "node", report)
-                for pod in pods:
-                    try:
-                        self._apply(self._plan("rhp_reconcile_pod", pod=pod, node=node), "pod", report)
-                    except Exception as exc:  # one pod's input never ends the round for the others
-                        self._pod_failed("pod", pod, exc, report)
-
-            await asyncio.to_thread(files)
+            node_plan = await self._plan("ReconcileNode", PodFacts(), None, node)
+            await asyncio.to_thread(self._apply, node_plan, "node", report)
+            for pod in pods:
+                try:
+                    plan = await self._plan("ReconcilePod", pod, None, node)
+                    await asyncio.to_thread(self._apply, plan, "pod", report)
+                except Exception as exc:  # one pod's input never ends the round for the others
+                    self._pod_failed("pod", pod, exc, report)
             for pod, container in containers:
                 full_pod = full.get(pod.uid or pod.sandbox_id, pod)
                 try:
-                    changes = await asyncio.to_thread(self._container_files, full_pod, container, node, report)
+                    plan = await self._plan("ReconcileContainer", full_pod, container, node)
+                    changes = await asyncio.to_thread(self._container_files, full_pod, container, plan, node, report)
                     await self._update_container(container, changes, report)
                 except Exception as exc:
                     self._pod_failed("container", pod, exc, report)

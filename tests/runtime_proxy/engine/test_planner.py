@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +92,64 @@ def test_main_reads_stdin_and_prints_json(monkeypatch: pytest.MonkeyPatch, capsy
     assert json.loads(capsys.readouterr().out)["cri"]["resources"]["cpuset_cpus"] == "2-7"
 
 
-def test_main_reports_bad_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("sys.stdin", io.StringIO("{"))
+def _with_resources(resources: Any) -> str:
+    return json.dumps(doc("PreCreateContainer", container={"name": "c", "resources": resources}))
+
+
+# Each row: the input text and a word the one-line message on stderr must contain.
+BAD_INPUTS = [
+    pytest.param("{", "not valid JSON", id="a truncated document is not JSON"),
+    pytest.param("", "not valid JSON", id="an empty input is not JSON"),
+    pytest.param(json.dumps({"stage": ["x"]}), "unknown stage", id="a list as the stage names no stage"),
+    pytest.param(json.dumps({"stage": {"a": 1}}), "unknown stage", id="an object as the stage names no stage"),
+    pytest.param("[" * 100_000, "nested", id="one hundred thousand open brackets are too deep"),
+    pytest.param('{"stage":"PreCreateContainer","pod":' * 40 + "{}" + "}" * 40, "nested",
+                 id="forty nested documents are too deep"),
+    pytest.param(_with_resources({"hugepage_limits": [{"page_size": "2MB", "limit": 10**30}]}), "digits",
+                 id="a hugepage limit of thirty digits is refused"),
+    pytest.param(_with_resources({"hugepage_limits": [{"page_size": "2MB", "limit": 1e300}]}).replace("e+300", "e400"),
+                 "out of range", id="a hugepage limit of 1e400 overflows and is refused"),
+    pytest.param(_with_resources({"hugepage_limits": 5}), "resources", id="hugepage limits that are not a list"),
+    pytest.param(_with_resources({"hugepage_limits": [5]}), "resources", id="a hugepage limit that is not an object"),
+    pytest.param(_with_resources({"cpu_shares": "many"}), "integer", id="a string where an integer belongs"),
+    pytest.param(json.dumps(doc("PreCreateContainer", pod=5)), "pod must be an object", id="a number as the pod"),
+    pytest.param(json.dumps(doc("PreCreateContainer", nodeSLO=[1])), "nodeSLO", id="a list as the NodeSLO"),
+    pytest.param(json.dumps(doc("PreCreateContainer", plugins="cpuset")), "plugins", id="a string as the plugin list"),
+    pytest.param(json.dumps(["PreCreateContainer"]), "JSON object", id="a list as the document"),
+    pytest.param('{"stage": NaN}', "NaN", id="a NaN constant"),
+    pytest.param(" " * (5 * 1024 * 1024), "characters", id="five MiB of input is too large"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_INPUTS)
+def test_bad_input_exits_2_with_one_line_on_stderr(
+    text: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
     assert main(["-"]) == 2
-    assert "error" in json.loads(capsys.readouterr().err)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("runtime-proxy plan: ") and err.count("\n") == 1, err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_missing_and_undecodable_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "absent.json")]) == 2
+    (tmp_path / "latin1.json").write_bytes(b'{"stage": "\xe9"}')
+    assert main([str(tmp_path / "latin1.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("runtime-proxy plan: cannot read") == 2
+
+
+def test_the_cli_prints_no_traceback_for_bad_input(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"stage": ["x"]}))
+    done = subprocess.run([sys.executable, "-m", "runtime_proxy.cli", "plan", str(bad)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr and "unknown stage" in done.stderr
 
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("plan-*.json")))

@@ -23,7 +23,8 @@ from structlog.testing import capture_logs
 from hooks.facts import CgroupInfo, ContainerFacts, CPUTopology, NodeFacts, PodFacts, Resources
 from hooks.manager import make_plugin_manager
 from hooks.plugins.cpu_burst import DOWN, UP
-from runtime_proxy.engine.planner import run_hook
+from hooks.spec import STAGES
+from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import apply_files
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.host.resctrl import Resctrl
@@ -247,24 +248,28 @@ async def test_rdt_groups_schemata_moves_and_cleanup(tmp_path: Path, resctrl_tre
     (tmp_path / "cg/cpu/kubepods/burstable/podu1/c1/tasks").write_text("101\n102\n")
     (tmp_path / "cg/cpu/kubepods/besteffort/podu2/c2/tasks").write_text("201\n")
 
-    def run(hook: str, **kw: Any) -> Any:
-        report = apply_files(run_hook(pm, hook, order, node=node, **kw).plan, cgroups=cg, resctrl=rc)
+    pipeline = Pipeline(plugin_steps(pm, [("rdt", "Ignore", 2.0)]))
+    stage_of = {hook: stage for stage, hook in STAGES.items()}
+
+    async def run(hook: str, *, pod: PodFacts | None = None, container: ContainerFacts | None = None) -> Any:
+        result = await pipeline.run(stage_of[hook], pod or PodFacts(), container, node)
+        report = apply_files(result.plan, cgroups=cg, resctrl=rc)
         assert report.ok, report.errors
         return report
 
-    run("rhp_reconcile_node")
+    await run("rhp_reconcile_node")
     assert (resctrl_tree / "BE" / "schemata").read_text() == "L3:0=f;1=f;\nMB:0=100;1=100;\n"
     assert (resctrl_tree / "LS" / "schemata").read_text() == "L3:0=7ff;1=7ff;\nMB:0=100;1=100;\n"
-    run("rhp_pre_run_pod_sandbox", pod=pod_level)
+    await run("rhp_pre_run_pod_sandbox", pod=pod_level)
     assert (resctrl_tree / "koordlet-u1" / "schemata").read_text() == "L3:0=3f;1=3f;\nMB:0=50;1=50;\n"
-    run("rhp_post_start_container", pod=pod_level, container=ContainerFacts(name="a", id="c1"))
-    run("rhp_post_start_container", pod=be, container=ContainerFacts(name="b", id="c2"))
+    await run("rhp_post_start_container", pod=pod_level, container=ContainerFacts(name="a", id="c1"))
+    await run("rhp_post_start_container", pod=be, container=ContainerFacts(name="b", id="c2"))
     assert rc.tasks("koordlet-u1") == {101, 102} and rc.tasks("BE") == {201}
     # a new thread appears; the reconciler's container plan moves only it
     (tmp_path / "cg/cpu/kubepods/besteffort/podu2/c2/tasks").write_text("201\n202\n")
-    moved = run("rhp_reconcile_container", pod=be, container=ContainerFacts(name="b", id="c2"))
+    moved = await run("rhp_reconcile_container", pod=be, container=ContainerFacts(name="b", id="c2"))
     assert [n for _, n in moved.moved] == [1] and rc.tasks("BE") == {201, 202}
-    run("rhp_post_remove_pod_sandbox", pod=pod_level)
+    await run("rhp_post_remove_pod_sandbox", pod=pod_level)
     assert not (resctrl_tree / "koordlet-u1").exists()
     # a group left behind by a pod the proxy no longer knows is collected by the reconciler
     rc.ensure_group("koordlet-gone")

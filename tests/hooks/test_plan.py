@@ -1,0 +1,80 @@
+"""``hooks.plan``: merging plans in plugin order, claims and conflicts (NRI's field ownership)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hooks.plan import CgroupWrite, MergeResult, Plan, Skip, merge, plan_from_json
+
+
+def _shares(n: int) -> Plan:
+    return Plan().set_resource("cpu_shares", n)
+
+
+# Each row: the (plugin, plan) pairs in order, the merged CRI part, the plugins left out and the
+# conflicting fields.
+MERGES = [
+    pytest.param([("a", _shares(2)), ("b", Plan().set_env("K", "v"))],
+                 {"resources": {"cpu_shares": 2}, "envs": {"K": "v"}}, [], [],
+                 id="plans that touch different fields are both kept"),
+    pytest.param([("a", _shares(2)), ("b", _shares(2))], {"resources": {"cpu_shares": 2}}, [], [],
+                 id="two plugins agreeing on a value is no conflict"),
+    pytest.param([("a", _shares(2)), ("b", _shares(3).set_env("K", "v"))], {"resources": {"cpu_shares": 2}},
+                 ["b"], ["resources.cpu_shares"],
+                 id="a plugin that disagrees on one field loses its whole plan"),
+    pytest.param([("a", Plan().set_cgroup_parent("/x")), ("b", Plan().set_cgroup_parent("/y"))],
+                 {"cgroupParent": "/x"}, ["b"], ["cgroupParent"],
+                 id="the cgroup parent is claimed by the first plugin that sets it"),
+    pytest.param([("a", None), ("b", Plan().set_label("l", "1"))], {"labels": {"l": "1"}}, [], [],
+                 id="None means no opinion"),
+    pytest.param([("a", Plan().set_annotation("k", "1")), ("b", Plan().set_annotation("k", "2")),
+                  ("c", Plan().set_annotation("j", "3"))],
+                 {"annotations": {"k": "1", "j": "3"}}, ["b"], ["annotations.k"],
+                 id="plugins after a conflict still merge"),
+]
+
+
+@pytest.mark.parametrize(("plans", "cri", "rejected", "fields"), MERGES)
+def test_merge(plans: list[tuple[str, Plan | None]], cri: dict[str, object], rejected: list[str],
+               fields: list[str]) -> None:
+    result = merge(plans)
+    assert result.plan.cri_json() == cri
+    assert result.rejected == rejected
+    assert [c.field for c in result.conflicts] == fields
+
+
+def test_conflicting_writes_to_one_file_name_both_plugins_and_values() -> None:
+    result = MergeResult()
+    assert result.add("a", Plan().write("pod", "p", "cpu.shares", 2)) == []
+    [conflict] = result.add("b", Plan().write("pod", "p", "cpu.shares", 3))
+    assert (conflict.first, conflict.second, conflict.first_value, conflict.second_value) == ("a", "b", "2", "3")
+    assert "'a'" in str(conflict) and "'b'" in str(conflict)
+    assert result.plan.writes == [CgroupWrite("pod", "p", "cpu.shares", "2")]
+
+
+def test_equal_writes_are_kept_once_and_skips_name_their_plugin() -> None:
+    result = merge([("a", Plan().write("pod", "p", "f", 1).skip("why")), ("b", Plan().write("pod", "p", "f", 1))])
+    assert result.plan.writes == [CgroupWrite("pod", "p", "f", "1")]
+    assert result.plan.skipped == [Skip("why", "a")]
+    assert result.owners["write:pod:p:f"] == "a"
+
+
+@pytest.mark.parametrize(
+    ("level", "file"),
+    [
+        pytest.param("nowhere", "cpu.shares", id="an unknown level is refused"),
+        pytest.param("pod", "../escape", id="a file name with a slash is refused"),
+        pytest.param("pod", "", id="an empty file name is refused"),
+    ],
+)
+def test_bad_writes_are_refused_when_planned(level: str, file: str) -> None:
+    with pytest.raises(ValueError):
+        Plan().write(level, "p", file, 1)
+
+
+def test_plan_round_trips_through_json() -> None:
+    plan = (Plan().set_resource("cpu_quota", -1).set_env("A", "1").set_annotation("k", "v").set_label("l", "w")
+            .set_cgroup_parent("/x").write("pod", "p", "cpu.shares", 2).move_tasks("container", "p/c", "BE")
+            .remove("resctrl", "koordlet-u").skip("because"))
+    assert plan_from_json(plan.to_json()) == plan
+    assert not plan.is_empty() and Plan().skip("only a skip").is_empty()
