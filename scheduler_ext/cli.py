@@ -28,15 +28,34 @@ import yaml
 
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
-from scheduler_ext.guard import decode_pod
+from scheduler_ext.guard import decode_pod, describe
 from scheduler_ext.server import MAX_BODY_BYTES
 from scheduler_ext.state import ClusterState, load_objects
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "is_loopback", "main", "simulate", "tls_problem"]
 
 EXIT_OK = 0
-EXIT_SERVE_FAILED = 1  # serve: the listener could not start (address in use, TLS handshake setup)
-EXIT_USAGE = 2  # bad flags or configuration; also argparse's own code for unknown options
+EXIT_SERVE_FAILED = 1  # serve: the listener could not start (address in use)
+EXIT_INTERNAL = 1  # simulate: an unexpected failure (a bug); one line on stderr, no traceback
+EXIT_USAGE = 2  # bad flags or configuration, or an input that cannot be read; argparse uses 2 too
+EXIT_BAD_DOCUMENT = 3  # simulate: the document is not JSON/YAML or not of the documented shape
+
+SIMULATE_EXIT_CODES = """exit codes:
+  0  the placement was computed; the JSON document is on stdout
+  1  an unexpected internal error (reported on stderr in one line)
+  2  bad flags, or the input cannot be read (missing file, no permission, not UTF-8)
+  3  the document is not JSON or YAML, or not {"objects": [...], "pod": {...}}
+
+stdout carries only the result document; messages and logs go to stderr. Objects that cannot
+be read (wrong types, malformed annotations) are skipped as the extender's watch skips them,
+logged on stderr and listed under "skipped"; a pod that cannot be decoded is reported as
+infeasible on every node with the reason."""
+
+SERVE_EXIT_CODES = """exit codes:
+  0  stopped by a signal
+  1  the listener could not start (for example the address is in use)
+  2  bad flags or configuration: a non-loopback --listen without --tls-cert, --tls-key and
+     --tls-client-ca (and without --insecure), unreadable TLS files, no API server configuration"""
 
 
 def _fail(command: str, message: str, code: int) -> int:
@@ -44,8 +63,27 @@ def _fail(command: str, message: str, code: int) -> int:
     return code
 
 
-def _configure_logging(level: str, fmt: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(message)s")
+class _StderrLogger:
+    """A structlog logger that writes each line to whatever ``sys.stderr`` is at that moment."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+def _stderr_logger(*args: Any) -> _StderrLogger:
+    return _StderrLogger()
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _configure_logging(level: str, fmt: str, *, stdlib: bool = True) -> None:
+    """Logs go to stderr only (stdout is for results), as JSON lines or console text.
+    ``stdlib`` also routes the standard ``logging`` module (uvicorn's) to stderr."""
+    if stdlib:
+        logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(message)s")
     renderer: Any = (
         structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     )
@@ -57,7 +95,7 @@ def _configure_logging(level: str, fmt: str) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=True,
     )
 
@@ -66,15 +104,18 @@ def simulate(doc: Mapping[str, Any], cfg: ExtenderConfig = DEFAULT_CONFIG) -> di
     """Filter, score and plan the bind of ``doc["pod"]`` over ``doc["objects"]``.
 
     Returns ``{"pod", "nodes": [{"name", "feasible", "unresolvable", "reason", "score",
-    "annotations"}], "selected"}`` where ``annotations`` is exactly what a bind would write.
-    The selected node is the feasible one with the highest score, ties by name.
+    "annotations"}], "selected", "skipped"}`` where ``annotations`` is exactly what a bind would
+    write and ``skipped`` names the objects that could not be read. The selected node is the
+    feasible one with the highest score, ties by name. Raises ``ValueError`` when the document
+    does not have that shape.
     """
-    objects = doc.get("objects") or []
+    objects = doc.get("objects")
+    objects = [] if objects is None else objects
     pod_json = doc.get("pod")
     if not isinstance(objects, list) or not isinstance(pod_json, dict):
         raise ValueError('the document needs "objects" (a list) and "pod" (an object)')
     state = ClusterState()
-    load_objects(state, objects)
+    skipped = load_objects(state, objects)
     pod = decode_pod(pod_json)
     nodes: list[dict[str, Any]] = []
     with state.lock:
@@ -99,33 +140,68 @@ def simulate(doc: Mapping[str, Any], cfg: ExtenderConfig = DEFAULT_CONFIG) -> di
                 }
             )
     best = sorted((n for n in nodes if n["feasible"]), key=lambda n: (-n["score"], n["name"]))
-    return {"pod": pod.full_name, "nodes": nodes, "selected": best[0]["name"] if best else None}
+    return {
+        "pod": pod.full_name,
+        "nodes": nodes,
+        "selected": best[0]["name"] if best else None,
+        "skipped": skipped,
+    }
 
 
-def _read_doc(path: str) -> Any:
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+class _Unreadable(Exception):
+    """The input cannot be read at all (exit 2)."""
+
+
+class _BadDocument(Exception):
+    """The input is not a JSON or YAML document of the expected shape (exit 3)."""
+
+
+def _read_doc(path: str) -> dict[str, Any]:
     try:
-        return json.loads(text)
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+    except UnicodeDecodeError as exc:
+        raise _Unreadable(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise _Unreadable(f"{path}: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise _BadDocument(f"{path}: nested too deeply") from None
     except ValueError:
-        return yaml.safe_load(text)
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise _BadDocument(f"{path}: neither JSON nor YAML: {' '.join(str(exc).split())[:400]}") from None
+        except RecursionError:
+            raise _BadDocument(f"{path}: nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise _BadDocument(f"{path}: the document must be an object with \"objects\" and \"pod\"")
+    return doc
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    _configure_logging(args.log_level, "console", stdlib=False)
     try:
         doc = _read_doc(args.input)
-        if not isinstance(doc, dict):
-            raise ValueError("the document must be an object")
-        out = simulate(doc, ExtenderConfig(args.score_strategy, args.gpu_strategy))
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"scheduler-ext simulate: {exc}", file=sys.stderr)
-        return 2
-    json.dump(out, sys.stdout, indent=2 if args.pretty else None)
-    sys.stdout.write("\n")
-    return 0
+        try:
+            out = simulate(doc, ExtenderConfig(args.score_strategy, args.gpu_strategy))
+        except ValueError as exc:
+            raise _BadDocument(f"{args.input}: {exc}") from None
+        text = json.dumps(out, indent=2 if args.pretty else None)
+    except _Unreadable as exc:
+        return _fail("simulate", str(exc), EXIT_USAGE)
+    except _BadDocument as exc:
+        return _fail("simulate", str(exc), EXIT_BAD_DOCUMENT)
+    except Exception as exc:  # the last line: a bug must not print a traceback either
+        return _fail("simulate", f"internal error: {describe(exc)}", EXIT_INTERNAL)
+    sys.stdout.write(text + "\n")
+    for name in out["skipped"]:
+        print(f"scheduler-ext simulate: skipped {name}", file=sys.stderr)
+    return EXIT_OK
 
 
 def _host_port(text: str) -> tuple[str, int] | None:
@@ -314,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--gpu-strategy", choices=STRATEGIES, default="LeastAllocated",
                        help="node GPU score and the GPU order inside a node")
 
-    serve = sub.add_parser("serve", help="run the HTTP extender")
+    serve = sub.add_parser("serve", help="run the HTTP extender", epilog=SERVE_EXIT_CODES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--listen", default="0.0.0.0:8888",
                        help="HOST:PORT (default %(default)s); any address but loopback needs --tls-cert, "
                             "--tls-key and --tls-client-ca, or --insecure")
@@ -348,14 +425,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--switch-interval", type=float, default=0.0005, metavar="SECONDS",
                        help="Python's thread switch interval (sys.setswitchinterval; default %(default)s): "
                             "short, so the verb loop is not kept waiting by the watch threads")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     serve.add_argument("--log-format", choices=("json", "console"), default="json")
     scoring(serve)
     serve.set_defaults(func=_cmd_serve)
 
-    sim = sub.add_parser("simulate", help="dry-run one pod against objects from a JSON/YAML document")
+    sim = sub.add_parser("simulate", help="dry-run one pod against objects from a JSON/YAML document",
+                         epilog=SIMULATE_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sim.add_argument("input", nargs="?", default="-", help="document path, '-' for stdin")
     sim.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    sim.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
+                     help="level of the log lines on stderr (default %(default)s)")
     scoring(sim)
     sim.set_defaults(func=_cmd_simulate)
     return parser

@@ -461,19 +461,25 @@ class ClusterState:
             ns.device_spec = spec
         ns._rebuild_static()
 
-    def replace(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
-        """A full list of ``kind``: apply every object and delete what is no longer listed."""
+    def replace(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> list[str]:
+        """A full list of ``kind``: apply every object and delete what is no longer listed.
+
+        Returns the names of the objects that had to be skipped (logged and counted).
+        """
         with self.lock:
             seen: set[str] = set()
+            skipped: list[str] = []
             for obj in objs:
                 meta = obj.get("metadata") if isinstance(obj, Mapping) else None
                 key = meta.get("uid" if kind == "pods" else "name") if isinstance(meta, Mapping) else None
                 if not isinstance(key, str) or not key:
                     bad_object(kind, "object", _name_of(kind, obj), "listed object without a string "
                                + ("metadata.uid" if kind == "pods" else "metadata.name"))
+                    skipped.append(_name_of(kind, obj))
                     continue
                 seen.add(key)
-                self.apply(kind, "ADDED", obj)
+                if not self.apply(kind, "ADDED", obj):
+                    skipped.append(_name_of(kind, obj))
             if kind == "pods":
                 for uid in [u for u in self.pods if u not in seen]:
                     self._forget_pod(uid)
@@ -496,6 +502,7 @@ class ClusterState:
                 gc.collect()
                 gc.freeze()
             self.synced.add(kind)
+            return skipped
 
     def recently_deleted(self, uid: str) -> bool:
         return uid in self.deleted
@@ -642,8 +649,10 @@ class ClusterState:
             return free_partial / free_total if free_total else 0.0
 
 
-def load_objects(state: ClusterState, objects: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Feed plain objects (``simulate``, tests) by their ``kind``; returns what was skipped."""
+def load_objects(state: ClusterState, objects: Iterable[Any]) -> list[str]:
+    """Feed plain objects (``simulate``, tests) by their ``kind``; returns what was skipped
+    (``Kind/name`` of unknown kinds and of objects that could not be read, or the position of
+    entries that are not objects at all)."""
     by_kind: dict[str, list[Mapping[str, Any]]] = {k: [] for k in KINDS}
     skipped: list[str] = []
     kinds = {
@@ -652,14 +661,19 @@ def load_objects(state: ClusterState, objects: Iterable[Mapping[str, Any]]) -> l
         "NodeResourceTopology": "noderesourcetopologies",
         "Device": "devices",
     }
-    for obj in objects:
-        kind = kinds.get(str(obj.get("kind") or ""))
+    names = {v: k for k, v in kinds.items()}
+    for i, obj in enumerate(objects):
+        if not isinstance(obj, Mapping):
+            skipped.append(f"objects[{i}] (a {type(obj).__name__}, not an object)")
+            continue
+        raw_kind = obj.get("kind")
+        kind = kinds.get(raw_kind) if isinstance(raw_kind, str) else None
         if kind is None:
-            skipped.append(f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}")
+            skipped.append(f"{str(raw_kind)[:64]}/{_name_of('nodes', obj)}")
             continue
         by_kind[kind].append(obj)
     for kind in KINDS:
-        state.replace(kind, by_kind[kind])
+        skipped += [f"{names[kind]}/{name}" for name in state.replace(kind, by_kind[kind])]
     return skipped
 
 

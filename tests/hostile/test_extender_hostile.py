@@ -5,6 +5,8 @@
   replica that lists them at start.
 - Anonymous and badly certified verb calls, refused in the TLS handshake; a reachable
   listener without mutual TLS refused at start.
+- ``scheduler-ext simulate`` on hostile documents: no traceback, a documented exit code, the
+  result alone on stdout and every log line on stderr.
 - A 500-byte filter body whose memory request is ``1e500000``: answered at once, while a
   concurrent ``/healthz`` probe keeps being served (its worst latency is a generous safety
   bound on the loop's stall, not a speed claim; speed is measured in ``benchmarks/``).
@@ -261,3 +263,44 @@ def test_a_reachable_listener_without_mutual_tls_is_refused_at_start() -> None:
     assert "served" not in done.stdout
     assert done.returncode == 2
     assert "--tls-client-ca" in done.stderr and "Traceback" not in done.stderr
+
+
+# -- the simulate CLI ------------------------------------------------------------------------
+
+
+def _simulate_cases() -> list[Any]:
+    base = {"objects": cluster(["a"]), "pod": pod("new", cpu="2")}
+    typed = json.loads(json.dumps(base))
+    typed["objects"] += [5, None, {"kind": "Node", "metadata": 5}, {"kind": "Device", "metadata": {"name": "a"},
+                                                                       "spec": [1]}]
+    poisoned = json.loads(json.dumps(base))
+    poisoned["objects"] += [pod("p", node_name="a", annotations={DA: '{"gpu":[5]}'}),
+                            pod("q", node_name="a", annotations={RS: "[" * 3000})]
+    bomb = json.loads(json.dumps(base))
+    bomb["pod"]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "1e500000"
+    return [
+        pytest.param(json.dumps(typed), 0, id="wrongly typed objects are skipped and named"),
+        pytest.param(json.dumps(poisoned), 0, id="poisoned annotations log on stderr, JSON stays on stdout"),
+        pytest.param(json.dumps(bomb), 0, id="an exponent bomb in the pod is an infeasible pod"),
+        pytest.param("objects: [\n  - {kind: Node", 3, id="a YAML syntax error"),
+        pytest.param("[" * 50000, 3, id="JSON nested 50000 deep"),
+        pytest.param('{"objects": {}, "pod": 1}', 3, id="a document of the wrong shape"),
+        pytest.param(None, 2, id="a missing file"),
+    ]
+
+
+@pytest.mark.parametrize(("text", "code"), _simulate_cases())
+def test_simulate_never_prints_a_traceback(tmp_path: Path, text: str | None, code: int) -> None:
+    path = tmp_path / "doc.yaml"
+    if text is not None:
+        path.write_text(text)
+    done = subprocess.run([sys.executable, "-m", "scheduler_ext.cli", "simulate", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
+    assert done.returncode == code, done.stderr
+    if code == 0:
+        result = json.loads(done.stdout)  # one JSON document and nothing else
+        assert set(result) == {"pod", "nodes", "selected", "skipped"}
+    else:
+        assert done.stdout == ""
+        assert done.stderr.startswith("scheduler-ext simulate: ")

@@ -112,7 +112,7 @@ def test_simulate_reads_yaml_and_prints_what_a_bind_would_write(
 
 @pytest.mark.parametrize(
     ("text", "code"),
-    [("[]", 2), ("{\"objects\": []}", 2), (": not yaml :", 2)],
+    [("[]", 3), ("{\"objects\": []}", 3), (": not yaml :", 3)],
     ids=["not-an-object", "no-pod", "garbage"],
 )
 def test_simulate_rejects_bad_documents(tmp_path: Path, text: str, code: int) -> None:
