@@ -47,12 +47,13 @@ class Allocation:
 
     cpus: frozenset[int] = frozenset()  # exclusive cpuset, empty for shared pods
     numa: Mapping[int, int] = field(default_factory=dict)  # NUMA node -> milli-CPU booked
+    numa_memory: Mapping[int, int] = field(default_factory=dict)  # NUMA node -> bytes booked
     gpus: tuple[GPUGrant, ...] = ()
     exclusive: str = "None"  # the pod's CPU exclusive policy, for later pods to avoid
 
     @property
     def empty(self) -> bool:
-        return not self.cpus and not self.numa and not self.gpus
+        return not self.cpus and not self.numa and not self.numa_memory and not self.gpus
 
 
 EMPTY = Allocation()
@@ -93,18 +94,23 @@ def format_device_allocated(grants: Sequence[GPUGrant], gpus: Mapping[int, GPUDe
     return json.dumps({"gpu": entries}, separators=(",", ":"))
 
 
-def _parse_status(text: str) -> tuple[frozenset[int], dict[int, int]]:
+def _parse_status(text: str) -> tuple[frozenset[int], dict[int, int], dict[int, int]]:
     doc = json.loads(text)
     if not isinstance(doc, dict):
         raise ValueError("resource-status is not an object")
     cpus = parse_cpu_list(doc.get("cpuset") or "")
     numa: dict[int, int] = {}
+    memory: dict[int, int] = {}
     for entry in doc.get("numaNodeResources") or []:
         node = entry.get("node")
-        cpu = (entry.get("resources") or {}).get("cpu")
+        resources = entry.get("resources") or {}
+        cpu = resources.get("cpu")
+        mem = resources.get("memory")
         if isinstance(node, int) and cpu is not None:
             numa[node] = numa.get(node, 0) + parse_cpu_milli(cpu)
-    return cpus, numa
+        if isinstance(node, int) and mem is not None:
+            memory[node] = memory.get(node, 0) + int(parse_quantity(mem))
+    return cpus, numa, memory
 
 
 def _parse_devices(text: str) -> tuple[GPUGrant, ...]:
@@ -130,19 +136,18 @@ def parse_allocation(
 ) -> Allocation:
     """Rebuild an allocation from a placed pod's annotations; raises ``ValueError``.
 
-    For a pod with a cpuset, ``numaNodeResources`` is informative only (the CPUs already
-    count); for a shared pod it is the per-NUMA booking.
+    ``numaNodeResources`` is the pod's per-NUMA CPU booking, with or without a cpuset: zone
+    accounting (``scheduler_ext.numa``) counts both, as koord-scheduler does.
     """
     cpus: frozenset[int] = frozenset()
     numa: dict[int, int] = {}
+    memory: dict[int, int] = {}
     if status:
-        cpus, numa = _parse_status(status)
-        if cpus:
-            numa = {}
+        cpus, numa, memory = _parse_status(status)
     grants = _parse_devices(devices) if devices else ()
-    if not cpus and not numa and not grants:
+    if not cpus and not numa and not memory and not grants:
         return EMPTY
-    return Allocation(cpus=cpus, numa=numa, gpus=grants, exclusive=exclusive)
+    return Allocation(cpus=cpus, numa=numa, numa_memory=memory, gpus=grants, exclusive=exclusive)
 
 
 def numa_resources(

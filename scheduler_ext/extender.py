@@ -37,18 +37,28 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import Counter
 
+from scheduler_ext import numa
+from scheduler_ext.accumulator import ExclusiveUse
+from scheduler_ext.admission import (
+    ERR_INVALID_REQUESTED_CPUS,
+    Intent,
+    NodeFacts,
+    Placed,
+    Refusal,
+    bind_policy_of,
+    merge_numa_policy,
+    node_cpu_bind_policy,
+    node_numa_policy,
+    place,
+    pre_filter,
+)
+from scheduler_ext.admission import PLAIN as PLAIN_PLACED
 from scheduler_ext.allocator import (
     AllocationError,
     GPUGrant,
     GPUUsage,
-    Hint,
-    admits,
-    cpu_hints,
     gpu_fits,
     gpu_hints,
-    merge_hints,
-    order_numa,
-    take_cpus,
     take_gpus,
 )
 from scheduler_ext.annotations import (
@@ -57,11 +67,11 @@ from scheduler_ext.annotations import (
     Allocation,
     format_device_allocated,
     format_resource_status,
-    numa_resources,
 )
 from scheduler_ext.errors import APIError, ConflictError
 from scheduler_ext.guard import decode_pod
 from scheduler_ext.pods import GPURequest, PodRequest
+from scheduler_ext.quantity import format_bytes, format_milli_cpu, parse_cpu_milli, parse_quantity
 from scheduler_ext.state import ClusterState, NodeState
 
 __all__ = [
@@ -138,66 +148,118 @@ class Placement:
 DEFAULT_CONFIG = ExtenderConfig()
 PLAIN = Verdict(True)
 _IDLE = GPUUsage()
+# node name -> (NodeState.version, the NodeState, its admission view)
+_FACTS: dict[str, tuple[int, NodeState, NodeFacts]] = {}
 
 
 def needs(ns: NodeState, pod: PodRequest) -> Needs | str:
-    """What ``pod`` needs on ``ns``, or the reason the node can never take it."""
-    label = ns.bind_policy_label
-    node_forces = label in ("FullPCPUsOnly", "SpreadByPCPUs")
-    cpuset = pod.koord_wants_cpuset or (
-        node_forces and pod.integer_cpu and pod.qos not in ("BE", "SYSTEM")
-    )
-    if node_forces and cpuset:
-        bind_policy, required = ("FullPCPUs" if label == "FullPCPUsOnly" else "SpreadByPCPUs"), True
-    else:
-        bind_policy, required = pod.bind_policy, pod.bind_required
-    pod_policy = "" if pod.numa_policy == "None" else pod.numa_policy
-    if pod_policy and ns.numa_policy and pod_policy != ns.numa_policy:
-        return (
-            f"NUMA topology policy mismatch: pod asks {pod_policy}, node {ns.name} runs {ns.numa_policy}"
-        )
-    policy = "" if pod.numa_policy == "None" else (pod_policy or ns.numa_policy)
-    if policy and not cpuset and pod.gpu is None and pod.cpu_milli == 0:
-        policy = ""  # nothing to align
+    """What ``pod`` needs on ``ns`` by Koordinator's rules, or the reason the node can never
+    take it (``scheduler_ext.admission`` rules 1 to 8, without choosing CPUs)."""
+    intent = pre_filter(pod)
+    if isinstance(intent, Refusal):
+        return intent.reason
+    if intent.skip:
+        return Needs(False, "", False, "", pod.gpu)
+    policy = merge_numa_policy(node_numa_policy(ns.node_labels, ns.nrt_policies), intent.numa_policy)
+    if isinstance(policy, Refusal):
+        return policy.reason
+    node_bind = node_cpu_bind_policy(ns.node_labels, ns.nrt_annotations)
+    cpuset = intent.request_cpu_bind or (intent.cpu_milli > 0 and bool(node_bind))
+    if cpuset and intent.cpu_milli % 1000:
+        return ERR_INVALID_REQUESTED_CPUS
+    bind_policy, required = bind_policy_of(intent, node_bind) if cpuset else ("", False)
     return Needs(cpuset, bind_policy, required, policy, pod.gpu)
 
 
-def _numa_nodes(ns: NodeState) -> tuple[int, ...]:
-    nodes = set(ns.topo.numa_nodes) if ns.topo is not None else set()
-    nodes |= {g.numa for g in ns.gpus if g.numa >= 0}
-    return tuple(sorted(nodes))
+def _facts(ns: NodeState) -> NodeFacts:
+    """The admission view of ``ns`` (caller refreshed it), rebuilt only when the node changed."""
+    cached = _FACTS.get(ns.name)
+    if cached is not None and cached[0] == ns.version and cached[1] is ns:
+        return cached[2]
+    topo = ns.topo
+    zones = _zones(ns)
+    booked: dict[int, dict[str, int]] = {}
+    pinned: dict[int, int] = {}
+    for alloc in ns.allocs.values():
+        for n, milli in alloc.numa.items():
+            entry = booked.setdefault(n, {})
+            entry[numa.CPU] = entry.get(numa.CPU, 0) + milli
+        for n, amount in alloc.numa_memory.items():
+            entry = booked.setdefault(n, {})
+            entry[numa.MEMORY] = entry.get(numa.MEMORY, 0) + amount
+        if alloc.numa and alloc.cpus and topo is not None:
+            for c in alloc.cpus:
+                info = topo.details.get(c)
+                if info is not None:
+                    pinned[info.node] = pinned.get(info.node, 0) + 1
+    used = ExclusiveUse(
+        frozenset(topo.core_of[c] for c in ns.avoid_pcpu if c in topo.core_of) if topo is not None else frozenset(),
+        ns.avoid_numa,
+    )
+    facts = NodeFacts(
+        name=ns.name,
+        labels=ns.node_labels,
+        annotations=ns.node_annotations,
+        nrt_annotations=ns.nrt_annotations,
+        nrt_policies=ns.nrt_policies,
+        topo=topo,
+        topo_error=ns.topo_error,
+        bindable=ns.bindable,
+        free=ns.free,
+        used=used,
+        zones=zones,
+        booked=booked,
+        booked_cpusets=pinned,
+    )
+    if len(_FACTS) > 65536:
+        _FACTS.clear()
+    _FACTS[ns.name] = (ns.version, ns, facts)
+    return facts
 
 
-def _cpu_counts(ns: NodeState, need: Needs) -> tuple[dict[int, int], dict[int, int]]:
-    if need.bind_policy == "FullPCPUs" and need.required:
-        return ns.cap_full_by_numa, ns.full_free_by_numa
-    return ns.cap_by_numa, ns.free_by_numa
+def _zone_amount(name: str, value: object) -> int:
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise ValueError(f"quantity {value!r} is not a string or number")
+    return parse_cpu_milli(str(value)) if name == numa.CPU else int(parse_quantity(str(value)))
 
 
-def _shared_counts(ns: NodeState) -> tuple[dict[int, int], dict[int, int]]:
-    cap = {n: c * 1000 for n, c in ns.cap_by_numa.items()}
-    free = {
-        n: max(0, ns.free_by_numa.get(n, 0) * 1000 - ns.shared_milli.get(n, 0)) for n in cap
-    }
-    return cap, free
+def _zones(ns: NodeState) -> dict[int, dict[str, int]]:
+    """NUMA zones from the NRT with withheld CPUs removed, or from the CPU topology.
+
+    Without ``Node`` zones in the NRT every NUMA node of the CPU topology is a zone holding its
+    bindable CPUs (and no memory), see ``scheduler_ext/README.md``.
+    """
+    topo = ns.topo
+    try:
+        zones = numa.parse_nrt_zones(ns.nrt_zones, _zone_amount)
+    except numa.ZoneError as exc:
+        log.warning("bad NodeResourceTopology zones", node=ns.name, error=str(exc))
+        zones = {}
+    if topo is None:
+        return zones
+    if not zones:
+        return {n: {numa.CPU: len(ns.bindable & topo.numa_cpus[n]) * 1000} for n in topo.numa_nodes}
+    withheld = topo.cpus - ns.bindable
+    for n, amounts in zones.items():
+        if amounts.get(numa.CPU):
+            held = len(withheld & topo.numa_cpus.get(n, frozenset()))
+            amounts[numa.CPU] = max(0, amounts[numa.CPU] - held * 1000)
+    return zones
 
 
-def _providers(
-    ns: NodeState, pod: PodRequest, need: Needs, *, empty_node: bool = False
-) -> list[list[Hint] | None]:
-    """Hint providers for the node's current (or, with ``empty_node``, empty) state."""
-    providers: list[list[Hint] | None] = []
-    nodes = _numa_nodes(ns)
-    if ns.topo is not None:
-        if need.cpuset:
-            cap, free = _cpu_counts(ns, need)
-            providers.append(cpu_hints(nodes, cap, cap if empty_node else free, pod.cpus))
-        elif pod.cpu_milli > 0:
-            cap, free = _shared_counts(ns)
-            providers.append(cpu_hints(nodes, cap, cap if empty_node else free, pod.cpu_milli))
-    if need.gpu is not None:
-        providers.append(gpu_hints(ns.gpus, {} if empty_node else ns.gpu_usage, need.gpu))
-    return providers
+def _gpu_provider(ns: NodeState, gpu: GPURequest) -> numa.ProviderHints:
+    hints = gpu_hints(ns.gpus, ns.gpu_usage, gpu)
+    if hints is None:
+        return {"gpu": None}
+    return {"gpu": [numa.Hint(h.affinity, h.preferred) for h in hints]}
+
+
+def _place(ns: NodeState, pod: PodRequest, intent: Intent, *, exact: bool) -> Placed | Refusal:
+    facts = _facts(ns)
+    extra: list[numa.ProviderHints] = []
+    if pod.gpu is not None and not ns.gpu_error:
+        extra.append(_gpu_provider(ns, pod.gpu))
+    return place(intent, facts, extra=extra, exact=exact)
 
 
 def _linear(free_after: float, total: float, strategy: str) -> float:
@@ -207,73 +269,51 @@ def _linear(free_after: float, total: float, strategy: str) -> float:
     return MAX_SCORE * (frac if strategy == "LeastAllocated" else 1.0 - frac)
 
 
-def _score(ns: NodeState, pod: PodRequest, need: Needs, cfg: ExtenderConfig) -> int:
+def _score(ns: NodeState, pod: PodRequest, placed: Placed, cfg: ExtenderConfig) -> int:
     parts: list[float] = []
-    if need.cpuset:
+    if placed.bind_policy:
         parts.append(_linear(len(ns.free) - pod.cpus, len(ns.bindable), cfg.score_strategy))
-    if need.gpu is not None:
+    if pod.gpu is not None:
         total = sum(g.core for g in ns.gpus if g.healthy)
         used = sum(u.core for m, u in ns.gpu_usage.items() if m in ns.gpu_by_minor)
-        parts.append(_linear(total - used - need.gpu.core * need.gpu.count, total, cfg.gpu_strategy))
+        parts.append(_linear(total - used - pod.gpu.core * pod.gpu.count, total, cfg.gpu_strategy))
     if not parts:
         return 0
     return round(sum(parts) / len(parts))
 
 
 def _evaluate(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Verdict:
-    need = needs(ns, pod)
-    if isinstance(need, str):
-        return Verdict(False, True, need)
-    if not need.anything:
+    intent = pre_filter(pod)
+    if isinstance(intent, Refusal):
+        return Verdict(False, True, intent.reason)
+    if intent.skip:
         return PLAIN
     if not ns.node_seen:
         return Verdict(False, False, f"node {ns.name} is not in the extender's cache yet")
-    policy = need.numa_policy
-    if need.cpuset:
-        topo = ns.topo
-        if topo is None:
-            why = f" ({ns.topo_error})" if ns.topo_error else ""
-            return Verdict(False, True, f"node reports no CPU topology{why}")
-        n = pod.cpus
-        if need.bind_policy == "FullPCPUs" and need.required and n % topo.cpus_per_core:
-            return Verdict(
-                False,
-                True,
-                f"SMT alignment: FullPCPUs needs a multiple of {topo.cpus_per_core} CPUs, pod asks {n}",
-            )
-        cap, free = _cpu_counts(ns, need)
-        if n > sum(cap.values()):
-            return Verdict(False, True, f"pod asks {n} CPUs, node has {sum(cap.values())} bindable")
-        if sum(free.values()) < n:
-            return Verdict(False, False, f"insufficient free CPUs: need {n}, free {sum(free.values())}")
-    if need.gpu is not None:
-        req = need.gpu
+    placed = _place(ns, pod, intent, exact=False)
+    if isinstance(placed, Refusal):
+        return Verdict(False, placed.unresolvable, placed.reason)
+    if pod.gpu is not None:
+        req = pod.gpu
         if ns.gpu_error:
             return Verdict(False, True, f"bad Device object: {ns.gpu_error}")
         healthy = sum(1 for g in ns.gpus if g.healthy)
         if healthy < req.count:
             return Verdict(False, True, f"pod asks {req.count} GPU(s), node has {healthy} healthy")
-        fits = sum(1 for g in ns.gpus if gpu_fits(g, ns.gpu_usage.get(g.minor, _IDLE), req))
+        strict = placed.numa_policy in ("Restricted", "SingleNUMANode") and placed.affinity is not None
+        fits = sum(
+            1
+            for g in ns.gpus
+            if gpu_fits(g, ns.gpu_usage.get(g.minor, _IDLE), req)
+            and (not strict or placed.affinity is None or g.numa in placed.affinity)
+        )
         if fits < req.count:
             return Verdict(
                 False, False, f"insufficient GPU capacity: {fits} GPU(s) fit, pod asks {req.count}"
             )
-    if policy:
-        nodes = _numa_nodes(ns)
-        best = merge_hints(policy, _providers(ns, pod, need), nodes)
-        if not admits(policy, best):
-            ever = merge_hints(policy, _providers(ns, pod, need, empty_node=True), nodes)
-            what = "CPU and GPU" if need.gpu is not None and (need.cpuset or pod.cpu_milli) else (
-                "GPU" if need.gpu is not None else "CPU"
-            )
-            where = "one NUMA node" if policy == "SingleNUMANode" else "the fewest NUMA nodes"
-            reason = f"NUMA topology policy {policy}: {what} request does not fit on {where}"
-            return Verdict(False, not admits(policy, ever), reason)
-        if ns.topo is not None and not need.cpuset and pod.cpu_milli > 0:
-            _, free = _shared_counts(ns)
-            if sum(free.values()) < pod.cpu_milli:
-                return Verdict(False, False, "insufficient free CPU in the NUMA pools")
-    return Verdict(True, score=_score(ns, pod, need, cfg))
+    if placed is PLAIN_PLACED and pod.gpu is None:
+        return PLAIN
+    return Verdict(True, score=_score(ns, pod, placed, cfg))
 
 
 _KEY_IDS: dict[tuple[object, ...], int] = {}
@@ -327,21 +367,16 @@ def evaluate(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Verdict:
     return _memo(ns, pod, cfg, _key_id(pod, cfg))
 
 
-def _split_shared(ns: NodeState, affinity: frozenset[int] | None, milli: int) -> dict[int, int]:
-    _, free = _shared_counts(ns)
-    nodes = sorted(affinity) if affinity is not None else list(free)
-    out: dict[int, int] = {}
-    left = milli
-    for n in order_numa(nodes, free, milli, ns.numa_strategy):
-        if left <= 0:
-            break
-        take = min(left, free.get(n, 0))
-        if take > 0:
-            out[n] = take
-            left -= take
-    if left > 0 and nodes:  # BestEffort over-commit: book the rest on the first node
-        first = nodes[0]
-        out[first] = out.get(first, 0) + left
+def _numa_annotation(booked: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, str]]:
+    out: dict[int, dict[str, str]] = {}
+    for n in sorted(booked):
+        res: dict[str, str] = {}
+        if booked[n].get(numa.CPU):
+            res["cpu"] = format_milli_cpu(booked[n][numa.CPU])
+        if booked[n].get(numa.MEMORY):
+            res["memory"] = format_bytes(booked[n][numa.MEMORY])
+        if res:
+            out[n] = res
     return out
 
 
@@ -354,60 +389,31 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
     if not verdict.ok:
         raise AllocationError(verdict.reason)
     ns.refresh()  # a memo hit skips it; the exact plan needs the derived sets current
-    need = needs(ns, pod)
-    assert not isinstance(need, str)
-    if not need.anything:
+    intent = pre_filter(pod)
+    if isinstance(intent, Refusal) or intent.skip or not ns.node_seen:
         return Placement(Allocation(), {}, None)
-    affinity: frozenset[int] | None = None
-    strict = need.numa_policy in ("Restricted", "SingleNUMANode")
-    if need.numa_policy:
-        best = merge_hints(need.numa_policy, _providers(ns, pod, need), _numa_nodes(ns))
-        affinity = best.affinity
-    cpus: frozenset[int] = frozenset()
-    shared: dict[int, int] = {}
-    numa_ann: dict[int, dict[str, str]] = {}
+    placed = _place(ns, pod, intent, exact=True)
+    if isinstance(placed, Refusal):
+        raise AllocationError(placed.reason)
+    cpus = placed.cpus
+    affinity = placed.affinity
+    strict = placed.numa_policy in ("Restricted", "SingleNUMANode")
     topo = ns.topo
-    if need.cpuset and topo is not None:
-        avoid: frozenset[int] = frozenset()
-        if pod.exclusive_policy == "PCPULevel":
-            avoid = ns.avoid_pcpu
-        elif pod.exclusive_policy == "NUMANodeLevel":
-            avoid = topo.cpus_in_numa(ns.avoid_numa)
-        cpus = take_cpus(
-            topo,
-            ns.free,
-            pod.cpus,
-            bind_policy=need.bind_policy,
-            required=need.required,
-            strategy=ns.numa_strategy,
-            affinity=affinity,
-            strict=strict,
-            avoid=avoid,
-        )
-        if need.numa_policy:
-            per: dict[int, int] = {}
-            for c in cpus:
-                node = topo.details[c].node
-                per[node] = per.get(node, 0) + 1000
-            numa_ann = numa_resources(per, pod.memory)
-    elif need.numa_policy and topo is not None and pod.cpu_milli > 0:
-        shared = _split_shared(ns, affinity, pod.cpu_milli)
-        numa_ann = numa_resources(shared, pod.memory)
     grants: tuple[GPUGrant, ...] = ()
-    if need.gpu is not None:
+    if pod.gpu is not None:
         gpu_aff = affinity
         if gpu_aff is None and cpus and topo is not None:
             gpu_aff = frozenset(topo.details[c].node for c in cpus)  # prefer, never require
         grants = take_gpus(
             ns.gpus,
             ns.gpu_usage,
-            need.gpu,
+            pod.gpu,
             affinity=gpu_aff,
             strict=strict and affinity is not None,
             strategy=cfg.gpu_strategy,
         )
     annotations: dict[str, str] = {}
-    status = format_resource_status(cpus, numa_ann)
+    status = format_resource_status(cpus, _numa_annotation(placed.numa))
     if status:
         annotations[ANN_RESOURCE_STATUS] = status
     devices = format_device_allocated(grants, ns.gpu_by_minor)
@@ -415,7 +421,8 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
         annotations[ANN_DEVICE_ALLOCATED] = devices
     alloc = Allocation(
         cpus=cpus,
-        numa=shared,
+        numa={n: a[numa.CPU] for n, a in placed.numa.items() if a.get(numa.CPU)},
+        numa_memory={n: a[numa.MEMORY] for n, a in placed.numa.items() if a.get(numa.MEMORY)},
         gpus=grants,
         exclusive=pod.exclusive_policy if cpus else "None",
     )
@@ -481,8 +488,11 @@ def filter_nodes(
 
 
 def _plain_anywhere(pod: PodRequest) -> bool:
-    """True when no node label could make this pod need anything from us."""
-    return not (pod.integer_cpu or pod.gpu is not None or pod.numa_policy not in ("", "None"))
+    """True when no node label could make this pod need anything from us: it requests
+    nothing (a node's bind-policy label binds any CPU request, its NUMA policy label aligns
+    any request)."""
+    intent = pre_filter(pod)
+    return isinstance(intent, Intent) and intent.skip
 
 
 def prioritize_nodes(

@@ -14,7 +14,7 @@ Design:
 
 - Lease ``<prefix><node>`` in the ledger namespace carries, in the annotation
   ``scheduler-ext.runtime-hook-proxy.io/allocations``, the allocations made on that node in
-  the last ``ttl`` seconds: ``{pod uid: {"cpuset", "numa", "gpus", "exclusive", "ts"}}``.
+  the last ``ttl`` seconds: ``{pod uid: {"cpuset", "numa", "numa_memory", "gpus", "exclusive", "ts"}}``.
 - A bind plans against its cache plus every ledger entry (``entries``), then writes the Lease
   with the resourceVersion it read (``commit``). If another replica committed in between, the
   API server answers 409 and the bind re-reads the ledger, re-plans and tries again. So the
@@ -60,6 +60,7 @@ def encode_entry(alloc: Allocation, ts: float) -> dict[str, Any]:
     return {
         "cpuset": format_cpu_list(alloc.cpus),
         "numa": {str(n): m for n, m in alloc.numa.items()},
+        "numa_memory": {str(n): m for n, m in alloc.numa_memory.items()},
         "gpus": [[g.minor, g.core, g.ratio, g.memory] for g in alloc.gpus],
         "exclusive": alloc.exclusive,
         "ts": round(ts, 3),
@@ -82,6 +83,7 @@ def decode_entries(text: str | None) -> dict[str, tuple[Allocation, float]]:
             alloc = Allocation(
                 cpus=parse_cpu_list(e.get("cpuset") or ""),
                 numa={int(n): int(m) for n, m in (e.get("numa") or {}).items()},
+                numa_memory={int(n): int(m) for n, m in (e.get("numa_memory") or {}).items()},
                 gpus=tuple(GPUGrant(int(a), int(b), int(c), int(d)) for a, b, c, d in e.get("gpus") or []),
                 exclusive=str(e.get("exclusive") or "None"),
             )

@@ -268,7 +268,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
                 raise ValueError(f"{ANN_RESOURCE_SPEC}: unknown CPU bind policy {value!r}")
         chosen = required or preferred
         bind_policy = "FullPCPUs" if chosen in ("", "Default") else chosen
-        bind_required = bool(required) and required != "Default"
+        bind_required = bool(required)  # "Default" too: the default policy, required
         exclusive = res_spec.get("preferredCPUExclusivePolicy") or "None"
         if exclusive not in EXCLUSIVE_POLICIES:
             raise ValueError(f"{ANN_RESOURCE_SPEC}: unknown CPU exclusive policy {exclusive!r}")

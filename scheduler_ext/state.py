@@ -93,6 +93,7 @@ class NodeState:
         self.node_annotations: Mapping[str, str] = {}
         self.nrt_annotations: Mapping[str, str] = {}
         self.nrt_policies: tuple[str, ...] = ()
+        self.nrt_zones: Any = None  # the NRT's raw ``zones`` list (parsed in ``scheduler_ext.extender``)
         self.device_spec: Mapping[str, Any] | None = None
         # static, from the objects above (``_rebuild_static``)
         self.topo: CPUTopology | None = None
@@ -453,8 +454,10 @@ class ClusterState:
             raw = None if deleted else obj.get("topologyPolicies")
             if raw is not None and not (isinstance(raw, list) and all(isinstance(p, str) for p in raw)):
                 raise BadObject("topologyPolicies must be a list of strings")
+            zones = None if deleted else obj.get("zones")  # read by ``scheduler_ext.extender``
             ns = self._node_for(name)
             ns.nrt_annotations, ns.nrt_policies = annotations, tuple(raw or ())
+            ns.nrt_zones = zones
         else:  # devices
             spec = None if deleted else dict(_mapping(obj.get("spec"), "spec"))
             ns = self._node_for(name)

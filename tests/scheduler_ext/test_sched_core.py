@@ -7,16 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from scheduler_ext.allocator import (
-    AllocationError,
-    GPUUsage,
-    Hint,
-    admits,
-    cpu_hints,
-    merge_hints,
-    take_cpus,
-    take_gpus,
-)
+from scheduler_ext.allocator import AllocationError, GPUUsage, take_gpus
 from scheduler_ext.annotations import format_resource_status, parse_allocation
 from scheduler_ext.pods import GPURequest, parse_gpu_request, parse_pod
 from scheduler_ext.quantity import format_bytes, format_milli_cpu, parse_cpu_milli
@@ -29,7 +20,7 @@ from scheduler_ext.topology import (
     parse_system_qos_cpus,
     topology_annotation,
 )
-from tests.scheduler_ext.builders import TOPO_NO_SMT, TOPO_QUAD_NUMA, TOPO_SMALL, cpus, device, pod
+from tests.scheduler_ext.builders import TOPO_QUAD_NUMA, cpus, device, pod
 
 F = frozenset
 
@@ -151,87 +142,6 @@ def test_which_pods_want_a_cpuset(labels_qos: str, priority: int | None, cpu: st
     assert parse_pod(pod("p", qos=labels_qos, priority=priority, cpu=cpu)).koord_wants_cpuset is wants
 
 
-@pytest.mark.parametrize(
-    ("topo", "available", "n", "kwargs", "expected"),
-    [
-        (TOPO_SMALL, TOPO_SMALL.cpus, 4, {}, cpus("0-1,8-9")),
-        (TOPO_SMALL, TOPO_SMALL.cpus, 3, {}, cpus("0-1,8")),
-        (TOPO_SMALL, TOPO_SMALL.cpus, 4, {"bind_policy": "SpreadByPCPUs"}, cpus("0-3")),
-        (TOPO_SMALL, TOPO_SMALL.cpus - {0}, 2, {}, cpus("1,9")),
-        (TOPO_SMALL, TOPO_SMALL.cpus - {0}, 1, {}, cpus("8")),
-        (TOPO_SMALL, TOPO_SMALL.cpus, 8, {}, cpus("0-3,8-11")),
-        (TOPO_SMALL, TOPO_SMALL.cpus - {1}, 4, {"strategy": "MostAllocated"}, cpus("0,2,8,10")),
-        (TOPO_SMALL, TOPO_SMALL.cpus - {1}, 4, {"strategy": "LeastAllocated"}, cpus("4-5,12-13")),
-        (TOPO_SMALL, TOPO_SMALL.cpus, 2, {"affinity": F({1}), "strict": True}, cpus("4,12")),
-        (TOPO_QUAD_NUMA, TOPO_QUAD_NUMA.cpus, 16, {}, cpus("0-7,16-23")),
-        (TOPO_SMALL, TOPO_SMALL.cpus, 2, {"avoid": cpus("0-1,8-9")}, cpus("2,10")),
-        (TOPO_NO_SMT, TOPO_NO_SMT.cpus, 3, {"required": True}, cpus("0-2")),
-    ],
-    ids=["full-cores-first", "odd-count-fills-a-partial-core-last", "spread-one-per-core",
-         "packs-the-partly-used-core", "single-cpu-fills-a-hole", "whole-numa-node",
-         "most-allocated-packs-into-busier-numa", "least-allocated-spreads-to-emptier-numa",
-         "strict-affinity-stays-inside", "sub-numa-whole-nodes", "preferred-exclusive-avoids-cores",
-         "no-smt-required-full-pcpus"],
-)
-def test_take_cpus(topo, available, n, kwargs, expected) -> None:  # type: ignore[no-untyped-def]
-    assert take_cpus(topo, available, n, **kwargs) == expected
-
-
-@pytest.mark.parametrize(
-    ("available", "n", "kwargs", "match"),
-    [
-        (TOPO_SMALL.cpus, 3, {"required": True}, "not a multiple of 2"),
-        (cpus("0-7"), 2, {"required": True}, "need 2 CPUs"),
-        (TOPO_SMALL.cpus, 10, {"affinity": F({0}), "strict": True}, r"in NUMA \[0\]"),
-    ],
-    ids=["full-pcpus-smt-alignment", "full-pcpus-without-whole-cores", "strict-affinity-too-small"],
-)
-def test_take_cpus_refuses_with_numbers(available, n, kwargs, match) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(AllocationError, match=match):
-        take_cpus(TOPO_SMALL, available, n, **kwargs)
-
-
-NODES2 = (0, 1)
-
-
-@pytest.mark.parametrize(
-    ("policy", "providers", "expected"),
-    [
-        ("BestEffort", [[Hint(F({0}), True), Hint(F({0, 1}), False)]], Hint(F({0}), True)),
-        ("Restricted", [[Hint(F({0, 1}), True)]], Hint(F({0, 1}), True)),
-        ("SingleNUMANode", [[Hint(F({0, 1}), True)]], Hint(F({0, 1}), False)),
-        ("Restricted", [[Hint(F({0}), True), Hint(F({1}), True)], [Hint(F({1}), True)]], Hint(F({1}), True)),
-        ("Restricted", [[Hint(F({0}), True)], [Hint(F({1}), True)]], Hint(F({0, 1}), False)),
-        ("Restricted", [[Hint(F({0}), True), Hint(F({1}), True), Hint(F({0, 1}), False)],
-                        [Hint(F({0, 1}), True)]], Hint(F({0, 1}), False)),
-        ("BestEffort", [None, [Hint(F({1}), True)]], Hint(F({1}), True)),
-        ("BestEffort", [[]], Hint(F({0, 1}), False)),
-    ],
-    ids=["narrowest-preferred-wins", "wide-preferred-is-fine-for-restricted",
-         "single-numa-drops-multi-node-hints", "cpu-and-gpu-meet-on-one-node",
-         "disjoint-providers-give-no-preferred-hint", "never-narrower-than-a-provider-can-meet",
-         "no-preference-provider-is-neutral",
-         "unsatisfiable-provider-is-not-preferred"],
-)
-def test_merge_hints_like_topology_manager(policy: str, providers: list, expected: Hint) -> None:  # type: ignore[type-arg]
-    assert merge_hints(policy, providers, NODES2) == expected
-
-
-@pytest.mark.parametrize(
-    ("policy", "hint", "admitted"),
-    [("BestEffort", Hint(F({0, 1}), False), True), ("Restricted", Hint(F({0, 1}), False), False),
-     ("SingleNUMANode", Hint(F({0}), True), True), ("None", Hint(None, False), True)],
-    ids=["best-effort-always", "restricted-needs-preferred", "single-numa-preferred", "none-always"],
-)
-def test_admission(policy: str, hint: Hint, admitted: bool) -> None:
-    assert admits(policy, hint) is admitted
-
-
-def test_cpu_hints_mark_the_minimal_affinity_preferred() -> None:
-    hints = cpu_hints(NODES2, {0: 8, 1: 8}, {0: 3, 1: 8}, 4)
-    assert hints == [Hint(F({1}), True), Hint(F({0, 1}), False)]
-
-
 GPUS = parse_gpu_devices(device("n", 4, numa_of=[0, 0, 1, 1], pcie_of=["a", "b", "c", "c"])["spec"])
 
 
@@ -270,5 +180,5 @@ def test_allocation_round_trips_through_annotations() -> None:
                                                              "koordinator.sh/gpu-memory-ratio": "50"}}]})
     alloc = parse_allocation(status, devices, "PCPULevel")
     assert alloc.cpus == cpus("2,54")
-    assert alloc.numa == {}  # a cpuset pod's NUMA booking is its CPUs
+    assert alloc.numa == {0: 2000}  # a cpuset pod's NUMA booking counts in zone accounting
     assert [(g.minor, g.core, g.ratio, g.memory) for g in alloc.gpus] == [(1, 50, 50, 40 << 30)]

@@ -66,8 +66,8 @@ def test_filter_with_node_names_reports_precise_reasons(
     assert reply == {
         "Nodes": None,
         "NodeNames": ["free"],
-        "FailedNodes": {"busy": "insufficient free CPUs: need 4, free 0"},
-        "FailedAndUnresolvableNodes": {"bare": "node reports no CPU topology"},
+        "FailedNodes": {"busy": "not enough cpus available to satisfy request"},
+        "FailedAndUnresolvableNodes": {"bare": "node(s) invalid CPU Topology"},
         "Error": "",
     }
 
@@ -79,8 +79,9 @@ def test_filter_with_node_objects_returns_the_survivors(serve: Callable[..., Ext
     reply = httpx.post(f"{ext.url}/filter", json={"Pod": p, "Nodes": {"items": items}, "NodeNames": None}).json()
     assert reply["Nodes"] == {"items": []}
     assert reply["NodeNames"] is None
-    assert reply["FailedAndUnresolvableNodes"] == {"a": "pod asks 20 CPUs, node has 16 bindable",
-                                                   "b": "pod asks 20 CPUs, node has 16 bindable"}
+    assert reply["FailedNodes"] == {"a": "not enough cpus available to satisfy request",
+                                    "b": "not enough cpus available to satisfy request"}
+    assert not reply["FailedAndUnresolvableNodes"]
     plain = pod("plain", cpu="500m", qos="LS")
     reply = httpx.post(f"{ext.url}/filter", json={"Pod": plain, "Nodes": {"items": items}}).json()
     assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["a", "b"]
@@ -113,8 +114,8 @@ def test_bind_patches_annotations_then_binds(api: FakeAPIServer, serve: Callable
     got = api.get("pods", "web", "default")
     assert got is not None and got["spec"]["nodeName"] == "n1"
     status = json.loads(got["metadata"]["annotations"][RS])
-    assert status == {"cpuset": "0-1,8-9",
-                      "numaNodeResources": [{"node": 0, "resources": {"cpu": "4", "memory": "8Gi"}}]}
+    # the NRT reports no zones, so the NUMA nodes of the CPU topology are the zones (CPU only)
+    assert status == {"cpuset": "0-1,8-9", "numaNodeResources": [{"node": 0, "resources": {"cpu": "4"}}]}
     wait_for(lambda: ext.state.held_count() == 0)  # the watch confirmed the hold
 
 

@@ -1,0 +1,443 @@
+"""koord-scheduler's NodeNUMAResource PreFilter and Filter rules, and the placement they imply.
+
+Who calls this: ``scheduler_ext.extender`` builds a ``NodeFacts`` from its cached ``NodeState``
+and asks ``pre_filter`` (once per pod) and ``place`` (per node: filter, prioritize and bind all
+use the same answer). Pure: values in, a ``Placed`` or a ``Refusal`` out; the CPU choice is
+``scheduler_ext.accumulator``, the NUMA hints, merge and even split are ``scheduler_ext.numa``.
+
+Rules, in Koordinator's order (``nodenumaresource/plugin.go`` ``PreFilter`` and ``Filter``,
+``util.go``), each with Koordinator's status and reason:
+
+PreFilter (the pod alone):
+
+1. A pod that requests nothing is skipped.
+2. An LSE/LSR pod of koord-prod priority binds CPUs when its effective bind policy is FullPCPUs
+   or SpreadByPCPUs: ``requiredCPUBindPolicy`` if set, else ``preferredCPUBindPolicy``, where
+   "" and ``Default`` mean the scheduler's default (FullPCPUs). A CPU request that is not a
+   whole number of CPUs is then refused everywhere: UnschedulableAndUnresolvable, "the
+   requested CPUs must be integer".
+
+Filter (the pod on one node):
+
+3. NUMA policy: the node label ``node.koordinator.sh/numa-topology-policy`` if set, else
+   kubelet's Topology Manager policy from the NRT (BestEffort, Restricted,
+   SingleNUMANodePodLevel); a pod policy that differs from a node policy is
+   UnschedulableAndUnresolvable, "node(s) NUMA Topology policy not match"; otherwise the pod's
+   policy, else the node's.
+4. The node's bind policy (label ``node.koordinator.sh/cpu-bind-policy`` FullPCPUsOnly or
+   SpreadByPCPUs, or kubelet's static policy with ``full-pcpus-only``) makes every pod with a
+   CPU request bind CPUs; a request that is not whole CPUs is UnschedulableAndUnresolvable,
+   "the requested CPUs must be integer".
+5. A node CPU amplification ratio (``node.koordinator.sh/resource-amplification-ratio``) that
+   cannot be read is UnschedulableAndUnresolvable, "node(s) invalid CPU amplification ratio".
+6. Binding CPUs needs a valid CPU topology: UnschedulableAndUnresolvable, "node(s) invalid CPU
+   Topology".
+7. The node's policy becomes the required policy; a pod that requires another one is
+   UnschedulableAndUnresolvable, "node(s) cpu bind policy conflicts with pod's required cpu
+   bind policy".
+8. Required FullPCPUs needs a multiple of the threads per core: UnschedulableAndUnresolvable,
+   "node(s) requested cpus not multiple cpus per core".
+9. Then the CPUs are chosen (no NUMA policy) or the NUMA topology manager admits the pod
+   (``scheduler_ext.numa``); a node without NUMA zones is UnschedulableAndUnresolvable,
+   "node(s) missing NUMA resources"; a choice that fails is Unschedulable with Koordinator's
+   reason ("not enough cpus available to satisfy request", "Insufficient NUMA cpu",
+   "Unsatisfied NUMA cpu", "Unaligned NUMA Hint cause ...").
+
+The deliberate differences from Koordinator are listed in ``scheduler_ext/README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scheduler_ext import numa
+from scheduler_ext.accumulator import (
+    NOT_ENOUGH,
+    AllocationError,
+    ExclusiveUse,
+    allocate_cpuset,
+    filter_required,
+)
+from scheduler_ext.pods import PodRequest
+from scheduler_ext.topology import CPUTopology
+
+__all__ = [
+    "ERR_CPU_BIND_POLICY_CONFLICT",
+    "ERR_INVALID_AMPLIFICATION_RATIO",
+    "ERR_INVALID_CPU_TOPOLOGY",
+    "ERR_INVALID_REQUESTED_CPUS",
+    "ERR_MISSING_NUMA_RESOURCES",
+    "ERR_NOT_MATCH_NUMA_TOPOLOGY",
+    "ERR_SMT_ALIGNMENT",
+    "UNRESOLVABLE",
+    "UNSCHEDULABLE",
+    "Intent",
+    "NodeFacts",
+    "Placed",
+    "Refusal",
+    "amplification_ratio",
+    "bind_policy_of",
+    "merge_numa_policy",
+    "node_cpu_bind_policy",
+    "node_numa_policy",
+    "place",
+    "pre_filter",
+]
+
+UNSCHEDULABLE = "Unschedulable"
+UNRESOLVABLE = "UnschedulableAndUnresolvable"
+
+ERR_NOT_MATCH_NUMA_TOPOLOGY = "node(s) NUMA Topology policy not match"
+ERR_INVALID_REQUESTED_CPUS = "the requested CPUs must be integer"
+ERR_INVALID_CPU_TOPOLOGY = "node(s) invalid CPU Topology"
+ERR_SMT_ALIGNMENT = "node(s) requested cpus not multiple cpus per core"
+ERR_CPU_BIND_POLICY_CONFLICT = "node(s) cpu bind policy conflicts with pod's required cpu bind policy"
+ERR_INVALID_AMPLIFICATION_RATIO = "node(s) invalid CPU amplification ratio"
+ERR_MISSING_NUMA_RESOURCES = "node(s) missing NUMA resources"
+
+FULL_PCPUS = "FullPCPUs"
+SPREAD_BY_PCPUS = "SpreadByPCPUs"
+DEFAULT_BIND_POLICY = FULL_PCPUS  # koord-scheduler's ``defaultCPUBindPolicy``
+NODE_FULL_PCPUS_ONLY = "FullPCPUsOnly"
+NUMA_POLICIES = (numa.BEST_EFFORT, numa.RESTRICTED, numa.SINGLE_NUMA_NODE)
+# kubelet Topology Manager policies in an NRT's ``topologyPolicies`` that Koordinator honours
+_NRT_POLICIES = {
+    "BestEffort": numa.BEST_EFFORT,
+    "Restricted": numa.RESTRICTED,
+    "SingleNUMANodePodLevel": numa.SINGLE_NUMA_NODE,
+}
+DEFAULT_NUMA_ALLOCATE_STRATEGY = "LeastAllocated"  # koord-scheduler's default NUMA scoring
+
+LABEL_CPU_BIND_POLICY = "node.koordinator.sh/cpu-bind-policy"
+LABEL_NUMA_TOPOLOGY_POLICY = "node.koordinator.sh/numa-topology-policy"
+LABEL_NUMA_ALLOCATE_STRATEGY = "node.koordinator.sh/numa-allocate-strategy"
+ANN_AMPLIFICATION_RATIO = "node.koordinator.sh/resource-amplification-ratio"
+ANN_KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
+_MAX_ANNOTATION_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a node cannot take the pod, with Koordinator's status code."""
+
+    code: str  # UNSCHEDULABLE or UNRESOLVABLE
+    reason: str
+
+    @property
+    def unresolvable(self) -> bool:
+        return self.code == UNRESOLVABLE
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """What PreFilter decided about the pod (``preFilterState``)."""
+
+    skip: bool  # requests nothing: no rule applies
+    request_cpu_bind: bool  # binds CPUs whatever the node says
+    required: str  # required bind policy ("" when none)
+    preferred: str  # effective bind policy when binding
+    exclusive: str  # preferred CPU exclusive policy ("None" when none)
+    numa_policy: str  # the pod's NUMA topology policy ("" when none)
+    cpu_milli: int
+    memory: int
+
+    @property
+    def num_cpus(self) -> int:
+        return self.cpu_milli // 1000
+
+
+def pre_filter(pod: PodRequest, default_policy: str = DEFAULT_BIND_POLICY) -> Intent | Refusal:
+    """Rules 1 and 2 of the module docstring."""
+    numa_policy = "" if pod.numa_policy == "None" else pod.numa_policy
+    skip = pod.cpu_milli <= 0 and pod.memory <= 0 and pod.gpu is None
+    intent = Intent(skip, False, "", "", "None", numa_policy, pod.cpu_milli, pod.memory)
+    if skip:
+        return intent
+    allow_cpuset = pod.qos in ("LSE", "LSR") and pod.priority_class == "koord-prod"
+    policy = default_policy if pod.bind_policy in ("", "Default") else pod.bind_policy
+    if allow_cpuset and policy in (FULL_PCPUS, SPREAD_BY_PCPUS):
+        if pod.cpu_milli % 1000:
+            return Refusal(UNRESOLVABLE, ERR_INVALID_REQUESTED_CPUS)
+        if pod.cpu_milli > 0:
+            return Intent(
+                False,
+                True,
+                policy if pod.bind_required else "",
+                policy,
+                pod.exclusive_policy or "None",
+                numa_policy,
+                pod.cpu_milli,
+                pod.memory,
+            )
+    return intent
+
+
+# -- node facts ------------------------------------------------------------------------------
+
+
+def _json_object(text: str | None) -> object:
+    if not text or len(text) > _MAX_ANNOTATION_CHARS:
+        return None if not text else ValueError("annotation too long")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        return exc
+
+
+def node_cpu_bind_policy(labels: Mapping[str, str], nrt_annotations: Mapping[str, str]) -> str:
+    """FullPCPUsOnly, SpreadByPCPUs or "" (``GetNodeCPUBindPolicy``)."""
+    label = labels.get(LABEL_CPU_BIND_POLICY, "")
+    if label == NODE_FULL_PCPUS_ONLY:
+        return NODE_FULL_PCPUS_ONLY
+    doc = _json_object(nrt_annotations.get(ANN_KUBELET_CPU_MANAGER_POLICY))
+    if isinstance(doc, dict) and doc.get("policy") == "static":
+        options = doc.get("options")
+        if isinstance(options, dict) and options.get("full-pcpus-only") == "true":
+            return NODE_FULL_PCPUS_ONLY
+    return SPREAD_BY_PCPUS if label == SPREAD_BY_PCPUS else ""
+
+
+def node_numa_policy(labels: Mapping[str, str], nrt_policies: Sequence[str]) -> str:
+    """The node label if it names a policy, else kubelet's from the NRT, else ""."""
+    label = labels.get(LABEL_NUMA_TOPOLOGY_POLICY, "")
+    if label in NUMA_POLICIES:
+        return label
+    for p in nrt_policies:
+        mapped = _NRT_POLICIES.get(p)
+        if mapped:
+            return mapped
+    return ""
+
+
+def merge_numa_policy(node_policy: str, pod_policy: str) -> str | Refusal:
+    """The pod's policy over the node's; two different ones are a refusal (rule 3)."""
+    if node_policy and pod_policy and node_policy != pod_policy:
+        return Refusal(UNRESOLVABLE, ERR_NOT_MATCH_NUMA_TOPOLOGY)
+    return pod_policy or node_policy
+
+
+def amplification_ratio(annotations: Mapping[str, str]) -> float | Refusal:
+    """The node's CPU amplification ratio (1.0 when absent), or rule 5's refusal."""
+    doc = _json_object(annotations.get(ANN_AMPLIFICATION_RATIO))
+    if doc is None:
+        return 1.0
+    if not isinstance(doc, dict):
+        return Refusal(UNRESOLVABLE, ERR_INVALID_AMPLIFICATION_RATIO)
+    value = doc.get("cpu")
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return Refusal(UNRESOLVABLE, ERR_INVALID_AMPLIFICATION_RATIO)
+    return float(value)
+
+
+def amplify(amount: int, ratio: float) -> int:
+    """``extension.Amplify``: ceil(amount x ratio) when the ratio is above 1."""
+    return amount if ratio <= 1 else math.ceil(amount * ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the rules read about one node (built by ``scheduler_ext.extender`` from its cache)."""
+
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    nrt_annotations: Mapping[str, str]
+    nrt_policies: Sequence[str]
+    topo: CPUTopology | None
+    topo_error: str
+    bindable: frozenset[int]  # every CPU minus those withheld from binding
+    free: frozenset[int]  # bindable minus the CPUs placed pods hold
+    used: ExclusiveUse  # cores and NUMA nodes held by exclusive pods
+    zones: numa.Zones  # NUMA node -> allocatable (cpu milli, memory bytes), withheld CPUs removed
+    booked: Mapping[int, Mapping[str, int]]  # NUMA node -> what placed pods booked
+    booked_cpusets: Mapping[int, int] = field(default_factory=dict)  # NUMA node -> CPUs of cpusets booked there
+
+    @property
+    def strategy(self) -> str:
+        return self.labels.get(LABEL_NUMA_ALLOCATE_STRATEGY) or DEFAULT_NUMA_ALLOCATE_STRATEGY
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """The node takes the pod: its CPUs, its NUMA booking and the merged NUMA affinity."""
+
+    cpus: frozenset[int] = frozenset()
+    numa: Mapping[int, Mapping[str, int]] = field(default_factory=dict)  # NUMA node -> booked
+    affinity: frozenset[int] | None = None  # None: no NUMA alignment
+    numa_policy: str = ""
+    bind_policy: str = ""  # the policy the CPUs were chosen with ("" when no cpuset)
+    required: bool = False
+
+
+PLAIN = Placed()
+
+# Extra hint providers (GPUs): given the policy, the hints per resource name, or None.
+ExtraHints = Callable[[], numa.ProviderHints | None]
+
+
+def bind_policy_of(intent: Intent, node_policy: str) -> tuple[str, bool]:
+    """The policy CPUs are chosen with and whether it is required (``getCPUBindPolicy``)."""
+    if intent.required:
+        return intent.required, True
+    if node_policy == NODE_FULL_PCPUS_ONLY:
+        return FULL_PCPUS, True
+    if node_policy == SPREAD_BY_PCPUS:
+        return SPREAD_BY_PCPUS, True
+    return intent.preferred, False
+
+
+def _amplified_zones(node: NodeFacts, ratio: float) -> tuple[numa.Zones, dict[int, dict[str, int]]]:
+    if ratio <= 1:
+        return node.zones, {n: dict(v) for n, v in node.booked.items()}
+    zones = {n: {r: (amplify(v, ratio) if r == numa.CPU else v) for r, v in z.items()} for n, z in node.zones.items()}
+    booked: dict[int, dict[str, int]] = {}
+    for n, amounts in node.booked.items():
+        b = dict(amounts)
+        pinned = node.booked_cpusets.get(n, 0) * 1000
+        if numa.CPU in b and pinned:
+            b[numa.CPU] = b[numa.CPU] - pinned + amplify(pinned, ratio)
+        booked[n] = b
+    return zones, booked
+
+
+def place(
+    intent: Intent,
+    node: NodeFacts,
+    *,
+    extra: Sequence[numa.ProviderHints] = (),
+    exact: bool = True,
+) -> Placed | Refusal:
+    """Rules 3 to 9 on one node; with ``exact`` the answer is the placement a bind writes.
+
+    ``extra`` holds other hint providers' answers (GPUs) for the NUMA merge. Without
+    ``exact`` (filter and prioritize) the CPUs are only counted, never chosen: every policy
+    here succeeds exactly when enough CPUs are eligible (a required policy's eligible CPUs
+    already have its shape), so the verdict is the same and the accumulator runs only at bind.
+    """
+    if intent.skip:
+        return PLAIN
+    node_numa = node_numa_policy(node.labels, node.nrt_policies)
+    policy = merge_numa_policy(node_numa, intent.numa_policy)
+    if isinstance(policy, Refusal):
+        return policy
+    node_bind = node_cpu_bind_policy(node.labels, node.nrt_annotations)
+    cpu_bind = intent.request_cpu_bind
+    if not cpu_bind and intent.cpu_milli > 0 and node_bind:
+        if intent.cpu_milli % 1000:
+            return Refusal(UNRESOLVABLE, ERR_INVALID_REQUESTED_CPUS)
+        cpu_bind = True
+    ratio = amplification_ratio(node.annotations) if intent.cpu_milli > 0 else 1.0
+    if isinstance(ratio, Refusal):
+        return ratio
+    topo = node.topo
+    bind_policy, required = "", False
+    if cpu_bind:
+        if topo is None:
+            return Refusal(UNRESOLVABLE, ERR_INVALID_CPU_TOPOLOGY)
+        bind_policy, required = bind_policy_of(intent, node_bind)
+        if node_bind and intent.required and intent.required != (
+            FULL_PCPUS if node_bind == NODE_FULL_PCPUS_ONLY else SPREAD_BY_PCPUS
+        ):
+            return Refusal(UNRESOLVABLE, ERR_CPU_BIND_POLICY_CONFLICT)
+        if required and bind_policy == FULL_PCPUS and intent.num_cpus % max(topo.cpus_per_core, 1):
+            return Refusal(UNRESOLVABLE, ERR_SMT_ALIGNMENT)
+    if not policy:
+        if not cpu_bind or topo is None:
+            return PLAIN
+        try:
+            cpus = _cpuset(intent, node, topo, bind_policy, required, None, exact)
+        except AllocationError as exc:
+            return Refusal(UNSCHEDULABLE, str(exc))
+        return Placed(cpus, {}, None, "", bind_policy, required)
+    return _place_numa(intent, node, policy, cpu_bind, bind_policy, required, ratio, extra, exact)
+
+
+def _cpuset(
+    intent: Intent,
+    node: NodeFacts,
+    topo: CPUTopology,
+    bind_policy: str,
+    required: bool,
+    numa_cpus: dict[int, int] | None,
+    exact: bool,
+) -> frozenset[int]:
+    if not exact:
+        eligible = filter_required(topo, bind_policy, node.free) if required else node.free
+        if len(eligible) < intent.num_cpus:
+            raise AllocationError(NOT_ENOUGH)
+        if numa_cpus:
+            got = sum(min(len(eligible & topo.numa_cpus.get(n, frozenset())), k) for n, k in numa_cpus.items())
+            if got != intent.num_cpus:
+                raise AllocationError(NOT_ENOUGH)
+        return frozenset()
+    return allocate_cpuset(
+        topo,
+        node.free,
+        intent.num_cpus,
+        bind_policy=bind_policy,
+        required=required,
+        exclusive_policy=intent.exclusive,
+        strategy=node.strategy,
+        used=node.used,
+        numa_cpus=numa_cpus,
+    )
+
+
+def _place_numa(
+    intent: Intent,
+    node: NodeFacts,
+    policy: str,
+    cpu_bind: bool,
+    bind_policy: str,
+    required: bool,
+    ratio: float,
+    extra: Sequence[numa.ProviderHints],
+    exact: bool,
+) -> Placed | Refusal:
+    if not node.zones:
+        return Refusal(UNRESOLVABLE, ERR_MISSING_NUMA_RESOURCES)
+    topo = node.topo
+    zones, booked = _amplified_zones(node, ratio)
+    available = numa.zone_available(zones, booked)
+    if required and topo is not None:  # trimNUMANodeResources
+        eligible = filter_required(topo, bind_policy, node.free)
+        for n, amounts in available.items():
+            if amounts.get(numa.CPU):
+                cap = len(eligible & topo.numa_cpus.get(n, frozenset())) * 1000
+                amounts[numa.CPU] = min(amounts[numa.CPU], cap)
+    original = numa.cpu_requests(intent.cpu_milli, intent.memory)
+    hinted = dict(original)
+    if cpu_bind and ratio > 1 and numa.CPU in hinted:
+        hinted[numa.CPU] = amplify(hinted[numa.CPU], ratio)
+    full_cores = max(topo.cpus_per_core, 1) if (topo is not None and required and bind_policy == FULL_PCPUS) else 0
+
+    def attempt(mask: frozenset[int] | None, exact: bool) -> Placed | Refusal:
+        split: Mapping[int, Mapping[str, int]] = {}
+        if mask is not None:
+            shares = numa.distribute_evenly(
+                original if cpu_bind else hinted, available, mask, cpu_bind=cpu_bind, full_cores=full_cores
+            )
+            if shares.reasons:
+                return Refusal(UNSCHEDULABLE, "; ".join(shares.reasons))
+            split = shares.per_node
+        cpus: frozenset[int] = frozenset()
+        if cpu_bind and topo is not None:
+            numa_cpus = {n: a.get(numa.CPU, 0) // 1000 for n, a in split.items() if a.get(numa.CPU)}
+            try:
+                cpus = _cpuset(intent, node, topo, bind_policy, required, numa_cpus or None, exact)
+            except AllocationError as exc:
+                return Refusal(UNSCHEDULABLE, str(exc))
+        return Placed(cpus, split, mask, policy, bind_policy, required)
+
+    hints = numa.generate_hints(
+        zones, available, hinted, policy, lambda m: isinstance(attempt(m, False), Placed), strategy="LeastAllocated"
+    )
+    merged = numa.merge_hints(policy, sorted(zones), [hints, *extra])
+    if not merged.admit:
+        return Refusal(UNSCHEDULABLE, "; ".join(merged.reasons) or ERR_NOT_MATCH_NUMA_TOPOLOGY)
+    return attempt(merged.affinity, exact)
