@@ -3,16 +3,19 @@ proxy's peak RSS while poisoned pods and simple relay attacks run next to health
 
     .venv/bin/python benchmarks/hostile_input.py [--containerd 1.6] [--seconds 20] [--quick]
 
-Two phases in one run, each with a fresh proxy (relay transport, every built-in plugin) in front
-of one private containerd (``rhp_devenv``):
+Phases in one run, each with a fresh proxy (relay transport, every built-in plugin) in front of
+one private containerd (``rhp_devenv``). In every phase healthy pods are created and removed
+through the proxy in a loop and a pass-through ``Version`` call is made every 10 ms; the
+baseline phase does only that, each other phase adds attacks:
 
-- baseline: healthy pods are created and removed through the proxy in a loop, and a
-  pass-through ``Version`` call is made every 10 ms;
-- attack: the same, plus pods whose annotations are poisoned (resource-status ``"[" * 3000``,
-  a NUMA cpu quantity of ``1e9999999``, ``Infinity``, a 160 KB cpuset, deeply nested
-  resource-spec JSON), a CONTINUATION flood (HEADERS without END_HEADERS followed by 16 KiB
-  CONTINUATION frames, 64 MiB per connection, reconnecting when the relay closes it) and a client
-  that opens its windows, sends ListContainers on stream after stream and never reads.
+- poisoned pods: pods whose annotations are poisoned (resource-status ``"[" * 3000``, a NUMA cpu
+  quantity of ``1e9999999``, ``Infinity``, a 160 KB cpuset, deeply nested resource-spec JSON),
+  one every 0.1 s;
+- CONTINUATION flood: HEADERS without END_HEADERS followed by 16 KiB CONTINUATION frames, up to
+  64 MiB per connection, reconnecting when the relay closes it;
+- never-reading client: opens its windows, sends ListContainers on stream after stream and
+  never reads a byte;
+- all attacks at once.
 
 The proxy runs in a child process (this file with ``--child``) next to a loop-lag probe: a task
 that sleeps 5 ms and records how late it wakes up. Peak RSS is the child's ``VmHWM``. Targets:
@@ -326,9 +329,20 @@ class Phase:
     slow: AttackCounts | None
 
 
-def run_phase(env: Any, name: str, seconds: float, attack: bool, tmp: Path) -> Phase:
-    listen = str(tmp / f"{name}.sock")
-    child_proc = Child(listen, str(env.socket), str(tmp / "hs.d"), tmp / f"{name}.log")
+ATTACKS = ("poison", "flood", "slow")
+PHASES: list[tuple[str, frozenset[str]]] = [
+    ("baseline", frozenset()),
+    ("poisoned pods", frozenset({"poison"})),
+    ("CONTINUATION flood", frozenset({"flood"})),
+    ("never-reading client", frozenset({"slow"})),
+    ("all attacks", frozenset(ATTACKS)),
+]
+
+
+def run_phase(env: Any, name: str, seconds: float, attacks: frozenset[str], tmp: Path) -> Phase:
+    tag = name.split()[0].lower()
+    listen = str(tmp / f"{tag}.sock")
+    child_proc = Child(listen, str(env.socket), str(tmp / "hs.d"), tmp / f"{tag}.log")
     env.begin_round()
     try:
         wait_ready(listen)
@@ -349,14 +363,16 @@ def run_phase(env: Any, name: str, seconds: float, attack: bool, tmp: Path) -> P
             threading.Thread(target=pods, args=(env, listen, stop, healthy, healthy_ann, {LABEL_QOS_CLASS: "LS"})),
         ]
         poisoned = flood = slow = None
-        if attack:
-            poisoned, flood, slow = Outcomes(), AttackCounts(), AttackCounts()
-            threads += [
-                threading.Thread(target=pods, args=(env, listen, stop, poisoned, list(POISONS.values()),
-                                                    {LABEL_QOS_CLASS: "LSR"}, POISON_PAUSE)),
-                threading.Thread(target=continuation_flood, args=(listen, stop, flood)),
-                threading.Thread(target=never_reads, args=(listen, stop, slow)),
-            ]
+        if "poison" in attacks:
+            poisoned = Outcomes()
+            threads.append(threading.Thread(target=pods, args=(
+                env, listen, stop, poisoned, list(POISONS.values()), {LABEL_QOS_CLASS: "LSR"}, POISON_PAUSE)))
+        if "flood" in attacks:
+            flood = AttackCounts()
+            threads.append(threading.Thread(target=continuation_flood, args=(listen, stop, flood)))
+        if "slow" in attacks:
+            slow = AttackCounts()
+            threads.append(threading.Thread(target=never_reads, args=(listen, stop, slow)))
         for t in threads:
             t.start()
         time.sleep(seconds)
@@ -377,48 +393,51 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def report(base: Phase, att: Phase, args: argparse.Namespace) -> None:
-    print(f"\ncontainerd {args.containerd}, relay transport, {args.seconds:g} s per phase, "
-          f"probe every {PROBE_INTERVAL * 1e3:g} ms\n")
-    head = (f"{'phase':<10} {'worst stall':>12} {'p99 stall':>10} {'>50ms':>6} {'peak RSS':>10} "
-            f"{'Version p99':>12} {'Version max':>12} {'healthy pods ok':>16} {'poisoned pods ok/err':>21}")
-    print(head)
-    print("-" * len(head))
-    for ph in (base, att):
-        pois = f"{ph.poisoned.ok}/{ph.poisoned.failed}" if ph.poisoned else "-"
-        print(f"{ph.name:<10} {ph.lag['worst_ms']:>9.1f} ms {ph.lag['p99_ms']:>7.2f} ms {ph.lag['over_50ms']:>6.0f} "
-              f"{ph.lag['hwm_mib']:>6.1f} MiB {_pct(ph.version.latencies, 0.99) * 1e3:>9.2f} ms "
-              f"{max(ph.version.latencies or [0.0]) * 1e3:>9.1f} ms "
-              f"{ph.healthy.ok:>7}/{ph.healthy.ok + ph.healthy.failed:<8} {pois:>21}")
+def report(phases: list[Phase], args: argparse.Namespace) -> None:
+    base = phases[0]
 
     def ratio(a: float, b: float) -> str:
         return f"{a / b:.2f}x" if b > 0 else "-"
 
-    print(f"{'ratio':<10} {ratio(att.lag['worst_ms'], base.lag['worst_ms']):>12} "
-          f"{ratio(att.lag['p99_ms'], base.lag['p99_ms']):>10} {'':>6} "
-          f"{ratio(att.lag['hwm_mib'], base.lag['hwm_mib']):>10} "
-          f"{ratio(_pct(att.version.latencies, 0.99), _pct(base.version.latencies, 0.99)):>12} "
-          f"{ratio(max(att.version.latencies or [0.0]), max(base.version.latencies or [1.0])):>12}")
-    stall_ok = att.lag["worst_ms"] <= STALL_TARGET_MS
-    rss_ok = att.lag["hwm_mib"] <= RSS_TARGET_MIB
-    print(f"\ntargets under attack: worst stall <= {STALL_TARGET_MS:g} ms: "
-          f"{'met' if stall_ok else 'MISSED'} ({att.lag['worst_ms']:.1f} ms); "
-          f"peak RSS <= {RSS_TARGET_MIB:g} MiB: {'met' if rss_ok else 'MISSED'} ({att.lag['hwm_mib']:.1f} MiB)")
-    if att.healthy.failed or base.healthy.failed:
-        print(f"healthy pod failures: baseline {base.healthy.errors}, attack {att.healthy.errors}")
-    if att.version.failed:
-        print(f"pass-through Version failures under attack: {att.version.errors}")
-    if att.poisoned is not None:
-        print(f"poisoned pods ({', '.join(POISONS)}): {att.poisoned.ok} started, {att.poisoned.failed} refused "
-              f"{att.poisoned.errors or ''}")
-    if att.flood is not None and att.slow is not None:
-        print(f"CONTINUATION flood: {att.flood.connections} connections, {att.flood.sent_mib:.0f} MiB sent, "
-              f"{att.flood.closed_by_proxy} ended by the proxy; never-reading client: {att.slow.streams} streams "
-              f"sent, {'ended by the proxy' if att.slow.closed_by_proxy else 'connection left open'}")
-    median = statistics.median(att.healthy.latencies) if att.healthy.latencies else 0.0
+    print(f"\ncontainerd {args.containerd}, relay transport, {args.seconds:g} s per phase, "
+          f"probe every {PROBE_INTERVAL * 1e3:g} ms; ratios against the baseline row\n")
+    head = (f"{'phase':<21} {'worst stall':>11} {'ratio':>7} {'p99 stall':>9} {'>50ms':>5} {'peak RSS':>9} "
+            f"{'ratio':>6} {'Version p99':>11} {'Version max':>11} {'healthy ok':>10} {'poisoned ok/err':>15}")
+    print(head)
+    print("-" * len(head))
+    for ph in phases:
+        pois = f"{ph.poisoned.ok}/{ph.poisoned.failed}" if ph.poisoned else "-"
+        v99, vmax = _pct(ph.version.latencies, 0.99), max(ph.version.latencies or [0.0])
+        healthy = f"{ph.healthy.ok}/{ph.healthy.ok + ph.healthy.failed}"
+        print(f"{ph.name:<21} {ph.lag['worst_ms']:>8.1f} ms {ratio(ph.lag['worst_ms'], base.lag['worst_ms']):>7} "
+              f"{ph.lag['p99_ms']:>6.1f} ms {ph.lag['over_50ms']:>5.0f} {ph.lag['hwm_mib']:>5.1f} MiB "
+              f"{ratio(ph.lag['hwm_mib'], base.lag['hwm_mib']):>6} {v99 * 1e3:>8.1f} ms {vmax * 1e3:>8.1f} ms "
+              f"{healthy:>10} {pois:>15}")
+    print(f"\ntargets: worst stall <= {STALL_TARGET_MS:g} ms, peak RSS <= {RSS_TARGET_MIB:g} MiB")
+    for ph in phases[1:]:
+        stall_ok = ph.lag["worst_ms"] <= STALL_TARGET_MS
+        rss_ok = ph.lag["hwm_mib"] <= RSS_TARGET_MIB
+        notes = [f"stall {'met' if stall_ok else 'MISSED'}", f"RSS {'met' if rss_ok else 'MISSED'}"]
+        if ph.healthy.failed:
+            notes.append(f"healthy pod failures {ph.healthy.errors}")
+        if ph.version.failed:
+            notes.append(f"Version failures {ph.version.errors}")
+        if ph.poisoned is not None:
+            notes.append(f"poisoned pods: {ph.poisoned.ok} started, {ph.poisoned.failed} refused "
+                         f"{ph.poisoned.errors or ''}".rstrip())
+        if ph.flood is not None:
+            notes.append(f"flood: {ph.flood.connections} connections, {ph.flood.sent_mib:.0f} MiB sent, "
+                         f"{ph.flood.closed_by_proxy} ended by the proxy")
+        if ph.slow is not None:
+            notes.append(f"never-reading client: {ph.slow.streams} streams sent, "
+                         f"{'ended by the proxy' if ph.slow.closed_by_proxy else 'connection left open'}")
+        print(f"  {ph.name}: " + "; ".join(notes))
     base_median = statistics.median(base.healthy.latencies) if base.healthy.latencies else 0.0
-    print(f"healthy pod (run + create + start) p50: baseline {base_median * 1e3:.0f} ms, "
-          f"attack {median * 1e3:.0f} ms ({ratio(median, base_median)})")
+    medians = ", ".join(
+        f"{ph.name} {statistics.median(ph.healthy.latencies) * 1e3:.0f} ms" for ph in phases if ph.healthy.latencies
+    )
+    print(f"healthy pod (run + create + start + remove) p50: {medians} (baseline {base_median * 1e3:.0f} ms)")
+    print(f"poisons: {', '.join(POISONS)}")
 
 
 def main() -> None:
@@ -426,6 +445,8 @@ def main() -> None:
     parser.add_argument("--containerd", default="1.6")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--quick", action="store_true", help="8 s per phase")
+    parser.add_argument("--only", help="baseline and one attack phase: poison, flood, slow or poison,flood,slow")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the proxies' logs")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--listen", help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
@@ -439,10 +460,15 @@ def main() -> None:
     from rhp_devenv.env import ContainerdEnv
 
     with ContainerdEnv.start(args.containerd) as env, tempfile.TemporaryDirectory(prefix="rhp-hostile-") as tmp:
-        base = run_phase(env, "baseline", args.seconds, False, Path(tmp))
-        att = run_phase(env, "attack", args.seconds, True, Path(tmp))
-        report(base, att, args)
-        print(f"\nproxy logs: kept in {tmp} until exit")
+        phases = [run_phase(env, name, args.seconds, attacks, Path(tmp))
+                  for name, attacks in PHASES if args.only is None or name == "baseline"
+                  or attacks == frozenset(args.only.split(","))]
+        report(phases, args)
+        if args.keep_logs:
+            kept = Path(tempfile.mkdtemp(prefix="rhp-hostile-logs-"))
+            for log in Path(tmp).glob("*.log"):
+                log.rename(kept / log.name)
+            print(f"proxy logs: {kept}")
 
 
 if __name__ == "__main__":
