@@ -13,7 +13,9 @@ Mapping (stage names from ``hooks.spec.STAGES``):
   with the container's id set (the runtime matches updates by id).
 - PostCreate/PostStart/PostUpdate, Stop and Remove of pods and containers -> the ``Post*``
   stages; their writes are applied.
-- Synchronize -> the store is rebuilt from the runtime's pods and containers; no updates yet.
+- Synchronize -> the store is rebuilt from the runtime's pods and containers, then
+  ``ReconcilePod`` for every pod and ``ReconcileContainer`` for every running container; the
+  containers' resource changes go back in the Synchronize reply.
 
 A ``Fail``-policy failure at a ``Pre*`` stage answers with an error status, so the runtime fails
 the CRI call; every other failure costs only the plan of the step that failed (the pipeline's
@@ -242,14 +244,40 @@ class NriEngine:
         """Nothing to drop: the next session's Synchronize rebuilds the store."""
 
     async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
+        """Rebuild the store from the runtime, then reconcile: every pod through
+        ``ReconcilePod`` (its writes applied) and every running container through
+        ``ReconcileContainer``, whose resource changes go back as updates with
+        ``ignore_failure`` (a container that cannot take its update keeps running as it is).
+        Values changed by hand in the cgroup files are repaired this way, because every
+        planned resource is sent, not only those that differ from the runtime's record."""
         store = Store()
         for pod in pods:
             store.put_pod(pod_facts(pod))
+        running: list[tuple[str, ContainerFacts]] = []
         for container in containers:
-            store.put_container(container.pod_sandbox_id, container_facts(container))
+            facts = container_facts(container)
+            store.put_container(container.pod_sandbox_id, facts)
+            if container.state == nri_pb2.CONTAINER_RUNNING:
+                running.append((container.pod_sandbox_id, facts))
         self.store = store
         self._refreshed_version = -1
-        return []
+        for pod_f in store.pods():
+            await self._stage_and_apply("ReconcilePod", pod_f, None)
+        updates: list[Any] = []
+        for sandbox_id, container_f in running:
+            pod_f = store.pod(sandbox_id)
+            if pod_f is None:
+                continue
+            result = await self._run("ReconcileContainer", pod_f, container_f)
+            if result is None or self.dry_run:
+                continue
+            await self._apply(result.plan, "ReconcileContainer")
+            res, _ = linux_resources(result.plan.resources)
+            if res.ListFields():
+                update = nri_pb2.ContainerUpdate(container_id=container_f.id, ignore_failure=True)
+                update.linux.resources.CopyFrom(res)
+                updates.append(update)
+        return updates
 
     async def create_container(self, pod: Any, container: Any) -> Any:
         pod_f, container_f = self._remember(pod, container)

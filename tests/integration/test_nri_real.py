@@ -66,6 +66,7 @@ class NriPluginProcess:
 
     def __init__(self, socket: Path, tmp_path: Path) -> None:
         self.socket = socket
+        tmp_path.mkdir(parents=True, exist_ok=True)
         self.log = tmp_path / "nri-plugin.log"
         hooks = tmp_path / "hookserver.d"
         hooks.mkdir(exist_ok=True)
@@ -200,3 +201,37 @@ def test_plugin_reconnects_after_containerd_restarts(containerd: ContainerdEnv,
     assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
     assert q.read_container_file(parent, cid, "cpu.cfs_quota_us") == "-1"
     assert nri_plugin.events("NRI plugin registered") == 2
+
+
+def test_synchronize_after_a_plugin_restart_repairs_a_value_changed_by_hand(
+    containerd: ContainerdEnv, nri_plugin: NriPluginProcess, tmp_path: Path
+) -> None:
+    cpu = _a_cpu()
+    parent, _, cid = _lsr_pod(containerd, cpu)
+    nri_plugin.kill9()
+    cpuset = q.pod_dir(parent, "cpuset.cpus") / cid / "cpuset.cpus"
+    cpuset.write_text("0\n")
+    assert q.read_container_file(parent, cid, "cpuset.cpus") == "0"
+    restarted = NriPluginProcess(containerd.ctrd.nri_socket, tmp_path / "again")
+    try:
+        restarted.start()
+        q.wait_for(lambda: q.read_container_file(parent, cid, "cpuset.cpus"), cpu,
+                   what="cpuset repaired by the Synchronize reply", timeout=10.0)
+    finally:
+        restarted.stop()
+
+
+def test_pods_keep_starting_while_the_plugin_hangs(containerd: ContainerdEnv, nri_plugin: NriPluginProcess) -> None:
+    assert nri_plugin.proc is not None
+    os.kill(nri_plugin.proc.pid, signal.SIGSTOP)
+    try:
+        # containerd waits its request timeout (2 s) for the stopped plugin, drops it, and goes on.
+        parent, _, cid = _lsr_pod(containerd, _a_cpu())
+        assert q.read_container_file(parent, cid, "cpuset.cpus") == "0"
+    finally:
+        os.kill(nri_plugin.proc.pid, signal.SIGCONT)
+    # Woken up, the plugin finds its session closed, dials again and hooks the next pod.
+    nri_plugin.wait_synchronized(2)
+    cpu = _a_cpu()
+    parent, _, cid = _lsr_pod(containerd, cpu)
+    assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu

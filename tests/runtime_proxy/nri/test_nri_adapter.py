@@ -190,6 +190,28 @@ async def test_skip_label_bypasses_every_hook() -> None:
     assert reply == nri_pb2.CreateContainerResponse()
 
 
+@pytest.mark.parametrize(
+    ("state", "dry_run", "expected"),
+    [
+        pytest.param(nri_pb2.CONTAINER_RUNNING, False, [("c1", "2", -1, True)],
+                     id="a running LSR container gets its bound cpuset back in the reply"),
+        pytest.param(nri_pb2.CONTAINER_CREATED, False, [], id="a container that is not running is left alone"),
+        pytest.param(nri_pb2.CONTAINER_RUNNING, True, [], id="dry-run sends no updates"),
+    ],
+)
+async def test_synchronize_reconciles_running_containers(state: int, dry_run: bool,
+                                                         expected: list[tuple[str, str, int, bool]]) -> None:
+    engine, applier = _engine(builtins=("cpuset",), dry_run=dry_run)
+    container = _container()
+    container.state = state
+    updates = await engine.synchronize([_pod(LSR, LSR_LABELS)], [container])
+    got = [(u.container_id, u.linux.resources.cpu.cpus, u.linux.resources.cpu.quota.value, u.ignore_failure)
+           for u in updates]
+    assert got == expected
+    quota = ("ReconcilePod", PARENT.strip("/"), "cpu.cfs_quota_us", "-1")
+    assert (quota in applier.writes()) is not dry_run
+
+
 async def test_synchronize_rebuilds_the_store_and_bound_cpusets_reach_the_node() -> None:
     engine, _ = _engine()
     lsr = _pod(LSR, LSR_LABELS)
