@@ -261,14 +261,14 @@ class NriEngine:
                 running.append((container.pod_sandbox_id, facts))
         self.store = store
         self._refreshed_version = -1
-        for pod_f in store.pods():
-            await self._stage_and_apply("ReconcilePod", pod_f, None)
+        for each_pod in store.pods():
+            await self._stage_and_apply("ReconcilePod", each_pod, None)
         updates: list[Any] = []
         for sandbox_id, container_f in running:
-            pod_f = store.pod(sandbox_id)
-            if pod_f is None:
+            owner = store.pod(sandbox_id)
+            if owner is None:
                 continue
-            result = await self._run("ReconcileContainer", pod_f, container_f)
+            result = await self._run("ReconcileContainer", owner, container_f)
             if result is None or self.dry_run:
                 continue
             await self._apply(result.plan, "ReconcileContainer")
