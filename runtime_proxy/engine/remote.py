@@ -73,7 +73,6 @@ Channels. One ``grpc.aio`` channel per endpoint, shared by every registration na
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -88,6 +87,8 @@ from cri_protos import hookserver_pb2, hookserver_pb2_grpc
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
 from hooks.plan import Plan
 from hooks.spec import KOORD_HOOK_POINTS
+from koord_formats.bounded import load_json
+from koord_formats.errors import FormatError
 from runtime_proxy import metrics
 from runtime_proxy.engine.pipeline import Pipeline, StepError
 from runtime_proxy.loops.background import Background, every
@@ -165,11 +166,12 @@ def parse_registration(name: str, text: str | bytes, default_timeout: float) -> 
     if len(text) > MAX_REGISTRATION_BYTES:
         raise RegistrationError(f"larger than {MAX_REGISTRATION_BYTES} bytes")
     try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RegistrationError(f"not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise RegistrationError("not valid JSON: nested too deeply") from exc
+        raw = text.decode("utf-8") if isinstance(text, bytes) else text
+        data = load_json(raw, "registration", max_chars=MAX_REGISTRATION_BYTES)
+    except UnicodeDecodeError as exc:
+        raise RegistrationError(f"not UTF-8: {exc.reason} at byte {exc.start}") from exc
+    except FormatError as exc:
+        raise RegistrationError(str(exc).removeprefix("registration: ")) from exc
     if not isinstance(data, dict):
         raise RegistrationError("must be a JSON object")
     raw_endpoint = data.get("remote-endpoint")
