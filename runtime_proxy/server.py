@@ -1,7 +1,8 @@
-"""Wiring for ``runtime-proxy serve``: one coroutine builds every part, starts the transport and
-stops it gracefully.
+"""The composition root of ``runtime-proxy serve``: ``Proxy`` builds every part, typed, starts the
+transport and the loops and stops them gracefully.
 
-Called by ``runtime_proxy.cli``. Start order: plugins (built-ins and the entry-point group,
+Called by ``runtime_proxy.cli`` (``serve``) and by tests and the demo (``Proxy``). Imports the
+parts; no part imports it. Start order: plugins (built-ins and the entry-point group,
 validated at registration) -> pipeline -> store rebuilt from the runtime (in the background and
 retried while the runtime is down, so the proxy answers UNAVAILABLE instead of not starting) ->
 node config -> applier -> interceptor -> hook-server registrations -> transport -> reconciler.
@@ -18,12 +19,21 @@ from typing import Any, Protocol
 
 import structlog
 
+from cri_protos import api_pb2
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.manager import make_plugin_manager, plugin_order
-from runtime_proxy import memory, metrics
+from runtime_proxy import memory, metrics, wiring
 from runtime_proxy.config import ProxyConfig
+from runtime_proxy.cri.grpc_transport import GrpcTransport
+from runtime_proxy.cri.relay import RelayTransport
 from runtime_proxy.cri.transport import CallInterceptor
-from runtime_proxy.engine.intercept import CriInterceptor, NodeSource, StaticNode
+from runtime_proxy.engine.intercept import CriInterceptor, set_linux_resources
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.engine.remote import HookServerRegistry
+from runtime_proxy.host.apply import FileApplier
+from runtime_proxy.loops.burst import CPUBurstLoop
+from runtime_proxy.loops.reconciler import Reconciler
+from runtime_proxy.state.nodeconfig import NodeConfig
 from runtime_proxy.state.store import RuntimeClient, Store
 
 log = structlog.get_logger(__name__)
@@ -57,14 +67,67 @@ class ProxyOptions:
 
 def make_transport(kind: str, listen: str, backend: str, interceptor: CallInterceptor) -> Transport:
     if kind == "grpc":
-        from runtime_proxy.cri.grpc_transport import GrpcTransport
-
         return GrpcTransport(listen, backend, interceptor)
     if kind == "relay":
-        from runtime_proxy.cri.relay import RelayTransport
-
         return RelayTransport(listen, backend, interceptor)
     raise ValueError(f"unknown transport {kind!r} (relay or grpc)")
+
+
+class StoreBackend:
+    """What the reconciler and the burst loop see of the proxy: the store, the interceptor's node
+    facts and the runtime."""
+
+    def __init__(self, store: Store, interceptor: CriInterceptor, client: RuntimeClient) -> None:
+        self.store = store
+        self.interceptor = interceptor
+        self.client = client
+
+    def node(self) -> NodeFacts:
+        return self.interceptor.node()
+
+    def pods(self) -> list[PodFacts]:
+        return self.store.pods()
+
+    def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
+        return list(self.store.containers())
+
+    async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
+        """Send only the changed fields (the runtime keeps the rest), then record them."""
+        linux = api_pb2.LinuxContainerResources()
+        set_linux_resources(linux, changes)
+        await self.client.runtime.UpdateContainerResources(
+            api_pb2.UpdateContainerResourcesRequest(container_id=container_id, linux=linux),
+            timeout=self.client.timeout,
+        )
+        found, sandbox_id = self.store.container(container_id), self.store.sandbox_of(container_id)
+        if found is not None and sandbox_id is not None:
+            self.store.put_container(sandbox_id, found[1].replace(resources=found[1].resources.with_changes(changes)))
+
+
+class Loops:
+    """The reconciler and the CPU burst loop, started once the store is rebuilt (never blocking
+    the proxy's start)."""
+
+    def __init__(self, ready: asyncio.Event, reconciler: Reconciler, burst: CPUBurstLoop) -> None:
+        self.reconciler = reconciler
+        self.burst = burst
+        self._started = False
+        self._task = asyncio.create_task(self._start(ready))
+
+    async def _start(self, ready: asyncio.Event) -> None:
+        await ready.wait()
+        await self.reconciler.start()
+        await self.burst.start()
+        self._started = True
+
+    def store_changed(self, pools_changed: bool = True) -> None:
+        if self._started:
+            self.reconciler.store_changed(pools_changed)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await self.reconciler.stop()
+        await self.burst.stop()
 
 
 class Proxy:
@@ -81,12 +144,12 @@ class Proxy:
         self.pipeline = Pipeline(plugin_steps(self.pm, cfg.plugin_settings(names)))
         self.store = Store()
         self.client = RuntimeClient(opts.backend)
-        self.node_source: NodeSource = StaticNode()
-        self.node_watch: Any = None
-        self.applier: Any = None
-        self.reconciler: Any = None
-        self.hook_servers: Any = None
-        self._setup_node_and_applier()
+        self.node_source: NodeConfig
+        self.node_watch: NodeConfig
+        self.node_source, self.node_watch = wiring.node_source(cfg)
+        self.applier: FileApplier = wiring.applier(cfg, dry_run=opts.dry_run)
+        self.reconciler: Loops | None = None
+        self.hook_servers: HookServerRegistry | None = None
         self.interceptor = CriInterceptor(
             store=self.store,
             pipeline=self.pipeline,
@@ -100,17 +163,38 @@ class Proxy:
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
 
-    def _setup_node_and_applier(self) -> None:
-        from runtime_proxy import wiring
-
-        self.node_source, self.node_watch = wiring.node_source(self.opts.config)
-        self.applier = wiring.applier(self.opts.config, dry_run=self.opts.dry_run)
-
     def _store_changed(self, pools_changed: bool) -> None:
         if self.reconciler is not None:
-            notify = getattr(self.reconciler, "store_changed", None)
-            if notify is not None:
-                notify(pools_changed)
+            self.reconciler.store_changed(pools_changed)
+
+    async def _start_hook_servers(self) -> HookServerRegistry:
+        """Watch ``hookServerDir`` and keep the pipeline's remote steps in line with it (see
+        ``runtime_proxy.engine.remote``)."""
+        cfg = self.opts.config
+        registry = HookServerRegistry(cfg.hookServerDir, self.pipeline, default_timeout=cfg.hookServerTimeout)
+        await registry.start()
+        return registry
+
+    def _loops(self) -> Loops:
+        """The reconciler (at start, on node-config changes, every period; through the proxy's
+        own hook runner) and the CPU burst loop."""
+        cfg = self.opts.config
+        dry_run = self.opts.dry_run or cfg.dryRun
+        backend = StoreBackend(self.store, self.interceptor, self.client)
+        in_process = set(plugin_order(self.pm))
+        reconciler = Reconciler(
+            backend,
+            pm=self.pm,
+            order=[step.name for step in self.pipeline.steps if step.name in in_process],
+            pipeline=self.pipeline,
+            cgroups=self.applier.cgroups,
+            resctrl=self.applier.resctrl,
+            period=cfg.reconcilePeriodSeconds,
+            dry_run=dry_run,
+            node_changes=self.node_source.changes(),
+        )
+        burst = CPUBurstLoop(backend, cgroups=self.applier.cgroups, dry_run=dry_run)
+        return Loops(self.ready, reconciler, burst)
 
     async def _recover(self) -> None:
         """Rebuild the store from the runtime; retry until the runtime answers."""
@@ -133,27 +217,26 @@ class Proxy:
             metrics.serve(self.opts.metrics_addr)
         await self.transport.start()
         self._tasks.append(asyncio.create_task(self._recover()))
-        from runtime_proxy import wiring
-
         if self.opts.hook_servers:
-            self.hook_servers = await wiring.start_hook_servers(self)
-        if self.node_watch is not None:
-            await self.node_watch.start()
+            self.hook_servers = await self._start_hook_servers()
+        await self.node_watch.start()
         if self.opts.reconcile:
-            self.reconciler = await wiring.start_reconciler(self)
+            self.reconciler = self._loops()
         log.info("proxy serving", listen=self.opts.listen, backend=self.opts.backend, transport=self.opts.transport)
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for part in (self.reconciler, self.hook_servers, self.node_watch):
-            stop = getattr(part, "stop", None)
-            if stop is None:
+        parts: list[Loops | HookServerRegistry | NodeConfig | None] = [
+            self.reconciler, self.hook_servers, self.node_watch
+        ]
+        for part in parts:
+            if part is None:
                 continue
             # A part that cannot stop must not keep the proxy from draining and exiting.
             try:
                 async with asyncio.timeout(self.opts.grace):
-                    await stop()
+                    await part.stop()
             except TimeoutError:
                 log.warning("part did not stop in time; going on", part=type(part).__name__, grace=self.opts.grace)
             except Exception:

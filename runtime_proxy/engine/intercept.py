@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
+from google.protobuf.message import Message
 
 from cri_protos import api_pb2
-from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, NodeFacts, PodFacts
+from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, NodeFacts, PodFacts, Resources
 from hooks.plan import CgroupWrite, Plan
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
@@ -48,16 +49,6 @@ __all__ = ["Applier", "CriInterceptor", "NodeSource", "StaticNode"]
 
 FAILED_PRECONDITION = 9
 
-_REQUEST_TYPES: dict[str, Any] = {
-    "RunPodSandbox": api_pb2.RunPodSandboxRequest,
-    "StopPodSandbox": api_pb2.StopPodSandboxRequest,
-    "RemovePodSandbox": api_pb2.RemovePodSandboxRequest,
-    "CreateContainer": api_pb2.CreateContainerRequest,
-    "StartContainer": api_pb2.StartContainerRequest,
-    "UpdateContainerResources": api_pb2.UpdateContainerResourcesRequest,
-    "StopContainer": api_pb2.StopContainerRequest,
-    "RemoveContainer": api_pb2.RemoveContainerRequest,
-}
 
 # Fields of LinuxContainerResources that a plan may set (the scalar ones and ``unified``).
 _SCALAR_RESOURCES = frozenset(SCALAR_RESOURCE_FIELDS)
@@ -83,6 +74,19 @@ class Applier(Protocol):
     """Performs a plan's file writes, task moves and removals (``runtime_proxy.host.apply``)."""
 
     async def apply(self, plan: Plan, *, stage: str) -> None: ...
+
+
+_M = TypeVar("_M", bound=Message)
+
+
+@dataclass(frozen=True)
+class CallHandlers(Generic[_M]):
+    """How the interceptor handles one CRI call: the request type, the hook stage run before the
+    call is forwarded, and the bookkeeping and ``Post*`` stage after the runtime answered OK."""
+
+    request: type[_M]
+    before: Callable[[_M], Awaitable[StageResult | None]]
+    after: Callable[[_M, bytes, StageResult | None], Awaitable[None]]
 
 
 @dataclass
@@ -122,6 +126,35 @@ class CriInterceptor:
         self._node_cache: tuple[int, int, NodeFacts] | None = None
         self._bound = BoundCpusets(where="interceptor")
         self._refreshed_version = -1
+        # The intercepted calls (``runtime_proxy.cri.methods.INTERCEPTED``) and their handlers.
+        self._handlers: dict[str, CallHandlers[Any]] = {
+            "RunPodSandbox": CallHandlers(
+                api_pb2.RunPodSandboxRequest, self._before_run_pod_sandbox, self._after_run_pod_sandbox
+            ),
+            "StopPodSandbox": CallHandlers(
+                api_pb2.StopPodSandboxRequest, self._before_stop_pod_sandbox, self._after_stop_pod_sandbox
+            ),
+            "RemovePodSandbox": CallHandlers(
+                api_pb2.RemovePodSandboxRequest, self._before_remove_pod_sandbox, self._after_remove_pod_sandbox
+            ),
+            "CreateContainer": CallHandlers(
+                api_pb2.CreateContainerRequest, self._before_create_container, self._after_create_container
+            ),
+            "StartContainer": CallHandlers(
+                api_pb2.StartContainerRequest, self._before_start_container, self._after_start_container
+            ),
+            "UpdateContainerResources": CallHandlers(
+                api_pb2.UpdateContainerResourcesRequest,
+                self._before_update_container_resources,
+                self._after_update_container_resources,
+            ),
+            "StopContainer": CallHandlers(
+                api_pb2.StopContainerRequest, self._before_stop_container, self._after_stop_container
+            ),
+            "RemoveContainer": CallHandlers(
+                api_pb2.RemoveContainerRequest, self._before_remove_container, self._after_remove_container
+            ),
+        }
 
     # -- CallInterceptor -----------------------------------------------------------------------
 
@@ -140,14 +173,14 @@ class CriInterceptor:
 
     async def before(self, method: str, request: bytes) -> bytes:
         call = INTERCEPTED[method]
+        handlers = self._handlers[call]
         try:
-            msg = _REQUEST_TYPES[call].FromString(request)
+            msg = handlers.request.FromString(request)
         except Exception as exc:  # protobuf's DecodeError and friends
             await self.undecodable(method, f"cannot decode request: {exc}")
             return request
-        handler = getattr(self, f"_before_{call}")
         try:
-            result: StageResult | None = await handler(msg)
+            result = await handlers.before(msg)
         except HookRejected:
             raise
         except Exception as exc:  # this pod's input or a bug: costs this call, never the others
@@ -184,9 +217,8 @@ class CriInterceptor:
         call = INTERCEPTED[method]
         pending = self._recall(request)
         try:
-            msg = _REQUEST_TYPES[call].FromString(request)
-            handler = getattr(self, f"_after_{call}")
-            await handler(msg, response, pending.result if pending else None)
+            handlers = self._handlers[call]
+            await handlers.after(handlers.request.FromString(request), response, pending.result if pending else None)
         except Exception:  # post processing must never fail a call the runtime accepted
             log.exception("post-call processing failed", call=call)
         if self.on_store_change is not None:
@@ -283,7 +315,7 @@ class CriInterceptor:
 
     # -- pod sandbox calls -----------------------------------------------------------------------
 
-    async def _before_RunPodSandbox(self, msg: Any) -> StageResult | None:
+    async def _before_run_pod_sandbox(self, msg: api_pb2.RunPodSandboxRequest) -> StageResult | None:
         pod = pod_facts_from_config(msg.config, runtime_handler=msg.runtime_handler)
         result = await self._run("PreRunPodSandbox", pod, None)
         if result is None or result.rejected is not None:
@@ -296,7 +328,9 @@ class CriInterceptor:
                 msg.config.linux.cgroup_parent = plan.cgroup_parent
         return result
 
-    async def _after_RunPodSandbox(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+    async def _after_run_pod_sandbox(
+        self, msg: api_pb2.RunPodSandboxRequest, response: bytes, result: StageResult | None
+    ) -> None:
         sandbox_id = api_pb2.RunPodSandboxResponse.FromString(response).pod_sandbox_id
         pod = pod_facts_from_config(msg.config, runtime_handler=msg.runtime_handler, sandbox_id=sandbox_id)
         self.store.put_pod(pod)
@@ -304,20 +338,24 @@ class CriInterceptor:
             await self._apply(result.plan, "PreRunPodSandbox")
         await self._post("PostRunPodSandbox", pod, None)
 
-    async def _before_StopPodSandbox(self, msg: Any) -> StageResult | None:
+    async def _before_stop_pod_sandbox(self, msg: api_pb2.StopPodSandboxRequest) -> StageResult | None:
         pod = await self._pod_for(msg.pod_sandbox_id)
         return None if pod is None else await self._run("PreStopPodSandbox", pod, None)
 
-    async def _after_StopPodSandbox(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+    async def _after_stop_pod_sandbox(
+        self, msg: api_pb2.StopPodSandboxRequest, response: bytes, result: StageResult | None
+    ) -> None:
         if result is not None:
             await self._apply(result.plan, "PreStopPodSandbox")
         await self._post("PostStopPodSandbox", self.store.pod(msg.pod_sandbox_id), None)
 
-    async def _before_RemovePodSandbox(self, msg: Any) -> StageResult | None:
+    async def _before_remove_pod_sandbox(self, msg: api_pb2.RemovePodSandboxRequest) -> StageResult | None:
         pod = await self._pod_for(msg.pod_sandbox_id)
         return None if pod is None else await self._run("PreRemovePodSandbox", pod, None)
 
-    async def _after_RemovePodSandbox(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+    async def _after_remove_pod_sandbox(
+        self, msg: api_pb2.RemovePodSandboxRequest, response: bytes, result: StageResult | None
+    ) -> None:
         pod = self.store.pod(msg.pod_sandbox_id)
         self.store.drop_pod(msg.pod_sandbox_id)
         if result is not None:
@@ -326,7 +364,7 @@ class CriInterceptor:
 
     # -- container calls -----------------------------------------------------------------------
 
-    async def _before_CreateContainer(self, msg: Any) -> StageResult | None:
+    async def _before_create_container(self, msg: api_pb2.CreateContainerRequest) -> StageResult | None:
         pod = await self._pod_for(msg.pod_sandbox_id)
         if pod is None:
             pod = pod_facts_from_config(msg.sandbox_config, sandbox_id=msg.pod_sandbox_id)
@@ -335,7 +373,7 @@ class CriInterceptor:
         if result is None or result.rejected is not None or self.dry_run:
             return result
         plan = result.plan
-        _set_resources(msg.config.linux.resources, plan.resources)
+        set_linux_resources(msg.config.linux.resources, plan.resources)
         if plan.envs:
             _set_envs(msg.config, plan.envs)
         msg.config.annotations.update(plan.annotations)
@@ -343,7 +381,9 @@ class CriInterceptor:
             msg.sandbox_config.linux.cgroup_parent = plan.cgroup_parent
         return result
 
-    async def _after_CreateContainer(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+    async def _after_create_container(
+        self, msg: api_pb2.CreateContainerRequest, response: bytes, result: StageResult | None
+    ) -> None:
         container_id = api_pb2.CreateContainerResponse.FromString(response).container_id
         container = container_facts_from_config(msg.config, container_id=container_id)
         self.store.put_container(msg.pod_sandbox_id, container)
@@ -358,13 +398,17 @@ class CriInterceptor:
             return None
         return await self._run(stage, pod, container)
 
-    async def _before_StartContainer(self, msg: Any) -> StageResult | None:
+    async def _before_start_container(self, msg: api_pb2.StartContainerRequest) -> StageResult | None:
         return await self._container_stage("PreStartContainer", msg.container_id)
 
-    async def _after_StartContainer(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+    async def _after_start_container(
+        self, msg: api_pb2.StartContainerRequest, response: bytes, result: StageResult | None
+    ) -> None:
         await self._after_container("StartContainer", msg.container_id, result)
 
-    async def _before_UpdateContainerResources(self, msg: Any) -> StageResult | None:
+    async def _before_update_container_resources(
+        self, msg: api_pb2.UpdateContainerResourcesRequest
+    ) -> StageResult | None:
         pod, container = await self._container_for(msg.container_id)
         if pod is None or container is None:
             return None
@@ -374,11 +418,11 @@ class CriInterceptor:
         if result is None or result.rejected is not None or self.dry_run:
             return result
         if result.plan.resources:
-            _set_resources(msg.linux, result.plan.resources)
+            set_linux_resources(msg.linux, result.plan.resources)
         return result
 
-    async def _after_UpdateContainerResources(
-        self, msg: Any, response: bytes, result: StageResult | None
+    async def _after_update_container_resources(
+        self, msg: api_pb2.UpdateContainerResourcesRequest, response: bytes, result: StageResult | None
     ) -> None:
         found = self.store.container(msg.container_id)
         sandbox_id = self.store.sandbox_of(msg.container_id)
@@ -387,16 +431,20 @@ class CriInterceptor:
             self.store.put_container(sandbox_id, container.replace(resources=_overlay_update(container, msg.linux)))
         await self._after_container("UpdateContainerResources", msg.container_id, result)
 
-    async def _before_StopContainer(self, msg: Any) -> StageResult | None:
+    async def _before_stop_container(self, msg: api_pb2.StopContainerRequest) -> StageResult | None:
         return await self._container_stage("PreStopContainer", msg.container_id)
 
-    async def _after_StopContainer(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+    async def _after_stop_container(
+        self, msg: api_pb2.StopContainerRequest, response: bytes, result: StageResult | None
+    ) -> None:
         await self._after_container("StopContainer", msg.container_id, result)
 
-    async def _before_RemoveContainer(self, msg: Any) -> StageResult | None:
+    async def _before_remove_container(self, msg: api_pb2.RemoveContainerRequest) -> StageResult | None:
         return await self._container_stage("PreRemoveContainer", msg.container_id)
 
-    async def _after_RemoveContainer(self, msg: Any, response: bytes, result: StageResult | None) -> None:
+    async def _after_remove_container(
+        self, msg: api_pb2.RemoveContainerRequest, response: bytes, result: StageResult | None
+    ) -> None:
         found = self.store.container(msg.container_id)
         self.store.drop_container(msg.container_id)
         if result is not None:
@@ -412,7 +460,7 @@ class CriInterceptor:
             await self._post(f"Post{call}", found[0], found[1])
 
 
-def _set_resources(target: Any, changes: dict[str, Any]) -> None:
+def set_linux_resources(target: api_pb2.LinuxContainerResources, changes: Mapping[str, Any]) -> None:
     """Write plan resource changes into a LinuxContainerResources message. Every field the plan
     names is set as given, including an empty cpuset, which clears it (Koordinator's rule)."""
     for name, value in changes.items():
@@ -428,7 +476,7 @@ def _set_resources(target: Any, changes: dict[str, Any]) -> None:
                 target.hugepage_limits.add(page_size=page_size, limit=limit)
 
 
-def _set_envs(config: Any, envs: dict[str, str]) -> None:
+def _set_envs(config: api_pb2.ContainerConfig, envs: Mapping[str, str]) -> None:
     """Set env values: an existing key keeps its place and gets the new value; new keys are
     appended in the plan's order. Other entries, duplicates included, stay as kubelet sent them."""
     remaining = dict(envs)
@@ -441,7 +489,7 @@ def _set_envs(config: Any, envs: dict[str, str]) -> None:
             config.envs.add(key=key, value=value)
 
 
-def _overlay_update(container: ContainerFacts, linux: Any) -> Any:
+def _overlay_update(container: ContainerFacts, linux: api_pb2.LinuxContainerResources) -> Resources:
     """The container's resources after an UpdateContainerResources request: the request's
     non-zero fields over the stored ones (a cpuset only when non-empty; oom_score_adj is not
     updatable and is ignored)."""

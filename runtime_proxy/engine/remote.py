@@ -1,9 +1,9 @@
 """Out-of-process hook servers: Koordinator's ``runtime.v1alpha1.RuntimeHookService``, proxy side.
 
-Started by ``runtime_proxy.wiring.start_hook_servers`` when the proxy starts; it hands the
-pipeline (``runtime_proxy.engine.pipeline.Pipeline.set_remote_steps``) one ``RemoteStep`` per
-registered hook server, so hook servers run after the in-process plugins under the same policy
-model (Fail/Ignore, timeouts, conflicts). ``runtime_proxy.engine.hook_service`` (the server side) reuses
+Started by the proxy's composition root (``runtime_proxy.server.Proxy``); it hands the pipeline
+(``runtime_proxy.engine.pipeline.Pipeline.set_remote_steps``) one ``RemoteStep`` per registered
+hook server, so hook servers run after the in-process plugins under the same policy model
+(Fail/Ignore, timeouts, conflicts). ``runtime_proxy.engine.hook_service`` (the server side) reuses
 the pure facts <-> protocol conversions of this module.
 
 Registrations. Every ``*.json`` file in the registration directory (``hookServerDir``, default

@@ -78,7 +78,8 @@ RESOURCE_FILES = {
 
 
 class ReconcileBackend(Protocol):
-    """What the reconciler needs from the proxy (the lead plugs in the store and the runtime)."""
+    """What the reconciler needs from the proxy (``runtime_proxy.server.StoreBackend``: the store
+    and the runtime)."""
 
     def node(self) -> NodeFacts:
         """The current node facts (node config; bound cpusets are recomputed from ``pods``)."""
