@@ -201,3 +201,18 @@ def test_the_extender_serves_normally_after_the_corpus(ext: Extender) -> None:
     r = post(ext, "filter", j({"Pod": GOOD_POD, "NodeNames": ["n1"]}))
     assert r.json()["NodeNames"] == ["n1"]
     assert httpx.get(f"{ext.url}/healthz").text == "ok"
+
+
+def test_many_candidates_are_judged_in_slices_with_the_same_answer(ext: Extender) -> None:
+    names = [f"ghost{i}" for i in range(1200)]
+    names.insert(700, "n1")
+    reply = post(ext, "filter", j({"Pod": GOOD_POD, "NodeNames": names})).json()
+    assert reply["NodeNames"] == ["n1"] and reply["Error"] == ""
+    assert set(reply["FailedNodes"]) == set(names) - {"n1"}
+    plain = post(ext, "filter", j({"Pod": pod("plain", cpu="500m", qos="LS"), "NodeNames": names})).json()
+    assert plain["NodeNames"] == names  # order kept across slices
+    scores = post(ext, "prioritize", j({"Pod": GOOD_POD, "NodeNames": names})).json()
+    assert [s["Host"] for s in scores] == names
+    victims = {n: {"Pods": [{"UID": "u"}]} for n in names}
+    kept = post(ext, "preempt", j({"Pod": pod("plain", cpu="500m", qos="LS"), "NodeNameToMetaVictims": victims}))
+    assert set(kept.json()["NodeNameToMetaVictims"]) == set(names)
