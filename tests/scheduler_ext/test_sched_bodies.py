@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from scheduler_ext.extender import ExtenderConfig, filter_nodes, preempt_nodes, prioritize_nodes
+from scheduler_ext.guard import decode_pod
 from scheduler_ext.server import MAX_BODY_BYTES, MAX_NODES, MAX_VICTIM_PODS
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import cluster, pod
@@ -203,16 +205,25 @@ def test_the_extender_serves_normally_after_the_corpus(ext: Extender) -> None:
     assert httpx.get(f"{ext.url}/healthz").text == "ok"
 
 
-def test_many_candidates_are_judged_in_slices_with_the_same_answer(ext: Extender) -> None:
+@pytest.mark.parametrize(
+    "candidate",
+    [pytest.param(GOOD_POD, id="a cpuset pod"), pytest.param(pod("plain", cpu="500m", qos="LS"), id="a plain pod")],
+)
+def test_many_candidates_are_judged_in_slices_with_the_answer_of_one_pass(
+    ext: Extender, candidate: dict[str, Any]
+) -> None:
     names = [f"ghost{i}" for i in range(1200)]
     names.insert(700, "n1")
-    reply = post(ext, "filter", j({"Pod": GOOD_POD, "NodeNames": names})).json()
-    assert reply["NodeNames"] == ["n1"] and reply["Error"] == ""
-    assert set(reply["FailedNodes"]) == set(names) - {"n1"}
-    plain = post(ext, "filter", j({"Pod": pod("plain", cpu="500m", qos="LS"), "NodeNames": names})).json()
-    assert plain["NodeNames"] == names  # order kept across slices
-    scores = post(ext, "prioritize", j({"Pod": GOOD_POD, "NodeNames": names})).json()
-    assert [s["Host"] for s in scores] == names
-    victims = {n: {"Pods": [{"UID": "u"}]} for n in names}
-    kept = post(ext, "preempt", j({"Pod": pod("plain", cpu="500m", qos="LS"), "NodeNameToMetaVictims": victims}))
-    assert set(kept.json()["NodeNameToMetaVictims"]) == set(names)
+    req = decode_pod(candidate)
+    whole = filter_nodes(ext.state, req, names, ExtenderConfig())
+    reply = post(ext, "filter", j({"Pod": candidate, "NodeNames": names})).json()
+    assert reply["Error"] == ""
+    assert (reply["NodeNames"], reply["FailedNodes"], reply["FailedAndUnresolvableNodes"]) == (
+        whole.passed, whole.failed, whole.unresolvable)
+    scores = post(ext, "prioritize", j({"Pod": candidate, "NodeNames": names})).json()
+    assert [(s["Host"], s["Score"]) for s in scores] == prioritize_nodes(ext.state, req, names, ExtenderConfig())
+    victims = {n: ["u"] for n in names}
+    kept = post(ext, "preempt", j({"Pod": candidate, "NodeNameToMetaVictims": {
+        n: {"Pods": [{"UID": "u"}]} for n in names}})).json()["NodeNameToMetaVictims"]
+    assert {n: [p["UID"] for p in v["Pods"]] for n, v in kept.items()} == preempt_nodes(
+        ext.state, req, victims, ExtenderConfig())
