@@ -1,0 +1,116 @@
+"""NRI-mode overhead on real containerd: the pod lifecycle with and without `runtime-proxy nri`
+on the same containerd, in interleaved rounds, reported as p50/p90 and plugin/direct ratios.
+
+    .venv/bin/python benchmarks/nri_overhead.py [--containerd 2.1] [--rounds 5] [--per-round 4]
+
+One lifecycle is RunPodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer,
+StopPodSandbox and RemovePodSandbox of an LSR pod (so the built-in plugins have work). In a
+"plugin" round a `runtime-proxy nri` child process with every built-in plugin is registered on
+the private NRI socket; in a "direct" round no plugin is. Target (issue 16): plugin/direct
+<= 1.05 for the whole lifecycle. The plugin's RSS is read from /proc at the end. Nothing here
+is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "devenv"))
+
+from rhp_devenv import PrivateContainerd, pod_cgroup_parent, remove_cgroup_tree  # noqa: E402
+from rhp_devenv.cri import CriClient, linux_resources  # noqa: E402
+
+from tests.integration.test_nri_real import NriPluginProcess  # noqa: E402
+
+STEPS = ("RunPodSandbox", "CreateContainer", "StartContainer", "StopContainer", "RemoveContainer",
+         "StopPodSandbox", "RemovePodSandbox")
+
+
+def lifecycle(client: CriClient, top: str, cpu: str) -> dict[str, float]:
+    times: dict[str, float] = {}
+    parent = pod_cgroup_parent(top, "burstable", os.urandom(8).hex())
+    annotations = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": cpu})}
+    t = time.perf_counter()
+    pod = client.run_pod(cgroup_parent=parent, labels={"koordinator.sh/qosClass": "LSR"}, annotations=annotations)
+    times["RunPodSandbox"] = time.perf_counter() - t
+    t = time.perf_counter()
+    cid = client.run_container(pod, resources=linux_resources(cpu_shares=1024, cpu_quota=50_000), start=False)
+    times["CreateContainer"] = time.perf_counter() - t
+    for step, call in (("StartContainer", client.start_container), ("StopContainer", client.stop_container),
+                       ("RemoveContainer", client.remove_container)):
+        t = time.perf_counter()
+        call(cid)
+        times[step] = time.perf_counter() - t
+    t = time.perf_counter()
+    client.stop_pod_sandbox(pod.pod_id)
+    times["StopPodSandbox"] = time.perf_counter() - t
+    t = time.perf_counter()
+    client.remove_pod_sandbox(pod.pod_id)
+    times["RemovePodSandbox"] = time.perf_counter() - t
+    times["lifecycle"] = sum(times[s] for s in STEPS)
+    remove_cgroup_tree(parent, kill=True)
+    return times
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--containerd", default="2.1", choices=("1.7", "2.1"))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-round", type=int, default=4)
+    args = parser.parse_args()
+    cpu = str(max(os.sched_getaffinity(0)))
+    top = f"/rhpbench-nri-{os.getpid()}"
+    samples: dict[str, dict[str, list[float]]] = {"direct": {}, "plugin": {}}
+    rss = 0
+    with tempfile.TemporaryDirectory(prefix="rhp-nri-bench-") as tmp:
+        ctrd = PrivateContainerd(args.containerd, nri=True).start()
+        ctrd.track_cgroup_parent(top)
+        try:
+            with CriClient(ctrd.socket) as client:
+                lifecycle(client, top, cpu)  # warm-up
+                for round_no in range(args.rounds):
+                    for mode in (("direct", "plugin") if round_no % 2 == 0 else ("plugin", "direct")):
+                        plugin = None
+                        if mode == "plugin":
+                            plugin = NriPluginProcess(ctrd.nri_socket, Path(tmp) / f"r{round_no}").start()
+                        try:
+                            for _ in range(args.per_round):
+                                for step, value in lifecycle(client, top, cpu).items():
+                                    samples[mode].setdefault(step, []).append(value)
+                            if plugin is not None and plugin.proc is not None:
+                                rss = max(rss, _rss_kib(plugin.proc.pid))
+                        finally:
+                            if plugin is not None:
+                                plugin.stop()
+        finally:
+            ctrd.stop()
+    print(f"containerd {args.containerd}, {args.rounds} interleaved rounds x {args.per_round} lifecycles per mode")
+    print(f"{'step':<18}{'direct p50':>12}{'plugin p50':>12}{'ratio':>8}{'direct p90':>12}{'plugin p90':>12}")
+    for step in (*STEPS, "lifecycle"):
+        d, p = samples["direct"][step], samples["plugin"][step]
+        d50, p50 = statistics.median(d), statistics.median(p)
+        d90, p90 = statistics.quantiles(d, n=10)[-1], statistics.quantiles(p, n=10)[-1]
+        print(f"{step:<18}{d50 * 1000:>10.1f}ms{p50 * 1000:>10.1f}ms{p50 / d50:>8.3f}{d90 * 1000:>10.1f}ms"
+              f"{p90 * 1000:>10.1f}ms")
+    print(f"plugin RSS (max seen): {rss / 1024:.1f} MiB   target: lifecycle ratio <= 1.05, RSS <= 64 MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
