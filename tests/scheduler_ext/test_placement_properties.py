@@ -1,0 +1,197 @@
+"""Property tests of Koordinator's placement rules, 500 examples each.
+
+- no CPU is ever given twice (pods placed one after another through ``extender.plan``);
+- no NUMA zone is ever booked past its allocatable (CPU and memory, through ``extender.plan``);
+- FullPCPUs takes whole cores only: always when required, and when preferred whenever the whole
+  free cores can hold the request;
+- SpreadByPCPUs never takes two threads of one core: never when required; when preferred, a
+  core's second thread only once every core of that NUMA node with a free CPU gave one
+  (Koordinator keeps the request on one NUMA node before spreading over the machine);
+- when every NUMA node of a hint has room for an even share, the shares differ by at most one
+  core (``tryBestToDistributeEvenly``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler_ext.accumulator import AllocationError, allocate_cpuset
+from scheduler_ext.extender import ExtenderConfig, plan
+from scheduler_ext.numa import distribute_evenly
+from scheduler_ext.pods import parse_pod
+from scheduler_ext.state import ClusterState, load_objects
+from scheduler_ext.topology import CPUTopology, synthetic_topology, topology_annotation
+from tests.scheduler_ext.builders import GiB, node, nrt, pod
+
+SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CFG = ExtenderConfig()
+
+
+@st.composite
+def topologies(draw: st.DrawFn) -> CPUTopology:
+    return synthetic_topology(draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 4)),
+                              draw(st.integers(1, 2)))
+
+
+@st.composite
+def machines(draw: st.DrawFn) -> tuple[CPUTopology, frozenset[int]]:
+    """A topology and the CPUs still free on it."""
+    topo = draw(topologies())
+    taken = draw(st.sets(st.sampled_from(sorted(topo.cpus)), max_size=len(topo.cpus) // 2))
+    return topo, topo.cpus - frozenset(taken)
+
+
+def _whole_cores(topo: CPUTopology, cpus: frozenset[int]) -> bool:
+    return all(topo.core_cpus[topo.core_of[c]] <= cpus for c in cpus)
+
+
+@SETTINGS
+@given(machine=machines(), cores=st.integers(1, 8), required=st.booleans(),
+       strategy=st.sampled_from(["LeastAllocated", "MostAllocated"]))
+def test_full_pcpus_takes_whole_cores_only(
+    machine: tuple[CPUTopology, frozenset[int]], cores: int, required: bool, strategy: str
+) -> None:
+    topo, free = machine
+    n = cores * topo.cpus_per_core
+    whole = frozenset(c for c in free if topo.core_cpus[topo.core_of[c]] <= free)
+    try:
+        got = allocate_cpuset(topo, free, n, bind_policy="FullPCPUs", required=required, strategy=strategy)
+    except AllocationError:
+        assert len(whole) < n if required else len(free) < n
+        return
+    assert len(got) == n and got <= free
+    if required or len(whole) >= n:
+        assert _whole_cores(topo, got)
+
+
+@SETTINGS
+@given(machine=machines(), n=st.integers(1, 12), required=st.booleans(),
+       strategy=st.sampled_from(["LeastAllocated", "MostAllocated"]))
+def test_spread_by_pcpus_never_doubles_a_core_while_one_is_free(
+    machine: tuple[CPUTopology, frozenset[int]], n: int, required: bool, strategy: str
+) -> None:
+    topo, free = machine
+    try:
+        got = allocate_cpuset(topo, free, n, bind_policy="SpreadByPCPUs", required=required, strategy=strategy)
+    except AllocationError:
+        cores_with_free = {topo.core_of[c] for c in free}
+        assert (len(cores_with_free) if required else len(free)) < n
+        return
+    assert len(got) == n and got <= free
+    got_cores = {topo.core_of[c] for c in got}
+    if required:
+        assert len(got_cores) == n
+        return
+    for c in got:
+        if len(topo.core_cpus[topo.core_of[c]] & got) > 1:
+            node_id = topo.details[c].node
+            assert {topo.core_of[x] for x in free if topo.details[x].node == node_id} <= got_cores
+
+
+@SETTINGS
+@given(nodes=st.integers(2, 4), per_core=st.integers(1, 2), cores=st.integers(1, 24),
+       full=st.booleans(), slack=st.lists(st.integers(0, 6), min_size=4, max_size=4))
+def test_even_split_differs_by_at_most_one_core(
+    nodes: int, per_core: int, cores: int, full: bool, slack: list[int]
+) -> None:
+    cpus = cores * per_core if full else cores
+    unit = per_core if full else 1
+    share = -(-cpus // nodes)  # the even share, rounded up to whole cores when required
+    share = -(-share // unit) * unit
+    available = {n: {"cpu": (share + slack[n] * unit) * 1000} for n in range(nodes)}
+    split = distribute_evenly({"cpu": cpus * 1000}, available, frozenset(range(nodes)), cpu_bind=True,
+                              full_cores=per_core if full else 0)
+    assert not split.reasons
+    shares = [split.per_node.get(n, {}).get("cpu", 0) // 1000 for n in range(nodes)]
+    assert sum(shares) == cpus
+    assert max(shares) - min(shares) <= per_core
+    assert all(s % unit == 0 for s in shares)
+
+
+def _cluster(topo: CPUTopology, zones: list[dict[str, Any]] | None) -> ClusterState:
+    doc = nrt("n", topology_annotation(topo))
+    if zones is not None:
+        doc["zones"] = zones
+    state = ClusterState()
+    load_objects(state, [node("n"), doc])
+    return state
+
+
+pod_ops = st.tuples(
+    st.integers(1, 6),  # CPUs (whole) or tenths of a CPU for shared pods
+    st.sampled_from(["LSR", "LS"]),
+    st.sampled_from(["", "BestEffort", "Restricted", "SingleNUMANode"]),
+    st.sampled_from(["FullPCPUs", "SpreadByPCPUs"]),
+    st.booleans(),  # required
+    st.integers(0, 6),  # memory GiB
+)
+
+
+def _pod(op: tuple[int, str, str, str, bool, int]) -> dict[str, Any]:
+    amount, qos, numa_policy, policy, required, mem = op
+    spec = {"requiredCPUBindPolicy" if required else "preferredCPUBindPolicy": policy}
+    cpu = str(amount) if qos == "LSR" else f"{amount * 300}m"
+    return pod(f"p-{uuid.uuid4().hex[:8]}", cpu=cpu, memory=f"{mem}Gi" if mem else None, qos=qos,
+               resource_spec=spec, numa_policy=numa_policy or None)
+
+
+@SETTINGS
+@given(topo=topologies(), ops=st.lists(pod_ops, min_size=1, max_size=6))
+def test_no_cpu_is_given_twice(topo: CPUTopology, ops: list[tuple[int, str, str, str, bool, int]]) -> None:
+    state = _cluster(topo, None)
+    ns = state.nodes["n"]
+    for op in ops:
+        p = _pod(op)
+        with state.lock:
+            try:
+                placement = plan(ns, parse_pod(p), CFG)
+            except AllocationError:
+                continue
+            state.hold(p["metadata"]["uid"], "n", placement.allocation)
+            ns.refresh()
+            seen: set[int] = set()
+            for alloc in ns.allocs.values():
+                assert not alloc.cpus & seen, "two pods share a CPU"
+                seen |= alloc.cpus
+            assert seen <= ns.bindable
+
+
+@SETTINGS
+@given(topo=topologies(), cpu_frac=st.lists(st.integers(1, 4), min_size=4, max_size=4),
+       mem=st.lists(st.integers(1, 12), min_size=4, max_size=4), ops=st.lists(pod_ops, min_size=1, max_size=6))
+def test_no_numa_zone_is_booked_past_its_allocatable(
+    topo: CPUTopology, cpu_frac: list[int], mem: list[int], ops: list[tuple[int, str, str, str, bool, int]]
+) -> None:
+    zones = []
+    limit: dict[int, tuple[int, int]] = {}
+    for i, n in enumerate(topo.numa_nodes):
+        cpu_milli = len(topo.numa_cpus[n]) * 1000 * cpu_frac[i] // 4
+        limit[n] = (cpu_milli, mem[i] * GiB)
+        zones.append({"name": f"node-{n}", "type": "Node", "resources": [
+            {"name": "cpu", "allocatable": f"{cpu_milli}m"}, {"name": "memory", "allocatable": f"{mem[i]}Gi"}]})
+    state = _cluster(topo, zones)
+    ns = state.nodes["n"]
+    for op in ops:
+        p = _pod(op)
+        with state.lock:
+            try:
+                placement = plan(ns, parse_pod(p), CFG)
+            except AllocationError:
+                continue
+            state.hold(p["metadata"]["uid"], "n", placement.allocation)
+            ns.refresh()
+            cpu: dict[int, int] = {}
+            memory: dict[int, int] = {}
+            for alloc in ns.allocs.values():
+                for n, v in alloc.numa.items():
+                    cpu[n] = cpu.get(n, 0) + v
+                for n, v in alloc.numa_memory.items():
+                    memory[n] = memory.get(n, 0) + v
+            for n, (cpu_limit, mem_limit) in limit.items():
+                assert cpu.get(n, 0) <= cpu_limit, json.dumps(cpu)
+                assert memory.get(n, 0) <= mem_limit, json.dumps(memory)
