@@ -86,7 +86,7 @@ def main() -> None:
     gpu_pods = [pod(f"gpu-{i:04d}", cpu="4", namespace="bench", numa_policy="SingleNUMANode",
                     extra={"nvidia.com/gpu": "1"} if i % 2 else {"koordinator.sh/gpu": "50"})
                 for i in range(args.cycles)]
-    cl = Cluster(objects + cpu_pods + gpu_pods, ledger=True)
+    cl = Cluster(objects + cpu_pods + gpu_pods, ledger=True, extra=[])
     try:
         sync = cl.wait_ready()
         warm = args.cycles // 10  # both kinds start with cold per-node caches: skip their warm-up

@@ -43,12 +43,13 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler_ext.topology import synthetic_topology, topology_annotation  # noqa: E402
+from koord_formats.topology import format_cpu_topology  # noqa: E402
+from scheduler_ext.topology import synthetic_topology  # noqa: E402
 from tests.scheduler_ext.builders import node, nrt, pod  # noqa: E402
 
 TARGETS = {"filter_p99_ms": 20.0, "prioritize_p99_ms": 20.0, "bind_p99_ms": 30.0,
            "pods_per_s": 200.0, "rss_mib": 1024.0}
-TOPO_TEXT = topology_annotation(synthetic_topology(2, 1, 52, 2))
+TOPO_TEXT = format_cpu_topology(synthetic_topology(2, 1, 52, 2))
 RS = "scheduling.koordinator.sh/resource-status"
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from scheduler_ext.topology import CPUTopology
+from koord_formats.topology import CPUTopology
 
 __all__ = [
     "AllocationError",

@@ -53,6 +53,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from koord_formats.topology import CPUTopology
 from scheduler_ext import numa
 from scheduler_ext.accumulator import (
     NOT_ENOUGH,
@@ -62,7 +63,6 @@ from scheduler_ext.accumulator import (
     filter_required,
 )
 from scheduler_ext.pods import PodRequest
-from scheduler_ext.topology import CPUTopology
 
 __all__ = [
     "ERR_CPU_BIND_POLICY_CONFLICT",

@@ -37,6 +37,9 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import Counter
 
+from koord_formats import keys
+from koord_formats.pod import format_resource_status
+from koord_formats.quantity import format_bytes, format_milli_cpu, parse_bytes, parse_cpu_milli
 from scheduler_ext import numa
 from scheduler_ext.accumulator import ExclusiveUse
 from scheduler_ext.admission import (
@@ -61,17 +64,10 @@ from scheduler_ext.allocator import (
     gpu_hints,
     take_gpus,
 )
-from scheduler_ext.annotations import (
-    ANN_DEVICE_ALLOCATED,
-    ANN_RESOURCE_STATUS,
-    Allocation,
-    format_device_allocated,
-    format_resource_status,
-)
+from scheduler_ext.annotations import Allocation, gpu_device_allocated
 from scheduler_ext.errors import APIError, ConflictError
 from scheduler_ext.guard import decode_pod
 from scheduler_ext.pods import GPURequest, PodRequest
-from scheduler_ext.quantity import format_bytes, format_milli_cpu, parse_cpu_milli, parse_quantity
 from scheduler_ext.state import ClusterState, NodeState
 
 __all__ = [
@@ -220,7 +216,7 @@ def _facts(ns: NodeState) -> NodeFacts:
 def _zone_amount(name: str, value: object) -> int:
     if not isinstance(value, str | int | float) or isinstance(value, bool):
         raise ValueError(f"quantity {value!r} is not a string or number")
-    return parse_cpu_milli(str(value)) if name == numa.CPU else int(parse_quantity(str(value)))
+    return parse_cpu_milli(value) if name == numa.CPU else parse_bytes(value)
 
 
 def _zones(ns: NodeState) -> dict[int, dict[str, int]]:
@@ -415,10 +411,10 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
     annotations: dict[str, str] = {}
     status = format_resource_status(cpus, _numa_annotation(placed.numa))
     if status:
-        annotations[ANN_RESOURCE_STATUS] = status
-    devices = format_device_allocated(grants, ns.gpu_by_minor)
+        annotations[keys.ANNOTATION_RESOURCE_STATUS] = status
+    devices = gpu_device_allocated(grants, ns.gpu_by_minor)
     if devices:
-        annotations[ANN_DEVICE_ALLOCATED] = devices
+        annotations[keys.ANNOTATION_DEVICE_ALLOCATED] = devices
     alloc = Allocation(
         cpus=cpus,
         numa={n: a[numa.CPU] for n, a in placed.numa.items() if a.get(numa.CPU)},

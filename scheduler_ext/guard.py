@@ -2,11 +2,10 @@
 
 Who calls this: ``scheduler_ext.state`` (watch events and lists), ``scheduler_ext.extender``
 (the pod a bind reads), ``scheduler_ext.server`` (verb bodies) and ``scheduler_ext.cli``
-(``simulate``). The parsers (``scheduler_ext.pods``, ``annotations``, ``topology``) raise
-``ValueError`` for content they reject; the callers here also catch anything else a parser or a
-wrongly typed object can raise (``AttributeError`` on a number where an object belongs,
-``RecursionError`` on deep JSON, ``OverflowError`` on ``1e400``), as the last line that keeps
-one object from stopping a watch, a list or a request.
+(``simulate``). The parsers (``koord_formats``, and ``scheduler_ext.pods``, ``annotations``,
+``topology`` on top of it) raise ``koord_formats.FormatError`` for content they reject, and
+``parse_pod`` turns that into ``PodRequest.error``; the callers here also catch anything else,
+as the last line that keeps one object from stopping a watch, a list or a request.
 
 Every skip increments ``scheduler_ext_bad_objects_total{kind, reason}``: ``kind`` is the watch
 kind (``pods``, ``nodes``, ``noderesourcetopologies``, ``devices``) or ``request`` for verb
@@ -17,9 +16,7 @@ set stays small).
 from __future__ import annotations
 
 import dataclasses
-import decimal
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from typing import Any
 
 import structlog
@@ -27,8 +24,7 @@ from prometheus_client import Counter
 
 from scheduler_ext.pods import PodRequest, parse_pod
 
-__all__ = ["BAD_OBJECTS", "DECIMAL_EXPONENT_LIMIT", "REASONS", "bad_object", "bounded_decimals", "decode_pod",
-           "describe"]
+__all__ = ["BAD_OBJECTS", "REASONS", "bad_object", "decode_pod", "describe"]
 
 log = structlog.get_logger("scheduler_ext.guard")
 
@@ -50,17 +46,6 @@ BAD_OBJECTS = Counter(
 )
 
 
-# Decimal arithmetic inside the parsers stays within 10**±40: ample for any real quantity (1Ei is
-# about 1.2e18 bytes), while "1e500000" raises decimal.Overflow at its first operation instead of
-# expanding half a million digits (int() of it took seconds and held the GIL throughout).
-DECIMAL_EXPONENT_LIMIT = 40
-
-
-def bounded_decimals() -> AbstractContextManager[decimal.Context]:
-    """A decimal context (thread- and task-local) whose exponents stay within the limit above."""
-    return decimal.localcontext(Emax=DECIMAL_EXPONENT_LIMIT, Emin=-DECIMAL_EXPONENT_LIMIT)
-
-
 def describe(exc: BaseException) -> str:
     """A one-line error text of bounded length (a parser's message may quote the input)."""
     text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
@@ -79,14 +64,17 @@ _EMPTY_POD = parse_pod({})
 
 
 def decode_pod(pod: Mapping[str, Any]) -> PodRequest:
-    """``parse_pod`` that never raises: any failure is a ``PodRequest`` whose ``error`` says why.
+    """``parse_pod`` that never raises: any failure is a ``PodRequest`` whose ``error`` says why,
+    logged and counted.
 
     A pod that cannot be decoded is refused on every node (filter reports it unresolvable, bind
     returns the error); it never fails the request or the watch that carried it.
     """
     try:
-        with bounded_decimals():
-            return parse_pod(pod)
+        req = parse_pod(pod)
+        if req.error:
+            bad_object("pods", "request", req.full_name, req.error)
+        return req
     except Exception as exc:  # the last line: a parser bug or a type it did not expect
         meta = pod.get("metadata") if isinstance(pod, Mapping) else None
         meta = meta if isinstance(meta, Mapping) else {}

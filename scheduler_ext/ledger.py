@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from hooks.facts import format_cpu_list, parse_cpu_list
+from koord_formats.cpulist import format_cpu_list, parse_cpu_list
 from scheduler_ext.allocator import GPUGrant
 from scheduler_ext.annotations import Allocation
 from scheduler_ext.errors import ConflictError, NotFoundError

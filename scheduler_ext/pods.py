@@ -2,70 +2,62 @@
 
 Who calls this: ``scheduler_ext.extender`` decodes the ``Pod`` of every filter, prioritize and
 preempt call here, and ``scheduler_ext.state`` decodes pending pods from the watch (bind only
-carries names). Nothing here looks at nodes; malformed input becomes ``PodRequest.error``, which
-the filter reports on every node instead of failing the HTTP call.
+carries names). Nothing here looks at nodes. ``parse_pod`` is total: malformed input of any
+shape becomes ``PodRequest.error``, which the filter reports on every node instead of failing
+the HTTP call; inside, every problem is a ``koord_formats.FormatError``.
 
-Koordinator semantics (``koordinator.md`` 3, 4.1 and 4.4):
+Koordinator semantics (``koordinator.md`` 3, 4.1 and 4.4); the formats are parsed by
+``koord_formats`` (quantities, QoS and priority classes, resource-spec, numa-topology-spec):
 
-- QoS from the label ``koordinator.sh/qosClass`` only; priority class from
-  ``koordinator.sh/priority-class`` or the ``spec.priority`` range, defaulting by QoS
-  (LSE/LSR/LS/SYSTEM -> koord-prod, BE -> koord-batch) when the value falls in no range.
+- QoS from the pod's QoS label only; priority class from the priority-class label or the
+  ``spec.priority`` range, defaulting by QoS (``koord_formats.qos.priority_class``).
 - A pod wants a cpuset when it is LSE or LSR, its priority class is koord-prod and its CPU
-  request is a whole number of cores. A node's ``cpu-bind-policy`` label can force binding
-  for other integer requests (decided in ``extender``, since it depends on the node).
-- ``scheduling.koordinator.sh/resource-spec`` gives bind and exclusive policies; the default
-  bind policy is FullPCPUs (preferred), as in koord-scheduler's defaults.
-- GPU requests are validated and normalised as koord-scheduler's deviceshare plugin does.
+  request is a whole number of cores. A node's cpu-bind-policy label can force binding for
+  other integer requests (decided in ``extender``, since it depends on the node).
+- resource-spec gives bind and exclusive policies; the default bind policy is FullPCPUs
+  (preferred), as in koord-scheduler's defaults.
+- GPU requests are validated and normalised as koord-scheduler's deviceshare plugin does
+  (``parse_gpu_request``).
 """
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
-from scheduler_ext.quantity import parse_cpu_milli, parse_quantity
+from koord_formats import keys
+from koord_formats.bounded import read_list, read_object, read_str
+from koord_formats.errors import FormatError
+from koord_formats.pod import parse_numa_topology_spec, parse_resource_spec
+from koord_formats.qos import priority_class, qos_label
+from koord_formats.quantity import parse_quantity
 
 __all__ = [
-    "ANN_NUMA_TOPOLOGY_SPEC",
-    "ANN_RESOURCE_SPEC",
-    "BIND_POLICIES",
-    "EXCLUSIVE_POLICIES",
-    "GPU_RESOURCE_NAMES",
-    "LABEL_QOS",
-    "NUMA_POLICIES",
+    "MAX_CONTAINERS",
     "GPURequest",
     "PodRequest",
+    "exclusive_policy_of",
     "parse_gpu_request",
     "parse_pod",
-    "priority_class",
 ]
 
-LABEL_QOS = "koordinator.sh/qosClass"
-LABEL_PRIORITY_CLASS = "koordinator.sh/priority-class"
-ANN_RESOURCE_SPEC = "scheduling.koordinator.sh/resource-spec"
-ANN_NUMA_TOPOLOGY_SPEC = "scheduling.koordinator.sh/numa-topology-spec"
+# Containers (and, separately, init containers) one pod may list here; real pods have a few.
+MAX_CONTAINERS = 1024
+# Resource names one container's requests or limits may list.
+MAX_RESOURCE_NAMES = 256
 
-BIND_POLICIES = ("Default", "FullPCPUs", "SpreadByPCPUs", "ConstrainedBurst")
-EXCLUSIVE_POLICIES = ("None", "PCPULevel", "NUMANodeLevel")
-NUMA_POLICIES = ("None", "BestEffort", "Restricted", "SingleNUMANode")
-
-NVIDIA_GPU = "nvidia.com/gpu"
-KOORD_GPU = "koordinator.sh/gpu"
-GPU_SHARED = "koordinator.sh/gpu.shared"
-GPU_CORE = "koordinator.sh/gpu-core"
-GPU_MEMORY = "koordinator.sh/gpu-memory"
-GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
-GPU_RESOURCE_NAMES = (NVIDIA_GPU, KOORD_GPU, GPU_SHARED, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO)
-
-_PRIORITY_RANGES = (
-    ("koord-prod", 9000, 9999),
-    ("koord-mid", 7000, 7999),
-    ("koord-batch", 5000, 5999),
-    ("koord-free", 3000, 3999),
-)
+NVIDIA_GPU = keys.RESOURCE_NVIDIA_GPU
+KOORD_GPU = keys.RESOURCE_GPU
+GPU_SHARED = keys.RESOURCE_GPU_SHARED
+GPU_CORE = keys.RESOURCE_GPU_CORE
+GPU_MEMORY = keys.RESOURCE_GPU_MEMORY
+GPU_MEMORY_RATIO = keys.RESOURCE_GPU_MEMORY_RATIO
+_CPU = "cpu"
+_MEMORY = "memory"
+_WANTED = (_CPU, _MEMORY, *keys.GPU_RESOURCE_NAMES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +113,10 @@ class PodRequest:
     def koord_wants_cpuset(self) -> bool:
         """LSE/LSR, koord-prod and a whole number of cores (``AllowUseCPUSet``)."""
         return (
-            self.qos in ("LSE", "LSR")
-            and self.priority_class == "koord-prod"
+            self.qos in (keys.QOS_LSE, keys.QOS_LSR)
+            and self.priority_class == keys.PRIORITY_PROD
             and self.integer_cpu
-            and self.bind_policy != "ConstrainedBurst"
+            and self.bind_policy != keys.BIND_POLICY_CONSTRAINED_BURST
         )
 
     @property
@@ -143,51 +135,55 @@ class PodRequest:
         )
 
 
-def priority_class(labels: Mapping[str, str], priority: object, qos: str) -> str:
-    """Koordinator's priority class with its QoS-derived default."""
-    override = labels.get(LABEL_PRIORITY_CLASS, "")
-    if override in {name for name, _, _ in _PRIORITY_RANGES}:
-        return override
-    if isinstance(priority, int) and not isinstance(priority, bool):
-        for name, lo, hi in _PRIORITY_RANGES:
-            if lo <= priority <= hi:
-                return name
-    return "koord-batch" if qos == "BE" else "koord-prod"
+def _object(value: object, what: str) -> Mapping[str, Any]:
+    """A JSON object, an absent one (``None``) read as empty; ``FormatError`` otherwise."""
+    return {} if value is None else read_object(value, what)
 
 
-def _container_amounts(container: Mapping[str, Any]) -> dict[str, Any]:
-    resources = container.get("resources") or {}
-    requests = dict(resources.get("requests") or {})
-    for name, value in (resources.get("limits") or {}).items():
+def _container_amounts(container: object, what: str) -> dict[str, Any]:
+    resources = _object(read_object(container, what).get("resources"), f"{what} resources")
+    requests = dict(_object(resources.get("requests"), f"{what} requests"))
+    limits = _object(resources.get("limits"), f"{what} limits")
+    if len(requests) > MAX_RESOURCE_NAMES or len(limits) > MAX_RESOURCE_NAMES:
+        raise FormatError(f"{what}: more than {MAX_RESOURCE_NAMES} resource names")
+    for name, value in limits.items():
         requests.setdefault(name, value)  # the API server defaults requests from limits
     return requests
 
 
-def _pod_amounts(spec: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Decimal]:
-    """Effective pod request per name: max(sum of containers, largest init container)."""
-    total: dict[str, Decimal] = {}
-    for c in spec.get("containers") or []:
-        for name, value in _container_amounts(c).items():
-            if name in names:
-                total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
-    for c in spec.get("initContainers") or []:
-        for name, value in _container_amounts(c).items():
-            if name in names:
-                total[name] = max(total.get(name, Decimal(0)), parse_quantity(value))
+def _pod_amounts(spec: Mapping[str, Any]) -> dict[str, Fraction]:
+    """Effective pod request per wanted name: max(sum of containers, largest init container)."""
+    total: dict[str, Fraction] = {}
+    for c in read_list(spec.get("containers") or [], "containers", MAX_CONTAINERS):
+        for name, value in _container_amounts(c, "container").items():
+            if name in _WANTED:
+                total[name] = total.get(name, Fraction(0)) + _quantity(name, value)
+    for c in read_list(spec.get("initContainers") or [], "initContainers", MAX_CONTAINERS):
+        for name, value in _container_amounts(c, "init container").items():
+            if name in _WANTED:
+                total[name] = max(total.get(name, Fraction(0)), _quantity(name, value))
     return total
 
 
-def _percent(name: str, value: Decimal) -> int:
-    if value != value.to_integral_value() or value < 0:
-        raise ValueError(f"{name} must be a whole percentage, got {value}")
+def _quantity(name: str, value: object) -> Fraction:
+    try:
+        return parse_quantity(value)
+    except FormatError as exc:
+        raise FormatError(f"{name}: {exc}") from None
+
+
+def _percent(name: str, value: Fraction) -> int:
+    if value.denominator != 1 or value < 0:
+        raise FormatError(f"{name} must be a whole percentage, got {float(value):g}")
     n = int(value)
     if n > 100 and n % 100 != 0:
-        raise ValueError(f"{name}={n}: percentages above 100 must be multiples of 100")
+        raise FormatError(f"{name}={n}: percentages above 100 must be multiples of 100")
     return n
 
 
-def parse_gpu_request(amounts: Mapping[str, Decimal]) -> GPURequest | None:
-    """Validate and normalise the GPU part of a pod's request (``None`` when it has none).
+def parse_gpu_request(amounts: Mapping[str, Fraction]) -> GPURequest | None:
+    """Validate and normalise the GPU part of a pod's request (``None`` when it has none);
+    ``FormatError`` for a combination koord-scheduler refuses.
 
     Valid combinations: a whole-card name alone, gpu-memory alone, gpu-memory-ratio alone,
     gpu-core with gpu-memory or gpu-memory-ratio, optionally with gpu.shared as the GPU count.
@@ -198,26 +194,26 @@ def parse_gpu_request(amounts: Mapping[str, Decimal]) -> GPURequest | None:
     full = present & {NVIDIA_GPU, KOORD_GPU}
     if full:
         if len(present) > 1:
-            raise ValueError(f"invalid resource device requests: {sorted(present)}")
+            raise FormatError(f"invalid resource device requests: {sorted(present)}")
         if NVIDIA_GPU in full:
             n = amounts[NVIDIA_GPU]
-            if n != n.to_integral_value():
-                raise ValueError(f"{NVIDIA_GPU} must be a whole number of GPUs")
+            if n.denominator != 1:
+                raise FormatError(f"{NVIDIA_GPU} must be a whole number of GPUs")
             return GPURequest(count=int(n), core=100, ratio=100, memory=0)
         pct = _percent(KOORD_GPU, amounts[KOORD_GPU])
         count = max(1, pct // 100)
         return GPURequest(count=count, core=pct // count, ratio=pct // count, memory=0)
     core = _percent(GPU_CORE, amounts[GPU_CORE]) if GPU_CORE in present else 0
     ratio = _percent(GPU_MEMORY_RATIO, amounts[GPU_MEMORY_RATIO]) if GPU_MEMORY_RATIO in present else 0
-    memory = int(amounts[GPU_MEMORY]) if GPU_MEMORY in present else 0
+    memory = math.ceil(amounts[GPU_MEMORY]) if GPU_MEMORY in present else 0
     if not ratio and not memory:
-        raise ValueError("invalid resource device requests: gpu-core needs gpu-memory or gpu-memory-ratio")
+        raise FormatError("invalid resource device requests: gpu-core needs gpu-memory or gpu-memory-ratio")
     if ratio and memory:
-        raise ValueError("invalid resource device requests: gpu-memory and gpu-memory-ratio together")
+        raise FormatError("invalid resource device requests: gpu-memory and gpu-memory-ratio together")
     if GPU_SHARED in present:
         shared = amounts[GPU_SHARED]
-        if shared != shared.to_integral_value():
-            raise ValueError(f"{GPU_SHARED} must be a whole number of GPUs")
+        if shared.denominator != 1:
+            raise FormatError(f"{GPU_SHARED} must be a whole number of GPUs")
         count = int(shared)
     elif ratio > 100:
         count = ratio // 100
@@ -226,65 +222,81 @@ def parse_gpu_request(amounts: Mapping[str, Decimal]) -> GPURequest | None:
     else:
         count = 1
     if core % count or ratio % count or memory % count:
-        raise ValueError(f"GPU request does not split evenly over {count} GPUs")
+        raise FormatError(f"GPU request does not split evenly over {count} GPUs")
     per_core, per_ratio, per_mem = core // count, ratio // count, memory // count
     if per_core > 100 or per_ratio > 100:
-        raise ValueError("a GPU cannot give more than 100% of its core or memory")
+        raise FormatError("a GPU cannot give more than 100% of its core or memory")
     return GPURequest(count=count, core=per_core, ratio=per_ratio, memory=per_mem)
 
 
-def _json_annotation(annotations: Mapping[str, str], key: str) -> dict[str, Any]:
-    raw = annotations.get(key)
-    if not raw:
-        return {}
-    doc = json.loads(raw)
-    if not isinstance(doc, dict):
-        raise ValueError(f"{key} must be a JSON object")
-    return doc
+def _annotation_text(annotations: Mapping[str, Any], key: str) -> str:
+    """The annotation's text, "" when absent; ``FormatError`` when it is not a string."""
+    value = annotations.get(key)
+    if value is None:
+        return ""
+    return read_str(value, key, 1 << 20)
 
 
-def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
-    """Decode a v1.Pod (API JSON). Never raises for bad content: see ``PodRequest.error``."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
-    qos = labels.get(LABEL_QOS, "")
-    if qos not in ("LSE", "LSR", "LS", "BE", "SYSTEM"):
-        qos = ""
+def exclusive_policy_of(annotations: Mapping[str, Any]) -> str:
+    """The preferred CPU exclusive policy of a placed pod's resource-spec, for later pods to
+    avoid. ``None`` when absent or unreadable: the CPUs the pod holds come from its
+    resource-status, so a bad resource-spec only loses this preference, never the CPUs."""
+    try:
+        text = _annotation_text(annotations, keys.ANNOTATION_RESOURCE_SPEC)
+        policy = parse_resource_spec(text).preferred_cpu_exclusive_policy if text else ""
+    except FormatError:
+        return keys.EXCLUSIVE_POLICY_NONE
+    return policy or keys.EXCLUSIVE_POLICY_NONE
+
+
+def _identity(meta: Mapping[str, Any], key: str, default: str) -> str:
+    value = meta.get(key)
+    return default if value is None or value == "" else read_str(value, f"metadata.{key}")
+
+
+def parse_pod(pod: object) -> PodRequest:
+    """Decode a v1.Pod (API JSON). Never raises, whatever the input: see ``PodRequest.error``."""
     error = ""
+    uid, namespace, name = "", "default", ""
+    qos, prio_class = "", keys.PRIORITY_PROD
     cpu_milli = memory = 0
     gpu: GPURequest | None = None
-    bind_policy, bind_required, exclusive, numa_policy = "FullPCPUs", False, "None", ""
+    bind_policy, bind_required = keys.BIND_POLICY_FULL_PCPUS, False
+    exclusive, numa_policy = keys.EXCLUSIVE_POLICY_NONE, ""
     try:
-        amounts = _pod_amounts(spec, ("cpu", "memory", *GPU_RESOURCE_NAMES))
-        cpu_milli = parse_cpu_milli(amounts["cpu"]) if "cpu" in amounts else 0
-        memory = int(amounts.get("memory", Decimal(0)))
-        res_spec = _json_annotation(annotations, ANN_RESOURCE_SPEC)
-        required = res_spec.get("requiredCPUBindPolicy") or ""
-        preferred = res_spec.get("preferredCPUBindPolicy") or ""
-        for value in (required, preferred):
-            if value and value not in BIND_POLICIES:
-                raise ValueError(f"{ANN_RESOURCE_SPEC}: unknown CPU bind policy {value!r}")
-        chosen = required or preferred
-        bind_policy = "FullPCPUs" if chosen in ("", "Default") else chosen
-        bind_required = bool(required)  # "Default" too: the default policy, required
-        exclusive = res_spec.get("preferredCPUExclusivePolicy") or "None"
-        if exclusive not in EXCLUSIVE_POLICIES:
-            raise ValueError(f"{ANN_RESOURCE_SPEC}: unknown CPU exclusive policy {exclusive!r}")
-        numa_spec = _json_annotation(annotations, ANN_NUMA_TOPOLOGY_SPEC)
-        numa_policy = numa_spec.get("numaTopologyPolicy") or ""
-        if numa_policy and numa_policy not in NUMA_POLICIES:
-            raise ValueError(f"{ANN_NUMA_TOPOLOGY_SPEC}: unknown NUMA topology policy {numa_policy!r}")
-        gpu = parse_gpu_request({k: v for k, v in amounts.items() if k in GPU_RESOURCE_NAMES})
-    except (ValueError, TypeError) as exc:
+        doc = read_object(pod, "pod")
+        meta = _object(doc.get("metadata"), "metadata")
+        spec = _object(doc.get("spec"), "spec")
+        uid = _identity(meta, "uid", "")
+        namespace = _identity(meta, "namespace", "default")
+        name = _identity(meta, "name", "")
+        labels = _object(meta.get("labels"), "labels")
+        annotations = _object(meta.get("annotations"), "annotations")
+        qos = qos_label(labels)
+        prio_class = priority_class(labels, spec.get("priority"), qos)
+        amounts = _pod_amounts(spec)
+        cpu_milli = math.ceil(amounts[_CPU] * 1000) if _CPU in amounts else 0
+        memory = math.ceil(amounts.get(_MEMORY, Fraction(0)))
+        text = _annotation_text(annotations, keys.ANNOTATION_RESOURCE_SPEC)
+        if text:
+            res_spec = parse_resource_spec(text)
+            required = res_spec.required_cpu_bind_policy
+            chosen = required or res_spec.preferred_cpu_bind_policy
+            bind_policy = keys.BIND_POLICY_FULL_PCPUS if chosen in ("", keys.BIND_POLICY_DEFAULT) else chosen
+            bind_required = bool(required)  # "Default" too: the default policy, required
+            exclusive = res_spec.preferred_cpu_exclusive_policy or keys.EXCLUSIVE_POLICY_NONE
+        text = _annotation_text(annotations, keys.ANNOTATION_NUMA_TOPOLOGY_SPEC)
+        if text:
+            numa_policy = parse_numa_topology_spec(text).numa_topology_policy
+        gpu = parse_gpu_request({k: v for k, v in amounts.items() if k in keys.GPU_RESOURCE_NAMES})
+    except FormatError as exc:
         error = f"invalid pod request: {exc}"
     return PodRequest(
-        uid=str(meta.get("uid") or ""),
-        namespace=str(meta.get("namespace") or "default"),
-        name=str(meta.get("name") or ""),
+        uid=uid,
+        namespace=namespace,
+        name=name,
         qos=qos,
-        priority_class=priority_class(labels, spec.get("priority"), qos),
+        priority_class=prio_class,
         cpu_milli=cpu_milli,
         memory=memory,
         bind_policy=bind_policy,

@@ -21,8 +21,8 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import gc
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -32,40 +32,18 @@ from typing import Any
 
 import structlog
 
+from koord_formats import keys
+from koord_formats.errors import FormatError
+from koord_formats.topology import CPUTopology
 from scheduler_ext.allocator import GPUUsage
-from scheduler_ext.annotations import (
-    ANN_DEVICE_ALLOCATED,
-    ANN_RESOURCE_STATUS,
-    EMPTY,
-    Allocation,
-    parse_allocation,
-)
-from scheduler_ext.guard import bad_object, bounded_decimals, decode_pod, describe
-from scheduler_ext.pods import ANN_RESOURCE_SPEC, PodRequest
-from scheduler_ext.topology import (
-    ANN_CPU_TOPOLOGY,
-    ANN_KUBELET_CPU_MANAGER_POLICY,
-    ANN_POD_CPU_ALLOCS,
-    ANN_RESERVATION,
-    ANN_SYSTEM_QOS_RESOURCE,
-    CPUTopology,
-    GPUDevice,
-    TopologyError,
-    parse_cpu_topology,
-    parse_gpu_devices,
-    parse_kubelet_managed_cpus,
-    parse_kubelet_reserved_cpus,
-    parse_node_reserved_cpus,
-    parse_system_qos_cpus,
-)
+from scheduler_ext.annotations import EMPTY, Allocation, parse_allocation
+from scheduler_ext.guard import bad_object, decode_pod, describe
+from scheduler_ext.pods import PodRequest, exclusive_policy_of
+from scheduler_ext.topology import GPUDevice, cpu_topology, parse_gpu_devices, unbindable_cpus
 
 __all__ = ["KINDS", "ClusterState", "NodeState", "PodEntry"]
 
 log = structlog.get_logger("scheduler_ext.state")
-
-LABEL_CPU_BIND_POLICY = "node.koordinator.sh/cpu-bind-policy"
-LABEL_NUMA_ALLOCATE_STRATEGY = "node.koordinator.sh/numa-allocate-strategy"
-LABEL_NUMA_TOPOLOGY_POLICY = "node.koordinator.sh/numa-topology-policy"
 
 KINDS = ("nodes", "pods", "noderesourcetopologies", "devices")
 
@@ -125,43 +103,29 @@ class NodeState:
     # -- static -------------------------------------------------------------------------------
     def _rebuild_static(self) -> None:
         labels = self.node_labels
-        self.bind_policy_label = labels.get(LABEL_CPU_BIND_POLICY, "")
-        strategy = labels.get(LABEL_NUMA_ALLOCATE_STRATEGY, "")
+        self.bind_policy_label = labels.get(keys.LABEL_CPU_BIND_POLICY, "")
+        strategy = labels.get(keys.LABEL_NUMA_ALLOCATE_STRATEGY, "")
         self.numa_strategy = strategy if strategy in ("MostAllocated", "LeastAllocated") else "MostAllocated"
-        policy = labels.get(LABEL_NUMA_TOPOLOGY_POLICY, "")
+        policy = labels.get(keys.LABEL_NUMA_TOPOLOGY_POLICY, "")
         for p in self.nrt_policies:
             kubelet = _KUBELET_POLICIES.get(p, "")
             if kubelet:
                 policy = kubelet  # kubelet's Topology Manager policy wins when not None
         self.numa_policy = "" if policy == "None" else policy
-        text = self.nrt_annotations.get(ANN_CPU_TOPOLOGY) or self.node_annotations.get(ANN_CPU_TOPOLOGY)
         self.topo, self.topo_error, self.bindable = None, "", frozenset()
-        if text:
-            try:
-                with bounded_decimals():
-                    self.topo = parse_cpu_topology(text)
-                reserved = (
-                    parse_kubelet_reserved_cpus(self.nrt_annotations.get(ANN_KUBELET_CPU_MANAGER_POLICY))
-                    | parse_kubelet_managed_cpus(self.nrt_annotations.get(ANN_POD_CPU_ALLOCS))
-                    | parse_node_reserved_cpus(
-                        self.node_annotations.get(ANN_RESERVATION) or self.nrt_annotations.get(ANN_RESERVATION)
-                    )
-                    | parse_system_qos_cpus(
-                        self.node_annotations.get(ANN_SYSTEM_QOS_RESOURCE)
-                        or self.nrt_annotations.get(ANN_SYSTEM_QOS_RESOURCE)
-                    )
-                )
-                self.bindable = self.topo.cpus - reserved
-            except TopologyError as exc:
-                self.topo, self.topo_error = None, str(exc)
-            except Exception as exc:  # a parser's last line: wrong types, deep JSON, overflow
-                self.topo, self.topo_error = None, f"unreadable CPU topology: {describe(exc)}"
-                bad_object("nodes", "topology", self.name, exc)
         try:
-            with bounded_decimals():
-                self.gpus = parse_gpu_devices(self.device_spec)
+            self.topo = cpu_topology(self.nrt_annotations, self.node_annotations)
+            if self.topo is not None:
+                self.bindable = self.topo.cpus - unbindable_cpus(self.node_annotations, self.nrt_annotations)
+        except FormatError as exc:
+            self.topo, self.topo_error = None, str(exc)
+        except Exception as exc:  # a parser's last line: nothing but FormatError is expected
+            self.topo, self.topo_error = None, f"unreadable CPU topology: {describe(exc)}"
+            bad_object("nodes", "topology", self.name, exc)
+        try:
+            self.gpus = parse_gpu_devices(self.device_spec)
             self.gpu_error = ""
-        except TopologyError as exc:
+        except FormatError as exc:
             self.gpus, self.gpu_error = (), str(exc)
         except Exception as exc:  # as above
             self.gpus, self.gpu_error = (), f"unreadable Device object: {describe(exc)}"
@@ -257,18 +221,6 @@ class PodEntry:
     bad: str = ""  # why the annotations could not be parsed
 
 
-def _exclusive_of(annotations: Mapping[str, str]) -> str:
-    raw = annotations.get(ANN_RESOURCE_SPEC)
-    if not raw or not isinstance(raw, str):
-        return "None"
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):  # deep nesting raises RecursionError, not ValueError
-        return "None"
-    value = doc.get("preferredCPUExclusivePolicy") if isinstance(doc, dict) else None
-    return value if value in ("PCPULevel", "NUMANodeLevel") else "None"
-
-
 def _is_terminal(pod: Mapping[str, Any]) -> bool:
     phase = _mapping(pod.get("status"), "status").get("phase")
     return phase in ("Succeeded", "Failed")
@@ -295,16 +247,15 @@ def _parse_allocation(namespace: str, name: str, ann: tuple[str | None, str | No
 ]:
     """(allocation, None) or (None, error); unreadable annotations are logged and counted."""
     try:
-        with bounded_decimals():
-            return parse_allocation(*ann), None
-    except Exception as exc:  # ValueError from the parser, or anything a wrong type raises
+        return parse_allocation(*ann), None
+    except Exception as exc:  # FormatError from the parser; anything else is a parser bug
         return None, bad_object("pods", "allocation", f"{namespace}/{name}", exc)
 
 
 def _warm_parsers(obj: Mapping[str, Any]) -> None:
     """Parse a Node's or NRT's topology annotations before the lock is taken.
 
-    The topology parsers are memoised by annotation text, so ``NodeState._rebuild_static``
+    The ``koord_formats`` parsers are memoised by annotation text, so ``NodeState._rebuild_static``
     then finds the result under the lock instead of parsing there while verbs wait. Failures
     are left for ``_rebuild_static`` to report.
     """
@@ -312,20 +263,10 @@ def _warm_parsers(obj: Mapping[str, Any]) -> None:
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     if not isinstance(annotations, Mapping):
         return
-    for key, parser in (
-        (ANN_CPU_TOPOLOGY, parse_cpu_topology),
-        (ANN_KUBELET_CPU_MANAGER_POLICY, parse_kubelet_reserved_cpus),
-        (ANN_POD_CPU_ALLOCS, parse_kubelet_managed_cpus),
-        (ANN_RESERVATION, parse_node_reserved_cpus),
-        (ANN_SYSTEM_QOS_RESOURCE, parse_system_qos_cpus),
-    ):
-        text = annotations.get(key)
-        if isinstance(text, str) and text:
-            try:
-                with bounded_decimals():
-                    parser(text)
-            except Exception:  # reported by _rebuild_static under the lock
-                pass
+    with contextlib.suppress(Exception):  # reported by _rebuild_static under the lock
+        cpu_topology(annotations, {})
+    with contextlib.suppress(Exception):
+        unbindable_cpus(annotations, annotations)
 
 
 class BadObject(ValueError):
@@ -547,9 +488,9 @@ class ClusterState:
             update.request = decode_pod(pod)
             return update
         update.ann = (
-            annotations.get(ANN_RESOURCE_STATUS),
-            annotations.get(ANN_DEVICE_ALLOCATED),
-            _exclusive_of(annotations),
+            annotations.get(keys.ANNOTATION_RESOURCE_STATUS),
+            annotations.get(keys.ANNOTATION_DEVICE_ALLOCATED),
+            exclusive_policy_of(annotations),
         )
         entry = self.pods.get(uid)  # read without the lock: only this watch thread writes entries
         if entry is None or entry.ann != update.ann or entry.node != node:

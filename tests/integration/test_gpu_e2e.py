@@ -21,7 +21,7 @@ import pytest
 from rhp_devenv.cri import container_config
 
 from cri_protos import api_pb2
-from scheduler_ext.topology import topology_annotation
+from koord_formats.topology import format_cpu_topology
 from tests.fakeapi import FakeAPIServer
 from tests.integration.harness import ProxyThread, proxy_options
 from tests.scheduler_ext.builders import TOPO_SMALL, cluster, pod
@@ -45,7 +45,7 @@ def _wait(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
 def cluster_api() -> Iterator[tuple[FakeAPIServer, Extender]]:
     """A fake API server holding one node with 4 GPUs, and an extender watching it."""
     api = FakeAPIServer().start()
-    for obj in cluster([NODE], topology_annotation(TOPO_SMALL), gpus=4):
+    for obj in cluster([NODE], format_cpu_topology(TOPO_SMALL), gpus=4):
         api.create(obj)
     ext = start_extender(api.url)
     yield api, ext

@@ -18,8 +18,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hooks.facts import parse_cpu_list
-from scheduler_ext.topology import synthetic_topology, topology_annotation
+from koord_formats.cpulist import parse_cpu_list
+from koord_formats.topology import format_cpu_topology
+from scheduler_ext.topology import synthetic_topology
 
 TOPO_SMALL = synthetic_topology(2, 1, 4, 2)
 TOPO_BENCH = synthetic_topology(2, 1, 52, 2)
@@ -163,7 +164,7 @@ def cluster(
     gpus: int = 0,
 ) -> list[dict[str, Any]]:
     """Node + NRT (+ Device) objects for each name."""
-    text = topo_annotation or topology_annotation(TOPO_SMALL)
+    text = topo_annotation or format_cpu_topology(TOPO_SMALL)
     out: list[dict[str, Any]] = []
     for n in names:
         out.append(node(n, labels=labels))

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from koord_formats.topology import CPUTopology, format_cpu_topology
 from scheduler_ext.extender import ExtenderConfig, evaluate, needs
 from scheduler_ext.pods import parse_pod
 from scheduler_ext.state import ClusterState, load_objects
-from scheduler_ext.topology import CPUTopology, topology_annotation
 from tests.scheduler_ext.builders import TOPO_NO_SMT, TOPO_SMALL, node, nrt, pod
 
 OK = "ok"
@@ -132,14 +132,14 @@ CASES = [
          taken=("0-3", "4-7")),
     Case("an unknown preferredCPUBindPolicy is refused, naming it (Koordinator ignores it)",
          {"cpu": "2", "resource_spec": {"preferredCPUBindPolicy": "Fastest"}}, UNRESOLVABLE,
-         "invalid pod request: scheduling.koordinator.sh/resource-spec: unknown CPU bind policy 'Fastest'"),
+         "invalid pod request: resource-spec: unknown preferredCPUBindPolicy 'Fastest'"),
 ]
 
 
 def _state(case: Case) -> ClusterState:
     objs: list[dict[str, Any]] = [node("n", labels=case.labels, annotations=case.annotations)]
     if case.topo is not None:
-        objs.append(nrt("n", topology_annotation(case.topo), annotations=case.nrt_annotations,
+        objs.append(nrt("n", format_cpu_topology(case.topo), annotations=case.nrt_annotations,
                         policies=case.policies))
     elif case.nrt_annotations or case.policies != ("None",):
         doc = nrt("n", "{}", annotations=case.nrt_annotations, policies=case.policies)

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 
+from koord_formats.errors import FormatError
+from koord_formats.pod import format_resource_status
+from koord_formats.quantity import format_bytes, format_milli_cpu, parse_cpu_milli
+from koord_formats.topology import format_cpu_topology, parse_cpu_topology
 from scheduler_ext.allocator import AllocationError, GPUUsage, take_gpus
-from scheduler_ext.annotations import format_resource_status, parse_allocation
+from scheduler_ext.annotations import parse_allocation
 from scheduler_ext.pods import GPURequest, parse_gpu_request, parse_pod
-from scheduler_ext.quantity import format_bytes, format_milli_cpu, parse_cpu_milli
-from scheduler_ext.topology import (
-    TopologyError,
-    parse_cpu_topology,
-    parse_gpu_devices,
-    parse_kubelet_managed_cpus,
-    parse_kubelet_reserved_cpus,
-    parse_system_qos_cpus,
-    topology_annotation,
-)
+from scheduler_ext.topology import parse_gpu_devices, unbindable_cpus
 from tests.scheduler_ext.builders import TOPO_QUAD_NUMA, cpus, device, pod
 
 F = frozenset
@@ -48,7 +43,7 @@ def test_milli_cpu_formats_whole_cores_without_suffix() -> None:
 
 
 def test_cpu_topology_round_trips_through_the_koordinator_annotation() -> None:
-    topo = parse_cpu_topology(topology_annotation(TOPO_QUAD_NUMA))
+    topo = parse_cpu_topology(format_cpu_topology(TOPO_QUAD_NUMA))
     assert len(topo.cpus) == 32
     assert topo.numa_nodes == (0, 1, 2, 3)
     assert topo.cpus_per_core == 2
@@ -73,25 +68,38 @@ def test_core_ids_repeated_per_socket_stay_distinct_cores() -> None:
     ids=["garbage", "no-detail", "empty-detail", "negative-id", "duplicate-cpu"],
 )
 def test_bad_cpu_topology_is_a_clear_error(text: str) -> None:
-    with pytest.raises(TopologyError):
+    with pytest.raises(FormatError):
         parse_cpu_topology(text)
 
 
+KUBELET = "kubelet.koordinator.sh/cpu-manager-policy"
+ALLOCS = "node.koordinator.sh/pod-cpu-allocs"
+RESERVATION = "node.koordinator.sh/reservation"
+SYSTEM_QOS = "node.koordinator.sh/system-qos-resource"
+
+
 @pytest.mark.parametrize(
-    ("parser", "text", "expected"),
+    ("node_ann", "nrt_ann", "expected"),
     [
-        (parse_kubelet_reserved_cpus, '{"policy":"static","reservedCPUs":"0-1"}', cpus("0-1")),
-        (parse_system_qos_cpus, '{"cpuset":"2-3","cpusetExclusive":true}', cpus("2-3")),
-        (parse_system_qos_cpus, '{"cpuset":"2-3","cpusetExclusive":false}', F()),
-        (parse_kubelet_managed_cpus,
-         '[{"uid":"a","cpuset":"4-5","managedByKubelet":true},{"uid":"b","cpuset":"6"}]', cpus("4-5")),
-        (parse_kubelet_reserved_cpus, None, F()),
+        pytest.param({}, {KUBELET: '{"policy":"static","reservedCPUs":"0-1"}'}, cpus("0-1"),
+                     id="kubelet's reserved CPUs are withheld"),
+        pytest.param({SYSTEM_QOS: '{"cpuset":"2-3","cpusetExclusive":true}'}, {}, cpus("2-3"),
+                     id="explicitly exclusive system-QoS CPUs are withheld"),
+        pytest.param({SYSTEM_QOS: '{"cpuset":"2-3"}'}, {}, cpus("2-3"),
+                     id="system-QoS CPUs without cpusetExclusive are exclusive as in Koordinator"),
+        pytest.param({SYSTEM_QOS: '{"cpuset":"2-3","cpusetExclusive":false}'}, {}, F(),
+                     id="shared system-QoS CPUs stay bindable"),
+        pytest.param({}, {SYSTEM_QOS: '{"cpuset":"6"}'}, cpus("6"),
+                     id="system-QoS on the NRT counts when the Node has none"),
+        pytest.param({}, {ALLOCS: '[{"uid":"a","cpuset":"4-5","managedByKubelet":true},{"uid":"b","cpuset":"6"}]'},
+                     cpus("4-5"), id="only CPUs kubelet's static policy handed out are withheld"),
+        pytest.param({RESERVATION: '{"reservedCPUs":"7"}'}, {RESERVATION: '{"reservedCPUs":"1"}'}, cpus("7"),
+                     id="the Node's reservation wins over the NRT's copy"),
+        pytest.param({}, {}, F(), id="a node without annotations withholds nothing"),
     ],
-    ids=["kubelet-reserved", "exclusive-system-qos", "shared-system-qos-is-bindable",
-         "kubelet-managed-pods", "absent"],
 )
-def test_unbindable_cpu_sources(parser: object, text: str | None, expected: frozenset[int]) -> None:
-    assert parser(text) == expected  # type: ignore[operator]
+def test_unbindable_cpu_sources(node_ann: dict[str, str], nrt_ann: dict[str, str], expected: frozenset[int]) -> None:
+    assert unbindable_cpus(node_ann, nrt_ann) == expected
 
 
 @pytest.mark.parametrize(
@@ -111,8 +119,8 @@ def test_unbindable_cpu_sources(parser: object, text: str | None, expected: froz
          "core-and-bytes", "ratio-alone", "percent-over-100-means-cards", "shared-over-two-gpus"],
 )
 def test_gpu_requests_normalise_like_koordinator(amounts: dict[str, str], expected: GPURequest) -> None:
-    assert parse_gpu_request({k: Decimal(v.removesuffix("Gi")) * (1 << 30) if v.endswith("Gi")
-                              else Decimal(v) for k, v in amounts.items()}) == expected
+    assert parse_gpu_request({k: Fraction(v.removesuffix("Gi")) * (1 << 30) if v.endswith("Gi")
+                              else Fraction(v) for k, v in amounts.items()}) == expected
 
 
 @pytest.mark.parametrize(

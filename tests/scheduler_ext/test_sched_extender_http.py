@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from scheduler_ext.topology import topology_annotation
+from koord_formats.topology import format_cpu_topology
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import TOPO_QUAD_NUMA, TOPO_SMALL, cluster, cpus, device, node, pod
 from tests.scheduler_ext.conftest import Extender, start_extender
@@ -169,7 +169,7 @@ def test_gpu_bind_writes_device_and_cpu_annotations_in_one_patch(
     api: FakeAPIServer, serve: Callable[..., Extender]
 ) -> None:
     p = pod("train", cpu="4", numa_policy="SingleNUMANode", extra={"nvidia.com/gpu": "2"})
-    ext = serve([*cluster(["g1"], topology_annotation(TOPO_SMALL), gpus=4), p])
+    ext = serve([*cluster(["g1"], format_cpu_topology(TOPO_SMALL), gpus=4), p])
     wait_for(lambda: ext.state.pending(p["metadata"]["uid"]) is not None)
     patches = api.counts.get("PATCH", 0)
     assert bind(ext, p, "g1") == ""
@@ -244,7 +244,7 @@ def test_parallel_binds_on_one_node_get_disjoint_cpusets(
     api: FakeAPIServer, serve: Callable[..., Extender], replicas: int, ledger: bool
 ) -> None:
     pods = [pod(f"p{i}", cpu="2") for i in range(20)]  # 40 CPUs asked, 32 exist
-    for obj in [*cluster(["n1"], topology_annotation(TOPO_QUAD_NUMA)), *pods]:
+    for obj in [*cluster(["n1"], format_cpu_topology(TOPO_QUAD_NUMA)), *pods]:
         api.create(obj)
     exts = [start_extender(api.url, ledger=ledger, identity=f"r{i}") for i in range(replicas)]
     try:

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
+from koord_formats.topology import format_cpu_topology
 from scheduler_ext.guard import BAD_OBJECTS
 from scheduler_ext.state import KINDS, ClusterState, Watcher
-from scheduler_ext.topology import topology_annotation
 from tests.scheduler_ext.builders import TOPO_SMALL, cluster, cpus, device, node, nrt, pod
 
 RS = "scheduling.koordinator.sh/resource-status"
 DA = "scheduling.koordinator.sh/device-allocated"
 SPEC = "scheduling.koordinator.sh/resource-spec"
-TOPO = topology_annotation(TOPO_SMALL)
+TOPO = format_cpu_topology(TOPO_SMALL)
 
 
 def bad_count(kind: str, reason: str) -> float:

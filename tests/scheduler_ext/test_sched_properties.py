@@ -24,11 +24,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from koord_formats.topology import CPUTopology, format_cpu_topology
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import ExtenderConfig, evaluate, needs, plan
 from scheduler_ext.pods import parse_pod
 from scheduler_ext.state import ClusterState, load_objects
-from scheduler_ext.topology import CPUTopology, synthetic_topology, topology_annotation
+from scheduler_ext.topology import synthetic_topology
 from tests.scheduler_ext.builders import device, node, nrt, pod
 
 CFG = ExtenderConfig()
@@ -67,12 +68,12 @@ cpu_ops = st.builds(
 
 
 def _state(topo: CPUTopology, reserved: frozenset[int], extra: list[dict[str, Any]] = ()) -> ClusterState:  # type: ignore[assignment]
-    from hooks.facts import format_cpu_list
+    from koord_formats.cpulist import format_cpu_list
 
     ann = {"kubelet.koordinator.sh/cpu-manager-policy": json.dumps(
         {"policy": "static", "reservedCPUs": format_cpu_list(reserved)})}
     state = ClusterState()
-    load_objects(state, [node("n"), nrt("n", topology_annotation(topo), annotations=ann), *extra])
+    load_objects(state, [node("n"), nrt("n", format_cpu_topology(topo), annotations=ann), *extra])
     return state
 
 

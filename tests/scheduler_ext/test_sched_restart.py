@@ -18,8 +18,8 @@ import httpx
 import pytest
 import yaml
 
+from koord_formats.topology import format_cpu_topology
 from scheduler_ext.cli import main
-from scheduler_ext.topology import topology_annotation
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import TOPO_QUAD_NUMA, cluster, cpus, pod
 
@@ -64,7 +64,7 @@ def _bind(url: str, p: dict[str, Any]) -> str:
 
 def test_killed_extender_is_replaced_without_double_allocation(api: FakeAPIServer) -> None:
     pods = [pod(f"p{i:02d}", cpu="2") for i in range(20)]  # 40 CPUs asked, node has 32
-    for obj in [*cluster(["n1"], topology_annotation(TOPO_QUAD_NUMA)), *pods]:
+    for obj in [*cluster(["n1"], format_cpu_topology(TOPO_QUAD_NUMA)), *pods]:
         api.create(obj)
     first, url = _spawn(api.url)
     try:
