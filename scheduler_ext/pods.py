@@ -22,6 +22,7 @@ Koordinator semantics (``koordinator.md`` 3, 4.1 and 4.4); the formats are parse
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ __all__ = [
     "exclusive_policy_of",
     "parse_gpu_request",
     "parse_pod",
+    "quantity",
 ]
 
 # Containers (and, separately, init containers) one pod may list here; real pods have a few.
@@ -165,9 +167,22 @@ def _pod_amounts(spec: Mapping[str, Any]) -> dict[str, Fraction]:
     return total
 
 
+@functools.lru_cache(maxsize=1024)
+def _quantity_text(text: str) -> Fraction:
+    return parse_quantity(text)
+
+
+def quantity(value: object) -> Fraction:
+    """``koord_formats.quantity.parse_quantity``, memoised for strings: requests and Device
+    capacities repeat a handful of texts ("4", "8Gi", "100") across thousands of objects."""
+    if isinstance(value, str):
+        return _quantity_text(value)
+    return parse_quantity(value)
+
+
 def _quantity(name: str, value: object) -> Fraction:
     try:
-        return parse_quantity(value)
+        return quantity(value)
     except FormatError as exc:
         raise FormatError(f"{name}: {exc}") from None
 

@@ -35,8 +35,8 @@ from koord_formats.node import (
     parse_pod_cpu_allocs,
     parse_system_qos_resource,
 )
-from koord_formats.quantity import parse_quantity
 from koord_formats.topology import CPUInfo, CPUTopology, parse_cpu_topology
+from scheduler_ext.pods import quantity
 
 __all__ = [
     "DEVICE_TYPE_GPU",
@@ -148,7 +148,7 @@ def _optional_str(value: object, what: str) -> str:
 
 def _capacity(resources: Mapping[str, Any], name: str, default: int) -> int:
     value = resources.get(name)
-    return default if value is None else math.floor(parse_quantity(value))
+    return default if value is None else math.floor(quantity(value))
 
 
 def parse_gpu_devices(spec: object) -> tuple[GPUDevice, ...]:
