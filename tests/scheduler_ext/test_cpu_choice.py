@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from koord_formats.topology import CPUTopology
 from scheduler_ext.accumulator import AllocationError, ExclusiveUse, allocate_cpuset
-from scheduler_ext.topology import CPUTopology, synthetic_topology
+from scheduler_ext.topology import synthetic_topology
 from tests.scheduler_ext.builders import TOPO_SMALL, cpus
 
 TOPO_104 = synthetic_topology(2, 1, 26, 2)

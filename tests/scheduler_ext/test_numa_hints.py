@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from koord_formats.quantity import parse_bytes, parse_cpu_milli
+from koord_formats.topology import format_cpu_topology
 from scheduler_ext import numa
 from scheduler_ext.extender import ExtenderConfig, evaluate, plan
 from scheduler_ext.numa import Hint, distribute_evenly, merge_hints, parse_nrt_zones
 from scheduler_ext.pods import parse_pod
-from scheduler_ext.quantity import parse_cpu_milli, parse_quantity
 from scheduler_ext.state import ClusterState, load_objects
-from scheduler_ext.topology import topology_annotation
 from tests.scheduler_ext.builders import TOPO_QUAD_NUMA, TOPO_SMALL, GiB, node, nrt, pod
 
 F = frozenset
@@ -25,7 +25,7 @@ RS = "scheduling.koordinator.sh/resource-status"
 
 
 def _amount(name: str, value: object) -> int:
-    return parse_cpu_milli(str(value)) if name == "cpu" else int(parse_quantity(str(value)))
+    return parse_cpu_milli(value) if name == "cpu" else parse_bytes(value)
 
 
 def zones_doc(cpu: Mapping[int, str], memory: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
@@ -176,7 +176,7 @@ def test_zone_accounting_books_cpuset_and_shared_pods_and_never_passes_allocatab
     placed = pod("old", cpu="6", memory="12Gi", node_name="n", numa_policy="SingleNUMANode", annotations={
         RS: json.dumps({"cpuset": "0-2,8-10",
                         "numaNodeResources": [{"node": 0, "resources": {"cpu": "6", "memory": "12Gi"}}]})})
-    state = _state([node("n"), _with_zones(nrt("n", topology_annotation(TOPO_SMALL)), zones), placed])
+    state = _state([node("n"), _with_zones(nrt("n", format_cpu_topology(TOPO_SMALL)), zones), placed])
     ns = state.nodes["n"]
     cfg = ExtenderConfig()
     shared = parse_pod(pod("ls", cpu="1500m", memory="6Gi", qos="LS", numa_policy="SingleNUMANode"))
@@ -203,7 +203,7 @@ def test_zone_accounting_books_cpuset_and_shared_pods_and_never_passes_allocatab
 def test_zone_cpu_excludes_withheld_cpus() -> None:
     zones = zones_doc({0: "8", 1: "8"})
     ann = {"kubelet.koordinator.sh/cpu-manager-policy": json.dumps({"policy": "static", "reservedCPUs": "0-1,8-9"})}
-    state = _state([node("n"), _with_zones(nrt("n", topology_annotation(TOPO_SMALL), annotations=ann), zones)])
+    state = _state([node("n"), _with_zones(nrt("n", format_cpu_topology(TOPO_SMALL), annotations=ann), zones)])
     ns = state.nodes["n"]
     p = parse_pod(pod("ls", cpu="5", qos="LS", numa_policy="SingleNUMANode"))
     with state.lock:
@@ -214,7 +214,7 @@ def test_zone_cpu_excludes_withheld_cpus() -> None:
 
 
 def test_four_numa_nodes_even_split_over_the_narrowest_pair() -> None:
-    state = _state([node("n"), nrt("n", topology_annotation(TOPO_QUAD_NUMA))])
+    state = _state([node("n"), nrt("n", format_cpu_topology(TOPO_QUAD_NUMA))])
     ns = state.nodes["n"]
     p = parse_pod(pod("p", cpu="12", numa_policy="Restricted",
                       resource_spec={"requiredCPUBindPolicy": "FullPCPUs"}))
