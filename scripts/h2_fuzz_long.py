@@ -29,6 +29,7 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=5000, help="fuzzed sessions (default 5000)")
     parser.add_argument("--steps", type=int, default=50, help="steps per session at most (default 50)")
     parser.add_argument("--rss-limit", type=float, default=64.0, help="allowed RSS growth in MiB (default 64)")
+    parser.add_argument("--progress", type=int, default=1000, help="print the relay's RSS every N sessions")
     args = parser.parse_args()
 
     relay = RelayProcess()
@@ -40,6 +41,7 @@ def main() -> int:
         RelayH2Machine.relay = relay
         RelayH2Machine.baseline_kib = int(start["rss_kib"])
         RelayH2Machine.rss_limit_mib = args.rss_limit
+        RelayH2Machine.progress_every = args.progress
         try:
             run_state_machine_as_test(
                 RelayH2Machine,

@@ -34,6 +34,7 @@ class RelayH2Machine(RuleBasedStateMachine):
     rss_limit_mib: ClassVar[float] = 64.0
     examples: ClassVar[int] = 0
     max_rss_kib: ClassVar[int] = 0
+    progress_every: ClassVar[int] = 0  # print the relay's stats every this many sessions (0: never)
 
     def __init__(self) -> None:
         super().__init__()
@@ -212,7 +213,13 @@ class RelayH2Machine(RuleBasedStateMachine):
             self.sock.close()
         assert self.relay.alive(), "the relay process died"
         assert healthy_call(self.relay.path) == b"ping"
-        rss = int(self.relay.stats()["rss_kib"])
+        row = self.relay.stats()
+        rss = int(row["rss_kib"])
         cls = type(self)
+        if cls.progress_every and cls.examples % cls.progress_every == 0:
+            print(
+                f"{cls.examples:8} sessions: RSS {rss / 1024:.1f} MiB, open connections {row['connections']}",
+                flush=True,
+            )
         cls.max_rss_kib = max(cls.max_rss_kib, rss)
         assert (rss - self.baseline_kib) / 1024 < self.rss_limit_mib, f"relay RSS grew to {rss / 1024:.1f} MiB"

@@ -53,7 +53,9 @@ class Intercepted:
         self.path = path  # never changes
         self.phase = COLLECT  # moves forward only, see the phase constants
         self.req = bytearray()  # request DATA payload while collecting
-        self.cwin = client_window  # the client's send window on this stream while collecting
+        # The client's window on this stream while collecting: the relay returns each DATA frame's
+        # bytes at once, so this stays the initial window (moved only by SETTINGS).
+        self.cwin = client_window
         self.client_ended = False  # client sent END_STREAM
         self.hdr_end_stream = False  # the request HEADERS carried END_STREAM (no body at all)
         self.window = window  # server's send window for this stream, as the relay accounts it
