@@ -1,22 +1,26 @@
-"""runtime-hook-proxy's plugin contract.
+"""runtime-hook-proxy's plugin API: everything a plugin author needs, and nothing else.
 
-Write a plugin as a module of functions marked with ``hookimpl``, named after the hooks in
-``hooks.spec``, that take facts (``PodFacts``, ``ContainerFacts``, ``NodeFacts``) and return a
-``Plan`` or ``None``. Publish it under the entry-point group ``runtime_hook_proxy.plugins``.
+A plugin is a module (or object) of functions marked with ``hookimpl`` and named after a hook in
+``hooks.spec`` (``rhp_pre_create_container``, ``rhp_reconcile_container``...). Each takes the
+frozen facts it asks for (``pod: PodFacts``, ``container: ContainerFacts``, ``node: NodeFacts``)
+and returns a ``Plan`` or ``None``; it does no I/O. Publish it under the entry-point group
+``runtime_hook_proxy.plugins``, with one name for the entry point, the module and the config
+entry. The rules every hook shares are in ``hooks.spec``'s module docstring.
+
+Everything else under ``hooks`` (the plugin manager, merging, the built-in plugins and their
+helpers) belongs to the proxy and may change without notice.
 """
 
 from hooks.facts import ContainerFacts, CPUTopology, NodeFacts, PodFacts, Resources
-from hooks.plan import CgroupWrite, Plan
-from hooks.spec import hookimpl, hookspec
+from hooks.plan import Plan
+from hooks.spec import hookimpl
 
 __all__ = [
     "CPUTopology",
-    "CgroupWrite",
     "ContainerFacts",
     "NodeFacts",
     "Plan",
     "PodFacts",
     "Resources",
     "hookimpl",
-    "hookspec",
 ]
