@@ -48,11 +48,14 @@ The deliberate differences from Koordinator are listed in ``scheduler_ext/README
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from koord_formats import keys
+from koord_formats.bounded import load_json
+from koord_formats.errors import FormatError
+from koord_formats.node import parse_kubelet_cpu_manager_policy
 from koord_formats.topology import CPUTopology
 from scheduler_ext import numa
 from scheduler_ext.accumulator import (
@@ -111,11 +114,7 @@ _NRT_POLICIES = {
 }
 DEFAULT_NUMA_ALLOCATE_STRATEGY = "LeastAllocated"  # koord-scheduler's default NUMA scoring
 
-LABEL_CPU_BIND_POLICY = "node.koordinator.sh/cpu-bind-policy"
-LABEL_NUMA_TOPOLOGY_POLICY = "node.koordinator.sh/numa-topology-policy"
-LABEL_NUMA_ALLOCATE_STRATEGY = "node.koordinator.sh/numa-allocate-strategy"
 ANN_AMPLIFICATION_RATIO = "node.koordinator.sh/resource-amplification-ratio"
-ANN_KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
 _MAX_ANNOTATION_CHARS = 64 * 1024
 
 
@@ -156,7 +155,7 @@ def pre_filter(pod: PodRequest, default_policy: str = DEFAULT_BIND_POLICY) -> In
     intent = Intent(skip, False, "", "", "None", numa_policy, pod.cpu_milli, pod.memory)
     if skip:
         return intent
-    allow_cpuset = pod.qos in ("LSE", "LSR") and pod.priority_class == "koord-prod"
+    allow_cpuset = pod.qos in (keys.QOS_LSE, keys.QOS_LSR) and pod.priority_class == keys.PRIORITY_PROD
     policy = default_policy if pod.bind_policy in ("", "Default") else pod.bind_policy
     if allow_cpuset and policy in (FULL_PCPUS, SPREAD_BY_PCPUS):
         if pod.cpu_milli % 1000:
@@ -179,30 +178,35 @@ def pre_filter(pod: PodRequest, default_policy: str = DEFAULT_BIND_POLICY) -> In
 
 
 def _json_object(text: str | None) -> object:
-    if not text or len(text) > _MAX_ANNOTATION_CHARS:
-        return None if not text else ValueError("annotation too long")
+    """The annotation's JSON through ``koord_formats``' bounded loader; ``None`` when absent,
+    the ``FormatError`` itself when unreadable."""
+    if not text:
+        return None
     try:
-        return json.loads(text)
-    except ValueError as exc:
+        return load_json(text, "annotation", max_chars=_MAX_ANNOTATION_CHARS)
+    except FormatError as exc:
         return exc
 
 
 def node_cpu_bind_policy(labels: Mapping[str, str], nrt_annotations: Mapping[str, str]) -> str:
     """FullPCPUsOnly, SpreadByPCPUs or "" (``GetNodeCPUBindPolicy``)."""
-    label = labels.get(LABEL_CPU_BIND_POLICY, "")
+    label = labels.get(keys.LABEL_CPU_BIND_POLICY, "")
     if label == NODE_FULL_PCPUS_ONLY:
         return NODE_FULL_PCPUS_ONLY
-    doc = _json_object(nrt_annotations.get(ANN_KUBELET_CPU_MANAGER_POLICY))
-    if isinstance(doc, dict) and doc.get("policy") == "static":
-        options = doc.get("options")
-        if isinstance(options, dict) and options.get("full-pcpus-only") == "true":
+    text = nrt_annotations.get(keys.NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY)
+    if text:
+        try:
+            kubelet = parse_kubelet_cpu_manager_policy(text)
+        except FormatError:  # unreadable: no kubelet option applies
+            kubelet = None
+        if kubelet is not None and kubelet.policy == "static" and kubelet.options.get("full-pcpus-only") == "true":
             return NODE_FULL_PCPUS_ONLY
     return SPREAD_BY_PCPUS if label == SPREAD_BY_PCPUS else ""
 
 
 def node_numa_policy(labels: Mapping[str, str], nrt_policies: Sequence[str]) -> str:
     """The node label if it names a policy, else kubelet's from the NRT, else ""."""
-    label = labels.get(LABEL_NUMA_TOPOLOGY_POLICY, "")
+    label = labels.get(keys.LABEL_NUMA_TOPOLOGY_POLICY, "")
     if label in NUMA_POLICIES:
         return label
     for p in nrt_policies:
@@ -259,7 +263,7 @@ class NodeFacts:
 
     @property
     def strategy(self) -> str:
-        return self.labels.get(LABEL_NUMA_ALLOCATE_STRATEGY) or DEFAULT_NUMA_ALLOCATE_STRATEGY
+        return self.labels.get(keys.LABEL_NUMA_ALLOCATE_STRATEGY) or DEFAULT_NUMA_ALLOCATE_STRATEGY
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from koord_formats.errors import FormatError
 from koord_formats.topology import format_cpu_topology
+from scheduler_ext.admission import Refusal, amplification_ratio, node_cpu_bind_policy
 from scheduler_ext.allocator import GPUGrant
 from scheduler_ext.annotations import EMPTY, parse_allocation
 from scheduler_ext.pods import MAX_CONTAINERS, exclusive_policy_of, parse_pod
@@ -311,3 +312,39 @@ def test_a_poisoned_node_costs_only_itself() -> None:
     assert bad.topo is None and "system-qos-resource" in bad.topo_error
     assert not bad.gpus and bad.gpu_error
     assert good.topo is not None and good.bindable == TOPO_SMALL.cpus and len(good.gpus) == 2
+
+
+# ---- admission: node annotations read while filtering ---------------------------------------------
+
+AMPLIFICATION = "node.koordinator.sh/resource-amplification-ratio"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        pytest.param({}, 1.0, id="no amplification ratio is 1"),
+        pytest.param({AMPLIFICATION: '{"cpu":1.5}'}, 1.5, id="a CPU amplification ratio is read"),
+        pytest.param({AMPLIFICATION: DEEP}, None, id="a ratio nested thousands deep is refused"),
+        pytest.param({AMPLIFICATION: '{"cpu":1e400}'}, None, id="a ratio that overflows is refused"),
+        pytest.param({AMPLIFICATION: '{"cpu":NaN}'}, None, id="a NaN ratio is refused"),
+    ],
+)
+def test_amplification_ratio(annotations: dict[str, str], expected: float | None) -> None:
+    got = amplification_ratio(annotations)
+    assert got == expected if expected is not None else isinstance(got, Refusal)
+
+
+@pytest.mark.parametrize(
+    ("labels", "nrt_ann", "expected"),
+    [
+        pytest.param({}, {KUBELET: '{"policy":"static","options":{"full-pcpus-only":"true"}}'}, "FullPCPUsOnly",
+                     id="kubelet's static policy with full-pcpus-only forces whole cores"),
+        pytest.param({"node.koordinator.sh/cpu-bind-policy": "SpreadByPCPUs"}, {}, "SpreadByPCPUs",
+                     id="the node label sets the policy"),
+        pytest.param({}, {KUBELET: DEEP}, "", id="a kubelet policy nested thousands deep sets nothing"),
+        pytest.param({}, {KUBELET: '{"policy":"static","options":{"full-pcpus-only":true}}'}, "",
+                     id="a kubelet option that is not a string sets nothing"),
+    ],
+)
+def test_node_cpu_bind_policy(labels: dict[str, str], nrt_ann: dict[str, str], expected: str) -> None:
+    assert node_cpu_bind_policy(labels, nrt_ann) == expected
