@@ -1,7 +1,10 @@
-"""Prometheus metrics of the proxy, in one place, and the optional HTTP endpoint that serves them.
+"""The proxy's shared Prometheus metrics and the optional HTTP endpoint that serves them.
 
-Written by the transports (per-method latency and codes), the pipeline (per-plugin latency,
-errors, timeouts, conflicts), the applier and the reconciler. Scraped from ``--metrics-addr``.
+Written by the transports (per-method latency and codes), the interceptor (skipped hooks), the
+pipeline (per-plugin latency, errors, timeouts, conflicts), the hook-server registry (refused
+registrations), the store (objects tracked) and the server (runtime health). The loops, the
+node config, sysfs and ``runtime_proxy.engine.bound`` keep their own metrics next to their code;
+all are in the default registry and scraped from ``--metrics-addr`` (``:PORT`` = loopback).
 """
 
 from __future__ import annotations
