@@ -2,7 +2,7 @@
 
 Used by both transports to pick a handler shape without importing protobuf, and by the
 interceptor to map a method to its hook stage. Kept by hand in step with ``cri_protos/api.proto``
-(``tests/test_methods.py`` checks the two agree).
+(``tests/test_layers.py::test_method_table_matches_the_proto`` checks the two agree).
 """
 
 from __future__ import annotations

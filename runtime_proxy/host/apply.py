@@ -1,8 +1,10 @@
 """The single applier: turns the file part of a merged ``Plan`` into cgroup and resctrl I/O.
 
-Called by the lead's pipeline (``runtime_proxy.engine.pipeline``) after the runtime accepted a CRI
-call, by the reconciler (``runtime_proxy.loops.reconciler``, ``diff=True``) and by the burst loop
-(``runtime_proxy.loops.burst``). CRI request rewriting is not done here (the pipeline does it);
+Called (``FileApplier.apply``) by the interceptor (``runtime_proxy.engine.intercept``) after the
+runtime accepted a CRI call, by our hook server (``runtime_proxy.engine.hook_service``) and by the
+NRI adapter (``runtime_proxy.nri.adapter``); and (``apply_files``) by the reconciler
+(``runtime_proxy.loops.reconciler``, ``diff=True``) and by the burst loop
+(``runtime_proxy.loops.burst``). CRI request rewriting is not done here (the interceptor does it);
 this module performs ``plan.writes``, ``plan.moves`` and ``plan.removals`` and returns an
 ``ApplyReport``.
 

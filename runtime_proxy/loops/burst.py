@@ -1,9 +1,10 @@
 """The cfsQuotaBurst loop: scale the CFS quota of throttled LS containers up while the share
 pool has room, and back down when it is loaded (Koordinator's CPU Burst ``cfsQuotaBurst``).
 
-Started by the lead's server next to the reconciler (same backend: ``node()``, ``pods()``,
-``containers()``). Every ``interval`` seconds (Koordinator: 1 s) ``step`` reads each eligible
-container's ``cpu.stat`` (throttling) and current ``cpu.cfs_quota_us``, and the share pool's
+Started by ``runtime_proxy.wiring.start_reconciler`` next to the reconciler (same backend:
+``node()``, ``pods()``, ``containers()``). Every ``interval`` seconds (Koordinator: 1 s)
+``step`` reads each eligible container's ``cpu.stat`` (throttling) and current
+``cpu.cfs_quota_us``, and the share pool's
 load (``SharePoolLoad``: node CPU usage from ``/proc/stat`` minus LSE/LSR/BE pods' usage, over
 the node's CPUs minus the bound ones), asks the pure decisions in ``hooks.plugins.cpu_burst``
 for the new quota and writes container and pod quota through ``apply_files`` (which orders a

@@ -1,7 +1,7 @@
 """The node's config: NodeSLO spec, node labels and annotations, NodeResourceTopology
 annotations, plus what sysfs says about the machine, as one current ``NodeFacts``.
 
-Called by the lead's server (``runtime_proxy.wiring``): it builds a ``NodeConfig``, starts it,
+Built by ``runtime_proxy.wiring.node_source``, which builds a ``NodeConfig``, starts it,
 hands ``current`` to the pipeline (``intercept.NodeSource``) and ``changes()`` to the
 reconciler. Two sources, usable together (the cluster's values win once they arrive):
 

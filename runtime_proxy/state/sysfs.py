@@ -1,8 +1,8 @@
 """The machine as sysfs and procfs describe it: CPU topology, NUMA nodes, RDT support.
 
-Called by ``runtime_proxy.state.nodeconfig`` when it builds ``NodeFacts`` (the topology is read once
-at start; CPUs do not come and go under a running proxy) and by the lead's server at start to
-log what the node offers. Roots are parameters so tests use a fake tree.
+Called by ``runtime_proxy.wiring.node_source`` when it builds the node config (the topology is
+read once at start; CPUs do not come and go under a running proxy). Roots are parameters so
+tests use a fake tree.
 """
 
 from __future__ import annotations
