@@ -1,4 +1,4 @@
-"""GPU benchmark of the scheduler extender (issue 7); targets live here, not in tests.
+"""GPU benchmark of the scheduler extender; targets live here, not in tests.
 
 1000 nodes, each two sockets of 104 CPUs and 8 GPUs (4 per NUMA node, 2 per PCIe switch),
 with a few GPU pods already placed. The same harness as ``extender_scale.py`` measures filter

@@ -1,4 +1,4 @@
-"""Scale benchmark of the scheduler extender (issue 6); targets live here, not in tests.
+"""Scale benchmark of the scheduler extender; targets live here, not in tests.
 
 Setup, all on loopback: the fake API server (``tests/fakeapi.py``) in its own process, seeded
 with N nodes (two sockets of 104 CPUs each: 2 x 52 cores x 2 threads), their

@@ -5,7 +5,7 @@ A/B in one run, reported as p50/p99 and proxy/direct ratios.
     .venv/bin/python benchmarks/proxy_overhead.py --stub      # stub backend: the proxy's own cost
 
 The proxy runs as a real `runtime-proxy serve` process with every built-in plugin on. Targets
-(issue 2) are printed next to the figures; nothing here is a test.
+are printed next to the figures; nothing here is a test.
 """
 
 from __future__ import annotations
