@@ -16,9 +16,9 @@ from tests.integration.harness import ProxyProcess
 
 pytestmark = pytest.mark.integration
 
-# Both transports by default; RHP_RESTART_TRANSPORTS=relay (or grpc) runs one. The relay once
-# lost new connections here (issue 8: the backend's SETTINGS arrived before the relay switched
-# to relaying, under uvloop); tests/runtime_proxy/cri/test_new_connections.py pins that down.
+# Both transports by default; RHP_RESTART_TRANSPORTS=relay (or grpc) runs one. New connections
+# made while the backend's SETTINGS arrive before the relay switches to relaying (under uvloop)
+# are covered in detail by tests/runtime_proxy/cri/test_new_connections.py.
 TRANSPORTS = [t for t in os.environ.get("RHP_RESTART_TRANSPORTS", "relay,grpc").split(",") if t]
 
 

@@ -1,5 +1,5 @@
 """Koordinator's node QoS rules through the proxy, on real containerd and runc and the real
-cgroup v1 filesystem (issue 4).
+cgroup v1 filesystem.
 
 The test plays kubelet: it sends RunPodSandbox, CreateContainer, StartContainer,
 UpdateContainerResources and the removals through an in-process proxy running the built-in

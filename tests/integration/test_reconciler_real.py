@@ -1,4 +1,4 @@
-"""Issue 5 acceptance on real containerd: the reconciler of a real ``runtime-proxy serve``
+"""On real containerd: the reconciler of a real ``runtime-proxy serve``
 process keeps running pods at the node config.
 
 - Rewrite the node config file (NodeSLO ``cpuBurstStrategy.cpuBurstPercent``,

@@ -5,7 +5,7 @@ Topologies (each noted with what it models):
 - ``TOPO_SMALL``: 2 sockets x 1 NUMA x 4 cores x 2 threads = 16 CPUs; CPUs 0-3 and 8-11 on
   NUMA 0 (Linux numbering: siblings are N apart).
 - ``TOPO_BENCH``: 2 sockets x 1 NUMA x 52 cores x 2 threads = 208 CPUs ("two sockets of 104
-  CPUs", the issue's benchmark node).
+  CPUs", the scale benchmark's node).
 - ``TOPO_QUAD_NUMA``: 2 sockets x 2 NUMA x 4 cores x 2 threads = 32 CPUs (sub-NUMA
   clustering, like AMD NPS2 or Intel SNC2).
 - ``TOPO_NO_SMT``: 1 socket x 2 NUMA x 4 cores x 1 thread.

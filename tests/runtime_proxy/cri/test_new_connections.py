@@ -1,4 +1,4 @@
-"""New connections on a busy uvloop event loop (issue 8): every new connection must get the
+"""New connections on a busy uvloop event loop: every new connection must get the
 server's SETTINGS and work, on both transports.
 
 What went wrong: a real ``runtime-proxy serve`` runs on uvloop, and the reconciler, the hooks
