@@ -171,7 +171,8 @@ class Proxy:
         """Watch ``hookServerDir`` and keep the pipeline's remote steps in line with it (see
         ``runtime_proxy.engine.remote``)."""
         cfg = self.opts.config
-        registry = HookServerRegistry(cfg.hookServerDir, self.pipeline, default_timeout=cfg.hookServerTimeout)
+        registry = HookServerRegistry(cfg.hookServerDir, self.pipeline, default_timeout=cfg.hookServerTimeout,
+                                      own_sockets=(self.opts.backend, self.opts.listen))
         await registry.start()
         return registry
 

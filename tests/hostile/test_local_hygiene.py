@@ -388,3 +388,25 @@ def test_metrics_port_without_host_listens_on_loopback_only(monkeypatch: pytest.
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_the_proxy_refuses_registrations_naming_its_own_sockets(short: Path) -> None:
+    from runtime_proxy.config import ProxyConfig
+    from runtime_proxy.server import Proxy, ProxyOptions
+
+    regdir = short / "hookserver.d"
+    regdir.mkdir(mode=0o755)
+    backend, listen = short / "containerd.sock", short / "proxy.sock"
+    _write(regdir, "backend.json", _doc(f"unix://{backend}"))
+    _write(regdir, "listen.json", _doc(str(listen)))
+    _write(regdir, "good.json", _doc(str(short / "good.sock")))
+    opts = ProxyOptions(listen=str(listen), backend=str(backend), entry_points=False, builtins=(),
+                        config=ProxyConfig(hookServerDir=str(regdir)), reconcile=False)
+    proxy = Proxy(opts)
+    registry = await proxy._start_hook_servers()
+    try:
+        assert [s.name for s in proxy.pipeline.steps if s.name.startswith("hookserver:")] == ["hookserver:good.json"]
+        assert sorted(registry.errors) == ["backend.json", "listen.json"]
+    finally:
+        await registry.stop()
+        await proxy.client.close()
