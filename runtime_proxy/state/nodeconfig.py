@@ -1,9 +1,9 @@
 """The node's config: NodeSLO spec, node labels and annotations, NodeResourceTopology
 annotations, plus what sysfs says about the machine, as one current ``NodeFacts``.
 
-Built by ``runtime_proxy.wiring.node_source``, which builds a ``NodeConfig``, starts it,
-hands ``current`` to the pipeline (``intercept.NodeSource``) and ``changes()`` to the
-reconciler. Two sources, usable together (the cluster's values win once they arrive):
+Built by ``runtime_proxy.wiring.node_source``; the proxy (``runtime_proxy.server.Proxy``) starts
+it, hands ``current`` to the interceptor (``runtime_proxy.engine.intercept.NodeSource``) and
+``changes()`` to the reconciler. Two sources, usable together (the cluster's values win once they arrive):
 
 - a local YAML or JSON file (``NodeConfigDocument``; example ``packaging/examples/nodeslo.yaml``),
   polled for a new mtime/size about every second, so edits apply without a restart;
