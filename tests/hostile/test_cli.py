@@ -31,12 +31,7 @@ def _run(argv: list[str], cwd: Path) -> Run:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, "-m", "runtime_proxy.cli", *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False,
     )
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
@@ -57,7 +52,6 @@ def _config(text: str, name: str = "c.yaml") -> Setup:
     def setup(d: Path) -> list[str]:
         (d / name).write_text(text)
         return ["--config", str(d / name)]
-
     return setup
 
 
@@ -69,85 +63,41 @@ def _flags(*argv: str) -> Setup:
 # scratch directory so nothing on the machine is touched.
 def _serve(setup: Setup) -> Setup:
     def full(d: Path) -> list[str]:
-        return [
-            "serve",
-            "--listen",
-            str(d / "proxy.sock"),
-            "--backend",
-            str(d / "none.sock"),
-            "--hook-server-dir",
-            str(d / "hs"),
-            "--no-entry-points",
-            *setup(d),
-        ]
-
+        return ["serve", "--listen", str(d / "proxy.sock"), "--backend", str(d / "none.sock"),
+                "--hook-server-dir", str(d / "hs"), "--no-entry-points", *setup(d)]
     return full
 
 
 SERVE_CASES = [
-    pytest.param(
-        _serve(_config("plugins: [\n")), EXIT_USAGE, "not valid YAML (line 2", id="a YAML syntax error names the line"
-    ),
-    pytest.param(
-        _serve(_config("plugins:\n  - name: no_such_plugin\n")),
-        EXIT_USAGE,
-        "plugin 'no_such_plugin' is configured but not installed",
-        id="an unknown plugin name is named",
-    ),
-    pytest.param(
-        _serve(_config("pluginModules: [no_such_module_here]\n")),
-        EXIT_USAGE,
-        "pluginModules entry 'no_such_module_here' cannot be loaded",
-        id="a missing pluginModules entry is named, before any event loop runs",
-    ),
-    pytest.param(
-        _serve(_config("defaultTimeout: soon\nplugins: 5\n")),
-        EXIT_USAGE,
-        "defaultTimeout: Input should be a valid number",
-        id="wrongly typed settings name each field",
-    ),
-    pytest.param(
-        _serve(_config("- a\n- b\n")),
-        EXIT_USAGE,
-        "must be a mapping of settings, not list",
-        id="a config that is a list is refused",
-    ),
-    pytest.param(
-        _serve(_config("surprise: 1\n")),
-        EXIT_USAGE,
-        "surprise: Extra inputs are not permitted",
-        id="an unknown setting is named",
-    ),
-    pytest.param(
-        _serve(_config('{"plugins": [', name="c.json")),
-        EXIT_USAGE,
-        "not valid JSON",
-        id="a JSON config with a syntax error",
-    ),
-    pytest.param(_serve(_config("a: " + "[" * 5000 + "\n")), EXIT_USAGE, "c.yaml", id="deeply nested YAML is refused"),
-    pytest.param(
-        _serve(_flags("--config", "/nonexistent/rhp.yaml")), EXIT_USAGE, "cannot read", id="a missing config file"
-    ),
-    pytest.param(
-        _serve(_flags("--metrics-addr", "everywhere")),
-        EXIT_USAGE,
-        "--metrics-addr",
-        id="a metrics address without a port",
-    ),
-    pytest.param(
-        _serve(_flags("--metrics-addr", ":99999")),
-        EXIT_USAGE,
-        "port must be in 1..65535",
-        id="a metrics port out of range",
-    ),
-    pytest.param(
-        _serve(_flags("--transport", "carrier-pigeon")),
-        EXIT_USAGE,
-        "invalid choice",
-        id="an unknown transport is an argparse error",
-    ),
-    pytest.param(_flags("serve", "--no-such-flag"), EXIT_USAGE, "unrecognized arguments", id="an unknown serve flag"),
-    pytest.param(_flags("--log-level", "loud", "serve"), EXIT_USAGE, "invalid choice", id="an unknown log level"),
+    pytest.param(_serve(_config("plugins: [\n")), EXIT_USAGE, "not valid YAML (line 2",
+                 id="a YAML syntax error names the line"),
+    pytest.param(_serve(_config("plugins:\n  - name: no_such_plugin\n")), EXIT_USAGE,
+                 "plugin 'no_such_plugin' is configured but not installed", id="an unknown plugin name is named"),
+    pytest.param(_serve(_config("pluginModules: [no_such_module_here]\n")), EXIT_USAGE,
+                 "pluginModules entry 'no_such_module_here' cannot be loaded",
+                 id="a missing pluginModules entry is named, before any event loop runs"),
+    pytest.param(_serve(_config("defaultTimeout: soon\nplugins: 5\n")), EXIT_USAGE,
+                 "defaultTimeout: Input should be a valid number", id="wrongly typed settings name each field"),
+    pytest.param(_serve(_config("- a\n- b\n")), EXIT_USAGE, "must be a mapping of settings, not list",
+                 id="a config that is a list is refused"),
+    pytest.param(_serve(_config("surprise: 1\n")), EXIT_USAGE, "surprise: Extra inputs are not permitted",
+                 id="an unknown setting is named"),
+    pytest.param(_serve(_config('{"plugins": [', name="c.json")), EXIT_USAGE, "not valid JSON",
+                 id="a JSON config with a syntax error"),
+    pytest.param(_serve(_config("a: " + "[" * 5000 + "\n")), EXIT_USAGE, "c.yaml",
+                 id="deeply nested YAML is refused"),
+    pytest.param(_serve(_flags("--config", "/nonexistent/rhp.yaml")), EXIT_USAGE, "cannot read",
+                 id="a missing config file"),
+    pytest.param(_serve(_flags("--metrics-addr", "everywhere")), EXIT_USAGE, "--metrics-addr",
+                 id="a metrics address without a port"),
+    pytest.param(_serve(_flags("--metrics-addr", ":99999")), EXIT_USAGE, "port must be in 1..65535",
+                 id="a metrics port out of range"),
+    pytest.param(_serve(_flags("--transport", "carrier-pigeon")), EXIT_USAGE, "invalid choice",
+                 id="an unknown transport is an argparse error"),
+    pytest.param(_flags("serve", "--no-such-flag"), EXIT_USAGE, "unrecognized arguments",
+                 id="an unknown serve flag"),
+    pytest.param(_flags("--log-level", "loud", "serve"), EXIT_USAGE, "invalid choice",
+                 id="an unknown log level"),
 ]
 
 
@@ -198,16 +148,8 @@ def test_listen_path_taken(work: Path, command: str, kind: str) -> None:
     held = _occupy(kind, listen)
     try:
         if command == "serve":
-            argv = [
-                "serve",
-                "--listen",
-                str(listen),
-                "--backend",
-                str(work / "none.sock"),
-                "--hook-server-dir",
-                str(work / "hs"),
-                "--no-entry-points",
-            ]
+            argv = ["serve", "--listen", str(listen), "--backend", str(work / "none.sock"),
+                    "--hook-server-dir", str(work / "hs"), "--no-entry-points"]
         else:
             argv = ["hook-server", "--listen", str(listen), "--builtins", "", "--no-entry-points", "--no-apply"]
         run = _run(argv, work)
@@ -223,63 +165,26 @@ def test_listen_path_taken(work: Path, command: str, kind: str) -> None:
 
 HOOK_SERVER_CASES = [
     pytest.param([], EXIT_USAGE, "the following arguments are required: --listen", id="no listen path"),
-    pytest.param(
-        ["--listen", "{w}/h.sock", "--bogus"], EXIT_USAGE, "unrecognized arguments: --bogus", id="an unknown flag"
-    ),
-    pytest.param(
-        ["--listen", "{w}/h.sock", "--timeout-seconds", "-1"],
-        EXIT_USAGE,
-        "--timeout-seconds must be in (0, 300]",
-        id="a negative registration timeout",
-    ),
-    pytest.param(
-        ["--listen", "{w}/h.sock", "--timeout-seconds", "nan"],
-        EXIT_USAGE,
-        "--timeout-seconds must be in (0, 300]",
-        id="a registration timeout that is not a number",
-    ),
-    pytest.param(
-        ["--listen", "{w}/h.sock", "--register-name", "../../etc/passwd"],
-        EXIT_USAGE,
-        "--register-name must be a plain file name",
-        id="a registration name that climbs out",
-    ),
-    pytest.param(
-        ["--listen", "{w}/h.sock", "--hooks", "PreRemoveEverything"],
-        EXIT_USAGE,
-        "invalid choice",
-        id="an unknown hook point",
-    ),
-    pytest.param(
-        ["--listen", "{w}/h.sock", "--plugin-module", "no_such_module:Plugin"],
-        EXIT_USAGE,
-        "--plugin-module 'no_such_module:Plugin' cannot be loaded",
-        id="a plugin module that is not there",
-    ),
-    pytest.param(
-        ["--listen", "{w}/h.sock", "--plugin-module", "json:NoSuchPlugin"],
-        EXIT_USAGE,
-        "--plugin-module 'json:NoSuchPlugin' cannot be loaded",
-        id="a plugin class that is not there",
-    ),
-    pytest.param(
-        ["--listen", "{w}/h.sock", "--config", "{w}/bad.yaml"],
-        EXIT_USAGE,
-        "not valid YAML",
-        id="a config file with a YAML syntax error",
-    ),
-    pytest.param(
-        ["--listen", "{w}/h.sock", "--builtins", "cpuset,no_such_builtin"],
-        EXIT_USAGE,
-        "no_such_builtin",
-        id="an unknown built-in plugin",
-    ),
-    pytest.param(
-        ["--listen", "{w}/afile/h.sock", "--builtins", "", "--no-entry-points"],
-        EXIT_START,
-        "cannot start",
-        id="a listen path under a regular file",
-    ),
+    pytest.param(["--listen", "{w}/h.sock", "--bogus"], EXIT_USAGE, "unrecognized arguments: --bogus",
+                 id="an unknown flag"),
+    pytest.param(["--listen", "{w}/h.sock", "--timeout-seconds", "-1"], EXIT_USAGE,
+                 "--timeout-seconds must be in (0, 300]", id="a negative registration timeout"),
+    pytest.param(["--listen", "{w}/h.sock", "--timeout-seconds", "nan"], EXIT_USAGE,
+                 "--timeout-seconds must be in (0, 300]", id="a registration timeout that is not a number"),
+    pytest.param(["--listen", "{w}/h.sock", "--register-name", "../../etc/passwd"], EXIT_USAGE,
+                 "--register-name must be a plain file name", id="a registration name that climbs out"),
+    pytest.param(["--listen", "{w}/h.sock", "--hooks", "PreRemoveEverything"], EXIT_USAGE, "invalid choice",
+                 id="an unknown hook point"),
+    pytest.param(["--listen", "{w}/h.sock", "--plugin-module", "no_such_module:Plugin"], EXIT_USAGE,
+                 "--plugin-module 'no_such_module:Plugin' cannot be loaded", id="a plugin module that is not there"),
+    pytest.param(["--listen", "{w}/h.sock", "--plugin-module", "json:NoSuchPlugin"], EXIT_USAGE,
+                 "--plugin-module 'json:NoSuchPlugin' cannot be loaded", id="a plugin class that is not there"),
+    pytest.param(["--listen", "{w}/h.sock", "--config", "{w}/bad.yaml"], EXIT_USAGE, "not valid YAML",
+                 id="a config file with a YAML syntax error"),
+    pytest.param(["--listen", "{w}/h.sock", "--builtins", "cpuset,no_such_builtin"], EXIT_USAGE,
+                 "no_such_builtin", id="an unknown built-in plugin"),
+    pytest.param(["--listen", "{w}/afile/h.sock", "--builtins", "", "--no-entry-points"], EXIT_START,
+                 "cannot start", id="a listen path under a regular file"),
 ]
 
 

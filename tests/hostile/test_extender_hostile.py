@@ -59,7 +59,6 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
 
 def poisoned_objects() -> list[dict[str, Any]]:
     """Bound and pending pods, a Node, an NRT and a Device, each malformed in its own way."""
-
     def bound(name: str, annotations: dict[str, Any]) -> dict[str, Any]:
         return pod(name, cpu="4", node_name="n1", annotations=annotations)
 
@@ -86,12 +85,8 @@ def poisoned_objects() -> list[dict[str, Any]]:
 
 
 def bind(ext: Extender, p: dict[str, Any], node_name: str = "n1") -> str:
-    body = {
-        "PodName": p["metadata"]["name"],
-        "PodNamespace": p["metadata"]["namespace"],
-        "PodUID": p["metadata"]["uid"],
-        "Node": node_name,
-    }
+    body = {"PodName": p["metadata"]["name"], "PodNamespace": p["metadata"]["namespace"],
+            "PodUID": p["metadata"]["uid"], "Node": node_name}
     return str(httpx.post(f"{ext.url}/bind", json=body, timeout=30).json()["Error"])
 
 
@@ -103,7 +98,7 @@ def cpuset_of(api: FakeAPIServer, name: str) -> frozenset[int]:
 
 def bad_objects_counted(ext: Extender) -> float:
     text = httpx.get(f"{ext.url}/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(r"^scheduler_ext_bad_objects_total\{[^}]*\} (\S+)$", text, re.M))
+    return sum(float(v) for v in re.findall(r'^scheduler_ext_bad_objects_total\{[^}]*\} (\S+)$', text, re.M))
 
 
 def bind_three_and_check(api: FakeAPIServer, ext: Extender, keeper: frozenset[int]) -> None:
@@ -131,9 +126,8 @@ def test_poisoned_watch_objects_cost_only_themselves_in_a_running_extender(api: 
         leaver = api.create(pod("leaver", cpu="4", node_name="n1", annotations={RS: '{"cpuset":"2-3,10-11"}'}))
         wait_for(lambda: leaver["metadata"]["uid"] in ext.state.pods)
         api.delete("pods", "leaver", "default")  # a deletion after the poison is still seen
-        wait_for(
-            lambda: keeper["metadata"]["uid"] in ext.state.pods and leaver["metadata"]["uid"] not in ext.state.pods
-        )
+        wait_for(lambda: keeper["metadata"]["uid"] in ext.state.pods
+                 and leaver["metadata"]["uid"] not in ext.state.pods)
         assert httpx.get(f"{ext.url}/readyz").status_code == 200
         assert bad_objects_counted(ext) >= 8
         bind_three_and_check(api, ext, cpus("0-1,8-9"))
@@ -185,20 +179,16 @@ class HealthProbe:
         self.thread.join(60)
 
 
-def test_a_filter_with_an_exponent_bomb_is_answered_at_once_and_the_loop_keeps_serving(api: FakeAPIServer) -> None:
+def test_a_filter_with_an_exponent_bomb_is_answered_at_once_and_the_loop_keeps_serving(
+    api: FakeAPIServer
+) -> None:
     for obj in cluster(["n1", "n2"]):
         api.create(obj)
     ext = start_extender(api.url)
     try:
-        bomb = {
-            "metadata": {
-                "name": "bomb",
-                "namespace": "default",
-                "uid": "u1",
-                "labels": {"koordinator.sh/qosClass": "LSR"},
-            },
-            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1e500000"}}}]},
-        }
+        bomb = {"metadata": {"name": "bomb", "namespace": "default", "uid": "u1",
+                             "labels": {"koordinator.sh/qosClass": "LSR"}},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1e500000"}}}]}}
         body = json.dumps({"Pod": bomb, "NodeNames": ["n1", "n2"]}).encode()
         assert len(body) < 512
         with HealthProbe(ext.url) as probe:
@@ -217,7 +207,9 @@ def test_a_filter_with_an_exponent_bomb_is_answered_at_once_and_the_loop_keeps_s
 # -- authentication --------------------------------------------------------------------------
 
 
-def test_anonymous_and_badly_certified_verbs_are_refused(api: FakeAPIServer, tmp_path: Any) -> None:
+def test_anonymous_and_badly_certified_verbs_are_refused(
+    api: FakeAPIServer, tmp_path: Any
+) -> None:
     from tests.scheduler_ext.test_sched_tls import spawn_tls, stop
     from tests.scheduler_ext.tlscerts import client_context, make_pki
 
@@ -229,10 +221,8 @@ def test_anonymous_and_badly_certified_verbs_are_refused(api: FakeAPIServer, tmp
     body = {"PodName": "web", "PodNamespace": "default", "PodUID": p["metadata"]["uid"], "Node": "n1"}
     try:
         for cert, key in ((None, None), (pki.other_cert, pki.other_key)):
-            with (
-                httpx.Client(verify=client_context(pki, cert, key), timeout=10) as client,
-                pytest.raises(httpx.TransportError),
-            ):
+            with httpx.Client(verify=client_context(pki, cert, key), timeout=10) as client, \
+                    pytest.raises(httpx.TransportError):
                 client.post(f"{ext.url}/bind", json=body)
         with pytest.raises(httpx.TransportError):
             httpx.post(ext.url.replace("https:", "http:") + "/bind", json=body, timeout=10)
@@ -266,21 +256,9 @@ raise SystemExit(cli.main(sys.argv[1:]))
 
 def test_a_reachable_listener_without_mutual_tls_is_refused_at_start() -> None:
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _RECORDING_UVICORN,
-            "serve",
-            "--api-server",
-            "http://127.0.0.1:9",
-            "--listen",
-            "0.0.0.0:8888",
-            "--no-ha-ledger",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-c", _RECORDING_UVICORN, "serve", "--api-server", "http://127.0.0.1:9",
+         "--listen", "0.0.0.0:8888", "--no-ha-ledger"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert "served" not in done.stdout
     assert done.returncode == 2

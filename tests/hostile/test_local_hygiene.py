@@ -197,42 +197,24 @@ def _chown_nobody(d: Path) -> None:
 
 
 BAD_FILES = [
-    pytest.param(
-        lambda d: _write(d, "bad.json", _doc("/run/evil.sock"), 0o666),
-        "writable",
-        id="a world-writable file is refused",
-    ),
-    pytest.param(
-        lambda d: _write(d, "bad.json", _doc("/run/evil.sock"), 0o664),
-        "writable",
-        id="a group-writable file is refused",
-    ),
+    pytest.param(lambda d: _write(d, "bad.json", _doc("/run/evil.sock"), 0o666), "writable",
+                 id="a world-writable file is refused"),
+    pytest.param(lambda d: _write(d, "bad.json", _doc("/run/evil.sock"), 0o664), "writable",
+                 id="a group-writable file is refused"),
     pytest.param(_symlinked_file, "symlink", id="a symlink to a registration elsewhere is refused"),
     pytest.param(lambda d: (d / "bad.json").mkdir(), "not-regular-file", id="a directory named like a file"),
-    pytest.param(
-        lambda d: _write(d, "bad.json", _doc(OWN_BACKEND)),
-        "own-socket",
-        id="a registration naming containerd's socket, the proxy's backend, is refused",
-    ),
-    pytest.param(
-        lambda d: _write(d, "bad.json", _doc("unix://" + OWN_BACKEND)),
-        "own-socket",
-        id="the backend named with a unix scheme is refused as well",
-    ),
-    pytest.param(
-        _own_backend_by_another_path,
-        "own-socket",
-        id="the proxy's listen socket named through a symlinked directory is refused",
-    ),
-    pytest.param(
-        lambda d: _write(d, "bad.json", " " * (MAX_REGISTRATION_BYTES + 1)),
-        "too-large",
-        id="an oversized file is refused unread",
-    ),
-    pytest.param(
-        lambda d: _write(d, "bad.json", "[" * 30_000), "malformed", id="deeply nested JSON is malformed, not a crash"
-    ),
-    pytest.param(_chown_nobody, "owner", marks=pytest.mark.requires_root, id="a file owned by another user is refused"),
+    pytest.param(lambda d: _write(d, "bad.json", _doc(OWN_BACKEND)), "own-socket",
+                 id="a registration naming containerd's socket, the proxy's backend, is refused"),
+    pytest.param(lambda d: _write(d, "bad.json", _doc("unix://" + OWN_BACKEND)), "own-socket",
+                 id="the backend named with a unix scheme is refused as well"),
+    pytest.param(_own_backend_by_another_path, "own-socket",
+                 id="the proxy's listen socket named through a symlinked directory is refused"),
+    pytest.param(lambda d: _write(d, "bad.json", " " * (MAX_REGISTRATION_BYTES + 1)), "too-large",
+                 id="an oversized file is refused unread"),
+    pytest.param(lambda d: _write(d, "bad.json", "[" * 30_000), "malformed",
+                 id="deeply nested JSON is malformed, not a crash"),
+    pytest.param(_chown_nobody, "owner", marks=pytest.mark.requires_root,
+                 id="a file owned by another user is refused"),
 ]
 
 
@@ -243,9 +225,8 @@ async def registry_dir(short: Path) -> AsyncIterator[tuple[Path, HookServerRegis
     (short / "sockets").mkdir()
     (short / "sockets" / "proxy.sock").touch()
     pipeline = Pipeline()
-    registry = HookServerRegistry(
-        regdir, pipeline, poll_interval=10, own_sockets=(f"unix://{OWN_BACKEND}", str(short / "sockets" / "proxy.sock"))
-    )
+    registry = HookServerRegistry(regdir, pipeline, poll_interval=10,
+                                  own_sockets=(f"unix://{OWN_BACKEND}", str(short / "sockets" / "proxy.sock")))
     yield regdir, registry, pipeline
     await registry.stop()
 
@@ -279,11 +260,8 @@ def _dir_owned_by_nobody(d: Path) -> None:
     [
         pytest.param(_world_writable_dir, id="a world-writable directory drops every registration"),
         pytest.param(lambda d: os.chmod(d, 0o775), id="a group-writable directory drops every registration"),
-        pytest.param(
-            _dir_owned_by_nobody,
-            marks=pytest.mark.requires_root,
-            id="a directory owned by another user drops every registration",
-        ),
+        pytest.param(_dir_owned_by_nobody, marks=pytest.mark.requires_root,
+                     id="a directory owned by another user drops every registration"),
     ],
 )
 async def test_unsafe_directory_drops_every_registration_until_fixed(

@@ -51,10 +51,8 @@ def _numa_cpu(value: Any) -> str:
 # Each row: a hostile resource-status value and what it provokes in a naive parser.
 POISONS = [
     pytest.param("[" * 3000, id="three thousand open brackets exhaust the recursion limit"),
-    pytest.param(
-        '{"cpuset":"1","numaNodeResources":[{"node":0,"resources":{"cpu":Infinity}}]}',
-        id="an Infinity quantity overflows",
-    ),
+    pytest.param('{"cpuset":"1","numaNodeResources":[{"node":0,"resources":{"cpu":Infinity}}]}',
+                 id="an Infinity quantity overflows"),
     pytest.param('{"a":' * 5000 + "1" + "}" * 5000, id="five thousand nested objects"),
 ]
 
@@ -108,13 +106,8 @@ def _interceptor() -> CriInterceptor:
     # No call in these tests names a pod or container the store does not know, so the runtime
     # client is never used.
     client = cast(RuntimeClient, None)
-    return CriInterceptor(
-        store=store,
-        pipeline=pipeline,
-        client=client,
-        node_source=StaticNode(_node()),
-        on_store_change=lambda _changed: None,
-    )
+    return CriInterceptor(store=store, pipeline=pipeline, client=client, node_source=StaticNode(_node()),
+                          on_store_change=lambda _changed: None)
 
 
 @pytest.mark.parametrize("poison", POISONS)
@@ -141,15 +134,9 @@ async def test_poisoned_pod_costs_only_itself_in_the_interceptor(poison: str) ->
 
 
 def _pod(uid: str, qos: str, annotations: dict[str, str]) -> PodFacts:
-    return PodFacts(
-        name=uid,
-        namespace="hostile",
-        uid=uid,
-        sandbox_id=f"sb-{uid}",
-        labels=MappingProxyType({QOS: qos}),
-        annotations=MappingProxyType(annotations),
-        cgroup_parent=f"/kubepods/burstable/pod{uid}",
-    )
+    return PodFacts(name=uid, namespace="hostile", uid=uid, sandbox_id=f"sb-{uid}",
+                    labels=MappingProxyType({QOS: qos}), annotations=MappingProxyType(annotations),
+                    cgroup_parent=f"/kubepods/burstable/pod{uid}")
 
 
 class _Backend:
@@ -177,7 +164,8 @@ async def test_reconciler_rounds_go_on_with_a_poisoned_pod(poison: str, tmp_path
     ls_pod = _pod("ls-c", "LS", {})
     poisoned = _pod("poisoned", "LSR", {RS: poison})
     pods = [healthy, poisoned, ls_pod]
-    containers = [(p, ContainerFacts(name="main", id=f"c-{p.uid}", resources=Resources(cpu_shares=512))) for p in pods]
+    containers = [(p, ContainerFacts(name="main", id=f"c-{p.uid}", resources=Resources(cpu_shares=512)))
+                  for p in pods]
     for p in pods:
         for path in (f"kubepods/burstable/pod{p.uid}", f"kubepods/burstable/pod{p.uid}/c-{p.uid}"):
             make_files(tmp_path, path, {"cpuset.cpus": "", "cpu.cfs_quota_us": "-1", "cpu.shares": "2"})
