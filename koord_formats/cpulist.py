@@ -54,7 +54,7 @@ def parse_cpu_list(text: object, *, limit: int = MAX_CPU_ID) -> frozenset[int]:
     for part in parts:
         m = _ELEMENT.fullmatch(part)
         if m is None:
-            raise FormatError(f"CPU list: bad element {part[:32]!r}")
+            raise FormatError(f"bad CPU list element {part[:32]!r}")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:

@@ -27,6 +27,9 @@ __all__ = [
     "CPU_POLICY_GROUP_IDENTITY",
     "CPU_SUPPRESS_POLICY_CFS_QUOTA",
     "CPU_SUPPRESS_POLICY_CPUSET",
+    "DEVICE_TYPE_FPGA",
+    "DEVICE_TYPE_GPU",
+    "DEVICE_TYPE_RDMA",
     "EXCLUSIVE_POLICIES",
     "EXCLUSIVE_POLICY_NONE",
     "EXCLUSIVE_POLICY_NUMA_NODE_LEVEL",
@@ -138,6 +141,10 @@ RESOURCE_GPU_CORE = "koordinator.sh/gpu-core"
 RESOURCE_GPU_MEMORY = "koordinator.sh/gpu-memory"
 RESOURCE_GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
 RESOURCE_RDMA = "koordinator.sh/rdma"
+# Device types: the keys of device-allocated and Device ``spec.devices[].type``.
+DEVICE_TYPE_GPU = "gpu"
+DEVICE_TYPE_RDMA = "rdma"
+DEVICE_TYPE_FPGA = "fpga"
 GPU_RESOURCE_NAMES = (
     RESOURCE_NVIDIA_GPU,
     RESOURCE_GPU,

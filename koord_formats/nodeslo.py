@@ -30,6 +30,8 @@ __all__ = [
     "DEFAULT_RESCTRL",
     "CPUBurstConfig",
     "CPUSuppress",
+    "HostApplication",
+    "HostCgroupPath",
     "ResctrlQOS",
     "class_bvt_value",
     "cpu_burst",
@@ -38,6 +40,8 @@ __all__ = [
     "cpu_qos",
     "cpu_suppress",
     "group_identity_enabled",
+    "host_application",
+    "host_applications",
     "resctrl_qos",
     "section",
     "validate_node_slo",
@@ -297,8 +301,87 @@ def validate_node_slo(spec: object) -> None:
         resctrl_qos(spec, class_key, problems)
     cpu_burst(spec, problems)
     cpu_suppress(spec, problems)
-    apps = spec.get(SLO.HOST_APPLICATIONS)
-    if apps is not None and not isinstance(apps, list):
-        problems.append(f"NodeSLO {SLO.HOST_APPLICATIONS} must be a list")
+    host_applications(spec, problems)
     if problems:
         raise FormatError(problems[0])
+
+
+# ---- hostApplications (apis/slo/v1alpha1/host_application.go) ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HostCgroupPath:
+    """``cgroupPath`` of a host application: ``base`` dir / ``parentDir`` / ``relativePath``."""
+
+    base: str = "CgroupRoot"  # one of keys.HOST_APP_BASES; "" reads as CgroupRoot
+    parent_dir: str = ""
+    relative_path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HostApplication:
+    """One entry of ``hostApplications``: a process group on the host with a QoS class."""
+
+    name: str = ""
+    qos: str = ""  # a Koordinator QoS class, "" when not given
+    priority: str = ""  # a Koordinator priority class, "" when not given
+    cgroup_path: HostCgroupPath | None = None  # None: derived from qos and name
+
+
+_MAX_HOST_APPS = 256
+
+
+def _text(doc: Mapping[str, Any], key: str, what: str) -> str:
+    value = doc.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > 4096:
+        raise FormatError(f"{what} {key} must be a string of at most 4096 characters")
+    return value
+
+
+def host_application(data: object) -> HostApplication:
+    """One decoded ``hostApplications`` entry; ``FormatError`` when it has no name, a field has
+    the wrong type or ``cgroupPath.base`` is unknown."""
+    if not isinstance(data, Mapping):
+        raise FormatError("host application must be a mapping")
+    what = "host application"
+    raw = data.get(SLO.CGROUP_PATH)
+    path: HostCgroupPath | None = None
+    if raw is not None:
+        if not isinstance(raw, Mapping):
+            raise FormatError(f"{what} {SLO.CGROUP_PATH} must be a mapping")
+        base = _text(raw, SLO.BASE, what) or "CgroupRoot"
+        if base not in keys.HOST_APP_BASES:
+            raise FormatError(f"{what}: unknown {SLO.CGROUP_PATH} base {base[:64]!r}")
+        path = HostCgroupPath(base, _text(raw, SLO.PARENT_DIR, what), _text(raw, SLO.RELATIVE_PATH, what))
+    name = _text(data, SLO.NAME, what)
+    if not name:
+        raise FormatError(f"{what}: {SLO.NAME} is required")
+    return HostApplication(
+        name=name,
+        qos=_text(data, SLO.QOS, what),
+        priority=_text(data, SLO.PRIORITY, what),
+        cgroup_path=path,
+    )
+
+
+def host_applications(spec: Mapping[str, Any], problems: list[str] | None = None) -> tuple[HostApplication, ...]:
+    """``hostApplications`` of the spec; entries that do not decode are reported and left out."""
+    raw = spec.get(SLO.HOST_APPLICATIONS)
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        if problems is not None:
+            problems.append(f"NodeSLO {SLO.HOST_APPLICATIONS} must be a list")
+        return ()
+    out: list[HostApplication] = []
+    for entry in raw[:_MAX_HOST_APPS]:
+        try:
+            out.append(host_application(entry))
+        except FormatError as exc:
+            if problems is not None:
+                problems.append(str(exc))
+    if len(raw) > _MAX_HOST_APPS and problems is not None:
+        problems.append(f"NodeSLO {SLO.HOST_APPLICATIONS}: only the first {_MAX_HOST_APPS} are used")
+    return tuple(out)

@@ -17,6 +17,9 @@ Formats (koordinator-sh/koordinator ``apis/extension/numa_aware.go``, ``device_s
   ``{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"100",...},"id":"GPU-..."}]}``
 - ``node.koordinator.sh/extended-resource-spec``:
   ``{"containers":{"c1":{"requests":{"kubernetes.io/batch-cpu":"1000"},"limits":{...}}}}``
+- ``koordinator.sh/cpuQOS``: ``{"enable":true,"groupIdentity":-1}``
+- ``node.koordinator.sh/resctrl``: ``{"llc":{"schemata":{"range":[20,80]},
+  "schemataPerCache":[{"cacheID":0,"range":[20,50]}]},"mb":{"schemata":{"percent":20}}}``
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from koord_formats.bounded import (
     MAX_NAME_CHARS,
     load_json,
     memo_by_text,
+    read_bool,
     read_int,
     read_list,
     read_object,
@@ -48,6 +52,9 @@ __all__ = [
     "DeviceAllocation",
     "NUMANodeResource",
     "NUMATopologySpec",
+    "PodCPUQOS",
+    "PodResctrl",
+    "ResctrlSchemata",
     "ResourceSpec",
     "ResourceStatus",
     "format_device_allocated",
@@ -55,6 +62,8 @@ __all__ = [
     "parse_device_allocated",
     "parse_extended_resource_spec",
     "parse_numa_topology_spec",
+    "parse_pod_cpu_qos",
+    "parse_pod_resctrl",
     "parse_resource_spec",
     "parse_resource_status",
 ]
@@ -295,3 +304,92 @@ def parse_extended_resource_spec(text: str) -> Mapping[str, ContainerResourceSpe
             limits=_resources(item.get("limits"), f"{what} {name[:64]} limits"),
         )
     return MappingProxyType(out)
+
+
+# ---- pod-level QoS overrides: cpuQOS and resctrl ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodCPUQOS:
+    """``koordinator.sh/cpuQOS`` (apis/slo/v1alpha1/pod.go ``CPUQOSCfg``), which koordlet honours
+    for LS pods only."""
+
+    enable: bool = False  # absent means disabled: the pod's cpu.bvt_warp_ns is 0
+    group_identity: int | None = None  # -1..2; None: the LS class value
+
+
+@memo_by_text(maxsize=1024)
+def parse_pod_cpu_qos(text: str) -> PodCPUQOS:
+    """Parse ``koordinator.sh/cpuQOS`` (``{"enable":true,"groupIdentity":-1}``)."""
+    what = "cpuQOS"
+    doc = read_object(load_json(text, what, max_chars=4096), what)
+    enable = doc.get("enable")
+    gi = doc.get("groupIdentity")
+    return PodCPUQOS(
+        enable=False if enable is None else read_bool(enable, f"{what} enable"),
+        group_identity=None if gi is None else read_int(gi, f"{what} groupIdentity", -1, 2),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ResctrlSchemata:
+    """One resource (``llc`` or ``mb``) of ``node.koordinator.sh/resctrl``: a default for every
+    cache id and overrides per cache id. For ``llc`` the values are ``(start, end)`` percent
+    ranges, for ``mb`` bandwidth percentages."""
+
+    default: tuple[int, int] | int | None = None
+    per_cache: Mapping[int, tuple[int, int] | int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class PodResctrl:
+    """``node.koordinator.sh/resctrl`` (apis/extension/resctrl.go ``ResctrlConfig``)."""
+
+    llc: ResctrlSchemata | None = None
+    mb: ResctrlSchemata | None = None
+
+
+_MAX_CACHES = 256
+
+
+def _schemata(value: object, what: str, *, ranges: bool) -> ResctrlSchemata:
+    doc = read_object(value, what)
+
+    def one(entry: Mapping[str, Any], where: str) -> tuple[int, int] | int | None:
+        if ranges:
+            raw = entry.get("range")
+            if raw is None:
+                return None
+            pair = read_list(raw, f"{where} range", 2)
+            if len(pair) != 2:
+                raise FormatError(f"{where} range: expected [start, end]")
+            return (read_int(pair[0], f"{where} range start", 0, 100), read_int(pair[1], f"{where} range end", 0, 100))
+        raw = entry.get("percent")
+        return None if raw is None else read_int(raw, f"{where} percent", 0, 100)
+
+    base = doc.get("schemata")
+    default = None if base is None else one(read_object(base, f"{what} schemata"), f"{what} schemata")
+    per_cache: dict[int, tuple[int, int] | int] = {}
+    raw_list = doc.get("schemataPerCache")
+    for entry in [] if raw_list is None else read_list(raw_list, f"{what} schemataPerCache", _MAX_CACHES):
+        item = read_object(entry, f"{what} schemataPerCache entry")
+        cache_id = read_int(item.get("cacheID", 0), f"{what} cacheID", 0, 4095)
+        value_ = one(item, f"{what} cache {cache_id}")
+        if value_ is not None:
+            per_cache[cache_id] = value_
+    return ResctrlSchemata(default, MappingProxyType(per_cache))
+
+
+@memo_by_text(maxsize=1024)
+def parse_pod_resctrl(text: str) -> PodResctrl:
+    """Parse ``node.koordinator.sh/resctrl``; ``FormatError`` also when it has neither ``llc``
+    nor ``mb``."""
+    what = "resctrl"
+    doc = read_object(load_json(text, what, max_chars=64 * 1024), what)
+    llc, mb = doc.get("llc"), doc.get("mb")
+    if llc is None and mb is None:
+        raise FormatError(f"{what}: neither llc nor mb is given")
+    return PodResctrl(
+        llc=None if llc is None else _schemata(llc, f"{what} llc", ranges=True),
+        mb=None if mb is None else _schemata(mb, f"{what} mb", ranges=False),
+    )

@@ -30,25 +30,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 
-from hooks.facts import (
-    ANNOTATION_EXTENDED_RESOURCE_SPEC,
-    NODE_ANNOTATION_CPU_NORMALIZATION_RATIO,
-    RESOURCE_BATCH_CPU,
-    RESOURCE_BATCH_MEMORY,
-    ContainerFacts,
-    NodeFacts,
-    PodFacts,
-    load_json_annotation,
-    milli_cpu_to_quota,
-    milli_cpu_to_shares,
-    parse_quantity,
-    pod_cgroup_path,
-    slo_cpu_policy,
-    slo_cpu_qos,
-)
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts, milli_cpu_to_quota, milli_cpu_to_shares, pod_cgroup_path
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from koord_formats import FormatError, keys, nodeslo
+from koord_formats.keys import SLO
+from koord_formats.node import parse_cpu_normalization_ratio
+from koord_formats.pod import parse_extended_resource_spec as parse_spec_annotation
 
 
 @dataclass(frozen=True)
@@ -61,60 +51,48 @@ class BatchSpec:
 
 
 def parse_extended_resource_spec(pod: PodFacts) -> dict[str, BatchSpec] | None:
-    """Container name -> batch spec; None when absent. ``ValueError`` when malformed."""
-    data = load_json_annotation(pod.annotations, ANNOTATION_EXTENDED_RESOURCE_SPEC)
-    if data is None:
+    """Container name -> batch spec; None when absent. ``FormatError`` when malformed."""
+    raw = pod.annotations.get(keys.ANNOTATION_EXTENDED_RESOURCE_SPEC)
+    if not raw:
         return None
-    if not isinstance(data, Mapping) or not isinstance(data.get("containers", {}), Mapping):
-        raise ValueError("extended-resource-spec must be an object with a 'containers' object")
-    out: dict[str, BatchSpec] = {}
-    for name, spec in (data.get("containers") or {}).items():
-        if not isinstance(spec, Mapping):
-            raise ValueError(f"extended-resource-spec container {name!r} must be an object")
-        req = spec.get("requests") or {}
-        lim = spec.get("limits") or {}
-        if not isinstance(req, Mapping) or not isinstance(lim, Mapping):
-            raise ValueError(f"extended-resource-spec container {name!r}: requests/limits must be objects")
 
-        def value(section: Mapping[str, object], key: str) -> int | None:
-            if key not in section:
-                return None
-            return math.ceil(parse_quantity(section[key]))
+    def value(section: Mapping[str, Fraction], key: str) -> int | None:
+        return math.ceil(section[key]) if key in section else None
 
-        out[str(name)] = BatchSpec(
-            value(req, RESOURCE_BATCH_CPU), value(lim, RESOURCE_BATCH_CPU), value(lim, RESOURCE_BATCH_MEMORY)
+    return {
+        name: BatchSpec(
+            value(spec.requests, keys.RESOURCE_BATCH_CPU),
+            value(spec.limits, keys.RESOURCE_BATCH_CPU),
+            value(spec.limits, keys.RESOURCE_BATCH_MEMORY),
         )
-    return out
+        for name, spec in parse_spec_annotation(raw).items()
+    }
 
 
 def _specs(pod: PodFacts, plan: Plan) -> dict[str, BatchSpec] | None:
-    if pod.qos_label != "BE":
+    if pod.qos_label != keys.QOS_BE:
         return None
     try:
         return parse_extended_resource_spec(pod)
-    except ValueError as exc:
-        plan.skip(f"pod {pod.namespace}/{pod.name}: bad {ANNOTATION_EXTENDED_RESOURCE_SPEC}: {exc}")
+    except FormatError as exc:
+        plan.skip(f"pod {pod.namespace}/{pod.name}: bad {keys.ANNOTATION_EXTENDED_RESOURCE_SPEC}: {exc}")
         return None
 
 
 def _cpu_suppress_cfs_quota(node: NodeFacts) -> bool:
-    sec = node.node_slo.get("resourceUsedThresholdWithBE")
-    return isinstance(sec, Mapping) and sec.get("enable") is True and sec.get("cpuSuppressPolicy") == "cfsQuota"
+    suppress = nodeslo.cpu_suppress(node.node_slo)
+    return suppress.enable and suppress.cpu_suppress_policy == keys.CPU_SUPPRESS_POLICY_CFS_QUOTA
 
 
 def _normalization_ratio(node: NodeFacts, plan: Plan) -> float:
-    raw = node.annotations.get(NODE_ANNOTATION_CPU_NORMALIZATION_RATIO)
+    raw = node.annotations.get(keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO)
     if not raw:
         return 1.0
     try:
-        ratio = float(raw)
-    except ValueError:
-        plan.skip(f"bad {NODE_ANNOTATION_CPU_NORMALIZATION_RATIO} {raw!r}; ignored")
+        return parse_cpu_normalization_ratio(raw)
+    except FormatError as exc:
+        plan.skip(f"bad {keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO}: {exc}; ignored")
         return 1.0
-    if not math.isfinite(ratio) or ratio <= 0:
-        plan.skip(f"bad {NODE_ANNOTATION_CPU_NORMALIZATION_RATIO} {raw!r}; ignored")
-        return 1.0
-    return ratio
 
 
 def batch_quota(milli_limit: int | None, node: NodeFacts, plan: Plan) -> int:
@@ -143,9 +121,9 @@ def _container_plan(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -
 
 def be_pods_are_idle(node: NodeFacts) -> bool:
     """Whether group_identity makes BE pod cgroups SCHED_IDLE (``cpu.idle`` 1) on this node."""
-    if slo_cpu_policy(node.node_slo) != "coreSched":
+    if nodeslo.cpu_policy(node.node_slo) != keys.CPU_POLICY_CORE_SCHED:
         return False
-    q = slo_cpu_qos(node.node_slo, "beClass")
+    q = nodeslo.cpu_qos(node.node_slo, SLO.BE_CLASS)
     return q.enable and bool(q.sched_idle)
 
 

@@ -31,24 +31,17 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hooks.facts import (
-    CFS_PERIOD_US,
-    ContainerFacts,
-    CPUBurstConfig,
-    NodeFacts,
-    PodFacts,
-    container_cgroup_path,
-    pod_cgroup_path,
-    slo_cpu_burst,
-)
+from hooks.facts import CFS_PERIOD_US, ContainerFacts, NodeFacts, PodFacts, container_cgroup_path, pod_cgroup_path
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from koord_formats import keys, nodeslo
+from koord_formats.nodeslo import CPUBurstConfig
 
 BURST_FILE = "cpu.cfs_burst_us"
 SCALE_UP_RATIO = 1.2
 SCALE_DOWN_RATIO = 0.8
 COOLING_FACTOR = 0.9
-INELIGIBLE = ("LSR", "LSE", "BE")
+INELIGIBLE = (keys.QOS_LSR, keys.QOS_LSE, keys.QOS_BE)
 
 
 def is_eligible(pod: PodFacts) -> bool:
@@ -58,7 +51,8 @@ def is_eligible(pod: PodFacts) -> bool:
 
 def pod_burst_config(pod: PodFacts, node: NodeFacts, plan: Plan | None = None) -> CPUBurstConfig:
     problems: list[str] = []
-    cfg = slo_cpu_burst(node.node_slo, pod.annotations, problems)
+    cfg = nodeslo.cpu_burst(node.node_slo, problems)
+    cfg = nodeslo.cpu_burst_from_pod(cfg, pod.annotations.get(keys.ANNOTATION_POD_CPU_BURST), problems)
     if plan is not None:
         for p in problems:
             plan.skip(f"pod {pod.namespace}/{pod.name}: {p}")

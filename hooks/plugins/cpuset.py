@@ -38,13 +38,14 @@ from hooks.facts import (
     container_cgroup_path,
     format_cpu_list,
     kubelet_cpu_manager_policy,
-    parse_resource_status,
     pod_cgroup_path,
+    pod_resource_status,
     share_pools,
     system_qos_cpuset,
 )
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from koord_formats import keys
 
 # Koordinator's feature gate BECPUManager (default off): BE pods bound to NUMA nodes take the
 # BE share pools of those nodes instead of the LS ones.
@@ -54,15 +55,15 @@ BE_CPU_MANAGER = False
 def _status(pod: PodFacts, node: NodeFacts, plan: Plan) -> ResourceStatus | None:
     """The pod's resource-status, or None (absent or malformed, which is recorded)."""
     try:
-        status = parse_resource_status(pod.annotations)
+        status = pod_resource_status(pod.annotations)
     except ValueError as exc:
         plan.skip(f"pod {pod.namespace}/{pod.name}: bad resource-status: {exc}")
         return None
     if status is None:
         return None
     topo = node.cpu_topology
-    if status.cpuset and topo is not None and topo.cpus and not status.cpuset <= topo.all_cpus:
-        extra = format_cpu_list(status.cpuset - topo.all_cpus)
+    if status.cpuset and topo is not None and topo.cpus and not status.cpuset <= topo.cpus:
+        extra = format_cpu_list(status.cpuset - topo.cpus)
         plan.skip(f"pod {pod.namespace}/{pod.name}: resource-status cpuset has CPUs {extra} the node lacks")
         return None
     return status
@@ -71,7 +72,7 @@ def _status(pod: PodFacts, node: NodeFacts, plan: Plan) -> ResourceStatus | None
 def is_bound(pod: PodFacts) -> bool:
     """True when the scheduler bound the pod to CPUs (a non-empty resource-status cpuset)."""
     try:
-        status = parse_resource_status(pod.annotations)
+        status = pod_resource_status(pod.annotations)
     except ValueError:
         return False
     return status is not None and bool(status.cpuset)
@@ -93,14 +94,14 @@ def _ls_pools(node: NodeFacts, plan: Plan, *, be: bool = False) -> str | None:
 def plan_container_cpuset(pod: PodFacts, node: NodeFacts, plan: Plan) -> str | None:
     """The cpuset a container of ``pod`` gets, "" to clear it, None to leave it untouched."""
     status = _status(pod, node, plan)
-    if status is None and pod.annotations.get("scheduling.koordinator.sh/resource-status"):
+    if status is None and pod.annotations.get(keys.ANNOTATION_RESOURCE_STATUS):
         return None  # malformed: recorded, leave alone
     if status is not None:
         if status.cpuset:
             return format_cpu_list(status.cpuset)
         numa_nodes = {n.node for n in status.numa_node_resources if n.has_cpu()}
         if numa_nodes:
-            be = BE_CPU_MANAGER and pod.qos_label == "BE"
+            be = BE_CPU_MANAGER and pod.qos_label == keys.QOS_BE
             try:
                 pools = share_pools(node, be=be)
             except ValueError as exc:
@@ -112,7 +113,7 @@ def plan_container_cpuset(pod: PodFacts, node: NodeFacts, plan: Plan) -> str | N
                 return None
             return format_cpu_list(cpus)
     qos = pod.qos_label
-    if qos == "SYSTEM":
+    if qos == keys.QOS_SYSTEM:
         try:
             system = system_qos_cpuset(node)
         except ValueError as exc:
@@ -120,7 +121,7 @@ def plan_container_cpuset(pod: PodFacts, node: NodeFacts, plan: Plan) -> str | N
             system = frozenset()
         if system:
             return format_cpu_list(system)
-    if qos == "LS":
+    if qos == keys.QOS_LS:
         return _ls_pools(node, plan)
     if pod.effective_kube_qos == "BestEffort":
         return ""

@@ -15,41 +15,27 @@ Leaves alone
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from hooks.facts import ANNOTATION_DEVICE_ALLOCATED, ContainerFacts, NodeFacts, PodFacts, load_json_annotation
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from koord_formats import FormatError, keys
+from koord_formats.pod import parse_device_allocated
 
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 
 def gpu_minors(pod: PodFacts, plan: Plan) -> list[int] | None:
     """The GPU minors allocated to the pod, None when it has none or the annotation is bad."""
+    raw = pod.annotations.get(keys.ANNOTATION_DEVICE_ALLOCATED)
+    if not raw:
+        return None
     try:
-        data = load_json_annotation(pod.annotations, ANNOTATION_DEVICE_ALLOCATED)
-    except ValueError as exc:
+        devices = parse_device_allocated(raw)
+    except FormatError as exc:
         plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
         return None
-    if data is None:
-        return None
-    if not isinstance(data, Mapping):
-        plan.skip(f"pod {pod.namespace}/{pod.name}: device-allocated must be a JSON object")
-        return None
-    gpus = data.get("gpu")
-    if not gpus:
-        return None
-    if not isinstance(gpus, list):
-        plan.skip(f"pod {pod.namespace}/{pod.name}: device-allocated gpu must be a list")
-        return None
-    minors: list[int] = []
-    for item in gpus:
-        minor = item.get("minor") if isinstance(item, Mapping) else None
-        if isinstance(minor, bool) or not isinstance(minor, int) or minor < 0:
-            plan.skip(f"pod {pod.namespace}/{pod.name}: bad GPU allocation {item!r}")
-            return None
-        minors.append(minor)
-    return minors
+    gpus = devices.get(keys.DEVICE_TYPE_GPU, ())
+    return [g.minor for g in gpus] or None
 
 
 @hookimpl

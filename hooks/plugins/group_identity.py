@@ -29,24 +29,12 @@ Leaves alone
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from hooks.facts import (
-    ANNOTATION_POD_CPU_QOS,
-    DEFAULT_GROUP_IDENTITY,
-    SLO_CLASS_KEYS,
-    NodeFacts,
-    PodFacts,
-    class_bvt_value,
-    group_identity_enabled,
-    kube_qos_cgroup_path,
-    load_json_annotation,
-    pod_cgroup_path,
-    slo_cpu_policy,
-    slo_cpu_qos,
-)
+from hooks.facts import NodeFacts, PodFacts, kube_qos_cgroup_path, pod_cgroup_path
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from koord_formats import FormatError, keys, nodeslo
+from koord_formats.keys import SLO
+from koord_formats.pod import parse_pod_cpu_qos
 
 BVT_FILE = "cpu.bvt_warp_ns"
 IDLE_FILE = "cpu.idle"
@@ -56,50 +44,48 @@ def pod_class_key(pod: PodFacts, node: NodeFacts) -> str | None:
     """The NodeSLO class whose value the pod takes, None for "0"."""
     qos = pod.qos_label
     if qos:
-        return SLO_CLASS_KEYS[qos]
+        return keys.SLO_CLASS_KEYS[qos]
     kube = pod.effective_kube_qos
     if kube == "Guaranteed":
-        return "lsrClass" if slo_cpu_qos(node.node_slo, "lsrClass").enable else "lsClass"
-    return {"Burstable": "lsClass", "BestEffort": "beClass"}.get(kube)
+        return SLO.LSR_CLASS if nodeslo.cpu_qos(node.node_slo, SLO.LSR_CLASS).enable else SLO.LS_CLASS
+    return {"Burstable": SLO.LS_CLASS, "BestEffort": SLO.BE_CLASS}.get(kube)
 
 
 def pod_bvt_value(pod: PodFacts, node: NodeFacts, plan: Plan) -> int:
     """The pod's ``cpu.bvt_warp_ns``."""
-    if pod.qos_label == "LS":
+    raw = pod.annotations.get(keys.ANNOTATION_POD_CPU_QOS)
+    if pod.qos_label == keys.QOS_LS and raw:
         try:
-            data = load_json_annotation(pod.annotations, ANNOTATION_POD_CPU_QOS)
-        except ValueError as exc:
-            plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
-            data = None
-        if data is not None:
-            if isinstance(data, Mapping) and isinstance(data.get("enable", False), bool):
-                if not data.get("enable", False):
-                    return 0
-                value = data.get("groupIdentity", DEFAULT_GROUP_IDENTITY["lsClass"])
-                if not isinstance(value, bool) and isinstance(value, int) and -1 <= value <= 2:
-                    return value
-            plan.skip(f"pod {pod.namespace}/{pod.name}: bad {ANNOTATION_POD_CPU_QOS} {data!r}; using the LS value")
+            cfg = parse_pod_cpu_qos(raw)
+        except FormatError as exc:
+            plan.skip(f"pod {pod.namespace}/{pod.name}: bad {keys.ANNOTATION_POD_CPU_QOS}: {exc}; using the LS value")
+        else:
+            if not cfg.enable:
+                return 0
+            if cfg.group_identity is not None:
+                return cfg.group_identity
+            return nodeslo.DEFAULT_GROUP_IDENTITY[SLO.LS_CLASS]
     key = pod_class_key(pod, node)
-    return class_bvt_value(node.node_slo, key) if key else 0
+    return nodeslo.class_bvt_value(node.node_slo, key) if key else 0
 
 
 def _pod_plan(pod: PodFacts, node: NodeFacts, *, reconcile: bool) -> Plan:
     plan = Plan()
-    policy = slo_cpu_policy(node.node_slo)
+    policy = nodeslo.cpu_policy(node.node_slo)
     try:
         path = pod_cgroup_path(pod)
     except ValueError as exc:
         return plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
-    if policy == "coreSched":
+    if policy == keys.CPU_POLICY_CORE_SCHED:
         key = pod_class_key(pod, node)
         if key:
-            q = slo_cpu_qos(node.node_slo, key)
+            q = nodeslo.cpu_qos(node.node_slo, key)
             if q.enable:
                 plan.write("pod", path, IDLE_FILE, 1 if q.sched_idle else 0)
         return plan
-    if policy not in ("", "groupIdentity"):
+    if policy not in ("", keys.CPU_POLICY_GROUP_IDENTITY):
         return plan
-    if not group_identity_enabled(node.node_slo):
+    if not nodeslo.group_identity_enabled(node.node_slo):
         if reconcile:
             plan.write("pod", path, BVT_FILE, 0)
         return plan
@@ -120,14 +106,14 @@ def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
 @hookimpl
 def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
     plan = Plan()
-    if slo_cpu_policy(node.node_slo) not in ("", "groupIdentity"):
+    if nodeslo.cpu_policy(node.node_slo) not in ("", keys.CPU_POLICY_GROUP_IDENTITY):
         return plan
-    enabled = group_identity_enabled(node.node_slo)
+    enabled = nodeslo.group_identity_enabled(node.node_slo)
     driver = node.cgroup.driver
     values = {
         "Guaranteed": 0,
-        "Burstable": class_bvt_value(node.node_slo, "lsClass") if enabled else 0,
-        "BestEffort": class_bvt_value(node.node_slo, "beClass") if enabled else 0,
+        "Burstable": nodeslo.class_bvt_value(node.node_slo, SLO.LS_CLASS) if enabled else 0,
+        "BestEffort": nodeslo.class_bvt_value(node.node_slo, SLO.BE_CLASS) if enabled else 0,
     }
     for kube_qos, value in values.items():
         plan.write("kubeqos", kube_qos_cgroup_path(kube_qos, driver), BVT_FILE, value)

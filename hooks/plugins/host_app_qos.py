@@ -21,41 +21,24 @@ Leaves alone
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from hooks.facts import (
-    SLO_CLASS_KEYS,
-    NodeFacts,
-    all_share_pool_cpus,
-    class_bvt_value,
-    format_cpu_list,
-    group_identity_enabled,
-    host_app_cgroup_path,
-    share_pools,
-    slo_cpu_policy,
-    slo_cpu_qos,
-)
+from hooks.facts import NodeFacts, all_share_pool_cpus, format_cpu_list, host_app_cgroup_path, share_pools
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from koord_formats import keys, nodeslo
 
 
 @hookimpl
 def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
     plan = Plan()
-    apps = node.node_slo.get("hostApplications")
-    if apps is None:
-        return plan
-    if not isinstance(apps, list):
-        return plan.skip("hostApplications must be a list")
-    policy = slo_cpu_policy(node.node_slo)
-    gi_enabled = group_identity_enabled(node.node_slo)
+    problems: list[str] = []
+    apps = nodeslo.host_applications(node.node_slo, problems)
+    for problem in problems:
+        plan.skip(problem)
+    policy = nodeslo.cpu_policy(node.node_slo)
+    gi_enabled = nodeslo.group_identity_enabled(node.node_slo)
     ls_cpus: str | None = None
     for app in apps:
-        if not isinstance(app, Mapping):
-            plan.skip(f"host application {app!r} is not an object")
-            continue
-        name = app.get("name", "")
-        qos = app.get("qos", "")
+        name, qos = app.name, app.qos
         try:
             path = host_app_cgroup_path(app, node.cgroup.driver)
         except ValueError as exc:
@@ -64,14 +47,14 @@ def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
         if not path:
             plan.skip(f"host application {name!r} has no cgroup path (qos {qos!r})")
             continue
-        key = SLO_CLASS_KEYS.get(qos) if isinstance(qos, str) else None
-        if policy == "coreSched":
-            if key and slo_cpu_qos(node.node_slo, key).enable:
-                plan.write("host-app", path, "cpu.idle", 1 if slo_cpu_qos(node.node_slo, key).sched_idle else 0)
-        elif policy in ("", "groupIdentity"):
-            value = class_bvt_value(node.node_slo, key) if (gi_enabled and key) else 0
+        key = keys.SLO_CLASS_KEYS.get(qos)
+        if policy == keys.CPU_POLICY_CORE_SCHED:
+            if key and nodeslo.cpu_qos(node.node_slo, key).enable:
+                plan.write("host-app", path, "cpu.idle", 1 if nodeslo.cpu_qos(node.node_slo, key).sched_idle else 0)
+        elif policy in ("", keys.CPU_POLICY_GROUP_IDENTITY):
+            value = nodeslo.class_bvt_value(node.node_slo, key) if (gi_enabled and key) else 0
             plan.write("host-app", path, "cpu.bvt_warp_ns", value)
-        if qos == "LS":
+        if qos == keys.QOS_LS:
             if ls_cpus is None:
                 try:
                     ls_cpus = format_cpu_list(all_share_pool_cpus(share_pools(node)))

@@ -18,7 +18,7 @@ Leaves alone
 
 from __future__ import annotations
 
-from hooks.facts import ContainerFacts, NodeFacts, PodFacts, format_cpu_list, parse_resource_status
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts, format_cpu_list, pod_resource_status
 from hooks.plan import Plan
 from hooks.spec import hookimpl
 
@@ -26,7 +26,7 @@ from hooks.spec import hookimpl
 def plan_cpuset_mems(pod: PodFacts, node: NodeFacts, plan: Plan) -> str | None:
     """The ``cpuset.mems`` of the pod's containers, or None for no opinion."""
     try:
-        status = parse_resource_status(pod.annotations)
+        status = pod_resource_status(pod.annotations)
     except ValueError as exc:
         plan.skip(f"pod {pod.namespace}/{pod.name}: bad resource-status: {exc}")
         return None
@@ -37,7 +37,7 @@ def plan_cpuset_mems(pod: PodFacts, node: NodeFacts, plan: Plan) -> str | None:
         return None
     topo = node.cpu_topology
     if topo is not None and topo.cpus:
-        unknown = nodes - set(topo.numa_nodes())
+        unknown = nodes - set(topo.numa_nodes)
         if unknown:
             plan.skip(f"pod {pod.namespace}/{pod.name}: NUMA nodes {sorted(unknown)} do not exist on this node")
             return None

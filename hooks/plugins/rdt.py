@@ -33,22 +33,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
-from hooks.facts import (
-    ANNOTATION_POD_RESCTRL,
-    ContainerFacts,
-    NodeFacts,
-    PodFacts,
-    container_cgroup_path,
-    load_json_annotation,
-    slo_resctrl_qos,
-)
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts, container_cgroup_path
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from koord_formats import keys, nodeslo
+from koord_formats.keys import SLO
+from koord_formats.pod import PodResctrl, parse_pod_resctrl
 
-CLASS_GROUPS = {"LSR": "lsrClass", "LS": "lsClass", "BE": "beClass"}
-GROUP_OF_QOS = {"LSE": "LSR", "LSR": "LSR", "LS": "LS", "BE": "BE"}
+# The resctrl groups koordlet keeps per QoS class (named after the class) and their NodeSLO section.
+CLASS_GROUPS = {keys.QOS_LSR: SLO.LSR_CLASS, keys.QOS_LS: SLO.LS_CLASS, keys.QOS_BE: SLO.BE_CLASS}
+# LSE pods share the LSR group.
+GROUP_OF_QOS = {
+    keys.QOS_LSE: keys.QOS_LSR,
+    keys.QOS_LSR: keys.QOS_LSR,
+    keys.QOS_LS: keys.QOS_LS,
+    keys.QOS_BE: keys.QOS_BE,
+}
 POD_GROUP_PREFIX = "koordlet-"
 AMD_MB_UNLIMITED = 2048
 AMD_MB_MAX_GBPS = 160
@@ -84,7 +85,7 @@ def _line(resource: str, values: Mapping[int, str | int]) -> str:
 
 def class_schemata(node: NodeFacts, class_key: str) -> str:
     """The schemata of a class group (``ValueError`` when the config or facts are bad)."""
-    q = slo_resctrl_qos(node.node_slo, class_key)
+    q = nodeslo.resctrl_qos(node.node_slo, class_key)
     rc = node.resctrl
     mask = l3_mask(rc.cbm_mask, q.cat_range_start_percent, q.cat_range_end_percent)
     mb = mb_value(q.mba_percent, rc.vendor)
@@ -92,47 +93,25 @@ def class_schemata(node: NodeFacts, class_key: str) -> str:
     return _line("L3", {i: mask for i in ids}) + "\n" + _line("MB", {i: mb for i in ids}) + "\n"
 
 
-def pod_schemata(data: Any, node: NodeFacts) -> str:
-    """The schemata of a pod group from the ``node.koordinator.sh/resctrl`` annotation."""
-    if not isinstance(data, Mapping):
-        raise ValueError("resctrl annotation must be a JSON object")
+def pod_schemata(config: PodResctrl, node: NodeFacts) -> str:
+    """The schemata of a pod group from its ``node.koordinator.sh/resctrl`` annotation
+    (``ValueError`` when a range or percentage cannot be applied to this node's caches)."""
     rc = node.resctrl
     ids = rc.cache_ids or (0,)
     lines: list[str] = []
-    llc = data.get("llc")
-    if llc is not None:
-        if not isinstance(llc, Mapping):
-            raise ValueError("llc must be an object")
+    if config.llc is not None:
         per_id: dict[int, str] = {}
-        llc_default = llc.get("schemata") or {}
-        default = llc_default.get("range") if isinstance(llc_default, Mapping) else None
         for i in ids:
-            rng = default
-            for entry in llc.get("schemataPerCache") or []:
-                if isinstance(entry, Mapping) and entry.get("cacheID") == i:
-                    rng = entry.get("range")
-            if rng is None:
-                rng = [0, 100]
-            if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(v, int) for v in rng)):
-                raise ValueError(f"llc range {rng!r} must be [start, end]")
-            per_id[i] = l3_mask(rc.cbm_mask, rng[0], rng[1])
+            rng = config.llc.per_cache.get(i, config.llc.default)
+            start, end = rng if isinstance(rng, tuple) else (0, 100)
+            per_id[i] = l3_mask(rc.cbm_mask, start, end)
         lines.append(_line("L3", per_id))
-    mb = data.get("mb")
-    if mb is not None:
-        if not isinstance(mb, Mapping):
-            raise ValueError("mb must be an object")
+    if config.mb is not None:
         mb_ids: dict[int, int] = {}
-        mb_default = mb.get("schemata") or {}
-        default_pct = mb_default.get("percent") if isinstance(mb_default, Mapping) else None
         for i in ids:
-            pct = default_pct
-            for entry in mb.get("schemataPerCache") or []:
-                if isinstance(entry, Mapping) and entry.get("cacheID") == i:
-                    pct = entry.get("percent")
-            mb_ids[i] = mb_value(100 if pct is None else pct, rc.vendor)
+            pct = config.mb.per_cache.get(i, config.mb.default)
+            mb_ids[i] = mb_value(pct if isinstance(pct, int) else 100, rc.vendor)
         lines.append(_line("MB", mb_ids))
-    if not lines:
-        raise ValueError("resctrl annotation has neither llc nor mb")
     return "\n".join(lines) + "\n"
 
 
@@ -143,7 +122,7 @@ def pod_group_name(pod: PodFacts) -> str:
 
 
 def has_pod_group(pod: PodFacts) -> bool:
-    return bool(pod.annotations.get(ANNOTATION_POD_RESCTRL))
+    return bool(pod.annotations.get(keys.ANNOTATION_POD_RESCTRL))
 
 
 def group_of(pod: PodFacts, node: NodeFacts) -> str | None:
@@ -154,7 +133,7 @@ def group_of(pod: PodFacts, node: NodeFacts) -> str | None:
         except ValueError:
             return None
     group = GROUP_OF_QOS.get(pod.qos_class)
-    if group is None or not slo_resctrl_qos(node.node_slo, CLASS_GROUPS[group]).enable:
+    if group is None or not nodeslo.resctrl_qos(node.node_slo, CLASS_GROUPS[group]).enable:
         return None
     return group
 
@@ -171,10 +150,10 @@ def _pod_group_plan(pod: PodFacts, node: NodeFacts) -> Plan:
     if not has_pod_group(pod) or not _facts_ok(node, plan):
         return plan
     try:
-        data = load_json_annotation(pod.annotations, ANNOTATION_POD_RESCTRL)
-        plan.write("resctrl", pod_group_name(pod), "schemata", pod_schemata(data, node))
+        config = parse_pod_resctrl(pod.annotations[keys.ANNOTATION_POD_RESCTRL])
+        plan.write("resctrl", pod_group_name(pod), "schemata", pod_schemata(config, node))
     except ValueError as exc:
-        plan.skip(f"pod {pod.namespace}/{pod.name}: bad {ANNOTATION_POD_RESCTRL}: {exc}")
+        plan.skip(f"pod {pod.namespace}/{pod.name}: bad {keys.ANNOTATION_POD_RESCTRL}: {exc}")
     return plan
 
 
@@ -194,7 +173,7 @@ def _move(plan: Plan, pod: PodFacts, node: NodeFacts, level: str, cid: str) -> P
 @hookimpl
 def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
     plan = Plan()
-    enabled = [g for g, key in CLASS_GROUPS.items() if slo_resctrl_qos(node.node_slo, key).enable]
+    enabled = [g for g, key in CLASS_GROUPS.items() if nodeslo.resctrl_qos(node.node_slo, key).enable]
     if not enabled or not _facts_ok(node, plan):
         return plan
     for group in enabled:

@@ -23,7 +23,6 @@ from typing import Any
 import pluggy
 
 from hooks.facts import (
-    NODE_ANNOTATION_CPU_TOPOLOGY,
     CgroupInfo,
     ContainerFacts,
     CPUTopology,
@@ -41,6 +40,7 @@ from hooks.plugins import BUILTIN_PLUGINS
 from hooks.spec import STAGES
 from koord_formats.bounded import load_json
 from koord_formats.errors import FormatError
+from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 
 __all__ = [

@@ -32,8 +32,8 @@ from typing import Any
 
 import structlog
 
-from hooks.facts import format_cpu_list, parse_cpu_list
 from hooks.plan import CgroupWrite, Plan, Removal, TaskMove
+from koord_formats.cpulist import format_cpu_list, parse_cpu_list
 from runtime_proxy.host.cgroups import CgroupError, CgroupMissingError, Cgroups, WriteResult
 from runtime_proxy.host.resctrl import Resctrl
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import structlog
 from prometheus_client import Counter
 
-from hooks.facts import parse_cpu_list
+from koord_formats.cpulist import parse_cpu_list
 
 __all__ = [
     "CgroupError",

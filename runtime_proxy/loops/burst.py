@@ -30,7 +30,6 @@ from prometheus_client import Counter, Gauge
 
 from hooks.facts import (
     ContainerFacts,
-    CPUBurstConfig,
     NodeFacts,
     PodFacts,
     container_cgroup_path,
@@ -48,6 +47,7 @@ from hooks.plugins.cpu_burst import (
     share_pool_state,
     throttled_ratio,
 )
+from koord_formats.nodeslo import CPUBurstConfig
 from runtime_proxy.host.apply import apply_files
 from runtime_proxy.host.cgroups import CgroupError, Cgroups
 from runtime_proxy.loops.background import Background, every

@@ -12,8 +12,8 @@ it, hands ``current`` to the interceptor (``runtime_proxy.engine.intercept.NodeS
   ``NodeResourceTopology`` (``topology.node.k8s.io/v1alpha1`` ``noderesourcetopologies``), each
   list-watched in a worker thread with reconnects.
 
-Every new config is validated (pydantic models of the NodeSLO keys we use; unknown keys are
-kept). A config that does not validate is logged and counted, and the previous one stays.
+Every new NodeSLO spec is validated by ``koord_formats.nodeslo.validate_node_slo`` (the fields
+we read; unknown keys are kept). A config that does not validate is logged and counted, and the previous one stays.
 """
 
 from __future__ import annotations
@@ -31,25 +31,20 @@ from typing import Any, Literal
 import structlog
 import yaml
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from hooks.facts import (
-    NODE_ANNOTATION_CPU_TOPOLOGY,
-    CgroupInfo,
-    CPUTopology,
-    NodeFacts,
-    ResctrlFacts,
-    load_json_annotation,
-)
+from hooks.facts import CgroupInfo, CPUTopology, NodeFacts, ResctrlFacts
+from koord_formats import FormatError
+from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
+from koord_formats.nodeslo import validate_node_slo
+from koord_formats.topology import parse_cpu_topology
 
 __all__ = [
     "ClusterWatch",
     "NodeConfig",
     "NodeConfigDocument",
-    "NodeSLOSpec",
     "load_document",
     "node_facts_from_document",
-    "validate_node_slo",
 ]
 
 log = structlog.get_logger("runtime_proxy.state.nodeconfig")
@@ -58,73 +53,11 @@ CONFIG_REJECTED = Counter("rhp_node_config_rejected", "node configs that failed 
 CONFIG_GENERATION = Gauge("rhp_node_config_generation", "generation of the node config in use")
 
 
-# ---- validation models (Koordinator's NodeSLO keys that we read; unknown keys allowed) ---------
+# ---- the local document (NodeSLO validation itself is koord_formats.nodeslo.validate_node_slo) ----
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow")
-
-
-class CPUQOSModel(_Model):
-    enable: StrictBool | None = None
-    groupIdentity: StrictInt | None = Field(default=None, ge=-1, le=2)
-    schedIdle: StrictInt | None = Field(default=None, ge=0, le=1)
-    coreExpeller: StrictBool | None = None
-
-
-class ResctrlQOSModel(_Model):
-    enable: StrictBool | None = None
-    catRangeStartPercent: StrictInt | None = Field(default=None, ge=0, le=100)
-    catRangeEndPercent: StrictInt | None = Field(default=None, ge=0, le=100)
-    mbaPercent: StrictInt | None = Field(default=None, ge=1, le=100)
-
-
-class ResourceQOSModel(_Model):
-    cpuQOS: CPUQOSModel | None = None
-    resctrlQOS: ResctrlQOSModel | None = None
-
-
-class PoliciesModel(_Model):
-    cpuPolicy: Literal["", "groupIdentity", "coreSched"] | None = None
-
-
-class ResourceQOSStrategyModel(_Model):
-    policies: PoliciesModel | None = None
-    lsrClass: ResourceQOSModel | None = None
-    lsClass: ResourceQOSModel | None = None
-    beClass: ResourceQOSModel | None = None
-    systemClass: ResourceQOSModel | None = None
-    cgroupRoot: ResourceQOSModel | None = None
-
-
-class CPUBurstStrategyModel(_Model):
-    policy: Literal["none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto"] | None = None
-    cpuBurstPercent: StrictInt | None = Field(default=None, ge=0)
-    cfsQuotaBurstPercent: StrictInt | None = Field(default=None, ge=100)
-    cfsQuotaBurstPeriodSeconds: StrictInt | None = Field(default=None, ge=-1)
-    sharePoolThresholdPercent: StrictInt | None = Field(default=None, ge=0, le=100)
-
-
-class HostCgroupPathModel(_Model):
-    base: Literal["CgroupRoot", "Kubepods", "KubepodsBurstable", "KubepodsBesteffort"] | None = None
-    parentDir: StrictStr | None = None
-    relativePath: StrictStr | None = None
-
-
-class HostApplicationModel(_Model):
-    name: StrictStr
-    qos: StrictStr | None = None
-    priority: StrictStr | None = None
-    cgroupPath: HostCgroupPathModel | None = None
-
-
-class NodeSLOSpec(_Model):
-    """The parts of ``NodeSLO.spec`` we validate; everything else passes through unchanged."""
-
-    resourceQOSStrategy: ResourceQOSStrategyModel | None = None
-    cpuBurstStrategy: CPUBurstStrategyModel | None = None
-    hostApplications: list[HostApplicationModel] | None = None
-    resourceUsedThresholdWithBE: dict[str, Any] | None = None
 
 
 class _NRTModel(_Model):
@@ -148,11 +81,6 @@ class NodeConfigDocument(BaseModel):
     nodeResourceTopology: _NRTModel = Field(default_factory=_NRTModel)
     nodeSLO: dict[str, Any] = Field(default_factory=dict)
     cgroup: _CgroupModel | None = None
-
-
-def validate_node_slo(spec: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` (a pydantic ``ValidationError``) when the NodeSLO spec is bad."""
-    NodeSLOSpec.model_validate(dict(spec))
 
 
 def load_document(text: str) -> NodeConfigDocument:
@@ -183,11 +111,11 @@ def node_facts_from_document(
     annotation."""
     annotations = {**doc.annotations, **doc.nodeResourceTopology.annotations}
     topo = topology
-    if topo is None:
+    raw = annotations.get(NODE_ANNOTATION_CPU_TOPOLOGY)
+    if topo is None and raw:
         try:
-            data = load_json_annotation(annotations, NODE_ANNOTATION_CPU_TOPOLOGY)
-            topo = CPUTopology.from_annotation(data) if data is not None else None
-        except ValueError as exc:
+            topo = parse_cpu_topology(raw)
+        except FormatError as exc:
             log.warning("bad cpu-topology annotation ignored", error=str(exc))
     cg = cgroup or CgroupInfo()
     if doc.cgroup is not None:
@@ -285,9 +213,9 @@ class ClusterWatch:
                 spec = {} if deleted else dict(obj.get("spec") or {})
                 try:
                     validate_node_slo(spec)
-                except ValidationError as exc:
+                except FormatError as exc:
                     CONFIG_REJECTED.labels("cluster").inc()
-                    log.warning("NodeSLO rejected; keeping the previous one", errors=exc.errors(include_url=False))
+                    log.warning("NodeSLO rejected; keeping the previous one", error=str(exc))
                     return False
                 changed = spec != self.state.node_slo
                 self.state.node_slo = spec

@@ -12,7 +12,8 @@ from pathlib import Path
 import structlog
 from prometheus_client import Gauge
 
-from hooks.facts import CPUInfo, CPUTopology, parse_cpu_list
+from koord_formats.cpulist import parse_cpu_list
+from koord_formats.topology import CPUInfo, CPUTopology
 
 __all__ = ["RdtSupport", "detect_rdt", "read_cpu_topology", "read_numa_nodes"]
 
@@ -74,7 +75,7 @@ def read_cpu_topology(sys_root: str | Path = "/sys") -> CPUTopology:
         if key not in core_ids:
             core_ids[key] = len(core_ids)
         cpus.append(CPUInfo(id=cpu, core=core_ids[key], socket=socket, node=node))
-    return CPUTopology(tuple(cpus))
+    return CPUTopology(cpus)
 
 
 class RdtSupport:

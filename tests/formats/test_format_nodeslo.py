@@ -114,6 +114,40 @@ def test_validate_refuses(spec: dict[str, Any]) -> None:
         nodeslo.validate_node_slo(spec)
 
 
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        pytest.param({"name": "nginx", "qos": "LS"}, nodeslo.HostApplication("nginx", "LS"), id="name and qos"),
+        pytest.param(
+            {"name": "n", "cgroupPath": {"base": "KubepodsBurstable", "relativePath": "n"}},
+            nodeslo.HostApplication("n", cgroup_path=nodeslo.HostCgroupPath("KubepodsBurstable", "", "n")),
+            id="a cgroup path under the burstable directory",
+        ),
+        pytest.param(
+            {"name": "n", "cgroupPath": {}},
+            nodeslo.HostApplication("n", cgroup_path=nodeslo.HostCgroupPath()),
+            id="an empty cgroup path is the cgroup root",
+        ),
+    ],
+)
+def test_host_application(entry: dict[str, Any], expected: nodeslo.HostApplication) -> None:
+    assert nodeslo.host_application(entry) == expected
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param({"qos": "LS"}, id="no name"),
+        pytest.param({"name": 5}, id="a name that is a number"),
+        pytest.param({"name": "n", "cgroupPath": {"base": "Elsewhere"}}, id="an unknown base"),
+        pytest.param({"name": "n", "cgroupPath": "x"}, id="a cgroup path that is a string"),
+    ],
+)
+def test_host_application_refuses(entry: dict[str, Any]) -> None:
+    with pytest.raises(FormatError):
+        nodeslo.host_application(entry)
+
+
 def test_validate_accepts_unknown_fields() -> None:
     nodeslo.validate_node_slo({"somethingNew": {"x": 1}, SLO.CPU_BURST_STRATEGY: {SLO.POLICY: "auto"}})
 
@@ -168,3 +202,5 @@ def test_nodeslo_accessors_are_total_and_bounded(path: tuple[str, ...], key: str
     burst = call_total(nodeslo.cpu_burst, spec, [])
     call_total(nodeslo.cpu_burst_from_pod, burst, pod_text, [])
     call_total(nodeslo.validate_node_slo, spec)
+    call_total(nodeslo.host_applications, spec, [])
+    call_total(nodeslo.host_application, value)

@@ -189,6 +189,57 @@ def test_extended_resource_spec_refuses(text: str) -> None:
         pod.parse_extended_resource_spec(text)
 
 
+# ---- cpuQOS and resctrl ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param('{"enable":true,"groupIdentity":-1}', pod.PodCPUQOS(True, -1), id="enabled with a value"),
+        pytest.param("{}", pod.PodCPUQOS(False, None), id="absent enable means disabled"),
+        pytest.param('{"enable":true}', pod.PodCPUQOS(True, None), id="enabled without a value takes the class value"),
+    ],
+)
+def test_pod_cpu_qos(text: str, expected: pod.PodCPUQOS) -> None:
+    assert pod.parse_pod_cpu_qos(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('{"enable":"yes"}', id="enable that is a string"),
+        pytest.param('{"enable":true,"groupIdentity":7}', id="group identity out of range"),
+        pytest.param('{"enable":true,"groupIdentity":1.0}', id="group identity that is a float"),
+    ],
+)
+def test_pod_cpu_qos_refuses(text: str) -> None:
+    with pytest.raises(FormatError):
+        pod.parse_pod_cpu_qos(text)
+
+
+def test_pod_resctrl() -> None:
+    cfg = pod.parse_pod_resctrl(
+        '{"llc":{"schemata":{"range":[20,80]},"schemataPerCache":[{"cacheID":1,"range":[20,50]}]},'
+        '"mb":{"schemata":{"percent":20},"schemataPerCache":[{"cacheID":1,"percent":40}]}}'
+    )
+    assert cfg.llc == pod.ResctrlSchemata((20, 80), {1: (20, 50)})
+    assert cfg.mb == pod.ResctrlSchemata(20, {1: 40})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("{}", id="neither llc nor mb"),
+        pytest.param('{"llc":{"schemata":{"range":[20]}}}', id="a range of one value"),
+        pytest.param('{"llc":{"schemata":{"range":[20,180]}}}', id="a range above 100"),
+        pytest.param('{"mb":{"schemata":{"percent":"20"}}}', id="a percentage that is a string"),
+    ],
+)
+def test_pod_resctrl_refuses(text: str) -> None:
+    with pytest.raises(FormatError):
+        pod.parse_pod_resctrl(text)
+
+
 # ---- one property test per format ------------------------------------------------------------
 
 PARSERS: list[Any] = [
@@ -237,6 +288,19 @@ PARSERS: list[Any] = [
             '{"containers":{"c":{"limits":{"kubernetes.io/batch-cpu":HOLE}}}}',
         ],
         id="extended-resource-spec",
+    ),
+    pytest.param(pod.parse_pod_cpu_qos, [HOLE, '{"enable":HOLE}', '{"groupIdentity":HOLE}'], id="cpuQOS"),
+    pytest.param(
+        pod.parse_pod_resctrl,
+        [
+            HOLE,
+            '{"llc":HOLE}',
+            '{"llc":{"schemata":{"range":HOLE}}}',
+            '{"llc":{"schemataPerCache":[{"cacheID":HOLE,"range":[0,50]}]}}',
+            '{"mb":{"schemata":HOLE,"schemataPerCache":HOLE}}',
+            '{"mb":{"schemata":{"percent":HOLE}}}',
+        ],
+        id="resctrl",
     ),
 ]
 

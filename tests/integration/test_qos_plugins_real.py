@@ -38,17 +38,17 @@ pytestmark = pytest.mark.integration
 TRANSPORTS = os.environ.get("RHP_TRANSPORTS", "relay,grpc").split(",")
 BUILTINS = ("cpuset", "numa", "batch_resource")
 TOPO = read_cpu_topology()
-ALL_CPUS = format_cpu_list(TOPO.all_cpus)
-LSR_CPU = str(max(TOPO.all_cpus))  # the bound CPU; the rest is the share pool
-LS_POOL_WITH_LSR = format_cpu_list(TOPO.all_cpus - {max(TOPO.all_cpus)})
+ALL_CPUS = format_cpu_list(TOPO.cpus)
+LSR_CPU = str(max(TOPO.cpus))  # the bound CPU; the rest is the share pool
+LS_POOL_WITH_LSR = format_cpu_list(TOPO.cpus - {max(TOPO.cpus)})
 MiB = 1024**2
 
 
 @pytest.fixture(autouse=True)
 def _two_cpus_one_numa_node() -> None:
     # the expectations bind one CPU and share the others, all on NUMA node 0
-    if len(TOPO.all_cpus) < 2 or TOPO.numa_nodes() != (0,):
-        pytest.skip(f"needs 2+ CPUs on one NUMA node 0; this machine has {ALL_CPUS} on {TOPO.numa_nodes()}")
+    if len(TOPO.cpus) < 2 or TOPO.numa_nodes != (0,):
+        pytest.skip(f"needs 2+ CPUs on one NUMA node 0; this machine has {ALL_CPUS} on {TOPO.numa_nodes}")
 
 
 ProxyFactory = Callable[..., tuple[ProxyThread, CriClient]]

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from hooks.facts import CPUBurstConfig, slo_cpu_burst
 from hooks.plugins import cpu_burst
 from hooks.plugins.cpu_burst import (
     COOLING,
@@ -21,6 +20,8 @@ from hooks.plugins.cpu_burst import (
     share_pool_state,
     throttled_ratio,
 )
+from koord_formats import keys, nodeslo
+from koord_formats.nodeslo import CPUBurstConfig
 from tests.hooks.plugins.factories import call, container, node, pod, writes
 
 AUTO = {"cpuBurstStrategy": {"policy": "auto"}}
@@ -40,7 +41,8 @@ BURST = "koordinator.sh/cpuBurst"
     ],
 )
 def test_config_merge(slo: dict[str, Any], annotations: dict[str, str], expected: CPUBurstConfig) -> None:
-    assert slo_cpu_burst(slo, annotations) == expected
+    node_cfg = nodeslo.cpu_burst(slo)
+    assert nodeslo.cpu_burst_from_pod(node_cfg, annotations.get(keys.ANNOTATION_POD_CPU_BURST)) == expected
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,13 @@ import pytest
 
 from hooks.facts import compute_share_pools, format_cpu_list, share_pools
 from hooks.plugins import cpuset
+from koord_formats import keys
 from tests.hooks.plugins.factories import call, container, node, pod, status, writes
 from tests.topologies import DUAL_SOCKET_HT, SINGLE_SOCKET_HT, cpus
 
-RS = "scheduling.koordinator.sh/resource-status"
-POOLS = "node.koordinator.sh/cpu-shared-pools"
+RS = keys.ANNOTATION_RESOURCE_STATUS
+POOLS = keys.NODE_ANNOTATION_CPU_SHARED_POOLS
+SYSTEM_QOS = keys.NODE_ANNOTATION_SYSTEM_QOS_RESOURCE
 # DUAL_SOCKET_HT with an LSR pod bound to 4-5: LS pools 0-3,8-11 (node 0) and 6-7,12-15 (node 1).
 NODE = node(DUAL_SOCKET_HT, bound={"lsr-pod": "4-5"})
 ALL_POOLS = "0-3,6-15"
@@ -58,6 +60,14 @@ CASES = [
     pytest.param(pod("LS"), node(DUAL_SOCKET_HT, annotations={
         "node.koordinator.sh/system-qos-resource": '{"cpuset":"0-1","cpusetExclusive":true}'}),
                  {"cpuset_cpus": "2-15"}, id="exclusive system-qos CPUs leave the pools"),
+    pytest.param(pod("LS"), node(DUAL_SOCKET_HT, annotations={SYSTEM_QOS: '{"cpuset":"0-1"}'}),
+                 {"cpuset_cpus": "2-15"},
+                 id="system-qos CPUs without cpusetExclusive leave the pools, exclusive by default like the extender"),
+    pytest.param(pod("LS"), node(DUAL_SOCKET_HT, annotations={SYSTEM_QOS: '{"cpuset":"0-1","cpusetExclusive":false}'}),
+                 {"cpuset_cpus": "0-15"}, id="system-qos CPUs marked not exclusive stay in the pools"),
+    pytest.param(pod("LS"), node(DUAL_SOCKET_HT, bound={"lse": "4-5"}, lse=("lse",),
+                                 annotations={SYSTEM_QOS: '{"cpuset":"0-1"}'}),
+                 {"cpuset_cpus": "2-3,6-15"}, id="default-exclusive system-qos CPUs and bound CPUs both leave"),
     pytest.param(pod("LS"), node(DUAL_SOCKET_HT, annotations={
         "node.koordinator.sh/pod-cpu-allocs": '[{"uid":"k","cpuset":"14-15","managedByKubelet":true}]'}),
                  {"cpuset_cpus": "0-13"}, id="kubelet static allocations leave the LS pools"),
@@ -81,9 +91,9 @@ MALFORMED = [
     pytest.param(pod("LSR", annotations={RS: status("3-1")}), NODE, "descending", id="descending cpuset is refused"),
     pytest.param(pod("LSR", annotations={RS: status("30-31")}), NODE, "the node lacks",
                  id="cpuset out of the node's range is refused"),
-    pytest.param(pod("LSR", annotations={RS: '{"cpuset": 5}'}), NODE, "must be a string",
+    pytest.param(pod("LSR", annotations={RS: '{"cpuset": 5}'}), NODE, "expected a string",
                  id="cpuset of the wrong type is refused"),
-    pytest.param(pod("LS", annotations={RS: '{"numaNodeResources": {"node": 1}}'}), NODE, "must be a list",
+    pytest.param(pod("LS", annotations={RS: '{"numaNodeResources": {"node": 1}}'}), NODE, "expected a list",
                  id="numaNodeResources of the wrong type is refused"),
     pytest.param(pod("LS"), node(DUAL_SOCKET_HT, annotations={POOLS: "[{"}), "share pools",
                  id="bad share pool annotation"),

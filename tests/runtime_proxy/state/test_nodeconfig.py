@@ -196,7 +196,7 @@ def test_sysfs_topology_makes_core_ids_unique(tmp_path: Path) -> None:
     fake_sysfs(tmp_path, {0: (0, 0, 0), 1: (1, 0, 0), 2: (0, 1, 1), 3: (1, 1, 1),
                           4: (0, 0, 0), 5: (1, 0, 0), 6: (0, 1, 1), 7: (1, 1, 1)})
     topo = read_cpu_topology(tmp_path)
-    assert [(c.id, c.core, c.socket, c.node) for c in topo.cpus] == [
+    assert [(c.id, c.core, c.socket, c.node) for c in topo.infos] == [
         (0, 0, 0, 0), (1, 1, 0, 0), (2, 2, 1, 1), (3, 3, 1, 1), (4, 0, 0, 0), (5, 1, 0, 0), (6, 2, 1, 1), (7, 3, 1, 1)]
     assert read_numa_nodes(tmp_path) == {0: frozenset({0, 1, 4, 5}), 1: frozenset({2, 3, 6, 7})}
 

@@ -1,0 +1,103 @@
+"""Koordinator's keys live in ``koord_formats`` only: no label key, annotation key, resource
+name, NodeSLO field name or annotation JSON field name appears as a string literal in the
+shipped packages that use them (docstrings, comments and tests aside).
+
+What counts as such a literal, all read from ``koord_formats`` itself so the list never drifts:
+
+- every constant of ``koord_formats.keys`` that holds a ``/`` (labels, annotations, resources);
+- every camelCase NodeSLO field name of ``koord_formats.keys.SLO``;
+- every camelCase string literal in ``koord_formats``'s parsers (the JSON field names of the
+  annotation formats, such as ``numaNodeResources`` or ``cpusetExclusive``);
+
+minus ``OUR_OWN``, names our own config uses for something else.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from koord_formats import keys
+
+REPO = Path(__file__).resolve().parents[2]
+SCANNED = ("runtime_proxy", "hooks", "scheduler_ext")
+PARSER_MODULES = ("pod.py", "node.py", "topology.py", "nodeslo.py")
+
+# Names Koordinator uses that our own config also uses with another meaning (the proxy's
+# ``cgroupRoot`` setting is a directory, NodeSLO's is a QoS section).
+OUR_OWN = frozenset({"cgroupRoot"})
+
+# Files still being moved onto koord_formats; each entry is removed as its file migrates, and
+# the list must only shrink.
+ALLOWLIST: frozenset[str] = frozenset(
+    {
+        "scheduler_ext/annotations.py",
+        "scheduler_ext/pods.py",
+        "scheduler_ext/state.py",
+        "scheduler_ext/topology.py",
+    }
+)
+
+
+def _is_camel(text: str) -> bool:
+    return text.isascii() and text.isidentifier() and text[:1].islower() and any(c.isupper() for c in text)
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _literals(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text())
+    docs = _docstring_nodes(tree)
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+    ]
+
+
+def koordinator_literals() -> frozenset[str]:
+    found = {v for v in vars(keys).values() if isinstance(v, str) and "/" in v}
+    found |= {v for k, v in vars(keys.SLO).items() if not k.startswith("_") and isinstance(v, str) and _is_camel(v)}
+    for name in PARSER_MODULES:
+        found |= {text for _, text in _literals(REPO / "koord_formats" / name) if _is_camel(text)}
+    return frozenset(found - OUR_OWN)
+
+
+def test_the_literal_set_covers_each_kind() -> None:
+    found = koordinator_literals()
+    assert keys.ANNOTATION_RESOURCE_STATUS in found
+    assert keys.LABEL_QOS_CLASS in found
+    assert keys.RESOURCE_BATCH_CPU in found
+    assert keys.SLO.CPU_SUPPRESS_THRESHOLD_PERCENT in found
+    assert "cpusetExclusive" in found and "numaNodeResources" in found
+
+
+def test_no_koordinator_literal_outside_koord_formats() -> None:
+    wanted = koordinator_literals()
+    found: list[str] = []
+    for package in SCANNED:
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel in ALLOWLIST:
+                continue
+            found += [f"{rel}:{line}: {text!r}" for line, text in _literals(path) if text in wanted]
+    assert found == [], "Koordinator keys belong in koord_formats:\n" + "\n".join(found)
+
+
+def test_allowlisted_files_still_need_their_entry() -> None:
+    """An allowlisted file that no longer holds a literal must leave the allowlist."""
+    wanted = koordinator_literals()
+    stale = [
+        rel
+        for rel in sorted(ALLOWLIST)
+        if not (REPO / rel).exists() or not any(text in wanted for _, text in _literals(REPO / rel))
+    ]
+    assert stale == []
