@@ -30,7 +30,6 @@ from google.protobuf.message import Message
 from cri_protos import api_pb2
 from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, NodeFacts, PodFacts, Resources
 from hooks.plan import CgroupWrite, Plan
-from koord_formats.keys import ANNOTATION_RESOURCE_STATUS
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected

@@ -126,7 +126,7 @@ async def test_poisoned_pod_costs_only_itself_in_the_interceptor(poison: str) ->
     assert (await calls.create(bound_after, "lsr-b", qos="LSR")).config.linux.resources.cpuset_cpus == "4-5"
     # The LS pod runs on the share pool: every CPU but the healthy pods' bound ones.
     shared = (await calls.create(ls_pod, "ls-c")).config.linux.resources.cpuset_cpus
-    assert cpus(shared) == SINGLE_SOCKET_HT.all_cpus - cpus("2-5")
+    assert cpus(shared) == SINGLE_SOCKET_HT.cpus - cpus("2-5")
 
     node = icpt.node()
     assert dict(node.bound_cpusets) == {"lsr-a": cpus("2-3"), "lsr-b": cpus("4-5")}
@@ -177,7 +177,7 @@ async def test_reconciler_rounds_go_on_with_a_poisoned_pod(poison: str, tmp_path
         assert rec.last_report is report
     updates = dict(backend.updates)
     assert updates["c-lsr-a"]["cpuset_cpus"] == "2-3"
-    assert cpus(updates["c-ls-c"]["cpuset_cpus"]) == SINGLE_SOCKET_HT.all_cpus - cpus("2-3")
+    assert cpus(updates["c-ls-c"]["cpuset_cpus"]) == SINGLE_SOCKET_HT.cpus - cpus("2-3")
 
 
 # ---- real containerd, both transports (root only) ---------------------------------------------
@@ -242,9 +242,9 @@ def test_poisoned_pods_on_real_containerd_cost_only_themselves(
     from tests.integration.harness import ProxyThread, proxy_options
 
     topo = read_cpu_topology()
-    if len(topo.all_cpus) < 2:
+    if len(topo.cpus) < 2:
         pytest.skip("needs 2+ CPUs: one is bound to the healthy LSR pod, the rest is the share pool")
-    bound_cpu = max(topo.all_cpus)
+    bound_cpu = max(topo.cpus)
     node_file = q.write_node_config(tmp_path / "node.json")
     config = ProxyConfig(nodeConfigFile=str(node_file))
     opts = proxy_options(containerd, tmp_path, transport, builtins=("cpuset", "numa"), config=config)
@@ -266,7 +266,7 @@ def test_poisoned_pods_on_real_containerd_cost_only_themselves(
         direct = containerd.cri_client()
         assert direct.container_status(lsr_cid).resources.linux.cpuset_cpus == str(bound_cpu)
         shared = direct.container_status(ls_cid).resources.linux.cpuset_cpus
-        assert cpus(shared) == topo.all_cpus - {bound_cpu}
+        assert cpus(shared) == topo.cpus - {bound_cpu}
         assert probe.failures == []
         assert probe.calls > 0
         assert probe.worst < 0.1, f"a pass-through Version waited {probe.worst * 1000:.0f} ms"

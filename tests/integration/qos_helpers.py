@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from rhp_devenv.cgroupfs import CGROUP_ROOT, read_cgroup_file, relative_cgroup_path
 
+from koord_formats.topology import format_cpu_topology
 from runtime_proxy.host.cgroups import v1_controller
 from runtime_proxy.state.sysfs import read_cpu_topology
 
@@ -40,7 +41,7 @@ def node_topology_annotations(**extra: str) -> dict[str, str]:
     """The NodeResourceTopology annotations koordlet reports for this machine: its CPU
     topology (from sysfs), kubelet's CPU manager policy ``none``, and ``extra``."""
     return {
-        CPU_TOPOLOGY: json.dumps(read_cpu_topology().to_annotation()),
+        CPU_TOPOLOGY: format_cpu_topology(read_cpu_topology()),
         CPU_MANAGER_POLICY: json.dumps({"policy": "none"}),
         **extra,
     }
