@@ -52,6 +52,7 @@ __all__ = [
     "NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY",
     "NODE_ANNOTATION_POD_CPU_ALLOCS",
     "NODE_ANNOTATION_RESERVATION",
+    "NODE_ANNOTATION_RESOURCE_AMPLIFICATION_RATIO",
     "NODE_ANNOTATION_SYSTEM_QOS_RESOURCE",
     "NODE_CPU_BIND_POLICIES",
     "NUMA_ALLOCATE_STRATEGIES",
@@ -128,6 +129,8 @@ NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager
 NODE_ANNOTATION_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
 NODE_ANNOTATION_RESERVATION = "node.koordinator.sh/reservation"
 NODE_ANNOTATION_CPU_NORMALIZATION_RATIO = "node.koordinator.sh/cpu-normalization-ratio"
+# apis/extension/node_resource_amplification.go: resource name -> ratio, e.g. {"cpu": 1.5}.
+NODE_ANNOTATION_RESOURCE_AMPLIFICATION_RATIO = "node.koordinator.sh/resource-amplification-ratio"
 
 # ---- resource names (apis/extension/resource.go, device_share.go) ------------------------------
 RESOURCE_BATCH_CPU = "kubernetes.io/batch-cpu"  # integer milli-cores
