@@ -9,20 +9,17 @@ It is a coroutine on the server's event loop: its API calls await, so the next p
 runs while a bind waits for the API server, and the cluster lock is only held around the
 (synchronous) planning, never across an await.
 
-What a pod needs on a node (``needs``):
+What a pod needs on a node follows koord-scheduler's NodeNUMAResource plugin
+(``scheduler_ext.admission``: PreFilter/Filter rules with Koordinator's status and reason;
+``scheduler_ext.numa``: NUMA zones, hints, merge and even split; ``scheduler_ext.accumulator``:
+the CPU choice), plus GPUs when it requests any GPU resource (``scheduler_ext.allocator``).
 
-- a cpuset when Koordinator would give it one (LSE/LSR, koord-prod, whole cores), or when the
-  node's ``node.koordinator.sh/cpu-bind-policy`` is FullPCPUsOnly/SpreadByPCPUs and the pod
-  asks for whole cores (then the node's policy is required);
-- GPUs when it requests any GPU resource;
-- NUMA alignment under the pod's ``numa-topology-spec`` or else the node's policy; a pod
-  policy that contradicts a node policy other than None makes the node unresolvable.
-
-Filter uses only per-NUMA counts (``NodeState.refresh``) and memoises its verdict per pod
-kind and node in one dictionary (``ClusterState.memo``, emptied for a node by each of its
-changes), so 500 candidates cost 500 lookups in one table when nothing changed. Bind recomputes
-exactly with ``allocator.take_cpus``/``take_gpus`` under the cluster lock, so two binds on one
-node never receive the same CPU.
+Filter and prioritize only count the CPUs each rule may take (``admission.place`` without
+``exact``; ``_facts`` keeps one admission view per node version) and memoise the verdict per
+pod kind and node in one dictionary (``ClusterState.memo``, emptied for a node by each of its
+changes), so 500 candidates cost 500 lookups in one table when nothing changed. Bind chooses
+the exact CPUs with the accumulator and ``allocator.take_gpus`` under the cluster lock, so two
+binds on one node never receive the same CPU.
 """
 
 from __future__ import annotations
