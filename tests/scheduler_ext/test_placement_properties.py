@@ -20,12 +20,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from koord_formats.topology import CPUTopology, format_cpu_topology
 from scheduler_ext.accumulator import AllocationError, allocate_cpuset
 from scheduler_ext.extender import ExtenderConfig, plan
 from scheduler_ext.numa import distribute_evenly
 from scheduler_ext.pods import parse_pod
 from scheduler_ext.state import ClusterState, load_objects
-from scheduler_ext.topology import CPUTopology, synthetic_topology, topology_annotation
+from scheduler_ext.topology import synthetic_topology
 from tests.scheduler_ext.builders import GiB, node, nrt, pod
 
 SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -114,7 +115,7 @@ def test_even_split_differs_by_at_most_one_core(
 
 
 def _cluster(topo: CPUTopology, zones: list[dict[str, Any]] | None) -> ClusterState:
-    doc = nrt("n", topology_annotation(topo))
+    doc = nrt("n", format_cpu_topology(topo))
     if zones is not None:
         doc["zones"] = zones
     state = ClusterState()
