@@ -114,7 +114,6 @@ _NRT_POLICIES = {
 }
 DEFAULT_NUMA_ALLOCATE_STRATEGY = "LeastAllocated"  # koord-scheduler's default NUMA scoring
 
-ANN_AMPLIFICATION_RATIO = "node.koordinator.sh/resource-amplification-ratio"
 _MAX_ANNOTATION_CHARS = 64 * 1024
 
 
@@ -225,7 +224,7 @@ def merge_numa_policy(node_policy: str, pod_policy: str) -> str | Refusal:
 
 def amplification_ratio(annotations: Mapping[str, str]) -> float | Refusal:
     """The node's CPU amplification ratio (1.0 when absent), or rule 5's refusal."""
-    doc = _json_object(annotations.get(ANN_AMPLIFICATION_RATIO))
+    doc = _json_object(annotations.get(keys.NODE_ANNOTATION_RESOURCE_AMPLIFICATION_RATIO))
     if doc is None:
         return 1.0
     if not isinstance(doc, dict):

@@ -27,9 +27,9 @@ PARSER_MODULES = ("pod.py", "node.py", "topology.py", "nodeslo.py")
 # ``cgroupRoot`` setting is a directory, NodeSLO's is a QoS section).
 OUR_OWN = frozenset({"cgroupRoot"})
 
-# Files still being moved onto koord_formats; each entry is removed as its file migrates, and
-# the list must only shrink (the keys these files spell out already exist in koord_formats.keys).
-ALLOWLIST: frozenset[str] = frozenset({"scheduler_ext/admission.py"})
+# Files allowed to spell out a Koordinator key: none, every scanned file imports them from
+# koord_formats. The list may only shrink; a file added here needs a reason next to it.
+ALLOWLIST: frozenset[str] = frozenset()
 
 
 def _is_camel(text: str) -> bool:
