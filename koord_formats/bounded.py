@@ -13,8 +13,10 @@ import functools
 import json
 import math
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from koord_formats.errors import FormatError
 
@@ -165,30 +167,49 @@ def read_bool(value: object, what: str) -> bool:
 T = TypeVar("T")
 
 
-def memo_by_text(maxsize: int, max_chars: int = 4096) -> Callable[[Callable[[str], T]], Callable[[str], T]]:
+def memo_by_text(
+    maxsize: int, max_chars: int = 4096, weigh: Callable[[Any], int] | None = None, max_weight: int = 4096
+) -> Callable[[Callable[[str], T]], Callable[[str], T]]:
     """Memoise a one-argument parser by its raw text, results and ``FormatError`` messages alike,
-    so the same annotation string is parsed once. Texts longer than ``max_chars`` are parsed
-    every time (their results would make the memo large); the memo holds at most ``maxsize``
-    entries, least recently used first out. Non-string arguments bypass the memo."""
+    so the same annotation string is parsed once.
+
+    The memo holds at most ``maxsize`` entries, least recently used first out, and stays small
+    whatever the input: texts longer than ``max_chars`` are parsed every time, and so are texts
+    whose result ``weigh`` puts above ``max_weight`` (a short "0-16383" expands to 16384 CPUs).
+    Non-string arguments bypass the memo. Safe to call from several threads."""
 
     def wrap(parse: Callable[[str], T]) -> Callable[[str], T]:
-        @functools.lru_cache(maxsize=maxsize)
-        def outcome(text: str) -> tuple[bool, Any]:
-            try:
-                return True, parse(text)
-            except FormatError as exc:
-                return False, str(exc)
+        memo: OrderedDict[str, tuple[bool, Any]] = OrderedDict()
+        lock = threading.Lock()
 
         @functools.wraps(parse)
         def parse_memoised(text: str) -> T:
             if not isinstance(text, str) or len(text) > max_chars:
                 return parse(text)
-            ok, value = outcome(text)
-            if ok:
-                return value  # type: ignore[no-any-return]
-            raise FormatError(value)
+            hit: tuple[bool, Any] | None
+            with lock:
+                hit = memo.get(text)
+                if hit is not None:
+                    memo.move_to_end(text)
+            if hit is None:
+                try:
+                    hit = (True, parse(text))
+                except FormatError as exc:
+                    hit = (False, str(exc))
+                if not hit[0] or weigh is None or weigh(hit[1]) <= max_weight:
+                    with lock:
+                        memo[text] = hit
+                        if len(memo) > maxsize:
+                            memo.popitem(last=False)
+            if hit[0]:
+                return cast(T, hit[1])
+            raise FormatError(str(hit[1]))
 
-        parse_memoised.cache_clear = outcome.cache_clear  # type: ignore[attr-defined]
+        def cache_clear() -> None:
+            with lock:
+                memo.clear()
+
+        parse_memoised.cache_clear = cache_clear  # type: ignore[attr-defined]
         return parse_memoised
 
     return wrap

@@ -118,7 +118,11 @@ class ResourceStatus:
     numa_node_resources: tuple[NUMANodeResource, ...] = ()
 
 
-@memo_by_text(maxsize=1024)
+def _status_weight(status: ResourceStatus) -> int:
+    return len(status.cpuset) + len(status.numa_node_resources)
+
+
+@memo_by_text(maxsize=1024, weigh=_status_weight, max_weight=1024)
 def parse_resource_status(text: str) -> ResourceStatus:
     """Parse ``scheduling.koordinator.sh/resource-status``."""
     what = "resource-status"

@@ -94,3 +94,31 @@ def test_memo_skips_long_texts() -> None:
     parse("long text")
     parse("long text")
     assert len(calls) == 2
+
+
+def test_memo_skips_heavy_results() -> None:
+    calls: list[str] = []
+
+    @bounded.memo_by_text(maxsize=8, weigh=len, max_weight=3)
+    def parse(text: str) -> str:
+        calls.append(text)
+        return text * 2
+
+    parse("a")
+    parse("a")
+    parse("abc")
+    parse("abc")
+    assert calls == ["a", "abc", "abc"]
+
+
+def test_memo_evicts_the_least_recently_used() -> None:
+    calls: list[str] = []
+
+    @bounded.memo_by_text(maxsize=2)
+    def parse(text: str) -> str:
+        calls.append(text)
+        return text
+
+    for text in ("a", "b", "a", "c", "a", "b"):
+        parse(text)
+    assert calls == ["a", "b", "c", "b"]
