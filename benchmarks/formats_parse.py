@@ -74,7 +74,8 @@ def main() -> None:
     rows: list[tuple[str, Callable[[], Any], Callable[[], Any] | None]] = [
         ("quantity 500m", lambda: quantity.parse_quantity("500m"), old and (lambda: old.parse_quantity("500m"))),
         ("quantity 8Gi", lambda: quantity.parse_quantity("8Gi"), old and (lambda: old.parse_quantity("8Gi"))),
-        ("cpu list 0-3,8-11", lambda: cpulist.parse_cpu_list("0-3,8-11"), old and (lambda: old.parse_cpu_list("0-3,8-11"))),
+        ("cpu list 0-3,8-11", lambda: cpulist.parse_cpu_list("0-3,8-11"),
+         old and (lambda: old.parse_cpu_list("0-3,8-11"))),
         ("cpu list 4096 ids one by one", lambda: cpulist.parse_cpu_list(ONE_BY_ONE),
          old and (lambda: old.parse_cpu_list(ONE_BY_ONE))),
         ("resource-status, parsed", lambda: uncached_status(STATUS),
