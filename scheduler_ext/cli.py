@@ -371,7 +371,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             _uvicorn_config(create_health_app(state), health_listen[0], health_listen[1], lifespan="off")
         )
     try:
-        asyncio.run(_serve_all(main_server, health))
+        # the loop uvicorn.run would make: uvloop when installed (about a third less CPU per verb)
+        with asyncio.Runner(loop_factory=main_server.config.get_loop_factory()) as runner:
+            runner.run(_serve_all(main_server, health))
     finally:
         watcher.close()
     return EXIT_OK if main_server.started else EXIT_SERVE_FAILED
