@@ -6,7 +6,7 @@ on the same containerd, in interleaved rounds, reported as p50/p90 and plugin/di
 One lifecycle is RunPodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer,
 StopPodSandbox and RemovePodSandbox of an LSR pod (so the built-in plugins have work). In a
 "plugin" round a `runtime-proxy nri` child process with every built-in plugin is registered on
-the private NRI socket; in a "direct" round no plugin is. Target (issue 16): plugin/direct
+the private NRI socket; in a "direct" round no plugin is. Target: plugin/direct
 <= 1.05 for the whole lifecycle. The plugin's RSS is read from /proc at the end. Nothing here
 is a test.
 """
