@@ -135,7 +135,7 @@ def node_facts_from_document(
 
 
 @dataclass
-class ClusterState:
+class ClusterObjects:
     """What the cluster told us so far; ``None`` = not seen (the file's value stays)."""
 
     labels: dict[str, str] | None = None
@@ -175,7 +175,7 @@ class ClusterWatch:
         self._kubeconfig = kubeconfig
         self.watch_timeout = watch_timeout
         self.retry_seconds = retry_seconds
-        self.state = ClusterState()
+        self.state = ClusterObjects()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
