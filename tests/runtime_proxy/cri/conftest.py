@@ -36,10 +36,8 @@ def make_transport(kind: str, listen: str, backend: str, interceptor: CallInterc
         from runtime_proxy.cri.relay import RelayTransport
 
         return RelayTransport(listen, backend, interceptor, connect_timeout=1.0)
-    try:
-        from runtime_proxy.cri import grpc_transport
-    except ImportError as exc:
-        pytest.skip(f"runtime_proxy.cri.grpc_transport is not there yet ({exc})")
+    from runtime_proxy.cri import grpc_transport
+
     transport: Transport = grpc_transport.GrpcTransport(listen, backend, interceptor)
     return transport
 
