@@ -18,6 +18,9 @@ What each part of a plan means:
   are performed after the runtime accepted the call, so a rejected call changes nothing.
 - ``moves``: put every task of a cgroup into a resctrl group.
 - ``removals``: directories to delete (resctrl groups that went away with their pod).
+- ``evictions``: pods to evict, each ``{uid, namespace, name, feature, reason}`` (only the
+  ``ReconcileUsage`` stage plans them; the usage loop evicts through the Kubernetes Eviction API
+  or, when configured, by stopping the pod's containers through the runtime).
 - ``skipped``: what a plugin chose not to do and why (malformed input, unsupported kernel).
 """
 
@@ -27,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LEVELS", "CgroupWrite", "Conflict", "Plan", "Removal", "Skip", "TaskMove", "merge"]
+__all__ = ["LEVELS", "CgroupWrite", "Conflict", "Eviction", "Plan", "Removal", "Skip", "TaskMove", "merge"]
 
 LEVELS = ("kubeqos", "pod", "sandbox", "container", "host-app", "resctrl")
 
@@ -80,6 +83,27 @@ class Removal:
 
 
 @dataclass(frozen=True)
+class Eviction:
+    """Evict the pod ``uid`` (``namespace/name``) because of ``feature`` (``BEMemoryEvict``,
+    ``BECPUEvict``...); ``reason`` is the human-readable message for the Event."""
+
+    uid: str
+    namespace: str
+    name: str
+    feature: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "uid": self.uid,
+            "namespace": self.namespace,
+            "name": self.name,
+            "feature": self.feature,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
 class Skip:
     """Something a plugin did not do, and why. ``plugin`` is filled in by ``merge``."""
 
@@ -119,6 +143,7 @@ class Plan:
     writes: list[CgroupWrite] = field(default_factory=list)
     moves: list[TaskMove] = field(default_factory=list)
     removals: list[Removal] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
 
     # -- setters (the only way plugins should fill a plan) --------------------------------
@@ -156,6 +181,10 @@ class Plan:
         self.removals.append(Removal(level, path))
         return self
 
+    def evict(self, uid: str, namespace: str, name: str, feature: str, reason: str) -> Plan:
+        self.evictions.append(Eviction(uid, namespace, name, feature, reason))
+        return self
+
     def skip(self, reason: str) -> Plan:
         self.skipped.append(Skip(reason))
         return self
@@ -173,6 +202,7 @@ class Plan:
             or self.writes
             or self.moves
             or self.removals
+            or self.evictions
         )
 
     def cri_json(self) -> dict[str, Any]:
@@ -190,14 +220,18 @@ class Plan:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """The planner's output shape: ``cri``, ``writes``, ``moves``, ``removals``, ``skipped``."""
-        return {
+        """The planner's output shape: ``cri``, ``writes``, ``moves``, ``removals``, ``skipped``,
+        and ``evictions`` when there are any."""
+        out: dict[str, Any] = {
             "cri": self.cri_json(),
             "writes": [w.to_json() for w in self.writes],
             "moves": [m.to_json() for m in self.moves],
             "removals": [r.to_json() for r in self.removals],
             "skipped": [s.to_json() for s in self.skipped],
         }
+        if self.evictions:
+            out["evictions"] = [e.to_json() for e in self.evictions]
+        return out
 
 
 @dataclass
@@ -260,6 +294,8 @@ class MergeResult:
         target.writes.extend(w for w in plan.writes if w.key not in seen)
         target.moves.extend(plan.moves)
         target.removals.extend(plan.removals)
+        evicted = {e.uid for e in target.evictions}
+        target.evictions.extend(e for e in plan.evictions if e.uid not in evicted)
         target.skipped.extend(Skip(s.reason, s.plugin or plugin) for s in plan.skipped)
         for key, _ in _claims_of(plan):
             self.owners.setdefault(key, plugin)
@@ -291,6 +327,8 @@ def plan_from_json(data: Mapping[str, Any]) -> Plan:
         plan.move_tasks(m["level"], m["path"], m["group"])
     for r in data.get("removals", []):
         plan.remove(r["level"], r["path"])
+    for e in data.get("evictions", []):
+        plan.evict(e["uid"], e["namespace"], e["name"], e["feature"], e["reason"])
     for s in data.get("skipped", []):
         plan.skipped.append(Skip(s["reason"], s.get("plugin", "")))
     return plan

@@ -39,6 +39,7 @@ import pluggy
 if TYPE_CHECKING:
     from hooks.facts import ContainerFacts, NodeFacts, PodFacts
     from hooks.plan import Plan
+    from hooks.usage import Usage
 
 __all__ = ["CRI_FIELDS", "KOORD_HOOK_POINTS", "PROJECT", "STAGES", "hookimpl", "hookspec"]
 
@@ -267,6 +268,20 @@ def rhp_reconcile_container(pod: PodFacts, container: ContainerFacts, node: Node
     :param pod: the container's pod, with ``pod.containers`` filled in.
     :param container: the container, with the resources the runtime last accepted.
     :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage()
+def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan | None:
+    """Node-wide decisions driven by sampled usage: CPU suppress of the BE share, eviction by
+    memory and by BE CPU satisfaction. Called by the usage loop after each sampling round.
+
+    May plan writes (kube-QoS, pod and container levels, in the order they must happen) and
+    evictions (``Plan.evict``); the usage loop performs them.
+
+    :param node: the node's config, topology and bound cpusets.
+    :param pods: every pod known to the proxy, with ``pod.containers`` filled in.
+    :param usage: the sampled window, oldest first (``hooks.usage``).
     """
 
 

@@ -1,0 +1,82 @@
+"""Sampled usage: what the node, its pods and its host applications consumed, as frozen data.
+
+The usage-driven decisions (CPU suppress, eviction by memory and by BE CPU satisfaction) are
+pure functions over a ``Usage`` window and the node and pod facts; they run at the
+``ReconcileUsage`` stage (``hooks.spec.rhp_reconcile_usage``). The sampler that fills these
+types from ``/proc`` and the cgroup files lives in the proxy (``runtime_proxy/loops/usage.py``);
+``runtime-proxy plan`` takes the same shape as its ``usage`` input.
+
+Units: CPU in millicores (1000 = one CPU busy for the whole interval), memory in bytes, times
+in seconds. Memory usage of a pod or container excludes page cache (anon + unevictable), as
+Koordinator counts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = ["MAX_SAMPLES", "BEState", "ResourceUsage", "Usage", "UsageSample"]
+
+# The longest window any decision looks at (cpuEvictTimeWindowSeconds is bounded by this, at
+# one sample per second).
+MAX_SAMPLES = 600
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceUsage:
+    """CPU and memory used by one pod, container or host application over one interval."""
+
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BEState:
+    """What the BE kube-QoS cgroup holds now (``kubepods/besteffort``): its CFS quota
+    (``-1`` = unlimited) and period, and its cpuset. The suppress decision needs these to apply
+    Koordinator's step limits (growth capped per round, shrink at once)."""
+
+    cfs_quota_us: int = -1
+    cfs_period_us: int = 100000
+    cpuset: frozenset[int] = frozenset()
+
+
+def _empty() -> Mapping[str, ResourceUsage]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSample:
+    """One sampling round. ``pods`` is keyed by pod uid, ``containers`` by container id,
+    ``host_apps`` by the host application's name in NodeSLO ``hostApplications``."""
+
+    at: float
+    node_cpu_milli: int = 0
+    node_memory_used_bytes: int = 0  # MemTotal - MemAvailable
+    node_memory_total_bytes: int = 0
+    be_cpu_milli: int = 0  # the BE kube-QoS cgroup's CPU usage
+    pods: Mapping[str, ResourceUsage] = field(default_factory=_empty)
+    containers: Mapping[str, ResourceUsage] = field(default_factory=_empty)
+    host_apps: Mapping[str, ResourceUsage] = field(default_factory=_empty)
+    be: BEState = field(default_factory=BEState)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A window of samples, oldest first, at most ``MAX_SAMPLES`` long."""
+
+    samples: tuple[UsageSample, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.samples) > MAX_SAMPLES:
+            object.__setattr__(self, "samples", self.samples[-MAX_SAMPLES:])
+
+    @property
+    def latest(self) -> UsageSample | None:
+        return self.samples[-1] if self.samples else None
+
+    def since(self, at: float) -> tuple[UsageSample, ...]:
+        """The samples taken at or after ``at``."""
+        return tuple(s for s in self.samples if s.at >= at)
