@@ -189,6 +189,9 @@ def continuation_flood(path: str, total: int) -> RawClient:
 def window_flood(path: str, total: int, method: str) -> RawClient:
     """One stream of ``method``, then DATA frames of 16 KiB that ignore every window; never reads."""
     c = RawClient(path)
+    # The relay must keep reading until it has seen the window broken; a 2 s stall on a loaded
+    # machine is not the end of the attack here.
+    c.sock.settimeout(15.0)
     c.send(frame(0x1, 0x4, 1, request_block(c.enc, method)))
     body = b"\x00" + struct.pack(">I", 64 * MiB) + bytes(16384 - 5)
     c.send(frame(0x0, 0, 1, body))
