@@ -73,7 +73,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return fail("serve", "--grace must be a number of seconds >= 0", EXIT_USAGE)
     try:
         check_plugins(cfg, entry_points=not args.no_entry_points)
-    except PluginLoadError as exc:
+    except (PluginLoadError, ConfigError) as exc:
         where = f"config {args.config}" if args.config else "plugins"
         return fail("serve", f"bad {where}: {exc}", EXIT_USAGE)
     opts = ProxyOptions(

@@ -1,34 +1,46 @@
-"""The proxy's plugin config file (YAML or JSON), validated with pydantic.
+"""The proxy's config file (YAML or JSON), validated with pydantic.
 
-Read by ``runtime_proxy.server`` at start. Example (``packaging/proxy-config.yaml``)::
+Read by ``runtime-proxy serve`` (``runtime_proxy.cli``), ``runtime-proxy hook-server``
+(``runtime_proxy.engine.hook_service``), ``runtime-proxy nri`` (``runtime_proxy.nri.cli``) and
+``runtime-proxy plan --config`` (``runtime_proxy.engine.planner``). Example:
+``packaging/proxy-config.yaml``. Every key, its type, default and meaning: ``docs/config.md``,
+whose table is generated from this model (``python -m runtime_proxy.config``) and checked by
+``tests/runtime_proxy/test_config.py``.
 
-    plugins:              # enabled plugins, in calling order; absent = every plugin
-      - name: cpuset
-        policy: Ignore    # Fail | Ignore (default Ignore)
-        timeout: 1.0      # seconds (default: defaultTimeout)
-      - name: my_plugin
-        policy: Fail
-    defaultPolicy: Ignore
-    defaultTimeout: 2.0
-    hookServerDir: /etc/runtime/hookserver.d
-    hookServerTimeout: 2.0
-    dryRun: false
-
-With no config file every registered plugin (built-ins, then entry-point plugins by name) is on
-with the defaults; each acts only where a pod's labels or annotations or the node config ask.
+The file is bounded (``MAX_CONFIG_BYTES``) before it is parsed; pydantic then checks its shape.
+An unknown key is an error naming its path (``plugins.0.polcy``) and, when one is close, the key
+that was meant. With no config file every registered plugin (built-ins, then entry-point plugins
+by name) is on with the defaults; each acts only where a pod's labels or annotations or the node
+config ask.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import json
-from typing import Literal
+import os
+import sys
+from collections.abc import Iterator
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["MAX_CONFIG_BYTES", "ConfigError", "PluginConfig", "ProxyConfig", "load_config"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "ConfigError",
+    "PluginConfig",
+    "ProxyConfig",
+    "check_usable",
+    "load_config",
+    "reference_table",
+    "validation_message",
+]
 
 MAX_CONFIG_BYTES = 1 << 20
+Policy = Literal["Fail", "Ignore"]
 
 
 class ConfigError(ValueError):
@@ -37,38 +49,69 @@ class ConfigError(ValueError):
 
 
 class PluginConfig(BaseModel):
+    """One entry of ``plugins``."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1)
-    policy: Literal["Fail", "Ignore"] | None = None
-    timeout: float | None = Field(default=None, gt=0, le=300)
-    enabled: bool = True
+    name: str = Field(min_length=1, description="The plugin's name: a built-in (`cpuset`, `numa`, ...), an "
+                      "entry-point plugin's name or a `pluginModules` module's name. Required.")
+    policy: Policy | None = Field(default=None, description="`Fail` (a fault fails the CRI call) or `Ignore` "
+                                  "(a fault is logged and counted, the call goes on); default `defaultPolicy`.")
+    timeout: float | None = Field(default=None, gt=0, le=300, description="Seconds one call of this plugin "
+                                  "may take, in (0, 300]; default `defaultTimeout`.")
+    enabled: bool = Field(default=True, description="`false` keeps the entry in the file but does not run "
+                          "the plugin.")
 
 
 class ProxyConfig(BaseModel):
+    """The whole config file."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    plugins: list[PluginConfig] | None = None
-    # Importable modules registered as plugins (besides built-ins and entry points).
-    pluginModules: list[str] = Field(default_factory=list)
-    defaultPolicy: Literal["Fail", "Ignore"] = "Ignore"
-    defaultTimeout: float = Field(default=2.0, gt=0, le=300)
-    hookServerDir: str = "/etc/runtime/hookserver.d"
-    hookServerTimeout: float = Field(default=2.0, gt=0, le=300)
-    dryRun: bool = False
-    cgroupRoot: str = "/sys/fs/cgroup"
-    cgroupDriver: Literal["cgroupfs", "systemd"] = "cgroupfs"
-    resctrlRoot: str = "/sys/fs/resctrl"
-    nodeConfigFile: str | None = None
-    nodeName: str | None = None
-    fromCluster: bool = False
-    reconcilePeriodSeconds: float = Field(default=10.0, gt=0)
+    plugins: list[PluginConfig] | None = Field(default=None, description="The plugins to run, in calling "
+                                               "order. Absent: every installed plugin (built-ins in their "
+                                               "order, then entry-point plugins by name) with the defaults. "
+                                               "A plugin named here that is not installed stops the start "
+                                               "(exit code 2).")
+    pluginModules: list[str] = Field(default_factory=list, description="Importable Python modules to "
+                                     "register as plugins besides the built-ins and entry points; each "
+                                     "is named after its module. One that does not import stops the "
+                                     "start (exit code 2).")
+    defaultPolicy: Policy = Field(default="Ignore", description="Failure policy of plugins that set none.")
+    defaultTimeout: float = Field(default=2.0, gt=0, le=300, description="Seconds per plugin call for "
+                                  "plugins that set none, in (0, 300].")
+    hookServerDir: str = Field(default="/etc/runtime/hookserver.d", description="Directory of hook-server "
+                               "registrations (`*.json`, Koordinator's format, see "
+                               "`runtime_proxy/engine/remote.py`); missing means none until it appears.")
+    hookServerTimeout: float = Field(default=2.0, gt=0, le=300, description="Seconds per hook-server call "
+                                     "when a registration sets no `timeout-seconds`.")
+    dryRun: bool = Field(default=False, description="Compute and log plans, change nothing "
+                         "(as `serve --dry-run`).")
+    cgroupRoot: str = Field(default="/sys/fs/cgroup", description="The cgroup filesystem root.")
+    cgroupDriver: Literal["cgroupfs", "systemd"] = Field(default="cgroupfs", description="kubelet's "
+                                                          "cgroup driver (`cgroupDriver` in its config).")
+    resctrlRoot: str = Field(default="/sys/fs/resctrl", description="The resctrl filesystem root.")
+    nodeConfigFile: str | None = Field(default=None, description="A local node config file (NodeSLO spec, "
+                                       "node labels and annotations; example "
+                                       "`packaging/examples/nodeslo.yaml`), re-read when it changes. It must "
+                                       "exist when the command starts (exit code 2 otherwise); if it is "
+                                       "removed later the last config stays.")
+    nodeName: str | None = Field(default=None, description="This node's name, for `fromCluster`; default "
+                                 "the `NODE_NAME` environment variable, else the host name.")
+    fromCluster: bool = Field(default=False, description="Watch this node's Node, NodeSLO and "
+                              "NodeResourceTopology in the cluster (in-cluster or kubeconfig credentials; "
+                              "RBAC: `packaging/kustomize/base/node-rbac.yaml`); the cluster's values win "
+                              "over `nodeConfigFile`'s. Needs the `kubernetes` client: "
+                              "`pip install 'runtime-hook-proxy[cluster]'`.")
+    reconcilePeriodSeconds: float = Field(default=10.0, gt=0, description="Seconds between reconciler "
+                                          "rounds (every pod's cgroup and resctrl state made to match "
+                                          "its plan again).")
 
-    def plugin_settings(self, registered: list[str]) -> list[tuple[str, Literal["Fail", "Ignore"], float]]:
+    def plugin_settings(self, registered: list[str]) -> list[tuple[str, Policy, float]]:
         """``(name, policy, timeout)`` for each enabled plugin, in calling order."""
         if self.plugins is None:
             return [(name, self.defaultPolicy, self.defaultTimeout) for name in registered]
-        out: list[tuple[str, Literal["Fail", "Ignore"], float]] = []
+        out: list[tuple[str, Policy, float]] = []
         for p in self.plugins:
             if not p.enabled:
                 continue
@@ -78,11 +121,49 @@ class ProxyConfig(BaseModel):
         return out
 
 
-def _validation_message(exc: ValidationError) -> str:
+def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The field names of the (sub)model that holds ``loc``'s last key, for suggestions."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+            return []
+        current = _inner_model(current.model_fields[part].annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The pydantic model inside ``list[M] | None`` and the like (else ``annotation``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if isinstance(found, type) and issubclass(found, BaseModel):
+            return found
+    return annotation
+
+
+def validation_message(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line per problem, ``path: what`` (``plugins.0.polcy: unknown key; did you mean
+    policy?``), joined by ``; ``; no pydantic URLs or input echoes."""
     lines = []
     for err in exc.errors(include_url=False):
-        where = ".".join(str(part) for part in err["loc"]) or "(top level)"
-        lines.append(f"{where}: {err['msg']}")
+        loc = tuple(err["loc"])
+        where = ".".join(str(part) for part in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+            close = difflib.get_close_matches(str(loc[-1]), _fields_at(model, loc), n=1, cutoff=0.6)
+            if not close:
+                lowered = {name.lower(): name for name in _fields_at(model, loc)}
+                close = [lowered[str(loc[-1]).lower()]] if str(loc[-1]).lower() in lowered else []
+            if close:
+                msg += f"; did you mean {close[0]}?"
+        else:
+            msg = err["msg"]
+        lines.append(f"{where}: {msg}")
     return "; ".join(lines)
 
 
@@ -120,6 +201,70 @@ def load_config(path: str | None) -> ProxyConfig:
     try:
         return ProxyConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {_validation_message(exc)}") from exc
+        raise ConfigError(f"{path}: {validation_message(exc, ProxyConfig)}") from exc
     except RecursionError as exc:
         raise ConfigError(f"{path}: nested too deeply") from exc
+
+
+def check_usable(cfg: ProxyConfig) -> None:
+    """What a valid config still needs from this machine before a command starts: the
+    ``nodeConfigFile`` it names exists and is a file, and ``fromCluster`` has the ``kubernetes``
+    client installed. Raises ``ConfigError`` naming the key. Called by ``build_pipeline`` in
+    ``runtime_proxy.engine.hook_service`` (``serve`` and ``hook-server``) and by
+    ``runtime_proxy.nri.cli``."""
+    if cfg.nodeConfigFile is not None:
+        if not os.path.exists(cfg.nodeConfigFile):
+            raise ConfigError(f"nodeConfigFile {cfg.nodeConfigFile}: no such file (create it, e.g. from "
+                              "packaging/examples/nodeslo.yaml, or remove the key)")
+        if not os.path.isfile(cfg.nodeConfigFile):
+            raise ConfigError(f"nodeConfigFile {cfg.nodeConfigFile}: not a regular file")
+    if cfg.fromCluster and importlib.util.find_spec("kubernetes") is None:
+        raise ConfigError("fromCluster needs the kubernetes client: pip install 'runtime-hook-proxy[cluster]'")
+
+
+# ---- the reference table of docs/config.md ----------------------------------------------------
+
+
+def _type_name(annotation: Any) -> str:
+    """``list[PluginConfig] | None`` -> ``list of objects, or null``; ``Literal['a','b']`` -> ``"a" or "b"``."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return " or ".join(json.dumps(a) for a in args)
+    if origin in (Union, UnionType):
+        parts = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(parts) + (", or null" if type(None) in args else "")
+    if origin is list:
+        return f"list of {_type_name(args[0])}s" if args else "list"
+    if origin is dict:
+        return "map"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "object"
+    names = {str: "string", float: "number", int: "integer", bool: "boolean"}
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _rows(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, str, str]]:
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        if info.default_factory is not None:
+            default = json.dumps(info.default_factory())  # type: ignore[call-arg]
+        elif info.is_required():
+            default = "required"
+        else:
+            default = json.dumps(info.default)
+        yield key, _type_name(info.annotation), default, info.description or ""
+        inner = _inner_model(info.annotation)
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            yield from _rows(inner, f"{key}[].")
+
+
+def reference_table() -> str:
+    """The Markdown table of every config key (``docs/config.md`` holds it verbatim)."""
+    lines = ["| Key | Type | Default | Meaning |", "|---|---|---|---|"]
+    for key, type_name, default, description in _rows(ProxyConfig, ""):
+        lines.append(f"| `{key}` | {type_name} | `{default}` | {description} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.stdout.write(reference_table())

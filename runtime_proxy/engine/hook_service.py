@@ -58,7 +58,7 @@ from hooks.facts import ContainerFacts, PodFacts
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import CgroupWrite, Plan
 from hooks.spec import KOORD_HOOK_POINTS
-from runtime_proxy.config import ProxyConfig, load_config
+from runtime_proxy.config import ProxyConfig, check_usable, load_config
 from runtime_proxy.engine.intercept import NodeSource
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.engine.remote import (
@@ -263,9 +263,12 @@ def _import(kind: str, spec: str, load: Any) -> Any:
 
 
 def build_pipeline(opts: HookServerOptions) -> tuple[pluggy.PluginManager, Pipeline]:
-    """The plugin manager and pipeline ``opts`` describe. Raises ``PluginLoadError`` (and only
-    that) when a plugin cannot be imported, registered or configured."""
+    """The plugin manager and pipeline ``opts`` describe. Raises ``PluginLoadError`` when a
+    plugin cannot be imported, registered or configured, and ``ConfigError`` when the config
+    names a missing node config file or needs a client that is not installed
+    (``runtime_proxy.config.check_usable``)."""
     cfg = opts.config
+    check_usable(cfg)
     modules = [_import("pluginModules entry", name, importlib.import_module) for name in cfg.pluginModules]
     try:
         pm = make_plugin_manager(builtins=opts.builtins, entry_points=opts.entry_points, extra=modules)

@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def main_from_args(args: argparse.Namespace) -> int:
-    from runtime_proxy.config import load_config
+    from runtime_proxy.config import check_usable, load_config
 
     try:
         cfg = load_config(args.config)
@@ -74,6 +74,11 @@ def main_from_args(args: argparse.Namespace) -> int:
         "cgroupDriver": args.cgroup_driver,
     }
     cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
+    try:
+        check_usable(cfg)
+    except ValueError as exc:
+        print(f"runtime-proxy nri: {exc}", file=sys.stderr)
+        return 2
     socket_path = args.nri_socket.removeprefix("unix://")
     opts = NriOptions(socket=socket_path, identity=identity, config=cfg, dry_run=args.dry_run,
                       metrics_addr=args.metrics_addr, entry_points=not args.no_entry_points)
