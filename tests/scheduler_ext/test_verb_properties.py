@@ -1,0 +1,439 @@
+"""Placement invariants through the HTTP verbs, 500 examples each.
+
+Each example builds a node (Node + NodeResourceTopology), serves the real ASGI app of
+``scheduler_ext.server.create_app`` in process (no socket: the test drives the ASGI calls) and
+schedules a sequence of pods as kube-scheduler does: ``POST /filter``, ``POST /prioritize``,
+then ``POST /bind`` when the node passed. The bind talks to ``FakeBindAPI`` below; the pod it
+bound is then fed back as the watch event that confirms it, so the next pod sees the
+allocation as rebuilt from the annotations the bind wrote. Every check reads those written
+annotations (``resource-status``), never the extender's internals:
+
+- no CPU is allocated twice, and none outside the bindable CPUs;
+- no NUMA zone is booked past its allocatable (CPU and memory);
+- FullPCPUs takes whole cores only: always when required, and when preferred whenever the
+  request is whole cores and the free whole cores can hold it;
+- SpreadByPCPUs never takes two threads of one core: never when required; when preferred, a
+  core's second thread only once every core of that NUMA node with a free CPU gave one
+  (Koordinator keeps the request on one NUMA node before spreading over the machine);
+- when every NUMA node the pod was split over had room for an even share, the shares differ
+  by at most one core (``tryBestToDistributeEvenly``).
+
+Filter and bind must also agree: a node that passes filter is bound without error.
+
+Topologies are small (up to 2 sockets x 2 NUMA x 4 cores x 2 threads), with one 104-CPU
+two-socket machine among them; each topology's annotation text is built once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from koord_formats import keys
+from koord_formats.cpulist import format_cpu_list
+from koord_formats.pod import parse_resource_status
+from koord_formats.topology import CPUTopology, format_cpu_topology
+from scheduler_ext.errors import NotFoundError
+from scheduler_ext.extender import Binder, ExtenderConfig
+from scheduler_ext.server import create_app
+from scheduler_ext.state import ClusterState, load_objects
+from scheduler_ext.topology import synthetic_topology
+from tests.scheduler_ext.builders import GiB, node, nrt, pod
+
+SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CFG = ExtenderConfig()
+NODE = "n"
+
+# (sockets, NUMA nodes per socket, cores per NUMA node, threads per core); the last one is the
+# two-socket machine of 104 CPUs
+SHAPES = [
+    (s, n, c, t) for s in (1, 2) for n in (1, 2) for c in (1, 2, 3, 4) for t in (1, 2)
+] + [(2, 1, 26, 2)]
+
+
+@functools.cache
+def machine(shape: tuple[int, int, int, int]) -> tuple[CPUTopology, str]:
+    topo = synthetic_topology(*shape)
+    return topo, format_cpu_topology(topo)
+
+
+shapes = st.sampled_from(SHAPES)
+multi_numa_shapes = st.sampled_from([s for s in SHAPES if s[0] * s[1] > 1])
+
+
+class FakeBindAPI:
+    """The API calls of a bind, against a dictionary of pods (``extender.BindAPI``)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.rv = 0
+
+    def add(self, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.pods[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        found = self.pods.get((namespace, name))
+        if found is None:
+            raise NotFoundError(404, f"pod {namespace}/{name} not found")
+        return found
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str
+    ) -> dict[str, Any]:
+        obj = await self.get_pod(namespace, name)
+        meta = obj["metadata"]
+        assert meta["resourceVersion"] == resource_version
+        merged = dict(meta.get("annotations") or {})
+        for k, v in annotations.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        meta["annotations"] = merged
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
+        return obj
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        obj = await self.get_pod(namespace, name)
+        assert obj["metadata"]["uid"] == uid
+        obj["spec"]["nodeName"] = node
+        obj["status"]["phase"] = "Running"
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What one bind wrote: the cpuset and the NUMA split (node -> cpu milli, memory bytes)."""
+
+    cpus: frozenset[int]
+    numa_cpu: Mapping[int, int]
+    numa_memory: Mapping[int, int]
+
+
+def _milli(value: Fraction) -> int:
+    return int(value * 1000)
+
+
+class Cluster:
+    """One node served by the extender's ASGI app; ``schedule`` runs a pod through the verbs."""
+
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        self.state = ClusterState()
+        assert load_objects(self.state, objects) == []
+        self.api = FakeBindAPI()
+        self.app = create_app(self.state, Binder(self.state, self.api, CFG), CFG)
+        self.bound: list[Bound] = []
+
+    async def post(self, path: str, body: Mapping[str, Any]) -> Any:
+        raw = orjson.dumps(body)
+        sent: list[Mapping[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        async def send(message: Mapping[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+        }
+        await self.app(scope, receive, send)
+        assert sent[0]["status"] == 200, sent[1]["body"]
+        return orjson.loads(sent[1]["body"])
+
+    async def schedule(self, obj: dict[str, Any]) -> Bound | None:
+        """filter, prioritize and (when the node passed) bind; ``None`` when filtered out."""
+        self.api.add(obj)
+        ask = {"Pod": obj, "NodeNames": [NODE]}
+        verdict = await self.post("/filter", ask)
+        assert verdict["Error"] == ""
+        scores = await self.post("/prioritize", ask)
+        assert [s["Host"] for s in scores] == [NODE] and 0 <= scores[0]["Score"] <= 10
+        if NODE not in (verdict["NodeNames"] or []):
+            reasons = {**verdict["FailedNodes"], **verdict["FailedAndUnresolvableNodes"]}
+            assert reasons.get(NODE), verdict
+            return None
+        meta = obj["metadata"]
+        reply = await self.post(
+            "/bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": NODE}
+        )
+        assert reply["Error"] == "", f"filter passed but bind failed: {reply['Error']}"
+        assert self.state.apply("pods", "MODIFIED", obj)  # the watch confirms the bind
+        text = obj["metadata"]["annotations"].get(keys.ANNOTATION_RESOURCE_STATUS)
+        if not text:
+            out = Bound(frozenset(), {}, {})
+        else:
+            status = parse_resource_status(text)
+            out = Bound(
+                status.cpuset,
+                {r.node: _milli(r.resources["cpu"]) for r in status.numa_node_resources if r.resources.get("cpu")},
+                {r.node: int(r.resources["memory"]) for r in status.numa_node_resources if r.resources.get("memory")},
+            )
+        self.bound.append(out)
+        return out
+
+    def taken(self) -> frozenset[int]:
+        out: frozenset[int] = frozenset()
+        for b in self.bound:
+            out |= b.cpus
+        return out
+
+
+def run(cluster: Cluster, pods: list[dict[str, Any]], check: Any) -> None:
+    """Schedule ``pods`` in order; ``check(obj, before, bound)`` after each successful bind,
+    with the CPUs taken before it."""
+
+    async def scenario() -> None:
+        for obj in pods:
+            before = cluster.taken()
+            got = await cluster.schedule(obj)
+            if got is not None:
+                check(obj, before, got)
+
+    asyncio.run(scenario())
+
+
+def _kubelet_reserved(reserved: frozenset[int]) -> dict[str, str]:
+    if not reserved:
+        return {}
+    return {"kubelet.koordinator.sh/cpu-manager-policy": json.dumps(
+        {"policy": "static", "reservedCPUs": format_cpu_list(reserved)})}
+
+
+def _zones(
+    topo: CPUTopology, cpu_quarters: list[int], mem_gib: list[int]
+) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int]]]:
+    zones: list[dict[str, Any]] = []
+    limits: dict[int, tuple[int, int]] = {}
+    for i, n in enumerate(topo.numa_nodes):
+        cpu_milli = len(topo.numa_cpus[n]) * 1000 * cpu_quarters[i] // 4
+        limits[n] = (cpu_milli, mem_gib[i] * GiB)
+        zones.append({"name": f"node-{n}", "type": "Node", "resources": [
+            {"name": "cpu", "allocatable": f"{cpu_milli}m"}, {"name": "memory", "allocatable": f"{mem_gib[i]}Gi"}]})
+    return zones, limits
+
+
+def _cluster(text: str, *, reserved: frozenset[int] = frozenset(), zones: list[dict[str, Any]] | None = None,
+             strategy: str = "") -> Cluster:
+    doc = nrt(NODE, text, annotations=_kubelet_reserved(reserved))
+    if zones is not None:
+        doc["zones"] = zones
+    labels = {keys.LABEL_NUMA_ALLOCATE_STRATEGY: strategy} if strategy else {}
+    return Cluster([node(NODE, labels=labels), doc])
+
+
+@dataclass(frozen=True)
+class Op:
+    cpus: int
+    shared: bool  # an LS pod with a fractional CPU request (no cpuset)
+    policy: str
+    required: bool
+    numa: str
+    exclusive: str
+    memory_gib: int
+
+    def pod(self, i: int) -> dict[str, Any]:
+        spec = {"requiredCPUBindPolicy" if self.required else "preferredCPUBindPolicy": self.policy}
+        if self.exclusive != "None":
+            spec["preferredCPUExclusivePolicy"] = self.exclusive
+        return pod(
+            f"p{i}",
+            cpu=f"{self.cpus * 300}m" if self.shared else str(self.cpus),
+            memory=f"{self.memory_gib}Gi" if self.memory_gib else None,
+            qos="LS" if self.shared else "LSR",
+            resource_spec=spec,
+            numa_policy=self.numa or None,
+            uid=f"uid-{i}",
+        )
+
+
+RARELY = st.sampled_from([False, False, False, True])
+BOOLS = st.booleans()
+SMALL = st.integers(1, 8)
+NO_MEMORY = st.just(0)
+NUMA_POLICIES = ["", "BestEffort", "Restricted", "SingleNUMANode"]
+
+
+def ops(
+    *,
+    cpus: st.SearchStrategy[int] = SMALL,
+    policies: tuple[str, ...] = ("FullPCPUs", "SpreadByPCPUs"),
+    required: st.SearchStrategy[bool] = BOOLS,
+    numa: Sequence[str] = NUMA_POLICIES,
+    exclusive: Sequence[str] = ("None", "PCPULevel", "NUMANodeLevel"),
+    shared: st.SearchStrategy[bool] = BOOLS,
+    memory: st.SearchStrategy[int] = NO_MEMORY,
+    max_size: int = 6,
+) -> st.SearchStrategy[list[Op]]:
+    op = st.builds(Op, cpus, shared, st.sampled_from(policies), required, st.sampled_from(numa),
+                   st.sampled_from(exclusive), memory)
+    return st.lists(op, min_size=1, max_size=max_size)
+
+
+def _reserved(draw: st.DrawFn, topo: CPUTopology) -> frozenset[int]:
+    ids = sorted(topo.cpus)
+    return frozenset(draw(st.sets(st.sampled_from(ids), max_size=min(4, len(ids) // 2))))
+
+
+@SETTINGS
+@given(shape=shapes, data=st.data(), plan=ops())
+def test_verbs_never_allocate_a_cpu_twice(
+    shape: tuple[int, int, int, int], data: st.DataObject, plan: list[Op]
+) -> None:
+    topo, text = machine(shape)
+    reserved = _reserved(data.draw, topo)
+    cluster = _cluster(text, reserved=reserved)
+    bindable = topo.cpus - reserved
+
+    def check(obj: dict[str, Any], before: frozenset[int], got: Bound) -> None:
+        assert not got.cpus & before, "two pods share a CPU"
+        assert got.cpus <= bindable
+
+    run(cluster, [op.pod(i) for i, op in enumerate(plan)], check)
+
+
+@SETTINGS
+@given(shape=shapes, cpu_quarters=st.lists(st.integers(1, 4), min_size=4, max_size=4),
+       mem=st.lists(st.integers(1, 12), min_size=4, max_size=4),
+       plan=ops(numa=["BestEffort", "Restricted", "SingleNUMANode", ""], memory=st.integers(0, 6)))
+def test_verbs_never_book_a_numa_zone_past_its_allocatable(
+    shape: tuple[int, int, int, int], cpu_quarters: list[int], mem: list[int], plan: list[Op]
+) -> None:
+    topo, text = machine(shape)
+    zones, limits = _zones(topo, cpu_quarters, mem)
+    cluster = _cluster(text, zones=zones)
+
+    def check(obj: dict[str, Any], before: frozenset[int], got: Bound) -> None:
+        for n, (cpu_limit, mem_limit) in limits.items():
+            assert sum(b.numa_cpu.get(n, 0) for b in cluster.bound) <= cpu_limit
+            assert sum(b.numa_memory.get(n, 0) for b in cluster.bound) <= mem_limit
+        assert set(got.numa_cpu) | set(got.numa_memory) <= set(limits)
+
+    run(cluster, [op.pod(i) for i, op in enumerate(plan)], check)
+
+
+def _whole(topo: CPUTopology, cpus: frozenset[int]) -> frozenset[int]:
+    return frozenset(c for c in cpus if topo.core_cpus[topo.core_of[c]] <= cpus)
+
+
+@SETTINGS
+@given(shape=shapes, data=st.data(), strategy=st.sampled_from(["", "LeastAllocated", "MostAllocated"]),
+       plan=ops(policies=("FullPCPUs", "FullPCPUs", "SpreadByPCPUs"), numa=[""], exclusive=["None"], shared=RARELY))
+def test_verbs_full_pcpus_takes_whole_cores_only(
+    shape: tuple[int, int, int, int], data: st.DataObject, strategy: str, plan: list[Op]
+) -> None:
+    topo, text = machine(shape)
+    reserved = _reserved(data.draw, topo)
+    cluster = _cluster(text, reserved=reserved, strategy=strategy)
+    bindable = topo.cpus - reserved
+    policies = {f"p{i}": op for i, op in enumerate(plan)}
+
+    def check(obj: dict[str, Any], before: frozenset[int], got: Bound) -> None:
+        op = policies[obj["metadata"]["name"]]
+        if op.shared or op.policy != "FullPCPUs":
+            return
+        whole_free = _whole(topo, bindable - before)
+        if op.required or (op.cpus % topo.cpus_per_core == 0 and len(whole_free) >= op.cpus):
+            event("whole cores checked")
+            assert _whole(topo, got.cpus) == got.cpus, f"partial core in {format_cpu_list(got.cpus)}"
+
+    run(cluster, [op.pod(i) for i, op in enumerate(plan)], check)
+
+
+@SETTINGS
+@given(shape=shapes, data=st.data(), strategy=st.sampled_from(["", "LeastAllocated", "MostAllocated"]),
+       plan=ops(policies=("SpreadByPCPUs", "SpreadByPCPUs", "FullPCPUs"), numa=[""], exclusive=["None"], shared=RARELY))
+def test_verbs_spread_by_pcpus_never_doubles_a_core_while_one_is_free(
+    shape: tuple[int, int, int, int], data: st.DataObject, strategy: str, plan: list[Op]
+) -> None:
+    topo, text = machine(shape)
+    reserved = _reserved(data.draw, topo)
+    cluster = _cluster(text, reserved=reserved, strategy=strategy)
+    bindable = topo.cpus - reserved
+    policies = {f"p{i}": op for i, op in enumerate(plan)}
+
+    def check(obj: dict[str, Any], before: frozenset[int], got: Bound) -> None:
+        op = policies[obj["metadata"]["name"]]
+        if op.shared or op.policy != "SpreadByPCPUs":
+            return
+        cores = {topo.core_of[c] for c in got.cpus}
+        event("spread checked")
+        if op.required:
+            assert len(cores) == len(got.cpus), f"two threads of a core in {format_cpu_list(got.cpus)}"
+            return
+        free = bindable - before
+        for c in got.cpus:
+            if len(topo.core_cpus[topo.core_of[c]] & got.cpus) > 1:
+                numa_node = topo.details[c].node
+                assert {topo.core_of[x] for x in free if topo.details[x].node == numa_node} <= cores
+
+    run(cluster, [op.pod(i) for i, op in enumerate(plan)], check)
+
+
+@SETTINGS
+@given(shape=multi_numa_shapes, cpu_quarters=st.lists(st.integers(2, 4), min_size=4, max_size=4),
+       fillers=ops(cpus=st.integers(1, 4), numa=["", "BestEffort", "Restricted"], exclusive=["None"], max_size=3),
+       data=st.data())
+def test_verbs_split_evenly_when_every_hinted_numa_node_has_room(
+    shape: tuple[int, int, int, int], cpu_quarters: list[int], fillers: list[Op], data: st.DataObject
+) -> None:
+    """A few small pods, then pods up to the machine's size with a NUMA policy (most span
+    several NUMA nodes)."""
+    topo, text = machine(shape)
+    wide = data.draw(ops(cpus=st.integers(2, len(topo.cpus)), shared=RARELY, numa=["BestEffort", "Restricted"],
+                         exclusive=["None"], max_size=2))
+    plan = fillers[:1] + wide + fillers[1:]
+    topo, text = machine(shape)
+    zones, limits = _zones(topo, cpu_quarters, [64] * 4)
+    cluster = _cluster(text, zones=zones)
+    per_core = topo.cpus_per_core
+    policies = {f"p{i}": op for i, op in enumerate(plan)}
+
+    def check(obj: dict[str, Any], before: frozenset[int], got: Bound) -> None:
+        event(f"numa nodes {len(got.numa_cpu)}")
+        if len(got.numa_cpu) < 2:
+            return
+        op = policies[obj["metadata"]["name"]]
+        request = op.cpus * 300 if op.shared else op.cpus * 1000
+        unit = per_core * 1000 if (not op.shared and op.required and op.policy == "FullPCPUs") else 1000
+        share = -(-request // len(got.numa_cpu))
+        share = -(-share // unit) * unit
+        booked = {n: sum(b.numa_cpu.get(n, 0) for b in cluster.bound[:-1]) for n in limits}
+        free = topo.cpus - before
+        for n in got.numa_cpu:
+            room = limits[n][0] - booked[n]
+            if not op.shared:
+                in_node = free & topo.numa_cpus[n]
+                if op.required and op.policy == "FullPCPUs":
+                    in_node = _whole(topo, in_node)
+                elif op.required:
+                    in_node = frozenset(min(topo.core_cpus[topo.core_of[c]] & in_node) for c in in_node)
+                room = min(room, len(in_node) * 1000)
+            if room < share:
+                event("no room")
+                return  # a hinted node without room for the even share: best effort only
+        event("split checked")
+        shares = list(got.numa_cpu.values())
+        assert sum(shares) == request
+        assert max(shares) - min(shares) <= per_core * 1000, got.numa_cpu
+
+    run(cluster, [op.pod(i) for i, op in enumerate(plan)], check)
