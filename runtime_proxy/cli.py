@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                         type=str.lower)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    sub.add_parser("plan", help="print the plan for one JSON document (FILE or stdin)", add_help=False)
+    sub.add_parser("plan", help="print the plans for JSON documents (FILEs or stdin)", add_help=False)
     from runtime_proxy.nri import cli as nri_cli
 
     nri_cli.add_parser(sub)

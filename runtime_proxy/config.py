@@ -40,6 +40,10 @@ __all__ = [
 ]
 
 MAX_CONFIG_BYTES = 1 << 20
+# A hostile document can hold many bad keys and long ones: the message names the first few,
+# each path cut to a readable length.
+MAX_REPORTED_ERRORS = 5
+MAX_PATH_CHARS = 200
 Policy = Literal["Fail", "Ignore"]
 
 
@@ -131,7 +135,7 @@ def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
             return []
         current = _inner_model(current.model_fields[part].annotation)
     if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
+        return [info.alias or name for name, info in current.model_fields.items()]
     return []
 
 
@@ -146,24 +150,48 @@ def _inner_model(annotation: Any) -> Any:
     return annotation
 
 
+# Pydantic error types said in the words of a JSON or YAML document.
+_PLAIN = {
+    "dict_type": "must be an object",
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "missing": "required",
+}
+
+
 def validation_message(exc: ValidationError, model: type[BaseModel]) -> str:
     """One line per problem, ``path: what`` (``plugins.0.polcy: unknown key; did you mean
-    policy?``), joined by ``; ``; no pydantic URLs or input echoes."""
+    policy?``), joined by ``; ``; at most ``MAX_REPORTED_ERRORS`` problems, paths cut at
+    ``MAX_PATH_CHARS``; no pydantic URLs or input echoes."""
     lines = []
-    for err in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False)
+    for err in errors[:MAX_REPORTED_ERRORS]:
         loc = tuple(err["loc"])
         where = ".".join(str(part) for part in loc) or "(top level)"
+        if len(where) > MAX_PATH_CHARS:
+            where = where[: MAX_PATH_CHARS - 3] + "..."
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
-            close = difflib.get_close_matches(str(loc[-1]), _fields_at(model, loc), n=1, cutoff=0.6)
-            if not close:
-                lowered = {name.lower(): name for name in _fields_at(model, loc)}
-                close = [lowered[str(loc[-1]).lower()]] if str(loc[-1]).lower() in lowered else []
+            fields = _fields_at(model, loc)
+            lowered = {name.lower(): name for name in fields}
+            key = str(loc[-1])
+            close = [lowered[key.lower()]] if key.lower() in lowered else []
+            close = close or difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
             if close:
                 msg += f"; did you mean {close[0]}?"
         else:
-            msg = err["msg"]
+            msg = _PLAIN.get(err["type"], err["msg"])
         lines.append(f"{where}: {msg}")
+    if len(errors) > MAX_REPORTED_ERRORS:
+        lines.append(f"and {len(errors) - MAX_REPORTED_ERRORS} more")
     return "; ".join(lines)
 
 

@@ -1,8 +1,11 @@
-"""``runtime-proxy plan [FILE]``: show what the proxy would do, without doing it.
+"""``runtime-proxy plan [FILE ...]``: show what the proxy would do, without doing it.
 
 Called by the CLI (``runtime_proxy.cli`` wires ``runtime-proxy plan`` to ``main``) and by tests
-through ``plan_document``. Reads one JSON document (the schema is in ``docs/planner.md``),
-builds the same facts the proxy builds and runs the stage through the proxy's own hook runner
+through ``plan_document``. Reads JSON documents (the schema is in ``docs/planner.md``; the
+document's shape is checked by ``PlanDocument`` after the bounded JSON load, so an unknown key
+is an error naming its path), loads the plugins the proxy would load (built-ins, entry-point
+plugins, and with ``--config FILE`` the config's ``pluginModules``, order, policies and
+timeouts), builds the same facts the proxy builds and runs the stage through the proxy's own hook runner
 (``runtime_proxy.engine.pipeline.Pipeline``: plugin order, facts advanced from step to step,
 the stage's CRI fields from ``hooks.spec.CRI_FIELDS``, merge and conflicts), then prints the
 result: ``cri`` (the request changes the stage accepts), ``writes``, ``moves``, ``removals``,
@@ -14,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import sys
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import pluggy
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
 
 from hooks.facts import (
     CgroupInfo,
@@ -36,16 +41,18 @@ from hooks.facts import (
 )
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import MergeResult
-from hooks.plugins import BUILTIN_PLUGINS
 from hooks.spec import STAGES
 from koord_formats.bounded import load_json
 from koord_formats.errors import FormatError
 from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
+from runtime_proxy.config import ConfigError, PluginConfig, ProxyConfig, load_config, validation_message
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 
 __all__ = [
+    "PlanDocument",
     "PlanInputError",
     "container_facts_from_json",
+    "load_plugins",
     "main",
     "node_facts_from_json",
     "plan_document",
@@ -53,8 +60,6 @@ __all__ = [
     "run_stages",
 ]
 
-# Seconds each plugin may take, as in the proxy's default config.
-PLUGIN_TIMEOUT = 2.0
 # The input document's bounds: a few topologies and NodeSLOs fit many times over.
 MAX_DOCUMENT_CHARS = 4 * 1024 * 1024
 MAX_DOCUMENT_DEPTH = 32
@@ -64,6 +69,87 @@ NODE_STAGES = {"ReconcileNode"}
 
 class PlanInputError(ValueError):
     """The planner document is malformed; the message says where."""
+
+
+# ---- the document's shape (checked before any fact is built) ----------------------------------
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors; ``null`` means absent (as the fact builders below treat it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class ContainerDocument(_Strict):
+    name: StrictStr = ""
+    id: StrictStr = ""
+    labels: dict[str, StrictStr] = Field(default_factory=dict)
+    annotations: dict[str, StrictStr] = Field(default_factory=dict)
+    envs: dict[str, StrictStr] = Field(default_factory=dict)
+    resources: dict[str, Any] = Field(default_factory=dict)  # checked by hooks.facts.Resources.from_dict
+
+
+class PodDocument(_Strict):
+    name: StrictStr = ""
+    namespace: StrictStr = ""
+    uid: StrictStr = ""
+    labels: dict[str, StrictStr] = Field(default_factory=dict)
+    annotations: dict[str, StrictStr] = Field(default_factory=dict)
+    cgroupParent: StrictStr = ""
+    kubeQOS: StrictStr = ""
+    sandboxId: StrictStr = ""
+    containers: list[ContainerDocument] = Field(default_factory=list)
+
+
+class ResctrlDocument(_Strict):
+    cbmMask: StrictStr = ""
+    cacheIds: list[StrictInt] = Field(default_factory=list)
+    vendor: StrictStr = "intel"
+
+
+class CgroupDocument(_Strict):
+    version: StrictInt = 1
+    driver: StrictStr = "cgroupfs"
+
+
+class NodeDocument(_Strict):
+    name: StrictStr = ""
+    labels: dict[str, StrictStr] = Field(default_factory=dict)
+    annotations: dict[str, StrictStr] = Field(default_factory=dict)
+    cpuTopology: dict[str, Any] | None = None  # checked by hooks.facts.CPUTopology.from_annotation
+    boundCPUs: dict[str, StrictStr] = Field(default_factory=dict)
+    lsePods: list[StrictStr] = Field(default_factory=list)
+    resctrl: ResctrlDocument = Field(default_factory=ResctrlDocument)
+    cgroup: CgroupDocument = Field(default_factory=CgroupDocument)
+
+
+class PlanDocument(_Strict):
+    """The planner's input (``docs/planner.md``): the keys and their JSON types. Values are
+    checked further by the fact builders (CPU lists, kube QoS, topology, resources); the
+    NodeSLO spec's own keys by the plugins through ``koord_formats`` (bad values are skips)."""
+
+    stage: StrictStr
+    pod: PodDocument | None = None
+    container: ContainerDocument | None = None
+    node: NodeDocument = Field(default_factory=NodeDocument)
+    nodeSLO: dict[str, Any] = Field(default_factory=dict)
+    plugins: list[StrictStr] | None = None
+
+
+def _check_shape(doc: Mapping[str, Any]) -> None:
+    try:
+        PlanDocument.model_validate(doc)
+    except ValidationError as exc:
+        raise PlanInputError(validation_message(exc, PlanDocument)) from exc
+    except RecursionError as exc:
+        raise PlanInputError("nested too deeply") from exc
 
 
 def _map(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:
@@ -212,11 +298,53 @@ async def run_stages(
     return merged
 
 
-def plan_document(doc: Mapping[str, Any], *, pm: pluggy.PluginManager | None = None) -> dict[str, Any]:
+def load_plugins(config: ProxyConfig | None = None, *, entry_points: bool = True) -> pluggy.PluginManager:
+    """Every plugin the proxy would register with ``config``: the built-ins, the entry-point
+    plugins (unless ``entry_points`` is false) and the config's ``pluginModules``. Raises
+    ``ConfigError`` when one of them cannot be imported or registered."""
+    modules = []
+    for name in (config.pluginModules if config is not None else []):
+        try:
+            modules.append(importlib.import_module(name))
+        except Exception as exc:
+            raise ConfigError(f"pluginModules entry {name!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
+    try:
+        return make_plugin_manager(entry_points=entry_points, extra=modules)
+    except Exception as exc:
+        raise ConfigError(f"plugins cannot be registered: {type(exc).__name__}: {exc}") from exc
+
+
+def _settings(
+    pm: pluggy.PluginManager, config: ProxyConfig, plugins: list[str] | None
+) -> list[tuple[str, Literal["Fail", "Ignore"], float]]:
+    """``(name, policy, timeout)`` per plugin to run: the document's ``plugins`` (each with its
+    config entry's settings when the config names it) or else the config's list."""
+    registered = plugin_order(pm)
+    if plugins is not None:
+        unknown = [name for name in plugins if name not in registered]
+        if unknown:
+            raise PlanInputError(f"unknown plugins {unknown}; installed plugins are {registered}")
+        entries = {p.name: p for p in config.plugins or ()}
+        config = config.model_copy(update={"plugins": [
+            entries[name].model_copy(update={"enabled": True}) if name in entries else PluginConfig(name=name)
+            for name in plugins
+        ]})
+    names = plugin_order(pm, [p.name for p in config.plugins] if config.plugins else None)
+    try:
+        return config.plugin_settings(names)
+    except ValueError as exc:
+        raise PlanInputError(str(exc)) from exc
+
+
+def plan_document(
+    doc: Mapping[str, Any], *, pm: pluggy.PluginManager | None = None, config: ProxyConfig | None = None
+) -> dict[str, Any]:
     """The planner as a function: input document -> output document (see module doc).
 
-    :param pm: the plugin manager to plan with (default: the built-in plugins named by the
-        document's ``plugins``, or all of them); its plugins run in ``plugin_order``.
+    :param pm: the plugin manager to plan with (default: the built-in plugins only;
+        ``load_plugins`` gives what the proxy would load).
+    :param config: the proxy's config: plugin order, ``enabled``, policies and timeouts
+        (default: every plugin of ``pm`` in ``plugin_order``, policy Ignore, 2 s).
     Raises ``PlanInputError`` for a malformed document (never for malformed annotations or
     NodeSLO values, which the plugins record under ``skipped``).
     """
@@ -225,25 +353,22 @@ def plan_document(doc: Mapping[str, Any], *, pm: pluggy.PluginManager | None = N
     stage = doc.get("stage")
     if not isinstance(stage, str) or (stage != "Reconcile" and stage not in STAGES):
         raise PlanInputError(f"unknown stage {_short(stage)}; use one of {sorted(STAGES)} or 'Reconcile'")
+    _check_shape(doc)
     plugins = doc.get("plugins")
-    if plugins is not None and (not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins)):
-        raise PlanInputError("plugins must be a list of plugin names")
     if pm is None:
-        unknown = sorted(set(plugins or ()) - set(BUILTIN_PLUGINS))
-        if unknown:
-            raise PlanInputError(f"unknown plugins {unknown}; built-in plugins are {list(BUILTIN_PLUGINS)}")
-        pm = make_plugin_manager(builtins=plugins if plugins is not None else None, entry_points=False)
+        pm = make_plugin_manager(entry_points=False)
+    settings = _settings(pm, config or ProxyConfig(), plugins)
     node = node_facts_from_json(doc.get("node") or {}, doc.get("nodeSLO") or {})
     pod = pod_facts_from_json(doc["pod"]) if doc.get("pod") is not None else None
     container = container_facts_from_json(doc["container"]) if doc.get("container") is not None else None
     calls = _stage_calls(stage, pod, container)
 
-    order = plugin_order(pm, plugins)
-    pipeline = Pipeline(plugin_steps(pm, [(name, "Ignore", PLUGIN_TIMEOUT) for name in order]))
+    pipeline = Pipeline(plugin_steps(pm, settings))
     merged = asyncio.run(run_stages(pipeline, calls, node))
     return {
         "stage": stage,
-        "plugins": order,
+        "plugins": [name for name, _, _ in settings],
+        "settings": [{"plugin": name, "policy": policy, "timeout": timeout} for name, policy, timeout in settings],
         **merged.plan.to_json(),
         "conflicts": [
             {"field": c.field, "plugins": [c.first, c.second], "values": [c.first_value, c.second_value]}
@@ -258,11 +383,15 @@ def _short(value: Any) -> str:
 
 
 EXIT_CODES = """\
+output:
+  one FILE: the plan as a JSON object; several: a JSON array with one object per FILE, in
+  order, each {"file": FILE, "plan": {...}} or {"file": FILE, "error": "..."}
+
 exit codes:
-  0  the plan was printed on stdout
+  0  every plan was printed on stdout
   1  the planner itself failed (the error is printed on stderr)
-  2  the input is unreadable, not JSON, too large or too deep, or does not match the schema
-     in docs/planner.md (the error is printed on stderr)
+  2  an input is unreadable, not JSON, too large or too deep, or does not match the schema
+     in docs/planner.md, or the --config file is bad (each error is one line on stderr)
 """
 
 
@@ -273,34 +402,65 @@ def _read(path: str) -> str:
         return f.read(MAX_DOCUMENT_CHARS + 1)
 
 
+def _plan_file(path: str, pm: pluggy.PluginManager, config: ProxyConfig) -> tuple[dict[str, Any] | None, str, int]:
+    """``(plan, "", 0)`` or ``(None, message, exit code)`` for one input file."""
+    try:
+        text = _read(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"cannot read {path}: {exc}", 2
+    try:
+        doc = load_json(text, "plan document", max_chars=MAX_DOCUMENT_CHARS, max_depth=MAX_DOCUMENT_DEPTH)
+        return plan_document(doc, pm=pm, config=config), "", 0
+    except (PlanInputError, FormatError) as exc:
+        return None, str(exc), 2
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
+        return None, f"bad input: {type(exc).__name__}: {_short(str(exc))}", 2
+    except Exception as exc:  # no traceback for the user; the message says what failed
+        return None, f"planner failed: {type(exc).__name__}: {_short(str(exc))}", 1
+
+
 def main(argv: list[str]) -> int:
-    """``runtime-proxy plan [FILE]``: read the document from FILE (or stdin when absent or
-    ``-``), print the plan as JSON on stdout. Exit codes: ``EXIT_CODES``; an error is one line
-    ``runtime-proxy plan: ...`` on stderr, never a traceback."""
+    """``runtime-proxy plan [FILE ...]``: read each document from its FILE (stdin when none or
+    ``-``), print the plans as JSON on stdout (``EXIT_CODES`` says the shape). Exit codes:
+    ``EXIT_CODES``; an error is one line ``runtime-proxy plan: ...`` on stderr, never a traceback."""
     parser = argparse.ArgumentParser(
         prog="runtime-proxy plan",
         description=(__doc__ or "").splitlines()[0],
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("file", nargs="?", default="-", help="the input document (default: stdin)")
+    parser.add_argument("files", nargs="*", metavar="FILE", help="input documents (default: stdin)")
+    parser.add_argument("--config", help="the proxy's config file: plugin order, policies, timeouts, pluginModules")
+    parser.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
     parser.add_argument("--compact", action="store_true", help="print JSON on one line")
     args = parser.parse_args(argv)
+    files: list[str] = args.files or ["-"]
+    if files.count("-") > 1:
+        return _fail("stdin (-) can be read once", 2)
     try:
-        text = _read(args.file)
-    except (OSError, UnicodeDecodeError) as exc:
-        return _fail(f"cannot read {args.file}: {exc}", 2)
-    try:
-        doc = load_json(text, "plan document", max_chars=MAX_DOCUMENT_CHARS, max_depth=MAX_DOCUMENT_DEPTH)
-        result = plan_document(doc)
-    except (PlanInputError, FormatError) as exc:
-        return _fail(str(exc), 2)
-    except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
-        return _fail(f"bad input: {type(exc).__name__}: {_short(str(exc))}", 2)
-    except Exception as exc:  # no traceback for the user; the message says what failed
-        return _fail(f"planner failed: {type(exc).__name__}: {_short(str(exc))}", 1)
-    print(json.dumps(result, indent=None if args.compact else 2, sort_keys=False, default=str))
-    return 0
+        config = load_config(args.config)
+        pm = load_plugins(config, entry_points=not args.no_entry_points)
+    except ConfigError as exc:
+        return _fail(f"bad config {exc}" if args.config else str(exc), 2)
+    indent = None if args.compact else 2
+    if len(files) == 1:
+        plan, message, code = _plan_file(files[0], pm, config)
+        if plan is None:
+            return _fail(message, code)
+        print(json.dumps(plan, indent=indent, default=str))
+        return 0
+    results: list[dict[str, Any]] = []
+    worst = 0
+    for path in files:
+        plan, message, code = _plan_file(path, pm, config)
+        if plan is None:
+            _fail(f"{path}: {message}", code)
+            results.append({"file": path, "error": message})
+            worst = max(worst, code)
+        else:
+            results.append({"file": path, "plan": plan})
+    print(json.dumps(results, indent=indent, default=str))
+    return worst
 
 
 def _fail(message: str, code: int) -> int:

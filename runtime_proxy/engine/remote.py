@@ -19,6 +19,7 @@ Registrations. Every ``*.json`` file in the registration directory (``hookServer
 - ``runtime-hooks``: Koordinator hook point names; unknown names are logged and left out.
 - ``timeout-seconds`` (our extension, optional): per-call timeout; default ``hookServerTimeout``.
   Koordinator has no timeout of its own (a hung server stalls kubelet's call).
+- Any other key makes the file malformed (``RegistrationDocument``), with the key named.
 
 The directory is polled every 0.5 s (a stat of each file; a file is re-read only when its
 mtime, size or inode changed), so a file added, changed or removed takes effect within about a
@@ -82,6 +83,7 @@ from typing import Any, Literal
 
 import grpc
 import structlog
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from cri_protos import hookserver_pb2, hookserver_pb2_grpc
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
@@ -90,6 +92,7 @@ from hooks.spec import KOORD_HOOK_POINTS
 from koord_formats.bounded import load_json
 from koord_formats.errors import FormatError
 from runtime_proxy import metrics
+from runtime_proxy.config import validation_message
 from runtime_proxy.engine.pipeline import Pipeline, StepError
 from runtime_proxy.loops.background import Background, every
 
@@ -101,6 +104,7 @@ __all__ = [
     "POD_HOOKS",
     "HookServerRegistry",
     "Registration",
+    "RegistrationDocument",
     "RegistrationError",
     "RemoteStep",
     "container_facts_from_request",
@@ -161,8 +165,22 @@ def strip_unix(endpoint: str) -> str:
     return endpoint[len("unix://"):] if endpoint.startswith("unix://") else endpoint
 
 
+class RegistrationDocument(BaseModel):
+    """A registration file's shape: Koordinator's three keys and our ``timeout-seconds``; any
+    other key is an error naming it. Values are checked further by ``parse_registration``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    remote_endpoint: StrictStr = Field(alias="remote-endpoint")
+    failure_policy: StrictStr | None = Field(default=None, alias="failure-policy")
+    runtime_hooks: list[StrictStr] = Field(alias="runtime-hooks")
+    timeout_seconds: StrictFloat | StrictInt | None = Field(default=None, alias="timeout-seconds")
+
+
 def parse_registration(name: str, text: str | bytes, default_timeout: float) -> Registration:
-    """Parse one registration file's content. Raises ``RegistrationError`` when malformed."""
+    """Parse one registration file's content: bounded (``MAX_REGISTRATION_BYTES``) before the
+    JSON load, then ``RegistrationDocument``'s shape, then the values. Raises
+    ``RegistrationError`` when malformed."""
     if len(text) > MAX_REGISTRATION_BYTES:
         raise RegistrationError(f"larger than {MAX_REGISTRATION_BYTES} bytes")
     try:
@@ -174,38 +192,34 @@ def parse_registration(name: str, text: str | bytes, default_timeout: float) -> 
         raise RegistrationError(str(exc).removeprefix("registration: ")) from exc
     if not isinstance(data, dict):
         raise RegistrationError("must be a JSON object")
-    raw_endpoint = data.get("remote-endpoint")
-    if not isinstance(raw_endpoint, str) or not raw_endpoint.strip():
+    try:
+        doc = RegistrationDocument.model_validate(data)
+    except ValidationError as exc:
+        raise RegistrationError(validation_message(exc, RegistrationDocument)) from exc
+    raw_endpoint = doc.remote_endpoint
+    if not raw_endpoint.strip():
         raise RegistrationError("remote-endpoint must be a non-empty string")
     endpoint = strip_unix(raw_endpoint.strip())
     if "://" in endpoint:
         raise RegistrationError(f"remote-endpoint {raw_endpoint!r}: only unix sockets are supported")
     if not endpoint.startswith("/") or "\x00" in endpoint:
         raise RegistrationError(f"remote-endpoint {raw_endpoint!r} must be an absolute socket path")
-    raw_policy = data.get("failure-policy", "")
-    if raw_policy is None:
-        raw_policy = ""
-    if not isinstance(raw_policy, str) or raw_policy not in _POLICIES:
+    raw_policy = doc.failure_policy or ""
+    if raw_policy not in _POLICIES:
         raise RegistrationError(f"failure-policy {raw_policy!r} must be Fail, Ignore, None or empty")
-    raw_hooks = data.get("runtime-hooks")
-    if not isinstance(raw_hooks, list) or not all(isinstance(h, str) for h in raw_hooks):
-        raise RegistrationError("runtime-hooks must be a list of hook names")
     hooks: list[str] = []
     ignored: list[str] = []
-    for hook in raw_hooks:
+    for hook in doc.runtime_hooks:
         if hook in KOORD_HOOK_POINTS:
             if hook not in hooks:
                 hooks.append(hook)
         else:
             ignored.append(hook)
     timeout = default_timeout
-    if "timeout-seconds" in data:
-        raw_timeout = data["timeout-seconds"]
-        if isinstance(raw_timeout, bool) or not isinstance(raw_timeout, int | float):
-            raise RegistrationError("timeout-seconds must be a number")
-        if not 0 < raw_timeout <= MAX_TIMEOUT:
+    if doc.timeout_seconds is not None:
+        if not 0 < doc.timeout_seconds <= MAX_TIMEOUT:
             raise RegistrationError(f"timeout-seconds must be in (0, {MAX_TIMEOUT:g}]")
-        timeout = float(raw_timeout)
+        timeout = float(doc.timeout_seconds)
     return Registration(name, endpoint, _POLICIES[raw_policy], tuple(hooks), timeout, tuple(ignored))
 
 

@@ -77,7 +77,7 @@ SERVE_CASES = [
                  "pluginModules entry 'no_such_module_here' cannot be loaded",
                  id="a missing pluginModules entry is named, before any event loop runs"),
     pytest.param(_serve(_config("defaultTimeout: soon\nplugins: 5\n")), EXIT_USAGE,
-                 "defaultTimeout: Input should be a valid number", id="wrongly typed settings name each field"),
+                 "defaultTimeout: must be a number", id="wrongly typed settings name each field"),
     pytest.param(_serve(_config("- a\n- b\n")), EXIT_USAGE, "must be a mapping of settings, not list",
                  id="a config that is a list is refused"),
     pytest.param(_serve(_config("surprise: 1\n")), EXIT_USAGE, "surprise: unknown key",

@@ -73,7 +73,8 @@ def test_reconcile_stage_runs_node_pod_and_container_hooks() -> None:
         pytest.param({"stage": "Nope"}, "unknown stage", id="unknown stage"),
         pytest.param(doc("PreCreateContainer", container=None), "needs a container", id="container missing"),
         pytest.param(doc("PreCreateContainer", plugins=["nope"]), "unknown plugins", id="unknown plugin"),
-        pytest.param(doc("PreCreateContainer", pod={"labels": {"a": 1}}), "map of strings", id="label of wrong type"),
+        pytest.param(doc("PreCreateContainer", pod={"labels": {"a": 1}}), "pod.labels.a: must be a string",
+                     id="label of wrong type"),
         pytest.param(doc("PreCreateContainer", container={"resources": {"cpu_quota": "x"}}), "integer",
                      id="resource of wrong type"),
         pytest.param(doc("PreCreateContainer", node={"cpuTopology": {"detail": 5}}), "cpuTopology",
@@ -112,7 +113,7 @@ BAD_INPUTS = [
     pytest.param(_with_resources({"hugepage_limits": 5}), "resources", id="hugepage limits that are not a list"),
     pytest.param(_with_resources({"hugepage_limits": [5]}), "resources", id="a hugepage limit that is not an object"),
     pytest.param(_with_resources({"cpu_shares": "many"}), "integer", id="a string where an integer belongs"),
-    pytest.param(json.dumps(doc("PreCreateContainer", pod=5)), "pod must be an object", id="a number as the pod"),
+    pytest.param(json.dumps(doc("PreCreateContainer", pod=5)), "pod: must be an object", id="a number as the pod"),
     pytest.param(json.dumps(doc("PreCreateContainer", nodeSLO=[1])), "nodeSLO", id="a list as the NodeSLO"),
     pytest.param(json.dumps(doc("PreCreateContainer", plugins="cpuset")), "plugins", id="a string as the plugin list"),
     pytest.param(json.dumps(["PreCreateContainer"]), "JSON object", id="a list as the document"),
@@ -189,3 +190,115 @@ RDT_ON = {"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True}},
 )
 def test_plan_document_issue5(document: dict[str, Any], key: str, expected: Any) -> None:
     assert plan_document(document)[key] == expected
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        pytest.param(doc("PreCreateContainer", nodeSlo={}), "nodeSlo: unknown key; did you mean nodeSLO?",
+                     id="a misspelled top-level key is named with the key meant"),
+        pytest.param(doc("PreCreateContainer", pod={"lables": {}}), "pod.lables: unknown key; did you mean labels?",
+                     id="a misspelled pod key is named with its path"),
+        pytest.param(doc("PreCreateContainer", node={"resctrl": {"cbm": "ff"}}), "node.resctrl.cbm: unknown key",
+                     id="an unknown key deep in the node is named with its path"),
+        pytest.param(doc("PreCreateContainer", node={"lsePods": ["a", 1]}), "node.lsePods.1: must be a string",
+                     id="a wrongly typed list element is named with its index"),
+    ],
+)
+def test_unknown_and_mistyped_keys_are_errors_with_their_path(document: dict[str, Any], message: str) -> None:
+    with pytest.raises(PlanInputError) as err:
+        plan_document(document)
+    assert message in str(err.value)
+
+
+def test_null_values_mean_absent_as_before() -> None:
+    out = plan_document(doc("PreCreateContainer", nodeSLO=None, node={"cpuTopology": TOPO, "labels": None}))
+    assert out["cri"] == {"resources": {"cpuset_cpus": "0-7"}}
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_plan_with_config_uses_its_order_policies_and_enabled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _write(tmp_path / "c.yaml", "plugins:\n  - name: numa\n  - name: cpuset\n    policy: Fail\n"
+                    "    timeout: 0.5\n  - name: rdt\n    enabled: false\ndefaultTimeout: 1.5\n")
+    document = _write(tmp_path / "d.json", json.dumps(doc("PreCreateContainer")))
+    assert main(["--config", config, "--no-entry-points", document]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plugins"] == ["numa", "cpuset"]
+    assert out["settings"] == [{"plugin": "numa", "policy": "Ignore", "timeout": 1.5},
+                               {"plugin": "cpuset", "policy": "Fail", "timeout": 0.5}]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        pytest.param("plugins:\n  - name: nope\n", "'nope' is configured but not installed",
+                     id="a configured plugin that is not installed"),
+        pytest.param("plugin: []\n", "plugin: unknown key; did you mean plugins?", id="a misspelled config key"),
+        pytest.param("pluginModules: [no_such_module_here]\n", "pluginModules entry 'no_such_module_here'",
+                     id="a plugin module that does not import"),
+    ],
+)
+def test_plan_with_a_bad_config_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str, message: str
+) -> None:
+    document = _write(tmp_path / "d.json", json.dumps(doc("PreCreateContainer")))
+    assert main(["--config", _write(tmp_path / "c.yaml", config), document]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and message in err
+
+
+def test_several_files_give_one_result_each_in_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = _write(tmp_path / "good.json", json.dumps(doc("PreCreateContainer")))
+    bad = _write(tmp_path / "bad.json", json.dumps(doc("PreCreateContainer", nodeSlo={})))
+    assert main(["--compact", good, bad, good]) == 2
+    out, err = capsys.readouterr()
+    results = json.loads(out)
+    assert [r["file"] for r in results] == [good, bad, good]
+    assert results[0]["plan"] == results[2]["plan"] and results[0]["plan"]["cri"]["resources"]
+    assert "nodeSlo: unknown key" in results[1]["error"]
+    assert err.count("\n") == 1 and err.startswith(f"runtime-proxy plan: {bad}: ")
+    assert out.count("\n") == 1
+
+
+def test_entry_point_plugins_and_plugin_modules_are_planned(tmp_path: Path) -> None:
+    """A plugin installed under the entry-point group (a dist-info directory on the path) runs
+    in ``plan`` as in the proxy; ``--no-entry-points`` leaves it out; ``pluginModules`` adds one."""
+    plugin = ("from hooks import Plan, hookimpl\n\n@hookimpl\ndef rhp_pre_create_container(pod):\n"
+              "    return Plan().set_env('FROM', '{name}')\n")
+    (tmp_path / "ep_plugin.py").write_text(plugin.format(name="ep_plugin"))
+    (tmp_path / "mod_plugin.py").write_text(plugin.format(name="mod_plugin").replace("FROM", "FROM_MODULE"))
+    dist = tmp_path / "ep_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[runtime_hook_proxy.plugins]\nep_plugin = ep_plugin\n")
+    document = _write(tmp_path / "d.json", json.dumps(doc("PreCreateContainer")))
+    config = _write(tmp_path / "c.yaml", "pluginModules: [mod_plugin]\n")
+    env = {"PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[3]}", "PATH": "/usr/bin:/bin"}
+
+    def plan(*argv: str) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-m", "runtime_proxy.cli", "plan", *argv], capture_output=True,
+                              text=True, timeout=60, check=False, env=env)
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    out = plan(document, "--config", config)
+    assert out["plugins"][-2:] == ["ep_plugin", "mod_plugin"]
+    assert out["cri"]["envs"] == {"FROM": "ep_plugin", "FROM_MODULE": "mod_plugin"}
+    assert "ep_plugin" not in plan(document, "--no-entry-points")["plugins"]
+
+
+def test_a_flood_of_bad_keys_gives_one_short_line(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    flood = doc("PreCreateContainer", **{f"k{i}" + "x" * 5000: 1 for i in range(500)})
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(flood)))
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and len(err) < 2000
+    assert "unknown key" in err and "and 495 more" in err

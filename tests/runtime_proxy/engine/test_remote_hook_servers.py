@@ -56,7 +56,6 @@ GOOD = {"remote-endpoint": "/run/x.sock", "failure-policy": "Fail", "runtime-hoo
                      ("/run/x.sock", "Fail", ("PreRunPodSandbox",), 2.0), id="unknown-and-duplicate-hooks"),
         pytest.param({"timeout-seconds": 0.25}, ("/run/x.sock", "Fail", ("PreCreateContainer",), 0.25),
                      id="timeout-extension"),
-        pytest.param({"extra-key": 1}, ("/run/x.sock", "Fail", ("PreCreateContainer",), 2.0), id="unknown-key"),
     ],
 )
 def test_registration_parses(changes: dict[str, Any], expected: tuple[Any, ...]) -> None:
@@ -87,6 +86,12 @@ def test_registration_without_policy_is_ignore() -> None:
         pytest.param(json.dumps({**GOOD, "timeout-seconds": 0}), "timeout", id="zero-timeout"),
         pytest.param(json.dumps({**GOOD, "timeout-seconds": True}), "timeout", id="bool-timeout"),
         pytest.param(json.dumps({**GOOD, "timeout-seconds": "1"}), "timeout", id="string-timeout"),
+        pytest.param(json.dumps({**GOOD, "extra-key": 1}), "extra-key: unknown key", id="unknown-key"),
+        pytest.param(json.dumps({**GOOD, "failure_policy": "Fail"}),
+                     "failure_policy: unknown key; did you mean failure-policy",
+                     id="underscore-key-names-the-dashed-one"),
+        pytest.param(json.dumps({**GOOD, "runtime-hooks": ["PreCreateContainer", 7]}),
+                     "runtime-hooks.1: must be a string", id="hook-name-not-a-string"),
     ],
 )
 def test_malformed_registration(text: str, reason: str) -> None:
