@@ -31,8 +31,6 @@ from runtime_proxy.engine.intercept import CriInterceptor, set_linux_resources
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.engine.remote import HookServerRegistry
 from runtime_proxy.host.apply import FileApplier
-from runtime_proxy.loops.burst import CPUBurstLoop
-from runtime_proxy.loops.reconciler import Reconciler
 from runtime_proxy.state.nodeconfig import NodeConfig
 from runtime_proxy.state.store import RuntimeClient, Store
 
@@ -104,32 +102,6 @@ class StoreBackend:
             self.store.put_container(sandbox_id, found[1].replace(resources=found[1].resources.with_changes(changes)))
 
 
-class Loops:
-    """The reconciler and the CPU burst loop, started once the store is rebuilt (never blocking
-    the proxy's start)."""
-
-    def __init__(self, ready: asyncio.Event, reconciler: Reconciler, burst: CPUBurstLoop) -> None:
-        self.reconciler = reconciler
-        self.burst = burst
-        self._started = False
-        self._task = asyncio.create_task(self._start(ready))
-
-    async def _start(self, ready: asyncio.Event) -> None:
-        await ready.wait()
-        await self.reconciler.start()
-        await self.burst.start()
-        self._started = True
-
-    def store_changed(self, pools_changed: bool = True) -> None:
-        if self._started:
-            self.reconciler.store_changed(pools_changed)
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        await self.reconciler.stop()
-        await self.burst.stop()
-
-
 class Proxy:
     """A running proxy: the parts, so tests can reach them."""
 
@@ -148,7 +120,7 @@ class Proxy:
         self.node_watch: NodeConfig
         self.node_source, self.node_watch = wiring.node_source(cfg)
         self.applier: FileApplier = wiring.applier(cfg, dry_run=opts.dry_run)
-        self.reconciler: Loops | None = None
+        self.reconciler: wiring.Loops | None = None
         self.hook_servers: HookServerRegistry | None = None
         self.interceptor = CriInterceptor(
             store=self.store,
@@ -176,26 +148,13 @@ class Proxy:
         await registry.start()
         return registry
 
-    def _loops(self) -> Loops:
-        """The reconciler (at start, on node-config changes, every period; through the proxy's
-        own hook runner) and the CPU burst loop."""
-        cfg = self.opts.config
-        dry_run = self.opts.dry_run or cfg.dryRun
+    def _loops(self) -> wiring.Loops:
+        """The reconciler and the CPU burst loop (``runtime_proxy.wiring.loops``) over the store,
+        the interceptor's node facts and containerd's UpdateContainerResources."""
         backend = StoreBackend(self.store, self.interceptor, self.client)
-        in_process = set(plugin_order(self.pm))
-        reconciler = Reconciler(
-            backend,
-            pm=self.pm,
-            order=[step.name for step in self.pipeline.steps if step.name in in_process],
-            pipeline=self.pipeline,
-            cgroups=self.applier.cgroups,
-            resctrl=self.applier.resctrl,
-            period=cfg.reconcilePeriodSeconds,
-            dry_run=dry_run,
-            node_changes=self.node_source.changes(),
-        )
-        burst = CPUBurstLoop(backend, cgroups=self.applier.cgroups, dry_run=dry_run)
-        return Loops(self.ready, reconciler, burst)
+        return wiring.loops(self.opts.config, backend, pm=self.pm, pipeline=self.pipeline, applier=self.applier,
+                            node_source=self.node_source, ready=self.ready,
+                            dry_run=self.opts.dry_run or self.opts.config.dryRun)
 
     async def _recover(self) -> None:
         """Rebuild the store from the runtime; retry until the runtime answers."""
@@ -228,7 +187,7 @@ class Proxy:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        parts: list[Loops | HookServerRegistry | NodeConfig | None] = [
+        parts: list[wiring.Loops | HookServerRegistry | NodeConfig | None] = [
             self.reconciler, self.hook_servers, self.node_watch
         ]
         for part in parts:

@@ -1,5 +1,6 @@
-"""Builders of the node-side parts every entry point shares: the node config source and the file
-applier, from a ``ProxyConfig``.
+"""Builders of the node-side parts every entry point shares: the node config source, the file
+applier and the periodic loops (``Loops``: the reconciler and the cfsQuotaBurst loop), from a
+``ProxyConfig``.
 
 Used by the composition roots: ``runtime_proxy.server`` (``runtime-proxy serve``),
 ``runtime_proxy.engine.hook_service`` (``runtime-proxy hook-server``) and
@@ -8,18 +9,25 @@ Used by the composition roots: ``runtime_proxy.server`` (``runtime-proxy serve``
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
+import pluggy
+
 from hooks.facts import CgroupInfo
+from hooks.manager import plugin_order
 from runtime_proxy.config import ProxyConfig
+from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.host.apply import FileApplier
 from runtime_proxy.host.cgroups import Cgroups, detect_cgroup_version
 from runtime_proxy.host.resctrl import Resctrl
+from runtime_proxy.loops.burst import CPUBurstLoop
+from runtime_proxy.loops.reconciler import ReconcileBackend, Reconciler
 from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig
 from runtime_proxy.state.sysfs import read_cpu_topology
 
-__all__ = ["applier", "node_source"]
+__all__ = ["Loops", "applier", "loops", "node_source"]
 
 
 def node_source(config: ProxyConfig) -> tuple[NodeConfig, NodeConfig]:
@@ -45,3 +53,63 @@ def applier(config: ProxyConfig, *, dry_run: bool = False) -> FileApplier:
         resctrl=Resctrl(config.resctrlRoot),
         dry_run=dry_run or config.dryRun,
     )
+
+
+class Loops:
+    """The periodic loops of one entry point (the reconciler and the CPU burst loop), started
+    once ``ready`` is set (the store is rebuilt from the runtime), never blocking the start of
+    the entry point itself."""
+
+    def __init__(self, ready: asyncio.Event, reconciler: Reconciler, burst: CPUBurstLoop) -> None:
+        self.reconciler = reconciler
+        self.burst = burst
+        self._started = False
+        self._task = asyncio.create_task(self._start(ready))
+
+    async def _start(self, ready: asyncio.Event) -> None:
+        await ready.wait()
+        await self.reconciler.start()
+        await self.burst.start()
+        self._started = True
+
+    def store_changed(self, pools_changed: bool = True) -> None:
+        """A pod or container arrived, changed or left (see ``Reconciler.store_changed``)."""
+        if self._started:
+            self.reconciler.store_changed(pools_changed)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await self.reconciler.stop()
+        await self.burst.stop()
+
+
+def loops(
+    config: ProxyConfig,
+    backend: ReconcileBackend,
+    *,
+    pm: pluggy.PluginManager,
+    pipeline: Pipeline,
+    applier: FileApplier,
+    node_source: NodeConfig,
+    ready: asyncio.Event,
+    dry_run: bool = False,
+) -> Loops:
+    """The reconciler (at start, on node-config changes, on store changes, every
+    ``reconcilePeriodSeconds``; through the entry point's own hook runner, so plugin policies and
+    timeouts are the configured ones) and the CPU burst loop, over ``backend``'s pods,
+    containers and container updates. Call it on the running event loop."""
+    dry_run = dry_run or config.dryRun
+    in_process = set(plugin_order(pm))
+    reconciler = Reconciler(
+        backend,
+        pm=pm,
+        order=[step.name for step in pipeline.steps if step.name in in_process],
+        pipeline=pipeline,
+        cgroups=applier.cgroups,
+        resctrl=applier.resctrl,
+        period=config.reconcilePeriodSeconds,
+        dry_run=dry_run,
+        node_changes=node_source.changes(),
+    )
+    burst = CPUBurstLoop(backend, cgroups=applier.cgroups, dry_run=dry_run)
+    return Loops(ready, reconciler, burst)

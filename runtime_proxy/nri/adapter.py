@@ -25,7 +25,7 @@ rules). In dry-run mode plans are logged and replies carry no changes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -170,6 +170,7 @@ class NriEngine:
         node_source: NodeSource | None = None,
         applier: Applier | None = None,
         dry_run: bool = False,
+        on_store_change: Callable[[bool], None] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.node_source = node_source or StaticNode()
@@ -181,6 +182,14 @@ class NriEngine:
         # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
         self._deferred: OrderedDict[str, Plan] = OrderedDict()
         self.runtime = ""
+        # Ids of containers the runtime stopped (still in the store until removed): the loops
+        # leave them alone.
+        self.stopped: set[str] = set()
+        # Called after an event changed the store with "did the bound cpusets (the share pools'
+        # input) change?", so the reconciler pushes new pools to running containers at once.
+        self.on_store_change = on_store_change
+        self._notified_version = -1
+        self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] = ({}, frozenset())
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -192,6 +201,21 @@ class NriEngine:
         if version != self._refreshed_version:
             await self._bound.refresh(self.store.pods())
             self._refreshed_version = version
+
+    async def _notify(self) -> None:
+        """Tell ``on_store_change`` about a store change (once per store version)."""
+        if self.on_store_change is None or self.store.version == self._notified_version:
+            return
+        self._notified_version = self.store.version
+        try:
+            await self._refresh()
+            pools = self._bound.bound(self.store.pods())
+            changed = pools != self._pools
+            self._pools = pools
+        except Exception:
+            log.exception("bound cpusets not recomputed")
+            changed = True
+        self.on_store_change(changed)
 
     def node(self) -> NodeFacts:
         """The node config plus the CPUs bound to the stored pods."""
@@ -244,6 +268,11 @@ class NriEngine:
         """Nothing to drop: the next session's Synchronize rebuilds the store."""
 
     async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
+        result = await self._synchronize(pods, containers)
+        await self._notify()
+        return result
+
+    async def _synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
         """Rebuild the store from the runtime, then reconcile: every pod through
         ``ReconcilePod`` (its writes applied) and every running container through
         ``ReconcileContainer``, whose resource changes go back as updates with
@@ -254,13 +283,18 @@ class NriEngine:
         for pod in pods:
             store.put_pod(pod_facts(pod))
         running: list[tuple[str, ContainerFacts]] = []
+        stopped: set[str] = set()
         for container in containers:
             facts = container_facts(container)
             store.put_container(container.pod_sandbox_id, facts)
             if container.state == nri_pb2.CONTAINER_RUNNING:
                 running.append((container.pod_sandbox_id, facts))
+            elif container.state == nri_pb2.CONTAINER_STOPPED:
+                stopped.add(container.id)
         self.store = store
+        self.stopped = stopped
         self._refreshed_version = -1
+        self._notified_version = -1
         for each_pod in store.pods():
             await self._stage_and_apply("ReconcilePod", each_pod, None)
         updates: list[Any] = []
@@ -272,14 +306,22 @@ class NriEngine:
             if result is None or self.dry_run:
                 continue
             await self._apply(result.plan, "ReconcileContainer")
-            res, _ = linux_resources(result.plan.resources)
+            res, skipped = linux_resources(result.plan.resources)
             if res.ListFields():
                 update = nri_pb2.ContainerUpdate(container_id=container_f.id, ignore_failure=True)
                 update.linux.resources.CopyFrom(res)
                 updates.append(update)
+                # Recorded as sent, so the reconciler's first round does not send them again.
+                sent = {k: v for k, v in result.plan.resources.items() if k not in skipped}
+                store.put_container(sandbox_id, container_f.replace(resources=container_f.resources.with_changes(sent)))
         return updates
 
     async def create_container(self, pod: Any, container: Any) -> Any:
+        result = await self._create_container(pod, container)
+        await self._notify()
+        return result
+
+    async def _create_container(self, pod: Any, container: Any) -> Any:
         pod_f, container_f = self._remember(pod, container)
         assert container_f is not None
         reply = nri_pb2.CreateContainerResponse()
@@ -305,6 +347,11 @@ class NriEngine:
         return reply
 
     async def update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
+        result = await self._update_container(pod, container, resources)
+        await self._notify()
+        return result
+
+    async def _update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
         pod_f, container_f = self._remember(pod, container)
         assert container_f is not None
         incoming = resources_from_nri(resources)
@@ -331,10 +378,15 @@ class NriEngine:
 
     async def stop_container(self, pod: Any, container: Any) -> list[Any]:
         pod_f, container_f = self._remember(pod, container)
+        self.stopped.add(container.id)
         await self._stage_and_apply("PostStopContainer", pod_f, container_f)
         return []
 
     async def state_change(self, event: int, pod: Any, container: Any | None) -> None:
+        await self._state_change(event, pod, container)
+        await self._notify()
+
+    async def _state_change(self, event: int, pod: Any, container: Any | None) -> None:
         pod_f, container_f = self._remember(pod, container)
         if event == E.RUN_POD_SANDBOX:
             self.store.put_pod(pod_f)
@@ -352,6 +404,7 @@ class NriEngine:
             await self._stage_and_apply("PostStopPodSandbox", pod_f, None)
         elif event == E.REMOVE_POD_SANDBOX:
             self.store.drop_pod(pod_f.sandbox_id)
+            self.stopped &= {c.id for _, c in self.store.containers()}
             await self._stage_and_apply("PostRemovePodSandbox", pod_f, None)
         elif container_f is None:
             return
@@ -367,8 +420,10 @@ class NriEngine:
         elif event == E.POST_UPDATE_CONTAINER:
             await self._stage_and_apply("PostUpdateContainerResources", pod_f, container_f)
         elif event == E.STOP_CONTAINER:
+            self.stopped.add(container_f.id)
             await self._stage_and_apply("PostStopContainer", pod_f, container_f)
         elif event == E.REMOVE_CONTAINER:
             self._deferred.pop(container_f.id, None)
             self.store.drop_container(container_f.id)
+            self.stopped.discard(container_f.id)
             await self._stage_and_apply("PostRemoveContainer", pod_f, container_f)

@@ -1,9 +1,12 @@
 """``runtime-proxy nri``: run the plugins as a containerd NRI plugin (no kubelet change).
 
 Builds the same parts as ``serve`` from the same ``--config`` file (``runtime_proxy.server``):
-plugins and their failure policies, the pipeline, hook-server registrations, node config and
-the file applier; then registers with the runtime's NRI socket and serves events until SIGTERM
-or SIGINT, reconnecting whenever the runtime goes away (``runtime_proxy.nri.plugin``).
+plugins and their failure policies, the pipeline, hook-server registrations, node config, the
+file applier and the periodic loops (``runtime_proxy.wiring.loops``: reconciler and CPU burst
+loop, started after the first Synchronize, sending container updates as unsolicited
+``UpdateContainers``, ``runtime_proxy.nri.backend``); then registers with the runtime's NRI
+socket and serves events until SIGTERM or SIGINT, reconnecting whenever the runtime goes away
+(``runtime_proxy.nri.plugin``).
 """
 
 from __future__ import annotations
@@ -14,16 +17,23 @@ import importlib
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.nri.plugin import DEFAULT_SOCKET, PluginIdentity
 
+if TYPE_CHECKING:
+    from runtime_proxy.engine.pipeline import Pipeline
+    from runtime_proxy.host.apply import FileApplier
+    from runtime_proxy.nri.adapter import NriEngine
+    from runtime_proxy.nri.plugin import NriPlugin
+    from runtime_proxy.state.nodeconfig import NodeConfig
+
 log = structlog.get_logger(__name__)
 
-__all__ = ["NriOptions", "add_parser", "build", "main_from_args", "run"]
+__all__ = ["NriOptions", "NriParts", "add_parser", "build", "main_from_args", "run"]
 
 DEFAULT_NAME = "runtime-hook-proxy"
 DEFAULT_IDX = "50"
@@ -40,6 +50,19 @@ class NriOptions:
     hook_servers: bool = True
     extra_plugins: tuple[object, ...] = ()
     builtins: tuple[str, ...] | None = None
+    reconcile: bool = True
+
+
+@dataclass
+class NriParts:
+    """What ``build`` makes; nothing is started."""
+
+    plugin: NriPlugin
+    engine: NriEngine
+    node_watch: NodeConfig
+    pm: Any
+    pipeline: Pipeline
+    applier: FileApplier
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,8 +109,8 @@ def main_from_args(args: argparse.Namespace) -> int:
     return 0
 
 
-def build(opts: NriOptions) -> tuple[Any, Any, Any]:
-    """(plugin, engine, node watch) for ``opts``; nothing is started."""
+def build(opts: NriOptions) -> NriParts:
+    """The plugin, its engine and the parts the loops share with it, for ``opts``."""
     from hooks.manager import make_plugin_manager, plugin_order
     from runtime_proxy import wiring
     from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
@@ -105,15 +128,17 @@ def build(opts: NriOptions) -> tuple[Any, Any, Any]:
     applier = wiring.applier(cfg, dry_run=dry_run)
     engine = NriEngine(pipeline, node_source=node_source, applier=applier, dry_run=dry_run)
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
-    return plugin, engine, node_watch
+    return NriParts(plugin=plugin, engine=engine, node_watch=node_watch, pm=pm, pipeline=pipeline, applier=applier)
 
 
 async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given)."""
-    from runtime_proxy import metrics
+    from runtime_proxy import metrics, wiring
     from runtime_proxy.engine.remote import HookServerRegistry
+    from runtime_proxy.nri.backend import NriBackend
 
-    plugin, engine, node_watch = build(opts)
+    parts = build(opts)
+    plugin, engine, node_watch = parts.plugin, parts.engine, parts.node_watch
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -126,14 +151,20 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         registry = HookServerRegistry(opts.config.hookServerDir, engine.pipeline,
                                       default_timeout=opts.config.hookServerTimeout)
         await registry.start()
-    if node_watch is not None:
-        await node_watch.start()
+    await node_watch.start()
+    loops = None
+    if opts.reconcile:
+        # The loops start once the first Synchronize has filled the store.
+        loops = wiring.loops(opts.config, NriBackend(engine, plugin), pm=parts.pm, pipeline=parts.pipeline,
+                             applier=parts.applier, node_source=node_watch, ready=plugin.synchronized,
+                             dry_run=engine.dry_run)
+        engine.on_store_change = loops.store_changed
     log.info("NRI plugin starting", socket=opts.socket, name=opts.identity.name, idx=opts.identity.idx,
              dry_run=engine.dry_run)
     try:
         await plugin.run(stop)
     finally:
-        for part in (registry, node_watch):
+        for part in (loops, registry, node_watch):
             if part is not None:
                 await part.stop()
         log.info("NRI plugin stopped")

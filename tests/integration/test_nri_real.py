@@ -23,11 +23,19 @@ from rhp_devenv.containerd import PrivateContainerd, binaries_for
 from rhp_devenv.cri import linux_resources
 from rhp_devenv.env import ContainerdEnv
 
+from cri_protos import api_pb2
+from hooks.facts import format_cpu_list
+from runtime_proxy.state.sysfs import read_cpu_topology
+
 from tests.integration import qos_helpers as q
 from tests.integration.harness import REPO, required_versions
 
 VERSIONS = ("2.1", "1.7")
 MiB = 1 << 20
+TOPO = read_cpu_topology()
+ALL_CPUS = format_cpu_list(TOPO.cpus)
+LSR_CPU = str(max(TOPO.cpus))  # the bound CPU; the rest is the LS share pool
+LS_POOL_WITH_LSR = format_cpu_list(TOPO.cpus - {max(TOPO.cpus)})
 
 
 @pytest.fixture(scope="module", params=VERSIONS, ids=[f"containerd-{v}-nri" for v in VERSIONS])
@@ -64,7 +72,7 @@ def containerd(nri_env: ContainerdEnv) -> Iterator[ContainerdEnv]:
 class NriPluginProcess:
     """``runtime-proxy nri`` as a child process, stopped by its PID."""
 
-    def __init__(self, socket: Path, tmp_path: Path) -> None:
+    def __init__(self, socket: Path, tmp_path: Path, *extra: str) -> None:
         self.socket = socket
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.log = tmp_path / "nri-plugin.log"
@@ -73,7 +81,7 @@ class NriPluginProcess:
         self.args = [
             sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level", "info", "nri",
             "--nri-socket", str(socket), "--plugin-name", "rhp-test", "--plugin-idx", "10",
-            "--no-entry-points", "--hook-server-dir", str(hooks),
+            "--no-entry-points", "--hook-server-dir", str(hooks), *extra,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -235,3 +243,56 @@ def test_pods_keep_starting_while_the_plugin_hangs(containerd: ContainerdEnv, nr
     cpu = _a_cpu()
     parent, _, cid = _lsr_pod(containerd, cpu)
     assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
+
+
+def test_ls_pod_gets_the_share_pool_and_follows_it_when_an_lsr_pod_arrives_and_leaves(
+    containerd: ContainerdEnv, tmp_path: Path
+) -> None:
+    """The running LS container shrinks off the LSR pod's CPU and grows back through the
+    reconciler's unsolicited UpdateContainers (containerd itself then reports the new cpuset);
+    the LSR container is bound to its CPU."""
+    if len(TOPO.cpus) < 2 or TOPO.numa_nodes != (0,):
+        pytest.skip(f"needs 2+ CPUs on one NUMA node 0; this machine has {ALL_CPUS} on {TOPO.numa_nodes}")
+    node_file = q.write_node_config(tmp_path / "node.json")
+    plugin = NriPluginProcess(containerd.ctrd.nri_socket, tmp_path / "plugin", "--node-config", str(node_file))
+    plugin.start()
+    try:
+        client = containerd.cri_client()
+        ls_parent = containerd.new_cgroup_parent("burstable")
+        ls = client.run_pod(cgroup_parent=ls_parent, labels={q.LABEL_QOS: "LS"})
+        ls_cid = client.run_container(ls, name="ls-app", resources=linux_resources(cpu_shares=512, cpu_quota=100_000))
+
+        def ls_cpus() -> str:
+            return q.read_container_file(ls_parent, ls_cid, "cpuset.cpus")
+
+        def reported() -> str:
+            return str(client.container_status(ls_cid).resources.linux.cpuset_cpus)
+
+        assert ls_cpus() == ALL_CPUS
+        lsr_parent, lsr, lsr_cid = _lsr_pod(containerd, LSR_CPU)
+        assert q.read_container_file(lsr_parent, lsr_cid, "cpuset.cpus") == LSR_CPU
+        q.wait_for(ls_cpus, LS_POOL_WITH_LSR, what="LS cpuset after the LSR pod arrived")
+        q.wait_for(reported, LS_POOL_WITH_LSR, what="containerd's record of the LS cpuset", timeout=5.0)
+        assert q.read_container_file(ls_parent, ls_cid, "cpu.cfs_quota_us") == "100000"
+        client.remove_pod(lsr)
+        q.wait_for(ls_cpus, ALL_CPUS, what="LS cpuset after the LSR pod left")
+        q.wait_for(reported, ALL_CPUS, what="containerd's record of the LS cpuset", timeout=5.0)
+        assert plugin.proc is not None and plugin.proc.poll() is None
+    finally:
+        plugin.stop()
+
+
+def test_env_from_the_gpu_plugin_arrives_in_the_container(containerd: ContainerdEnv,
+                                                          nri_plugin: NriPluginProcess) -> None:
+    """A pod whose ``device-allocated`` annotation names GPU minors 1 and 3: the container's
+    process sees ``NVIDIA_VISIBLE_DEVICES=1,3`` (read from its /proc/1/environ by ExecSync)."""
+    client = containerd.cri_client()
+    allocated = json.dumps({"gpu": [{"minor": 1, "resources": {}}, {"minor": 3, "resources": {}}]})
+    pod = client.run_pod(cgroup_parent=containerd.new_cgroup_parent("burstable"), labels={q.LABEL_QOS: "LS"},
+                         annotations={"scheduling.koordinator.sh/device-allocated": allocated})
+    cid = client.run_container(pod, name="cuda")
+    out = client.runtime.ExecSync(
+        api_pb2.ExecSyncRequest(container_id=cid, cmd=["cat", "/proc/1/environ"], timeout=10), timeout=20)
+    assert out.exit_code == 0, out.stderr
+    env = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == "1,3"

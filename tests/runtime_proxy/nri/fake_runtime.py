@@ -24,6 +24,9 @@ class FakeRuntime:
         # Called with the session before the RegisterPlugin reply is sent (early Configure).
         self.before_register_reply: Callable[[Session], Any] | None = None
         self.max_frame_seen = 0
+        # UpdateContainers answers with every update in its failed list.
+        self.refuse_updates = False
+        self.updated = asyncio.Event()
 
     async def start(self) -> FakeRuntime:
         self.server = await asyncio.start_unix_server(self._accept, path=str(self.path))
@@ -87,8 +90,11 @@ class Session:
             reply = ttrpc_pb2.Response(payload=nri_pb2.Empty().SerializeToString())
             self.registered.set()
         elif request.method == "UpdateContainers":
-            self.update_requests.append(nri_pb2.UpdateContainersRequest.FromString(request.payload))
-            reply = ttrpc_pb2.Response(payload=b"")
+            update = nri_pb2.UpdateContainersRequest.FromString(request.payload)
+            self.update_requests.append(update)
+            failed = list(update.update) if self.runtime.refuse_updates else []
+            reply = ttrpc_pb2.Response(payload=nri_pb2.UpdateContainersResponse(failed=failed).SerializeToString())
+            self.runtime.updated.set()
         else:
             reply = ttrpc_pb2.Response(status=ttrpc_pb2.Status(code=12, message="unknown"))
         self.send(mux.RUNTIME_CONN, ttrpc.encode_message(msg.stream_id, ttrpc.TYPE_RESPONSE, reply.SerializeToString()))

@@ -32,7 +32,8 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
 def test_build_uses_the_same_config_as_serve(tmp_path: Path) -> None:
     config = ProxyConfig(plugins=[{"name": "cpuset", "policy": "Fail"}], dryRun=True,  # type: ignore[list-item]
                          hookServerDir=str(tmp_path), cgroupRoot=str(tmp_path))
-    plugin, engine, _ = build(NriOptions(socket=str(tmp_path / "nri.sock"), config=config, entry_points=False))
+    parts = build(NriOptions(socket=str(tmp_path / "nri.sock"), config=config, entry_points=False))
+    plugin, engine = parts.plugin, parts.engine
     assert [(s.name, s.policy) for s in engine.pipeline.steps] == [("cpuset", "Fail")]
     assert engine.dry_run
     assert plugin.socket_path == str(tmp_path / "nri.sock")
