@@ -26,7 +26,6 @@ from rhp_devenv.env import ContainerdEnv
 from cri_protos import api_pb2
 from hooks.facts import format_cpu_list
 from runtime_proxy.state.sysfs import read_cpu_topology
-
 from tests.integration import qos_helpers as q
 from tests.integration.harness import REPO, required_versions
 

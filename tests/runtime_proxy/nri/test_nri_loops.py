@@ -15,7 +15,6 @@ import pytest
 
 from cri_protos import nri_pb2
 from hooks.facts import format_cpu_list
-from hooks.manager import make_plugin_manager
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.nri.adapter import NriEngine
