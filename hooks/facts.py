@@ -213,6 +213,11 @@ class PodFacts:
     # The pod's containers as far as the caller knows them (the reconciler fills this; CRI
     # hooks may leave it empty). Used for pod-level sums such as the pod's cpu.cfs_burst_us.
     containers: tuple[ContainerFacts, ...] = ()
+    # The pod's ``spec.priority`` when known. CRI does not carry it, so the proxy's store leaves
+    # it None; a caller that has the cluster's pod object (the planner's input, a test) fills
+    # it. Decisions that order pods by priority (the eviction plugins) read None as 0, the
+    # priority the API server gives a pod without a priority class.
+    priority: int | None = None
 
     @property
     def qos_label(self) -> str:

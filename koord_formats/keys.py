@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "ANNOTATION_DEVICE_ALLOCATED",
+    "ANNOTATION_EVICTION_POLICY",
     "ANNOTATION_EXTENDED_RESOURCE_SPEC",
     "ANNOTATION_NUMA_TOPOLOGY_SPEC",
     "ANNOTATION_POD_CPU_BURST",
@@ -22,6 +23,9 @@ __all__ = [
     "BIND_POLICY_FULL_PCPUS",
     "BIND_POLICY_SPREAD_BY_PCPUS",
     "CPU_BURST_POLICIES",
+    "CPU_EVICT_POLICIES",
+    "CPU_EVICT_POLICY_ALLOCATABLE",
+    "CPU_EVICT_POLICY_REAL_LIMIT",
     "CPU_POLICIES",
     "CPU_POLICY_CORE_SCHED",
     "CPU_POLICY_GROUP_IDENTITY",
@@ -30,10 +34,13 @@ __all__ = [
     "DEVICE_TYPE_FPGA",
     "DEVICE_TYPE_GPU",
     "DEVICE_TYPE_RDMA",
+    "EVICTION_FEATURES",
     "EXCLUSIVE_POLICIES",
     "EXCLUSIVE_POLICY_NONE",
     "EXCLUSIVE_POLICY_NUMA_NODE_LEVEL",
     "EXCLUSIVE_POLICY_PCPU_LEVEL",
+    "FEATURE_BE_CPU_EVICT",
+    "FEATURE_BE_MEMORY_EVICT",
     "GPU_RESOURCE_NAMES",
     "HOST_APP_BASES",
     "KOORD_QOS_CLASSES",
@@ -210,6 +217,13 @@ class SLO:
     CPU_SUPPRESS_THRESHOLD_PERCENT = "cpuSuppressThresholdPercent"
     CPU_SUPPRESS_POLICY = "cpuSuppressPolicy"
     MEMORY_EVICT_THRESHOLD_PERCENT = "memoryEvictThresholdPercent"
+    MEMORY_EVICT_LOWER_PERCENT = "memoryEvictLowerPercent"
+    CPU_EVICT_BE_SATISFACTION_LOWER_PERCENT = "cpuEvictBESatisfactionLowerPercent"
+    CPU_EVICT_BE_SATISFACTION_UPPER_PERCENT = "cpuEvictBESatisfactionUpperPercent"
+    CPU_EVICT_BE_USAGE_THRESHOLD_PERCENT = "cpuEvictBEUsageThresholdPercent"
+    CPU_EVICT_TIME_WINDOW_SECONDS = "cpuEvictTimeWindowSeconds"
+    CPU_EVICT_POLICY = "cpuEvictPolicy"
+    EVICT_ENABLED_PRIORITY_THRESHOLD = "evictEnabledPriorityThreshold"
     HOST_APPLICATIONS = "hostApplications"
     NAME = "name"
     QOS = "qos"
@@ -235,3 +249,22 @@ CPU_BURST_POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")
 CPU_SUPPRESS_POLICY_CPUSET = "cpuset"
 CPU_SUPPRESS_POLICY_CFS_QUOTA = "cfsQuota"
 HOST_APP_BASES = ("CgroupRoot", "Kubepods", "KubepodsBurstable", "KubepodsBesteffort")
+
+# ---- eviction (apis/slo/v1alpha1/nodeslo_types.go, apis/extension/eviction.go) ------------------
+CPU_EVICT_POLICY_REAL_LIMIT = "evictByRealLimit"
+CPU_EVICT_POLICY_ALLOCATABLE = "evictByAllocatable"
+CPU_EVICT_POLICIES = (CPU_EVICT_POLICY_REAL_LIMIT, CPU_EVICT_POLICY_ALLOCATABLE)
+# Pod annotation: a JSON list of the eviction features allowed to evict the pod
+# ('["BEMemoryEvict","BECPUEvict"]'); absent means every feature may.
+ANNOTATION_EVICTION_POLICY = "koordinator.sh/eviction-policy"
+# koordlet's feature-gate names of the evictions, used in that annotation and in Events.
+FEATURE_BE_MEMORY_EVICT = "BEMemoryEvict"
+FEATURE_BE_CPU_EVICT = "BECPUEvict"
+EVICTION_FEATURES = (
+    FEATURE_BE_MEMORY_EVICT,
+    FEATURE_BE_CPU_EVICT,
+    "MemoryEvict",
+    "MemoryAllocatableEvict",
+    "CPUEvict",
+    "CPUAllocatableEvict",
+)

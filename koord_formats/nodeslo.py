@@ -28,8 +28,11 @@ __all__ = [
     "DEFAULT_CPU_BURST",
     "DEFAULT_GROUP_IDENTITY",
     "DEFAULT_RESCTRL",
+    "MAX_CPU_EVICT_WINDOW_SECONDS",
+    "MEMORY_EVICT_LOWER_GAP",
     "CPUBurstConfig",
     "CPUSuppress",
+    "Eviction",
     "HostApplication",
     "HostCgroupPath",
     "ResctrlQOS",
@@ -39,6 +42,7 @@ __all__ = [
     "cpu_policy",
     "cpu_qos",
     "cpu_suppress",
+    "eviction",
     "group_identity_enabled",
     "host_application",
     "host_applications",
@@ -301,6 +305,7 @@ def validate_node_slo(spec: object) -> None:
         resctrl_qos(spec, class_key, problems)
     cpu_burst(spec, problems)
     cpu_suppress(spec, problems)
+    eviction(spec, problems)
     host_applications(spec, problems)
     if problems:
         raise FormatError(problems[0])
@@ -385,3 +390,106 @@ def host_applications(spec: Mapping[str, Any], problems: list[str] | None = None
     if len(raw) > _MAX_HOST_APPS and problems is not None:
         problems.append(f"NodeSLO {SLO.HOST_APPLICATIONS}: only the first {_MAX_HOST_APPS} are used")
     return tuple(out)
+
+
+# ---- resourceUsedThresholdWithBE: evictions -----------------------------------------------------
+
+MEMORY_EVICT_LOWER_GAP = 2  # memoryEvictLowerPercent defaults to the threshold minus this
+MAX_CPU_EVICT_WINDOW_SECONDS = 86400
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """The eviction part of ``resourceUsedThresholdWithBE`` after defaults
+    (DefaultResourceThresholdStrategy and the plugins' own fallbacks).
+
+    Memory eviction (BEMemoryEvict) acts at ``memory_evict_threshold_percent`` of node memory
+    and frees down to ``memory_evict_lower_percent``. CPU eviction by BE satisfaction
+    (BECPUEvict) is off until both satisfaction bounds are set and valid
+    (``cpu_evict_enabled``)."""
+
+    enable: bool = False
+    memory_evict_threshold_percent: int = 70
+    memory_evict_lower_percent: int = 68  # threshold - MEMORY_EVICT_LOWER_GAP unless given
+    cpu_evict_be_satisfaction_lower_percent: int | None = None  # (0, 60]
+    cpu_evict_be_satisfaction_upper_percent: int | None = None  # (0, 100), >= lower
+    cpu_evict_be_usage_threshold_percent: int = 90
+    cpu_evict_time_window_seconds: int | None = None  # None: one sampling interval
+    cpu_evict_policy: str = keys.CPU_EVICT_POLICY_REAL_LIMIT
+    evict_enabled_priority_threshold: int | None = None
+
+    @property
+    def cpu_evict_enabled(self) -> bool:
+        return (
+            self.cpu_evict_be_satisfaction_lower_percent is not None
+            and self.cpu_evict_be_satisfaction_upper_percent is not None
+        )
+
+
+def _optional_int(
+    sec: Mapping[str, Any], key: str, lo: int, hi: int, problems: list[str] | None
+) -> int | None:
+    value = _typed(sec, key, int, None, problems)
+    if value is None:
+        return None
+    if lo <= value <= hi:
+        return int(value)
+    if problems is not None:
+        problems.append(f"NodeSLO {key}={value} is outside {lo}..{hi}; left unset")
+    return None
+
+
+def eviction(spec: Mapping[str, Any], problems: list[str] | None = None) -> Eviction:
+    """The eviction fields of ``resourceUsedThresholdWithBE`` with their defaults. Never raises:
+    a wrong type or a value out of range is reported in ``problems`` and replaced by its
+    default (for the satisfaction bounds: both left unset, so CPU eviction stays off)."""
+    sec = section(spec, SLO.RESOURCE_USED_THRESHOLD_WITH_BE)
+    base = Eviction()
+    threshold = _ranged(
+        _typed(sec, SLO.MEMORY_EVICT_THRESHOLD_PERCENT, int, base.memory_evict_threshold_percent, problems),
+        0, 100, base.memory_evict_threshold_percent, SLO.MEMORY_EVICT_THRESHOLD_PERCENT, problems,
+    )
+    default_lower = max(threshold - MEMORY_EVICT_LOWER_GAP, 0)
+    lower = _optional_int(sec, SLO.MEMORY_EVICT_LOWER_PERCENT, 0, 100, problems)
+    if lower is not None and lower >= threshold:
+        if problems is not None:
+            problems.append(
+                f"NodeSLO {SLO.MEMORY_EVICT_LOWER_PERCENT}={lower} is not below "
+                f"{SLO.MEMORY_EVICT_THRESHOLD_PERCENT}={threshold}; using {default_lower}"
+            )
+        lower = None
+    sat_lower = _optional_int(sec, SLO.CPU_EVICT_BE_SATISFACTION_LOWER_PERCENT, 1, 60, problems)
+    sat_upper = _optional_int(sec, SLO.CPU_EVICT_BE_SATISFACTION_UPPER_PERCENT, 1, 99, problems)
+    if sat_lower is not None and sat_upper is not None and sat_upper < sat_lower:
+        if problems is not None:
+            problems.append(
+                f"NodeSLO {SLO.CPU_EVICT_BE_SATISFACTION_UPPER_PERCENT}={sat_upper} is below "
+                f"{SLO.CPU_EVICT_BE_SATISFACTION_LOWER_PERCENT}={sat_lower}; CPU eviction stays off"
+            )
+        sat_lower = sat_upper = None
+    policy = _typed(sec, SLO.CPU_EVICT_POLICY, str, base.cpu_evict_policy, problems)
+    if policy not in keys.CPU_EVICT_POLICIES:
+        if problems is not None:
+            problems.append(
+                f"NodeSLO {SLO.CPU_EVICT_POLICY}={policy[:64]!r} is unknown; using {base.cpu_evict_policy!r}"
+            )
+        policy = base.cpu_evict_policy
+    return Eviction(
+        enable=_typed(sec, SLO.ENABLE, bool, base.enable, problems),
+        memory_evict_threshold_percent=threshold,
+        memory_evict_lower_percent=default_lower if lower is None else lower,
+        cpu_evict_be_satisfaction_lower_percent=sat_lower,
+        cpu_evict_be_satisfaction_upper_percent=sat_upper,
+        cpu_evict_be_usage_threshold_percent=_ranged(
+            _typed(sec, SLO.CPU_EVICT_BE_USAGE_THRESHOLD_PERCENT, int, base.cpu_evict_be_usage_threshold_percent,
+                   problems),
+            0, 100, base.cpu_evict_be_usage_threshold_percent, SLO.CPU_EVICT_BE_USAGE_THRESHOLD_PERCENT, problems,
+        ),
+        cpu_evict_time_window_seconds=_optional_int(
+            sec, SLO.CPU_EVICT_TIME_WINDOW_SECONDS, 1, MAX_CPU_EVICT_WINDOW_SECONDS, problems
+        ),
+        cpu_evict_policy=policy,
+        evict_enabled_priority_threshold=_optional_int(
+            sec, SLO.EVICT_ENABLED_PRIORITY_THRESHOLD, -(2**31), 2**31 - 1, problems
+        ),
+    )

@@ -18,6 +18,7 @@ Formats (koordinator-sh/koordinator ``apis/extension/numa_aware.go``, ``device_s
 - ``node.koordinator.sh/extended-resource-spec``:
   ``{"containers":{"c1":{"requests":{"kubernetes.io/batch-cpu":"1000"},"limits":{...}}}}``
 - ``koordinator.sh/cpuQOS``: ``{"enable":true,"groupIdentity":-1}``
+- ``koordinator.sh/eviction-policy``: ``["BEMemoryEvict","BECPUEvict"]``
 - ``node.koordinator.sh/resctrl``: ``{"llc":{"schemata":{"range":[20,80]},
   "schemataPerCache":[{"cacheID":0,"range":[20,50]}]},"mb":{"schemata":{"percent":20}}}``
 """
@@ -47,6 +48,7 @@ from koord_formats.errors import FormatError
 from koord_formats.quantity import format_quantity, parse_quantity
 
 __all__ = [
+    "MAX_EVICTION_POLICY_CHARS",
     "MAX_NUMA_NODE_ID",
     "ContainerResourceSpec",
     "DeviceAllocation",
@@ -57,9 +59,11 @@ __all__ = [
     "ResctrlSchemata",
     "ResourceSpec",
     "ResourceStatus",
+    "eviction_allowed",
     "format_device_allocated",
     "format_resource_status",
     "parse_device_allocated",
+    "parse_eviction_policy",
     "parse_extended_resource_spec",
     "parse_numa_topology_spec",
     "parse_pod_cpu_qos",
@@ -397,3 +401,29 @@ def parse_pod_resctrl(text: str) -> PodResctrl:
         llc=None if llc is None else _schemata(llc, f"{what} llc", ranges=True),
         mb=None if mb is None else _schemata(mb, f"{what} mb", ranges=False),
     )
+
+
+# ---- eviction-policy ----------------------------------------------------------------------------------
+
+MAX_EVICTION_POLICY_CHARS = 4096
+_MAX_EVICTION_FEATURES = 32
+
+
+@memo_by_text(maxsize=256)
+def parse_eviction_policy(text: str) -> frozenset[str]:
+    """Parse ``koordinator.sh/eviction-policy``: a JSON list of eviction feature names
+    (``["BEMemoryEvict","BECPUEvict"]``), the features allowed to evict the pod. Names are kept
+    as given (unknown ones allow nothing); at most 32 names of at most 253 characters."""
+    what = "eviction-policy"
+    items = read_list(load_json(text, what, max_chars=MAX_EVICTION_POLICY_CHARS), what, _MAX_EVICTION_FEATURES)
+    return frozenset(read_str(item, f"{what} feature") for item in items)
+
+
+def eviction_allowed(annotations: Mapping[str, str], feature: str) -> bool:
+    """True when the pod's ``koordinator.sh/eviction-policy`` lets ``feature`` evict it: the
+    annotation is absent (every feature may) or lists ``feature``. ``FormatError`` when it is
+    malformed."""
+    raw = annotations.get(keys.ANNOTATION_EVICTION_POLICY)
+    if raw is None:
+        return True
+    return feature in parse_eviction_policy(raw)

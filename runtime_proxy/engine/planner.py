@@ -186,7 +186,7 @@ def container_facts_from_json(data: Mapping[str, Any], where: str = "container")
 
 def pod_facts_from_json(data: Mapping[str, Any], where: str = "pod") -> PodFacts:
     """``{"name","namespace","uid","labels","annotations","cgroupParent","kubeQOS",
-    "sandboxId","containers"}`` -> ``PodFacts``."""
+    "sandboxId","containers","priority"}`` -> ``PodFacts``."""
     if not isinstance(data, Mapping):
         raise PlanInputError(f"{where} must be an object")
     kube_qos = _str(data, "kubeQOS", where)
@@ -195,7 +195,12 @@ def pod_facts_from_json(data: Mapping[str, Any], where: str = "pod") -> PodFacts
     containers = data.get("containers") or []
     if not isinstance(containers, list):
         raise PlanInputError(f"{where}.containers must be a list")
+    priority = data.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or not -(2**31) <= priority < 2**31):
+        raise PlanInputError(f"{where}.priority must be a 32-bit integer (the pod's spec.priority)")
     return PodFacts(
+        priority=priority,
         name=_str(data, "name", where),
         namespace=_str(data, "namespace", where),
         uid=_str(data, "uid", where),
