@@ -1,6 +1,9 @@
 """The shipped wheel: built from a copy of the source with ``pip wheel``, it holds our packages
 and nothing of the development harness (``devenv/rhp_devenv``), the tests or the benchmarks; and
 ``runtime-proxy`` starts from it in a fresh virtualenv where ``rhp_devenv`` is not installed.
+The base install runs the node part without the extender's dependencies, ``scheduler-ext``
+names its extra when they are missing, and the ``[scheduler]`` and ``[cluster]`` extras bring
+what they promise (the layouts below).
 
 The fresh virtualenv has no pip (``python -m venv --without-pip``); the wheel is unpacked into
 its site-packages, and a ``.pth`` file lends it the third-party dependencies of the project's
@@ -144,4 +147,163 @@ def test_every_shipped_module_imports_without_the_harness(fresh_python: Path) ->
         "        importlib.import_module(info.name)\n"
     )
     proc = _python(fresh_python, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---- install layouts: the base distribution and its extras ---------------------------------------
+#
+# Each layout is a fresh virtualenv holding the wheel plus exactly the distributions that
+# ``pip install 'runtime-hook-proxy[EXTRAS]'`` would bring: the closure of the wheel's own
+# Requires-Dist (markers evaluated for the extras asked for) over the distributions installed in
+# the project's virtualenv, lent by symlinking each one's top-level files into one directory on
+# the fresh environment's path. No index, no download: the layout is what the wheel declares.
+
+SCHEDULER_DEPS = ("starlette", "uvicorn", "aiohttp", "orjson", "httptools", "kubernetes")
+
+
+def _closure(requirements: list[str], extras: tuple[str, ...]) -> set[str]:
+    """Names of the installed distributions ``requirements`` (with ``extras``) pull in."""
+    from importlib import metadata
+
+    packaging_requirements = pytest.importorskip("packaging.requirements")
+    walked: set[tuple[str, tuple[str, ...]]] = set()
+    todo: list[tuple[str, tuple[str, ...]]] = [(r, extras) for r in requirements]
+    while todo:
+        text, active = todo.pop()
+        req = packaging_requirements.Requirement(text)
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in (*active, "")):
+            continue
+        ours = req.name.lower().replace("_", "-") == "runtime-hook-proxy"
+        key = "runtime-hook-proxy" if ours else metadata.distribution(req.name).metadata["Name"].lower()
+        node = (key.replace("_", "-"), tuple(sorted(req.extras)))
+        if node in walked:
+            continue
+        walked.add(node)
+        # Our own extras (dev pulls [cluster,scheduler]): the wheel's requirements again.
+        requires = requirements if ours else metadata.distribution(req.name).requires or ()
+        todo += [(r, tuple(req.extras)) for r in requires]
+    return {name for name, _ in walked if name != "runtime-hook-proxy"}
+
+
+def _lend(dists: set[str], target: Path) -> None:
+    from importlib import metadata
+
+    target.mkdir()
+    for name in sorted(dists):
+        dist = metadata.distribution(name)
+        root = Path(str(dist.locate_file("")))
+        for top in sorted({PurePosixPath(str(f)).parts[0] for f in dist.files or ()}):
+            if top in ("..", "bin", "__pycache__") or (target / top).exists():
+                continue
+            if (root / top).exists():
+                (target / top).symlink_to(root / top)
+
+
+def _wheel_requirements(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        text = zf.read(meta).decode()
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def _entry_points(wheel: Path) -> dict[str, str]:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        lines = zf.read(name).decode().splitlines()
+    out: dict[str, str] = {}
+    section = ""
+    for line in lines:
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif "=" in line and section == "console_scripts":
+            key, value = (part.strip() for part in line.split("=", 1))
+            out[key] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def layouts(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``{"base": python, "scheduler": python, "cluster": python}``."""
+    requirements = _wheel_requirements(wheel)
+    out: dict[str, Path] = {}
+    for layout, extras in (("base", ()), ("scheduler", ("scheduler",)), ("cluster", ("cluster",))):
+        venv = tmp_path_factory.mktemp(f"venv-{layout}")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        python = venv / "bin" / "python"
+        site = Path(subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout.strip())
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(site)
+        lent = venv / "lent"
+        _lend(_closure(requirements, extras), lent)
+        (site / "zz_lent_dependencies.pth").write_text(f"{lent}\n")
+        out[layout] = python
+    return out
+
+
+def _script(python: Path, wheel: Path, name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run console script ``name`` as its generated wrapper would: ``sys.exit(func())``."""
+    module, func = _entry_points(wheel)[name].split(":")
+    code = f"import sys; sys.argv = {[name, *argv]!r}; from {module} import {func}; sys.exit({func}())"
+    return _python(python, "-c", code)
+
+
+def test_the_base_install_holds_none_of_the_extras_dependencies(wheel: Path) -> None:
+    base = _closure(_wheel_requirements(wheel), ())
+    assert not base & {*SCHEDULER_DEPS, "aiohttp-retry", "urllib3", "requests"}, sorted(base)
+    assert {"grpcio", "protobuf", "pydantic", "pluggy", "structlog"} <= base
+    assert set(SCHEDULER_DEPS) <= _closure(_wheel_requirements(wheel), ("scheduler",))
+    assert "kubernetes" in _closure(_wheel_requirements(wheel), ("cluster",))
+    assert set(SCHEDULER_DEPS) <= _closure(_wheel_requirements(wheel), ("dev",)), "dev must pull every extra"
+
+
+def test_the_base_install_runs_the_node_part(layouts: dict[str, Path], wheel: Path) -> None:
+    python = layouts["base"]
+    proc = _script(python, wheel, "runtime-proxy", "serve", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: runtime-proxy serve" in proc.stdout
+    code = (
+        "import importlib, pkgutil\n"
+        "for top in ('runtime_proxy', 'hooks', 'cri_protos', 'koord_formats'):\n"
+        "    pkg = importlib.import_module(top)\n"
+        "    for info in pkgutil.walk_packages(pkg.__path__, top + '.'):\n"
+        "        importlib.import_module(info.name)\n"
+        f"for name in {SCHEDULER_DEPS!r}:\n"
+        "    assert importlib.util.find_spec(name) is None, name\n"
+    )
+    proc = _python(python, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_scheduler_ext_without_its_extra_names_the_extra(layouts: dict[str, Path], wheel: Path) -> None:
+    proc = _script(layouts["base"], wheel, "scheduler-ext", "--help")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "pip install 'runtime-hook-proxy[scheduler]'" in proc.stderr
+
+
+def test_from_cluster_without_its_extra_names_the_extra(layouts: dict[str, Path], tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("fromCluster: true\n")
+    code = ("from runtime_proxy.config import check_usable, load_config\n"
+            f"check_usable(load_config({str(config)!r}))\n")
+    proc = _python(layouts["base"], "-c", code)
+    assert proc.returncode != 0 and "runtime-hook-proxy[cluster]" in proc.stderr
+    proc = _python(layouts["cluster"], "-c", code)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_scheduler_extra_runs_the_extender(layouts: dict[str, Path], wheel: Path) -> None:
+    python = layouts["scheduler"]
+    proc = _script(python, wheel, "scheduler-ext", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: scheduler-ext" in proc.stdout
+    code = (
+        "import importlib, pkgutil, scheduler_ext\n"
+        "for info in pkgutil.walk_packages(scheduler_ext.__path__, 'scheduler_ext.'):\n"
+        "    importlib.import_module(info.name)\n"
+    )
+    proc = _python(python, "-c", code)
     assert proc.returncode == 0, proc.stderr

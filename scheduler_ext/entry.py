@@ -1,0 +1,38 @@
+"""The ``scheduler-ext`` console script: checks that the extender's dependencies (the
+``runtime-hook-proxy[scheduler]`` extra) are installed, then runs ``scheduler_ext.cli.main``.
+
+A node install (``pip install runtime-hook-proxy``) carries only what the node part needs; there
+``scheduler-ext`` prints one line on stderr naming the extra to install and exits with
+``EXIT_MISSING_EXTRA``, instead of an ``ImportError`` traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+__all__ = ["EXIT_MISSING_EXTRA", "REQUIRED", "main", "missing"]
+
+# Import names of the [scheduler] extra's distributions (pyproject.toml).
+REQUIRED = ("kubernetes", "starlette", "uvicorn", "orjson", "httptools", "aiohttp")
+EXIT_MISSING_EXTRA = 2
+
+
+def missing() -> list[str]:
+    """The extra's modules that cannot be found."""
+    return [name for name in REQUIRED if importlib.util.find_spec(name) is None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    absent = missing()
+    if absent:
+        print(f"scheduler-ext: the extender's dependencies are not installed ({', '.join(absent)}): "
+              "pip install 'runtime-hook-proxy[scheduler]'", file=sys.stderr, flush=True)
+        return EXIT_MISSING_EXTRA
+    from scheduler_ext.cli import main as cli_main
+
+    return cli_main(argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
