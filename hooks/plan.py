@@ -259,8 +259,12 @@ def _claims_of(plan: Plan) -> Iterable[tuple[str, Any]]:
         yield f"labels.{k}", v
     if plan.cgroup_parent is not None:
         yield "cgroupParent", plan.cgroup_parent
+    # A plan may write one file more than once (a two-pass leveled write: the union first,
+    # the target last); what it claims is the value it leaves behind.
+    final: dict[str, str] = {}
     for w in plan.writes:
-        yield f"write:{w.level}:{w.path}:{w.file}", w.value
+        final[f"write:{w.level}:{w.path}:{w.file}"] = w.value
+    yield from final.items()
 
 
 class MergeResult:

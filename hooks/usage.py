@@ -17,11 +17,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["MAX_SAMPLES", "BEState", "ResourceUsage", "Usage", "UsageSample"]
+__all__ = [
+    "EVICTION_MEMORY_SECONDS",
+    "MAX_SAMPLES",
+    "BEState",
+    "EvictionRecord",
+    "ResourceUsage",
+    "Usage",
+    "UsageSample",
+]
 
 # The longest window any decision looks at (cpuEvictTimeWindowSeconds is bounded by this, at
 # one sample per second).
 MAX_SAMPLES = 600
+# How long the usage loop remembers a pod it evicted (Koordinator's evictor caches the uid for
+# two minutes so a terminating pod is not chosen again).
+EVICTION_MEMORY_SECONDS = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +75,25 @@ class UsageSample:
 
 
 @dataclass(frozen=True, slots=True)
+class EvictionRecord:
+    """An eviction the usage loop performed (or asked the API server for) at ``at`` (the
+    samples' clock): decisions use it for their cool-down and to leave a terminating pod out."""
+
+    uid: str
+    feature: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
-    """A window of samples, oldest first, at most ``MAX_SAMPLES`` long."""
+    """A window of samples, oldest first, at most ``MAX_SAMPLES`` long.
+
+    ``interval`` is the seconds between two samples as configured (the sampler's period);
+    ``recent_evictions`` the evictions of the last ``EVICTION_MEMORY_SECONDS``, oldest first."""
 
     samples: tuple[UsageSample, ...] = ()
+    interval: float = 1.0
+    recent_evictions: tuple[EvictionRecord, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.samples) > MAX_SAMPLES:
@@ -80,3 +106,13 @@ class Usage:
     def since(self, at: float) -> tuple[UsageSample, ...]:
         """The samples taken at or after ``at``."""
         return tuple(s for s in self.samples if s.at >= at)
+
+    def last_eviction(self, feature: str) -> float | None:
+        """When ``feature`` last evicted a pod (``None``: not within the remembered time)."""
+        times = [e.at for e in self.recent_evictions if e.feature == feature]
+        return max(times) if times else None
+
+    @property
+    def evicted_uids(self) -> frozenset[str]:
+        """Pods evicted within the remembered time (they may still be terminating)."""
+        return frozenset(e.uid for e in self.recent_evictions)

@@ -33,6 +33,7 @@ __all__ = [
     "ConfigError",
     "PluginConfig",
     "ProxyConfig",
+    "UsageLoopConfig",
     "check_usable",
     "load_config",
     "reference_table",
@@ -65,6 +66,18 @@ class PluginConfig(BaseModel):
                                   "may take, in (0, 300]; default `defaultTimeout`.")
     enabled: bool = Field(default=True, description="`false` keeps the entry in the file but does not run "
                           "the plugin.")
+
+
+class UsageLoopConfig(BaseModel):
+    """``usageLoop``: the usage-driven loop (``runtime_proxy.loops.qos``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable: bool = Field(default=False, description="Run the usage loop: sample node, pod and BE usage every "
+                         "`intervalSeconds` and run the `ReconcileUsage` plugins (CPU suppress, evictions).")
+    intervalSeconds: float = Field(default=1.0, gt=0, le=60, description="Seconds between usage-loop rounds, "
+                                   "in (0, 60] (Koordinator: 1).")
+    procRoot: str = Field(default="/proc", description="Where the usage loop reads `stat` and `meminfo`.")
 
 
 class ProxyConfig(BaseModel):
@@ -110,6 +123,9 @@ class ProxyConfig(BaseModel):
     reconcilePeriodSeconds: float = Field(default=10.0, gt=0, description="Seconds between reconciler "
                                           "rounds (every pod's cgroup and resctrl state made to match "
                                           "its plan again).")
+    usageLoop: UsageLoopConfig = Field(default_factory=UsageLoopConfig, description="The usage loop "
+                                       "(`runtime_proxy/loops/qos.py`): sampling and the `ReconcileUsage` "
+                                       "decisions.")
 
     def plugin_settings(self, registered: list[str]) -> list[tuple[str, Policy, float]]:
         """``(name, policy, timeout)`` for each enabled plugin, in calling order."""
@@ -275,7 +291,8 @@ def _rows(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, str, 
     for name, info in model.model_fields.items():
         key = f"{prefix}{name}"
         if info.default_factory is not None:
-            default = json.dumps(info.default_factory())  # type: ignore[call-arg]
+            value = info.default_factory()  # type: ignore[call-arg]
+            default = json.dumps(value.model_dump() if isinstance(value, BaseModel) else value)
         elif info.is_required():
             default = "required"
         else:
@@ -283,7 +300,7 @@ def _rows(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, str, 
         yield key, _type_name(info.annotation), default, info.description or ""
         inner = _inner_model(info.annotation)
         if isinstance(inner, type) and issubclass(inner, BaseModel):
-            yield from _rows(inner, f"{key}[].")
+            yield from _rows(inner, f"{key}." if info.annotation is inner else f"{key}[].")
 
 
 def reference_table() -> str:

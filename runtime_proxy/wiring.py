@@ -1,6 +1,6 @@
 """Builders of the node-side parts every entry point shares: the node config source, the file
-applier and the periodic loops (``Loops``: the reconciler and the cfsQuotaBurst loop), from a
-``ProxyConfig``.
+applier and the periodic loops (``Loops``: the reconciler, the cfsQuotaBurst loop and, with
+``usageLoop.enable``, the usage loop), from a ``ProxyConfig``.
 
 Used by the composition roots: ``runtime_proxy.server`` (``runtime-proxy serve``),
 ``runtime_proxy.engine.hook_service`` (``runtime-proxy hook-server``) and
@@ -23,6 +23,7 @@ from runtime_proxy.host.apply import FileApplier
 from runtime_proxy.host.cgroups import Cgroups, detect_cgroup_version
 from runtime_proxy.host.resctrl import Resctrl
 from runtime_proxy.loops.burst import CPUBurstLoop
+from runtime_proxy.loops.qos import UsageLoop
 from runtime_proxy.loops.reconciler import ReconcileBackend, Reconciler
 from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig
 from runtime_proxy.state.sysfs import read_cpu_topology
@@ -56,13 +57,16 @@ def applier(config: ProxyConfig, *, dry_run: bool = False) -> FileApplier:
 
 
 class Loops:
-    """The periodic loops of one entry point (the reconciler and the CPU burst loop), started
-    once ``ready`` is set (the store is rebuilt from the runtime), never blocking the start of
-    the entry point itself."""
+    """The periodic loops of one entry point (the reconciler, the CPU burst loop and, when
+    enabled, the usage loop), started once ``ready`` is set (the store is rebuilt from the
+    runtime), never blocking the start of the entry point itself."""
 
-    def __init__(self, ready: asyncio.Event, reconciler: Reconciler, burst: CPUBurstLoop) -> None:
+    def __init__(
+        self, ready: asyncio.Event, reconciler: Reconciler, burst: CPUBurstLoop, usage: UsageLoop | None = None
+    ) -> None:
         self.reconciler = reconciler
         self.burst = burst
+        self.usage = usage
         self._started = False
         self._task = asyncio.create_task(self._start(ready))
 
@@ -70,6 +74,8 @@ class Loops:
         await ready.wait()
         await self.reconciler.start()
         await self.burst.start()
+        if self.usage is not None:
+            await self.usage.start()
         self._started = True
 
     def store_changed(self, pools_changed: bool = True) -> None:
@@ -81,6 +87,8 @@ class Loops:
         self._task.cancel()
         await self.reconciler.stop()
         await self.burst.stop()
+        if self.usage is not None:
+            await self.usage.stop()
 
 
 def loops(
@@ -96,8 +104,10 @@ def loops(
 ) -> Loops:
     """The reconciler (at start, on node-config changes, on store changes, every
     ``reconcilePeriodSeconds``; through the entry point's own hook runner, so plugin policies and
-    timeouts are the configured ones) and the CPU burst loop, over ``backend``'s pods,
-    containers and container updates. Call it on the running event loop."""
+    timeouts are the configured ones), the CPU burst loop and, with ``usageLoop.enable``, the
+    usage loop (``runtime_proxy.loops.qos``: the ``ReconcileUsage`` stage through the same hook
+    runner, writes through the applier's cgroup tree), over ``backend``'s pods, containers and
+    container updates. Call it on the running event loop."""
     dry_run = dry_run or config.dryRun
     in_process = set(plugin_order(pm))
     reconciler = Reconciler(
@@ -112,4 +122,14 @@ def loops(
         node_changes=node_source.changes(),
     )
     burst = CPUBurstLoop(backend, cgroups=applier.cgroups, dry_run=dry_run)
-    return Loops(ready, reconciler, burst)
+    usage: UsageLoop | None = None
+    if config.usageLoop.enable:
+        usage = UsageLoop(
+            backend,
+            pipeline=pipeline,
+            cgroups=applier.cgroups,
+            interval=config.usageLoop.intervalSeconds,
+            proc_root=config.usageLoop.procRoot,
+            dry_run=dry_run,
+        )
+    return Loops(ready, reconciler, burst, usage)

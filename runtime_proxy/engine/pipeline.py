@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -39,6 +39,7 @@ import structlog
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources
 from hooks.plan import Conflict, MergeResult, Plan, Skip
 from hooks.spec import CRI_FIELDS, STAGES
+from hooks.usage import Usage
 from runtime_proxy import metrics
 
 log = structlog.get_logger(__name__)
@@ -67,7 +68,12 @@ class Step(Protocol):
     def handles(self, stage: str) -> bool: ...
 
     async def call(
-        self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts
+        self,
+        stage: str,
+        pod: PodFacts,
+        container: ContainerFacts | None,
+        node: NodeFacts,
+        extra: Mapping[str, Any] | None = None,
     ) -> Plan | None: ...
 
 
@@ -94,10 +100,15 @@ class PluginStep:
         return stage in self._impls
 
     async def call(
-        self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts
+        self,
+        stage: str,
+        pod: PodFacts,
+        container: ContainerFacts | None,
+        node: NodeFacts,
+        extra: Mapping[str, Any] | None = None,
     ) -> Plan | None:
         impl = self._impls[stage]
-        available: dict[str, Any] = {"pod": pod, "container": container, "node": node}
+        available: dict[str, Any] = {"pod": pod, "container": container, "node": node, **(extra or {})}
         kwargs = {arg: available[arg] for arg in impl.argnames}
         loop = asyncio.get_running_loop()
         result: Plan | None = await loop.run_in_executor(_EXECUTOR, functools.partial(impl.function, **kwargs))
@@ -178,6 +189,7 @@ def _validate(raw: Any, stage: str, container: ContainerFacts | None, step: str)
             writes=plan.writes,
             moves=plan.moves,
             removals=plan.removals,
+            evictions=plan.evictions,
             skipped=[*plan.skipped, *(Skip(f"stage {stage} cannot change cri.{name}") for name in dropped)],
         )
     return plan
@@ -230,8 +242,16 @@ class Pipeline:
         return any(step.handles(stage) for step in self.steps)
 
     async def run(
-        self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts
+        self,
+        stage: str,
+        pod: PodFacts,
+        container: ContainerFacts | None,
+        node: NodeFacts,
+        *,
+        extra: Mapping[str, Any] | None = None,
     ) -> StageResult:
+        """Run every step that handles ``stage``; ``extra`` holds the stage's other keyword
+        arguments (``pods`` and ``usage`` at ``ReconcileUsage``, see ``run_usage``)."""
         failing_stage = stage.startswith("Pre")
         merged = MergeResult()
         result = StageResult(plan=merged.plan, pod=pod, container=container, conflicts=merged.conflicts)
@@ -241,7 +261,10 @@ class Pipeline:
             started = time.perf_counter()
             failure: StepFailure | None = None
             try:
-                raw: Any = await asyncio.wait_for(step.call(stage, pod, container, node), timeout=step.timeout)
+                call = step.call(stage, pod, container, node) if extra is None else step.call(
+                    stage, pod, container, node, extra
+                )
+                raw: Any = await asyncio.wait_for(call, timeout=step.timeout)
                 plan = _validate(raw, stage, container, step.name)
                 if plan is not None:
                     conflicts = merged.add(step.name, plan)
@@ -272,6 +295,13 @@ class Pipeline:
         result.pod = pod
         result.container = container
         return result
+
+    async def run_usage(self, node: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> StageResult:
+        """The ``ReconcileUsage`` stage (``hooks.spec.rhp_reconcile_usage``): node-wide decisions
+        over the sampled ``usage`` window and every pod (with its containers)."""
+        return await self.run(
+            "ReconcileUsage", PodFacts(), None, node, extra={"pods": tuple(pods), "usage": usage}
+        )
 
 
 def _fields(failure: StepFailure) -> dict[str, Any]:

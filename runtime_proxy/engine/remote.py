@@ -420,7 +420,12 @@ class RemoteStep:
         return stage in self._hooks
 
     async def call(
-        self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts
+        self,
+        stage: str,
+        pod: PodFacts,
+        container: ContainerFacts | None,
+        node: NodeFacts,
+        extra: Mapping[str, Any] | None = None,
     ) -> Plan | None:
         if pod.skips_hooks:
             return None

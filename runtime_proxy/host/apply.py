@@ -3,8 +3,9 @@
 Called (``FileApplier.apply``) by the interceptor (``runtime_proxy.engine.intercept``) after the
 runtime accepted a CRI call, by our hook server (``runtime_proxy.engine.hook_service``) and by the
 NRI adapter (``runtime_proxy.nri.adapter``); and (``apply_files``) by the reconciler
-(``runtime_proxy.loops.reconciler``, ``diff=True``) and by the burst loop
-(``runtime_proxy.loops.burst``). CRI request rewriting is not done here (the interceptor does it);
+(``runtime_proxy.loops.reconciler``, ``diff=True``), by the burst loop
+(``runtime_proxy.loops.burst``) and by the usage loop (``runtime_proxy.loops.qos``,
+``ordered=True``). CRI request rewriting is not done here (the interceptor does it);
 this module performs ``plan.writes``, ``plan.moves`` and ``plan.removals`` and returns an
 ``ApplyReport``.
 
@@ -15,6 +16,7 @@ Order (so the kernel never sees a child outside its parent):
     2. every other cgroup write, in plan order;
     3. writes that shrink a limit, children before parents;
     4. resctrl writes (creating groups), then task moves, then removals.
+With ``ordered=True`` the cgroup writes keep plan order instead (the plan orders them itself).
 All-or-nothing attempt: when a write fails, the writes this call already made are restored
 (in reverse order) and the error is reported; later writes, moves and removals are not tried.
 A file the kernel lacks is ``unsupported``: reported (once in the log), never an error.
@@ -148,6 +150,7 @@ def apply_files(
     diff: bool = False,
     atomic: bool = True,
     missing_ok: bool = False,
+    ordered: bool = False,
 ) -> ApplyReport:
     """Perform the writes, task moves and removals of ``plan``.
 
@@ -160,6 +163,9 @@ def apply_files(
         with the other writes and reports every failure.
     :param missing_ok: a write whose cgroup directory does not exist is listed in ``missing``
         (not logged, not an error) and the other writes go on; the caller decides what to say.
+    :param ordered: perform the cgroup writes exactly in plan order instead of the safe order
+        above, for a plan that sequences its own writes (the ``ReconcileUsage`` stage's
+        two-pass leveled writes, run by ``runtime_proxy.loops.qos``).
     :returns: the report; never raises for I/O errors.
     """
     report = ApplyReport(dry_run=dry_run)
@@ -191,7 +197,10 @@ def apply_files(
 
     cg_writes = [w for w in plan.writes if w.level != "resctrl"]
     rc_writes = [w for w in plan.writes if w.level == "resctrl"]
-    steps = order_writes(cg_writes, lambda w: cgroups.read(w.path, w.file))
+    if ordered:
+        steps = [_Step(w, w.value, True) for w in cg_writes]
+    else:
+        steps = order_writes(cg_writes, lambda w: cgroups.read(w.path, w.file))
     for step in steps:
         w = step.write
         try:

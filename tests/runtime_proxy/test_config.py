@@ -26,7 +26,7 @@ def test_docs_config_md_holds_the_generated_table() -> None:
 
 
 def test_every_key_has_a_description() -> None:
-    for model in (config.ProxyConfig, config.PluginConfig):
+    for model in (config.ProxyConfig, config.PluginConfig, config.UsageLoopConfig):
         missing = [name for name, info in model.model_fields.items() if not info.description]
         assert missing == [], f"{model.__name__} fields without a description: {missing}"
 

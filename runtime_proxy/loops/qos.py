@@ -1,0 +1,275 @@
+"""The usage loop: sample usage, run the ``ReconcileUsage`` stage, apply its writes in plan order
+and hand its evictions to an ``Evictor``.
+
+Started by the proxy's composition root (``runtime_proxy.server``) when ``usageLoop.enable`` is
+set, with the store as ``UsageBackend``, the proxy's hook runner
+(``runtime_proxy.engine.pipeline.Pipeline``) and the cgroup tree of its applier. Every
+``interval`` seconds (Koordinator: 1 s for CPU suppress and both evictions) one round:
+
+1. gathers the pods (with their containers) from the backend and the node facts with the bound
+   cpusets recomputed from those pods (``hooks.facts.with_bound_pods``);
+2. samples usage (``runtime_proxy.loops.usage.UsageSampler``; a worker thread) into the window;
+3. runs ``ReconcileUsage`` (``Pipeline.run_usage``: ``node``, ``pods``, ``usage``) through the
+   one hook runner, so plugin order, timeouts and failure policies are the configured ones;
+4. applies the plan's writes with ``runtime_proxy.host.apply.apply_files(ordered=True)``: in
+   plan order, because the decisions sequence their own leveled writes (CPU suppress writes a
+   cpuset union top-down, then the target bottom-up); a directory that is gone is skipped, and
+   one failed write does not stop the others;
+5. hands the plan's evictions to the ``Evictor`` (the Kubernetes Eviction API or the runtime;
+   ``LoggingEvictor`` when none is configured), leaving out pods evicted within
+   ``hooks.usage.EVICTION_MEMORY_SECONDS``; what was evicted is remembered and passed to the
+   decisions as ``Usage.recent_evictions`` (their cool-downs).
+
+With ``dry_run`` the writes are compared and logged, not made, and the evictions are logged,
+not performed. A round that fails is logged and the loop goes on.
+
+Metrics: ``rhp_usage_loop_duration_seconds``, ``rhp_usage_loop_errors_total`` and
+``rhp_usage_evictions_total`` (by feature and result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+from prometheus_client import Counter, Histogram
+
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts, with_bound_pods
+from hooks.plan import Eviction, Plan
+from hooks.usage import EVICTION_MEMORY_SECONDS, EvictionRecord, UsageSample
+from runtime_proxy.engine.pipeline import Pipeline
+from runtime_proxy.host.apply import ApplyReport, apply_files
+from runtime_proxy.host.cgroups import Cgroups
+from runtime_proxy.loops.background import Background, every
+from runtime_proxy.loops.usage import UsageSampler
+
+__all__ = [
+    "EvictionResult",
+    "Evictor",
+    "LoggingEvictor",
+    "UsageBackend",
+    "UsageLoop",
+    "UsageRound",
+]
+
+log = structlog.get_logger("runtime_proxy.loops.qos")
+
+LOOP_SECONDS = Histogram(
+    "rhp_usage_loop_duration_seconds",
+    "Time of one usage-loop round (sampling, ReconcileUsage, writes, evictions).",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+LOOP_ERRORS = Counter("rhp_usage_loop_errors_total", "Failures in usage-loop rounds, by kind.", ["kind"])
+EVICTIONS = Counter(
+    "rhp_usage_evictions_total", "Evictions planned by the usage loop, by feature and result.", ["feature", "result"]
+)
+
+# Evictions remembered at most (far more than any node evicts in EVICTION_MEMORY_SECONDS).
+MAX_EVICTION_RECORDS = 1024
+
+
+class UsageBackend(Protocol):
+    """What the usage loop reads from the proxy (``runtime_proxy.server.StoreBackend``)."""
+
+    def node(self) -> NodeFacts: ...
+
+    def pods(self) -> list[PodFacts]: ...
+
+    def containers(self) -> list[tuple[PodFacts, ContainerFacts]]: ...
+
+
+@dataclass(frozen=True)
+class EvictionResult:
+    """What became of one eviction. ``status``: ``evicted`` (the API server accepted it, or the
+    runtime stopped the containers), ``refused`` (for now: a PodDisruptionBudget, HTTP 429; a
+    later round may try again), ``failed``, ``dry-run`` or ``not-configured``."""
+
+    eviction: Eviction
+    status: str
+    message: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.status == "evicted"
+
+
+class Evictor(Protocol):
+    """Performs evictions. Must not raise for one pod's failure (report it as ``failed``) and
+    must not hold the event loop (do blocking work in a thread)."""
+
+    async def evict(self, evictions: Sequence[Eviction]) -> Sequence[EvictionResult]: ...
+
+
+class LoggingEvictor:
+    """The evictor when none is configured: logs each eviction and performs none."""
+
+    async def evict(self, evictions: Sequence[Eviction]) -> Sequence[EvictionResult]:
+        out: list[EvictionResult] = []
+        for e in evictions:
+            log.warning(
+                "eviction planned but no evictor is configured",
+                pod=f"{e.namespace}/{e.name}",
+                uid=e.uid,
+                feature=e.feature,
+                reason=e.reason,
+            )
+            out.append(EvictionResult(e, "not-configured", "no evictor configured"))
+        return out
+
+
+@dataclass
+class UsageRound:
+    """One round: the sample (``None`` while taking the baseline), the plan, what the applier
+    did, what became of the evictions and the failures of the stage's steps."""
+
+    sample: UsageSample | None = None
+    plan: Plan | None = None
+    applied: ApplyReport | None = None
+    evictions: list[EvictionResult] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+class UsageLoop:
+    """The loop (see module docstring).
+
+    :param backend: node, pods and containers.
+    :param pipeline: the hook runner (``ReconcileUsage`` runs through it).
+    :param cgroups: the cgroup tree (sampling and writes).
+    :param sampler: the usage sampler (default: one over ``cgroups`` and ``proc_root``).
+    :param evictor: performs evictions (default ``LoggingEvictor``).
+    :param interval: seconds between rounds (default 1, as koordlet).
+    :param dry_run: decide and log; write and evict nothing.
+    """
+
+    def __init__(
+        self,
+        backend: UsageBackend,
+        *,
+        pipeline: Pipeline,
+        cgroups: Cgroups,
+        sampler: UsageSampler | None = None,
+        evictor: Evictor | None = None,
+        interval: float = 1.0,
+        dry_run: bool = False,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.pipeline = pipeline
+        self.cgroups = cgroups
+        self.clock = clock
+        self.sampler = sampler or UsageSampler(cgroups, proc_root=proc_root, clock=clock, interval=interval)
+        self.evictor: Evictor = evictor or LoggingEvictor()
+        self.interval = interval
+        self.dry_run = dry_run
+        self.rounds = 0
+        self.last_round: UsageRound | None = None
+        self._evicted: deque[EvictionRecord] = deque(maxlen=MAX_EVICTION_RECORDS)
+        self._background = Background()
+
+    # -- one round -----------------------------------------------------------------------------
+
+    def _facts(self) -> tuple[NodeFacts, list[PodFacts]]:
+        pods = self.backend.pods()
+        by_pod: dict[str, list[ContainerFacts]] = {}
+        for p, c in self.backend.containers():
+            by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
+        pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
+        return self.backend.node(), pods
+
+    def _sample(self, node: NodeFacts, pods: list[PodFacts]) -> tuple[NodeFacts, UsageSample | None]:
+        node = with_bound_pods(node, pods)
+        return node, self.sampler.sample(node, pods)
+
+    def _recent(self, now: float) -> tuple[EvictionRecord, ...]:
+        while self._evicted and now - self._evicted[0].at > EVICTION_MEMORY_SECONDS:
+            self._evicted.popleft()
+        return tuple(self._evicted)
+
+    def _apply(self, plan: Plan) -> ApplyReport:
+        report = apply_files(
+            plan, cgroups=self.cgroups, dry_run=self.dry_run, atomic=False, missing_ok=True, ordered=True
+        )
+        for w in report.changed:
+            log.info(
+                "usage write" if not self.dry_run else "usage write (dry run)",
+                level=w.level,
+                path=w.path,
+                file=w.file,
+                value=w.value,
+            )
+        for error in report.errors:
+            LOOP_ERRORS.labels("write").inc()
+            log.warning("usage write failed", error=error)
+        return report
+
+    async def _evict(self, evictions: Sequence[Eviction], now: float) -> list[EvictionResult]:
+        recent = {r.uid for r in self._recent(now)}
+        todo = [e for e in evictions if e.uid not in recent]
+        if not todo:
+            return []
+        if self.dry_run:
+            results = [EvictionResult(e, "dry-run") for e in todo]
+            for e in todo:
+                log.info("would evict (dry run)", pod=f"{e.namespace}/{e.name}", uid=e.uid, feature=e.feature,
+                         reason=e.reason)
+        else:
+            try:
+                results = list(await self.evictor.evict(todo))
+            except Exception as exc:  # the evictor's bug must not end the round's bookkeeping
+                LOOP_ERRORS.labels("evict").inc()
+                log.exception("evictor failed")
+                results = [EvictionResult(e, "failed", f"{type(exc).__name__}: {exc}") for e in todo]
+        at = self.clock()
+        for r in results:
+            EVICTIONS.labels(r.eviction.feature, r.status).inc()
+            if r.done:
+                self._evicted.append(EvictionRecord(r.eviction.uid, r.eviction.feature, at))
+        return results
+
+    async def step(self) -> UsageRound:
+        """One round (see module docstring); never raises for a plugin's, a file's or an
+        eviction's failure."""
+        started = time.perf_counter()
+        out = UsageRound()
+        try:
+            node, pods = self._facts()
+            node, out.sample = await asyncio.to_thread(self._sample, node, pods)
+            if out.sample is None or not self.pipeline.has_work("ReconcileUsage"):
+                return out
+            usage = self.sampler.usage(self._recent(out.sample.at))
+            result = await self.pipeline.run_usage(node, pods, usage)
+            out.plan = result.plan
+            out.failures = [str(f) for f in result.failures]
+            if result.plan.writes:
+                out.applied = await asyncio.to_thread(self._apply, result.plan)
+            if result.plan.evictions:
+                out.evictions = await self._evict(result.plan.evictions, out.sample.at)
+            return out
+        finally:
+            self.rounds += 1
+            self.last_round = out
+            LOOP_SECONDS.observe(time.perf_counter() - started)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _round(self) -> None:
+        try:
+            await self.step()
+        except Exception:
+            LOOP_ERRORS.labels("round").inc()
+            raise
+
+    async def start(self) -> None:
+        if not self._background.running:
+            self._background.start(
+                every(self.interval, self._round, logger=log, error="usage loop round failed"), name="usage-loop"
+            )
+
+    async def stop(self) -> None:
+        await self._background.stop()

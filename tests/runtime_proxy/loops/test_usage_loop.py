@@ -1,0 +1,265 @@
+"""The usage loop with a fake backend and a stub ``ReconcileUsage`` plugin: the stage's
+arguments, writes applied in plan order, evictions handed to the evictor and remembered, dry
+run, and failures that cost nothing but their own part."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from hooks.facts import ContainerFacts, NodeFacts, PodFacts
+from hooks.manager import make_plugin_manager
+from hooks.plan import Eviction, Plan
+from hooks.spec import hookimpl
+from hooks.usage import Usage
+from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.host.cgroups import Cgroups, WriteResult
+from runtime_proxy.loops.qos import EvictionResult, LoggingEvictor, UsageLoop
+from runtime_proxy.loops.usage import UsageSampler
+from tests.usage_tree import BE, Tree
+
+Decide = Callable[[NodeFacts, tuple[PodFacts, ...], Usage], Plan | None]
+
+
+class Stub:
+    """A ``ReconcileUsage`` plugin whose decision the test sets; it records its arguments."""
+
+    def __init__(self, decide: Decide) -> None:
+        self.decide = decide
+        self.calls: list[tuple[NodeFacts, tuple[PodFacts, ...], Usage]] = []
+
+    @hookimpl
+    def rhp_reconcile_usage(self, node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan | None:
+        self.calls.append((node, pods, usage))
+        return self.decide(node, pods, usage)
+
+
+@dataclass
+class Backend:
+    node_facts: NodeFacts = field(default_factory=NodeFacts)
+    pod_list: list[PodFacts] = field(default_factory=list)
+    container_list: list[tuple[PodFacts, ContainerFacts]] = field(default_factory=list)
+
+    def node(self) -> NodeFacts:
+        return self.node_facts
+
+    def pods(self) -> list[PodFacts]:
+        return list(self.pod_list)
+
+    def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
+        return list(self.container_list)
+
+
+class RecordingEvictor:
+    def __init__(self, status: str = "evicted", fail: bool = False) -> None:
+        self.status = status
+        self.fail = fail
+        self.calls: list[list[Eviction]] = []
+
+    async def evict(self, evictions: Sequence[Eviction]) -> Sequence[EvictionResult]:
+        self.calls.append(list(evictions))
+        if self.fail:
+            raise RuntimeError("api server unreachable")
+        return [EvictionResult(e, self.status) for e in evictions]
+
+
+class RecordingCgroups(Cgroups):
+    """Cgroups that remember every write in the order it was made."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.order: list[tuple[str, str, str]] = []
+
+    def write(self, path: str, file: str, value: str | int, *, dry_run: bool = False) -> WriteResult:
+        result = super().write(path, file, value, dry_run=dry_run)
+        self.order.append((path, file, str(value)))
+        return result
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def be_pod(uid: str) -> PodFacts:
+    return PodFacts(name=uid, namespace="ns", uid=uid, sandbox_id=f"sb-{uid}",
+                    labels=MappingProxyType({"koordinator.sh/qosClass": "BE"}),
+                    cgroup_parent=f"/kubepods/besteffort/pod{uid}")
+
+
+def make_loop(tmp_path: Path, decide: Decide, **kwargs: Any) -> tuple[UsageLoop, Stub, Backend, Tree, Clock]:
+    tree, clock = Tree(tmp_path, 1), Clock()
+    tree.cgroup(BE, cpu_ns=0, memory=0)
+    tree.be_limits(-1, "0-7")
+    p = be_pod("b1")
+    tree.cgroup("kubepods/besteffort/podb1", cpu_ns=0, memory=1 << 20)
+    tree.cgroup("kubepods/besteffort/podb1/c1", cpu_ns=0, memory=1 << 20)
+    tree.write("cpuset", "kubepods/besteffort/podb1", "cpuset.cpus", "0-7\n")
+    tree.write("cpuset", "kubepods/besteffort/podb1/c1", "cpuset.cpus", "0-7\n")
+    backend = Backend(pod_list=[p], container_list=[(p, ContainerFacts(name="c", id="c1"))])
+    stub = Stub(decide)
+    pm = make_plugin_manager(builtins=[], entry_points=False)
+    pm.register(stub, name="stub")
+    pipeline = Pipeline(plugin_steps(pm, [("stub", "Ignore", 2.0)]))
+    cgroups = RecordingCgroups(tree.root, version=1)
+    sampler = UsageSampler(cgroups, proc_root=tree.proc, clock=clock, ticks_per_second=100)
+    loop = UsageLoop(backend, pipeline=pipeline, cgroups=cgroups, sampler=sampler, clock=clock, **kwargs)
+    return loop, stub, backend, tree, clock
+
+
+async def two_rounds(loop: UsageLoop, clock: Clock) -> None:
+    await loop.step()
+    clock.now += 1
+    await loop.step()
+
+
+def two_pass(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
+    """The leveled cpuset write of CPU suppress: the union top-down, the target bottom-up."""
+    plan = Plan()
+    for path in (BE, "kubepods/besteffort/podb1", "kubepods/besteffort/podb1/c1"):
+        plan.write("kubeqos" if path == BE else "pod", path, "cpuset.cpus", "0-9")
+    for path in ("kubepods/besteffort/podb1/c1", "kubepods/besteffort/podb1", BE):
+        plan.write("kubeqos" if path == BE else "pod", path, "cpuset.cpus", "8-9")
+    return plan
+
+
+async def test_the_stage_gets_the_node_every_pod_with_its_containers_and_the_window(tmp_path: Path) -> None:
+    loop, stub, _, _, clock = make_loop(tmp_path, lambda n, p, u: None)
+    first = await loop.step()
+    assert first.sample is None and not stub.calls, "the baseline round runs no decision"
+    clock.now += 1
+    await loop.step()
+    node, pods, usage = stub.calls[0]
+    assert node.bound_cpusets == {}
+    assert [p.uid for p in pods] == ["b1"]
+    assert [c.id for c in pods[0].containers] == ["c1"]
+    assert usage.latest is not None and usage.latest.pods["b1"].memory_bytes == 1 << 20
+    assert usage.latest.be.cpuset == frozenset(range(8))
+    assert usage.interval == 1.0
+
+
+async def test_writes_are_applied_in_plan_order(tmp_path: Path) -> None:
+    loop, _, _, tree, clock = make_loop(tmp_path, two_pass)
+    await two_rounds(loop, clock)
+    assert loop.last_round is not None and loop.last_round.applied is not None
+    assert loop.last_round.applied.errors == []
+    written = [(p, v) for p, f, v in loop.cgroups.order if f == "cpuset.cpus"]  # type: ignore[attr-defined]
+    assert written == [
+        (BE, "0-9"), ("kubepods/besteffort/podb1", "0-9"), ("kubepods/besteffort/podb1/c1", "0-9"),
+        ("kubepods/besteffort/podb1/c1", "8-9"), ("kubepods/besteffort/podb1", "8-9"), (BE, "8-9"),
+    ]
+    assert (tree.root / "cpuset" / BE / "cpuset.cpus").read_text().strip() == "8-9"
+
+
+async def test_dry_run_writes_nothing_and_evicts_nothing(tmp_path: Path) -> None:
+    def decide(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
+        return two_pass(node, pods, usage).evict("b1", "ns", "b1", "BEMemoryEvict", "memory above 70%")
+
+    evictor = RecordingEvictor()
+    loop, _, _, tree, clock = make_loop(tmp_path, decide, evictor=evictor, dry_run=True)
+    await two_rounds(loop, clock)
+    assert (tree.root / "cpuset" / BE / "cpuset.cpus").read_text().strip() == "0-7"
+    assert evictor.calls == []
+    assert loop.last_round is not None
+    assert [r.status for r in loop.last_round.evictions] == ["dry-run"]
+
+
+async def test_evictions_go_to_the_evictor_once_and_are_remembered(tmp_path: Path) -> None:
+    def decide(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
+        return Plan().evict("b1", "ns", "b1", "BEMemoryEvict", "memory above 70%")
+
+    evictor = RecordingEvictor()
+    loop, stub, _, _, clock = make_loop(tmp_path, decide, evictor=evictor)
+    await two_rounds(loop, clock)
+    before = REGISTRY.get_sample_value("rhp_usage_evictions_total", {"feature": "BEMemoryEvict", "result": "evicted"})
+    assert [[e.uid for e in call] for call in evictor.calls] == [["b1"]]
+    clock.now += 1
+    await loop.step()
+    assert len(evictor.calls) == 1, "a pod just evicted is not evicted again while it terminates"
+    usage = stub.calls[-1][2]
+    assert usage.evicted_uids == {"b1"}
+    assert usage.last_eviction("BEMemoryEvict") == 1001.0
+    clock.now += 200
+    await loop.step()
+    assert len(evictor.calls) == 2, "after the remembered time it may be evicted again"
+    after = REGISTRY.get_sample_value("rhp_usage_evictions_total", {"feature": "BEMemoryEvict", "result": "evicted"})
+    assert (after or 0) - (before or 0) == 1
+
+
+@pytest.mark.parametrize(
+    ("evictor", "status"),
+    [
+        pytest.param(RecordingEvictor(status="refused"), "refused",
+                     id="an eviction a disruption budget refuses is tried again next round"),
+        pytest.param(RecordingEvictor(fail=True), "failed", id="an evictor that raises reports every eviction failed"),
+    ],
+)
+async def test_evictions_that_did_not_happen_are_retried(tmp_path: Path, evictor: RecordingEvictor,
+                                                         status: str) -> None:
+    loop, _, _, _, clock = make_loop(tmp_path, lambda n, p, u: Plan().evict("b1", "ns", "b1", "BECPUEvict", "low"),
+                                     evictor=evictor)
+    await two_rounds(loop, clock)
+    assert loop.last_round is not None and [r.status for r in loop.last_round.evictions] == [status]
+    clock.now += 1
+    await loop.step()
+    assert len(evictor.calls) == 2
+
+
+async def test_the_default_evictor_logs_and_performs_nothing(tmp_path: Path) -> None:
+    loop, _, _, _, clock = make_loop(tmp_path, lambda n, p, u: Plan().evict("b1", "ns", "b1", "BECPUEvict", "low"))
+    assert isinstance(loop.evictor, LoggingEvictor)
+    await two_rounds(loop, clock)
+    assert loop.last_round is not None
+    assert [r.status for r in loop.last_round.evictions] == ["not-configured"]
+
+
+async def test_a_failing_plugin_and_a_failing_write_cost_only_themselves(tmp_path: Path) -> None:
+    def boom(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
+        raise ValueError("bad decision")
+
+    loop, _, _, _, clock = make_loop(tmp_path, boom)
+    await two_rounds(loop, clock)
+    assert loop.last_round is not None and "bad decision" in loop.last_round.failures[0]
+
+    def bad_write(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
+        plan = Plan().write("kubeqos", "kubepods/../../etc", "cpu.cfs_quota_us", "1000")
+        plan.write("kubeqos", BE, "cpu.cfs_quota_us", "20000")
+        return plan.write("pod", "kubepods/besteffort/podgone", "cpu.cfs_quota_us", "1000")
+
+    loop2, _, _, tree, clock2 = make_loop(tmp_path / "second", bad_write)
+    await two_rounds(loop2, clock2)
+    assert loop2.last_round is not None and loop2.last_round.applied is not None
+    assert len(loop2.last_round.applied.errors) == 1
+    assert (tree.root / "cpu" / BE / "cpu.cfs_quota_us").read_text().strip() == "20000"
+
+
+async def test_a_plugin_may_write_one_file_twice_without_conflicting_with_itself(tmp_path: Path) -> None:
+    loop, _, _, _, clock = make_loop(tmp_path, two_pass)
+    await two_rounds(loop, clock)
+    assert loop.last_round is not None and loop.last_round.failures == []
+    assert loop.last_round.plan is not None and len(loop.last_round.plan.writes) == 6
+
+
+async def test_the_loop_runs_rounds_until_stopped(tmp_path: Path) -> None:
+    loop, _, _, _, _ = make_loop(tmp_path, lambda n, p, u: None, interval=0.01)
+    loop.sampler.clock = __import__("time").monotonic
+    await loop.start()
+    for _ in range(200):
+        if loop.rounds >= 3:
+            break
+        await asyncio.sleep(0.01)
+    await loop.stop()
+    assert loop.rounds >= 3
+    stopped = loop.rounds
+    await asyncio.sleep(0.05)
+    assert loop.rounds == stopped
