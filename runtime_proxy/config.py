@@ -117,7 +117,7 @@ class ProxyConfig(BaseModel):
                                  "the `NODE_NAME` environment variable, else the host name.")
     fromCluster: bool = Field(default=False, description="Watch this node's Node, NodeSLO and "
                               "NodeResourceTopology in the cluster (in-cluster or kubeconfig credentials; "
-                              "RBAC: `packaging/kustomize/base/node-rbac.yaml`); the cluster's values win "
+                              "RBAC: `packaging/kustomize/base/node/rbac.yaml`); the cluster's values win "
                               "over `nodeConfigFile`'s. Needs the `kubernetes` client: "
                               "`pip install 'runtime-hook-proxy[cluster]'`.")
     reconcilePeriodSeconds: float = Field(default=10.0, gt=0, description="Seconds between reconciler "

@@ -61,7 +61,9 @@ def test_the_daemonset_manifest_matches_the_cli_and_the_config_schema(tmp_path: 
     from runtime_proxy.config import load_config
 
     repo = Path(__file__).resolve().parents[3]
-    docs = list(yaml.safe_load_all((repo / "packaging" / "nri-daemonset.yaml").read_text()))
+    base = repo / "packaging" / "kustomize" / "base"
+    docs = [*yaml.safe_load_all((base / "node" / "configmap.yaml").read_text()),
+            *yaml.safe_load_all((base / "nri" / "daemonset.yaml").read_text())]
     config_map = next(d for d in docs if d["kind"] == "ConfigMap")
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config_map["data"]["config.yaml"])
