@@ -15,8 +15,10 @@ The kernel's CPU list format ("0-3,8") appears only at the edges, through the si
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
@@ -25,12 +27,14 @@ from koord_formats.bounded import load_json
 from koord_formats.cpulist import format_cpu_list, parse_cpu_list
 from koord_formats.errors import FormatError
 from koord_formats.node import CPUSharePool
+from koord_formats.nodeslo import CPUBurstConfig
 from koord_formats.pod import ResourceStatus
 from koord_formats.topology import CPUInfo, CPUTopology
 
 __all__ = [
     "CFS_PERIOD_US",
     "CPUInfo",
+    "CPUQuota",
     "CPUSharePool",
     "CPUTopology",
     "CgroupInfo",
@@ -44,6 +48,9 @@ __all__ = [
     "cgroup_path_of_parent",
     "compute_share_pools",
     "container_cgroup_path",
+    "container_cpu_quota",
+    "cpu_normalization_applies",
+    "cpu_normalization_ratio",
     "format_cpu_list",
     "frozen_map",
     "host_app_cgroup_path",
@@ -52,8 +59,10 @@ __all__ = [
     "load_json_annotation",
     "milli_cpu_to_quota",
     "milli_cpu_to_shares",
+    "normalize_cpu_quota",
     "parse_cpu_list",
     "pod_cgroup_path",
+    "pod_cpu_burst_config",
     "pod_resource_status",
     "share_pools",
     "system_qos_cpuset",
@@ -258,7 +267,6 @@ class ContainerFacts:
 
     def replace(self, **changes: Any) -> ContainerFacts:
         return replace(self, **changes)
-
 
 
 @dataclass(frozen=True)
@@ -551,3 +559,121 @@ def with_bound_pods(node_facts: NodeFacts, pods: Iterable[PodFacts]) -> NodeFact
             if p.qos_label == keys.QOS_LSE:
                 lse.add(p.uid)
     return node_facts.replace(bound_cpusets=MappingProxyType(bound), lse_pods=frozenset(lse))
+
+
+# ---- the CFS quota of LS containers: CPU normalization, then CPU burst on top ------------------
+#
+# The one place that decides an LS (or label-less) container's CFS quota. Plugin
+# ``cpu_normalization`` gives the runtime ``container_cpu_quota(...).quota``; plugin ``cpu_burst``
+# derives ``cpu.cfs_burst_us`` from the same value, and the cfsQuotaBurst loop
+# (``runtime_proxy.loops.burst``) scales the quota between that value and its ceiling. So the
+# normalized quota is the base of both, and neither undoes the other.
+
+
+def cpu_normalization_ratio(node_facts: NodeFacts) -> Fraction:
+    """The node's ``node.koordinator.sh/cpu-normalization-ratio``; 1 (normalization off) when the
+    annotation is missing or empty; ``FormatError`` when it is malformed or outside 1 to 5."""
+    raw = node_facts.annotations.get(keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO)
+    if raw is None or raw == "":
+        return Fraction(1)
+    return node.parse_cpu_normalization_ratio(raw)
+
+
+def normalize_cpu_quota(quota: int, ratio: Fraction) -> int:
+    """Koordinator's normalized quota: ceil(quota / ratio) when ratio > 1 and quota > 0, else
+    ``quota`` unchanged (exact arithmetic: 110000 / 1.1 is 100000, not 100001)."""
+    if quota > 0 and ratio > 1:
+        return math.ceil(quota / ratio)
+    return quota
+
+
+def cpu_normalization_applies(pod_facts: PodFacts) -> bool:
+    """CPU normalization covers LS pods and pods without a valid QoS label, unless the scheduler
+    bound them to a cpuset (resource-status ``cpuset``); ``FormatError`` when that annotation is
+    malformed."""
+    if pod_facts.qos_label not in (keys.QOS_LS, ""):
+        return False
+    status = pod_resource_status(pod_facts.annotations)
+    return status is None or not status.cpuset
+
+
+def pod_cpu_burst_config(
+    pod_facts: PodFacts, node_facts: NodeFacts, problems: list[str] | None = None
+) -> CPUBurstConfig:
+    """The NodeSLO ``cpuBurstStrategy`` merged with the pod's ``koordinator.sh/cpuBurst``;
+    malformed parts are left at their defaults and described in ``problems``."""
+    found: list[str] = [] if problems is None else problems
+    cfg = nodeslo.cpu_burst(node_facts.node_slo, found)
+    return nodeslo.cpu_burst_from_pod(cfg, pod_facts.annotations.get(keys.ANNOTATION_POD_CPU_BURST), found)
+
+
+def _normalized_by_some_ratio(original: int, quota: int) -> bool:
+    """Whether ``quota`` is ceil(original / r) for a valid ratio r (1.00 to 5.00, two decimals)."""
+    if quota <= 0 or quota > original:
+        return False
+    # ceil(original x 100 / k) falls as k grows; the smallest k that brings it to quota or
+    # below is the only candidate.
+    k = max(100, -(-original * 100 // quota))
+    return k <= 500 and -(-original * 100 // k) == quota
+
+
+@dataclass(frozen=True)
+class CPUQuota:
+    """``container_cpu_quota``'s answer. ``quota`` is the CFS quota the container should have
+    (its base before CPU burst); ``original`` is kubelet's quota it was derived from. When
+    ``reason`` is set, normalization does not decide this container's quota: ``quota`` is the
+    container's quota as it stands and ``original`` is 0."""
+
+    quota: int
+    original: int = 0
+    reason: str = ""
+
+    @property
+    def decided(self) -> bool:
+        return not self.reason
+
+
+def container_cpu_quota(
+    pod_facts: PodFacts, container: ContainerFacts, node_facts: NodeFacts, *, stage: str = "running"
+) -> CPUQuota:
+    """The container's CFS quota with CPU normalization applied.
+
+    ``stage`` says what ``container.resources.cpu_quota`` holds:
+
+    - ``"create"`` (PreCreateContainer): kubelet's quota, the original.
+    - ``"update"`` (PreUpdateContainerResources, resources of the request over the stored
+      ones): a new kubelet quota unless it is the quota the runtime already holds, that is the
+      applied quota of the container's ``runtimeproxy.koordinator.sh/cpu-quota-normalization``
+      record or the normalized original at the current ratio.
+    - ``"running"`` (reconcile, PostStartContainer, the burst loop): the runtime's quota, which
+      must come from the record's original (the applied quota, the original itself, or the
+      original normalized by some valid ratio); otherwise the quota changed in a way the
+      record does not explain (an update before the proxy restarted) and is left alone.
+
+    A container without the record (created before this plugin ran) is left alone outside
+    ``"create"``: its quota may already be normalized. ``FormatError`` when the ratio, the
+    record or the pod's resource-status is malformed.
+    """
+    current = container.resources.cpu_quota
+    if not cpu_normalization_applies(pod_facts):
+        return CPUQuota(current, reason="not an LS or label-less pod without a cpuset")
+    ratio = cpu_normalization_ratio(node_facts)
+    if stage == "create":
+        if current <= 0:
+            return CPUQuota(current, reason="no CFS quota")
+        return CPUQuota(normalize_cpu_quota(current, ratio), current)
+    raw = container.annotations.get(keys.ANNOTATION_CPU_QUOTA_NORMALIZATION)
+    if not raw:
+        return CPUQuota(current, reason="no record of the quota kubelet asked for")
+    original, applied = node.parse_cpu_quota_record(raw)
+    target = normalize_cpu_quota(original, ratio)
+    held = current in (applied, target)
+    if stage == "update":
+        if held:
+            return CPUQuota(target, original)
+        if current <= 0:
+            return CPUQuota(current, reason="no CFS quota")
+        return CPUQuota(normalize_cpu_quota(current, ratio), current)
+    if held or current == original or _normalized_by_some_ratio(original, current):
+        return CPUQuota(target, original)
+    return CPUQuota(current, reason=f"quota {current} does not derive from the recorded {original}")

@@ -8,6 +8,7 @@ defines each group is named above it. Importers use these names, never the strin
 from __future__ import annotations
 
 __all__ = [
+    "ANNOTATION_CPU_QUOTA_NORMALIZATION",
     "ANNOTATION_DEVICE_ALLOCATED",
     "ANNOTATION_EVICTION_POLICY",
     "ANNOTATION_EXTENDED_RESOURCE_SPEC",
@@ -109,6 +110,10 @@ PRIORITY_CLASSES = (PRIORITY_PROD, PRIORITY_MID, PRIORITY_BATCH, PRIORITY_FREE)
 
 # ---- koord-runtime-proxy (pkg/runtimeproxy/server/cri, flag --runtime-hook-server-key) ---------
 LABEL_SKIP_HOOKSERVER = "runtimeproxy.koordinator.sh/skip-hookserver"
+# This project's own container annotation (not Koordinator's): kubelet's CFS quota and the
+# normalized quota the proxy gave the runtime at CreateContainer, "<original>/<applied>"
+# (plugin ``cpu_normalization``; containerd keeps a container's annotations across restarts).
+ANNOTATION_CPU_QUOTA_NORMALIZATION = "runtimeproxy.koordinator.sh/cpu-quota-normalization"
 
 # ---- pod annotations (apis/extension/{numa_aware,device_share,resource,resctrl}.go) ------------
 ANNOTATION_RESOURCE_SPEC = "scheduling.koordinator.sh/resource-spec"

@@ -13,12 +13,13 @@ Formats (koordinator-sh/koordinator ``apis/extension``):
 - ``node.koordinator.sh/cpu-shared-pools`` / ``be-cpu-shared-pools``: ``[{"socket":0,"node":0,"cpuset":"1-5"}]``
 - ``node.koordinator.sh/pod-cpu-allocs``: ``[{"uid":..,"cpuset":"..","managedByKubelet":true}]``
 - ``node.koordinator.sh/cpu-normalization-ratio``: a decimal number such as ``"1.20"``
+- ``runtimeproxy.koordinator.sh/cpu-quota-normalization`` (a container annotation of this
+  project, not Koordinator's): ``"<kubelet's quota>/<quota given to the runtime>"``
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,8 +47,10 @@ __all__ = [
     "NodeReservation",
     "PodCPUAlloc",
     "SystemQOSResource",
+    "format_cpu_quota_record",
     "format_share_pools",
     "parse_cpu_normalization_ratio",
+    "parse_cpu_quota_record",
     "parse_kubelet_cpu_manager_policy",
     "parse_node_reservation",
     "parse_pod_cpu_allocs",
@@ -228,16 +231,47 @@ def parse_pod_cpu_allocs(text: str) -> tuple[PodCPUAlloc, ...]:
     return tuple(out)
 
 
-_RATIO = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6})?", re.ASCII)
+_RATIO = re.compile(r"[0-9](?:\.[0-9]{1,2})?", re.ASCII)
+# apis/configuration/slo_controller_config.go: the manager keeps ratios in [1.0, 5.0] and writes
+# them with two decimals (apis/extension/cpu_normalization.go ``SetCPUNormalizationRatio``).
+MIN_CPU_NORMALIZATION_RATIO = Fraction(1)
+MAX_CPU_NORMALIZATION_RATIO = Fraction(5)
 
 
-def parse_cpu_normalization_ratio(text: object) -> float:
-    """Parse ``node.koordinator.sh/cpu-normalization-ratio``: a positive decimal such as
-    ``"1.20"`` (at most six digits each side of the point)."""
+def parse_cpu_normalization_ratio(text: object) -> Fraction:
+    """Parse ``node.koordinator.sh/cpu-normalization-ratio``: a decimal from ``"1.00"`` to
+    ``"5.00"`` with at most two decimals (``"1.2"`` and ``"2"`` too), as an exact fraction.
+
+    Anything else (zero or less, above 5, a third decimal, an exponent, ``nan``, non-ASCII
+    digits, more than 32 characters) raises ``FormatError``. Two valid ratios differ by at
+    least 0.01, so Koordinator's rule "changes below 0.01 are ignored" holds by construction.
+    """
     raw = read_str(text, "cpu-normalization-ratio", 32).strip()
     if _RATIO.fullmatch(raw) is None:
-        raise FormatError(f"cpu-normalization-ratio: {raw!r} is not a decimal number")
-    ratio = float(raw)
-    if not math.isfinite(ratio) or ratio <= 0:
-        raise FormatError(f"cpu-normalization-ratio: {raw!r} must be above 0")
+        raise FormatError(f"cpu-normalization-ratio: {raw!r} is not a decimal with at most two decimals")
+    ratio = Fraction(raw)
+    if not MIN_CPU_NORMALIZATION_RATIO <= ratio <= MAX_CPU_NORMALIZATION_RATIO:
+        raise FormatError(f"cpu-normalization-ratio: {raw!r} is outside 1.00 to 5.00")
     return ratio
+
+
+_RECORD = re.compile(r"([0-9]{1,12})/([0-9]{1,12})", re.ASCII)
+
+
+def parse_cpu_quota_record(text: object) -> tuple[int, int]:
+    """Parse ``runtimeproxy.koordinator.sh/cpu-quota-normalization``: ``(original, applied)``,
+    kubelet's CFS quota and the normalized quota the proxy gave the runtime, both positive
+    integers of at most 12 digits."""
+    raw = read_str(text, "cpu-quota-normalization", 32)
+    m = _RECORD.fullmatch(raw)
+    if m is None:
+        raise FormatError(f"cpu-quota-normalization: {raw!r} is not <quota>/<quota>")
+    original, applied = int(m.group(1)), int(m.group(2))
+    if original <= 0 or applied <= 0:
+        raise FormatError(f"cpu-quota-normalization: {raw!r} names a quota of 0")
+    return original, applied
+
+
+def format_cpu_quota_record(original: int, applied: int) -> str:
+    """The ``cpu-quota-normalization`` text for two positive quotas."""
+    return f"{original}/{applied}"

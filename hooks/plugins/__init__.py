@@ -7,6 +7,10 @@ plugin's module name, registration name and config name are the same string.
 - ``group_identity``: ``cpu.bvt_warp_ns`` per QoS class at pod and kube-QoS level (or
   ``cpu.idle`` under ``cpuPolicy: coreSched``).
 - ``batch_resource``: BE pods' batch-cpu/batch-memory as shares, quota and memory limit.
+- ``cpu_normalization``: LS and label-less pods' CFS quotas divided by the node's
+  ``cpu-normalization-ratio`` (CRI quota, pod and container ``cpu.cfs_quota_us``); after
+  ``batch_resource`` (which divides BE batch quotas by the same ratio) and before ``cpu_burst``
+  (whose burst and cfsQuotaBurst base are the normalized quota).
 - ``gpu_env``: ``NVIDIA_VISIBLE_DEVICES`` from the device allocation.
 - ``cpu_burst``: ``cpu.cfs_burst_us`` from ``cpuBurstStrategy`` (the cfsQuotaBurst loop's
   decisions are pure functions in the same module, run by ``runtime_proxy.loops.burst``).
@@ -19,6 +23,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "numa",
     "group_identity",
     "batch_resource",
+    "cpu_normalization",
     "gpu_env",
     "cpu_burst",
     "rdt",

@@ -32,12 +32,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from hooks.facts import ContainerFacts, NodeFacts, PodFacts, milli_cpu_to_quota, milli_cpu_to_shares, pod_cgroup_path
+from hooks.facts import (
+    ContainerFacts,
+    NodeFacts,
+    PodFacts,
+    cpu_normalization_ratio,
+    milli_cpu_to_quota,
+    milli_cpu_to_shares,
+    normalize_cpu_quota,
+    pod_cgroup_path,
+)
 from hooks.plan import Plan
 from hooks.spec import hookimpl
 from koord_formats import FormatError, keys, nodeslo
 from koord_formats.keys import SLO
-from koord_formats.node import parse_cpu_normalization_ratio
 from koord_formats.pod import parse_extended_resource_spec as parse_spec_annotation
 
 
@@ -84,26 +92,19 @@ def _cpu_suppress_cfs_quota(node: NodeFacts) -> bool:
     return suppress.enable and suppress.cpu_suppress_policy == keys.CPU_SUPPRESS_POLICY_CFS_QUOTA
 
 
-def _normalization_ratio(node: NodeFacts, plan: Plan) -> float:
-    raw = node.annotations.get(keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO)
-    if not raw:
-        return 1.0
+def _normalization_ratio(node: NodeFacts, plan: Plan) -> Fraction:
     try:
-        return parse_cpu_normalization_ratio(raw)
+        return cpu_normalization_ratio(node)
     except FormatError as exc:
         plan.skip(f"bad {keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO}: {exc}; ignored")
-        return 1.0
+        return Fraction(1)
 
 
 def batch_quota(milli_limit: int | None, node: NodeFacts, plan: Plan) -> int:
     """CFS quota for a batch-cpu limit with CPU suppress and normalization applied."""
     if milli_limit is None or _cpu_suppress_cfs_quota(node):
         return -1
-    quota = milli_cpu_to_quota(milli_limit)
-    ratio = _normalization_ratio(node, plan)
-    if quota > 0 and ratio > 1:
-        quota = math.ceil(quota / ratio)
-    return quota
+    return normalize_cpu_quota(milli_cpu_to_quota(milli_limit), _normalization_ratio(node, plan))
 
 
 def _container_plan(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:

@@ -11,7 +11,9 @@ Inputs
     ``cpuBurstPercent`` 1000, ``cfsQuotaBurstPercent`` 300, ``cfsQuotaBurstPeriodSeconds`` -1,
     ``sharePoolThresholdPercent`` 50) merged with the pod annotation ``koordinator.sh/cpuBurst``;
     pod label ``koordinator.sh/qosClass`` (LSR, LSE and BE pods are not eligible); the
-    container's CPU limit (CRI ``cpu_quota`` / ``cpu_period``).
+    container's CPU limit (CRI ``cpu_quota`` / ``cpu_period``) as CPU normalization leaves it
+    (``base_quota``: ``hooks.facts.container_cpu_quota``, the quota plugin
+    ``cpu_normalization`` gives the runtime), so burst is computed on the normalized quota.
 Outputs
     writes ``container``/``cpu.cfs_burst_us`` and ``pod``/``cpu.cfs_burst_us`` (v2:
     ``cpu.max.burst``): limit cores x cpuBurstPercent/100 x 100000, 0 without a limit. Mainline
@@ -31,10 +33,19 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hooks.facts import CFS_PERIOD_US, ContainerFacts, NodeFacts, PodFacts, container_cgroup_path, pod_cgroup_path
+from hooks.facts import (
+    CFS_PERIOD_US,
+    ContainerFacts,
+    NodeFacts,
+    PodFacts,
+    container_cgroup_path,
+    container_cpu_quota,
+    pod_cgroup_path,
+    pod_cpu_burst_config,
+)
 from hooks.plan import Plan
 from hooks.spec import hookimpl
-from koord_formats import keys, nodeslo
+from koord_formats import FormatError, keys
 from koord_formats.nodeslo import CPUBurstConfig
 
 BURST_FILE = "cpu.cfs_burst_us"
@@ -51,44 +62,58 @@ def is_eligible(pod: PodFacts) -> bool:
 
 def pod_burst_config(pod: PodFacts, node: NodeFacts, plan: Plan | None = None) -> CPUBurstConfig:
     problems: list[str] = []
-    cfg = nodeslo.cpu_burst(node.node_slo, problems)
-    cfg = nodeslo.cpu_burst_from_pod(cfg, pod.annotations.get(keys.ANNOTATION_POD_CPU_BURST), problems)
+    cfg = pod_cpu_burst_config(pod, node, problems)
     if plan is not None:
         for p in problems:
             plan.skip(f"pod {pod.namespace}/{pod.name}: {p}")
     return cfg
 
 
-def limit_quota(container: ContainerFacts) -> int:
-    """The container's CFS quota scaled to the 100 ms base period; 0 without a limit."""
-    r = container.resources
-    if r.cpu_quota <= 0:
+def base_quota(pod: PodFacts, container: ContainerFacts, node: NodeFacts, stage: str = "running") -> int:
+    """The container's CFS quota before any burst: the normalized quota when CPU normalization
+    decides it (``hooks.facts.container_cpu_quota``), else the container's own."""
+    try:
+        return container_cpu_quota(pod, container, node, stage=stage).quota
+    except FormatError:
+        return container.resources.cpu_quota
+
+
+def limit_quota(container: ContainerFacts, quota: int | None = None) -> int:
+    """The container's CFS quota (``quota`` when given) scaled to the 100 ms base period; 0
+    without a limit."""
+    q = container.resources.cpu_quota if quota is None else quota
+    if q <= 0:
         return 0
-    period = r.cpu_period or CFS_PERIOD_US
-    return r.cpu_quota * CFS_PERIOD_US // period
+    period = container.resources.cpu_period or CFS_PERIOD_US
+    return q * CFS_PERIOD_US // period
 
 
-def container_burst_us(container: ContainerFacts, cfg: CPUBurstConfig) -> tuple[int, int | None]:
-    """``(value, uncapped)``: Koordinator's burst for the container, capped at its quota;
-    ``uncapped`` is the value before the cap when the cap applied."""
-    quota = limit_quota(container)
+def container_burst_us(
+    container: ContainerFacts, cfg: CPUBurstConfig, quota: int | None = None
+) -> tuple[int, int | None]:
+    """``(value, uncapped)``: Koordinator's burst for the container (with the quota ``quota``
+    when given), capped at that quota; ``uncapped`` is the value before the cap when the cap
+    applied."""
+    cap = container.resources.cpu_quota if quota is None else quota
+    quota = limit_quota(container, cap)
     if quota <= 0 or not cfg.cpu_burst_enabled:
         return 0, None
     value = quota * cfg.cpu_burst_percent // 100
-    cap = container.resources.cpu_quota
     if value > cap:
         return cap, value
     return value, None
 
 
-def _container_plan(pod: PodFacts, container: ContainerFacts, node: NodeFacts, *, reconcile: bool) -> Plan:
+def _container_plan(
+    pod: PodFacts, container: ContainerFacts, node: NodeFacts, *, reconcile: bool, stage: str = "running"
+) -> Plan:
     plan = Plan()
     if not is_eligible(pod) or not container.id:
         return plan
     cfg = pod_burst_config(pod, node, plan)
     if not cfg.cpu_burst_enabled and not reconcile:
         return plan
-    value, uncapped = container_burst_us(container, cfg)
+    value, uncapped = container_burst_us(container, cfg, base_quota(pod, container, node, stage))
     if uncapped is not None:
         plan.skip(f"{BURST_FILE} {uncapped} capped at the quota {value} (the kernel refuses a burst above the quota)")
     try:
@@ -106,7 +131,7 @@ def rhp_post_start_container(pod: PodFacts, container: ContainerFacts, node: Nod
 
 @hookimpl
 def rhp_pre_update_container_resources(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
-    return _container_plan(pod, container, node, reconcile=False)
+    return _container_plan(pod, container, node, reconcile=False, stage="update")
 
 
 @hookimpl
@@ -124,7 +149,8 @@ def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
         path = pod_cgroup_path(pod)
     except ValueError as exc:
         return plan.skip(f"pod {pod.namespace}/{pod.name}: {exc}")
-    plan.write("pod", path, BURST_FILE, sum(container_burst_us(c, cfg)[0] for c in pod.containers))
+    total = sum(container_burst_us(c, cfg, base_quota(pod, c, node))[0] for c in pod.containers)
+    plan.write("pod", path, BURST_FILE, total)
     return plan
 
 
@@ -147,9 +173,7 @@ def share_pool_state(usage_ratio: float | None, threshold_percent: int) -> str:
     return IDLE
 
 
-def throttled_ratio(
-    prev: tuple[int, int, float] | None, cur: tuple[int, int, float], max_age: float
-) -> float | None:
+def throttled_ratio(prev: tuple[int, int, float] | None, cur: tuple[int, int, float], max_age: float) -> float | None:
     """Δnr_throttled / Δnr_periods between two ``(nr_periods, nr_throttled, time)`` samples of
     ``cpu.stat``; None (no data) without a previous sample younger than ``max_age``."""
     if prev is None or cur[2] - prev[2] > max_age or cur[2] <= prev[2]:

@@ -426,9 +426,16 @@ class CriInterceptor:
     ) -> None:
         found = self.store.container(msg.container_id)
         sandbox_id = self.store.sandbox_of(msg.container_id)
-        if found is not None and sandbox_id is not None and msg.HasField("linux"):
+        notes = {} if self.dry_run else _annotations_of(result)
+        if found is not None and sandbox_id is not None and (msg.HasField("linux") or notes):
             _, container = found
-            self.store.put_container(sandbox_id, container.replace(resources=_overlay_update(container, msg.linux)))
+            # A created container's annotations cannot change in the runtime; what this stage's
+            # plan records (cpu_normalization's quota record) lives in the store until a restart.
+            if notes:
+                container = container.replace(annotations={**container.annotations, **notes})
+            if msg.HasField("linux"):
+                container = container.replace(resources=_overlay_update(container, msg.linux))
+            self.store.put_container(sandbox_id, container)
         await self._after_container("UpdateContainerResources", msg.container_id, result)
 
     async def _before_stop_container(self, msg: api_pb2.StopContainerRequest) -> StageResult | None:
@@ -487,6 +494,13 @@ def _set_envs(config: api_pb2.ContainerConfig, envs: Mapping[str, str]) -> None:
     for key, value in remaining.items():
         if key not in present:
             config.envs.add(key=key, value=value)
+
+
+def _annotations_of(result: StageResult | None) -> dict[str, str]:
+    """The annotations a stage's accepted plan sets (none when it was rejected or dry-run)."""
+    if result is None or result.rejected is not None:
+        return {}
+    return dict(result.plan.annotations)
 
 
 def _overlay_update(container: ContainerFacts, linux: api_pb2.LinuxContainerResources) -> Resources:

@@ -104,8 +104,9 @@ class _Step:
     final: bool  # False for the intermediate union step
 
 
-def order_writes(writes: list[CgroupWrite], current: Callable[[CgroupWrite], str | None]) -> list[_Step]:
-    """The cgroup writes in a safe order (see module docstring). ``current`` reads a file."""
+def _classify(
+    writes: list[CgroupWrite], current: Callable[[CgroupWrite], str | None]
+) -> tuple[list[_Step], list[_Step], list[_Step]]:
     grow: list[_Step] = []
     other: list[_Step] = []
     shrink: list[_Step] = []
@@ -138,6 +139,22 @@ def order_writes(writes: list[CgroupWrite], current: Callable[[CgroupWrite], str
             other.append(_Step(w, w.value, True))
     grow.sort(key=lambda s: _depth(s.write.path))
     shrink.sort(key=lambda s: -_depth(s.write.path))
+    return grow, other, shrink
+
+
+def order_writes(
+    writes: list[CgroupWrite], current: Callable[[CgroupWrite], str | None], phase: str = "all"
+) -> list[_Step]:
+    """The cgroup writes in a safe order (see module docstring). ``current`` reads a file.
+
+    ``phase`` "grow" keeps the first two parts (growing writes, the union step of a sideways
+    cpuset, every other write); "shrink" keeps only the third (writes that shrink a limit,
+    read again when called); "all" keeps everything."""
+    grow, other, shrink = _classify(writes, current)
+    if phase == "grow":
+        return grow + other
+    if phase == "shrink":
+        return shrink
     return grow + other + shrink
 
 
@@ -151,6 +168,7 @@ def apply_files(
     atomic: bool = True,
     missing_ok: bool = False,
     ordered: bool = False,
+    phase: str = "all",
 ) -> ApplyReport:
     """Perform the writes, task moves and removals of ``plan``.
 
@@ -166,6 +184,13 @@ def apply_files(
     :param ordered: perform the cgroup writes exactly in plan order instead of the safe order
         above, for a plan that sequences its own writes (the ``ReconcileUsage`` stage's
         two-pass leveled writes, run by ``runtime_proxy.loops.qos``).
+    :param phase: "all" (default); "grow" performs only the cgroup writes that grow a limit
+        (parents first), the union step of a sideways cpuset and every other cgroup write;
+        "shrink" only the cgroup writes that shrink a limit (children first). A leveled update
+        calls "grow" on the upper level, updates the lower one, then calls "shrink" on the
+        upper level, so a child never exceeds its parent (Koordinator's
+        ``LeveledUpdateBatch``). Resctrl writes, moves and removals belong to "all" and "grow".
+        Only "all" goes with ``ordered``.
     :returns: the report; never raises for I/O errors.
     """
     report = ApplyReport(dry_run=dry_run)
@@ -195,12 +220,14 @@ def apply_files(
             if diff and result.status in ("written", "would-write"):
                 report.drift.append(w)
 
+    if phase not in ("all", "grow", "shrink") or (ordered and phase != "all"):
+        raise ValueError(f"phase {phase!r} does not go with ordered={ordered}")
     cg_writes = [w for w in plan.writes if w.level != "resctrl"]
-    rc_writes = [w for w in plan.writes if w.level == "resctrl"]
+    rc_writes = [w for w in plan.writes if w.level == "resctrl"] if phase != "shrink" else []
     if ordered:
         steps = [_Step(w, w.value, True) for w in cg_writes]
     else:
-        steps = order_writes(cg_writes, lambda w: cgroups.read(w.path, w.file))
+        steps = order_writes(cg_writes, lambda w: cgroups.read(w.path, w.file), phase)
     for step in steps:
         w = step.write
         try:
@@ -243,6 +270,8 @@ def apply_files(
                 undo.append((partial(resctrl.write_raw, target, old), result.target))
         record(w, result, True)
 
+    if phase == "shrink":
+        return report
     for m in plan.moves:
         if resctrl is None:
             report.errors.append(f"move {m.path} to {m.group}: no resctrl root configured")

@@ -4,7 +4,9 @@ pool has room, and back down when it is loaded (Koordinator's CPU Burst ``cfsQuo
 Started by the proxy (``runtime_proxy.server.Proxy``) next to the reconciler (same backend:
 ``node()``, ``pods()``, ``containers()``). Every ``interval`` seconds (Koordinator: 1 s)
 ``step`` reads each eligible container's ``cpu.stat`` (throttling) and current
-``cpu.cfs_quota_us``, and the share pool's
+``cpu.cfs_quota_us``, takes its base quota from ``hooks.plugins.cpu_burst.base_quota`` (the
+quota CPU normalization gives the container, so base and ceiling are the normalized ones), and
+the share pool's
 load (``SharePoolLoad``: node CPU usage from ``/proc/stat`` minus LSE/LSR/BE pods' usage, over
 the node's CPUs minus the bound ones), asks the pure decisions in ``hooks.plugins.cpu_burst``
 for the new quota and writes container and pod quota through ``apply_files`` (which orders a
@@ -39,6 +41,7 @@ from hooks.facts import (
 from hooks.plan import Plan
 from hooks.plugins.cpu_burst import (
     BurstLimiter,
+    base_quota,
     decide_operation,
     is_eligible,
     next_quota,
@@ -182,7 +185,7 @@ class CPUBurstLoop:
         for pod, container in self.backend.containers():
             if pod.skips_hooks or not container.id or not is_eligible(pod):
                 continue
-            base = container.resources.cpu_quota
+            base = base_quota(pod, container, node)
             if base <= 0:
                 continue
             try:

@@ -8,7 +8,10 @@ change stream. It re-plans everything (stages
 change, shortly after the store changes (a pod arrived or left: the share pools moved) and every
 period, then applies only the differences:
 
-- writes go through ``runtime_proxy.host.apply.apply_files(diff=True)``;
+- writes go through ``runtime_proxy.host.apply.apply_files(diff=True)``, leveled across pods
+  and containers: pod writes that grow a limit (a larger ``cpu.cfs_quota_us``...) first, then
+  every container (files and runtime updates), then the pod writes that shrink a limit, so a
+  container never exceeds its pod, even when a node change moves both (CPU normalization);
 - container ``resources`` are compared with both what the runtime last accepted and the
   container's cgroup files (so values changed by hand are found), and differing fields are
   sent through ``backend.update_container_resources`` (containerd's UpdateContainerResources,
@@ -211,7 +214,7 @@ class Reconciler:
             log.warning("plugin conflict during reconcile", conflict=str(c))
         return result.plan
 
-    def _apply(self, plan: Plan, level: str, report: ReconcileReport) -> ApplyReport:
+    def _apply(self, plan: Plan, level: str, report: ReconcileReport, phase: str = "all") -> ApplyReport:
         applied = apply_files(
             plan,
             cgroups=self.cgroups,
@@ -220,6 +223,7 @@ class Reconciler:
             diff=True,
             atomic=False,
             missing_ok=True,
+            phase=phase,
         )
         for w in applied.missing:
             where = f"{w.level} {w.path}"
@@ -235,7 +239,8 @@ class Reconciler:
         for e in applied.errors:
             RECONCILE_ERRORS.labels(level).inc()
             report.errors.append(e)
-        report.skipped += [f"{s.plugin}: {s.reason}" for s in plan.skipped]
+        if phase != "shrink":
+            report.skipped += [f"{s.plugin}: {s.reason}" for s in plan.skipped]
         return applied
 
     def _resource_changes(
@@ -309,10 +314,13 @@ class Reconciler:
 
             node_plan = await self._plan("ReconcileNode", PodFacts(), None, node)
             await asyncio.to_thread(self._apply, node_plan, "node", report)
+            # Leveled: pod limits grow before the containers change, and shrink after them.
+            shrinks: list[tuple[PodFacts, Plan]] = []
             for pod in pods:
                 try:
                     plan = await self._plan("ReconcilePod", pod, None, node)
-                    await asyncio.to_thread(self._apply, plan, "pod", report)
+                    await asyncio.to_thread(self._apply, plan, "pod", report, "grow")
+                    shrinks.append((pod, plan))
                 except Exception as exc:  # one pod's input never ends the round for the others
                     self._pod_failed("pod", pod, exc, report)
             for pod, container in containers:
@@ -323,6 +331,11 @@ class Reconciler:
                     await self._update_container(container, changes, report)
                 except Exception as exc:
                     self._pod_failed("container", pod, exc, report)
+            for pod, plan in shrinks:
+                try:
+                    await asyncio.to_thread(self._apply, plan, "pod", report, "shrink")
+                except Exception as exc:
+                    self._pod_failed("pod", pod, exc, report)
             await asyncio.to_thread(self._collect_groups, pods, report)
             self._log_missing(report)
             self.rounds += 1

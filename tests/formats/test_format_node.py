@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -78,9 +79,15 @@ def test_pod_cpu_allocs() -> None:
 
 @pytest.mark.parametrize(
     ("text", "ratio"),
-    [pytest.param("1.20", 1.2, id="a ratio above one"), pytest.param("1", 1.0, id="a whole number")],
+    [
+        pytest.param("1.20", Fraction(6, 5), id="a ratio above one is read as an exact fraction"),
+        pytest.param("1", Fraction(1), id="a whole number is read"),
+        pytest.param("1.5", Fraction(3, 2), id="one decimal is enough"),
+        pytest.param("5.00", Fraction(5), id="five is the largest ratio"),
+        pytest.param(" 1.25 ", Fraction(5, 4), id="surrounding spaces are ignored"),
+    ],
 )
-def test_cpu_normalization_ratio(text: str, ratio: float) -> None:
+def test_cpu_normalization_ratio(text: str, ratio: Fraction) -> None:
     assert node.parse_cpu_normalization_ratio(text) == ratio
 
 
@@ -91,13 +98,53 @@ def test_cpu_normalization_ratio(text: str, ratio: float) -> None:
         pytest.param("-1", id="negative"),
         pytest.param("inf", id="infinity"),
         pytest.param("nan", id="not a number"),
+        pytest.param("NaN", id="not a number in capitals"),
         pytest.param("1e400", id="an exponent"),
+        pytest.param("1e0", id="a harmless exponent"),
         pytest.param("\u0661.2", id="a non-ASCII digit"),
+        pytest.param("\uff11.25", id="a full-width digit"),
+        pytest.param("5.01", id="just above five"),
+        pytest.param("0.99", id="just below one"),
+        pytest.param("1.255", id="a third decimal"),
+        pytest.param("1.", id="a point without decimals"),
+        pytest.param("1" * 33, id="more than 32 characters"),
+        pytest.param("1" * 1_000_000, id="a megabyte of digits"),
+        pytest.param("", id="empty"),
+        pytest.param(1.25, id="a number instead of text"),
     ],
 )
-def test_cpu_normalization_ratio_refuses(text: str) -> None:
+def test_cpu_normalization_ratio_refuses(text: object) -> None:
     with pytest.raises(FormatError):
         node.parse_cpu_normalization_ratio(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "record"),
+    [
+        pytest.param("200000/160000", (200000, 160000), id="kubelet's quota and the applied one"),
+        pytest.param(node.format_cpu_quota_record(5, 3), (5, 3), id="the formatter's text reads back"),
+    ],
+)
+def test_cpu_quota_record(text: str, record: tuple[int, int]) -> None:
+    assert node.parse_cpu_quota_record(text) == record
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("0/100", id="a zero quota"),
+        pytest.param("-1/100", id="a negative quota"),
+        pytest.param("100", id="one number"),
+        pytest.param("100/100/100", id="three numbers"),
+        pytest.param("1" * 13 + "/1", id="thirteen digits"),
+        pytest.param("\u0661/1", id="a non-ASCII digit"),
+        pytest.param("1e9/1", id="an exponent"),
+        pytest.param(None, id="not a string"),
+    ],
+)
+def test_cpu_quota_record_refuses(text: object) -> None:
+    with pytest.raises(FormatError):
+        node.parse_cpu_quota_record(text)
 
 
 PARSERS: list[Any] = [
@@ -127,6 +174,7 @@ PARSERS: list[Any] = [
         id="pod-cpu-allocs",
     ),
     pytest.param(node.parse_cpu_normalization_ratio, [HOLE], id="cpu-normalization-ratio"),
+    pytest.param(node.parse_cpu_quota_record, [HOLE, "HOLE/1", "1/HOLE"], id="cpu-quota-normalization"),
 ]
 
 

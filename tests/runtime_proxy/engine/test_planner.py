@@ -34,8 +34,10 @@ def doc(stage: str, **overrides: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("document", "key", "expected"),
     [
-        pytest.param(doc("PreCreateContainer"), "cri", {"resources": {"cpuset_cpus": "2-7"}},
-                     id="LS container gets the share pool minus bound CPUs"),
+        pytest.param(doc("PreCreateContainer"), "cri",
+                     {"resources": {"cpuset_cpus": "2-7"},
+                      "annotations": {"runtimeproxy.koordinator.sh/cpu-quota-normalization": "200000/200000"}},
+                     id="LS container gets the share pool minus bound CPUs and its quota recorded"),
         pytest.param(doc("PreCreateContainer", pod={"uid": "u2", "labels": {"koordinator.sh/qosClass": "LSR"},
                                                       "annotations": {RS: '{"cpuset":"0-1"}'},
                                                       "cgroupParent": "/kubepods/podu2"}),
