@@ -174,11 +174,13 @@ def rhp_post_start_container(pod: PodFacts, container: ContainerFacts, node: Nod
     """
 
 
-@_stage("resources")
+@_stage("resources", "annotations")
 def rhp_pre_update_container_resources(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan | None:
     """Before ``UpdateContainerResources`` is forwarded.
 
-    May change: the resources of the update.
+    May change: the resources and the annotations of the update (the runtime keeps a created
+    container's own annotations; the proxy's store records these on the container until the
+    proxy restarts).
 
     :param pod: the container's pod.
     :param container: the container; ``container.resources`` already carries the update.

@@ -419,6 +419,7 @@ class CriInterceptor:
             return result
         if result.plan.resources:
             set_linux_resources(msg.linux, result.plan.resources)
+        msg.annotations.update(result.plan.annotations)
         return result
 
     async def _after_update_container_resources(

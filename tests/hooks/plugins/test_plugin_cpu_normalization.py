@@ -8,24 +8,31 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from cri_protos import api_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, container_cpu_quota, normalize_cpu_quota
-from hooks.manager import make_plugin_manager
+from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import Plan
 from hooks.plugins import BUILTIN_PLUGINS, batch_resource, cpu_burst, cpu_normalization
+from runtime_proxy.engine.intercept import CriInterceptor, StaticNode
+from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import apply_files
 from runtime_proxy.host.cgroups import CgroupError, Cgroups, WriteResult
 from runtime_proxy.loops.burst import CPUBurstLoop
 from runtime_proxy.loops.reconciler import Reconciler
+from runtime_proxy.state.store import RuntimeClient, Store
 from tests.cgroup_files import make_files, read_file
 from tests.hooks.plugins.factories import call, container, node, pod, status, writes
 
 RATIO = "node.koordinator.sh/cpu-normalization-ratio"
 RECORD = "runtimeproxy.koordinator.sh/cpu-quota-normalization"
 POD = "kubepods/burstable/poduid-1"
+RUN = "/runtime.v1.RuntimeService/RunPodSandbox"
+CREATE = "/runtime.v1.RuntimeService/CreateContainer"
+UPDATE = "/runtime.v1.RuntimeService/UpdateContainerResources"
 
 
 def ratio(value: str | None) -> NodeFacts:
@@ -401,3 +408,47 @@ async def test_the_burst_loop_scales_from_the_normalized_base(tmp_path: Path) ->
     assert read_file(tmp_path, f"{POD}/a", "cpu.cfs_quota_us") == "150000"  # the ceiling: 1.5 x 100000
     decided = container_cpu_quota(rt.pod_list[0], rt.container_list[0][1], rt.node_facts)
     assert decided.quota == 100000 and decided.original == 200000
+
+
+# ---- through the interceptor: the record follows kubelet's updates -------------------------------
+
+
+async def test_the_interceptor_normalizes_and_keeps_the_record_through_updates() -> None:
+    pm = make_plugin_manager(entry_points=False)
+    pipeline = Pipeline(plugin_steps(pm, [(n, "Ignore", 2.0) for n in plugin_order(pm)]))
+    icpt = CriInterceptor(store=Store(), pipeline=pipeline, client=cast(RuntimeClient, None),
+                          node_source=StaticNode(ratio("1.25")), on_store_change=lambda _changed: None)
+    sandbox = api_pb2.PodSandboxConfig()
+    sandbox.metadata.name, sandbox.metadata.namespace, sandbox.metadata.uid = "web", "ns", "u1"
+    sandbox.labels["koordinator.sh/qosClass"] = "LS"
+    sandbox.linux.cgroup_parent = "/kubepods/burstable/podu1"
+    run = api_pb2.RunPodSandboxRequest(config=sandbox).SerializeToString()
+    await icpt.after(RUN, await icpt.before(RUN, run),
+                     api_pb2.RunPodSandboxResponse(pod_sandbox_id="sb").SerializeToString())
+
+    create = api_pb2.CreateContainerRequest(pod_sandbox_id="sb", sandbox_config=sandbox)
+    create.config.metadata.name = "app"
+    create.config.linux.resources.cpu_quota, create.config.linux.resources.cpu_period = 200000, 100000
+    sent = api_pb2.CreateContainerRequest.FromString(await icpt.before(CREATE, create.SerializeToString()))
+    assert sent.config.linux.resources.cpu_quota == 160000
+    assert sent.config.annotations[RECORD] == "200000/160000"
+    await icpt.after(CREATE, sent.SerializeToString(),
+                     api_pb2.CreateContainerResponse(container_id="c1").SerializeToString())
+
+    async def update(quota: int, cpuset: str = "") -> api_pb2.UpdateContainerResourcesRequest:
+        req = api_pb2.UpdateContainerResourcesRequest(container_id="c1")
+        req.linux.cpu_quota, req.linux.cpuset_cpus = quota, cpuset
+        out = await icpt.before(UPDATE, req.SerializeToString())
+        await icpt.after(UPDATE, out, b"")
+        return api_pb2.UpdateContainerResourcesRequest.FromString(out)
+
+    resized = await update(300000)
+    assert resized.linux.cpu_quota == 240000 and resized.annotations[RECORD] == "300000/240000"
+    found = icpt.store.container("c1")
+    assert found is not None
+    assert found[1].annotations[RECORD] == "300000/240000" and found[1].resources.cpu_quota == 240000
+    cpuset_only = await update(0, "0-3")
+    assert cpuset_only.linux.cpu_quota == 0  # the runtime keeps 240000; nothing is divided twice
+    found = icpt.store.container("c1")
+    assert found is not None and found[1].resources.cpu_quota == 240000
+    assert found[1].annotations[RECORD] == "300000/240000"

@@ -176,7 +176,7 @@ def test_the_stage_table_comes_from_the_specs() -> None:
     assert changing == {
         "PreRunPodSandbox": {"labels", "annotations", "cgroup_parent"},
         "PreCreateContainer": {"resources", "envs", "annotations", "cgroup_parent"},
-        "PreUpdateContainerResources": {"resources"},
+        "PreUpdateContainerResources": {"resources", "annotations"},
         "ReconcileContainer": {"resources"},
     }
 
