@@ -14,7 +14,9 @@ Rules this class keeps:
 - A handler gets at most ``budget`` of the runtime's request timeout; when it runs out, or
   fails with an unexpected error, the reply is an empty (all-default) response, which tells the
   runtime "no changes", so the pod goes on without our changes instead of the plugin being
-  dropped. ``RpcError`` replies with its status (the runtime then fails the CRI call).
+  dropped. ``SkipCall`` (a payload the handler will not use) gets the same reply with a
+  warning and no traceback. ``RpcError`` replies with its status (the runtime then fails the
+  CRI call).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from runtime_proxy.nri import mux, ttrpc
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["PLUGIN_SERVICE", "RUNTIME_SERVICE", "Handler", "NriConnection", "RpcError", "Unimplemented"]
+__all__ = ["PLUGIN_SERVICE", "RUNTIME_SERVICE", "Handler", "NriConnection", "RpcError", "SkipCall", "Unimplemented"]
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
@@ -48,6 +50,10 @@ class RpcError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class SkipCall(Exception):
+    """The call's payload is not used (too large, undecodable): answered with no changes."""
 
 
 class Unimplemented(RpcError):
@@ -165,6 +171,9 @@ class NriConnection:
         except RpcError as exc:
             await self._reply_error(msg.stream_id, exc)
             return
+        except SkipCall as exc:
+            log.warning("NRI call skipped; answered with no changes", method=request.method, reason=str(exc)[:300])
+            payload = b""
         except TimeoutError:
             log.warning("NRI handler ran out of time; answered with no changes", method=request.method,
                         budget=round(timeout * self._budget, 3))

@@ -8,6 +8,14 @@ updates; updates go only in the final reply), then answer events until the socke
 runtime never sends Shutdown on restart; the socket just closes, and ``run`` dials again with
 backoff and registers under the same name.
 
+Payloads. Each call's payload is decoded by the one protobuf parser of its message type, under
+a bound per method: the events of one pod or container (``MAX_EVENT_PAYLOAD``, 1 MiB: Kubernetes
+caps a pod's annotations at 256 KiB) and Configure and Synchronize (the ttrpc message bound,
+4 MiB). A payload over its bound, or one that does not decode, costs only its call
+(``SkipCall``: answered with no changes and a warning; for Configure and Synchronize an error
+status, so the runtime drops the session and the plugin registers again). Payloads over
+``DECODE_ON_LOOP`` are decoded in a worker thread, so a large one never holds the event loop.
+
 Events. ``SUBSCRIBED`` lists events 1..11 only: they are valid on every runtime with NRI v0.3 or
 later (containerd 1.7 and 2.x); a bit the runtime does not know gets the plugin dropped. Runtimes
 before NRI v0.12 deliver pod events and PostCreate/Start/PostStart/PostUpdate/RemoveContainer
@@ -24,9 +32,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
+from google.protobuf.message import DecodeError
 
 from cri_protos import nri_pb2
-from runtime_proxy.nri.connection import NriConnection, RpcError, Unimplemented
+from runtime_proxy.nri.connection import NriConnection, RpcError, SkipCall, Unimplemented
+from runtime_proxy.nri.ttrpc import MAX_MESSAGE
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +45,10 @@ __all__ = ["SUBSCRIBED", "Events", "NriPlugin", "PluginIdentity", "event_mask"]
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 NAME_RE = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 IDX_RE = re.compile(r"[0-9]{2}")
+
+MAX_EVENT_PAYLOAD = 1 << 20
+DECODE_ON_LOOP = 64 << 10
+INVALID_ARGUMENT = 3
 
 E = nri_pb2.Event
 SUBSCRIBED: tuple[int, ...] = (
@@ -102,6 +116,26 @@ _STATE_METHODS: dict[str, tuple[Any, int]] = {
 }
 
 
+async def _decode(method: str, message_type: Any, payload: bytes, limit: int = MAX_EVENT_PAYLOAD,
+                  *, fatal: bool = False) -> Any:
+    """``payload`` parsed as ``message_type``, at most ``limit`` bytes, off the event loop when
+    larger than ``DECODE_ON_LOOP``. A payload over the bound or undecodable raises ``SkipCall``,
+    or with ``fatal`` an ``RpcError`` (INVALID_ARGUMENT)."""
+    problem = ""
+    if len(payload) > limit:
+        problem = f"{method}: payload of {len(payload)} bytes (limit {limit})"
+    else:
+        try:
+            if len(payload) > DECODE_ON_LOOP:
+                return await asyncio.to_thread(message_type.FromString, payload)
+            return message_type.FromString(payload)
+        except DecodeError as exc:
+            problem = f"{method}: undecodable payload ({exc})"
+    if fatal:
+        raise RpcError(INVALID_ARGUMENT, problem)
+    raise SkipCall(problem)
+
+
 class NriPlugin:
     """Dispatches one session's Plugin calls to ``events``; ``run`` keeps sessions going."""
 
@@ -132,7 +166,7 @@ class NriPlugin:
     async def handle(self, method: str, payload: bytes) -> bytes:
         log.debug("NRI call", method=method, size=len(payload))
         if method == "Configure":
-            configure = nri_pb2.ConfigureRequest.FromString(payload)
+            configure = await _decode(method, nri_pb2.ConfigureRequest, payload, MAX_MESSAGE, fatal=True)
             log.info("NRI configure", runtime=configure.runtime_name, version=configure.runtime_version,
                      nri_version=configure.NRI_version, request_timeout_ms=configure.request_timeout)
             if configure.request_timeout > 0 and self.connection is not None:
@@ -141,30 +175,31 @@ class NriPlugin:
             self.configured.set()
             return nri_pb2.ConfigureResponse(events=event_mask(SUBSCRIBED)).SerializeToString()
         if method == "Synchronize":
-            return await self._synchronize(nri_pb2.SynchronizeRequest.FromString(payload))
+            sync = await _decode(method, nri_pb2.SynchronizeRequest, payload, MAX_MESSAGE, fatal=True)
+            return await self._synchronize(sync)
         if method == "Shutdown":
             log.info("NRI runtime announced shutdown")
             return nri_pb2.Empty().SerializeToString()
         if method == "CreateContainer":
-            create = nri_pb2.CreateContainerRequest.FromString(payload)
+            create = await _decode(method, nri_pb2.CreateContainerRequest, payload)
             reply = await self.events.create_container(create.pod, create.container)
             return bytes(reply.SerializeToString())
         if method == "UpdateContainer":
-            update = nri_pb2.UpdateContainerRequest.FromString(payload)
+            update = await _decode(method, nri_pb2.UpdateContainerRequest, payload)
             updates = await self.events.update_container(update.pod, update.container, update.linux_resources)
             return nri_pb2.UpdateContainerResponse(update=updates).SerializeToString()
         if method == "StopContainer":
-            stop = nri_pb2.StopContainerRequest.FromString(payload)
+            stop = await _decode(method, nri_pb2.StopContainerRequest, payload)
             updates = await self.events.stop_container(stop.pod, stop.container)
             return nri_pb2.StopContainerResponse(update=updates).SerializeToString()
         if method == "StateChange":
-            change = nri_pb2.StateChangeEvent.FromString(payload)
+            change = await _decode(method, nri_pb2.StateChangeEvent, payload)
             container = change.container if change.HasField("container") else None
             await self.events.state_change(change.event, change.pod, container)
             return nri_pb2.Empty().SerializeToString()
         if method in _STATE_METHODS:
             request_type, event = _STATE_METHODS[method]
-            request = request_type.FromString(payload)
+            request = await _decode(method, request_type, payload)
             container = request.container if "container" in request.DESCRIPTOR.fields_by_name else None
             await self.events.state_change(event, request.pod, container)
             return b""

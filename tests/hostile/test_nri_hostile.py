@@ -1,0 +1,166 @@
+"""``runtime-proxy nri`` given hostile payloads by its runtime, per Plugin method: garbage,
+truncated, deeply nested and oversized payloads, and payloads of many small entries. Each costs
+only its own call (an answer with no changes, or for Configure and Synchronize an error status);
+the session stays up and the next well-formed call is answered as usual.
+
+The plugin is the real ``NriPlugin`` and ``NriEngine`` with every built-in plugin, on a real unix
+socket against the fake runtime of ``tests/runtime_proxy/nri/fake_runtime.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cri_protos import nri_pb2
+from hooks.manager import make_plugin_manager, plugin_order
+from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.nri.adapter import NriEngine
+from runtime_proxy.nri.plugin import MAX_EVENT_PAYLOAD, NriPlugin, PluginIdentity
+from tests.runtime_proxy.nri.fake_runtime import FakeRuntime, Session
+
+E = nri_pb2.Event
+LSR_ANNOTATIONS = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "1"})}
+LSR_LABELS = {"koordinator.sh/qosClass": "LSR"}
+
+
+def _pod(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> Any:
+    pod = nri_pb2.PodSandbox(id="sb1", name="web", uid="u1", namespace="default",
+                             labels=labels or {}, annotations=annotations or {})
+    pod.linux.cgroup_parent = "/kubepods/burstable/podu1"
+    return pod
+
+
+def _container(cid: str = "c1") -> Any:
+    container = nri_pb2.Container(id=cid, pod_sandbox_id="sb1", name="app", state=nri_pb2.CONTAINER_RUNNING)
+    container.linux.resources.cpu.cpus = "0"
+    container.linux.resources.cpu.quota.value = 50_000
+    return container
+
+
+def _with_pod(pod: Any) -> dict[str, Callable[[], Any]]:
+    """A well-formed request of every pod or container method, around ``pod``."""
+    container = _container()
+    return {
+        "CreateContainer": lambda: nri_pb2.CreateContainerRequest(pod=pod, container=container),
+        "UpdateContainer": lambda: nri_pb2.UpdateContainerRequest(pod=pod, container=container),
+        "StopContainer": lambda: nri_pb2.StopContainerRequest(pod=pod, container=container),
+        "StateChange": lambda: nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=pod),
+        "RunPodSandbox": lambda: nri_pb2.RunPodSandboxRequest(pod=pod),
+        "StopPodSandbox": lambda: nri_pb2.StopPodSandboxRequest(pod=pod),
+        "RemovePodSandbox": lambda: nri_pb2.RemovePodSandboxRequest(pod=pod),
+        "PostCreateContainer": lambda: nri_pb2.PostCreateContainerRequest(pod=pod, container=container),
+        "StartContainer": lambda: nri_pb2.StartContainerRequest(pod=pod, container=container),
+        "PostStartContainer": lambda: nri_pb2.PostStartContainerRequest(pod=pod, container=container),
+        "PostUpdateContainer": lambda: nri_pb2.PostUpdateContainerRequest(pod=pod, container=container),
+        "RemoveContainer": lambda: nri_pb2.RemoveContainerRequest(pod=pod, container=container),
+    }
+
+
+EVENT_METHODS = tuple(_with_pod(_pod()))
+SESSION_METHODS = ("Configure", "Synchronize")
+
+
+def _garbage(method: str) -> bytes:
+    return b"\xff" * 64
+
+
+def _truncated(method: str) -> bytes:
+    whole = _with_pod(_pod(LSR_ANNOTATIONS, LSR_LABELS))[method]().SerializeToString()
+    return bytes(whole[: len(whole) // 2 + 1])
+
+
+def _deeply_nested(method: str) -> bytes:
+    # 100 000 nested start-group tags, then their end tags: no parser recursion may follow them.
+    return b"\x0b" * 100_000 + b"\x0c" * 100_000
+
+
+def _oversized(method: str) -> bytes:
+    return _with_pod(_pod({"big": "x" * MAX_EVENT_PAYLOAD}))[method]().SerializeToString()
+
+
+PAYLOADS = [
+    pytest.param(_garbage, id="bytes that are no protobuf message"),
+    pytest.param(_truncated, id="a well-formed request cut in half"),
+    pytest.param(_deeply_nested, id="a hundred thousand nested groups"),
+    pytest.param(_oversized, id="a pod with a 1 MiB annotation, over the per-event bound"),
+]
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[FakeRuntime]:
+    fake = await FakeRuntime(tmp_path / "nri.sock").start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def session(runtime: FakeRuntime) -> AsyncIterator[Session]:
+    """A registered, configured and synchronized session of the plugin with every built-in."""
+    pm = make_plugin_manager(builtins=None, entry_points=False)
+    pipeline = Pipeline(plugin_steps(pm, [(name, "Ignore", 2.0) for name in plugin_order(pm)]))
+    plugin = NriPlugin(PluginIdentity("rhp-hostile", "05"), NriEngine(pipeline), socket_path=str(runtime.path),
+                       backoff=(0.05, 0.2))
+    stop = asyncio.Event()
+    task = asyncio.create_task(plugin.run(stop))
+    live = await runtime.next_session()
+    await asyncio.wait_for(live.registered.wait(), 5)
+    await live.call("Configure", nri_pb2.ConfigureRequest(runtime_name="fake"))
+    await live.call("Synchronize", nri_pb2.SynchronizeRequest())
+    yield live
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def _still_serves(session: Session) -> None:
+    """The session is up and a well-formed create of an LSR pod gets its bound cpuset."""
+    assert not session.closed.is_set()
+    lsr = _pod(LSR_ANNOTATIONS, LSR_LABELS)
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(pod=lsr, container=_container("ok")))
+    assert not reply.HasField("status"), reply.status
+    adjust = nri_pb2.CreateContainerResponse.FromString(reply.payload).adjust
+    assert (adjust.linux.resources.cpu.cpus, adjust.linux.resources.cpu.quota.value) == ("1", -1)
+
+
+@pytest.mark.parametrize("method", EVENT_METHODS)
+@pytest.mark.parametrize("make", PAYLOADS)
+async def test_a_hostile_event_payload_costs_only_its_call(
+    session: Session, method: str, make: Callable[[str], bytes]
+) -> None:
+    reply = await session.call(method, make(method), timeout=10.0)
+    assert not reply.HasField("status") and reply.payload == b""  # no changes
+    await _still_serves(session)
+
+
+@pytest.mark.parametrize("method", SESSION_METHODS)
+@pytest.mark.parametrize("make", [pytest.param(_garbage, id="bytes that are no protobuf message"),
+                                  pytest.param(_deeply_nested, id="a hundred thousand nested groups")])
+async def test_a_hostile_configure_or_synchronize_is_an_error_status(
+    session: Session, method: str, make: Callable[[str], bytes]
+) -> None:
+    """The runtime then drops the session and the plugin registers again; a payload over the
+    4 MiB message bound never reaches a method (the session closes: ``test_nri_session.py``)."""
+    reply = await session.call(method, make(method), timeout=10.0)
+    assert reply.HasField("status") and reply.status.code == 3, reply
+    await _still_serves(session)
+
+
+@pytest.mark.parametrize(
+    "method",
+    [pytest.param("CreateContainer", id="a create"), pytest.param("RunPodSandbox", id="a pod start")],
+)
+async def test_many_small_entries_within_the_bound_are_served(session: Session, method: str) -> None:
+    """40 000 annotations (under the 1 MiB bound) are decoded off the event loop and served."""
+    many = {f"example.com/k{i}": "v" for i in range(40_000)} | LSR_ANNOTATIONS
+    payload = _with_pod(_pod(many, LSR_LABELS))[method]().SerializeToString()
+    assert len(payload) < MAX_EVENT_PAYLOAD
+    reply = await session.call(method, payload, timeout=10.0)
+    assert not reply.HasField("status"), reply.status
+    if method == "CreateContainer":
+        adjust = nri_pb2.CreateContainerResponse.FromString(reply.payload).adjust
+        assert adjust.linux.resources.cpu.cpus == "1"
+    await _still_serves(session)
