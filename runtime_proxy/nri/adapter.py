@@ -17,6 +17,13 @@ Mapping (stage names from ``hooks.spec.STAGES``):
   ``ReconcilePod`` for every pod and ``ReconcileContainer`` for every running container; the
   containers' resource changes go back in the Synchronize reply.
 
+Events. ``wanted_events`` names the events the pipeline has work for (plus those the store
+needs: pods and containers arriving, stopping and leaving), so the runtime does not wait for a
+reply that changes nothing. With ``background`` the events whose reply carries nothing (pod
+events, StopContainer and the Post*/Start/Remove container events) are answered at once and
+processed in order by one worker task; CreateContainer, UpdateContainer and Synchronize first
+wait until the queue is empty, so they see every earlier event.
+
 A ``Fail``-policy failure at a ``Pre*`` stage answers with an error status, so the runtime fails
 the CRI call; every other failure costs only the plan of the step that failed (the pipeline's
 rules). In dry-run mode plans are logged and replies carry no changes.
@@ -24,6 +31,8 @@ rules). In dry-run mode plans are logged and replies carry no changes.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -51,7 +60,22 @@ __all__ = [
 
 FAILED_PRECONDITION = 9
 MAX_DEFERRED = 4096
+MAX_QUEUED = 4096
 E = nri_pb2.Event
+
+# Events the store needs whatever the plugins do: pods and containers arriving, changing,
+# stopping (the loops leave stopped containers alone) and leaving.
+ALWAYS: tuple[int, ...] = (E.RUN_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CONTAINER, E.UPDATE_CONTAINER,
+                           E.STOP_CONTAINER, E.REMOVE_CONTAINER)
+# Further events, each wanted when one of its stages has work.
+WHEN_STAGES: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (E.STOP_POD_SANDBOX, ("PostStopPodSandbox",)),
+    (E.POST_CREATE_CONTAINER, ("PostCreateContainer",)),
+    # the file part of a PreCreateContainer plan is applied at StartContainer
+    (E.START_CONTAINER, ("PreCreateContainer", "PreStartContainer")),
+    (E.POST_START_CONTAINER, ("PostStartContainer",)),
+    (E.POST_UPDATE_CONTAINER, ("PostUpdateContainerResources",)),
+)
 
 
 # -- facts from NRI messages ----------------------------------------------------------------------
@@ -171,8 +195,12 @@ class NriEngine:
         applier: Applier | None = None,
         dry_run: bool = False,
         on_store_change: Callable[[bool], None] | None = None,
+        background: bool = False,
     ) -> None:
         self.pipeline = pipeline
+        self.background = background
+        self._queue: asyncio.Queue[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
+        self._worker: asyncio.Task[None] | None = None
         self.node_source = node_source or StaticNode()
         self.applier = applier
         self.dry_run = dry_run
@@ -259,6 +287,52 @@ class NriEngine:
         container_f = container_facts(container)
         return pod_f, container_f
 
+    # -- background events -----------------------------------------------------------------------
+
+    def wanted_events(self) -> tuple[int, ...]:
+        """The events to subscribe to (see the module docstring)."""
+        wanted = set(ALWAYS)
+        for event, stages in WHEN_STAGES:
+            if any(self.pipeline.has_work(stage) for stage in stages):
+                wanted.add(event)
+        return tuple(sorted(wanted))
+
+    async def _later(self, method: Callable[..., Any], *args: Any) -> None:
+        """Queue ``method(*args)`` for the worker (or run it now without ``background``)."""
+        if not self.background:
+            await method(*args)
+            return
+        if self._queue is None:
+            self._queue = asyncio.Queue(MAX_QUEUED)
+        if self._worker is None or self._worker.done():
+            # A fresh context: the worker is no handler, whoever queued its first item.
+            self._worker = asyncio.get_running_loop().create_task(
+                self._work(self._queue), name="nri-events", context=contextvars.Context())
+        await self._queue.put((method, args))
+
+    async def _work(self, queue: asyncio.Queue[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+        while True:
+            method, args = await queue.get()
+            try:
+                await method(*args)
+            except Exception:  # one event's failure never stops the ones after it
+                log.exception("NRI event processing failed", event=getattr(method, "__name__", "?"))
+            finally:
+                queue.task_done()
+
+    async def drain(self) -> None:
+        """Wait until every queued event is processed."""
+        if self._queue is not None and self._worker is not None and not self._worker.done():
+            await self._queue.join()
+
+    async def close(self) -> None:
+        """Process what is queued, then stop the worker."""
+        await self.drain()
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+            self._worker = None
+
     # -- Events --------------------------------------------------------------------------------
 
     async def configure(self, request: Any) -> None:
@@ -268,6 +342,7 @@ class NriEngine:
         """Nothing to drop: the next session's Synchronize rebuilds the store."""
 
     async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
+        await self.drain()
         result = await self._synchronize(pods, containers)
         await self._notify()
         return result
@@ -317,6 +392,7 @@ class NriEngine:
         return updates
 
     async def create_container(self, pod: Any, container: Any) -> Any:
+        await self.drain()
         result = await self._create_container(pod, container)
         await self._notify()
         return result
@@ -347,6 +423,7 @@ class NriEngine:
         return reply
 
     async def update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
+        await self.drain()
         result = await self._update_container(pod, container, resources)
         await self._notify()
         return result
@@ -377,16 +454,17 @@ class NriEngine:
         return [update]
 
     async def stop_container(self, pod: Any, container: Any) -> list[Any]:
-        pod_f, container_f = self._remember(pod, container)
-        self.stopped.add(container.id)
-        await self._stage_and_apply("PostStopContainer", pod_f, container_f)
+        await self._later(self._state_change, E.STOP_CONTAINER, pod, container)
         return []
 
     async def state_change(self, event: int, pod: Any, container: Any | None) -> None:
-        await self._state_change(event, pod, container)
-        await self._notify()
+        await self._later(self._state_change, event, pod, container)
 
     async def _state_change(self, event: int, pod: Any, container: Any | None) -> None:
+        await self._state_change_now(event, pod, container)
+        await self._notify()
+
+    async def _state_change_now(self, event: int, pod: Any, container: Any | None) -> None:
         pod_f, container_f = self._remember(pod, container)
         if event == E.RUN_POD_SANDBOX:
             self.store.put_pod(pod_f)

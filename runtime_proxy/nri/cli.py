@@ -126,7 +126,7 @@ def build(opts: NriOptions) -> NriParts:
     node_source, node_watch = wiring.node_source(cfg)
     dry_run = opts.dry_run or cfg.dryRun
     applier = wiring.applier(cfg, dry_run=dry_run)
-    engine = NriEngine(pipeline, node_source=node_source, applier=applier, dry_run=dry_run)
+    engine = NriEngine(pipeline, node_source=node_source, applier=applier, dry_run=dry_run, background=True)
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
     return NriParts(plugin=plugin, engine=engine, node_watch=node_watch, pm=pm, pipeline=pipeline, applier=applier)
 
@@ -164,6 +164,7 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     try:
         await plugin.run(stop)
     finally:
+        await engine.close()
         for part in (loops, registry, node_watch):
             if part is not None:
                 await part.stop()

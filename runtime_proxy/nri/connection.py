@@ -94,6 +94,7 @@ class NriConnection:
         self.closed = asyncio.Event()
         self.close_reason = ""
         self.dropped_frames = 0
+        self._close_when_idle = ""
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -185,6 +186,12 @@ class NriConnection:
             payload = b""
         await self._send(mux.PLUGIN_CONN, msg.stream_id, ttrpc.TYPE_RESPONSE,
                          ttrpc_pb2.Response(payload=payload).SerializeToString())
+        if self._close_when_idle and len(self._tasks) <= 1:
+            await self.close(self._close_when_idle)
+
+    def close_when_idle(self, reason: str) -> None:
+        """Close once the requests in flight are answered."""
+        self._close_when_idle = reason
 
     async def _reply_error(self, stream_id: int, error: RpcError) -> None:
         response = ttrpc_pb2.Response(status=ttrpc_pb2.Status(code=error.code, message=error.message))

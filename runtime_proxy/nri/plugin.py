@@ -17,7 +17,11 @@ status, so the runtime drops the session and the plugin registers again). Payloa
 ``DECODE_ON_LOOP`` are decoded in a worker thread, so a large one never holds the event loop.
 
 Events. ``SUBSCRIBED`` lists events 1..11 only: they are valid on every runtime with NRI v0.3 or
-later (containerd 1.7 and 2.x); a bit the runtime does not know gets the plugin dropped. Runtimes
+later (containerd 1.7 and 2.x); a bit the runtime does not know gets the plugin dropped. The
+plugin subscribes to the part of them its ``Events`` want (``wanted_events``, when it has one:
+the runtime then does not wait on calls that change nothing); when the wanted set grows (a hook
+server registered for a stage after Configure), the session is closed, so the plugin registers
+again with the larger set and is synchronized anew. Runtimes
 before NRI v0.12 deliver pod events and PostCreate/Start/PostStart/PostUpdate/RemoveContainer
 through StateChange; v0.12 has a method for each. Both reach the same ``Events`` method.
 """
@@ -160,6 +164,7 @@ class NriPlugin:
         self._sync_pods: list[Any] = []
         self._sync_containers: list[Any] = []
         self._sync_limit = 100_000
+        self.subscribed = 0
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -172,14 +177,16 @@ class NriPlugin:
             if configure.request_timeout > 0 and self.connection is not None:
                 self.connection.default_timeout = configure.request_timeout / 1000
             await self.events.configure(configure)
+            self.subscribed = self.wanted_mask()
             self.configured.set()
-            return nri_pb2.ConfigureResponse(events=event_mask(SUBSCRIBED)).SerializeToString()
+            return nri_pb2.ConfigureResponse(events=self.subscribed).SerializeToString()
         if method == "Synchronize":
             sync = await _decode(method, nri_pb2.SynchronizeRequest, payload, MAX_MESSAGE, fatal=True)
             return await self._synchronize(sync)
         if method == "Shutdown":
             log.info("NRI runtime announced shutdown")
             return nri_pb2.Empty().SerializeToString()
+        self._check_subscription()
         if method == "CreateContainer":
             create = await _decode(method, nri_pb2.CreateContainerRequest, payload)
             reply = await self.events.create_container(create.pod, create.container)
@@ -205,6 +212,23 @@ class NriPlugin:
             return b""
         raise Unimplemented(method)
 
+    def wanted_mask(self) -> int:
+        wanted = getattr(self.events, "wanted_events", None)
+        events = SUBSCRIBED if wanted is None else tuple(e for e in wanted() if e in SUBSCRIBED)
+        return event_mask(events)
+
+    def _check_subscription(self) -> None:
+        """Close the session when the events wanted now are more than those subscribed to."""
+        connection = self.connection
+        if connection is None or not self.subscribed or connection.closed.is_set():
+            return
+        grown = self.wanted_mask() & ~self.subscribed
+        if grown:
+            log.info("NRI events wanted grew; registering again", subscribed=hex(self.subscribed),
+                     more=hex(grown))
+            self.subscribed = 0
+            connection.close_when_idle("event subscription grew")
+
     async def _synchronize(self, request: Any) -> bytes:
         self._sync_pods.extend(request.pods)
         self._sync_containers.extend(request.containers)
@@ -227,6 +251,7 @@ class NriPlugin:
         reader, writer = await self._connect(self.socket_path)
         connection = NriConnection(reader, writer, self.handle)
         self.connection = connection
+        self.subscribed = 0
         self._sync_pods, self._sync_containers = [], []
         self.configured.clear()
         self.synchronized.clear()

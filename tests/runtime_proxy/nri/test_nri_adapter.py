@@ -220,3 +220,56 @@ async def test_synchronize_rebuilds_the_store_and_bound_cpusets_reach_the_node()
     assert dict(engine.node().bound_cpusets) == {"u1": frozenset({2})}
     await engine.state_change(E.REMOVE_POD_SANDBOX, lsr, None)
     assert engine.store.pods() == []
+
+
+# -- subscribed events and background processing ---------------------------------------------------
+
+
+class PostStart:
+    @hookimpl
+    def rhp_post_start_container(self, pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:
+        return Plan()
+
+
+@pytest.mark.parametrize(
+    ("plugins", "more"),
+    [
+        pytest.param((), set(), id="with no plugin only the events the store needs are wanted"),
+        pytest.param((Everything(),), {E.START_CONTAINER},
+                     id="a create plan with file writes wants StartContainer, where they are applied"),
+        pytest.param((PostStart(),), {E.POST_START_CONTAINER}, id="a PostStartContainer hook wants its event"),
+    ],
+)
+def test_wanted_events_follow_the_pipeline(plugins: tuple[object, ...], more: set[int]) -> None:
+    engine, _ = _engine(*plugins)
+    always = {E.RUN_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CONTAINER, E.UPDATE_CONTAINER, E.STOP_CONTAINER,
+              E.REMOVE_CONTAINER}
+    assert set(engine.wanted_events()) == always | more
+
+
+async def test_background_events_are_answered_at_once_and_a_create_sees_them_applied_in_order() -> None:
+    engine, applier = _engine(builtins=("cpuset",))
+    engine.background = True
+    await engine.state_change(E.RUN_POD_SANDBOX, _pod(LSR, LSR_LABELS), None)
+    assert applier.writes() == []  # queued, not yet processed
+    reply = await engine.create_container(_pod(LSR, LSR_LABELS), _container())
+    assert ("PreRunPodSandbox", PARENT.strip("/"), "cpu.cfs_quota_us", "-1") in applier.writes()
+    assert reply.adjust.linux.resources.cpu.cpus == "2"
+    await engine.stop_container(_pod(LSR, LSR_LABELS), _container())
+    await engine.state_change(E.REMOVE_CONTAINER, _pod(LSR, LSR_LABELS), _container())
+    await engine.close()
+    assert engine.store.container("c1") is None and engine.stopped == set()
+
+
+async def test_a_failing_background_event_does_not_stop_the_ones_after_it() -> None:
+    class Boom:
+        @hookimpl
+        def rhp_post_start_container(self, pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:
+            raise RuntimeError("boom")
+
+    engine, _ = _engine(Boom())
+    engine.background = True
+    await engine.state_change(E.POST_START_CONTAINER, _pod(), _container())
+    await engine.state_change(E.REMOVE_POD_SANDBOX, _pod(), None)
+    await engine.close()
+    assert engine.store.pod("sb1") is None

@@ -314,3 +314,22 @@ async def test_keeps_dialling_while_the_socket_is_absent(tmp_path: Path, events:
 def test_identity_is_checked_like_the_runtime_does(name: str, idx: str) -> None:
     with pytest.raises(ValueError):
         PluginIdentity(name, idx)
+
+
+async def test_the_subscription_follows_the_wanted_events_and_a_larger_set_registers_again(
+    runtime: FakeRuntime, events: RecordingEvents, plugin: NriPlugin
+) -> None:
+    wanted = [E.CREATE_CONTAINER]
+    events.wanted_events = lambda: tuple(wanted)  # type: ignore[attr-defined]
+    first = await _registered(runtime)
+    reply = await first.call("Configure", nri_pb2.ConfigureRequest())
+    configured = nri_pb2.ConfigureResponse.FromString(reply.payload)
+    assert configured.events == event_mask((E.CREATE_CONTAINER,))
+    wanted.append(E.POST_START_CONTAINER)  # e.g. a hook server registered for PostStartContainer
+    await first.call("CreateContainer", nri_pb2.CreateContainerRequest(pod=_pod("p1"), container=_container("c1")))
+    await asyncio.wait_for(first.closed.wait(), 5)
+    second = await _registered(runtime)
+    reply = await second.call("Configure", nri_pb2.ConfigureRequest())
+    configured = nri_pb2.ConfigureResponse.FromString(reply.payload)
+    assert configured.events == event_mask((E.CREATE_CONTAINER, E.POST_START_CONTAINER))
+    assert [r.plugin_name for r in runtime.registrations] == ["rhp-test", "rhp-test"]
