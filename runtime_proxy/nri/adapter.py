@@ -8,7 +8,8 @@ Mapping (stage names from ``hooks.spec.STAGES``):
   be changed through NRI and are logged as not carried.
 - CreateContainer -> ``PreCreateContainer``; resources, envs and annotations become the
   ``ContainerAdjustment`` of the reply. The plan's file writes wait until the container's cgroup
-  exists and are applied at StartContainer, followed by ``PreStartContainer``.
+  exists and are applied at StartContainer (followed by ``PreStartContainer``) or
+  PostStartContainer, whichever of the subscribed events comes first.
 - UpdateContainer -> ``PreUpdateContainerResources``; the reply carries one ``ContainerUpdate``
   with the container's id set (the runtime matches updates by id).
 - PostCreate/PostStart/PostUpdate, Stop and Remove of pods and containers -> the ``Post*``
@@ -71,11 +72,14 @@ ALWAYS: tuple[int, ...] = (E.RUN_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CON
 WHEN_STAGES: tuple[tuple[int, tuple[str, ...]], ...] = (
     (E.STOP_POD_SANDBOX, ("PostStopPodSandbox",)),
     (E.POST_CREATE_CONTAINER, ("PostCreateContainer",)),
-    # the file part of a PreCreateContainer plan is applied at StartContainer
-    (E.START_CONTAINER, ("PreCreateContainer", "PreStartContainer")),
+    (E.START_CONTAINER, ("PreStartContainer",)),
     (E.POST_START_CONTAINER, ("PostStartContainer",)),
     (E.POST_UPDATE_CONTAINER, ("PostUpdateContainerResources",)),
 )
+# The file part of a PreCreateContainer plan waits for the container's cgroup: it is applied at
+# StartContainer or PostStartContainer, whichever comes first; StartContainer is wanted for it
+# when neither is wanted otherwise.
+DEFERRED_STAGE = "PreCreateContainer"
 
 
 # -- facts from NRI messages ----------------------------------------------------------------------
@@ -201,6 +205,7 @@ class NriEngine:
         self.background = background
         self._queue: asyncio.Queue[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
         self._worker: asyncio.Task[None] | None = None
+        self._wanted: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self.node_source = node_source or StaticNode()
         self.applier = applier
         self.dry_run = dry_run
@@ -290,12 +295,19 @@ class NriEngine:
     # -- background events -----------------------------------------------------------------------
 
     def wanted_events(self) -> tuple[int, ...]:
-        """The events to subscribe to (see the module docstring)."""
+        """The events to subscribe to (see the module docstring); recomputed only when the
+        pipeline's steps changed."""
+        key = tuple(map(id, self.pipeline.steps))
+        if self._wanted is not None and self._wanted[0] == key:
+            return self._wanted[1]
         wanted = set(ALWAYS)
         for event, stages in WHEN_STAGES:
             if any(self.pipeline.has_work(stage) for stage in stages):
                 wanted.add(event)
-        return tuple(sorted(wanted))
+        if self.pipeline.has_work(DEFERRED_STAGE) and not wanted & {E.START_CONTAINER, E.POST_START_CONTAINER}:
+            wanted.add(E.START_CONTAINER)
+        self._wanted = (key, tuple(sorted(wanted)))
+        return self._wanted[1]
 
     async def _later(self, method: Callable[..., Any], *args: Any) -> None:
         """Queue ``method(*args)`` for the worker (or run it now without ``background``)."""
@@ -494,6 +506,9 @@ class NriEngine:
                 await self._apply(deferred, "PreCreateContainer")
             await self._stage_and_apply("PreStartContainer", pod_f, container_f)
         elif event == E.POST_START_CONTAINER:
+            deferred = self._deferred.pop(container_f.id, None)
+            if deferred is not None:
+                await self._apply(deferred, "PreCreateContainer")
             await self._stage_and_apply("PostStartContainer", pod_f, container_f)
         elif event == E.POST_UPDATE_CONTAINER:
             await self._stage_and_apply("PostUpdateContainerResources", pod_f, container_f)

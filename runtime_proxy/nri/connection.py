@@ -168,7 +168,8 @@ class NriConnection:
             return
         timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else self.default_timeout
         try:
-            payload = await asyncio.wait_for(self._handler(request.method, request.payload), timeout * self._budget)
+            async with asyncio.timeout(timeout * self._budget):
+                payload = await self._handler(request.method, request.payload)
         except RpcError as exc:
             await self._reply_error(msg.stream_id, exc)
             return

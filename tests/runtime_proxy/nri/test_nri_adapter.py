@@ -238,6 +238,8 @@ class PostStart:
         pytest.param((Everything(),), {E.START_CONTAINER},
                      id="a create plan with file writes wants StartContainer, where they are applied"),
         pytest.param((PostStart(),), {E.POST_START_CONTAINER}, id="a PostStartContainer hook wants its event"),
+        pytest.param((Everything(), PostStart()), {E.POST_START_CONTAINER},
+                     id="create-time file writes ride on PostStartContainer when that is wanted anyway"),
     ],
 )
 def test_wanted_events_follow_the_pipeline(plugins: tuple[object, ...], more: set[int]) -> None:
@@ -273,3 +275,12 @@ async def test_a_failing_background_event_does_not_stop_the_ones_after_it() -> N
     await engine.state_change(E.REMOVE_POD_SANDBOX, _pod(), None)
     await engine.close()
     assert engine.store.pod("sb1") is None
+
+
+async def test_create_time_writes_are_applied_at_post_start_when_start_is_not_subscribed() -> None:
+    engine, applier = _engine(Everything())
+    await engine.create_container(_pod(), _container())
+    await engine.state_change(E.POST_START_CONTAINER, _pod(), _container())
+    assert applier.writes() == [("PreCreateContainer", "kubepods/burstable/podu1/c1", "cpu.cfs_burst_us", "0")]
+    await engine.state_change(E.START_CONTAINER, _pod(), _container())
+    assert len(applier.writes()) == 1  # applied once
