@@ -374,7 +374,15 @@ def _cpuset(
         if len(eligible) < intent.num_cpus:
             raise AllocationError(NOT_ENOUGH)
         if numa_cpus:
-            got = sum(min(len(eligible & topo.numa_cpus.get(n, frozenset())), k) for n, k in numa_cpus.items())
+            # each NUMA node's share is chosen inside it; under required FullPCPUs a share that
+            # is not whole cores fails the final policy check, as the exact choice does
+            unit = max(topo.cpus_per_core, 1) if required and bind_policy == FULL_PCPUS else 1
+            got = 0
+            for n, k in numa_cpus.items():
+                taken = min(len(eligible & topo.numa_cpus.get(n, frozenset())), k)
+                if taken % unit:
+                    raise AllocationError(f"insufficient CPUs to satisfy required cpu bind policy {bind_policy}")
+                got += taken
             if got != intent.num_cpus:
                 raise AllocationError(NOT_ENOUGH)
         return frozenset()

@@ -16,6 +16,8 @@ set stays small).
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,13 +65,56 @@ def bad_object(kind: str, reason: str, name: str, exc: BaseException | str) -> s
 _EMPTY_POD = parse_pod({})
 
 
+# (uid, resourceVersion) -> the pod's decoded request; least recently used first out
+_DECODED: OrderedDict[tuple[str, str], PodRequest] = OrderedDict()
+_DECODED_MAX = 4096
+_DECODED_LOCK = threading.Lock()
+
+
+def _version_key(pod: object) -> tuple[str, str] | None:
+    """``(uid, resourceVersion)`` when the pod carries both as short strings, else ``None``.
+
+    The API server gives every change of an object a new resourceVersion, so one key always
+    stands for one content: the pod kube-scheduler sends to filter, prioritize and preempt is
+    the object the watch saw."""
+    if not isinstance(pod, Mapping):
+        return None
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    uid, rv = meta.get("uid"), meta.get("resourceVersion")
+    if isinstance(uid, str) and isinstance(rv, str) and 0 < len(uid) <= 253 and 0 < len(rv) <= 253:
+        return uid, rv
+    return None
+
+
 def decode_pod(pod: Mapping[str, Any]) -> PodRequest:
     """``parse_pod`` that never raises: any failure is a ``PodRequest`` whose ``error`` says why,
-    logged and counted.
+    logged and counted once per pod version.
 
     A pod that cannot be decoded is refused on every node (filter reports it unresolvable, bind
-    returns the error); it never fails the request or the watch that carried it.
+    returns the error); it never fails the request or the watch that carried it. Results are
+    memoised by ``(uid, resourceVersion)`` (at most ``_DECODED_MAX`` versions): the verbs of
+    one scheduling cycle and the watch decode the same version once, and an invalid pod is
+    logged and counted once, not on every verb call.
     """
+    key = _version_key(pod)
+    if key is not None:
+        with _DECODED_LOCK:
+            hit = _DECODED.get(key)
+            if hit is not None:
+                _DECODED.move_to_end(key)
+                return hit
+    req = _decode(pod)
+    if key is not None:
+        with _DECODED_LOCK:
+            _DECODED[key] = req
+            if len(_DECODED) > _DECODED_MAX:
+                _DECODED.popitem(last=False)
+    return req
+
+
+def _decode(pod: Mapping[str, Any]) -> PodRequest:
     try:
         req = parse_pod(pod)
         if req.error:

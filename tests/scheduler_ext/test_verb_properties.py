@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -262,7 +263,7 @@ class Op:
             qos="LS" if self.shared else "LSR",
             resource_spec=spec,
             numa_policy=self.numa or None,
-            uid=f"uid-{i}",
+            uid=str(uuid.uuid4()),  # never reused: the extender memoises decoded pods by UID and version
         )
 
 
