@@ -44,6 +44,7 @@ __all__ = [
     "FEATURE_BE_MEMORY_EVICT",
     "GPU_RESOURCE_NAMES",
     "HOST_APP_BASES",
+    "HOST_APP_BASE_KUBEPODS_BESTEFFORT",
     "KOORD_QOS_CLASSES",
     "LABEL_CPU_BIND_POLICY",
     "LABEL_GPU_ISOLATION_PROVIDER",
@@ -221,6 +222,7 @@ class SLO:
     RESOURCE_USED_THRESHOLD_WITH_BE = "resourceUsedThresholdWithBE"
     CPU_SUPPRESS_THRESHOLD_PERCENT = "cpuSuppressThresholdPercent"
     CPU_SUPPRESS_POLICY = "cpuSuppressPolicy"
+    CPU_SUPPRESS_MIN_PERCENT = "cpuSuppressMinPercent"
     MEMORY_EVICT_THRESHOLD_PERCENT = "memoryEvictThresholdPercent"
     MEMORY_EVICT_LOWER_PERCENT = "memoryEvictLowerPercent"
     CPU_EVICT_BE_SATISFACTION_LOWER_PERCENT = "cpuEvictBESatisfactionLowerPercent"
@@ -253,7 +255,8 @@ CPU_POLICIES = ("", CPU_POLICY_GROUP_IDENTITY, CPU_POLICY_CORE_SCHED)
 CPU_BURST_POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")
 CPU_SUPPRESS_POLICY_CPUSET = "cpuset"
 CPU_SUPPRESS_POLICY_CFS_QUOTA = "cfsQuota"
-HOST_APP_BASES = ("CgroupRoot", "Kubepods", "KubepodsBurstable", "KubepodsBesteffort")
+HOST_APP_BASE_KUBEPODS_BESTEFFORT = "KubepodsBesteffort"
+HOST_APP_BASES = ("CgroupRoot", "Kubepods", "KubepodsBurstable", HOST_APP_BASE_KUBEPODS_BESTEFFORT)
 
 # ---- eviction (apis/slo/v1alpha1/nodeslo_types.go, apis/extension/eviction.go) ------------------
 CPU_EVICT_POLICY_REAL_LIMIT = "evictByRealLimit"

@@ -174,15 +174,18 @@ def resctrl_qos(spec: Mapping[str, Any], class_key: str, problems: list[str] | N
 @dataclass(frozen=True, slots=True)
 class CPUSuppress:
     """The CPU-suppress part of ``resourceUsedThresholdWithBE`` after defaults
-    (DefaultResourceThresholdStrategy)."""
+    (DefaultResourceThresholdStrategy: enable false, threshold 65, policy cpuset, no minimum)."""
 
     enable: bool = False
     cpu_suppress_threshold_percent: int = 65
     cpu_suppress_policy: str = keys.CPU_SUPPRESS_POLICY_CPUSET  # "cpuset" or "cfsQuota"
+    # Floor of the BE share in percent of the node's capacity; None: no floor.
+    cpu_suppress_min_percent: int | None = None
 
 
 def cpu_suppress(spec: Mapping[str, Any], problems: list[str] | None = None) -> CPUSuppress:
-    """``resourceUsedThresholdWithBE`` with its defaults."""
+    """``resourceUsedThresholdWithBE`` with its defaults; percentages outside 0..100 take the
+    default (no minimum for ``cpuSuppressMinPercent``)."""
     sec = section(spec, SLO.RESOURCE_USED_THRESHOLD_WITH_BE)
     base = CPUSuppress()
     policy = _typed(sec, SLO.CPU_SUPPRESS_POLICY, str, base.cpu_suppress_policy, problems)
@@ -193,12 +196,18 @@ def cpu_suppress(spec: Mapping[str, Any], problems: list[str] | None = None) -> 
             )
         policy = base.cpu_suppress_policy
     threshold = _typed(sec, SLO.CPU_SUPPRESS_THRESHOLD_PERCENT, int, base.cpu_suppress_threshold_percent, problems)
+    minimum: int | None = _typed(sec, SLO.CPU_SUPPRESS_MIN_PERCENT, int, None, problems)
+    if minimum is not None and not 0 <= minimum <= 100:
+        if problems is not None:
+            problems.append(f"NodeSLO {SLO.CPU_SUPPRESS_MIN_PERCENT}={minimum} is outside 0..100; using no minimum")
+        minimum = None
     return CPUSuppress(
         enable=_typed(sec, SLO.ENABLE, bool, base.enable, problems),
         cpu_suppress_threshold_percent=_ranged(
             threshold, 0, 100, base.cpu_suppress_threshold_percent, SLO.CPU_SUPPRESS_THRESHOLD_PERCENT, problems
         ),
         cpu_suppress_policy=policy,
+        cpu_suppress_min_percent=minimum,
     )
 
 

@@ -16,6 +16,8 @@ plugin's module name, registration name and config name are the same string.
   decisions are pure functions in the same module, run by ``runtime_proxy.loops.burst``).
 - ``rdt``: resctrl class groups (LSR/LS/BE), pod-level groups, task moves, removal.
 - ``host_app_qos``: group identity and the LS cpuset for NodeSLO ``hostApplications``.
+- ``cpu_suppress``: the BE share (kube-QoS quota or BE cpusets) from sampled usage, at the
+  ``ReconcileUsage`` stage run by ``runtime_proxy.loops.usage``.
 """
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
@@ -28,4 +30,5 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "cpu_burst",
     "rdt",
     "host_app_qos",
+    "cpu_suppress",
 )

@@ -89,7 +89,27 @@ def test_cpu_burst_defaults_and_pod_override() -> None:
 
 
 def test_cpu_suppress_defaults() -> None:
-    assert nodeslo.cpu_suppress({}) == nodeslo.CPUSuppress(False, 65, "cpuset")
+    assert nodeslo.cpu_suppress({}) == nodeslo.CPUSuppress(False, 65, "cpuset", None)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(30, 30, id="a minimum in range is kept"),
+        pytest.param(0, 0, id="a zero minimum is kept"),
+        pytest.param(-1, None, id="a negative minimum means no minimum"),
+        pytest.param(101, None, id="a minimum above 100 means no minimum"),
+        pytest.param(10**30, None, id="a huge integer means no minimum"),
+        pytest.param("20", None, id="a string means no minimum"),
+        pytest.param(True, None, id="a boolean means no minimum"),
+        pytest.param(20.5, None, id="a float means no minimum"),
+    ],
+)
+def test_cpu_suppress_min_percent(value: object, expected: int | None) -> None:
+    problems: list[str] = []
+    spec = {SLO.RESOURCE_USED_THRESHOLD_WITH_BE: {SLO.CPU_SUPPRESS_MIN_PERCENT: value}}
+    assert nodeslo.cpu_suppress(spec, problems).cpu_suppress_min_percent == expected
+    assert bool(problems) == (expected is None)
 
 
 def test_group_identity_enabled_follows_the_cpu_policy() -> None:
@@ -174,6 +194,7 @@ leaf_keys = st.sampled_from(
         SLO.CPU_POLICY,
         SLO.CPU_BURST_PERCENT,
         SLO.CPU_SUPPRESS_POLICY,
+        SLO.CPU_SUPPRESS_MIN_PERCENT,
         SLO.HOST_APPLICATIONS,
     ]
 )

@@ -15,6 +15,7 @@ from hooks.manager import builtin_plugin
 from hooks.plan import Plan
 from hooks.plugins import BUILTIN_PLUGINS
 from hooks.spec import STAGES
+from hooks.usage import BEState, ResourceUsage, Usage, UsageSample
 from tests.hooks.plugins.factories import container, node, pod
 from tests.topologies import DUAL_SOCKET_HT
 
@@ -65,13 +66,15 @@ def test_plugins_never_raise(annotations: dict[str, str], node_annotations: dict
                     resctrl=ResctrlFacts(cbm_mask="fff", cache_ids=(0,), supported=True)).replace(
         node_slo=MappingProxyType(slo))
     c = container(cid="c", cpu_quota=50000, cpu_period=100000)
+    usage = Usage((UsageSample(at=1.0, node_cpu_milli=1500, pods={"uid-1": ResourceUsage(700, 1 << 20)},
+                               be=BEState(cfs_quota_us=-1, cpuset=frozenset(range(16)))),))
     for name in BUILTIN_PLUGINS:
         module = builtin_plugin(name)
         for hook in STAGES.values():
             fn = getattr(module, hook, None)
             if fn is None:
                 continue
-            kwargs = {"pod": the_pod, "container": c, "node": the_node}
+            kwargs = {"pod": the_pod, "container": c, "node": the_node, "pods": (the_pod,), "usage": usage}
             args = {k: v for k, v in kwargs.items() if k in fn.__code__.co_varnames[: fn.__code__.co_argcount]}
             result = fn(**args)
             assert result is None or isinstance(result, Plan)
