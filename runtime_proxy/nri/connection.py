@@ -74,6 +74,7 @@ class NriConnection:
         *,
         max_frame: int = mux.MAX_RECV_PAYLOAD,
         max_message: int = ttrpc.MAX_MESSAGE,
+        max_request: int = ttrpc.MAX_RECV_MESSAGE,
         max_inflight: int = 64,
         budget: float = 0.8,
         default_timeout: float = 2.0,
@@ -82,7 +83,7 @@ class NriConnection:
         self._writer = writer
         self._handler = handler
         self._frames = mux.FrameDecoder(max_frame)
-        self._server_in = ttrpc.MessageDecoder(max_message)
+        self._server_in = ttrpc.MessageDecoder(max_request)
         self._client_in = ttrpc.MessageDecoder(max_message)
         self._max_inflight = max_inflight
         self._budget = budget

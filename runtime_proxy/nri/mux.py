@@ -30,8 +30,9 @@ HEADER = struct.Struct(">II")
 PLUGIN_CONN = 1
 RUNTIME_CONN = 2
 MAX_SEND_PAYLOAD = 4096
-# The runtime's own limit is 4 MiB of ttrpc message plus header; a frame never needs more.
-MAX_RECV_PAYLOAD = (4 << 20) + 64
+# The largest ttrpc request the plugin accepts (``ttrpc.MAX_RECV_MESSAGE``, 14 MiB, the runtime's
+# own frame bound) plus its header; a frame never needs more.
+MAX_RECV_PAYLOAD = (14 << 20) + 64
 
 
 class FrameTooLarge(ValueError):

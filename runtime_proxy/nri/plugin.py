@@ -10,8 +10,8 @@ backoff and registers under the same name.
 
 Payloads. Each call's payload is decoded by the one protobuf parser of its message type, under
 a bound per method: the events of one pod or container (``MAX_EVENT_PAYLOAD``, 1 MiB: Kubernetes
-caps a pod's annotations at 256 KiB) and Configure and Synchronize (the ttrpc message bound,
-4 MiB). A payload over its bound, or one that does not decode, costs only its call
+caps a pod's annotations at 256 KiB) and Configure and Synchronize (the bound of a request,
+``ttrpc.MAX_RECV_MESSAGE``). A payload over its bound, or one that does not decode, costs only its call
 (``SkipCall``: answered with no changes and a warning; for Configure and Synchronize an error
 status, so the runtime drops the session and the plugin registers again). Payloads over
 ``DECODE_ON_LOOP`` are decoded in a worker thread, so a large one never holds the event loop.
@@ -40,7 +40,7 @@ from google.protobuf.message import DecodeError
 
 from cri_protos import nri_pb2
 from runtime_proxy.nri.connection import NriConnection, RpcError, SkipCall, Unimplemented
-from runtime_proxy.nri.ttrpc import MAX_MESSAGE
+from runtime_proxy.nri.ttrpc import MAX_RECV_MESSAGE
 
 log = structlog.get_logger(__name__)
 
@@ -165,13 +165,14 @@ class NriPlugin:
         self._sync_containers: list[Any] = []
         self._sync_limit = 100_000
         self.subscribed = 0
+        self._sync_chunks = 0
 
     # -- dispatch ------------------------------------------------------------------------------
 
     async def handle(self, method: str, payload: bytes) -> bytes:
         log.debug("NRI call", method=method, size=len(payload))
         if method == "Configure":
-            configure = await _decode(method, nri_pb2.ConfigureRequest, payload, MAX_MESSAGE, fatal=True)
+            configure = await _decode(method, nri_pb2.ConfigureRequest, payload, MAX_RECV_MESSAGE, fatal=True)
             log.info("NRI configure", runtime=configure.runtime_name, version=configure.runtime_version,
                      nri_version=configure.NRI_version, request_timeout_ms=configure.request_timeout)
             if configure.request_timeout > 0 and self.connection is not None:
@@ -181,7 +182,7 @@ class NriPlugin:
             self.configured.set()
             return nri_pb2.ConfigureResponse(events=self.subscribed).SerializeToString()
         if method == "Synchronize":
-            sync = await _decode(method, nri_pb2.SynchronizeRequest, payload, MAX_MESSAGE, fatal=True)
+            sync = await _decode(method, nri_pb2.SynchronizeRequest, payload, MAX_RECV_MESSAGE, fatal=True)
             return await self._synchronize(sync)
         if method == "Shutdown":
             log.info("NRI runtime announced shutdown")
@@ -230,10 +231,11 @@ class NriPlugin:
             connection.close_when_idle("event subscription grew")
 
     async def _synchronize(self, request: Any) -> bytes:
+        self._sync_chunks += 1
         self._sync_pods.extend(request.pods)
         self._sync_containers.extend(request.containers)
         if len(self._sync_pods) + len(self._sync_containers) > self._sync_limit:
-            self._sync_pods, self._sync_containers = [], []
+            self._sync_pods, self._sync_containers, self._sync_chunks = [], [], 0
             raise RpcError(8, "synchronize: too many pods and containers")
         if request.more:
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
@@ -241,7 +243,9 @@ class NriPlugin:
         self._sync_pods, self._sync_containers = [], []
         updates = await self.events.synchronize(pods, containers)
         self.synchronized.set()
-        log.info("NRI synchronized", pods=len(pods), containers=len(containers), updates=len(updates))
+        chunks, self._sync_chunks = self._sync_chunks, 0
+        log.info("NRI synchronized", pods=len(pods), containers=len(containers), updates=len(updates),
+                 messages=chunks)
         return nri_pb2.SynchronizeResponse(update=updates).SerializeToString()
 
     # -- sessions ------------------------------------------------------------------------------
@@ -253,6 +257,7 @@ class NriPlugin:
         self.connection = connection
         self.subscribed = 0
         self._sync_pods, self._sync_containers = [], []
+        self._sync_chunks = 0
         self.configured.clear()
         self.synchronized.clear()
         reading = asyncio.create_task(connection.serve())

@@ -295,3 +295,31 @@ def test_env_from_the_gpu_plugin_arrives_in_the_container(containerd: Containerd
     assert out.exit_code == 0, out.stderr
     env = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
     assert env.get("NVIDIA_VISIBLE_DEVICES") == "1,3"
+
+
+def test_a_synchronize_larger_than_one_message_is_answered(
+    containerd: ContainerdEnv, tmp_path: Path
+) -> None:
+    """Ten pods and their containers, each with a 250 KiB annotation (about Kubernetes' cap for
+    a pod), make the runtime's state over the 4 MiB message bound: containerd 2.1 sends it in
+    several Synchronize messages with ``more``, containerd 1.7 in one message of about 5 MiB;
+    the plugin takes either and then serves the next pod."""
+    client = containerd.cri_client()
+    big = "x" * (250 << 10)
+    for i in range(10):
+        pod = client.run_pod(cgroup_parent=containerd.new_cgroup_parent("burstable"), labels={q.LABEL_QOS: "LS"},
+                             annotations={"example.com/big": big})
+        client.run_container(pod, name=f"big-{i}", annotations={"example.com/big": big}, start=False)
+    plugin = NriPluginProcess(containerd.ctrd.nri_socket, tmp_path / "plugin").start()
+    try:
+        [synced] = [json.loads(line) for line in plugin.log.read_text().splitlines()
+                    if '"NRI synchronized"' in line]
+        assert synced["pods"] >= 10 and synced["containers"] >= 10
+        if containerd.ctrd.version == "1.7":
+            assert synced["messages"] == 1, synced
+        else:
+            assert synced["messages"] > 1, synced
+        parent, _, cid = _lsr_pod(containerd, LSR_CPU)
+        assert q.read_container_file(parent, cid, "cpuset.cpus") == LSR_CPU
+    finally:
+        plugin.stop()

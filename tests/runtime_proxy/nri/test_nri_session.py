@@ -158,9 +158,10 @@ async def test_frames_for_unknown_connections_are_dropped(runtime: FakeRuntime, 
 @pytest.mark.parametrize(
     "raw",
     [
-        pytest.param(struct.pack(">II", 1, (4 << 20) + 65), id="a frame header announcing more than the bound"),
-        pytest.param(mux.encode(1, ttrpc.HEADER.pack((4 << 20) + 1, 1, 1, 0)),
-                     id="a ttrpc header announcing more than 4 MiB"),
+        pytest.param(struct.pack(">II", 1, mux.MAX_RECV_PAYLOAD + 1),
+                     id="a frame header announcing more than the bound"),
+        pytest.param(mux.encode(1, ttrpc.HEADER.pack(ttrpc.MAX_RECV_MESSAGE + 1, 1, 1, 0)),
+                     id="a ttrpc header announcing more than the 14 MiB request bound"),
     ],
 )
 async def test_oversized_input_closes_the_session(runtime: FakeRuntime, plugin: NriPlugin, raw: bytes) -> None:
