@@ -1,26 +1,34 @@
-"""``runtime-proxy``: the command line. Sub-commands:
+"""``runtime-proxy``: the command line (reference: docs/cli.md). Sub-commands:
 
 - ``serve``: run the proxy (``runtime_proxy.server``).
 - ``plan``: print what the hooks would do for one JSON document (``runtime_proxy.engine.planner``).
 - ``hook-server``: serve our plugins over Koordinator's RuntimeHookService (``runtime_proxy.engine.hook_service``).
 - ``nri``: run the plugins as a containerd NRI plugin (``runtime_proxy.nri.cli``).
 
-Machine-readable output goes to stdout only; logs and error messages go to stderr.
+The conventions it shares with ``scheduler-ext`` (``--version``, ``--log-level`` and
+``--log-format`` before or after the sub-command, one-line usage errors with exit code 2) are in
+``rhp_ops.cli``. Data goes to stdout only; logs and error messages go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import cast
 
+from rhp_ops.cli import FORMAT_HELP, LEVEL_HELP, Parser, add_global_flags, add_version_flag, resolve_log_flags
 from runtime_proxy import logs
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, fail, run_main
 from runtime_proxy.server import DEFAULT_BACKEND, DEFAULT_LISTEN
 
+SERVERS = ("serve", "nri", "hook-server")
+DESCRIPTION = "Run the CRI proxy in front of containerd, or plan, check and serve its plugins."
 
-def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the CRI proxy", description="Run the CRI proxy in front of the runtime.",
-                       epilog=EXIT_CODES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXIT_CODES_EPILOG)
     p.add_argument("--listen", "--koord-runtimeproxy-endpoint", dest="listen", default=DEFAULT_LISTEN,
                    help="unix socket to serve CRI on (default %(default)s)")
     p.add_argument("--backend", "--remote-runtime-service-endpoint", dest="backend", default=DEFAULT_BACKEND,
@@ -38,6 +46,26 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--resctrl-root", help="resctrl filesystem root (default /sys/fs/resctrl)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds to drain calls on SIGTERM")
     p.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
+    return p
+
+
+def _plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    from runtime_proxy.engine import planner
+
+    p = sub.add_parser("plan", help="print the plans for JSON documents (FILEs or stdin)",
+                       description="Print what the hooks would do for JSON documents (docs/planner.md).",
+                       epilog=planner.EXIT_CODES)
+    planner.add_arguments(p)
+    return p
+
+
+def _hook_server_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    from runtime_proxy.engine import hook_service
+
+    p = sub.add_parser("hook-server", help="serve the plugins over Koordinator's RuntimeHookService",
+                       description=hook_service.DESCRIPTION, epilog=EXIT_CODES_EPILOG)
+    hook_service.add_arguments(p)
+    return p
 
 
 def _strip(s: str | None) -> str | None:
@@ -89,36 +117,45 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_main("serve", serve(opts))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="runtime-proxy", description=__doc__, epilog=EXIT_CODES_EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--log-format", choices=("json", "console"), default="json")
-    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                        type=str.lower)
-    sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-    sub.add_parser("plan", help="print the plans for JSON documents (FILEs or stdin)", add_help=False)
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line; each sub-command's parser also takes the global flags."""
     from runtime_proxy.nri import cli as nri_cli
 
-    nri_cli.add_parser(sub)
-    sub.add_parser("hook-server", help="serve the plugins over Koordinator's RuntimeHookService", add_help=False)
-    args, rest = parser.parse_known_args(argv)
-    if rest and args.command not in ("hook-server", "plan"):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    logs.configure(args.log_format, args.log_level)
+    parser = Parser(prog="runtime-proxy", description=DESCRIPTION, epilog=EXIT_CODES_EPILOG)
+    add_version_flag(parser, "runtime-proxy")
+    add_global_flags(parser, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
+    # Sub-command parsers are ``Parser``s too (one-line usage errors).
+    sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
+               parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    subparsers = [_serve_parser(sub), _plan_parser(sub), nri_cli.add_parser(sub), _hook_server_parser(sub)]
+    for p in subparsers:
+        add_global_flags(p, subcommand=True, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level, fmt = resolve_log_flags(args, server=args.command in SERVERS)
+    logs.configure(fmt, level)
     if args.command == "serve":
         return _cmd_serve(args)
     if args.command == "plan":
         from runtime_proxy.engine import planner
 
-        return planner.main(rest)
+        return planner.run(args)
     if args.command == "nri":
-        return nri_cli.main_from_args(args)
+        return nri_cli_main(args)
     if args.command == "hook-server":
         from runtime_proxy.engine import hook_service
 
-        return hook_service.main(rest)
+        return hook_service.main_from_args(args)
     return EXIT_USAGE
+
+
+def nri_cli_main(args: argparse.Namespace) -> int:
+    from runtime_proxy.nri import cli as nri_cli
+
+    return nri_cli.main_from_args(args)
 
 
 if __name__ == "__main__":

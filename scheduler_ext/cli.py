@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import ipaddress
 import json
-import logging
 import os
 import socket
 import ssl
@@ -26,6 +25,16 @@ import structlog
 import uvicorn
 import yaml
 
+from rhp_ops import logs
+from rhp_ops.cli import (
+    FORMAT_HELP,
+    LEVEL_HELP,
+    Parser,
+    add_global_flags,
+    add_output_flag,
+    add_version_flag,
+    resolve_log_flags,
+)
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import decode_pod, describe
@@ -39,6 +48,12 @@ EXIT_SERVE_FAILED = 1  # serve: the listener could not start (address in use)
 EXIT_INTERNAL = 1  # simulate: an unexpected failure (a bug); one line on stderr, no traceback
 EXIT_USAGE = 2  # bad flags or configuration, or an input that cannot be read; argparse uses 2 too
 EXIT_BAD_DOCUMENT = 3  # simulate: the document is not JSON/YAML or not of the documented shape
+
+EXIT_CODES = """exit codes (each command's --help has its own):
+  0  done, or stopped by a signal
+  1  failed while running, or an internal error
+  2  bad command line: unknown flag or value (one line on stderr), bad configuration or input file
+  3  simulate: the document is not JSON or YAML of the documented shape"""
 
 SIMULATE_EXIT_CODES = """exit codes:
   0  the placement was computed; the JSON document is on stdout
@@ -63,41 +78,26 @@ def _fail(command: str, message: str, code: int) -> int:
     return code
 
 
-class _StderrLogger:
-    """A structlog logger that writes each line to whatever ``sys.stderr`` is at that moment."""
-
-    def msg(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+def _configure_logging(level: str, fmt: str) -> None:
+    """Logs go to stderr only (stdout is for results): the shared set-up of ``rhp_ops.logs``,
+    which also formats the standard ``logging`` module (uvicorn, urllib3, kubernetes)."""
+    logs.configure(fmt, level)
 
 
-def _stderr_logger(*args: Any) -> _StderrLogger:
-    return _StderrLogger()
-
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-def _configure_logging(level: str, fmt: str, *, stdlib: bool = True) -> None:
-    """Logs go to stderr only (stdout is for results), as JSON lines or console text.
-    ``stdlib`` also routes the standard ``logging`` module (uvicorn's) to stderr."""
-    if stdlib:
-        logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(message)s")
-    renderer: Any = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=_stderr_logger,
-        cache_logger_on_first_use=True,
-    )
+def format_simulation(out: Mapping[str, Any]) -> str:
+    """``simulate``'s result for people: the selected node, then one line per node."""
+    lines = [f"pod:      {out['pod']}", f"selected: {out['selected'] or '(no feasible node)'}"]
+    nodes = out["nodes"]
+    width = max([4, *(len(n["name"]) for n in nodes)])
+    lines.append(f"{'NODE':<{width}}  FEASIBLE  SCORE  REASON")
+    for n in nodes:
+        feasible = "yes" if n["feasible"] else "no"
+        lines.append(f"{n['name']:<{width}}  {feasible:<8}  {n['score']:>5}  {n['reason'] or ''}".rstrip())
+        for key, value in sorted(n["annotations"].items()):
+            lines.append(f"{'':<{width}}  {key}: {value}")
+    if out["skipped"]:
+        lines.append("skipped: " + ", ".join(map(str, out["skipped"])))
+    return "\n".join(lines)
 
 
 def simulate(doc: Mapping[str, Any], cfg: ExtenderConfig = DEFAULT_CONFIG) -> dict[str, Any]:
@@ -184,14 +184,13 @@ def _read_doc(path: str) -> dict[str, Any]:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    _configure_logging(args.log_level, "console", stdlib=False)
     try:
         doc = _read_doc(args.input)
         try:
             out = simulate(doc, ExtenderConfig(args.score_strategy, args.gpu_strategy))
         except ValueError as exc:
             raise _BadDocument(f"{args.input}: {exc}") from None
-        text = json.dumps(out, indent=2 if args.pretty else None)
+        text = format_simulation(out) if args.output == "text" else json.dumps(out, indent=2 if args.pretty else None)
     except _Unreadable as exc:
         return _fail("simulate", str(exc), EXIT_USAGE)
     except _BadDocument as exc:
@@ -277,6 +276,7 @@ def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Co
         host=host,
         port=port,
         log_level="warning",
+        log_config=None,  # uvicorn's records go through the shared set-up (rhp_ops.logs)
         access_log=False,
         http="httptools",  # the C parser: h11 cost ~0.2 ms of CPU per verb call
         proxy_headers=False,  # kube-scheduler calls directly; no X-Forwarded-* to honour
@@ -303,7 +303,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from scheduler_ext.server import create_app, create_health_app
     from scheduler_ext.state import Watcher
 
-    _configure_logging(args.log_level, args.log_format)
     log = structlog.get_logger("scheduler_ext.cli")
     listen = _host_port(args.listen)
     if listen is None:
@@ -380,11 +379,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="scheduler-ext",
         description="kube-scheduler extender: exact CPU, NUMA and GPU allocation with Koordinator's formats.",
+        epilog=EXIT_CODES,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    add_version_flag(parser, "scheduler-ext")
+    add_global_flags(parser, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def scoring(p: argparse.ArgumentParser) -> None:
         p.add_argument("--score-strategy", choices=STRATEGIES, default="LeastAllocated",
@@ -393,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="node GPU score and the GPU order inside a node")
 
     serve = sub.add_parser("serve", help="run the HTTP extender", epilog=SERVE_EXIT_CODES,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           description="Run the HTTP extender (filter, prioritize, bind) for kube-scheduler.")
     serve.add_argument("--listen", default="0.0.0.0:8888",
                        help="HOST:PORT (default %(default)s); any address but loopback needs --tls-cert, "
                             "--tls-key and --tls-client-ca, or --insecure")
@@ -427,17 +429,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--switch-interval", type=float, default=0.0005, metavar="SECONDS",
                        help="Python's thread switch interval (sys.setswitchinterval; default %(default)s): "
                             "short, so the verb loop is not kept waiting by the watch threads")
-    serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
-    serve.add_argument("--log-format", choices=("json", "console"), default="json")
+    add_global_flags(serve, subcommand=True, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
     scoring(serve)
     serve.set_defaults(func=_cmd_serve)
 
     sim = sub.add_parser("simulate", help="dry-run one pod against objects from a JSON/YAML document",
-                         epilog=SIMULATE_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description="Show where one pod would go and what bind would write, without a cluster.",
+                         epilog=SIMULATE_EXIT_CODES)
     sim.add_argument("input", nargs="?", default="-", help="document path, '-' for stdin")
-    sim.add_argument("--pretty", action="store_true", help="indent the JSON output")
-    sim.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
-                     help="level of the log lines on stderr (default %(default)s)")
+    add_output_flag(sim, default="json")
+    sim.add_argument("--pretty", action="store_true", help="with --output json: indent the JSON")
+    add_global_flags(sim, subcommand=True, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
     scoring(sim)
     sim.set_defaults(func=_cmd_simulate)
     return parser
@@ -445,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _configure_logging(*resolve_log_flags(args, server=args.command == "serve"))
     code: int = args.func(args)
     return code
 

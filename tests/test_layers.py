@@ -12,7 +12,7 @@ from cri_protos import api_pb2
 from runtime_proxy.cri import methods
 
 REPO = Path(__file__).resolve().parents[1]
-OURS = ("runtime_proxy", "hooks", "scheduler_ext", "cri_protos", "koord_formats", "rhp_devenv")
+OURS = ("runtime_proxy", "hooks", "scheduler_ext", "cri_protos", "koord_formats", "rhp_devenv", "rhp_ops")
 # Where the development harness may be imported from (it is never installed on a node).
 HARNESS_USERS = ("tests", "benchmarks", "scripts", "devenv")
 _SKIP_DIRS = {".venv", "build", "dist", "__pycache__", ".git"}
@@ -60,6 +60,9 @@ def _violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
                      id="hooks import neither the proxy, the extender nor the harness"),
         pytest.param("scheduler_ext", ("runtime_proxy", "rhp_devenv"),
                      id="the extender never imports the proxy or the harness"),
+        pytest.param("rhp_ops",
+                     ("runtime_proxy", "scheduler_ext", "hooks", "cri_protos", "koord_formats", "rhp_devenv"),
+                     id="the shared operations kit imports neither command nor anything else of ours"),
         pytest.param("cri_protos", ("runtime_proxy", "hooks", "scheduler_ext", "koord_formats", "rhp_devenv"),
                      id="the protos import nothing of ours"),
         pytest.param("runtime_proxy", ("scheduler_ext", "rhp_devenv"),

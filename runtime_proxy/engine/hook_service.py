@@ -394,9 +394,21 @@ def _remove_own_socket(path: str) -> None:
             os.unlink(path)
 
 
+DESCRIPTION = """\
+Serve the built-in and installed plugins over Koordinator's RuntimeHookService on a unix socket,
+for koord-runtime-proxy or another runtime-proxy. Writes a registration file with --register-dir.
+The plans' cgroup and resctrl writes are applied here (--no-apply leaves them out)."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="runtime-proxy hook-server", description=__doc__, epilog=EXIT_CODES_EPILOG,
+    p = argparse.ArgumentParser(prog="runtime-proxy hook-server", description=DESCRIPTION, epilog=EXIT_CODES_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``runtime-proxy hook-server`` (``runtime_proxy.cli`` wires them in)."""
     p.add_argument("--listen", required=True, help="unix socket to serve RuntimeHookService on")
     p.add_argument("--config", help="plugin config file (YAML or JSON), as for serve")
     p.add_argument("--register-dir", help="write a registration file here (e.g. /etc/runtime/hookserver.d)")
@@ -421,13 +433,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-apply", action="store_true",
                    help="do not perform cgroup/resctrl writes (logged; the protocol cannot carry them)")
     p.add_argument("--dry-run", action="store_true", help="answer with the unchanged request, apply nothing")
-    return p
 
 
 def options_from_args(argv: list[str]) -> HookServerOptions:
     """Parse the command line. argparse exits with code 2 on a bad flag; a bad config file
     raises ``runtime_proxy.config.ConfigError``."""
-    args = _parser().parse_args(argv)
+    return options_from_namespace(_parser().parse_args(argv))
+
+
+def options_from_namespace(args: argparse.Namespace) -> HookServerOptions:
+    """``HookServerOptions`` from parsed flags; raises ``ValueError`` for a bad value or config."""
     cfg = load_config(args.config)
     updates = {
         "nodeConfigFile": args.node_config,
@@ -465,8 +480,13 @@ def options_from_args(argv: list[str]) -> HookServerOptions:
 def main(argv: list[str]) -> int:
     """Entry point of ``runtime-proxy hook-server``; returns the exit code (see
     ``runtime_proxy.process.EXIT_CODES_EPILOG``). Messages go to stderr, never a traceback for bad input."""
+    return main_from_args(_parser().parse_args(argv))
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    """Run the hook server with parsed flags; returns the exit code."""
     try:
-        opts = options_from_args(argv)
+        opts = options_from_namespace(args)
         _, pipeline = build_pipeline(opts)  # fail early, with a clear message
     except ValueError as exc:  # ConfigError and PluginLoadError are ValueErrors
         print(f"runtime-proxy hook-server: {exc}", file=sys.stderr, flush=True)

@@ -389,8 +389,10 @@ def _short(value: Any) -> str:
 
 EXIT_CODES = """\
 output:
-  one FILE: the plan as a JSON object; several: a JSON array with one object per FILE, in
-  order, each {"file": FILE, "plan": {...}} or {"file": FILE, "error": "..."}
+  --output text (default): the plan for people, one line per change; several FILEs: a
+  "== FILE" header before each plan or error
+  --output json: one FILE gives the plan as a JSON object; several give a JSON array with one
+  object per FILE, in order, each {"file": FILE, "plan": {...}} or {"file": FILE, "error": "..."}
 
 exit codes:
   0  every plan was printed on stdout
@@ -424,21 +426,42 @@ def _plan_file(path: str, pm: pluggy.PluginManager, config: ProxyConfig) -> tupl
         return None, f"planner failed: {type(exc).__name__}: {_short(str(exc))}", 1
 
 
-def main(argv: list[str]) -> int:
-    """``runtime-proxy plan [FILE ...]``: read each document from its FILE (stdin when none or
-    ``-``), print the plans as JSON on stdout (``EXIT_CODES`` says the shape). Exit codes:
-    ``EXIT_CODES``; an error is one line ``runtime-proxy plan: ...`` on stderr, never a traceback."""
-    parser = argparse.ArgumentParser(
-        prog="runtime-proxy plan",
-        description=(__doc__ or "").splitlines()[0],
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``runtime-proxy plan`` (``runtime_proxy.cli`` wires them in)."""
     parser.add_argument("files", nargs="*", metavar="FILE", help="input documents (default: stdin)")
     parser.add_argument("--config", help="the proxy's config file: plugin order, policies, timeouts, pluginModules")
     parser.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
-    parser.add_argument("--compact", action="store_true", help="print JSON on one line")
-    args = parser.parse_args(argv)
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                        help="text for people (default) or json for programs")
+    parser.add_argument("--compact", action="store_true", help="with --output json: one line")
+
+
+def format_text(result: Mapping[str, Any]) -> str:
+    """One plan for people: one section per part, one line per change."""
+    lines = [f"stage:   {result.get('stage')}", f"plugins: {', '.join(map(str, result.get('plugins', ())))}"]
+    for key, value in result.items():
+        if key in ("stage", "plugins"):
+            continue
+        if not value:
+            lines.append(f"{key}: none")
+            continue
+        lines.append(f"{key}:")
+        items: Iterable[Any] = value.items() if isinstance(value, Mapping) else value
+        for item in items:
+            if isinstance(item, tuple):
+                lines.append(f"  {item[0]} = {json.dumps(item[1], default=str)}")
+            elif isinstance(item, Mapping):
+                lines.append("  " + "  ".join(f"{k}={json.dumps(v, default=str)}" for k, v in item.items()))
+            else:
+                lines.append(f"  {json.dumps(item, default=str)}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan each of ``args.files`` (stdin when none or ``-``) and print the plans on stdout as
+    ``args.output``: readable text (several files: a ``== FILE`` header before each), or JSON
+    (``EXIT_CODES`` says the shape). An error is one line ``runtime-proxy plan: ...`` on stderr,
+    never a traceback."""
     files: list[str] = args.files or ["-"]
     if files.count("-") > 1:
         return _fail("stdin (-) can be read once", 2)
@@ -447,12 +470,13 @@ def main(argv: list[str]) -> int:
         pm = load_plugins(config, entry_points=not args.no_entry_points)
     except ConfigError as exc:
         return _fail(f"bad config {exc}" if args.config else str(exc), 2)
+    as_json = args.output == "json"
     indent = None if args.compact else 2
     if len(files) == 1:
         plan, message, code = _plan_file(files[0], pm, config)
         if plan is None:
             return _fail(message, code)
-        print(json.dumps(plan, indent=indent, default=str))
+        print(json.dumps(plan, indent=indent, default=str) if as_json else format_text(plan))
         return 0
     results: list[dict[str, Any]] = []
     worst = 0
@@ -464,8 +488,24 @@ def main(argv: list[str]) -> int:
             worst = max(worst, code)
         else:
             results.append({"file": path, "plan": plan})
-    print(json.dumps(results, indent=indent, default=str))
+    if as_json:
+        print(json.dumps(results, indent=indent, default=str))
+    else:
+        print("\n\n".join(f"== {r['file']}\n" + (format_text(r["plan"]) if "plan" in r else f"error: {r['error']}")
+                          for r in results))
     return worst
+
+
+def main(argv: list[str]) -> int:
+    """``runtime-proxy plan [FILE ...]`` with ``argv`` as its arguments (see ``run``)."""
+    parser = argparse.ArgumentParser(
+        prog="runtime-proxy plan",
+        description=(__doc__ or "").splitlines()[0],
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 def _fail(message: str, code: int) -> int:

@@ -65,8 +65,9 @@ class NriParts:
     applier: FileApplier
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("nri", help="run the plugins as a containerd NRI plugin")
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = sub.add_parser("nri", help="run the plugins as a containerd NRI plugin",
+                       description="Run the plugins as a containerd NRI plugin (no kubelet change).")
     p.add_argument("--nri-socket", default=DEFAULT_SOCKET, help="the runtime's NRI socket (default %(default)s)")
     p.add_argument("--plugin-name", default=DEFAULT_NAME, help="name to register under (default %(default)s)")
     p.add_argument("--plugin-idx", default=DEFAULT_IDX,
@@ -79,6 +80,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--cgroup-root", help="cgroup filesystem root (default /sys/fs/cgroup)")
     p.add_argument("--cgroup-driver", choices=("cgroupfs", "systemd"), help="kubelet's cgroup driver")
     p.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
+    return p
 
 
 def main_from_args(args: argparse.Namespace) -> int:

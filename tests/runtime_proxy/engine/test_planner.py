@@ -91,8 +91,17 @@ def test_bad_documents_are_errors(document: Any, message: str) -> None:
 
 def test_main_reads_stdin_and_prints_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(doc("PreCreateContainer"))))
-    assert main([]) == 0
+    assert main(["--output", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["cri"]["resources"]["cpuset_cpus"] == "2-7"
+
+
+def test_main_prints_readable_text_by_default(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(doc("PreCreateContainer"))))
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("stage:   PreCreateContainer\n")
+    assert 'resources = {"cpuset_cpus": "2-7"' in out and "conflicts: none" in out
 
 
 def _with_resources(resources: Any) -> str:
@@ -157,7 +166,7 @@ def test_the_cli_prints_no_traceback_for_bad_input(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("plan-*.json")))
 def test_examples_in_packaging_plan_cleanly(example: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(EXAMPLES / example)]) == 0
+    assert main(["-o", "json", str(EXAMPLES / example)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["conflicts"] == []
 
@@ -229,7 +238,7 @@ def test_plan_with_config_uses_its_order_policies_and_enabled(
     config = _write(tmp_path / "c.yaml", "plugins:\n  - name: numa\n  - name: cpuset\n    policy: Fail\n"
                     "    timeout: 0.5\n  - name: rdt\n    enabled: false\ndefaultTimeout: 1.5\n")
     document = _write(tmp_path / "d.json", json.dumps(doc("PreCreateContainer")))
-    assert main(["--config", config, "--no-entry-points", document]) == 0
+    assert main(["-o", "json", "--config", config, "--no-entry-points", document]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["plugins"] == ["numa", "cpuset"]
     assert out["settings"] == [{"plugin": "numa", "policy": "Ignore", "timeout": 1.5},
@@ -258,7 +267,7 @@ def test_plan_with_a_bad_config_exits_2(
 def test_several_files_give_one_result_each_in_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = _write(tmp_path / "good.json", json.dumps(doc("PreCreateContainer")))
     bad = _write(tmp_path / "bad.json", json.dumps(doc("PreCreateContainer", nodeSlo={})))
-    assert main(["--compact", good, bad, good]) == 2
+    assert main(["-o", "json", "--compact", good, bad, good]) == 2
     out, err = capsys.readouterr()
     results = json.loads(out)
     assert [r["file"] for r in results] == [good, bad, good]
@@ -284,7 +293,8 @@ def test_entry_point_plugins_and_plugin_modules_are_planned(tmp_path: Path) -> N
     env = {"PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[3]}", "PATH": "/usr/bin:/bin"}
 
     def plan(*argv: str) -> dict[str, Any]:
-        done = subprocess.run([sys.executable, "-m", "runtime_proxy.cli", "plan", *argv], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "runtime_proxy.cli", "plan", "-o", "json", *argv],
+                              capture_output=True,
                               text=True, timeout=60, check=False, env=env)
         assert done.returncode == 0, done.stderr
         result: dict[str, Any] = json.loads(done.stdout)

@@ -1,0 +1,178 @@
+"""The one structlog set-up of both commands: every line on stderr, JSON lines (``json``) or
+readable text (``console``), for structlog loggers and for the standard ``logging`` module alike
+(urllib3, uvicorn, grpc, kubernetes), which goes through structlog's ``ProcessorFormatter`` and
+the same processors.
+
+Two processors keep the logs readable:
+
+- ``shorten_rpc_errors`` turns a gRPC error (the object, or its multi-line ``str()``) into
+  ``CODE: details``;
+- ``RepeatLimiter`` lets one line of a kind (level warning or above, same event and values)
+  through per window; the repeats inside the window are dropped and counted, and the next line
+  of that kind after the window carries ``repeated=K``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Callable, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+__all__ = ["RepeatLimiter", "configure", "shorten_rpc_errors"]
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+# Loggers of libraries that are chatty at INFO; they log at WARNING and above unless debug is asked.
+_QUIET = ("urllib3", "kubernetes", "grpc", "asyncio", "hpack", "uvicorn.access")
+
+_RPC_TEXT = re.compile(r"<\w*(?:RpcError|Rendezvous)\b[^>]{0,64}?terminated with:")
+_RPC_STATUS = re.compile(r"status = StatusCode\.([A-Z_]{1,40})")
+_RPC_DETAILS = re.compile(r'details = "([^"\n]{0,500})')
+_MAX_RPC_TEXT = 64 * 1024
+
+
+def _short_rpc(value: object) -> str | None:
+    """``CODE: details`` for a gRPC error object or its ``str()``; ``None`` for anything else."""
+    code = getattr(value, "code", None)
+    details = getattr(value, "details", None)
+    if isinstance(value, BaseException) and callable(code) and callable(details):
+        try:
+            name = getattr(code(), "name", str(code()))
+            return f"{name}: {details() or ''}".rstrip(": ")
+        except Exception:
+            return None
+    if isinstance(value, str) and len(value) <= _MAX_RPC_TEXT and _RPC_TEXT.match(value):
+        status = _RPC_STATUS.search(value)
+        found = _RPC_DETAILS.search(value)
+        if status is None:
+            return None
+        return f"{status.group(1)}: {found.group(1)}" if found else status.group(1)
+    return None
+
+
+def shorten_rpc_errors(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+    for key, value in list(event_dict.items()):
+        if key in ("event", "exc_info"):
+            continue
+        short = _short_rpc(value)
+        if short is not None:
+            event_dict[key] = short
+    return event_dict
+
+
+_VOLATILE = frozenset({"timestamp", "repeated"})
+
+
+class RepeatLimiter:
+    """Drop repeats of an identical warning or error within ``window`` seconds and count them.
+
+    Lines are identical when their level, event and every other value but the timestamp are.
+    At most ``max_kinds`` kinds are remembered (the least recent are forgotten), so a stream of
+    distinct lines costs bounded memory.
+    """
+
+    def __init__(self, window: float = 30.0, *, max_kinds: int = 512,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window
+        self.max_kinds = max_kinds
+        self.clock = clock
+        # kind -> [time the last line was let through, repeats dropped since]
+        self._seen: OrderedDict[tuple[str, ...], list[float]] = OrderedDict()
+
+    @staticmethod
+    def _kind(event_dict: MutableMapping[str, Any]) -> tuple[str, ...]:
+        return tuple(f"{k}={event_dict[k]!r}"[:512] for k in sorted(event_dict) if k not in _VOLATILE)
+
+    def __call__(self, _logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+        level = str(event_dict.get("level", "")).lower()
+        if level not in ("warning", "error", "critical", "exception"):
+            return event_dict
+        kind = self._kind(event_dict)
+        now = self.clock()
+        seen = self._seen.get(kind)
+        if seen is not None and now - seen[0] < self.window:
+            seen[1] += 1
+            self._seen.move_to_end(kind)
+            raise structlog.DropEvent
+        if seen is not None and seen[1]:
+            event_dict["repeated"] = int(seen[1])
+        self._seen[kind] = [now, 0]
+        self._seen.move_to_end(kind)
+        while len(self._seen) > self.max_kinds:
+            self._seen.popitem(last=False)
+        return event_dict
+
+
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write (tests replace it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+class _StderrLogger:
+    """structlog's final logger: one line per call on the current ``sys.stderr``."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+
+    def msg(self, message: str) -> None:
+        out = self._stream if self._stream is not None else sys.stderr
+        out.write(message + "\n")
+        out.flush()
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+def configure(fmt: str = "json", level: str = "info", *, repeat_window: float = 30.0,
+              stream: TextIO | None = None) -> None:
+    """Route structlog and the standard ``logging`` module to stderr (or ``stream``) in ``fmt``
+    ("json" or "console") at ``level`` and above. Safe to call again (tests, sub-commands)."""
+    lvl = _LEVELS.get(level.lower(), logging.INFO)
+    renderer: Processor = (
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    limiter = RepeatLimiter(repeat_window)
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        shorten_rpc_errors,
+        limiter,
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
+    ]
+    structlog.configure(
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=lambda *_: _StderrLogger(stream),
+        cache_logger_on_first_use=True,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder(), *shared],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+    )
+    handler = logging.StreamHandler(stream if stream is not None else _CurrentStderr())
+    handler.setFormatter(formatter)
+    handler.set_name("rhp_ops")
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if old.get_name() == "rhp_ops":
+            root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(lvl)
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(lvl if lvl == logging.DEBUG else max(lvl, logging.WARNING))
+    for name in ("uvicorn", "uvicorn.error"):
+        # uvicorn installs its own handlers when it starts; propagate to ours instead.
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
