@@ -10,8 +10,9 @@ import re
 from functools import cache
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-__all__ = ["DISTRIBUTION", "build_info", "git_commit", "python_version", "version", "version_line"]
+__all__ = ["DISTRIBUTION", "build_info", "export_build_info", "git_commit", "python_version", "version", "version_line"]
 
 DISTRIBUTION = "runtime-hook-proxy"
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -96,3 +97,16 @@ def version_line(prog: str) -> str:
     info = build_info()
     commit = f", commit {info['commit'][:12]}" if info["commit"] else ""
     return f"{prog} {info['version']} (python {info['python']}{commit})"
+
+
+_exported: list[Any] = []
+
+
+def export_build_info(component: str) -> None:
+    """Set the ``rhp_build_info`` metric (labels ``component``, ``version``, ``python``,
+    ``commit``) in the default Prometheus registry; called by each command's metrics endpoint."""
+    from prometheus_client import Info
+
+    if not _exported:
+        _exported.append(Info("rhp_build", "Version, Python version and git commit of the running command."))
+    _exported[0].info({"component": component, **build_info()})

@@ -3,6 +3,7 @@
 - ``serve``: run the proxy (``runtime_proxy.server``).
 - ``plan``: print what the hooks would do for one JSON document (``runtime_proxy.engine.planner``).
 - ``hook-server``: serve our plugins over Koordinator's RuntimeHookService (``runtime_proxy.engine.hook_service``).
+- ``doctor``: check this node for what the proxy and its plugins need (``runtime_proxy.doctor``).
 - ``nri``: run the plugins as a containerd NRI plugin (``runtime_proxy.nri.cli``).
 
 The conventions it shares with ``scheduler-ext`` (``--version``, ``--log-level`` and
@@ -68,6 +69,18 @@ def _hook_server_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     return p
 
 
+def _doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    from runtime_proxy import doctor
+
+    p = sub.add_parser("doctor", help="check that this node has what the proxy and its plugins need",
+                       description="Check this node before switching kubelet to the proxy: cgroups, kernel files "
+                                   "the plugins use, resctrl, containerd, NRI, the listen path, config files and "
+                                   "hook-server registrations.",
+                       epilog=doctor.EXIT_CODES)
+    doctor.add_arguments(p)
+    return p
+
+
 def _strip(s: str | None) -> str | None:
     if s is None:
         return None
@@ -127,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Sub-command parsers are ``Parser``s too (one-line usage errors).
     sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
                parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    subparsers = [_serve_parser(sub), _plan_parser(sub), nri_cli.add_parser(sub), _hook_server_parser(sub)]
+    subparsers = [_serve_parser(sub), _plan_parser(sub), _doctor_parser(sub), nri_cli.add_parser(sub),
+                  _hook_server_parser(sub)]
     for p in subparsers:
         add_global_flags(p, subcommand=True, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
     return parser
@@ -143,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         from runtime_proxy.engine import planner
 
         return planner.run(args)
+    if args.command == "doctor":
+        from runtime_proxy import doctor
+
+        return doctor.main_from_args(args)
     if args.command == "nri":
         return nri_cli_main(args)
     if args.command == "hook-server":

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 import signal
+import socket
 from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
 from typing import Any, Protocol
 
 import structlog
@@ -38,6 +40,20 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 DEFAULT_BACKEND = "/var/run/containerd/containerd.sock"
+
+
+def socket_accepts(path: str, timeout: float = 1.0) -> tuple[bool, str]:
+    """Whether a unix stream socket at ``path`` accepts a connection: ``(True, "")`` or
+    ``(False, why)``. Blocking; call it off the event loop."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        return True, ""
+    except OSError as exc:
+        return False, exc.strerror or type(exc).__name__
+    finally:
+        sock.close()
 
 
 class Transport(Protocol):
@@ -134,6 +150,7 @@ class Proxy:
         self.transport = make_transport(opts.transport, opts.listen, opts.backend, self.interceptor)
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
+        self.metrics_server: ThreadingHTTPServer | None = None
 
     def _store_changed(self, pools_changed: bool) -> None:
         if self.reconciler is not None:
@@ -172,9 +189,18 @@ class Proxy:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: ready once the store was rebuilt from the runtime and while the runtime's
+        socket accepts connections (checked at each probe, off the event loop)."""
+        if not self.ready.is_set():
+            return False, "store not rebuilt from the runtime yet"
+        ok, reason = socket_accepts(self.opts.backend)
+        metrics.BACKEND_UP.set(1 if ok else 0)
+        return ok, "ok" if ok else f"runtime not reachable at {self.opts.backend}: {reason}"
+
     async def start(self) -> None:
         if self.opts.metrics_addr:
-            metrics.serve(self.opts.metrics_addr)
+            self.metrics_server = metrics.serve(self.opts.metrics_addr, self.readiness)
         await self.transport.start()
         self._tasks.append(asyncio.create_task(self._recover()))
         if self.opts.hook_servers:
@@ -203,6 +229,9 @@ class Proxy:
                 log.exception("part failed to stop", part=type(part).__name__)
         await self.transport.stop(self.opts.grace)
         await self.client.close()
+        if self.metrics_server is not None:
+            await asyncio.to_thread(self.metrics_server.shutdown)
+            self.metrics_server.server_close()
         log.info("proxy stopped")
 
 

@@ -40,6 +40,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rhp_ops.build import export_build_info
 from scheduler_ext.extender import (
     DEFAULT_CONFIG,
     Binder,
@@ -394,7 +395,8 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _probe_endpoints(state: ClusterState) -> tuple[Endpoint, Endpoint, Endpoint]:
-    """``/healthz``, ``/readyz`` and ``/metrics`` of one cache."""
+    """``/healthz``, ``/readyz`` and ``/metrics`` of one cache (with ``rhp_build_info``)."""
+    export_build_info("scheduler-ext")
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StateCollector(state))
 

@@ -146,8 +146,15 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+    metrics_server = None
     if opts.metrics_addr:
-        metrics.serve(opts.metrics_addr)
+
+        def readiness() -> tuple[bool, str]:
+            if plugin.synchronized.is_set():
+                return True, "ok"
+            return False, f"not registered and synchronized with the runtime at {opts.socket}"
+
+        metrics_server = metrics.serve(opts.metrics_addr, readiness)
     registry = None
     if opts.hook_servers:
         registry = HookServerRegistry(opts.config.hookServerDir, engine.pipeline,
@@ -170,4 +177,7 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         for part in (loops, registry, node_watch):
             if part is not None:
                 await part.stop()
+        if metrics_server is not None:
+            await asyncio.to_thread(metrics_server.shutdown)
+            metrics_server.server_close()
         log.info("NRI plugin stopped")

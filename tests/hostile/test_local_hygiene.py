@@ -16,7 +16,6 @@ import stat
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -343,22 +342,12 @@ def test_bad_metrics_address(addr: str) -> None:
         metrics.parse_addr(addr)
 
 
-def test_metrics_port_without_host_listens_on_loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_metrics_port_without_host_listens_on_loopback_only() -> None:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    started: list[tuple[Any, Any]] = []
-    real = metrics.start_http_server
-
-    def recording(port: int, addr: str = "0.0.0.0") -> Any:
-        result = real(port, addr=addr)
-        started.append(result)
-        return result
-
-    monkeypatch.setattr(metrics, "start_http_server", recording)
-    metrics.serve(f":{port}")
-    server, _thread = started[0]
+    server = metrics.serve(f":{port}")
     try:
         assert server.server_address[0] == "127.0.0.1"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:

@@ -1,0 +1,543 @@
+"""``runtime-proxy doctor``: is this node ready for the proxy?
+
+Pure checks over injectable roots (the cgroup, resctrl and proc trees, sockets and files named in
+``DoctorOptions``), so tests run them on prepared trees; ``run`` gathers them and ``main`` prints
+them. What is checked:
+
+- the cgroup version (v1 or v2) and driver (kubelet's ``kubepods`` or ``kubepods.slice``);
+- each kernel interface a built-in plugin uses (``INTERFACES``), with the plugins that need it:
+  cpuset files, CFS quota and shares, CFS burst (``cpu.cfs_burst_us`` or ``cpu.max.burst``),
+  group identity (``cpu.bvt_warp_ns``, or ``cpu.idle`` instead), memory limits, and resctrl with
+  its L3 and MB resources;
+- the runtime's CRI endpoint (it answers ``Version`` over CRI v1), the NRI socket, the listen
+  path's directory and what is at the listen path;
+- the config file and the node config file (exist and validate), and every hook-server
+  registration (valid, safe to read, its socket accepts connections).
+
+Each check is ``ok``, ``warn`` (missing, but nothing configured needs it, or an alternative is
+there) or ``fail`` (something the configured plugins or the proxy itself need is missing or
+broken). ``main`` exits 0 without a ``fail`` and 1 with one; a bad command line is 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import stat
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from hooks.plugins import BUILTIN_PLUGINS
+from rhp_ops.logs import shorten_rpc_errors
+from runtime_proxy.config import ConfigError, ProxyConfig, check_usable, load_config
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "INTERFACES",
+    "Check",
+    "DoctorOptions",
+    "add_arguments",
+    "format_json",
+    "format_text",
+    "main_from_args",
+    "run",
+]
+
+Status = Literal["ok", "warn", "fail"]
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
+DEFAULT_BACKEND = "/var/run/containerd/containerd.sock"
+DEFAULT_NRI = "/var/run/nri/nri.sock"
+EXIT_CODES = """\
+exit codes:
+  0  every check passed or only warned: nothing the configured plugins or the proxy need is missing
+  1  at least one check failed (status "fail"); the table says which and why
+  2  bad command line
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report."""
+
+    name: str
+    status: Status
+    detail: str
+    needed_by: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.name, "status": self.status, "detail": self.detail, "neededBy": list(self.needed_by)}
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    cgroup_root: str = "/sys/fs/cgroup"
+    cgroup_driver: str = "cgroupfs"
+    resctrl_root: str = "/sys/fs/resctrl"
+    proc_root: str = "/proc"
+    backend: str = DEFAULT_BACKEND
+    nri_socket: str = DEFAULT_NRI
+    listen: str = DEFAULT_LISTEN
+    config_path: str | None = None
+    node_config: str | None = None
+    hook_server_dir: str = "/etc/runtime/hookserver.d"
+    plugins: tuple[str, ...] = tuple(BUILTIN_PLUGINS)
+    mode: Literal["serve", "nri"] = "serve"
+    runtime_timeout: float = 3.0
+    config_error: str = ""
+    skip: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Interface:
+    """A kernel file a plugin writes or reads, by its v1 and v2 names."""
+
+    name: str
+    v1: str
+    v2: str
+    plugins: tuple[str, ...]
+
+
+# What the built-in plugins (hooks/plugins/*.py) and the loops write or read. Group identity
+# (cpu.bvt_warp_ns) and cpu.idle are alternatives: group_identity and host_app_qos use bvt where
+# the kernel has it and cpu.idle otherwise; ``_group_identity`` checks the pair.
+INTERFACES: tuple[Interface, ...] = (
+    Interface("cpuset cpus", "cpuset.cpus", "cpuset.cpus", ("cpuset", "numa")),
+    Interface("cpuset mems", "cpuset.mems", "cpuset.mems", ("numa",)),
+    Interface("cfs quota", "cpu.cfs_quota_us", "cpu.max", ("cpuset", "batch_resource", "cpu_burst")),
+    Interface("cpu shares", "cpu.shares", "cpu.weight", ("batch_resource",)),
+    Interface("cfs burst", "cpu.cfs_burst_us", "cpu.max.burst", ("cpu_burst",)),
+    Interface("cpu stat", "cpu.stat", "cpu.stat", ("cpu_burst",)),
+    Interface("memory limit", "memory.limit_in_bytes", "memory.max", ("batch_resource",)),
+)
+GROUP_IDENTITY_PLUGINS = ("group_identity", "host_app_qos")
+RESCTRL_PLUGINS = ("rdt",)
+
+
+def _v1_controller(file: str) -> str:
+    return file.split(".", 1)[0]
+
+
+def cgroup_version(root: Path) -> int:
+    return 2 if (root / "cgroup.controllers").exists() else 1
+
+
+def _probe_dirs(base: Path, limit: int = 64) -> list[Path]:
+    """Where a file of a controller is looked for: the hierarchy's root, kubelet's top cgroups,
+    then the first ``limit`` children (v2's root lacks most ``cpu.*`` files)."""
+    out = [base, base / "kubepods.slice", base / "kubepods"]
+    try:
+        children = sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        children = []
+    return out + children[:limit]
+
+
+def _find(base: Path, file: str) -> Path | None:
+    for directory in _probe_dirs(base):
+        candidate = directory / file
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _needs(plugins: Iterable[str], wanted: Sequence[str]) -> tuple[str, ...]:
+    configured = set(plugins)
+    return tuple(p for p in wanted if p in configured)
+
+
+def _missing(name: str, what: str, needed: tuple[str, ...]) -> Check:
+    if needed:
+        return Check(name, "fail", f"{what}; needed by {', '.join(needed)}", needed)
+    return Check(name, "warn", f"{what}; no configured plugin needs it")
+
+
+def check_cgroup(opts: DoctorOptions) -> list[Check]:
+    root = Path(opts.cgroup_root)
+    if not root.is_dir():
+        return [Check("cgroup", "fail", f"{root} is not a directory: no cgroup filesystem")]
+    version = cgroup_version(root)
+    checks = [Check("cgroup version", "ok", f"v{version} at {root}")]
+    base = root if version == 2 else root / "cpu"
+    slice_, plain = (base / "kubepods.slice").is_dir(), (base / "kubepods").is_dir()
+    seen = "systemd" if slice_ and not plain else "cgroupfs" if plain and not slice_ else ""
+    if not seen:
+        checks.append(Check("cgroup driver", "ok", f"{opts.cgroup_driver} configured; no kubepods cgroup yet "
+                                                   "to compare with kubelet's"))
+    elif seen == opts.cgroup_driver:
+        checks.append(Check("cgroup driver", "ok", f"{seen}, as kubelet's cgroups show"))
+    else:
+        checks.append(Check("cgroup driver", "fail", f"{opts.cgroup_driver} configured, but kubelet's cgroups "
+                                                     f"look like {seen}: set cgroupDriver: {seen}"))
+    if version == 2:
+        try:
+            enabled = set((root / "cgroup.subtree_control").read_text().split())
+        except OSError:
+            enabled = set()
+        for controller, users in (("cpu", ("cpuset", "batch_resource", "cpu_burst", *GROUP_IDENTITY_PLUGINS)),
+                                  ("cpuset", ("cpuset", "numa")), ("memory", ("batch_resource",))):
+            name = f"controller {controller}"
+            if controller in enabled:
+                checks.append(Check(name, "ok", "enabled in cgroup.subtree_control"))
+            else:
+                checks.append(_missing(name, "not enabled in cgroup.subtree_control", _needs(opts.plugins, users)))
+    return checks
+
+
+def check_interfaces(opts: DoctorOptions) -> list[Check]:
+    root = Path(opts.cgroup_root)
+    if not root.is_dir():
+        return []
+    version = cgroup_version(root)
+    checks: list[Check] = []
+    for iface in INTERFACES:
+        file = iface.v2 if version == 2 else iface.v1
+        base = root if version == 2 else root / _v1_controller(file)
+        needed = _needs(opts.plugins, iface.plugins)
+        found = _find(base, file)
+        name = f"{iface.name} ({file})"
+        checks.append(Check(name, "ok", str(found), needed) if found else
+                      _missing(name, f"no {file} under {base}", needed))
+    checks += _group_identity(opts, root, version)
+    return checks
+
+
+def _group_identity(opts: DoctorOptions, root: Path, version: int) -> list[Check]:
+    base = root if version == 2 else root / "cpu"
+    bvt, idle = _find(base, "cpu.bvt_warp_ns"), _find(base, "cpu.idle")
+    needed = _needs(opts.plugins, GROUP_IDENTITY_PLUGINS)
+    checks = []
+    if bvt:
+        checks.append(Check("group identity (cpu.bvt_warp_ns)", "ok", str(bvt), needed))
+    elif idle:
+        checks.append(Check("group identity (cpu.bvt_warp_ns)", "warn",
+                            "not in this kernel (no Alibaba Cloud Linux group identity); cpu.idle is used instead"))
+    else:
+        checks.append(_missing("group identity (cpu.bvt_warp_ns)", f"no cpu.bvt_warp_ns under {base}", needed))
+    if idle:
+        checks.append(Check("cpu idle (cpu.idle)", "ok", str(idle), needed))
+    elif bvt:
+        checks.append(Check("cpu idle (cpu.idle)", "warn", "not in this kernel; cpu.bvt_warp_ns is used instead"))
+    else:
+        checks.append(_missing("cpu idle (cpu.idle)", f"no cpu.idle under {base} (kernel >= 5.15)", needed))
+    return checks
+
+
+def _mounted(proc_root: Path, fstype: str, path: Path) -> bool | None:
+    """Whether ``path`` is a mount of ``fstype`` per ``/proc/mounts`` (None when unreadable)."""
+    try:
+        with (proc_root / "mounts").open(encoding="utf-8", errors="replace") as fh:
+            lines = fh.read(1 << 20).splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == fstype and parts[1] == str(path):
+            return True
+    return False
+
+
+def check_resctrl(opts: DoctorOptions) -> list[Check]:
+    root = Path(opts.resctrl_root)
+    needed = _needs(opts.plugins, RESCTRL_PLUGINS)
+    info = root / "info"
+    if not info.is_dir():
+        mounted = _mounted(Path(opts.proc_root), "resctrl", root)
+        why = "not mounted" if mounted is False else "no info directory"
+        return [_missing("resctrl", f"{why} at {root} (mount -t resctrl resctrl {root}, on a CPU with RDT)",
+                         needed)]
+    checks = [Check("resctrl", "ok", f"mounted at {root}", needed)]
+    l3 = info / "L3" / "cbm_mask"
+    if l3.is_file():
+        checks.append(Check("resctrl L3 (cache ways)", "ok", f"cbm_mask {l3.read_text().strip()[:32]}", needed))
+    else:
+        checks.append(_missing("resctrl L3 (cache ways)", "no info/L3: the CPU offers no cache allocation", needed))
+    if (info / "MB").is_dir():
+        checks.append(Check("resctrl MB (memory bandwidth)", "ok", "info/MB present", needed))
+    else:
+        checks.append(_missing("resctrl MB (memory bandwidth)", "no info/MB: the CPU offers no bandwidth allocation",
+                               needed))
+    return checks
+
+
+def _socket_state(path: str, timeout: float = 1.0) -> tuple[str, str]:
+    """("absent" | "live" | "stale" | "other", detail) for what is at ``path``."""
+    import socket
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "absent", "nothing there"
+    except OSError as exc:
+        return "other", exc.strerror or str(exc)
+    if not stat.S_ISSOCK(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a symlink" if stat.S_ISLNK(st.st_mode) else "a file"
+        return "other", f"{kind}, not a socket"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        return "live", "a process accepts connections"
+    except OSError as exc:
+        return "stale", f"a socket nobody accepts on ({exc.strerror or exc})"
+    finally:
+        sock.close()
+
+
+async def _runtime_version(backend: str, timeout: float) -> Any:
+    from runtime_proxy.state.store import RuntimeClient
+
+    client = RuntimeClient(backend, timeout=timeout)
+    try:
+        return await client.version()
+    finally:
+        await client.close()
+
+
+def check_runtime(opts: DoctorOptions) -> list[Check]:
+    name = "containerd (CRI)"
+    state, detail = _socket_state(opts.backend)
+    if state != "live":
+        return [Check(name, "fail", f"{opts.backend} not reachable: {detail}")]
+    try:
+        resp = asyncio.run(_runtime_version(opts.backend, opts.runtime_timeout))
+    except Exception as exc:
+        short = shorten_rpc_errors(None, "", {"error": exc})["error"]
+        short = short if isinstance(short, str) else f"{type(exc).__name__}: {exc}"
+        return [Check(name, "fail", f"{opts.backend} does not answer CRI v1 Version: {short}")]
+    api = resp.runtime_api_version or "?"
+    status: Status = "ok" if api.startswith("v1") and not api.startswith("v1alpha") else "fail"
+    return [Check(name, status, f"{resp.runtime_name} {resp.runtime_version}, CRI {api} at {opts.backend}")]
+
+
+def check_nri(opts: DoctorOptions) -> list[Check]:
+    state, detail = _socket_state(opts.nri_socket)
+    name = "NRI socket"
+    if state == "live":
+        return [Check(name, "ok", f"{opts.nri_socket}: {detail}")]
+    what = f"{opts.nri_socket}: {detail}; enable NRI in containerd's config (docs/nri.md)"
+    if opts.mode == "nri":
+        return [Check(name, "fail", what, ("runtime-proxy nri",))]
+    return [Check(name, "warn", f"{what}; only runtime-proxy nri needs it")]
+
+
+def check_listen(opts: DoctorOptions) -> list[Check]:
+    directory = Path(opts.listen).parent
+    checks: list[Check] = []
+    try:
+        st = directory.stat()
+    except OSError:
+        checks.append(Check("listen directory", "warn",
+                            f"{directory} does not exist yet; the unit's RuntimeDirectory= creates it"))
+    else:
+        if not stat.S_ISDIR(st.st_mode):
+            checks.append(Check("listen directory", "fail", f"{directory} is not a directory"))
+        elif st.st_mode & stat.S_IWOTH:
+            checks.append(Check("listen directory", "fail",
+                                f"{directory} is world-writable (mode {stat.S_IMODE(st.st_mode):04o})"))
+        elif not os.access(directory, os.W_OK | os.X_OK):
+            checks.append(Check("listen directory", "fail", f"this user cannot create sockets in {directory}"))
+        else:
+            checks.append(Check("listen directory", "ok",
+                                f"{directory}: mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}"))
+    state, detail = _socket_state(opts.listen)
+    name = "listen path"
+    if state == "other":
+        checks.append(Check(name, "fail", f"{opts.listen}: {detail}; the proxy refuses to start over it"))
+    elif state == "live":
+        checks.append(Check(name, "ok", f"{opts.listen}: a proxy (or another process) serves it"))
+    elif state == "stale":
+        checks.append(Check(name, "ok", f"{opts.listen}: {detail}; the proxy replaces it at start"))
+    else:
+        checks.append(Check(name, "ok", f"{opts.listen}: free"))
+    return checks
+
+
+def check_files(opts: DoctorOptions) -> list[Check]:
+    checks: list[Check] = []
+    if opts.config_error:
+        checks.append(Check("config", "fail", opts.config_error))
+    elif opts.config_path:
+        checks.append(Check("config", "ok", f"{opts.config_path} is valid; plugins: {', '.join(opts.plugins)}"))
+    else:
+        checks.append(Check("config", "ok", f"none given: every built-in plugin runs ({', '.join(opts.plugins)})"))
+    if opts.node_config is None:
+        checks.append(Check("node config", "ok", "none configured: NodeSLO defaults (or fromCluster)"))
+    else:
+        from runtime_proxy.state.nodeconfig import load_document
+
+        name = "node config"
+        try:
+            with open(opts.node_config, encoding="utf-8") as fh:
+                text = fh.read(1 << 20)
+            load_document(text)
+            checks.append(Check(name, "ok", f"{opts.node_config} is valid"))
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            checks.append(Check(name, "fail", f"{opts.node_config}: cannot read: {why}"))
+        except Exception as exc:  # pydantic's ValidationError is a ValueError; any other is a bad file too
+            checks.append(Check(name, "fail", f"{opts.node_config}: invalid: {' '.join(str(exc).split())[:300]}"))
+    return checks
+
+
+def _unsafe(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"owned by uid {st.st_uid}, not root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
+
+
+def check_hook_servers(opts: DoctorOptions) -> list[Check]:
+    from runtime_proxy.engine.remote import RegistrationError, parse_registration
+
+    directory = Path(opts.hook_server_dir)
+    try:
+        dst = directory.lstat()
+    except OSError:
+        return [Check("hook servers", "ok", f"no {directory}: no hook servers registered")]
+    why = _unsafe(dst) or ("" if stat.S_ISDIR(dst.st_mode) else "not a directory")
+    if why:
+        return [Check("hook servers", "fail", f"{directory} is {why}: the proxy reads no registration there")]
+    try:
+        files = sorted(p for p in directory.iterdir() if p.name.endswith(".json"))[:256]
+    except OSError as exc:
+        return [Check("hook servers", "fail", f"cannot list: {exc.strerror or exc}")]
+    if not files:
+        return [Check("hook servers", "ok", f"no registrations in {directory}")]
+    checks = []
+    for path in files:
+        name = f"hook server {path.name}"
+        try:
+            st = path.lstat()
+            why = _unsafe(st) or ("" if stat.S_ISREG(st.st_mode) else "not a regular file")
+            if why:
+                checks.append(Check(name, "fail", f"{why}: refused by the proxy"))
+                continue
+            with path.open("rb") as fh:
+                reg = parse_registration(path.name, fh.read(64 * 1024 + 1), 2.0)
+        except RegistrationError as exc:
+            checks.append(Check(name, "fail", f"invalid: {exc}"))
+            continue
+        except OSError as exc:
+            checks.append(Check(name, "fail", f"cannot read: {exc.strerror or exc}"))
+            continue
+        state, detail = _socket_state(reg.endpoint)
+        hooks = ", ".join(reg.hooks) or "no known hooks"
+        if state == "live":
+            checks.append(Check(name, "ok", f"{reg.endpoint} answers; {reg.policy}; {hooks}"))
+        else:
+            status: Status = "fail" if reg.policy == "Fail" else "warn"
+            checks.append(Check(name, status, f"{reg.endpoint}: {detail} (failure-policy {reg.policy})"))
+    return checks
+
+
+CHECKS = {
+    "cgroup": check_cgroup,
+    "interfaces": check_interfaces,
+    "resctrl": check_resctrl,
+    "runtime": check_runtime,
+    "nri": check_nri,
+    "listen": check_listen,
+    "files": check_files,
+    "hook-servers": check_hook_servers,
+}
+
+
+def run(opts: DoctorOptions) -> list[Check]:
+    """Every check group not in ``opts.skip``, in ``CHECKS`` order."""
+    out: list[Check] = []
+    for name, check in CHECKS.items():
+        if name not in opts.skip:
+            out += check(opts)
+    return out
+
+
+def passed(checks: Sequence[Check]) -> bool:
+    return all(c.status != "fail" for c in checks)
+
+
+def format_text(checks: Sequence[Check]) -> str:
+    width = max([5, *(len(c.name) for c in checks)])
+    lines = [f"{'CHECK':<{width}}  STATUS  DETAIL"]
+    lines += [f"{c.name:<{width}}  {c.status:<6}  {c.detail}" for c in checks]
+    failed = sum(c.status == "fail" for c in checks)
+    lines.append("")
+    lines.append("ready for runtime-proxy" if not failed else f"NOT ready: {failed} check(s) failed")
+    return "\n".join(lines)
+
+
+def format_json(checks: Sequence[Check]) -> str:
+    return json.dumps({"ready": passed(checks), "checks": [c.to_json() for c in checks]}, indent=2)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``runtime-proxy doctor`` (``runtime_proxy.cli`` wires them in)."""
+    p.add_argument("--config", help="the proxy's config file: which plugins are configured, roots, directories")
+    p.add_argument("--node-config", help="node config file to validate (default: the config's nodeConfigFile)")
+    p.add_argument("--listen", default=DEFAULT_LISTEN, help="the proxy's listen socket (default %(default)s)")
+    p.add_argument("--backend", default=DEFAULT_BACKEND, help="the runtime's CRI socket (default %(default)s)")
+    p.add_argument("--nri-socket", default=DEFAULT_NRI, help="the runtime's NRI socket (default %(default)s)")
+    p.add_argument("--mode", choices=("serve", "nri"), default="serve",
+                   help="check for runtime-proxy serve (default) or runtime-proxy nri")
+    p.add_argument("--plugins", help="comma-separated plugins to check for (default: the config's, or all built-ins)")
+    p.add_argument("--cgroup-root", help="cgroup filesystem root (default: the config's, /sys/fs/cgroup)")
+    p.add_argument("--cgroup-driver", choices=("cgroupfs", "systemd"), help="kubelet's cgroup driver")
+    p.add_argument("--resctrl-root", help="resctrl filesystem root (default: the config's, /sys/fs/resctrl)")
+    p.add_argument("--proc-root", default="/proc", help="proc filesystem root (default %(default)s)")
+    p.add_argument("--hook-server-dir", help="hook-server registrations (default: the config's)")
+    p.add_argument("--skip", action="append", default=[], choices=sorted(CHECKS), metavar="GROUP",
+                   help=f"leave out a group of checks ({', '.join(CHECKS)}); repeatable")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                   help="a table for people (default) or json for programs")
+
+
+def options_from_args(args: argparse.Namespace) -> DoctorOptions:
+    config_error = ""
+    cfg = ProxyConfig()
+    try:
+        cfg = load_config(args.config)
+        check_usable(cfg)
+    except ConfigError as exc:
+        config_error = str(exc)
+    if args.plugins is not None:
+        plugins = tuple(p.strip() for p in args.plugins.split(",") if p.strip())
+    elif cfg.plugins:
+        plugins = tuple(p.name for p in cfg.plugins if p.enabled)
+    else:
+        plugins = tuple(BUILTIN_PLUGINS)
+    opts = DoctorOptions(
+        cgroup_root=args.cgroup_root or cfg.cgroupRoot,
+        cgroup_driver=args.cgroup_driver or cfg.cgroupDriver,
+        resctrl_root=args.resctrl_root or cfg.resctrlRoot,
+        proc_root=args.proc_root,
+        backend=args.backend.removeprefix("unix://"),
+        nri_socket=args.nri_socket.removeprefix("unix://"),
+        listen=args.listen.removeprefix("unix://"),
+        config_path=args.config,
+        node_config=args.node_config or cfg.nodeConfigFile,
+        hook_server_dir=args.hook_server_dir or cfg.hookServerDir,
+        plugins=plugins,
+        mode=args.mode,
+        config_error=config_error,
+        skip=frozenset(args.skip),
+    )
+    return opts
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    """Run the checks, print the report on stdout; exit code per ``EXIT_CODES``."""
+    checks = run(options_from_args(args))
+    print(format_json(checks) if args.output == "json" else format_text(checks))
+    sys.stdout.flush()
+    return EXIT_OK if passed(checks) else EXIT_FAILED
