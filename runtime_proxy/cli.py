@@ -4,6 +4,7 @@
 - ``plan``: print what the hooks would do for one JSON document (``runtime_proxy.engine.planner``).
 - ``hook-server``: serve our plugins over Koordinator's RuntimeHookService (``runtime_proxy.engine.hook_service``).
 - ``doctor``: check this node for what the proxy and its plugins need (``runtime_proxy.doctor``).
+- ``kubelet-switch``: point kubelet at the proxy or back at containerd (``runtime_proxy.kubelet``).
 - ``nri``: run the plugins as a containerd NRI plugin (``runtime_proxy.nri.cli``).
 
 The conventions it shares with ``scheduler-ext`` (``--version``, ``--log-level`` and
@@ -81,6 +82,18 @@ def _doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     return p
 
 
+def _kubelet_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    from runtime_proxy import kubelet
+
+    p = sub.add_parser("kubelet-switch", help="point kubelet at the proxy (after doctor and /readyz) or back",
+                       description="Switch kubelet's container runtime endpoint to the proxy when doctor passes and "
+                                   "/readyz is ready, keeping a backup; --to containerd rolls back. See "
+                                   "packaging/kubelet.md.",
+                       epilog=kubelet.EXIT_CODES)
+    kubelet.add_arguments(p)
+    return p
+
+
 def _strip(s: str | None) -> str | None:
     if s is None:
         return None
@@ -140,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Sub-command parsers are ``Parser``s too (one-line usage errors).
     sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
                parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    subparsers = [_serve_parser(sub), _plan_parser(sub), _doctor_parser(sub), nri_cli.add_parser(sub),
-                  _hook_server_parser(sub)]
+    subparsers = [_serve_parser(sub), _plan_parser(sub), _doctor_parser(sub), _kubelet_parser(sub),
+                  nri_cli.add_parser(sub), _hook_server_parser(sub)]
     for p in subparsers:
         add_global_flags(p, subcommand=True, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
     return parser
@@ -161,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         from runtime_proxy import doctor
 
         return doctor.main_from_args(args)
+    if args.command == "kubelet-switch":
+        from runtime_proxy import kubelet
+
+        return kubelet.main_from_args(args)
     if args.command == "nri":
         return nri_cli_main(args)
     if args.command == "hook-server":

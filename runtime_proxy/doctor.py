@@ -368,7 +368,7 @@ def check_files(opts: DoctorOptions) -> list[Check]:
     elif opts.config_path:
         checks.append(Check("config", "ok", f"{opts.config_path} is valid; plugins: {', '.join(opts.plugins)}"))
     else:
-        checks.append(Check("config", "ok", f"none given: every built-in plugin runs ({', '.join(opts.plugins)})"))
+        checks.append(Check("config", "ok", f"none given; checked for plugins: {', '.join(opts.plugins)}"))
     if opts.node_config is None:
         checks.append(Check("node config", "ok", "none configured: NodeSLO defaults (or fromCluster)"))
     else:
@@ -481,7 +481,7 @@ def format_json(checks: Sequence[Check]) -> str:
     return json.dumps({"ready": passed(checks), "checks": [c.to_json() for c in checks]}, indent=2)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse._ActionsContainer) -> None:
     """The flags of ``runtime-proxy doctor`` (``runtime_proxy.cli`` wires them in)."""
     p.add_argument("--config", help="the proxy's config file: which plugins are configured, roots, directories")
     p.add_argument("--node-config", help="node config file to validate (default: the config's nodeConfigFile)")
