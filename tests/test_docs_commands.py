@@ -48,6 +48,7 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("README.md", "kubectl apply -k packaging/kustomize/overlays/extender"): "cluster",
     ("README.md", ".venv/bin/python benchmarks/proxy_overhead.py"): "slow",
     ("docs/nri.md", "runtime-proxy nri --nri-socket /var/run/nri/nri.sock \\"): "node",
+    ("packaging/kubelet.md", "install -D packaging/proxy-config.yaml /etc/runtime-hook-proxy/config.yaml"): "host",
 }
 
 # First words that make a line a command, to find commands outside shell blocks.
