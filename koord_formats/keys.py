@@ -35,6 +35,8 @@ __all__ = [
     "DEVICE_TYPE_FPGA",
     "DEVICE_TYPE_GPU",
     "DEVICE_TYPE_RDMA",
+    "EVENT_REASON_EVICT_POD_FAIL",
+    "EVENT_REASON_EVICT_POD_SUCCESS",
     "EVICTION_FEATURES",
     "EXCLUSIVE_POLICIES",
     "EXCLUSIVE_POLICY_NONE",
@@ -265,6 +267,9 @@ CPU_EVICT_POLICIES = (CPU_EVICT_POLICY_REAL_LIMIT, CPU_EVICT_POLICY_ALLOCATABLE)
 # Pod annotation: a JSON list of the eviction features allowed to evict the pod
 # ('["BEMemoryEvict","BECPUEvict"]'); absent means every feature may.
 ANNOTATION_EVICTION_POLICY = "koordinator.sh/eviction-policy"
+# Reasons of the Events koordlet records on an evicted pod (pkg/koordlet/qosmanager/helpers).
+EVENT_REASON_EVICT_POD_SUCCESS = "evictPodSuccess"
+EVENT_REASON_EVICT_POD_FAIL = "evictPodFail"
 # koordlet's feature-gate names of the evictions, used in that annotation and in Events.
 FEATURE_BE_MEMORY_EVICT = "BEMemoryEvict"
 FEATURE_BE_CPU_EVICT = "BECPUEvict"

@@ -171,7 +171,7 @@ class Proxy:
         backend = StoreBackend(self.store, self.interceptor, self.client)
         return wiring.loops(self.opts.config, backend, pm=self.pm, pipeline=self.pipeline, applier=self.applier,
                             node_source=self.node_source, ready=self.ready,
-                            dry_run=self.opts.dry_run or self.opts.config.dryRun)
+                            dry_run=self.opts.dry_run or self.opts.config.dryRun, runtime=self.client)
 
     async def _recover(self) -> None:
         """Rebuild the store from the runtime; retry until the runtime answers."""

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from typing import Any
 
 import pluggy
+import structlog
 
 from hooks.facts import CgroupInfo
 from hooks.manager import plugin_order
@@ -23,12 +25,15 @@ from runtime_proxy.host.apply import FileApplier
 from runtime_proxy.host.cgroups import Cgroups, detect_cgroup_version
 from runtime_proxy.host.resctrl import Resctrl
 from runtime_proxy.loops.burst import CPUBurstLoop
-from runtime_proxy.loops.qos import UsageLoop
+from runtime_proxy.loops.evict import evictor_for
+from runtime_proxy.loops.qos import Evictor, UsageLoop
 from runtime_proxy.loops.reconciler import ReconcileBackend, Reconciler
 from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig
 from runtime_proxy.state.sysfs import read_cpu_topology
 
 __all__ = ["Loops", "applier", "loops", "node_source"]
+
+log = structlog.get_logger(__name__)
 
 
 def node_source(config: ProxyConfig) -> tuple[NodeConfig, NodeConfig]:
@@ -101,13 +106,18 @@ def loops(
     node_source: NodeConfig,
     ready: asyncio.Event,
     dry_run: bool = False,
+    runtime: Any = None,
 ) -> Loops:
     """The reconciler (at start, on node-config changes, on store changes, every
     ``reconcilePeriodSeconds``; through the entry point's own hook runner, so plugin policies and
     timeouts are the configured ones), the CPU burst loop and, with ``usageLoop.enable``, the
     usage loop (``runtime_proxy.loops.qos``: the ``ReconcileUsage`` stage through the same hook
     runner, writes through the applier's cgroup tree), over ``backend``'s pods, containers and
-    container updates. Call it on the running event loop."""
+    container updates. The usage loop's evictor follows ``usageLoop.evictBy``
+    (``runtime_proxy.loops.evict``): ``api`` evicts through the Kubernetes Eviction API,
+    ``runtime`` stops the pod's containers through ``runtime`` (the proxy's
+    ``RuntimeClient``; without one, evictions are only logged). Call it on the running event
+    loop."""
     dry_run = dry_run or config.dryRun
     in_process = set(plugin_order(pm))
     reconciler = Reconciler(
@@ -131,5 +141,16 @@ def loops(
             interval=config.usageLoop.intervalSeconds,
             proc_root=config.usageLoop.procRoot,
             dry_run=dry_run,
+            evictor=_evictor(config, runtime, node_source.node_name),
         )
     return Loops(ready, reconciler, burst, usage)
+
+
+def _evictor(config: ProxyConfig, runtime: Any, node_name: str) -> Evictor | None:
+    """The usage loop's evictor for ``usageLoop.evictBy`` (``None``: the loop's default, which
+    only logs, when ``runtime`` is asked for and there is no runtime client)."""
+    evict_by = config.usageLoop.evictBy
+    if evict_by == "runtime" and runtime is None:
+        log.error("usageLoop.evictBy is runtime but this command has no CRI runtime client; evictions are logged only")
+        return None
+    return evictor_for(evict_by, runtime=runtime, node_name=node_name)

@@ -22,15 +22,23 @@ It speaks the real REST paths and semantics that client libraries depend on, so 
 - ``POST .../pods/{name}/binding`` sets ``spec.nodeName`` and the PodScheduled condition and
   merges the Binding's ``metadata.annotations`` into the pod (as kube-apiserver does); 409 if
   the pod is already bound or the Binding's ``metadata.uid`` does not match.
+- ``POST .../pods/{name}/eviction`` (a policy/v1 ``Eviction``) as kube-apiserver's
+  EvictionREST: 404 when the pod is gone; 409 when ``deleteOptions.preconditions.uid`` names
+  another pod; for a running pod, the PodDisruptionBudgets of its namespace whose selector
+  matches its labels decide: none, or one with ``status.disruptionsAllowed`` above 0 (then
+  decremented), lets it go (201, the pod deleted); 0 gives 429 TooManyRequests with the
+  ``DisruptionBudget`` cause; more than one gives 500. Terminal pods (Succeeded, Failed) are
+  deleted without a budget check.
 - Watches wake only for events of their own resource; stored objects are never mutated in
   place, so successive versions share unchanged parts (cheap writes on the benchmark path).
 - Errors are ``Status`` objects with the real ``reason`` values.
 
-Known resources: nodes, pods, namespaces, configmaps, events, leases,
-NodeResourceTopology (``topology.node.k8s.io/v1alpha1``), Device
+Known resources: nodes, pods, namespaces, configmaps, events, leases, PodDisruptionBudgets
+(``policy/v1``), NodeResourceTopology (``topology.node.k8s.io/v1alpha1``), Device
 (``scheduling.koordinator.sh/v1alpha1``), NodeSLO (``slo.koordinator.sh/v1alpha1``); add more
 with ``register``. Test helpers: ``create``/``get``/``objects`` without HTTP, ``inject`` to fail
-the next matching requests, ``count`` of requests by verb.
+the next matching requests, ``count`` of requests by verb, ``evictions`` (every Eviction POST
+with its answer's code, in order).
 
 Run standalone (benchmarks): ``python -m tests.fakeapi --port 0 [--load objects.json]`` prints
 the URL.
@@ -80,6 +88,7 @@ DEFAULT_RESOURCES = (
     Resource("topology.node.k8s.io", "v1alpha1", "noderesourcetopologies", "NodeResourceTopology", False),
     Resource("scheduling.koordinator.sh", "v1alpha1", "devices", "Device", False),
     Resource("slo.koordinator.sh", "v1alpha1", "nodeslos", "NodeSLO", False),
+    Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
 )
 
 # list fields merged by key under strategic merge patch (the common core types)
@@ -102,9 +111,10 @@ class APIStatusError(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
+        self.details: JSON | None = None
 
     def status(self) -> JSON:
-        return {
+        out: JSON = {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
@@ -113,6 +123,9 @@ class APIStatusError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if self.details is not None:
+            out["details"] = self.details
+        return out
 
 
 def _not_found(res: Resource, name: str) -> APIStatusError:
@@ -267,6 +280,28 @@ def _matches(obj: Mapping[str, Any], label_sel: str, field_sel: str) -> bool:
     return True
 
 
+def _selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
+    """A ``metav1.LabelSelector`` (``matchLabels``, ``matchExpressions`` with In, NotIn,
+    Exists, DoesNotExist) against ``labels``; an empty selector matches every object, a missing
+    one none (as a PodDisruptionBudget's selector in policy/v1)."""
+    if not isinstance(selector, dict):
+        return False
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
 # -- the store ----------------------------------------------------------------------------------
 
 
@@ -346,6 +381,7 @@ class FakeAPIServer:
             self.store.register(res)
         self._faults: list[_Fault] = []
         self.counts: dict[str, int] = {}
+        self.evictions: list[tuple[str, str, int]] = []  # (namespace, pod, HTTP code) per Eviction POST
         self.connections = 0  # TCP connections accepted so far
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.api = self
@@ -584,6 +620,46 @@ class FakeAPIServer:
                       "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         status["conditions"] = conds
         self._commit(res, key, new, None)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+    def _evict(self, ns: str, name: str, body: JSON) -> JSON:
+        """The Eviction subresource (see the module docstring)."""
+        res = self.resource("pods")
+        if not isinstance(body, dict) or body.get("kind", "Eviction") != "Eviction":
+            raise APIStatusError(400, "BadRequest", "the body of an eviction must be an Eviction")
+        pod = self._stored(res, (ns, name))
+        options = body.get("deleteOptions") or {}
+        want_uid = ((options.get("preconditions") or {}) if isinstance(options, dict) else {}).get("uid")
+        have_uid = pod["metadata"].get("uid")
+        if want_uid and want_uid != have_uid:
+            raise _conflict(res, name, f"Precondition failed: UID in precondition: {want_uid}, "
+                            f"UID in object meta: {have_uid}")
+        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            pdb_res = self.resource("PodDisruptionBudget")
+            labels = (pod["metadata"].get("labels") or {})
+            budgets = [
+                (key, pdb) for key, pdb in sorted(self._bucket(pdb_res).items())
+                if key[0] == ns and _selector_matches((pdb.get("spec") or {}).get("selector"), labels)
+            ]
+            if len(budgets) > 1:
+                raise APIStatusError(500, "InternalError", "This pod has more than one PodDisruptionBudget, "
+                                     "which the eviction subresource does not support.")
+            if budgets:
+                key, pdb = budgets[0]
+                status = dict(pdb.get("status") or {})
+                allowed = int(status.get("disruptionsAllowed") or 0)
+                if allowed <= 0:
+                    err = APIStatusError(429, "TooManyRequests",
+                                         "Cannot evict pod as it would violate the pod's disruption budget.")
+                    err.details = {"causes": [{"reason": "DisruptionBudget", "message": (
+                        f"The disruption budget {key[1]} needs {status.get('desiredHealthy', 0)} healthy pods "
+                        f"and has {status.get('currentHealthy', 0)} currently")}]}
+                    raise err
+                status["disruptionsAllowed"] = allowed - 1
+                status["disruptedPods"] = {**(status.get("disruptedPods") or {}),
+                                           name: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                self._commit(pdb_res, key, {**pdb, "status": status}, None)
+        self._delete(res, ns, name)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _list(self, res: Resource, ns: str, query: Mapping[str, str]) -> JSON:
@@ -849,6 +925,17 @@ class _Handler(BaseHTTPRequestHandler):
                 body = self._body()
                 with store.cond:
                     self._send(201, api._bind(ns, name, body))
+                return
+            if method == "POST" and res.plural == "pods" and sub == "eviction":
+                body = self._body()
+                with store.cond:
+                    try:
+                        reply = api._evict(ns, name, body)
+                    except APIStatusError as exc:
+                        api.evictions.append((ns, name, exc.code))
+                        raise
+                    api.evictions.append((ns, name, 201))
+                    self._send(201, reply)
                 return
             if method == "POST" and not name:
                 body = self._body()

@@ -18,6 +18,10 @@ plugin's module name, registration name and config name are the same string.
 - ``host_app_qos``: group identity and the LS cpuset for NodeSLO ``hostApplications``.
 - ``cpu_suppress``: the BE share (kube-QoS quota or BE cpusets) from sampled usage, at the
   ``ReconcileUsage`` stage run by ``runtime_proxy.loops.usage``.
+- ``memory_evict``: BE pods evicted when node memory crosses ``memoryEvictThresholdPercent``
+  (stage ``ReconcileUsage``).
+- ``cpu_evict``: BE pods evicted when BE CPU satisfaction stays below
+  ``cpuEvictBESatisfactionLowerPercent`` (stage ``ReconcileUsage``).
 """
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
@@ -31,4 +35,6 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rdt",
     "host_app_qos",
     "cpu_suppress",
+    "memory_evict",
+    "cpu_evict",
 )

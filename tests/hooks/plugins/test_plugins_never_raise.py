@@ -26,6 +26,7 @@ KEYS = [
     "node.koordinator.sh/resctrl",
     "koordinator.sh/cpuQOS",
     "koordinator.sh/cpuBurst",
+    "koordinator.sh/eviction-policy",
 ]
 NODE_KEYS = [
     "node.koordinator.sh/cpu-shared-pools",
@@ -41,13 +42,26 @@ json_values = st.recursive(
         st.sampled_from(["cpuset", "numaNodeResources", "node", "resources", "cpu", "gpu", "minor", "containers",
                          "requests", "limits", "kubernetes.io/batch-cpu", "llc", "mb", "schemata", "range",
                          "percent", "enable", "groupIdentity", "policy", "cpuBurstPercent", "reservedCPUs",
-                         "cpusetExclusive", "socket"]), inner, max_size=4),
+                         "cpusetExclusive", "socket", "memoryEvictThresholdPercent", "memoryEvictLowerPercent",
+                         "cpuEvictBESatisfactionLowerPercent", "cpuEvictBESatisfactionUpperPercent",
+                         "cpuEvictTimeWindowSeconds", "cpuEvictPolicy"]), inner, max_size=4),
     max_leaves=10,
 )
 raw = st.one_of(json_values.map(json.dumps), st.text(max_size=20))
 slo_values = st.dictionaries(
     st.sampled_from(["resourceQOSStrategy", "cpuBurstStrategy", "hostApplications", "resourceUsedThresholdWithBE"]),
     json_values, max_size=3)
+
+
+# A usage window that crosses every eviction trigger (memory at 95%, a busy BE share of one CPU).
+_SAMPLE_PODS = MappingProxyType({"uid-1": ResourceUsage(cpu_milli=900, memory_bytes=1 << 30)})
+USAGE = Usage(
+    samples=tuple(
+        UsageSample(at=float(i), node_memory_used_bytes=95, node_memory_total_bytes=100, be_cpu_milli=1000,
+                    be=BEState(cpuset=frozenset({0})), pods=_SAMPLE_PODS)
+        for i in range(40)
+    ),
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -74,7 +88,9 @@ def test_plugins_never_raise(annotations: dict[str, str], node_annotations: dict
             fn = getattr(module, hook, None)
             if fn is None:
                 continue
-            kwargs = {"pod": the_pod, "container": c, "node": the_node, "pods": (the_pod,), "usage": usage}
-            args = {k: v for k, v in kwargs.items() if k in fn.__code__.co_varnames[: fn.__code__.co_argcount]}
-            result = fn(**args)
-            assert result is None or isinstance(result, Plan)
+            for window in (usage, USAGE):
+                kwargs = {"pod": the_pod, "container": c, "node": the_node, "pods": (the_pod,), "usage": window}
+                args = {k: v for k, v in kwargs.items()
+                        if k in fn.__code__.co_varnames[: fn.__code__.co_argcount]}
+                result = fn(**args)
+                assert result is None or isinstance(result, Plan)

@@ -1,0 +1,296 @@
+"""The evictors of the usage loop (``runtime_proxy.loops.qos``): how a planned eviction
+(``hooks.plan.Eviction``, from the ``memory_evict`` and ``cpu_evict`` plugins) is carried out.
+
+- ``ApiEvictor`` (``evictBy: api``, the default): a Kubernetes policy/v1 ``Eviction`` of the
+  pod with its UID as a precondition (``deleteOptions.preconditions.uid``), so
+  PodDisruptionBudgets are honoured and a pod that was replaced under the same name is never
+  hit; then a Warning Event on the pod naming the feature and the reason ("trigger by
+  runtime-hook-proxy feature BEMemoryEvict, evict pod: ns/name: ..."). HTTP 429 (a
+  PodDisruptionBudget forbids it now) is ``refused``: the pod is tried again on a later round,
+  no sooner than a backoff that doubles from ``backoff_initial`` to ``backoff_max`` seconds.
+  404 (the pod is gone) and 409 (its UID changed: the pod we meant is gone) count as done.
+  Credentials: the ``ApiClient`` given, else in-cluster (service account) or kubeconfig
+  (``KUBECONFIG``, ``~/.kube/config``), loaded on first use; the blocking calls run in a worker
+  thread. RBAC: ``create`` on ``pods/eviction`` and ``events``.
+- ``RuntimeEvictor`` (``evictBy: runtime``): for nodes without cluster access, stops every
+  running container of the pod through the CRI backend (``StopContainer`` with timeout 0),
+  as koordlet does by default; kubelet then reports the pod's containers as exited.
+
+Both remember the UIDs they evicted for ``hooks.usage.EVICTION_MEMORY_SECONDS`` and never
+evict one twice in that time (the usage loop also leaves them out). Cool-downs between
+evictions (4 s memory, 20 s CPU) are decided by the plugins from ``Usage.recent_evictions``;
+dry-run is handled by the usage loop, which logs and hands nothing to an evictor.
+
+Metric: ``rhp_evictions_total{feature, method, outcome}`` (outcome ``evicted``, ``gone``,
+``refused``, ``failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import structlog
+from prometheus_client import Counter
+
+from cri_protos import api_pb2
+from hooks.plan import Eviction
+from hooks.usage import EVICTION_MEMORY_SECONDS
+from koord_formats import keys
+from runtime_proxy.loops.qos import EvictionResult
+
+__all__ = ["EVICTIONS", "ApiEvictor", "RuntimeEvictor", "event_message", "evictor_for"]
+
+log = structlog.get_logger("runtime_proxy.loops.evict")
+
+EVICTIONS = Counter(
+    "rhp_evictions_total",
+    "Evictions carried out by the evictor, by feature, method (api, runtime) and outcome "
+    "(evicted, gone, refused, failed).",
+    ["feature", "method", "outcome"],
+)
+
+COMPONENT = "runtime-hook-proxy"
+
+
+def event_message(e: Eviction) -> str:
+    """The Event message of an eviction (Koordinator's wording with our name)."""
+    return f"trigger by {COMPONENT} feature {e.feature}, evict pod: {e.namespace}/{e.name}: {e.reason}"[:1024]
+
+
+class _Recent:
+    """UIDs evicted within ``EVICTION_MEMORY_SECONDS``, and per-UID backoff after a refusal."""
+
+    def __init__(self, clock: Callable[[], float], initial: float, maximum: float) -> None:
+        self.clock = clock
+        self.initial, self.maximum = initial, maximum
+        self.done: dict[str, float] = {}
+        self.backoff: dict[str, tuple[float, float]] = {}  # uid -> (next try at, current delay)
+
+    def prune(self) -> None:
+        now = self.clock()
+        for uid in [u for u, at in self.done.items() if now - at > EVICTION_MEMORY_SECONDS]:
+            del self.done[uid]
+        for uid in [u for u, (at, _) in self.backoff.items() if now - at > EVICTION_MEMORY_SECONDS]:
+            del self.backoff[uid]
+
+    def early(self, e: Eviction) -> EvictionResult | None:
+        """A result without trying: already evicted, or still backing off."""
+        if e.uid in self.done:
+            return EvictionResult(e, "evicted", "evicted before; not evicted twice")
+        held = self.backoff.get(e.uid)
+        if held is not None and self.clock() < held[0]:
+            return EvictionResult(e, "refused", f"backing off for {held[0] - self.clock():.1f} s after a refusal")
+        return None
+
+    def refused(self, uid: str) -> None:
+        held = self.backoff.get(uid)
+        delay = self.initial if held is None else min(held[1] * 2, self.maximum)
+        self.backoff[uid] = (self.clock() + delay, delay)
+
+    def evicted(self, uid: str) -> None:
+        self.backoff.pop(uid, None)
+        self.done[uid] = self.clock()
+
+
+def _load_api_client() -> Any:
+    from kubernetes import client, config
+
+    k8s_config: Any = config
+    cfg = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    else:
+        k8s_config.load_kube_config(client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+class ApiEvictor:
+    """Evicts through the Kubernetes Eviction API (see the module docstring).
+
+    :param api_client: a ``kubernetes.client.ApiClient``; ``None`` loads credentials on first use.
+    :param node_name: this node, named as the Events' source host.
+    :param backoff_initial: seconds before the first retry after a 429; doubles per refusal.
+    :param backoff_max: the longest backoff.
+    :param request_timeout: seconds per API call.
+    """
+
+    method = "api"
+
+    def __init__(
+        self,
+        api_client: Any = None,
+        *,
+        node_name: str = "",
+        backoff_initial: float = 1.0,
+        backoff_max: float = 60.0,
+        request_timeout: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api_client = api_client
+        self.node_name = node_name
+        self.request_timeout = request_timeout
+        self._recent = _Recent(clock, backoff_initial, backoff_max)
+        self._warned: set[str] = set()
+
+    async def evict(self, evictions: Sequence[Eviction]) -> Sequence[EvictionResult]:
+        return await asyncio.to_thread(self._evict_all, list(evictions))
+
+    # -- worker thread ---------------------------------------------------------------------
+
+    def _evict_all(self, evictions: list[Eviction]) -> list[EvictionResult]:
+        self._recent.prune()
+        try:
+            if self._api_client is None:
+                self._api_client = _load_api_client()
+        except Exception as exc:  # no credentials: every eviction fails, the loop goes on
+            msg = f"no cluster access for evictions ({type(exc).__name__}: {exc}); set evictBy: runtime"
+            log.error("cannot evict", error=msg)
+            return [self._count(EvictionResult(e, "failed", msg), "failed") for e in evictions]
+        return [self._evict_one(e) for e in evictions]
+
+    def _count(self, result: EvictionResult, outcome: str) -> EvictionResult:
+        EVICTIONS.labels(result.eviction.feature, self.method, outcome).inc()
+        return result
+
+    def _evict_one(self, e: Eviction) -> EvictionResult:
+        early = self._recent.early(e)
+        if early is not None:
+            return early
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        api = client.CoreV1Api(self._api_client)
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=e.name, namespace=e.namespace),
+            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=e.uid)),
+        )
+        pod = f"{e.namespace}/{e.name}"
+        try:
+            api.create_namespaced_pod_eviction(e.name, e.namespace, body, _request_timeout=self.request_timeout)
+        except ApiException as exc:
+            status = int(exc.status or 0)
+            if status in (404, 409):
+                self._recent.evicted(e.uid)
+                log.info("pod to evict is already gone", pod=pod, uid=e.uid, feature=e.feature, status=status)
+                return self._count(EvictionResult(e, "evicted", f"already gone (HTTP {status})"), "gone")
+            if status == 429:
+                self._recent.refused(e.uid)
+                log.warning("eviction refused by a PodDisruptionBudget; retried later", pod=pod, uid=e.uid,
+                            feature=e.feature)
+                if e.uid not in self._warned:
+                    self._warned.add(e.uid)
+                    self._event(api, e, "Warning", keys.EVENT_REASON_EVICT_POD_FAIL,
+                                f"{event_message(e)}; refused for now by a PodDisruptionBudget")
+                return self._count(EvictionResult(e, "refused", "HTTP 429: a PodDisruptionBudget forbids it now"),
+                                   "refused")
+            log.warning("eviction failed", pod=pod, uid=e.uid, feature=e.feature, status=status)
+            return self._count(EvictionResult(e, "failed", f"HTTP {status}: {str(exc.reason)[:200]}"), "failed")
+        except Exception as exc:  # connection errors, timeouts
+            log.warning("eviction failed", pod=pod, uid=e.uid, feature=e.feature, error=str(exc)[:200])
+            return self._count(EvictionResult(e, "failed", f"{type(exc).__name__}: {str(exc)[:200]}"), "failed")
+        self._recent.evicted(e.uid)
+        self._warned.discard(e.uid)
+        log.warning("pod evicted", pod=pod, uid=e.uid, feature=e.feature, reason=e.reason)
+        self._event(api, e, "Warning", keys.EVENT_REASON_EVICT_POD_SUCCESS, event_message(e))
+        return self._count(EvictionResult(e, "evicted"), "evicted")
+
+    def _event(self, api: Any, e: Eviction, kind: str, reason: str, message: str) -> None:
+        """Record an Event on the pod; a failure is logged, never raised."""
+        from kubernetes import client
+
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{e.name}.{uuid.uuid4().hex[:16]}", namespace=e.namespace),
+            involved_object=client.V1ObjectReference(
+                api_version="v1", kind="Pod", name=e.name, namespace=e.namespace, uid=e.uid
+            ),
+            reason=reason,
+            message=message,
+            type=kind,
+            count=1,
+            first_timestamp=now,
+            last_timestamp=now,
+            source=client.V1EventSource(component=COMPONENT, host=self.node_name or None),
+            reporting_component=COMPONENT,
+            reporting_instance=self.node_name or None,
+        )
+        try:
+            api.create_namespaced_event(e.namespace, event, _request_timeout=self.request_timeout)
+        except Exception as exc:
+            log.warning("eviction event not recorded", pod=f"{e.namespace}/{e.name}", error=str(exc)[:200])
+
+
+class _Runtime(Protocol):
+    """What ``RuntimeEvictor`` needs of ``runtime_proxy.state.store.RuntimeClient``."""
+
+    runtime: Any
+    timeout: float
+
+
+class RuntimeEvictor:
+    """Stops the pod's running containers through the CRI backend (see the module docstring).
+
+    :param client: the proxy's ``RuntimeClient`` (its ``runtime`` stub and ``timeout``).
+    """
+
+    method = "runtime"
+
+    def __init__(self, client: _Runtime, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self._recent = _Recent(clock, 1.0, 60.0)
+
+    async def evict(self, evictions: Sequence[Eviction]) -> Sequence[EvictionResult]:
+        self._recent.prune()
+        out: list[EvictionResult] = []
+        for e in evictions:
+            early = self._recent.early(e)
+            if early is not None:
+                out.append(early)
+                continue
+            try:
+                stopped = await self._stop_pod(e.uid)
+            except Exception as exc:  # one pod's failure is that pod's
+                log.warning("runtime eviction failed", pod=f"{e.namespace}/{e.name}", uid=e.uid, error=str(exc)[:200])
+                EVICTIONS.labels(e.feature, self.method, "failed").inc()
+                out.append(EvictionResult(e, "failed", f"{type(exc).__name__}: {str(exc)[:200]}"))
+                continue
+            self._recent.evicted(e.uid)
+            outcome = "evicted" if stopped else "gone"
+            EVICTIONS.labels(e.feature, self.method, outcome).inc()
+            log.warning("pod evicted by stopping its containers", pod=f"{e.namespace}/{e.name}", uid=e.uid,
+                        feature=e.feature, containers=stopped, message=event_message(e))
+            out.append(EvictionResult(e, "evicted", f"stopped {stopped} containers"))
+        return out
+
+    async def _stop_pod(self, uid: str) -> int:
+        """Stop every running container of the pod ``uid``; the number stopped."""
+        rt, timeout = self.client.runtime, self.client.timeout
+        sandboxes = await rt.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=timeout)
+        stopped = 0
+        for sb in sandboxes.items:
+            if sb.metadata.uid != uid:
+                continue
+            running = api_pb2.ContainerStateValue(state=api_pb2.CONTAINER_RUNNING)
+            listed = await rt.ListContainers(
+                api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sb.id, state=running)),
+                timeout=timeout,
+            )
+            for c in listed.containers:
+                await rt.StopContainer(api_pb2.StopContainerRequest(container_id=c.id, timeout=0), timeout=timeout)
+                stopped += 1
+        return stopped
+
+
+def evictor_for(evict_by: str, *, runtime: _Runtime, node_name: str = "") -> ApiEvictor | RuntimeEvictor:
+    """The evictor the config's ``usageLoop.evictBy`` names: ``api`` or ``runtime``."""
+    if evict_by == "runtime":
+        return RuntimeEvictor(runtime)
+    if evict_by == "api":
+        return ApiEvictor(node_name=node_name)
+    raise ValueError(f"unknown evictBy {evict_by!r} (api or runtime)")
