@@ -184,6 +184,18 @@ def adjustment(plan: Plan) -> tuple[Any, list[str]]:
     return adjust, skipped
 
 
+def _as_carried(container: ContainerFacts, plan: Plan, skipped: list[str]) -> ContainerFacts:
+    """``container`` as the runtime gets it from ``plan``: the resources NRI carries, and the
+    plan's annotations (an update cannot carry them to the runtime; the store keeps them, as in
+    proxy mode, so cpu_normalization's quota record follows the container)."""
+    carried = {k: v for k, v in plan.resources.items() if k not in skipped}
+    if carried:
+        container = container.replace(resources=container.resources.with_changes(carried))
+    if plan.annotations:
+        container = container.replace(annotations=frozen_map({**container.annotations, **plan.annotations}))
+    return container
+
+
 def _files_only(plan: Plan) -> Plan:
     return Plan(writes=list(plan.writes), moves=list(plan.moves), removals=list(plan.removals))
 
@@ -418,10 +430,12 @@ class NriEngine:
             self.store.put_container(pod_f.sandbox_id, container_f)
             return reply
         plan = result.plan
-        self.store.put_container(pod_f.sandbox_id, result.container or container_f)
+        stored = result.container or container_f
         if self.dry_run:
+            self.store.put_container(pod_f.sandbox_id, stored)
             return reply
         adjust, skipped = adjustment(plan)
+        self.store.put_container(pod_f.sandbox_id, _as_carried(stored, plan, skipped))
         if skipped:
             log.info("plan fields NRI cannot carry at create; dropped", fields=skipped, container=container.id)
         if adjust.ListFields():
@@ -450,13 +464,15 @@ class NriEngine:
         if changes:
             container_f = container_f.replace(resources=container_f.resources.with_changes(changes))
         result = await self._run("PreUpdateContainerResources", pod_f, container_f)
-        self.store.put_container(pod_f.sandbox_id, (result.container if result else None) or container_f)
+        stored = (result.container if result else None) or container_f
         if result is None or self.dry_run:
+            self.store.put_container(pod_f.sandbox_id, stored)
             return []
+        res, skipped = linux_resources(result.plan.resources)
+        self.store.put_container(pod_f.sandbox_id, _as_carried(stored, result.plan, skipped))
         await self._apply(result.plan, "PreUpdateContainerResources")
         if not result.plan.resources:
             return []
-        res, skipped = linux_resources(result.plan.resources)
         if skipped:
             log.info("plan fields NRI cannot carry at update; dropped", fields=skipped, container=container.id)
         if not res.ListFields():

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from cri_protos import api_pb2
+from cri_protos import api_pb2, nri_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, container_cpu_quota, normalize_cpu_quota
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import Plan
@@ -23,6 +23,7 @@ from runtime_proxy.host.apply import apply_files
 from runtime_proxy.host.cgroups import CgroupError, Cgroups, WriteResult
 from runtime_proxy.loops.burst import CPUBurstLoop
 from runtime_proxy.loops.reconciler import Reconciler
+from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.state.store import RuntimeClient, Store
 from tests.cgroup_files import make_files, read_file
 from tests.hooks.plugins.factories import call, container, node, pod, status, writes
@@ -450,5 +451,34 @@ async def test_the_interceptor_normalizes_and_keeps_the_record_through_updates()
     cpuset_only = await update(0, "0-3")
     assert cpuset_only.linux.cpu_quota == 0  # the runtime keeps 240000; nothing is divided twice
     found = icpt.store.container("c1")
+    assert found is not None and found[1].resources.cpu_quota == 240000
+    assert found[1].annotations[RECORD] == "300000/240000"
+
+
+async def test_nri_mode_carries_the_normalized_quota_and_keeps_the_record() -> None:
+    pm = make_plugin_manager(builtins=("cpu_normalization",), entry_points=False)
+    pipeline = Pipeline(plugin_steps(pm, [(n, "Ignore", 2.0) for n in plugin_order(pm)]))
+    engine = NriEngine(pipeline, node_source=StaticNode(ratio("1.25")))
+    nri_pod = nri_pb2.PodSandbox(id="sb", name="web", uid="u1", namespace="ns",
+                                 labels={"koordinator.sh/qosClass": "LS"})
+    nri_pod.linux.cgroup_parent = "/kubepods/burstable/podu1"
+    nri_container = nri_pb2.Container(id="c1", pod_sandbox_id="sb", name="app")
+    nri_container.linux.resources.cpu.quota.value = 200000
+    nri_container.linux.resources.cpu.period.value = 100000
+    reply = await engine.create_container(nri_pod, nri_container)
+    assert reply.adjust.linux.resources.cpu.quota.value == 160000
+    assert reply.adjust.annotations[RECORD] == "200000/160000"
+    found = engine.store.container("c1")
+    assert found is not None and found[1].resources.cpu_quota == 160000
+    assert found[1].annotations[RECORD] == "200000/160000"
+
+    # The runtime reports the container as created: the adjusted quota and annotations.
+    nri_container.linux.resources.cpu.quota.value = 160000
+    nri_container.annotations[RECORD] = "200000/160000"
+    resize = nri_pb2.LinuxResources()
+    resize.cpu.quota.value = 300000
+    updates = await engine.update_container(nri_pod, nri_container, resize)
+    assert [u.linux.resources.cpu.quota.value for u in updates] == [240000]
+    found = engine.store.container("c1")
     assert found is not None and found[1].resources.cpu_quota == 240000
     assert found[1].annotations[RECORD] == "300000/240000"
