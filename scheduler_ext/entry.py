@@ -24,6 +24,12 @@ def missing() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--version"]:  # answers without the extra, as on a node install
+        from rhp_ops.build import version_line
+
+        print(version_line("scheduler-ext"))
+        return 0
     absent = missing()
     if absent:
         print(f"scheduler-ext: the extender's dependencies are not installed ({', '.join(absent)}): "

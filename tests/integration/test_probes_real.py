@@ -1,5 +1,6 @@
 """The proxy's probes on real containerd: ``/readyz`` is 200 once the store is rebuilt, 503
-while containerd is down (``/healthz`` stays 200) and 200 again when it is back."""
+while containerd is down (``/healthz`` stays 200) and 200 again when it is back; and doctor's
+runtime check against the same containerd, up and down."""
 
 from __future__ import annotations
 
@@ -50,3 +51,18 @@ def test_readyz_follows_containerd_down_and_back(containerd: Any, tmp_path: Path
         assert _status(port, "/healthz") == 200
         containerd.ctrd.restart_daemon()
         _wait_status(port, "/readyz", 200)
+
+
+def test_doctor_sees_containerd_answer_cri_v1(containerd: Any) -> None:
+    from runtime_proxy import doctor
+
+    opts = doctor.DoctorOptions(backend=str(containerd.socket), skip=frozenset(doctor.CHECKS) - {"runtime"})
+    (check,) = doctor.run(opts)
+    assert check.status == "ok", check.detail
+    assert check.detail.startswith("containerd ") and ", CRI v1 at " in check.detail
+    containerd.ctrd.kill_daemon()
+    try:
+        (check,) = doctor.run(opts)
+        assert check.status == "fail"
+    finally:
+        containerd.ctrd.restart_daemon()

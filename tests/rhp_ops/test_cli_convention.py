@@ -99,3 +99,13 @@ def test_help_is_short_and_has_no_developer_markup(prog: str, argv: list[str]) -
     assert "--log-level" in done.stdout and "exit codes" in done.stdout
     description = done.stdout.split("\n\n")[1]
     assert description.count("\n") < 5
+
+
+def test_scheduler_ext_entry_answers_version_without_its_extra(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from scheduler_ext import entry
+
+    monkeypatch.setattr(entry, "missing", lambda: ["uvicorn"])
+    assert entry.main(["--version"]) == 0
+    assert capsys.readouterr().out == build.version_line("scheduler-ext") + "\n"
+    assert entry.main(["simulate"]) == entry.EXIT_MISSING_EXTRA
