@@ -168,7 +168,11 @@ T = TypeVar("T")
 
 
 def memo_by_text(
-    maxsize: int, max_chars: int = 4096, weigh: Callable[[Any], int] | None = None, max_weight: int = 4096
+    maxsize: int,
+    max_chars: int = 4096,
+    weigh: Callable[[Any], int] | None = None,
+    max_weight: int = 4096,
+    large_chars: int = 0,
 ) -> Callable[[Callable[[str], T]], Callable[[str], T]]:
     """Memoise a one-argument parser by its raw text, results and ``FormatError`` messages alike,
     so the same annotation string is parsed once.
@@ -176,31 +180,55 @@ def memo_by_text(
     The memo holds at most ``maxsize`` entries, least recently used first out, and stays small
     whatever the input: texts longer than ``max_chars`` are parsed every time, and so are texts
     whose result ``weigh`` puts above ``max_weight`` (a short "0-16383" expands to 16384 CPUs).
-    Non-string arguments bypass the memo. Safe to call from several threads."""
+    With ``large_chars`` the longer texts get a memo of their own that holds at most
+    ``large_chars`` characters of text in all (a text above a quarter of that is parsed every
+    time), least recently used first out: a node's long annotation that comes back unchanged
+    with every update of its object is then parsed once. A key costs one hash of the text (kept
+    by the string object) and, on a hit, one comparison. Non-string arguments bypass the memo.
+    Safe to call from several threads."""
 
     def wrap(parse: Callable[[str], T]) -> Callable[[str], T]:
         memo: OrderedDict[str, tuple[bool, Any]] = OrderedDict()
+        large: OrderedDict[str, tuple[bool, Any]] = OrderedDict()
+        held = [0]  # characters of text in ``large``
         lock = threading.Lock()
+
+        def remember(table: OrderedDict[str, tuple[bool, Any]], text: str, hit: tuple[bool, Any]) -> None:
+            with lock:
+                if text in table:
+                    return
+                table[text] = hit
+                if table is memo:
+                    if len(memo) > maxsize:
+                        memo.popitem(last=False)
+                    return
+                held[0] += len(text)
+                while held[0] > large_chars or len(large) > maxsize:
+                    old, _ = large.popitem(last=False)
+                    held[0] -= len(old)
 
         @functools.wraps(parse)
         def parse_memoised(text: str) -> T:
-            if not isinstance(text, str) or len(text) > max_chars:
+            if not isinstance(text, str):
+                return parse(text)
+            if len(text) <= max_chars:
+                table = memo
+            elif len(text) <= large_chars // 4:
+                table = large
+            else:
                 return parse(text)
             hit: tuple[bool, Any] | None
             with lock:
-                hit = memo.get(text)
+                hit = table.get(text)
                 if hit is not None:
-                    memo.move_to_end(text)
+                    table.move_to_end(text)
             if hit is None:
                 try:
                     hit = (True, parse(text))
                 except FormatError as exc:
                     hit = (False, str(exc))
                 if not hit[0] or weigh is None or weigh(hit[1]) <= max_weight:
-                    with lock:
-                        memo[text] = hit
-                        if len(memo) > maxsize:
-                            memo.popitem(last=False)
+                    remember(table, text, hit)
             if hit[0]:
                 return cast(T, hit[1])
             raise FormatError(str(hit[1]))
@@ -208,6 +236,8 @@ def memo_by_text(
         def cache_clear() -> None:
             with lock:
                 memo.clear()
+                large.clear()
+                held[0] = 0
 
         parse_memoised.cache_clear = cache_clear  # type: ignore[attr-defined]
         return parse_memoised

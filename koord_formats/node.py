@@ -172,7 +172,7 @@ class CPUSharePool:
         return {"socket": self.socket, "node": self.node, "cpuset": format_cpu_list(self.cpus)}
 
 
-@memo_by_text(maxsize=64, weigh=lambda pools: sum(len(p.cpus) for p in pools))
+@memo_by_text(maxsize=64, weigh=lambda pools: sum(len(p.cpus) for p in pools), large_chars=4 * _MAX_CHARS)
 def parse_share_pools(text: str) -> tuple[CPUSharePool, ...]:
     """Parse ``node.koordinator.sh/cpu-shared-pools`` or ``be-cpu-shared-pools``."""
     what = "cpu-shared-pools"
@@ -211,7 +211,7 @@ class PodCPUAlloc:
     managed_by_kubelet: bool = False
 
 
-@memo_by_text(maxsize=64, weigh=lambda allocs: sum(len(a.cpus) for a in allocs))
+@memo_by_text(maxsize=64, weigh=lambda allocs: sum(len(a.cpus) for a in allocs), large_chars=4 * _MAX_CHARS)
 def parse_pod_cpu_allocs(text: str) -> tuple[PodCPUAlloc, ...]:
     """Parse ``node.koordinator.sh/pod-cpu-allocs``."""
     what = "pod-cpu-allocs"

@@ -126,7 +126,7 @@ def _status_weight(status: ResourceStatus) -> int:
     return len(status.cpuset) + len(status.numa_node_resources)
 
 
-@memo_by_text(maxsize=1024, weigh=_status_weight, max_weight=1024)
+@memo_by_text(maxsize=1024, weigh=_status_weight, max_weight=1024, large_chars=4 * _MAX_CHARS)
 def parse_resource_status(text: str) -> ResourceStatus:
     """Parse ``scheduling.koordinator.sh/resource-status``."""
     what = "resource-status"

@@ -259,6 +259,18 @@ class NodeFacts:
     zones: numa.Zones  # NUMA node -> allocatable (cpu milli, memory bytes), withheld CPUs removed
     booked: Mapping[int, Mapping[str, int]]  # NUMA node -> what placed pods booked
     booked_cpusets: Mapping[int, int] = field(default_factory=dict)  # NUMA node -> CPUs of cpusets booked there
+    # required policy -> what it may take of ``free`` (``filter_required``), filled on first use:
+    # a NodeFacts stands for one version of its node, so the view is computed once per version
+    views: dict[str, frozenset[int]] = field(default_factory=dict, compare=False, repr=False)
+
+    def eligible(self, policy: str) -> frozenset[int]:
+        """``filter_required(topo, policy, free)``, memoised on this value."""
+        view = self.views.get(policy)
+        if view is None:
+            view = filter_required(self.topo, policy, self.free) if self.topo is not None else self.free
+            if len(self.views) < 8:
+                self.views[policy] = view
+        return view
 
     @property
     def strategy(self) -> str:
@@ -370,7 +382,7 @@ def _cpuset(
     exact: bool,
 ) -> frozenset[int]:
     if not exact:
-        eligible = filter_required(topo, bind_policy, node.free) if required else node.free
+        eligible = node.eligible(bind_policy) if required else node.free
         if len(eligible) < intent.num_cpus:
             raise AllocationError(NOT_ENOUGH)
         if numa_cpus:
@@ -416,7 +428,7 @@ def _place_numa(
     zones, booked = _amplified_zones(node, ratio)
     available = numa.zone_available(zones, booked)
     if required and topo is not None:  # trimNUMANodeResources
-        eligible = filter_required(topo, bind_policy, node.free)
+        eligible = node.eligible(bind_policy)
         for n, amounts in available.items():
             if amounts.get(numa.CPU):
                 cap = len(eligible & topo.numa_cpus.get(n, frozenset())) * 1000

@@ -141,8 +141,12 @@ class Placement:
 DEFAULT_CONFIG = ExtenderConfig()
 PLAIN = Verdict(True)
 _IDLE = GPUUsage()
+_NO_EXCLUSIVE = ExclusiveUse()
 # node name -> (NodeState.version, the NodeState, its admission view)
 _FACTS: dict[str, tuple[int, NodeState, NodeFacts]] = {}
+# node name -> (NodeState.static_version, the NodeState, its NUMA zones): zones change only with
+# the Node and NRT objects, not with the pods placed on the node
+_ZONES: dict[str, tuple[int, NodeState, numa.Zones]] = {}
 
 
 def needs(ns: NodeState, pod: PodRequest) -> Needs | str:
@@ -170,7 +174,14 @@ def _facts(ns: NodeState) -> NodeFacts:
     if cached is not None and cached[0] == ns.version and cached[1] is ns:
         return cached[2]
     topo = ns.topo
-    zones = _zones(ns)
+    cached_zones = _ZONES.get(ns.name)
+    if cached_zones is not None and cached_zones[0] == ns.static_version and cached_zones[1] is ns:
+        zones = cached_zones[2]
+    else:
+        zones = _zones(ns)
+        if len(_ZONES) > 65536:
+            _ZONES.clear()
+        _ZONES[ns.name] = (ns.static_version, ns, zones)
     booked: dict[int, dict[str, int]] = {}
     pinned: dict[int, int] = {}
     for alloc in ns.allocs.values():
@@ -185,10 +196,7 @@ def _facts(ns: NodeState) -> NodeFacts:
                 info = topo.details.get(c)
                 if info is not None:
                     pinned[info.node] = pinned.get(info.node, 0) + 1
-    used = ExclusiveUse(
-        frozenset(topo.core_of[c] for c in ns.avoid_pcpu if c in topo.core_of) if topo is not None else frozenset(),
-        ns.avoid_numa,
-    )
+    used = ExclusiveUse(ns.avoid_cores, ns.avoid_numa) if ns.avoid_cores or ns.avoid_numa else _NO_EXCLUSIVE
     facts = NodeFacts(
         name=ns.name,
         labels=ns.node_labels,

@@ -88,16 +88,12 @@ class NodeState:
         self.held: dict[str, float] = {}  # pod uid -> monotonic time the hold was placed
         self.foreign: set[str] = set()  # held uids learned from another replica's ledger
         self.version = 0  # bumps on every change
+        self.static_version = 0  # bumps when the Node, NRT or Device object changed
         # derived (``refresh``)
         self._derived = -1
         self.free: frozenset[int] = frozenset()
-        self.cap_by_numa: dict[int, int] = {}
-        self.cap_full_by_numa: dict[int, int] = {}
-        self.free_by_numa: dict[int, int] = {}
-        self.full_free_by_numa: dict[int, int] = {}
-        self.shared_milli: dict[int, int] = {}
         self.gpu_usage: dict[int, GPUUsage] = {}
-        self.avoid_pcpu: frozenset[int] = frozenset()
+        self.avoid_cores: frozenset[int] = frozenset()  # cores holding a PCPULevel pod's CPU
         self.avoid_numa: frozenset[int] = frozenset()
 
     # -- static -------------------------------------------------------------------------------
@@ -131,6 +127,7 @@ class NodeState:
             self.gpus, self.gpu_error = (), f"unreadable Device object: {describe(exc)}"
             bad_object("devices", "devices", self.name, exc)
         self.gpu_by_minor = {g.minor: g for g in self.gpus}
+        self.static_version += 1
         self.touch()
 
     def touch(self) -> None:
@@ -141,51 +138,29 @@ class NodeState:
 
     # -- derived ------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Recompute free sets and per-NUMA counts if anything changed since the last call."""
+        """Recompute the free set, GPU usage and exclusive holdings if anything changed since
+        the last call (a pass over the node's allocations, never over its CPUs)."""
         if self._derived == self.version:
             return
         used: set[int] = set()
         pcpu: set[int] = set()
         numa_excl: set[int] = set()
-        shared: dict[int, int] = {}
         usage: dict[int, GPUUsage] = {}
         topo = self.topo
         for alloc in self.allocs.values():
             if alloc.cpus:
                 used |= alloc.cpus
                 if topo is not None and alloc.exclusive == "PCPULevel":
-                    for c in alloc.cpus:
-                        core = topo.core_of.get(c)
-                        if core is not None:
-                            pcpu |= topo.core_cpus[core]
+                    core_of = topo.core_of
+                    pcpu.update(core_of[c] for c in alloc.cpus if c in core_of)
                 elif topo is not None and alloc.exclusive == "NUMANodeLevel":
                     numa_excl |= {topo.details[c].node for c in alloc.cpus if c in topo.details}
-            for n, milli in alloc.numa.items():
-                shared[n] = shared.get(n, 0) + milli
             for g in alloc.gpus:
                 usage[g.minor] = usage.get(g.minor, GPUUsage()).plus(g.core, g.ratio, g.memory)
-        self.free = self.bindable - used
-        self.shared_milli = shared
+        self.free = self.bindable - used if used else self.bindable
         self.gpu_usage = usage
-        self.avoid_pcpu = frozenset(pcpu)
+        self.avoid_cores = frozenset(pcpu)
         self.avoid_numa = frozenset(numa_excl)
-        if topo is not None:
-            free, bindable = self.free, self.bindable
-            tpc = topo.cpus_per_core
-            self.cap_by_numa = {n: len(bindable & topo.numa_cpus[n]) for n in topo.numa_nodes}
-            self.free_by_numa = {n: len(free & topo.numa_cpus[n]) for n in topo.numa_nodes}
-            cap_full: dict[int, int] = {}
-            full_free: dict[int, int] = {}
-            for n in topo.numa_nodes:
-                cf = ff = 0
-                for core in topo.cores_in_numa[n]:
-                    cpus = topo.core_cpus[core]
-                    if cpus <= bindable:
-                        cf += 1
-                        if cpus <= free:
-                            ff += 1
-                cap_full[n], full_free[n] = cf * tpc, ff * tpc
-            self.cap_full_by_numa, self.full_free_by_numa = cap_full, full_free
         self._derived = self.version
 
     # -- allocations --------------------------------------------------------------------------

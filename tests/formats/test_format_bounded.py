@@ -122,3 +122,29 @@ def test_memo_evicts_the_least_recently_used() -> None:
     for text in ("a", "b", "a", "c", "a", "b"):
         parse(text)
     assert calls == ["a", "b", "c", "b"]
+
+
+def test_memo_keeps_long_texts_within_their_budget() -> None:
+    calls: list[str] = []
+
+    @bounded.memo_by_text(maxsize=8, max_chars=4, large_chars=40)
+    def parse(text: str) -> int:
+        calls.append(text)
+        return len(text)
+
+    for text in ("long text", "long text", "other text", "long text", "x" * 11, "x" * 11):
+        parse(text)
+    assert calls == ["long text", "other text", "x" * 11, "x" * 11]  # 11 > 40 // 4: never kept
+
+
+def test_memo_of_long_texts_evicts_to_stay_within_its_budget() -> None:
+    calls: list[str] = []
+
+    @bounded.memo_by_text(maxsize=8, max_chars=2, large_chars=20)
+    def parse(text: str) -> int:
+        calls.append(text)
+        return len(text)
+
+    for text in ("aaaaa", "bbbbb", "ccccc", "ddddd", "eeeee", "aaaaa", "eeeee"):
+        parse(text)
+    assert calls == ["aaaaa", "bbbbb", "ccccc", "ddddd", "eeeee", "aaaaa"]  # 25 chars > 20: "aaaaa" went
