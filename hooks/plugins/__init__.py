@@ -17,7 +17,7 @@ plugin's module name, registration name and config name are the same string.
 - ``rdt``: resctrl class groups (LSR/LS/BE), pod-level groups, task moves, removal.
 - ``host_app_qos``: group identity and the LS cpuset for NodeSLO ``hostApplications``.
 - ``cpu_suppress``: the BE share (kube-QoS quota or BE cpusets) from sampled usage, at the
-  ``ReconcileUsage`` stage run by ``runtime_proxy.loops.usage``.
+  ``ReconcileUsage`` stage run by the usage loop (``runtime_proxy.loops.qos``).
 - ``memory_evict``: BE pods evicted when node memory crosses ``memoryEvictThresholdPercent``
   (stage ``ReconcileUsage``).
 - ``cpu_evict``: BE pods evicted when BE CPU satisfaction stays below

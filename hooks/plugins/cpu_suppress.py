@@ -1,8 +1,9 @@
 """cpu_suppress: Koordinator's BE CPU suppress, the BE share shrinking as LS and system load grow.
 
 Stage
-    ``reconcile_usage`` (run by the usage loop, ``runtime_proxy/loops/usage.py``, after each
-    sampling round). Everything here is a pure function of the facts and the sampled window.
+    ``reconcile_usage`` (run by the usage loop, ``runtime_proxy/loops/qos.py``, after each
+    sampling round, when ``usageLoop.enable`` is set). Everything here is a pure function of
+    the facts and the sampled window.
 Inputs
     NodeSLO ``resourceUsedThresholdWithBE``: ``enable`` (false), ``cpuSuppressThresholdPercent``
     (65), ``cpuSuppressMinPercent`` (none), ``cpuSuppressPolicy`` (cpuset | cfsQuota); node
@@ -31,7 +32,8 @@ Write order (``cpuset_writes``)
     so kubelet's own container cpuset writes and new BE containers still fit in their pod.
 Decision record
     ``decide`` returns a ``SuppressDecision`` (policy, amount, target quota or cpuset, why a
-    round wrote nothing) next to the plan, for the loop's suppress-target metric and logs.
+    round wrote less) next to the plan; the usage loop turns its ``target_cores`` into the
+    metric ``rhp_cpu_suppress_target_cores``.
 Leaves alone
     everything when the topology or the usage sample is missing or a node annotation the
     decision needs is malformed (recorded as a skip; the next round tries again). On cgroup v1

@@ -23,13 +23,16 @@ set, with the store as ``UsageBackend``, the proxy's hook runner
 With ``dry_run`` the writes are compared and logged, not made, and the evictions are logged,
 not performed. A round that fails is logged and the loop goes on.
 
-Metrics: ``rhp_usage_loop_duration_seconds``, ``rhp_usage_loop_errors_total`` and
-``rhp_usage_evictions_total`` (by feature and result).
+Metrics: ``rhp_usage_loop_duration_seconds``, ``rhp_usage_loop_errors_total``,
+``rhp_usage_evictions_total`` (by feature and result) and, when the ``cpu_suppress`` plugin ran,
+``rhp_cpu_suppress_target_cores`` (by policy) from its decision record
+(``hooks.plugins.cpu_suppress.decide``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -37,11 +40,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, with_bound_pods
 from hooks.plan import Eviction, Plan
-from hooks.usage import EVICTION_MEMORY_SECONDS, EvictionRecord, UsageSample
+from hooks.plugins import cpu_suppress
+from hooks.usage import EVICTION_MEMORY_SECONDS, EvictionRecord, Usage, UsageSample
+from koord_formats import keys
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.host.apply import ApplyReport, apply_files
 from runtime_proxy.host.cgroups import Cgroups
@@ -64,6 +69,13 @@ LOOP_SECONDS = Histogram(
     "Time of one usage-loop round (sampling, ReconcileUsage, writes, evictions).",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+SUPPRESS_TARGET = Gauge(
+    "rhp_cpu_suppress_target_cores",
+    "The BE share CPU suppress enforces, in cores: the BE kube-QoS quota over its period (cfsQuota) "
+    "or the size of the BE cpuset (cpuset); absent while suppress is off.",
+    ["policy"],
+)
+SUPPRESS_PLUGIN = "cpu_suppress"
 LOOP_ERRORS = Counter("rhp_usage_loop_errors_total", "Failures in usage-loop rounds, by kind.", ["kind"])
 EVICTIONS = Counter(
     "rhp_usage_evictions_total", "Evictions planned by the usage loop, by feature and result.", ["feature", "result"]
@@ -132,6 +144,19 @@ class UsageRound:
     applied: ApplyReport | None = None
     evictions: list[EvictionResult] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+
+
+def _record_suppress(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> None:
+    """Set ``rhp_cpu_suppress_target_cores`` from the suppress decision of this round (pure and
+    cheap to compute again); a round that changed nothing keeps the previous value."""
+    decision, _ = cpu_suppress.decide(node, pods, usage)
+    for policy in (keys.CPU_SUPPRESS_POLICY_CPUSET, keys.CPU_SUPPRESS_POLICY_CFS_QUOTA):
+        if policy != decision.policy:
+            with contextlib.suppress(KeyError):
+                SUPPRESS_TARGET.remove(policy)
+    target = decision.target_cores
+    if target is not None:
+        SUPPRESS_TARGET.labels(decision.policy).set(target)
 
 
 class UsageLoop:
@@ -250,6 +275,8 @@ class UsageLoop:
                 out.applied = await asyncio.to_thread(self._apply, result.plan)
             if result.plan.evictions:
                 out.evictions = await self._evict(result.plan.evictions, out.sample.at)
+            if SUPPRESS_PLUGIN in result.ran and not any(f.step == SUPPRESS_PLUGIN for f in result.failures):
+                await asyncio.to_thread(_record_suppress, node, tuple(pods), usage)
             return out
         finally:
             self.rounds += 1

@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from rhp_devenv.cgroupfs import CGROUP_ROOT, cgroup_hierarchies, remove_cgroup_tree
 from rhp_devenv.cri import BURN_CPU_COMMAND, CriClient, PodHandle, linux_resources
 
@@ -64,6 +65,7 @@ KUBELET_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
 RESERVATION = "node.koordinator.sh/reservation"
 RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
 SYSTEM_QOS = "node.koordinator.sh/system-qos-resource"
+TARGET_METRIC = "rhp_cpu_suppress_target_cores"
 
 
 def cgroup_file(path: str, file: str) -> str:
@@ -181,6 +183,7 @@ def test_cfs_quota_falls_with_ls_load_and_recovers_within_the_step_limit(
     idle = quota()
     assert full - 20_000 <= idle <= full, "an idle LS pod leaves BE nearly the whole node"
     assert cgroup_file(BE_DIR, "cpuset.cpus") == format_cpu_list(TOPO.cpus), "cfsQuota keeps the full pool"
+    assert REGISTRY.get_sample_value(TARGET_METRIC, {"policy": "cfsQuota"}) == idle / 100_000
 
     burn = client.run_container(ls, name="burn", command=BURN_CPU_COMMAND, resources=linux_resources(cpu_shares=2048))
     low = idle
@@ -323,6 +326,7 @@ def test_cpuset_policy_on_a_prepared_16_cpu_tree(tmp_path: Path) -> None:
     # 16 x 65% = 10400; LS 3000; system = max(3000 - 3000, 0, reserved 2000) = 2000 -> 5400: 6 CPUs,
     # floor(6 x 2/8) = 1 from LSR (2), 5 from LS (pairs 4/12 and 3/11, then 5).
     assert run(3000) == ["2-5,11-12"] * 4
+    assert REGISTRY.get_sample_value(TARGET_METRIC, {"policy": "cpuset"}) == 6
     # Heavy LS load: the two-CPU minimum, a sibling pair from the larger LS bucket.
     assert run(9000) == ["4,12"] * 4
     # Idle LS: 8400 wants 9 CPUs; from 2 the set grows by ceil(16 x 10%) = 2 per round.
