@@ -9,8 +9,9 @@ timeouts), builds the same facts the proxy builds and runs the stage through the
 (``runtime_proxy.engine.pipeline.Pipeline``: plugin order, facts advanced from step to step,
 the stage's CRI fields from ``hooks.spec.CRI_FIELDS``, merge and conflicts), then prints the
 result: ``cri`` (the request changes the stage accepts), ``writes``, ``moves``, ``removals``,
-``skipped`` and ``conflicts``. The plan lists what a kernel that supports each file would get;
-nothing is read from or written to the node.
+``skipped`` and ``conflicts``, and ``evictions`` when the ``ReconcileUsage`` stage ran (its
+``pods`` and ``usage`` input decoded by ``runtime_proxy.engine.usage_input``). The plan lists
+what a kernel that supports each file would get; nothing is read from or written to the node.
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ from hooks.facts import (
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import MergeResult
 from hooks.spec import STAGES
+from hooks.usage import Usage
 from koord_formats.bounded import load_json
 from koord_formats.errors import FormatError
 from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
 from runtime_proxy.config import ConfigError, PluginConfig, ProxyConfig, load_config, validation_message
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.engine.usage_input import UsageInputError, usage_from_json
 
 __all__ = [
     "PlanDocument",
@@ -65,6 +68,8 @@ MAX_DOCUMENT_CHARS = 4 * 1024 * 1024
 MAX_DOCUMENT_DEPTH = 32
 POD_STAGES = {name for name, hook in STAGES.items() if "pod_sandbox" in hook} | {"ReconcilePod"}
 NODE_STAGES = {"ReconcileNode"}
+USAGE_STAGE = "ReconcileUsage"
+MAX_USAGE_PODS = 4096
 
 
 class PlanInputError(ValueError):
@@ -106,6 +111,7 @@ class PodDocument(_Strict):
     kubeQOS: StrictStr = ""
     sandboxId: StrictStr = ""
     containers: list[ContainerDocument] = Field(default_factory=list)
+    priority: StrictInt | None = None
 
 
 class ResctrlDocument(_Strict):
@@ -141,6 +147,10 @@ class PlanDocument(_Strict):
     node: NodeDocument = Field(default_factory=NodeDocument)
     nodeSLO: dict[str, Any] = Field(default_factory=dict)
     plugins: list[StrictStr] | None = None
+    # The ReconcileUsage stage's input: every pod and the sampled usage window (checked by
+    # runtime_proxy.engine.usage_input).
+    pods: list[PodDocument] | None = Field(default=None, max_length=MAX_USAGE_PODS)
+    usage: dict[str, Any] | None = None
 
 
 def _check_shape(doc: Mapping[str, Any]) -> None:
@@ -270,7 +280,10 @@ def node_facts_from_json(data: Mapping[str, Any], node_slo: Mapping[str, Any] | 
 def _stage_calls(
     stage: str, pod: PodFacts | None, container: ContainerFacts | None
 ) -> list[tuple[str, PodFacts, ContainerFacts | None]]:
-    """The ``(stage, pod, container)`` runs one document asks for (``Reconcile`` is three)."""
+    """The ``(stage, pod, container)`` runs one document asks for (``Reconcile`` is three;
+    ``ReconcileUsage`` runs apart, see ``plan_document``)."""
+    if stage == USAGE_STAGE:
+        return []
     if stage == "Reconcile":
         calls: list[tuple[str, PodFacts, ContainerFacts | None]] = [("ReconcileNode", PodFacts(), None)]
         if pod is not None:
@@ -367,10 +380,13 @@ def plan_document(
     pod = pod_facts_from_json(doc["pod"]) if doc.get("pod") is not None else None
     container = container_facts_from_json(doc["container"]) if doc.get("container") is not None else None
     calls = _stage_calls(stage, pod, container)
+    usage_run: tuple[tuple[PodFacts, ...], Usage] | None = None
+    if stage == USAGE_STAGE or (stage == "Reconcile" and doc.get("usage") is not None):
+        usage_run = _usage_input(doc, pod)
 
     pipeline = Pipeline(plugin_steps(pm, settings))
-    merged = asyncio.run(run_stages(pipeline, calls, node))
-    return {
+    merged = asyncio.run(_run_all(pipeline, calls, node, usage_run))
+    out = {
         "stage": stage,
         "plugins": [name for name, _, _ in settings],
         "settings": [{"plugin": name, "policy": policy, "timeout": timeout} for name, policy, timeout in settings],
@@ -380,6 +396,39 @@ def plan_document(
             for c in merged.conflicts
         ],
     }
+    if usage_run is not None:
+        out["evictions"] = [e.to_json() for e in merged.plan.evictions]
+    return out
+
+
+def _usage_input(doc: Mapping[str, Any], pod: PodFacts | None) -> tuple[tuple[PodFacts, ...], Usage]:
+    """The ``ReconcileUsage`` arguments: ``pods`` (else the document's ``pod``) and ``usage``."""
+    raw_pods = doc.get("pods")
+    if raw_pods is not None:
+        pods = tuple(pod_facts_from_json(p, f"pods[{i}]") for i, p in enumerate(raw_pods))
+    else:
+        pods = (pod,) if pod is not None else ()
+    try:
+        usage = usage_from_json(doc.get("usage") or {})
+    except UsageInputError as exc:
+        raise PlanInputError(str(exc)) from exc
+    return pods, usage
+
+
+async def _run_all(
+    pipeline: Pipeline,
+    calls: Iterable[tuple[str, PodFacts, ContainerFacts | None]],
+    node: NodeFacts,
+    usage_run: tuple[tuple[PodFacts, ...], Usage] | None,
+) -> MergeResult:
+    """``run_stages``, then the ``ReconcileUsage`` stage when asked for (its plan merged last)."""
+    merged = await run_stages(pipeline, calls, node)
+    if usage_run is not None:
+        part = await pipeline.run_usage(node, *usage_run)
+        merged.conflicts.extend(part.conflicts)
+        merged.rejected.extend(c.second for c in part.conflicts)
+        merged.add("", part.plan)
+    return merged
 
 
 def _short(value: Any) -> str:
