@@ -107,6 +107,6 @@ def test_a_reconcile_without_usage_leaves_the_usage_stage_out() -> None:
 def test_the_command_prints_the_usage_plan(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "doc.json"
     path.write_text(json.dumps({"stage": "ReconcileUsage", "pods": [pod("a", "BE")], "usage": usage_doc()}))
-    assert main([str(path), "--no-entry-points"]) == 0
+    assert main([str(path), "--no-entry-points", "--output", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stage"] == "ReconcileUsage" and out["evictions"] == []
