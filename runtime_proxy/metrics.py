@@ -82,6 +82,20 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host, port
 
 
+def socket_accepts(path: str, timeout: float = 1.0) -> tuple[bool, str]:
+    """Whether a unix stream socket at ``path`` accepts a connection: ``(True, "")`` or
+    ``(False, why)``. Blocking: readiness checks call it on the HTTP server's thread."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        return True, ""
+    except OSError as exc:
+        return False, exc.strerror or type(exc).__name__
+    finally:
+        sock.close()
+
+
 def _always_ready() -> tuple[bool, str]:
     return True, "ok"
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import signal
-import socket
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any, Protocol
@@ -40,20 +39,6 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 DEFAULT_BACKEND = "/var/run/containerd/containerd.sock"
-
-
-def socket_accepts(path: str, timeout: float = 1.0) -> tuple[bool, str]:
-    """Whether a unix stream socket at ``path`` accepts a connection: ``(True, "")`` or
-    ``(False, why)``. Blocking; call it off the event loop."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(path)
-        return True, ""
-    except OSError as exc:
-        return False, exc.strerror or type(exc).__name__
-    finally:
-        sock.close()
 
 
 class Transport(Protocol):
@@ -194,7 +179,7 @@ class Proxy:
         socket accepts connections (checked at each probe, off the event loop)."""
         if not self.ready.is_set():
             return False, "store not rebuilt from the runtime yet"
-        ok, reason = socket_accepts(self.opts.backend)
+        ok, reason = metrics.socket_accepts(self.opts.backend)
         metrics.BACKEND_UP.set(1 if ok else 0)
         return ok, "ok" if ok else f"runtime not reachable at {self.opts.backend}: {reason}"
 

@@ -150,9 +150,10 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     if opts.metrics_addr:
 
         def readiness() -> tuple[bool, str]:
-            if plugin.synchronized.is_set():
-                return True, "ok"
-            return False, f"not registered and synchronized with the runtime at {opts.socket}"
+            if not plugin.synchronized.is_set():
+                return False, f"not registered and synchronized with the runtime at {opts.socket}"
+            ok, why = metrics.socket_accepts(opts.socket)
+            return (True, "ok") if ok else (False, f"runtime's NRI socket {opts.socket}: {why}")
 
         metrics_server = metrics.serve(opts.metrics_addr, readiness)
     registry = None

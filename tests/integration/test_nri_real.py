@@ -323,3 +323,31 @@ def test_a_synchronize_larger_than_one_message_is_answered(
         assert q.read_container_file(parent, cid, "cpuset.cpus") == LSR_CPU
     finally:
         plugin.stop()
+
+
+def test_readyz_follows_registration_and_the_runtime(containerd: ContainerdEnv, tmp_path: Path) -> None:
+    import socket as socket_module
+    import urllib.error
+    import urllib.request
+
+    with socket_module.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def status() -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    plugin = NriPluginProcess(containerd.ctrd.nri_socket, tmp_path, "--metrics-addr", f"127.0.0.1:{port}").start()
+    try:
+        q.wait_for(status, 200, what="/readyz once synchronized", timeout=10.0)
+        containerd.ctrd.kill_daemon()
+        q.wait_for(status, 503, what="/readyz while containerd is down", timeout=10.0)
+        containerd.ctrd.restart_daemon()
+        plugin.wait_synchronized(2)
+        q.wait_for(status, 200, what="/readyz when containerd is back", timeout=10.0)
+    finally:
+        plugin.stop()

@@ -16,7 +16,8 @@ import pytest
 
 from rhp_ops import build
 from runtime_proxy import metrics
-from runtime_proxy.server import Proxy, ProxyOptions, socket_accepts
+from runtime_proxy.metrics import socket_accepts
+from runtime_proxy.server import Proxy, ProxyOptions
 
 
 def _get(port: int, path: str, method: str = "GET") -> tuple[int, str]:
