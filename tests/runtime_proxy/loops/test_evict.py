@@ -184,7 +184,7 @@ def test_api_evictor_without_credentials_fails_every_eviction(monkeypatch: pytes
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     monkeypatch.setenv("HOME", str(tmp_path))
     results = asyncio.run(ApiEvictor().evict([eviction("p", "u")]))
-    assert [r.status for r in results] == ["failed"] and "evictBy: runtime" in results[0].message
+    assert [r.status for r in results] == ["failed"] and "usageLoop.evictBy: runtime" in results[0].message
 
 
 # ---- RuntimeEvictor -----------------------------------------------------------------------------
