@@ -89,11 +89,15 @@ class Usage:
     """A window of samples, oldest first, at most ``MAX_SAMPLES`` long.
 
     ``interval`` is the seconds between two samples as configured (the sampler's period);
-    ``recent_evictions`` the evictions of the last ``EVICTION_MEMORY_SECONDS``, oldest first."""
+    ``recent_evictions`` the evictions of the last ``EVICTION_MEMORY_SECONDS``, oldest first;
+    ``refused_uids`` the pods whose last eviction was refused for now (a PodDisruptionBudget,
+    HTTP 429): a decision still plans them, so they are asked for again, but counts nothing
+    freed by them and goes on to the next victim, as koordlet does with an eviction that fails."""
 
     samples: tuple[UsageSample, ...] = ()
     interval: float = 1.0
     recent_evictions: tuple[EvictionRecord, ...] = ()
+    refused_uids: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if len(self.samples) > MAX_SAMPLES:

@@ -26,7 +26,8 @@ Decision
     (upper% - satisfaction), computed on the window's average and on the latest sample; the
     smaller is released. Victims: priority ascending, then CPU usage / request descending, each
     freeing its batch-cpu request; pods without a batch-cpu request free nothing and are not
-    evicted.
+    evicted. A pod whose eviction was refused for now (``usage.refused_uids``) is planned again
+    but frees nothing, so the next victim is taken too.
 Outputs
     ``Plan.evict(uid, namespace, name, "BECPUEvict", reason)`` per victim, in eviction order.
 Leaves alone
@@ -214,5 +215,6 @@ def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usag
             f"BE CPU satisfaction {satisfaction:.2f} <= {lower}%, releasing {release}m of batch-cpu request "
             f"to reach {upper}%; the pod requests {c.request}m",
         )
-        freed += c.request
+        if c.pod.uid not in usage.refused_uids:
+            freed += c.request
     return plan

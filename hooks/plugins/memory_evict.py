@@ -17,7 +17,9 @@ Inputs
 Decision
     When ``int(used x 100 / total) >= threshold``, free ``total x (usage% - lower%) / 100``
     bytes: victims in the order priority ascending, memory used descending (pods without usage
-    last), name descending, each freeing its memory usage, until the amount is reached.
+    last), name descending, each freeing its memory usage, until the amount is reached. A pod
+    whose eviction was refused for now (``usage.refused_uids``: a PodDisruptionBudget) is
+    planned again but frees nothing, so the next victim is taken too.
 Outputs
     ``Plan.evict(uid, namespace, name, "BEMemoryEvict", reason)`` per victim, in eviction order;
     the usage loop hands them to its evictor (``runtime_proxy/loops/evict.py``).
@@ -113,7 +115,8 @@ def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usag
             f"node memory usage {percent}% >= threshold {cfg.memory_evict_threshold_percent}%, "
             f"releasing {need} bytes to reach {cfg.memory_evict_lower_percent}%; the pod uses {pod_used} bytes",
         )
-        freed += pod_used
+        if pod.uid not in usage.refused_uids:
+            freed += pod_used
     if freed < need:
         plan.skip(f"{FEATURE}: BE pods free {freed} of the {need} bytes needed")
     return plan

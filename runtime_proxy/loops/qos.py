@@ -18,7 +18,9 @@ set, with the store as ``UsageBackend``, the proxy's hook runner
 5. hands the plan's evictions to the ``Evictor`` (the Kubernetes Eviction API or the runtime;
    ``LoggingEvictor`` when none is configured), leaving out pods evicted within
    ``hooks.usage.EVICTION_MEMORY_SECONDS``; what was evicted is remembered and passed to the
-   decisions as ``Usage.recent_evictions`` (their cool-downs).
+   decisions as ``Usage.recent_evictions`` (their cool-downs), and the pods whose eviction was
+   refused for now as ``Usage.refused_uids`` (decisions ask for them again but go on to the next
+   victim).
 
 With ``dry_run`` the writes are compared and logged, not made, and the evictions are logged,
 not performed. A round that fails is logged and the loop goes on.
@@ -195,6 +197,9 @@ class UsageLoop:
         self.rounds = 0
         self.last_round: UsageRound | None = None
         self._evicted: deque[EvictionRecord] = deque(maxlen=MAX_EVICTION_RECORDS)
+        # uid -> when its eviction was last refused (``Usage.refused_uids``), until it is done,
+        # no longer planned for EVICTION_MEMORY_SECONDS, or MAX_EVICTION_RECORDS are held.
+        self._refused: dict[str, float] = {}
         self._background = Background()
 
     # -- one round -----------------------------------------------------------------------------
@@ -214,6 +219,8 @@ class UsageLoop:
     def _recent(self, now: float) -> tuple[EvictionRecord, ...]:
         while self._evicted and now - self._evicted[0].at > EVICTION_MEMORY_SECONDS:
             self._evicted.popleft()
+        for uid in [u for u, at in self._refused.items() if now - at > EVICTION_MEMORY_SECONDS]:
+            del self._refused[uid]
         return tuple(self._evicted)
 
     def _apply(self, plan: Plan) -> ApplyReport:
@@ -255,6 +262,11 @@ class UsageLoop:
             EVICTIONS.labels(r.eviction.feature, r.status).inc()
             if r.done:
                 self._evicted.append(EvictionRecord(r.eviction.uid, r.eviction.feature, at))
+                self._refused.pop(r.eviction.uid, None)
+            elif r.status == "refused" and (
+                r.eviction.uid in self._refused or len(self._refused) < MAX_EVICTION_RECORDS
+            ):
+                self._refused[r.eviction.uid] = at
         return results
 
     async def step(self) -> UsageRound:
@@ -267,7 +279,7 @@ class UsageLoop:
             node, out.sample = await asyncio.to_thread(self._sample, node, pods)
             if out.sample is None or not self.pipeline.has_work("ReconcileUsage"):
                 return out
-            usage = self.sampler.usage(self._recent(out.sample.at))
+            usage = self.sampler.usage(self._recent(out.sample.at), refused=self._refused)
             result = await self.pipeline.run_usage(node, pods, usage)
             out.plan = result.plan
             out.failures = [str(f) for f in result.failures]

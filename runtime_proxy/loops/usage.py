@@ -293,9 +293,11 @@ class UsageSampler:
     def samples(self) -> tuple[UsageSample, ...]:
         return tuple(self._samples)
 
-    def usage(self, recent_evictions: Sequence[EvictionRecord] = ()) -> Usage:
-        """The window as a ``hooks.usage.Usage``."""
-        return Usage(tuple(self._samples), interval=self.interval, recent_evictions=tuple(recent_evictions))
+    def usage(self, recent_evictions: Sequence[EvictionRecord] = (), refused: Iterable[str] = ()) -> Usage:
+        """The window as a ``hooks.usage.Usage`` (with the loop's eviction records and the pods
+        whose eviction was refused)."""
+        return Usage(tuple(self._samples), interval=self.interval, recent_evictions=tuple(recent_evictions),
+                     refused_uids=frozenset(refused))
 
     # -- files ---------------------------------------------------------------------------------
 

@@ -157,6 +157,15 @@ def test_release_is_the_smaller_of_the_window_average_and_the_latest_sample() ->
     assert "releasing 6600m" in plan.evictions[0].reason
 
 
+def test_a_refused_victim_is_asked_again_and_the_next_one_taken() -> None:
+    pods = [be("a", 4000, 1000), be("b", 4000, 2000)]
+    the_usage = window(pods, cpus=3, be_used=3000)
+    refused = Usage(samples=the_usage.samples, interval=1.0, refused_uids=frozenset({"uid-b"}))
+    plan = call(cpu_evict, "rhp_reconcile_usage", node=node(slo=SLO_ON), pods=tuple(p for p, _ in pods),
+                usage=refused)
+    assert [e.name for e in plan.evictions] == ["b", "a"]
+
+
 def test_an_invalid_window_evicts_nobody_and_says_why() -> None:
     pods = [be("a", 4000, 1000)]
     slo = {"resourceUsedThresholdWithBE": {**SLO_ON["resourceUsedThresholdWithBE"], "cpuEvictTimeWindowSeconds": 300}}

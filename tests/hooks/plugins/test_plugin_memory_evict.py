@@ -128,6 +128,15 @@ def test_cool_down_and_recent_evictions(records: tuple[EvictionRecord, ...], exp
     assert run([be("a", 1 * GiB), be("b", 5 * GiB)], 71 * GiB, at=100.0, evicted=records) == expected
 
 
+def test_a_refused_victim_is_asked_again_and_the_next_one_taken() -> None:
+    pods = [be("a", 1 * GiB), be("b", 5 * GiB), be("c", 3 * GiB)]
+    the_usage = usage(pods, 71 * GiB)
+    refused = Usage(samples=the_usage.samples, refused_uids=frozenset({"uid-b"}))
+    plan = call(memory_evict, "rhp_reconcile_usage", node=node(slo=SLO_ON), pods=tuple(p for p, _ in pods),
+                usage=refused)
+    assert [e.name for e in plan.evictions] == ["b", "c"]
+
+
 def test_reason_names_usage_threshold_and_amount() -> None:
     pods = [be("a", 3 * GiB)]
     plan = call(memory_evict, "rhp_reconcile_usage", node=node(slo=SLO_ON), pods=(pods[0][0],),

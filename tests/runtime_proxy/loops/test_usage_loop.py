@@ -215,6 +215,23 @@ async def test_evictions_that_did_not_happen_are_retried(tmp_path: Path, evictor
     assert len(evictor.calls) == 2
 
 
+async def test_a_refused_eviction_is_passed_to_the_decisions_until_it_is_done(tmp_path: Path) -> None:
+    evictor = RecordingEvictor(status="refused")
+    loop, stub, _, _, clock = make_loop(tmp_path, lambda n, p, u: Plan().evict("b1", "ns", "b1", "BEMemoryEvict", "x"),
+                                        evictor=evictor)
+    await two_rounds(loop, clock)
+    clock.now += 1
+    await loop.step()
+    assert stub.calls[-1][2].refused_uids == {"b1"}
+    assert stub.calls[-1][2].evicted_uids == frozenset(), "a refusal starts no cool-down"
+    evictor.status = "evicted"
+    clock.now += 1
+    await loop.step()
+    clock.now += 1
+    await loop.step()
+    assert stub.calls[-1][2].refused_uids == frozenset() and stub.calls[-1][2].evicted_uids == {"b1"}
+
+
 async def test_the_default_evictor_logs_and_performs_nothing(tmp_path: Path) -> None:
     loop, _, _, _, clock = make_loop(tmp_path, lambda n, p, u: Plan().evict("b1", "ns", "b1", "BECPUEvict", "low"))
     assert isinstance(loop.evictor, LoggingEvictor)
