@@ -142,7 +142,8 @@ class ProxyConfig(BaseModel):
             if not p.enabled:
                 continue
             if p.name not in registered:
-                raise ValueError(f"plugin {p.name!r} is configured but not installed (have: {registered})")
+                name = p.name if len(p.name) <= 100 else p.name[:97] + "..."
+                raise ValueError(f"plugin {name!r} is configured but not installed (have: {registered})")
             out.append((p.name, p.policy or self.defaultPolicy, p.timeout or self.defaultTimeout))
         return out
 

@@ -105,11 +105,20 @@ def test_the_node_daemonset_grants_only_what_the_node_part_needs(overlay: str) -
     assert host_paths <= {"/sys/fs/cgroup", "/var/run/nri", "/etc/runtime/hookserver.d", "/var/run/runtime-hook-proxy"}
     # fromCluster: the service account may read its Node, NodeSLO and NRT and write nothing.
     assert spec["serviceAccountName"] == "runtime-hook-proxy-node"
-    (role,) = kinds["ClusterRole"]
-    granted = {(group, res) for rule in role["rules"] for group in rule["apiGroups"] for res in rule["resources"]}
-    assert granted == {("", "nodes"), ("slo.koordinator.sh", "nodeslos"),
-                       ("topology.node.k8s.io", "noderesourcetopologies")}
-    assert all(set(rule["verbs"]) == {"get", "list", "watch"} for rule in role["rules"])
+    roles = {role["metadata"]["name"]: role for role in kinds["ClusterRole"]}
+    assert set(roles) == {"runtime-hook-proxy-node", "runtime-hook-proxy-node-evict"}
+
+    def granted(name: str) -> set[tuple[str, str, str]]:
+        return {(group, res, verb) for rule in roles[name]["rules"] for group in rule["apiGroups"]
+                for res in rule["resources"] for verb in rule["verbs"]}
+
+    assert granted("runtime-hook-proxy-node") == {
+        (group, res, verb) for group, res in (("", "nodes"), ("slo.koordinator.sh", "nodeslos"),
+                                              ("topology.node.k8s.io", "noderesourcetopologies"))
+        for verb in ("get", "list", "watch")
+    }
+    # evictBy: api only: an Eviction and an Event, nothing else written.
+    assert granted("runtime-hook-proxy-node-evict") == {("", "pods/eviction", "create"), ("", "events", "create")}
 
 
 def test_the_node_config_map_is_a_valid_config(tmp_path: Path) -> None:

@@ -341,7 +341,7 @@ def _settings(
     if plugins is not None:
         unknown = [name for name in plugins if name not in registered]
         if unknown:
-            raise PlanInputError(f"unknown plugins {unknown}; installed plugins are {registered}")
+            raise PlanInputError(f"unknown plugins {_short(unknown)}; installed plugins are {registered}")
         entries = {p.name: p for p in config.plugins or ()}
         config = config.model_copy(update={"plugins": [
             entries[name].model_copy(update={"enabled": True}) if name in entries else PluginConfig(name=name)
