@@ -18,7 +18,11 @@ from koord_formats.topology import CPUTopology, format_cpu_topology
 from scheduler_ext.extender import ExtenderConfig, evaluate, needs
 from scheduler_ext.pods import parse_pod
 from scheduler_ext.state import ClusterState, load_objects
+from scheduler_ext.topology import synthetic_topology
 from tests.scheduler_ext.builders import TOPO_NO_SMT, TOPO_SMALL, node, nrt, pod
+
+# two sockets, one NUMA node each, 26 cores x 2 threads: NUMA 0 = 0-25,52-77, NUMA 1 = 26-51,78-103
+TOPO_104 = synthetic_topology(2, 1, 26, 2)
 
 OK = "ok"
 UNSCHEDULABLE = "Unschedulable"
@@ -130,6 +134,36 @@ CASES = [
     Case("Restricted with no NUMA set able to hold the pod is unsatisfied",
          {"cpu": "10", "numa_policy": "Restricted"}, UNSCHEDULABLE, "Unsatisfied NUMA cpu",
          taken=("0-3", "4-7")),
+    Case("104 CPUs: a full node is Unschedulable",
+         {"cpu": "2"}, UNSCHEDULABLE, "not enough cpus available to satisfy request", topo=TOPO_104,
+         taken=("0-103",)),
+    Case("104 CPUs: required FullPCPUs fits in the last two whole cores",
+         {"cpu": "4", "resource_spec": {"requiredCPUBindPolicy": "FullPCPUs"}}, OK, topo=TOPO_104,
+         taken=("0-49,52-101",), bind=("FullPCPUs", True)),
+    Case("104 CPUs: required FullPCPUs is refused when every free CPU is half a core",
+         {"cpu": "2", "resource_spec": {"requiredCPUBindPolicy": "FullPCPUs"}}, UNSCHEDULABLE,
+         "not enough cpus available to satisfy request", topo=TOPO_104, taken=("0-51",)),
+    Case("104 CPUs: preferred FullPCPUs takes the half cores that are left",
+         {"cpu": "8"}, OK, topo=TOPO_104, taken=("0-51",), bind=("FullPCPUs", False)),
+    Case("104 CPUs: required SpreadByPCPUs needs as many cores with a free thread",
+         {"cpu": "45", "resource_spec": {"requiredCPUBindPolicy": "SpreadByPCPUs"}}, UNSCHEDULABLE,
+         "not enough cpus available to satisfy request", topo=TOPO_104, taken=("0-25,52-60",)),
+    Case("104 CPUs: preferred SpreadByPCPUs may double threads for the same request",
+         {"cpu": "45", "resource_spec": {"preferredCPUBindPolicy": "SpreadByPCPUs"}}, OK, topo=TOPO_104,
+         taken=("0-25,52-60",), bind=("SpreadByPCPUs", False)),
+    Case("104 CPUs: required FullPCPUs on a SMT node needs an even count",
+         {"cpu": "5", "resource_spec": {"requiredCPUBindPolicy": "FullPCPUs"}}, UNRESOLVABLE,
+         "node(s) requested cpus not multiple cpus per core", topo=TOPO_104),
+    Case("104 CPUs: SingleNUMANode fits in the NUMA node that still has room",
+         {"cpu": "40", "numa_policy": "SingleNUMANode"}, OK, topo=TOPO_104, taken=("0-9",)),
+    Case("104 CPUs: SingleNUMANode larger than any NUMA node's free CPUs is not aligned",
+         {"cpu": "50", "numa_policy": "SingleNUMANode"}, UNSCHEDULABLE,
+         "Unaligned NUMA Hint cause cpu prefer [11] among [11]", topo=TOPO_104, taken=("0-9", "26-35")),
+    Case("104 CPUs: Restricted spans both NUMA nodes when neither holds the pod",
+         {"cpu": "80", "numa_policy": "Restricted"}, OK, topo=TOPO_104, taken=("0-9",)),
+    Case("104 CPUs: Restricted with fewer free CPUs than asked is unsatisfied",
+         {"cpu": "90", "numa_policy": "Restricted"}, UNSCHEDULABLE, "Unsatisfied NUMA cpu", topo=TOPO_104,
+         taken=("0-9", "26-35")),
     Case("an unknown preferredCPUBindPolicy is refused, naming it (Koordinator ignores it)",
          {"cpu": "2", "resource_spec": {"preferredCPUBindPolicy": "Fastest"}}, UNRESOLVABLE,
          "invalid pod request: resource-spec: unknown preferredCPUBindPolicy 'Fastest'"),
