@@ -333,6 +333,46 @@ def test_rounds_that_write_nothing(the_node: NodeFacts, usage: Usage, reason: st
     assert plan.writes == [] and plan.skipped
 
 
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        pytest.param({"node.koordinator.sh/system-qos-resource": '{"cpuset": "0-"}'},
+                     id="a malformed system-qos cpuset stops the round"),
+        pytest.param({"kubelet.koordinator.sh/cpu-manager-policy": "[" * 5000},
+                     id="a deeply nested kubelet policy stops the round"),
+        pytest.param({"node.koordinator.sh/reservation": json.dumps({"reservedCPUs": "0-99999999"})},
+                     id="a reservation naming millions of CPUs stops the round"),
+        pytest.param({"node.koordinator.sh/reservation": json.dumps({"resources": {"cpu": "1e999999"}})},
+                     id="a reservation with a huge exponent stops the round"),
+    ],
+)
+def test_hostile_node_annotations_stop_the_round_with_a_skip(annotations: dict[str, str]) -> None:
+    decision, plan = decide(node(annotations=annotations, slo=slo("cfsQuota")), (LS, BE), Usage((sample(),)))
+    assert decision.reason == "bad node annotation"
+    assert plan.writes == [] and plan.skipped
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(pod("LSR", uid="lsr-bad", annotations={"scheduling.koordinator.sh/resource-status": "{"}),
+                     id="an LSR pod with a malformed resource-status is left out of the split"),
+        pytest.param(pod("LSE", uid="lse-bad", annotations={
+            "scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "0-" + "9" * 5000})}),
+                     id="an LSE pod with an absurd cpuset costs only itself"),
+        pytest.param(pod("BE", uid="be-bad", parent="/kubepods/besteffort/../../etc", containers=(container(cid="x"),)),
+                     id="a BE pod whose cgroup parent leaves the root gets no write"),
+    ],
+)
+def test_hostile_pods_cost_only_themselves(bad: PodFacts) -> None:
+    usage = Usage((sample(6000, {"ls-1": 3000}, cpuset="2-5,10-13"),))
+    good, good_plan = decide(prepared_node(), (LS, LSE, LSR, BE), usage)
+    decision, plan = decide(prepared_node(), (LS, LSE, LSR, BE, bad), usage)
+    assert decision.cpuset == good.cpuset
+    assert all(".." not in w.path and "etc" not in w.path for w in plan.writes)
+    assert {w.path for w in plan.writes} == {w.path for w in good_plan.writes}
+
+
 def test_hook_returns_the_plan_of_decide() -> None:
     usage = Usage((sample(6000, {"ls-1": 3000}),))
     plan = cpu_suppress.rhp_reconcile_usage(node=node(slo=slo("cfsQuota")), pods=(LS, BE), usage=usage)
