@@ -33,8 +33,9 @@ Composition with CPU burst
     When the pod's cfsQuotaBurst is on, the burst loop scales the container and pod quotas
     above the normalized base; the reconcile stages then write quotas only when the base
     itself changes (the runtime's quota differs from the target), so they never undo the
-    loop's scaling. With cfsQuotaBurst off, and whenever the ratio is above 1, the quotas are
-    kept at their targets every round.
+    loop's scaling. With cfsQuotaBurst off and a ratio above 1, the quotas are kept at their
+    targets every round (a quota changed by hand is repaired); with the ratio off, only a
+    quota this plugin had divided is given back its original.
 Order
     After ``cpuset`` (which unsets the quota of bound pods; those are never normalized, so the
     two never claim the same field) and ``batch_resource`` (BE batch quotas, divided by the same
