@@ -57,12 +57,16 @@ def _short_rpc(value: object) -> str | None:
 
 
 def shorten_rpc_errors(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
-    for key, value in list(event_dict.items()):
-        if key in ("event", "exc_info"):
-            continue
-        short = _short_rpc(value)
-        if short is not None:
-            event_dict[key] = short
+    changed: dict[str, str] = {}
+    for key, value in event_dict.items():
+        # Only exceptions and texts that start like a gRPC error's repr are looked at closely.
+        if (isinstance(value, BaseException) or (isinstance(value, str) and value[:1] == "<")) and key not in (
+                "event", "exc_info"):
+            short = _short_rpc(value)
+            if short is not None:
+                changed[key] = short
+    if changed:
+        event_dict.update(changed)
     return event_dict
 
 
