@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
@@ -62,6 +62,7 @@ __all__ = [
 FAILED_PRECONDITION = 9
 MAX_DEFERRED = 4096
 MAX_QUEUED = 4096
+SETTLE_WAIT = 0.5
 E = nri_pb2.Event
 
 # Events the store needs whatever the plugins do: pods and containers arriving, changing,
@@ -200,6 +201,11 @@ def _files_only(plan: Plan) -> Plan:
     return Plan(writes=list(plan.writes), moves=list(plan.moves), removals=list(plan.removals))
 
 
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("reconcile before a reply failed", error=str(task.exception()))
+
+
 class NriEngine:
     """Implements ``runtime_proxy.nri.plugin.Events`` over a ``Pipeline`` and an applier."""
 
@@ -235,6 +241,13 @@ class NriEngine:
         self.on_store_change = on_store_change
         self._notified_version = -1
         self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] = ({}, frozenset())
+        # Set when the share pools' input changed; ``settle`` (the reconciler's round, set by
+        # the composition root) then runs before the next reply that can carry updates.
+        self.pools_dirty = False
+        self.settle: Callable[[], Awaitable[Any]] | None = None
+        # Container id -> resource changes the loops want, sent in the next reply that can
+        # carry container updates (CreateContainer, UpdateContainer, StopContainer).
+        self.pending_updates: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -260,6 +273,7 @@ class NriEngine:
         except Exception:
             log.exception("bound cpusets not recomputed")
             changed = True
+        self.pools_dirty = self.pools_dirty or changed
         self.on_store_change(changed)
 
     def node(self) -> NodeFacts:
@@ -357,6 +371,48 @@ class NriEngine:
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
 
+    # -- container updates from the loops ----------------------------------------------------
+
+    def queue_update(self, container_id: str, changes: Mapping[str, Any]) -> None:
+        """Keep ``changes`` for the next reply that can carry container updates (later changes
+        of the same field win)."""
+        merged = self.pending_updates.pop(container_id, {})
+        merged.update(changes)
+        self.pending_updates[container_id] = merged
+        while len(self.pending_updates) > MAX_DEFERRED:
+            dropped, _ = self.pending_updates.popitem(last=False)
+            log.warning("pending container update dropped (too many pending)", container=dropped)
+
+    async def _settled(self) -> None:
+        """Run ``settle`` when the share pools' input changed since it last ran, waiting for it
+        at most ``SETTLE_WAIT`` seconds (it goes on in the background; what it finds later goes
+        in a later reply)."""
+        if self.pools_dirty and self.settle is not None and not self.dry_run:
+            self.pools_dirty = False
+            task = asyncio.ensure_future(self.settle())
+            task.add_done_callback(_log_failure)
+            await asyncio.wait({task}, timeout=SETTLE_WAIT)
+
+    def _take_updates(self, skip: str = "") -> list[Any]:
+        """The pending updates as ``ContainerUpdate``s (``ignore_failure``: a container that is
+        gone or cannot take it is only logged by the runtime), recorded in the store as sent."""
+        updates: list[Any] = []
+        pending, self.pending_updates = self.pending_updates, OrderedDict()
+        for container_id, changes in pending.items():
+            if container_id == skip or container_id in self.stopped:
+                continue
+            res, skipped = linux_resources(changes)
+            if not res.ListFields():
+                continue
+            update = nri_pb2.ContainerUpdate(container_id=container_id, ignore_failure=True)
+            update.linux.resources.CopyFrom(res)
+            updates.append(update)
+            found, sandbox_id = self.store.container(container_id), self.store.sandbox_of(container_id)
+            if found is not None and sandbox_id is not None:
+                sent = {k: v for k, v in changes.items() if k not in skipped}
+                self.store.put_container(sandbox_id, found[1].replace(resources=found[1].resources.with_changes(sent)))
+        return updates
+
     # -- Events --------------------------------------------------------------------------------
 
     async def configure(self, request: Any) -> None:
@@ -367,6 +423,7 @@ class NriEngine:
 
     async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
         await self.drain()
+        self.pending_updates.clear()  # every running container is reconciled here anyway
         result = await self._synchronize(pods, containers)
         await self._notify()
         return result
@@ -417,7 +474,10 @@ class NriEngine:
 
     async def create_container(self, pod: Any, container: Any) -> Any:
         await self.drain()
+        await self._settled()
         result = await self._create_container(pod, container)
+        if not self.dry_run:
+            result.update.extend(self._take_updates(skip=container.id))
         await self._notify()
         return result
 
@@ -450,7 +510,10 @@ class NriEngine:
 
     async def update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
         await self.drain()
+        await self._settled()
         result = await self._update_container(pod, container, resources)
+        if not self.dry_run:
+            result = [*result, *self._take_updates(skip=container.id)]
         await self._notify()
         return result
 
@@ -483,7 +546,7 @@ class NriEngine:
 
     async def stop_container(self, pod: Any, container: Any) -> list[Any]:
         await self._later(self._state_change, E.STOP_CONTAINER, pod, container)
-        return []
+        return [] if self.dry_run else self._take_updates(skip=container.id)
 
     async def state_change(self, event: int, pod: Any, container: Any | None) -> None:
         await self._later(self._state_change, event, pod, container)

@@ -1,11 +1,17 @@
-"""What the periodic loops (``runtime_proxy.wiring.loops``: the reconciler and the CPU burst
-loop) see of NRI mode: the engine's store and node facts, and container updates sent to the
-runtime as unsolicited ``UpdateContainers`` calls on the current session.
+"""What the periodic loops (``runtime_proxy.wiring.loops``: the reconciler, the CPU burst loop,
+the usage loop) see of NRI mode: the engine's store and node facts, and container updates.
 
-The loops run in their own tasks, never inside an NRI handler: the runtime holds its NRI lock
-while it waits for a handler's reply, and takes the same lock for an unsolicited update, so an
-update sent from a handler would wait for itself (``NriConnection.call`` refuses that). From a
-loop the call simply waits until the event in progress is answered.
+Container updates are kept by the engine and sent in the next reply that can carry them
+(CreateContainer, UpdateContainer, StopContainer; ``NriEngine.queue_update``); when the share
+pools' input changed, the reconciler runs before that reply, so an LSR pod's own
+CreateContainer reply moves the running LS containers off its CPUs.
+
+With ``unsolicited`` they are sent at once as unsolicited ``UpdateContainers`` calls instead.
+containerd 2.1 and 1.7 take their NRI lock and the NRI adaptation's lock in opposite orders for
+such a call and for a CRI event, so the two can deadlock (containerd/containerd#13733, fixed in
+containerd/nri#301); seen here once as a CreateContainer that never returned. Use it only on a
+runtime with that fix. The loops run in their own tasks, never inside an NRI handler
+(``NriConnection.call`` refuses that).
 """
 
 from __future__ import annotations
@@ -34,10 +40,12 @@ class NriBackend:
     """``runtime_proxy.loops.reconciler.ReconcileBackend`` (and the burst loop's backend) over an
     ``NriEngine`` and the plugin whose session carries the updates."""
 
-    def __init__(self, engine: NriEngine, plugin: HasConnection, *, timeout: float | None = None) -> None:
+    def __init__(self, engine: NriEngine, plugin: HasConnection, *, timeout: float | None = None,
+                 unsolicited: bool = False) -> None:
         self.engine = engine
         self.plugin = plugin
         self.timeout = timeout
+        self.unsolicited = unsolicited
 
     def node(self) -> NodeFacts:
         return self.engine.node()
@@ -51,10 +59,14 @@ class NriBackend:
         return [(pod, c) for pod, c in self.engine.store.containers() if c.id not in stopped]
 
     async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
-        """Send ``changes`` (CRI field names) as one unsolicited ``ContainerUpdate`` naming the
-        container; record them in the store once the runtime accepted them. Raises
-        ``ConnectionError`` without a session, ``UpdateRefused`` when the runtime lists the
-        update as failed, ``RpcError`` or ``TimeoutError`` from the call."""
+        """Keep ``changes`` (CRI field names) for the engine's next reply; with ``unsolicited``,
+        send them as one unsolicited ``ContainerUpdate`` naming the container and record them in
+        the store once the runtime accepted them (raises ``ConnectionError`` without a session,
+        ``UpdateRefused`` when the runtime lists the update as failed, ``RpcError`` or
+        ``TimeoutError`` from the call)."""
+        if not self.unsolicited:
+            self.engine.queue_update(container_id, changes)
+            return
         connection = self.plugin.connection
         if connection is None or connection.closed.is_set():
             raise ConnectionError("no NRI session to send the update on")

@@ -51,6 +51,7 @@ class NriOptions:
     extra_plugins: tuple[object, ...] = ()
     builtins: tuple[str, ...] | None = None
     reconcile: bool = True
+    unsolicited_updates: bool = False
 
 
 @dataclass
@@ -80,6 +81,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--cgroup-root", help="cgroup filesystem root (default /sys/fs/cgroup)")
     p.add_argument("--cgroup-driver", choices=("cgroupfs", "systemd"), help="kubelet's cgroup driver")
     p.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
+    p.add_argument("--unsolicited-updates", action="store_true",
+                   help="send the loops' container updates at once (UpdateContainers) instead of in the next "
+                        "reply; only on a runtime whose NRI has the lock-order fix (containerd/nri#301)")
     return p
 
 
@@ -106,7 +110,8 @@ def main_from_args(args: argparse.Namespace) -> int:
         return 2
     socket_path = args.nri_socket.removeprefix("unix://")
     opts = NriOptions(socket=socket_path, identity=identity, config=cfg, dry_run=args.dry_run,
-                      metrics_addr=args.metrics_addr, entry_points=not args.no_entry_points)
+                      metrics_addr=args.metrics_addr, entry_points=not args.no_entry_points,
+                      unsolicited_updates=args.unsolicited_updates)
     asyncio.run(run(opts))
     return 0
 
@@ -165,10 +170,14 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     loops = None
     if opts.reconcile:
         # The loops start once the first Synchronize has filled the store.
-        loops = wiring.loops(opts.config, NriBackend(engine, plugin), pm=parts.pm, pipeline=parts.pipeline,
+        backend = NriBackend(engine, plugin, unsolicited=opts.unsolicited_updates)
+        loops = wiring.loops(opts.config, backend, pm=parts.pm, pipeline=parts.pipeline,
                              applier=parts.applier, node_source=node_watch, ready=plugin.synchronized,
                              dry_run=engine.dry_run)
         engine.on_store_change = loops.store_changed
+        if not opts.unsolicited_updates:
+            reconciler = loops.reconciler
+            engine.settle = lambda: reconciler.reconcile_once("pools")
     log.info("NRI plugin starting", socket=opts.socket, name=opts.identity.name, idx=opts.identity.idx,
              dry_run=engine.dry_run)
     try:

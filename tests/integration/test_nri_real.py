@@ -247,9 +247,11 @@ def test_pods_keep_starting_while_the_plugin_hangs(containerd: ContainerdEnv, nr
 def test_ls_pod_gets_the_share_pool_and_follows_it_when_an_lsr_pod_arrives_and_leaves(
     containerd: ContainerdEnv, tmp_path: Path
 ) -> None:
-    """The running LS container shrinks off the LSR pod's CPU and grows back through the
-    reconciler's unsolicited UpdateContainers (containerd itself then reports the new cpuset);
-    the LSR container is bound to its CPU."""
+    """The running LS container shrinks off the LSR pod's CPU with the LSR container's own
+    CreateContainer reply, and grows back with the next reply that can carry updates after the
+    LSR pod left (here: the next pod's CreateContainer); containerd itself then reports the new
+    cpuset. No unsolicited UpdateContainers: on these containerd versions it can deadlock
+    containerd (see ``runtime_proxy/nri/backend.py``)."""
     if len(TOPO.cpus) < 2 or TOPO.numa_nodes != (0,):
         pytest.skip(f"needs 2+ CPUs on one NUMA node 0; this machine has {ALL_CPUS} on {TOPO.numa_nodes}")
     node_file = q.write_node_config(tmp_path / "node.json")
@@ -257,9 +259,14 @@ def test_ls_pod_gets_the_share_pool_and_follows_it_when_an_lsr_pod_arrives_and_l
     plugin.start()
     try:
         client = containerd.cri_client()
-        ls_parent = containerd.new_cgroup_parent("burstable")
-        ls = client.run_pod(cgroup_parent=ls_parent, labels={q.LABEL_QOS: "LS"})
-        ls_cid = client.run_container(ls, name="ls-app", resources=linux_resources(cpu_shares=512, cpu_quota=100_000))
+
+        def run_ls() -> tuple[str, str]:
+            parent = containerd.new_cgroup_parent("burstable")
+            pod = client.run_pod(cgroup_parent=parent, labels={q.LABEL_QOS: "LS"})
+            return parent, client.run_container(pod, name="ls-app",
+                                                resources=linux_resources(cpu_shares=512, cpu_quota=100_000))
+
+        ls_parent, ls_cid = run_ls()
 
         def ls_cpus() -> str:
             return q.read_container_file(ls_parent, ls_cid, "cpuset.cpus")
@@ -270,11 +277,13 @@ def test_ls_pod_gets_the_share_pool_and_follows_it_when_an_lsr_pod_arrives_and_l
         assert ls_cpus() == ALL_CPUS
         lsr_parent, lsr, lsr_cid = _lsr_pod(containerd, LSR_CPU)
         assert q.read_container_file(lsr_parent, lsr_cid, "cpuset.cpus") == LSR_CPU
-        q.wait_for(ls_cpus, LS_POOL_WITH_LSR, what="LS cpuset after the LSR pod arrived")
+        q.wait_for(ls_cpus, LS_POOL_WITH_LSR, what="LS cpuset after the LSR pod arrived", timeout=5.0)
         q.wait_for(reported, LS_POOL_WITH_LSR, what="containerd's record of the LS cpuset", timeout=5.0)
         assert q.read_container_file(ls_parent, ls_cid, "cpu.cfs_quota_us") == "100000"
         client.remove_pod(lsr)
-        q.wait_for(ls_cpus, ALL_CPUS, what="LS cpuset after the LSR pod left")
+        next_parent, next_cid = run_ls()
+        assert q.read_container_file(next_parent, next_cid, "cpuset.cpus") == ALL_CPUS
+        q.wait_for(ls_cpus, ALL_CPUS, what="LS cpuset after the LSR pod left", timeout=5.0)
         q.wait_for(reported, ALL_CPUS, what="containerd's record of the LS cpuset", timeout=5.0)
         assert plugin.proc is not None and plugin.proc.poll() is None
     finally:

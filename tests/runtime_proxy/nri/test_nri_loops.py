@@ -1,7 +1,8 @@
-"""The periodic loops in NRI mode: container updates leave as unsolicited ``UpdateContainers``
-calls outside every handler, the engine tells the reconciler when the share pools' input
-changed, and ``runtime-proxy nri`` runs the reconciler so that a running LS container follows
-the share pool when an LSR pod arrives and leaves (against the fake runtime)."""
+"""The periodic loops in NRI mode: container updates go in the next reply that can carry them
+(or, opted in, as unsolicited ``UpdateContainers`` calls outside every handler), the engine
+tells the reconciler when the share pools' input changed, and ``runtime-proxy nri`` runs the
+reconciler so that a running LS container follows the share pool when an LSR pod arrives and
+leaves (against the fake runtime)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from cri_protos import nri_pb2
 from hooks.facts import format_cpu_list
+from hooks.manager import make_plugin_manager
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.nri.adapter import NriEngine
@@ -81,7 +83,8 @@ async def test_an_update_leaves_as_unsolicited_update_containers_naming_the_cont
     runtime: FakeRuntime, engine_session: tuple[NriEngine, NriPlugin, Session]
 ) -> None:
     engine, plugin, session = engine_session
-    await NriBackend(engine, plugin).update_container_resources("c1", {"cpuset_cpus": "1", "cpu_shares": 2})
+    await NriBackend(engine, plugin, unsolicited=True).update_container_resources(
+        "c1", {"cpuset_cpus": "1", "cpu_shares": 2})
     [request] = session.update_requests
     [update] = request.update
     assert (update.container_id, update.linux.resources.cpu.cpus, update.linux.resources.cpu.shares.value) == (
@@ -96,7 +99,7 @@ async def test_an_update_the_runtime_lists_as_failed_raises_and_is_not_recorded(
     engine, plugin, _ = engine_session
     runtime.refuse_updates = True
     with pytest.raises(UpdateRefused):
-        await NriBackend(engine, plugin).update_container_resources("c1", {"cpuset_cpus": "1"})
+        await NriBackend(engine, plugin, unsolicited=True).update_container_resources("c1", {"cpuset_cpus": "1"})
     found = engine.store.container("c1")
     assert found is not None and found[1].resources.cpuset_cpus == "0"
 
@@ -106,7 +109,27 @@ async def test_without_a_session_an_update_is_a_connection_error() -> None:
         connection = None
 
     with pytest.raises(ConnectionError):
-        await NriBackend(NriEngine(Pipeline([])), NoSession()).update_container_resources("c1", {"cpu_shares": 2})
+        await NriBackend(NriEngine(Pipeline([])), NoSession(), unsolicited=True).update_container_resources(
+            "c1", {"cpu_shares": 2})
+
+
+async def test_by_default_an_update_waits_for_the_next_reply_that_can_carry_it(
+    runtime: FakeRuntime, engine_session: tuple[NriEngine, NriPlugin, Session]
+) -> None:
+    engine, plugin, session = engine_session
+    await NriBackend(engine, plugin).update_container_resources("c1", {"cpuset_cpus": "1"})
+    await NriBackend(engine, plugin).update_container_resources("c1", {"cpu_shares": 2})
+    assert session.update_requests == []  # nothing sent on its own
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+        pod=_pod("ls"), container=_container("c3", "ls", "0")))
+    [update] = nri_pb2.CreateContainerResponse.FromString(reply.payload).update
+    assert (update.container_id, update.linux.resources.cpu.cpus, update.linux.resources.cpu.shares.value,
+            update.ignore_failure) == ("c1", "1", 2, True)
+    found = engine.store.container("c1")
+    assert found is not None and found[1].resources.cpuset_cpus == "1"
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+        pod=_pod("ls"), container=_container("c4", "ls", "0")))
+    assert not nri_pb2.CreateContainerResponse.FromString(reply.payload).update  # sent once
 
 
 async def test_the_loops_see_only_containers_the_runtime_has_not_stopped(
@@ -151,18 +174,43 @@ async def test_a_running_ls_container_follows_the_share_pool_when_an_lsr_pod_arr
             pods=[_pod("ls")], containers=[_container("c1", "ls", ALL_CPUS)]))
         assert not reply.HasField("status")
 
-        async def next_cpus() -> str:
-            await asyncio.wait_for(runtime.updated.wait(), 10)
-            runtime.updated.clear()
-            [update] = session.update_requests.pop().update
-            assert update.container_id == "c1"
-            return str(update.linux.resources.cpu.cpus)
-
         lsr = _pod("lsr", qos="LSR", cpuset=LSR_CPU)
         await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=lsr))
-        assert await next_cpus() == LS_POOL_WITH_LSR
+        # The LSR pod's own create carries the LS container's new cpuset.
+        reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+            pod=lsr, container=_container("c2", "lsr", ALL_CPUS)))
+        created = nri_pb2.CreateContainerResponse.FromString(reply.payload)
+        assert created.adjust.linux.resources.cpu.cpus == LSR_CPU
+        assert [(u.container_id, u.linux.resources.cpu.cpus) for u in created.update] == [("c1", LS_POOL_WITH_LSR)]
+        await session.call("StateChange", nri_pb2.StateChangeEvent(
+            event=E.REMOVE_CONTAINER, pod=lsr, container=_container("c2", "lsr", LSR_CPU)))
         await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.REMOVE_POD_SANDBOX, pod=lsr))
-        assert await next_cpus() == ALL_CPUS
+        # The next reply that can carry updates gives the pool back.
+        reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+            pod=_pod("ls"), container=_container("c3", "ls", ALL_CPUS)))
+        created = nri_pb2.CreateContainerResponse.FromString(reply.payload)
+        assert [(u.container_id, u.linux.resources.cpu.cpus) for u in created.update] == [("c1", ALL_CPUS)]
+        assert session.update_requests == []  # never an unsolicited call
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+async def test_nri_mode_gets_the_usage_loop_from_the_same_wiring_when_the_config_enables_it(tmp_path: Path) -> None:
+    from runtime_proxy import wiring
+
+    config = ProxyConfig(cgroupRoot=str(tmp_path / "cgroup"), usageLoop={"enable": True})  # type: ignore[arg-type]
+    pm = make_plugin_manager(builtins=(), entry_points=False)
+    engine = NriEngine(Pipeline([]))
+
+    class NoSession:
+        connection = None
+
+    node_source, _ = wiring.node_source(config)
+    ready = asyncio.Event()
+    loops = wiring.loops(config, NriBackend(engine, NoSession()), pm=pm, pipeline=engine.pipeline,
+                         applier=wiring.applier(config), node_source=node_source, ready=ready)
+    try:
+        assert loops.usage is not None and isinstance(loops.usage.backend, NriBackend)
+    finally:
+        await loops.stop()
