@@ -33,9 +33,9 @@ from scheduler_ext.topology import synthetic_topology
 from tests.scheduler_ext.builders import device, node, nrt, pod
 
 CFG = ExtenderConfig()
-# SCHED_EXAMPLES=2000 for a deeper run; the default keeps the suite fast
+# SCHED_EXAMPLES=2000 for a deeper run; 500 by default, as every placement property test
 SETTINGS = settings(
-    max_examples=int(os.environ.get("SCHED_EXAMPLES", "80")),
+    max_examples=int(os.environ.get("SCHED_EXAMPLES", "500")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
