@@ -14,7 +14,10 @@ set, with the store as ``UsageBackend``, the proxy's hook runner
 4. applies the plan's writes with ``runtime_proxy.host.apply.apply_files(ordered=True)``: in
    plan order, because the decisions sequence their own leveled writes (CPU suppress writes a
    cpuset union top-down, then the target bottom-up); a directory that is gone is skipped, and
-   one failed write does not stop the others;
+   one failed write does not stop the others. As Koordinator's resource executor does, a write
+   of the value this loop wrote or found in that file less than ``WRITE_CACHE_SECONDS`` ago is
+   left out (decisions repeat their whole target every round; a file changed by hand is put
+   back within that time);
 5. hands the plan's evictions to the ``Evictor`` (the Kubernetes Eviction API or the runtime;
    ``LoggingEvictor`` when none is configured), leaving out pods evicted within
    ``hooks.usage.EVICTION_MEMORY_SECONDS``; what was evicted is remembered and passed to the
@@ -85,6 +88,9 @@ EVICTIONS = Counter(
 
 # Evictions remembered at most (far more than any node evicts in EVICTION_MEMORY_SECONDS).
 MAX_EVICTION_RECORDS = 1024
+# A file this loop wrote (or found holding the value) is not written the same value again
+# within this time (Koordinator's cached cgroup writes: 60 s).
+WRITE_CACHE_SECONDS = 60.0
 
 
 class UsageBackend(Protocol):
@@ -200,6 +206,8 @@ class UsageLoop:
         # uid -> when its eviction was last refused (``Usage.refused_uids``), until it is done,
         # no longer planned for EVICTION_MEMORY_SECONDS, or MAX_EVICTION_RECORDS are held.
         self._refused: dict[str, float] = {}
+        # (level, path, file) -> (value, when it was last written or found so).
+        self._written: dict[tuple[str, str, str], tuple[str, float]] = {}
         self._background = Background()
 
     # -- one round -----------------------------------------------------------------------------
@@ -223,10 +231,27 @@ class UsageLoop:
             del self._refused[uid]
         return tuple(self._evicted)
 
-    def _apply(self, plan: Plan) -> ApplyReport:
+    def _uncached(self, plan: Plan, now: float) -> Plan:
+        """``plan`` without the writes the write cache says are already in place."""
+        self._written = {k: v for k, v in self._written.items() if now - v[1] < WRITE_CACHE_SECONDS}
+        writes = [w for w in plan.writes if self._written.get(w.key, ("", 0.0))[0] != w.value]
+        return Plan(writes=writes, moves=plan.moves, removals=plan.removals)
+
+    def _apply(self, plan: Plan, now: float) -> ApplyReport:
         report = apply_files(
-            plan, cgroups=self.cgroups, dry_run=self.dry_run, atomic=False, missing_ok=True, ordered=True
+            self._uncached(plan, now),
+            cgroups=self.cgroups,
+            dry_run=self.dry_run,
+            atomic=False,
+            missing_ok=True,
+            ordered=True,
         )
+        if not self.dry_run:
+            for w, result in report.results:
+                if result.status in ("written", "unchanged"):
+                    self._written[w.key] = (w.value, now)
+            for w in report.missing:
+                self._written.pop(w.key, None)
         for w in report.changed:
             log.info(
                 "usage write" if not self.dry_run else "usage write (dry run)",
@@ -284,7 +309,7 @@ class UsageLoop:
             out.plan = result.plan
             out.failures = [str(f) for f in result.failures]
             if result.plan.writes:
-                out.applied = await asyncio.to_thread(self._apply, result.plan)
+                out.applied = await asyncio.to_thread(self._apply, result.plan, out.sample.at)
             if result.plan.evictions:
                 out.evictions = await self._evict(result.plan.evictions, out.sample.at)
             if SUPPRESS_PLUGIN in result.ran and not any(f.step == SUPPRESS_PLUGIN for f in result.failures):

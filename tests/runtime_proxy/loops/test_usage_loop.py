@@ -280,3 +280,27 @@ async def test_the_loop_runs_rounds_until_stopped(tmp_path: Path) -> None:
     stopped = loop.rounds
     await asyncio.sleep(0.05)
     assert loop.rounds == stopped
+
+
+async def test_a_write_already_in_place_is_not_repeated_within_the_cache_time(tmp_path: Path) -> None:
+    target = ["20000"]
+
+    def quota(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
+        return Plan().write("kubeqos", BE, "cpu.cfs_quota_us", target[0])
+
+    loop, _, _, tree, clock = make_loop(tmp_path, quota)
+    cgroups: RecordingCgroups = loop.cgroups  # type: ignore[assignment]
+    await two_rounds(loop, clock)
+    assert len(cgroups.order) == 1
+    clock.now += 1
+    await loop.step()
+    assert len(cgroups.order) == 1, "the same value again is left out"
+    target[0] = "30000"
+    clock.now += 1
+    await loop.step()
+    assert cgroups.order[-1] == (BE, "cpu.cfs_quota_us", "30000")
+    (tree.root / "cpu" / BE / "cpu.cfs_quota_us").write_text("-1\n")
+    clock.now += 61
+    await loop.step()
+    assert (tree.root / "cpu" / BE / "cpu.cfs_quota_us").read_text().strip() == "30000", \
+        "a file changed by hand is put back once the cache time is over"
