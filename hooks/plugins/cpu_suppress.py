@@ -377,11 +377,14 @@ def cpuset_writes(
     differs from the union. ``targets`` maps depth to cpuset and must not grow with depth;
     ``current`` is the BE kube-QoS dir's cpuset, a superset of every dir below it."""
     ordered = sorted(dirs, key=lambda d: d.depth)
+    # A few distinct values for many dirs: format each once.
+    union = {depth: format_cpu_list(current | target) for depth, target in targets.items()}
+    final = {depth: format_cpu_list(target) for depth, target in targets.items() if target != current | target}
     for d in ordered:
-        plan.write(d.level, d.path, CPUSET_FILE, format_cpu_list(current | targets[d.depth]))
+        plan.write(d.level, d.path, CPUSET_FILE, union[d.depth])
     for d in reversed(ordered):
-        if targets[d.depth] != current | targets[d.depth]:
-            plan.write(d.level, d.path, CPUSET_FILE, format_cpu_list(targets[d.depth]))
+        if d.depth in final:
+            plan.write(d.level, d.path, CPUSET_FILE, final[d.depth])
     return plan
 
 
