@@ -61,7 +61,10 @@ def _empty() -> Mapping[str, ResourceUsage]:
 @dataclass(frozen=True, slots=True)
 class UsageSample:
     """One sampling round. ``pods`` is keyed by pod uid, ``containers`` by container id,
-    ``host_apps`` by the host application's name in NodeSLO ``hostApplications``."""
+    ``host_apps`` by the host application's name in NodeSLO ``hostApplications``. The usage
+    loop keeps these three maps only in the newest few samples of its window
+    (``DETAILED_SAMPLES`` in ``runtime_proxy/loops/usage.py``); older samples carry the node
+    and BE readings."""
 
     at: float
     node_cpu_milli: int = 0

@@ -212,17 +212,17 @@ class UsageLoop:
 
     # -- one round -----------------------------------------------------------------------------
 
-    def _facts(self) -> tuple[NodeFacts, list[PodFacts]]:
-        pods = self.backend.pods()
+    def _sample(
+        self, node: NodeFacts, pods: list[PodFacts], containers: list[tuple[PodFacts, ContainerFacts]]
+    ) -> tuple[NodeFacts, list[PodFacts], UsageSample | None]:
+        """Pods with their containers, the node with its bound cpusets, and a sample (a worker
+        thread: file reads, and work that grows with the number of pods)."""
         by_pod: dict[str, list[ContainerFacts]] = {}
-        for p, c in self.backend.containers():
+        for p, c in containers:
             by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
         pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
-        return self.backend.node(), pods
-
-    def _sample(self, node: NodeFacts, pods: list[PodFacts]) -> tuple[NodeFacts, UsageSample | None]:
         node = with_bound_pods(node, pods)
-        return node, self.sampler.sample(node, pods)
+        return node, pods, self.sampler.sample(node, pods)
 
     def _recent(self, now: float) -> tuple[EvictionRecord, ...]:
         while self._evicted and now - self._evicted[0].at > EVICTION_MEMORY_SECONDS:
@@ -300,8 +300,9 @@ class UsageLoop:
         started = time.perf_counter()
         out = UsageRound()
         try:
-            node, pods = self._facts()
-            node, out.sample = await asyncio.to_thread(self._sample, node, pods)
+            node, pods, out.sample = await asyncio.to_thread(
+                self._sample, self.backend.node(), self.backend.pods(), self.backend.containers()
+            )
             if out.sample is None or not self.pipeline.has_work("ReconcileUsage"):
                 return out
             usage = self.sampler.usage(self._recent(out.sample.at), refused=self._refused)

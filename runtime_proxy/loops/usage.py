@@ -16,6 +16,11 @@ the window. What is read, as Koordinator's koordlet reads it:
 - the BE kube-QoS directory's CFS quota and period (v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``,
   v2 ``cpu.max``) and its ``cpuset.cpus`` (v2: ``cpuset.cpus.effective`` when that is empty).
 
+The window keeps the pod, container and host-application maps only in its newest
+``DETAILED_SAMPLES`` samples; older samples keep the node and BE readings (what the decisions
+read over a window: BE CPU satisfaction), so 600 samples of 200 pods cost kilobytes, not tens of
+megabytes.
+
 CPU is a rate, so it needs two readings: the first call of ``sample`` only takes the baseline
 (it returns ``None``), and a pod or container seen for the first time is in the sample with its
 memory and 0 CPU until its second reading.
@@ -38,7 +43,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -61,6 +66,7 @@ from koord_formats.nodeslo import host_applications
 from runtime_proxy.host.cgroups import CgroupError, Cgroups
 
 __all__ = [
+    "DETAILED_SAMPLES",
     "MAX_FILE_BYTES",
     "PROC_STAT_HEAD_BYTES",
     "SampleError",
@@ -91,11 +97,14 @@ POD_MEMORY = Gauge(
     "rhp_pod_memory_usage_bytes", "Pod memory without page cache (anon + unevictable).", ["namespace", "pod", "uid"]
 )
 
+# Samples (newest) that keep their per-pod, per-container and per-host-app maps.
+DETAILED_SAMPLES = 5
 # cgroup and proc files the sampler reads are a few KiB at most; anything larger is garbage.
 MAX_FILE_BYTES = 64 * 1024
 # /proc/stat's first line is all that is needed (the "intr" line further on can be very long).
 PROC_STAT_HEAD_BYTES = 4096
 _MAX_COUNTER = (1 << 63) - 1
+_NONE: MappingProxyType[str, ResourceUsage] = MappingProxyType({})
 _V1_MEMORY_KEYS = (b"total_inactive_anon", b"total_active_anon", b"total_unevictable")
 _PLAIN_MEMORY_KEYS = (b"inactive_anon", b"active_anon", b"unevictable")
 
@@ -464,6 +473,12 @@ class UsageSampler:
             be=be_state,
         )
         self._samples.append(sample)
+        if len(self._samples) > DETAILED_SAMPLES:
+            old = self._samples[-DETAILED_SAMPLES - 1]
+            if old.pods or old.containers or old.host_apps:
+                self._samples[-DETAILED_SAMPLES - 1] = replace(
+                    old, pods=_NONE, containers=_NONE, host_apps=_NONE
+                )
         self._export(sample, pods)
         return sample
 

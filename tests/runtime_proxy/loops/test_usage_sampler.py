@@ -352,3 +352,19 @@ def test_parsers_follow_koordinator(tmp_path: Path) -> None:
         read_bounded(big, 4)
     with pytest.raises(SampleError):
         read_bounded(tmp_path, 4)
+
+
+def test_older_samples_keep_only_the_node_and_be_readings(tree: Tree) -> None:
+    from runtime_proxy.loops.usage import DETAILED_SAMPLES
+
+    clock = Clock()
+    tree.cgroup("kubepods/burstable/poda", cpu_ns=0, memory=MiB)
+    tree.cgroup(BE, cpu_ns=0, memory=MiB)
+    s = sampler(tree, clock)
+    for _ in range(DETAILED_SAMPLES + 3):
+        clock.now += 1
+        s.sample(NodeFacts(), [pod("a")])
+    kept = s.samples
+    assert all("a" in x.pods for x in kept[-DETAILED_SAMPLES:])
+    assert all(not x.pods for x in kept[:-DETAILED_SAMPLES])
+    assert all(x.node_memory_total_bytes > 0 for x in kept)
