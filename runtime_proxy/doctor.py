@@ -372,13 +372,11 @@ def check_files(opts: DoctorOptions) -> list[Check]:
     if opts.node_config is None:
         checks.append(Check("node config", "ok", "none configured: NodeSLO defaults (or fromCluster)"))
     else:
-        from runtime_proxy.state.nodeconfig import load_document
+        from runtime_proxy.state.nodeconfig import load_document, read_document_text
 
         name = "node config"
         try:
-            with open(opts.node_config, encoding="utf-8") as fh:
-                text = fh.read(1 << 20)
-            load_document(text)
+            load_document(read_document_text(Path(opts.node_config)))
             checks.append(Check(name, "ok", f"{opts.node_config} is valid"))
         except (OSError, UnicodeDecodeError) as exc:
             why = getattr(exc, "strerror", None) or exc

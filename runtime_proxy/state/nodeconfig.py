@@ -40,11 +40,13 @@ from koord_formats.nodeslo import validate_node_slo
 from koord_formats.topology import parse_cpu_topology
 
 __all__ = [
+    "MAX_NODE_CONFIG_BYTES",
     "ClusterWatch",
     "NodeConfig",
     "NodeConfigDocument",
     "load_document",
     "node_facts_from_document",
+    "read_document_text",
 ]
 
 log = structlog.get_logger("runtime_proxy.state.nodeconfig")
@@ -83,18 +85,43 @@ class NodeConfigDocument(BaseModel):
     cgroup: _CgroupModel | None = None
 
 
+# The node config file holds one node's objects; a topology of 4096 CPUs is far below this.
+MAX_NODE_CONFIG_BYTES = 4 << 20
+
+
+def read_document_text(path: Path) -> str:
+    """The node config file's text, refused (``ValueError``) past ``MAX_NODE_CONFIG_BYTES`` or
+    when it is not UTF-8; ``OSError`` when it cannot be read."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_NODE_CONFIG_BYTES + 1)
+    if len(raw) > MAX_NODE_CONFIG_BYTES:
+        raise ValueError(f"larger than {MAX_NODE_CONFIG_BYTES} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 at byte {exc.start}") from exc
+
+
 def load_document(text: str) -> NodeConfigDocument:
-    """Parse (YAML or JSON) and validate a node config file; ``ValueError`` when bad."""
+    """Parse (YAML or JSON) and validate a node config file; ``ValueError`` when bad (larger
+    than ``MAX_NODE_CONFIG_BYTES``, not YAML, nested too deeply, wrong shape)."""
+    if len(text) > MAX_NODE_CONFIG_BYTES:
+        raise ValueError(f"larger than {MAX_NODE_CONFIG_BYTES} bytes")
     try:
         data = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as exc:
         raise ValueError(f"not YAML/JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError("nested too deeply") from exc
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise ValueError("the node config must be a mapping")
-    doc = NodeConfigDocument.model_validate(dict(data))
-    validate_node_slo(doc.nodeSLO)
+    try:
+        doc = NodeConfigDocument.model_validate(dict(data))
+        validate_node_slo(doc.nodeSLO)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply") from exc
     return doc
 
 
@@ -379,7 +406,7 @@ class NodeConfig:
             return False
         self._stamp = stamp
         try:
-            doc = load_document(self.path.read_text())
+            doc = load_document(read_document_text(self.path))
         except (OSError, ValueError) as exc:
             CONFIG_REJECTED.labels("file").inc()
             log.warning("node config rejected; keeping the previous one", path=str(self.path), error=str(exc))

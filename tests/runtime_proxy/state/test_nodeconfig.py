@@ -60,6 +60,9 @@ def test_file_is_read_and_nrt_annotations_win(tmp_path: Path) -> None:
         pytest.param("labels: [1, 2]", id="labels of the wrong type"),
         pytest.param("unknownTopKey: 1", id="unknown top-level key"),
         pytest.param("{not yaml", id="not YAML"),
+        pytest.param("annotations: {a: '" + "x" * (4 << 20) + "'}", id="a file past the 4 MiB bound"),
+        pytest.param("nodeSLO: " + "[" * 3000 + "]" * 3000, id="a node config nested three thousand deep"),
+        pytest.param("a: &a [1, 1]\nb: &b [*a, *a]\nnodeSLO: [*b, *b]", id="YAML aliases where the NodeSLO belongs"),
     ],
 )
 def test_bad_file_keeps_the_previous_config(tmp_path: Path, text: str) -> None:
