@@ -2,9 +2,10 @@
 stage, each under its own timeout and failure policy, their plans merged into one.
 
 The only place hooks are run: ``runtime_proxy.engine.intercept`` calls it for every intercepted
-CRI call, ``runtime_proxy.loops.reconciler`` for the ``Reconcile*`` stages and
-``runtime_proxy.engine.planner`` (``runtime-proxy plan``) for its document, so a plan is the same
-wherever it is computed.
+CRI call, ``runtime_proxy.loops.reconciler`` for the ``Reconcile*`` stages,
+``runtime_proxy.loops.qos`` for ``ReconcileUsage`` (``run_usage``: the stage's ``pods`` and
+``usage`` arguments) and ``runtime_proxy.engine.planner`` (``runtime-proxy plan``) for its
+document, so a plan is the same wherever it is computed.
 
 Order and visibility. Steps run one after another in the configured order. Each step sees the
 facts as changed by the steps before it (resources, envs, annotations, labels, cgroup parent),
