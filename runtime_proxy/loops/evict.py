@@ -106,7 +106,8 @@ def _load_api_client() -> Any:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         k8s_config.load_incluster_config(client_configuration=cfg)
     else:
-        k8s_config.load_kube_config(client_configuration=cfg)
+        # KUBECONFIG is read now, not when the kubernetes package was first imported.
+        k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, client_configuration=cfg)
     return client.ApiClient(cfg)
 
 
