@@ -67,6 +67,11 @@ __all__ = [
     "NODE_ANNOTATION_SYSTEM_QOS_RESOURCE",
     "NODE_CPU_BIND_POLICIES",
     "NUMA_ALLOCATE_STRATEGIES",
+    "NUMA_EXCLUSIVE_POLICIES",
+    "NUMA_EXCLUSIVE_PREFERRED",
+    "NUMA_EXCLUSIVE_REQUIRED",
+    "NUMA_NODE_SHARED",
+    "NUMA_NODE_SINGLE",
     "NUMA_POLICIES",
     "PRIORITY_BATCH",
     "PRIORITY_CLASSES",
@@ -188,6 +193,15 @@ EXCLUSIVE_POLICY_PCPU_LEVEL = "PCPULevel"
 EXCLUSIVE_POLICY_NUMA_NODE_LEVEL = "NUMANodeLevel"
 EXCLUSIVE_POLICIES = (EXCLUSIVE_POLICY_NONE, EXCLUSIVE_POLICY_PCPU_LEVEL, EXCLUSIVE_POLICY_NUMA_NODE_LEVEL)
 NUMA_POLICIES = ("None", "BestEffort", "Restricted", "SingleNUMANode")
+# Values of numa-topology-spec's singleNUMANodeExclusive (apis/extension/numa_aware.go); the
+# scheduler reads "" as Required when the pod names a NUMA policy.
+NUMA_EXCLUSIVE_PREFERRED = "Preferred"
+NUMA_EXCLUSIVE_REQUIRED = "Required"
+NUMA_EXCLUSIVE_POLICIES = (NUMA_EXCLUSIVE_PREFERRED, NUMA_EXCLUSIVE_REQUIRED)
+# States of a NUMA node as the scheduler sees the cpusets on it (``NumaNodeStatus``); a node
+# with no cpuset is "idle".
+NUMA_NODE_SINGLE = "single"  # only cpusets confined to this one NUMA node hold CPUs here
+NUMA_NODE_SHARED = "shared"  # a cpuset spanning several NUMA nodes holds CPUs here
 # Values of the node label cpu-bind-policy.
 NODE_CPU_BIND_POLICIES = ("None", "FullPCPUsOnly", "SpreadByPCPUs")
 # Values of the node label numa-allocate-strategy (LeastAllocated when absent).

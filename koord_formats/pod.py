@@ -205,7 +205,7 @@ class NUMATopologySpec:
     """``scheduling.koordinator.sh/numa-topology-spec``: a pod-level NUMA policy."""
 
     numa_topology_policy: str = ""  # one of keys.NUMA_POLICIES, "" when not given
-    single_numa_node_exclusive: str = ""  # "Preferred" | "Required" | ""
+    single_numa_node_exclusive: str = ""  # one of keys.NUMA_EXCLUSIVE_POLICIES, "" when not given
 
 
 @memo_by_text(maxsize=1024)
@@ -215,7 +215,7 @@ def parse_numa_topology_spec(text: str) -> NUMATopologySpec:
     doc = read_object(load_json(text, what, max_chars=16 * 1024), what)
     return NUMATopologySpec(
         numa_topology_policy=_enum(doc, "numaTopologyPolicy", keys.NUMA_POLICIES, what),
-        single_numa_node_exclusive=_enum(doc, "singleNUMANodeExclusive", ("Preferred", "Required"), what),
+        single_numa_node_exclusive=_enum(doc, "singleNUMANodeExclusive", keys.NUMA_EXCLUSIVE_POLICIES, what),
     )
 
 

@@ -42,6 +42,13 @@ Filter (the pod on one node):
    "node(s) missing NUMA resources"; a choice that fails is Unschedulable with Koordinator's
    reason ("not enough cpus available to satisfy request", "Insufficient NUMA cpu",
    "Unsatisfied NUMA cpu", "Unaligned NUMA Hint cause ...").
+10. ``singleNUMANodeExclusive`` from the pod's ``numa-topology-spec`` (Required when the pod
+   names a NUMA policy and leaves it out; ``Filter``): under Required a NUMA set is not
+   preferred when it is one NUMA node that a several-node cpuset uses ("shared") or several
+   NUMA nodes one of which only one-node cpusets use ("single") (``numa.exclusive_allows``).
+   Restricted and SingleNUMANode then refuse the node when no preferred set is left
+   (Unschedulable, "Unaligned NUMA Hint cause ..."); BestEffort takes the narrowest other set.
+   Preferred changes nothing: koord-scheduler's merge checks only Required.
 
 The deliberate differences from Koordinator are listed in ``scheduler_ext/README.md``.
 """
@@ -141,6 +148,7 @@ class Intent:
     numa_policy: str  # the pod's NUMA topology policy ("" when none)
     cpu_milli: int
     memory: int
+    numa_exclusive: str = ""  # singleNUMANodeExclusive in force: Required | Preferred | ""
 
     @property
     def num_cpus(self) -> int:
@@ -150,8 +158,11 @@ class Intent:
 def pre_filter(pod: PodRequest, default_policy: str = DEFAULT_BIND_POLICY) -> Intent | Refusal:
     """Rules 1 and 2 of the module docstring."""
     numa_policy = "" if pod.numa_policy == "None" else pod.numa_policy
+    numa_exclusive = pod.numa_exclusive
+    if not numa_exclusive and numa_policy:
+        numa_exclusive = keys.NUMA_EXCLUSIVE_REQUIRED
     skip = pod.cpu_milli <= 0 and pod.memory <= 0 and pod.gpu is None
-    intent = Intent(skip, False, "", "", "None", numa_policy, pod.cpu_milli, pod.memory)
+    intent = Intent(skip, False, "", "", "None", numa_policy, pod.cpu_milli, pod.memory, numa_exclusive)
     if skip:
         return intent
     allow_cpuset = pod.qos in (keys.QOS_LSE, keys.QOS_LSR) and pod.priority_class == keys.PRIORITY_PROD
@@ -169,6 +180,7 @@ def pre_filter(pod: PodRequest, default_policy: str = DEFAULT_BIND_POLICY) -> In
                 numa_policy,
                 pod.cpu_milli,
                 pod.memory,
+                numa_exclusive,
             )
     return intent
 
@@ -259,6 +271,9 @@ class NodeFacts:
     zones: numa.Zones  # NUMA node -> allocatable (cpu milli, memory bytes), withheld CPUs removed
     booked: Mapping[int, Mapping[str, int]]  # NUMA node -> what placed pods booked
     booked_cpusets: Mapping[int, int] = field(default_factory=dict)  # NUMA node -> CPUs of cpusets booked there
+    # NUMA node -> keys.NUMA_NODE_SINGLE or keys.NUMA_NODE_SHARED by the placed cpusets there
+    # (``numa.numa_node_states``); a NUMA node that is not listed is idle
+    numa_states: Mapping[int, str] = field(default_factory=dict)
     # required policy -> what it may take of ``free`` (``filter_required``), filled on first use:
     # a NodeFacts stands for one version of its node, so the view is computed once per version
     views: dict[str, frozenset[int]] = field(default_factory=dict, compare=False, repr=False)
@@ -460,7 +475,9 @@ def _place_numa(
     hints = numa.generate_hints(
         zones, available, hinted, policy, lambda m: isinstance(attempt(m, False), Placed), strategy="LeastAllocated"
     )
-    merged = numa.merge_hints(policy, sorted(zones), [hints, *extra])
+    merged = numa.merge_hints(
+        policy, sorted(zones), [hints, *extra], exclusive=intent.numa_exclusive, states=node.numa_states
+    )
     if not merged.admit:
         return Refusal(UNSCHEDULABLE, "; ".join(merged.reasons) or ERR_NOT_MATCH_NUMA_TOPOLOGY)
     return attempt(merged.affinity, exact)

@@ -196,6 +196,11 @@ def _facts(ns: NodeState) -> NodeFacts:
                 info = topo.details.get(c)
                 if info is not None:
                     pinned[info.node] = pinned.get(info.node, 0) + 1
+    states = (
+        numa.numa_node_states((alloc.cpus for alloc in ns.allocs.values()), topo.numa_cpus)
+        if topo is not None
+        else {}
+    )
     used = ExclusiveUse(ns.avoid_cores, ns.avoid_numa) if ns.avoid_cores or ns.avoid_numa else _NO_EXCLUSIVE
     facts = NodeFacts(
         name=ns.name,
@@ -211,6 +216,7 @@ def _facts(ns: NodeState) -> NodeFacts:
         zones=zones,
         booked=booked,
         booked_cpusets=pinned,
+        numa_states=states,
     )
     if len(_FACTS) > 65536:
         _FACTS.clear()

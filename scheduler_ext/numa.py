@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
+
+from koord_formats import keys
 
 __all__ = [
     "CPU",
@@ -38,9 +41,11 @@ __all__ = [
     "Merged",
     "Zones",
     "distribute_evenly",
+    "exclusive_allows",
     "iterate_masks",
     "mask_text",
     "merge_hints",
+    "numa_node_states",
     "parse_nrt_zones",
     "split_quantity",
     "zone_available",
@@ -220,7 +225,47 @@ def _merge_permutation(all_nodes: frozenset[int], perm: Sequence[Hint]) -> Hint:
     return Hint(merged, preferred, 0, not satisfied)
 
 
-def _best(all_nodes: frozenset[int], lists: list[list[Hint]]) -> Hint:
+def numa_node_states(cpusets: Iterable[frozenset[int]], numa_cpus: Mapping[int, frozenset[int]]) -> dict[int, str]:
+    """Each NUMA node's state by the placed cpusets (``NodeAllocation.NUMANodeSharedStatus``).
+
+    A cpuset whose CPUs lie on several NUMA nodes makes each of them "shared"; one that lies on
+    a single NUMA node makes it "single" unless a spanning cpuset also uses it. NUMA nodes no
+    cpuset uses are idle and left out. ``numa_cpus`` maps a NUMA node to its CPUs (CPUs on no
+    listed node are skipped).
+    """
+    states: dict[int, str] = {}
+    for cpus in cpusets:
+        if not cpus:
+            continue
+        nodes = [n for n, on_node in numa_cpus.items() if not cpus.isdisjoint(on_node)]
+        if len(nodes) > 1:
+            for n in nodes:
+                states[n] = keys.NUMA_NODE_SHARED
+        elif nodes:
+            (n,) = nodes
+            states.setdefault(n, keys.NUMA_NODE_SINGLE)
+    return states
+
+
+def exclusive_allows(mask: frozenset[int], exclusive: str, states: Mapping[int, str]) -> bool:
+    """Whether ``mask`` may stay preferred under ``exclusive`` (``checkExclusivePolicy``).
+
+    Only Required restricts: a one-node mask must not be "shared", a wider mask must hold no
+    "single" NUMA node.
+    """
+    if exclusive != keys.NUMA_EXCLUSIVE_REQUIRED or not states:
+        return True
+    if len(mask) == 1:
+        return all(states.get(n) != keys.NUMA_NODE_SHARED for n in mask)
+    return all(states.get(n) != keys.NUMA_NODE_SINGLE for n in mask)
+
+
+def _best(
+    all_nodes: frozenset[int],
+    lists: list[list[Hint]],
+    exclusive: str = "",
+    states: Mapping[int, str] = MappingProxyType({}),
+) -> Hint:
     best = Hint(all_nodes, False)
     for perm in itertools.product(*lists):
         merged = _merge_permutation(all_nodes, perm)
@@ -228,7 +273,8 @@ def _best(all_nodes: frozenset[int], lists: list[list[Hint]]) -> Hint:
         if not mask:
             continue
         score = sum(h.score for h in perm if h.affinity is not None and h.affinity == mask)
-        merged = Hint(mask, merged.preferred, score, merged.unsatisfied)
+        preferred = merged.preferred and exclusive_allows(mask, exclusive, states)
+        merged = Hint(mask, preferred, score, merged.unsatisfied)
         best_mask = best.affinity or frozenset()
         if merged.preferred and not best.preferred:
             best = merged
@@ -243,8 +289,20 @@ def _best(all_nodes: frozenset[int], lists: list[list[Hint]]) -> Hint:
     return best
 
 
-def merge_hints(policy: str, nodes: Sequence[int], providers: Sequence[ProviderHints]) -> Merged:
+def merge_hints(
+    policy: str,
+    nodes: Sequence[int],
+    providers: Sequence[ProviderHints],
+    *,
+    exclusive: str = "",
+    states: Mapping[int, str] = MappingProxyType({}),
+) -> Merged:
     """Koordinator's topology-manager merge for ``policy`` over every provider's hints.
+
+    ``exclusive`` is the pod's ``singleNUMANodeExclusive`` in force and ``states`` the NUMA
+    node states (``numa_node_states``): a merged mask that ``exclusive_allows`` refuses is not
+    preferred, so it loses to any preferred one and is not admitted by Restricted or
+    SingleNUMANode.
 
     BestEffort always admits (an unsatisfiable best hint becomes "all NUMA nodes");
     Restricted admits only a preferred merged hint; SingleNUMANode first keeps only preferred
@@ -261,7 +319,7 @@ def merge_hints(policy: str, nodes: Sequence[int], providers: Sequence[ProviderH
         single = [
             [h for h in hs if h.preferred and (h.affinity is None or len(h.affinity) == 1)] for hs in lists
         ]
-        best = _best(all_nodes, single)
+        best = _best(all_nodes, single, exclusive, states)
         affinity: frozenset[int] | None = best.affinity
         if affinity == all_nodes:
             affinity = None
@@ -271,11 +329,11 @@ def merge_hints(policy: str, nodes: Sequence[int], providers: Sequence[ProviderH
     if policy == RESTRICTED:
         if reasons:
             return Merged(all_nodes, False, False, tuple(reasons))
-        best = _best(all_nodes, lists)
+        best = _best(all_nodes, lists, exclusive, states)
         if not best.preferred:
             return Merged(best.affinity, False, False, (UNALIGNED.format(" & ".join(summary)),))
         return Merged(best.affinity, True, True, score=best.score)
-    best = _best(all_nodes, lists)
+    best = _best(all_nodes, lists, exclusive, states)
     if best.unsatisfied:
         return Merged(all_nodes, False, True, unsatisfied=True)
     return Merged(best.affinity, best.preferred, True, score=best.score)

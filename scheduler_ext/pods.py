@@ -96,6 +96,7 @@ class PodRequest:
     bind_required: bool  # from requiredCPUBindPolicy
     exclusive_policy: str  # None | PCPULevel | NUMANodeLevel
     numa_policy: str  # "" when the pod does not say
+    numa_exclusive: str  # singleNUMANodeExclusive as written: Required | Preferred | ""
     gpu: GPURequest | None
     error: str  # "" when valid; otherwise why the pod cannot be placed anywhere
 
@@ -132,6 +133,7 @@ class PodRequest:
             self.bind_required,
             self.exclusive_policy,
             self.numa_policy,
+            self.numa_exclusive,
             self.gpu.key if self.gpu else None,
             self.error,
         )
@@ -277,7 +279,7 @@ def parse_pod(pod: object) -> PodRequest:
     cpu_milli = memory = 0
     gpu: GPURequest | None = None
     bind_policy, bind_required = keys.BIND_POLICY_FULL_PCPUS, False
-    exclusive, numa_policy = keys.EXCLUSIVE_POLICY_NONE, ""
+    exclusive, numa_policy, numa_exclusive = keys.EXCLUSIVE_POLICY_NONE, "", ""
     try:
         doc = read_object(pod, "pod")
         meta = _object(doc.get("metadata"), "metadata")
@@ -302,7 +304,8 @@ def parse_pod(pod: object) -> PodRequest:
             exclusive = res_spec.preferred_cpu_exclusive_policy or keys.EXCLUSIVE_POLICY_NONE
         text = _annotation_text(annotations, keys.ANNOTATION_NUMA_TOPOLOGY_SPEC)
         if text:
-            numa_policy = parse_numa_topology_spec(text).numa_topology_policy
+            numa_spec = parse_numa_topology_spec(text)
+            numa_policy, numa_exclusive = numa_spec.numa_topology_policy, numa_spec.single_numa_node_exclusive
         gpu = parse_gpu_request({k: v for k, v in amounts.items() if k in keys.GPU_RESOURCE_NAMES})
     except FormatError as exc:
         error = f"invalid pod request: {exc}"
@@ -318,6 +321,7 @@ def parse_pod(pod: object) -> PodRequest:
         bind_required=bind_required,
         exclusive_policy=exclusive,
         numa_policy=numa_policy,
+        numa_exclusive=numa_exclusive,
         gpu=gpu,
         error=error,
     )

@@ -116,11 +116,50 @@ def test_parse_resource_spec_refuses(text: str) -> None:
         pod.parse_resource_spec(text)
 
 
-def test_parse_numa_topology_spec() -> None:
-    spec = pod.parse_numa_topology_spec('{"numaTopologyPolicy":"SingleNUMANode","singleNUMANodeExclusive":"Required"}')
-    assert spec == pod.NUMATopologySpec("SingleNUMANode", "Required")
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            '{"numaTopologyPolicy":"SingleNUMANode","singleNUMANodeExclusive":"Required"}',
+            pod.NUMATopologySpec("SingleNUMANode", "Required"),
+            id="a policy with Required exclusivity keeps both",
+        ),
+        pytest.param(
+            '{"numaTopologyPolicy":"Restricted","singleNUMANodeExclusive":"Preferred"}',
+            pod.NUMATopologySpec("Restricted", "Preferred"),
+            id="Preferred exclusivity is kept as written",
+        ),
+        pytest.param(
+            '{"numaTopologyPolicy":"BestEffort"}',
+            pod.NUMATopologySpec("BestEffort", ""),
+            id="exclusivity left out reads as empty for the scheduler to default",
+        ),
+        pytest.param(
+            '{"singleNUMANodeExclusive":"Required"}',
+            pod.NUMATopologySpec("", "Required"),
+            id="exclusivity without a policy is kept",
+        ),
+        pytest.param('{"singleNUMANodeExclusive":""}', pod.NUMATopologySpec(), id="an empty value means not given"),
+    ],
+)
+def test_parse_numa_topology_spec(text: str, expected: pod.NUMATopologySpec) -> None:
+    assert pod.parse_numa_topology_spec(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('{"numaTopologyPolicy":"Anywhere"}', id="an unknown NUMA policy"),
+        pytest.param('{"singleNUMANodeExclusive":"Always"}', id="an unknown exclusivity"),
+        pytest.param('{"singleNUMANodeExclusive":"required"}', id="exclusivity in the wrong case"),
+        pytest.param('{"singleNUMANodeExclusive":true}', id="exclusivity that is a boolean"),
+        pytest.param('{"singleNUMANodeExclusive":"' + "R" * 100 + '"}', id="an overlong exclusivity"),
+        pytest.param('["Required"]', id="a list instead of an object"),
+    ],
+)
+def test_parse_numa_topology_spec_refuses(text: str) -> None:
     with pytest.raises(FormatError):
-        pod.parse_numa_topology_spec('{"numaTopologyPolicy":"Anywhere"}')
+        pod.parse_numa_topology_spec(text)
 
 
 # ---- device-allocated ------------------------------------------------------------------------

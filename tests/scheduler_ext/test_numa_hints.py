@@ -185,7 +185,10 @@ def test_zone_accounting_books_cpuset_and_shared_pods_and_never_passes_allocatab
     # NUMA 0 has 2 CPUs and 4Gi left: the shared pod goes to NUMA 1 whole
     assert json.loads(got.annotations[RS]) == {
         "numaNodeResources": [{"node": 1, "resources": {"cpu": "1500m", "memory": "6Gi"}}]}
-    big = parse_pod(pod("big", cpu="4", memory="12Gi", numa_policy="Restricted"))
+    # Preferred: under the default Required the cpuset confined to NUMA 0 keeps {0,1} out
+    big = parse_pod(pod("big", cpu="4", memory="12Gi", annotations={
+        "scheduling.koordinator.sh/numa-topology-spec":
+            json.dumps({"numaTopologyPolicy": "Restricted", "singleNUMANodeExclusive": "Preferred"})}))
     with state.lock:
         state.hold("ls-uid", "n", got.allocation)
         ns.refresh()
