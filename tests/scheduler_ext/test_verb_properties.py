@@ -16,7 +16,10 @@ annotations (``resource-status``), never the extender's internals:
   core's second thread only once every core of that NUMA node with a free CPU gave one
   (Koordinator keeps the request on one NUMA node before spreading over the machine);
 - when every NUMA node the pod was split over had room for an even share, the shares differ
-  by at most one core (``tryBestToDistributeEvenly``).
+  by at most one core (``tryBestToDistributeEvenly``);
+- under Required NUMA exclusivity (``singleNUMANodeExclusive``, the default when the pod names a
+  policy) a Restricted or SingleNUMANode pod booked on several NUMA nodes uses none that only
+  one-node cpusets used, and a SingleNUMANode pod's one NUMA node held no spanning cpuset.
 
 Filter and bind must also agree: a node that passes filter is bound without error.
 
@@ -45,6 +48,7 @@ from koord_formats.pod import parse_resource_status
 from koord_formats.topology import CPUTopology, format_cpu_topology
 from scheduler_ext.errors import NotFoundError
 from scheduler_ext.extender import Binder, ExtenderConfig
+from scheduler_ext.numa import numa_node_states
 from scheduler_ext.server import create_app
 from scheduler_ext.state import ClusterState, load_objects
 from scheduler_ext.topology import synthetic_topology
@@ -251,6 +255,8 @@ class Op:
     numa: str
     exclusive: str
     memory_gib: int
+    numa_exclusive: str = ""  # singleNUMANodeExclusive, "" to leave it out
+
 
     def pod(self, i: int) -> dict[str, Any]:
         spec = {"requiredCPUBindPolicy" if self.required else "preferredCPUBindPolicy": self.policy}
@@ -263,8 +269,16 @@ class Op:
             qos="LS" if self.shared else "LSR",
             resource_spec=spec,
             numa_policy=self.numa or None,
+            annotations=self._numa_spec(),
             uid=str(uuid.uuid4()),  # never reused: the extender memoises decoded pods by UID and version
         )
+
+
+    def _numa_spec(self) -> dict[str, str] | None:
+        if not self.numa_exclusive:
+            return None  # the builder writes the policy alone
+        doc = {"numaTopologyPolicy": self.numa, "singleNUMANodeExclusive": self.numa_exclusive}
+        return {keys.ANNOTATION_NUMA_TOPOLOGY_SPEC: json.dumps(doc)}
 
 
 RARELY = st.sampled_from([False, False, False, True])
@@ -284,9 +298,10 @@ def ops(
     shared: st.SearchStrategy[bool] = BOOLS,
     memory: st.SearchStrategy[int] = NO_MEMORY,
     max_size: int = 6,
+    numa_exclusive: Sequence[str] = ("",),
 ) -> st.SearchStrategy[list[Op]]:
     op = st.builds(Op, cpus, shared, st.sampled_from(policies), required, st.sampled_from(numa),
-                   st.sampled_from(exclusive), memory)
+                   st.sampled_from(exclusive), memory, numa_exclusive=st.sampled_from(numa_exclusive))
     return st.lists(op, min_size=1, max_size=max_size)
 
 
@@ -401,7 +416,7 @@ def test_verbs_split_evenly_when_every_hinted_numa_node_has_room(
     several NUMA nodes)."""
     topo, text = machine(shape)
     wide = data.draw(ops(cpus=st.integers(2, len(topo.cpus)), shared=RARELY, numa=["BestEffort", "Restricted"],
-                         exclusive=["None"], max_size=2))
+                         exclusive=["None"], max_size=2, numa_exclusive=["Preferred"]))
     plan = fillers[:1] + wide + fillers[1:]
     topo, text = machine(shape)
     zones, limits = _zones(topo, cpu_quarters, [64] * 4)
@@ -436,5 +451,32 @@ def test_verbs_split_evenly_when_every_hinted_numa_node_has_room(
         shares = list(got.numa_cpu.values())
         assert sum(shares) == request
         assert max(shares) - min(shares) <= per_core * 1000, got.numa_cpu
+
+    run(cluster, [op.pod(i) for i, op in enumerate(plan)], check)
+
+
+@SETTINGS
+@given(shape=multi_numa_shapes, data=st.data(),
+       plan=ops(numa=["", "Restricted", "SingleNUMANode", "BestEffort"], exclusive=["None"],
+                numa_exclusive=["", "", "Required", "Preferred"], max_size=5))
+def test_verbs_keep_required_numa_exclusivity(
+    shape: tuple[int, int, int, int], data: st.DataObject, plan: list[Op]
+) -> None:
+    topo, text = machine(shape)
+    cluster = _cluster(text)
+    ops_by_name = {f"p{i}": op for i, op in enumerate(plan)}
+
+    def check(obj: dict[str, Any], before: frozenset[int], got: Bound) -> None:
+        op = ops_by_name[obj["metadata"]["name"]]
+        if op.numa not in ("Restricted", "SingleNUMANode") or op.numa_exclusive == "Preferred":
+            return
+        states = numa_node_states((b.cpus for b in cluster.bound[:-1]), topo.numa_cpus)
+        booked = set(got.numa_cpu) | set(got.numa_memory)
+        event(f"{op.numa} on {len(booked)} NUMA nodes, states {sorted(set(states.values()))}")
+        if len(booked) > 1:
+            assert all(states.get(n) != keys.NUMA_NODE_SINGLE for n in booked), (states, booked)
+        if op.numa == "SingleNUMANode":
+            assert len(booked) == 1
+            assert all(states.get(n) != keys.NUMA_NODE_SHARED for n in booked), (states, booked)
 
     run(cluster, [op.pod(i) for i, op in enumerate(plan)], check)
