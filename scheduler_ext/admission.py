@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from koord_formats import keys
 from koord_formats.bounded import load_json
@@ -122,6 +123,7 @@ _NRT_POLICIES = {
 DEFAULT_NUMA_ALLOCATE_STRATEGY = "LeastAllocated"  # koord-scheduler's default NUMA scoring
 
 _MAX_ANNOTATION_CHARS = 64 * 1024
+_STATES = "numa-states"  # key of the NUMA node states in ``NodeFacts.views`` (no policy is named so)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,12 +273,10 @@ class NodeFacts:
     zones: numa.Zones  # NUMA node -> allocatable (cpu milli, memory bytes), withheld CPUs removed
     booked: Mapping[int, Mapping[str, int]]  # NUMA node -> what placed pods booked
     booked_cpusets: Mapping[int, int] = field(default_factory=dict)  # NUMA node -> CPUs of cpusets booked there
-    # NUMA node -> keys.NUMA_NODE_SINGLE or keys.NUMA_NODE_SHARED by the placed cpusets there
-    # (``numa.numa_node_states``); a NUMA node that is not listed is idle
-    numa_states: Mapping[int, str] = field(default_factory=dict)
+    cpusets: Sequence[frozenset[int]] = ()  # the cpusets of the pods placed (or held) on the node
     # required policy -> what it may take of ``free`` (``filter_required``), filled on first use:
     # a NodeFacts stands for one version of its node, so the view is computed once per version
-    views: dict[str, frozenset[int]] = field(default_factory=dict, compare=False, repr=False)
+    views: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def eligible(self, policy: str) -> frozenset[int]:
         """``filter_required(topo, policy, free)``, memoised on this value."""
@@ -286,6 +286,18 @@ class NodeFacts:
             if len(self.views) < 8:
                 self.views[policy] = view
         return view
+
+    @property
+    def numa_states(self) -> Mapping[int, str]:
+        """NUMA node -> ``keys.NUMA_NODE_SINGLE`` or ``keys.NUMA_NODE_SHARED`` by ``cpusets``
+        (``numa.numa_node_states``; a NUMA node not listed is idle), computed on first use."""
+        states = self.views.get(_STATES)
+        if states is None:
+            if self.topo is None:
+                return {}
+            states = numa.numa_node_states(self.cpusets, self.topo.numa_cpus)
+            self.views[_STATES] = states
+        return states
 
     @property
     def strategy(self) -> str:
@@ -475,9 +487,9 @@ def _place_numa(
     hints = numa.generate_hints(
         zones, available, hinted, policy, lambda m: isinstance(attempt(m, False), Placed), strategy="LeastAllocated"
     )
-    merged = numa.merge_hints(
-        policy, sorted(zones), [hints, *extra], exclusive=intent.numa_exclusive, states=node.numa_states
-    )
+    exclusive = intent.numa_exclusive
+    states = node.numa_states if exclusive == keys.NUMA_EXCLUSIVE_REQUIRED else {}
+    merged = numa.merge_hints(policy, sorted(zones), [hints, *extra], exclusive=exclusive, states=states)
     if not merged.admit:
         return Refusal(UNSCHEDULABLE, "; ".join(merged.reasons) or ERR_NOT_MATCH_NUMA_TOPOLOGY)
     return attempt(merged.affinity, exact)

@@ -184,7 +184,10 @@ def _facts(ns: NodeState) -> NodeFacts:
         _ZONES[ns.name] = (ns.static_version, ns, zones)
     booked: dict[int, dict[str, int]] = {}
     pinned: dict[int, int] = {}
+    cpusets: list[frozenset[int]] = []
     for alloc in ns.allocs.values():
+        if alloc.cpus:
+            cpusets.append(alloc.cpus)
         for n, milli in alloc.numa.items():
             entry = booked.setdefault(n, {})
             entry[numa.CPU] = entry.get(numa.CPU, 0) + milli
@@ -196,11 +199,6 @@ def _facts(ns: NodeState) -> NodeFacts:
                 info = topo.details.get(c)
                 if info is not None:
                     pinned[info.node] = pinned.get(info.node, 0) + 1
-    states = (
-        numa.numa_node_states((alloc.cpus for alloc in ns.allocs.values()), topo.numa_cpus)
-        if topo is not None
-        else {}
-    )
     used = ExclusiveUse(ns.avoid_cores, ns.avoid_numa) if ns.avoid_cores or ns.avoid_numa else _NO_EXCLUSIVE
     facts = NodeFacts(
         name=ns.name,
@@ -216,7 +214,7 @@ def _facts(ns: NodeState) -> NodeFacts:
         zones=zones,
         booked=booked,
         booked_cpusets=pinned,
-        numa_states=states,
+        cpusets=cpusets,
     )
     if len(_FACTS) > 65536:
         _FACTS.clear()
