@@ -307,8 +307,12 @@ class Reconciler:
             by_pod: dict[str, list[ContainerFacts]] = {}
             for p, c in containers:
                 by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
-            await self._bound.refresh(pods)
-            node = await asyncio.to_thread(self._bound.with_bound_pods, self.backend.node(), pods)
+            # A backend may name the pods that still hold their bound CPUs (``bound_pods``:
+            # NRI mode leaves out pods whose containers the runtime all stopped).
+            holding = getattr(self.backend, "bound_pods", None)
+            bound_from = pods if holding is None else [p for p in holding() if not p.skips_hooks]
+            await self._bound.refresh(bound_from)
+            node = await asyncio.to_thread(self._bound.with_bound_pods, self.backend.node(), bound_from)
             pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
             full = {p.uid or p.sandbox_id: p for p in pods}
 

@@ -18,6 +18,15 @@ Mapping (stage names from ``hooks.spec.STAGES``):
   ``ReconcilePod`` for every pod and ``ReconcileContainer`` for every running container; the
   containers' resource changes go back in the Synchronize reply.
 
+Bound CPUs. A pod holds the CPUs of its resource-status cpuset (the share pools' input, see
+``runtime_proxy.engine.bound``) from RunPodSandbox until the runtime stopped every container it
+had (``holding_pods``); a pod with no container yet holds them, so its first CreateContainer
+reply can move the LS containers off them. When the StopContainer of the last running container
+of a pod that holds CPUs arrives, it is processed before the reply, the reconciler's round
+runs, and the grown share pool goes back to the running LS containers in that StopContainer
+reply (kubelet stops a pod's containers before its sandbox; containerd's StopPodSandbox stops
+the containers still running the same way).
+
 Events. ``wanted_events`` names the events the pipeline has work for (plus those the store
 needs: pods and containers arriving, stopping and leaving), so the runtime does not wait for a
 reply that changes nothing. With ``background`` the events whose reply carries nothing (pod
@@ -236,10 +245,12 @@ class NriEngine:
         # Ids of containers the runtime stopped (still in the store until removed): the loops
         # leave them alone.
         self.stopped: set[str] = set()
+        # Bumped when a container is stopped (the store itself does not change then).
+        self._stops = 0
         # Called after an event changed the store with "did the bound cpusets (the share pools'
         # input) change?", so the reconciler pushes new pools to running containers at once.
         self.on_store_change = on_store_change
-        self._notified_version = -1
+        self._notified_version: tuple[int, int] = (-1, -1)
         self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] = ({}, frozenset())
         # Set when the share pools' input changed; ``settle`` (the reconciler's round, set by
         # the composition root) then runs before the next reply that can carry updates.
@@ -261,13 +272,14 @@ class NriEngine:
             self._refreshed_version = version
 
     async def _notify(self) -> None:
-        """Tell ``on_store_change`` about a store change (once per store version)."""
-        if self.on_store_change is None or self.store.version == self._notified_version:
+        """Tell ``on_store_change`` about a store change (once per store version and stop)."""
+        version = (self.store.version, self._stops)
+        if self.on_store_change is None or version == self._notified_version:
             return
-        self._notified_version = self.store.version
+        self._notified_version = version
         try:
             await self._refresh()
-            pools = self._bound.bound(self.store.pods())
+            pools = self._bound.bound(self.holding_pods())
             changed = pools != self._pools
             self._pools = pools
         except Exception:
@@ -276,10 +288,35 @@ class NriEngine:
         self.pools_dirty = self.pools_dirty or changed
         self.on_store_change(changed)
 
+    def holding_pods(self) -> list[PodFacts]:
+        """The stored pods that hold their bound CPUs: all but those whose containers the
+        runtime all stopped (a pod with no container yet holds them)."""
+        pods = self.store.pods()
+        if not self.stopped:
+            return pods
+        with_containers: set[str] = set()
+        running: set[str] = set()
+        for owner, container in self.store.containers():
+            with_containers.add(owner.sandbox_id)
+            if container.id not in self.stopped:
+                running.add(owner.sandbox_id)
+        released = with_containers - running
+        return [pod for pod in pods if pod.sandbox_id not in released] if released else pods
+
+    def _frees_bound_cpus(self, sandbox_id: str, uid: str, container_id: str) -> bool:
+        """Whether stopping ``container_id`` releases CPUs bound to its pod: the pod holds bound
+        CPUs and every other container of it is stopped."""
+        if uid not in self._pools[0]:
+            return False
+        for owner, container in self.store.containers():
+            if owner.sandbox_id == sandbox_id and container.id != container_id and container.id not in self.stopped:
+                return False
+        return True
+
     def node(self) -> NodeFacts:
-        """The node config plus the CPUs bound to the stored pods."""
+        """The node config plus the CPUs bound to the stored pods that hold them."""
         base = self.node_source.current()
-        bound, lse = self._bound.bound(self.store.pods())
+        bound, lse = self._bound.bound(self.holding_pods())
         return base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
 
     async def _run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:
@@ -450,7 +487,7 @@ class NriEngine:
         self.store = store
         self.stopped = stopped
         self._refreshed_version = -1
-        self._notified_version = -1
+        self._notified_version = (-1, -1)
         for each_pod in store.pods():
             await self._stage_and_apply("ReconcilePod", each_pod, None)
         updates: list[Any] = []
@@ -473,12 +510,16 @@ class NriEngine:
         return updates
 
     async def create_container(self, pod: Any, container: Any) -> Any:
+        """The container's adjustment, and the pending updates of the others; the store change
+        is told before the reconciler's round, so the first container of a pod that holds bound
+        CPUs again (its containers were all stopped) moves the LS containers off them in this
+        reply."""
         await self.drain()
-        await self._settled()
         result = await self._create_container(pod, container)
+        await self._notify()
+        await self._settled()
         if not self.dry_run:
             result.update.extend(self._take_updates(skip=container.id))
-        await self._notify()
         return result
 
     async def _create_container(self, pod: Any, container: Any) -> Any:
@@ -545,8 +586,20 @@ class NriEngine:
         return [update]
 
     async def stop_container(self, pod: Any, container: Any) -> list[Any]:
-        await self._later(self._state_change, E.STOP_CONTAINER, pod, container)
-        return [] if self.dry_run else self._take_updates(skip=container.id)
+        """The pending updates of the other containers. When this stop releases CPUs bound to
+        the pod (its last running container stops), the event is processed now and the
+        reconciler's round runs first, so the LS containers grow back in this reply; any other
+        stop is processed in the background."""
+        if self.dry_run or self.settle is None or not pod.uid or pod.uid not in self._pools[0]:
+            await self._later(self._state_change, E.STOP_CONTAINER, pod, container)
+            return [] if self.dry_run else self._take_updates(skip=container.id)
+        await self.drain()
+        if not self._frees_bound_cpus(pod.id, pod.uid, container.id):
+            await self._later(self._state_change, E.STOP_CONTAINER, pod, container)
+            return self._take_updates(skip=container.id)
+        await self._state_change(E.STOP_CONTAINER, pod, container)
+        await self._settled()
+        return self._take_updates(skip=container.id)
 
     async def state_change(self, event: int, pod: Any, container: Any | None) -> None:
         await self._later(self._state_change, event, pod, container)
@@ -592,7 +645,9 @@ class NriEngine:
         elif event == E.POST_UPDATE_CONTAINER:
             await self._stage_and_apply("PostUpdateContainerResources", pod_f, container_f)
         elif event == E.STOP_CONTAINER:
-            self.stopped.add(container_f.id)
+            if container_f.id not in self.stopped:
+                self.stopped.add(container_f.id)
+                self._stops += 1
             await self._stage_and_apply("PostStopContainer", pod_f, container_f)
         elif event == E.REMOVE_CONTAINER:
             self._deferred.pop(container_f.id, None)

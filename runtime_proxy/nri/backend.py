@@ -4,7 +4,9 @@ the usage loop) see of NRI mode: the engine's store and node facts, and containe
 Container updates are kept by the engine and sent in the next reply that can carry them
 (CreateContainer, UpdateContainer, StopContainer; ``NriEngine.queue_update``); when the share
 pools' input changed, the reconciler runs before that reply, so an LSR pod's own
-CreateContainer reply moves the running LS containers off its CPUs.
+CreateContainer reply moves the running LS containers off its CPUs, and the StopContainer reply
+of its last container gives them back (``bound_pods``: a pod whose containers were all stopped
+no longer holds its CPUs).
 
 With ``unsolicited`` they are sent at once as unsolicited ``UpdateContainers`` calls instead.
 containerd 2.1 and 1.7 take their NRI lock and the NRI adaptation's lock in opposite orders for
@@ -52,6 +54,10 @@ class NriBackend:
 
     def pods(self) -> list[PodFacts]:
         return self.engine.store.pods()
+
+    def bound_pods(self) -> list[PodFacts]:
+        """The pods whose bound CPUs count for the share pools (``NriEngine.holding_pods``)."""
+        return self.engine.holding_pods()
 
     def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
         """The containers the runtime has not stopped."""

@@ -244,14 +244,19 @@ def test_pods_keep_starting_while_the_plugin_hangs(containerd: ContainerdEnv, nr
     assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
 
 
+@pytest.mark.parametrize("container_first", [
+    pytest.param(True, id="kubelet stops the LSR container, then stops and removes its pod"),
+    pytest.param(False, id="the LSR pod is stopped and removed with its container still running"),
+])
 def test_ls_pod_gets_the_share_pool_and_follows_it_when_an_lsr_pod_arrives_and_leaves(
-    containerd: ContainerdEnv, tmp_path: Path
+    containerd: ContainerdEnv, tmp_path: Path, container_first: bool
 ) -> None:
     """The running LS container shrinks off the LSR pod's CPU with the LSR container's own
-    CreateContainer reply, and grows back with the next reply that can carry updates after the
-    LSR pod left (here: the next pod's CreateContainer); containerd itself then reports the new
-    cpuset. No unsolicited UpdateContainers: on these containerd versions it can deadlock
-    containerd (see ``runtime_proxy/nri/backend.py``)."""
+    CreateContainer reply, and grows back with the StopContainer reply of the LSR pod's last
+    container (kubelet's StopContainer, or the one containerd's StopPodSandbox sends for a
+    container still running), with no other pod or event on the node; containerd itself reports
+    the new cpuset each time. No unsolicited UpdateContainers: on these
+    containerd versions it can deadlock containerd (see ``runtime_proxy/nri/backend.py``)."""
     if len(TOPO.cpus) < 2 or TOPO.numa_nodes != (0,):
         pytest.skip(f"needs 2+ CPUs on one NUMA node 0; this machine has {ALL_CPUS} on {TOPO.numa_nodes}")
     node_file = q.write_node_config(tmp_path / "node.json")
@@ -280,9 +285,10 @@ def test_ls_pod_gets_the_share_pool_and_follows_it_when_an_lsr_pod_arrives_and_l
         q.wait_for(ls_cpus, LS_POOL_WITH_LSR, what="LS cpuset after the LSR pod arrived", timeout=5.0)
         q.wait_for(reported, LS_POOL_WITH_LSR, what="containerd's record of the LS cpuset", timeout=5.0)
         assert q.read_container_file(ls_parent, ls_cid, "cpu.cfs_quota_us") == "100000"
+        if container_first:
+            client.stop_container(lsr_cid)
+            q.wait_for(ls_cpus, ALL_CPUS, what="LS cpuset after the LSR container stopped", timeout=5.0)
         client.remove_pod(lsr)
-        next_parent, next_cid = run_ls()
-        assert q.read_container_file(next_parent, next_cid, "cpuset.cpus") == ALL_CPUS
         q.wait_for(ls_cpus, ALL_CPUS, what="LS cpuset after the LSR pod left", timeout=5.0)
         q.wait_for(reported, ALL_CPUS, what="containerd's record of the LS cpuset", timeout=5.0)
         assert plugin.proc is not None and plugin.proc.poll() is None

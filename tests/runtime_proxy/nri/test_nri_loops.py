@@ -157,10 +157,25 @@ async def test_the_engine_tells_whether_the_share_pools_input_changed() -> None:
     assert seen == [False, True, False, True]
 
 
-@pytest.mark.skipif(len(TOPO.cpus) < 2, reason="needs 2+ CPUs: one bound to the LSR pod, the rest shared")
-async def test_a_running_ls_container_follows_the_share_pool_when_an_lsr_pod_arrives_and_leaves(
-    runtime: FakeRuntime, tmp_path: Path
-) -> None:
+def _updates(reply: Any, response: Any) -> list[tuple[str, str]]:
+    assert not reply.HasField("status"), reply.status
+    return [(u.container_id, u.linux.resources.cpu.cpus) for u in response.FromString(reply.payload).update]
+
+
+async def _stop(session: Session, pod: Any, container: Any) -> list[tuple[str, str]]:
+    reply = await session.call("StopContainer", nri_pb2.StopContainerRequest(pod=pod, container=container))
+    return _updates(reply, nri_pb2.StopContainerResponse)
+
+
+async def _create(session: Session, pod: Any, container: Any) -> list[tuple[str, str]]:
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(pod=pod, container=container))
+    return _updates(reply, nri_pb2.CreateContainerResponse)
+
+
+@pytest.fixture
+async def pools_session(runtime: FakeRuntime, tmp_path: Path) -> AsyncIterator[Session]:
+    """``runtime-proxy nri`` with the cpuset plugin and its reconciler behind the fake runtime,
+    synchronized with one LS pod whose container ``c1`` runs on every CPU."""
     node_file = q.write_node_config(tmp_path / "node.json")
     config = ProxyConfig(hookServerDir=str(tmp_path / "hooks"), cgroupRoot=str(tmp_path / "cgroup"),
                          nodeConfigFile=str(node_file), reconcilePeriodSeconds=30.0)
@@ -173,27 +188,89 @@ async def test_a_running_ls_container_follows_the_share_pool_when_an_lsr_pod_arr
         reply = await session.call("Synchronize", nri_pb2.SynchronizeRequest(
             pods=[_pod("ls")], containers=[_container("c1", "ls", ALL_CPUS)]))
         assert not reply.HasField("status")
-
-        lsr = _pod("lsr", qos="LSR", cpuset=LSR_CPU)
-        await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=lsr))
-        # The LSR pod's own create carries the LS container's new cpuset.
-        reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
-            pod=lsr, container=_container("c2", "lsr", ALL_CPUS)))
-        created = nri_pb2.CreateContainerResponse.FromString(reply.payload)
-        assert created.adjust.linux.resources.cpu.cpus == LSR_CPU
-        assert [(u.container_id, u.linux.resources.cpu.cpus) for u in created.update] == [("c1", LS_POOL_WITH_LSR)]
-        await session.call("StateChange", nri_pb2.StateChangeEvent(
-            event=E.REMOVE_CONTAINER, pod=lsr, container=_container("c2", "lsr", LSR_CPU)))
-        await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.REMOVE_POD_SANDBOX, pod=lsr))
-        # The next reply that can carry updates gives the pool back.
-        reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
-            pod=_pod("ls"), container=_container("c3", "ls", ALL_CPUS)))
-        created = nri_pb2.CreateContainerResponse.FromString(reply.payload)
-        assert [(u.container_id, u.linux.resources.cpu.cpus) for u in created.update] == [("c1", ALL_CPUS)]
+        yield session
         assert session.update_requests == []  # never an unsolicited call
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+needs_two_cpus = pytest.mark.skipif(len(TOPO.cpus) < 2,
+                                    reason="needs 2+ CPUs: one bound to the LSR pod, the rest shared")
+
+
+@needs_two_cpus
+async def test_a_running_ls_container_follows_the_share_pool_when_an_lsr_pod_arrives_and_leaves(
+    pools_session: Session,
+) -> None:
+    session = pools_session
+    lsr = _pod("lsr", qos="LSR", cpuset=LSR_CPU)
+    await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=lsr))
+    # The LSR pod's own create carries the LS container's new cpuset.
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+        pod=lsr, container=_container("c2", "lsr", ALL_CPUS)))
+    created = nri_pb2.CreateContainerResponse.FromString(reply.payload)
+    assert created.adjust.linux.resources.cpu.cpus == LSR_CPU
+    assert _updates(reply, nri_pb2.CreateContainerResponse) == [("c1", LS_POOL_WITH_LSR)]
+    # The stop of the LSR pod's last container gives the pool back in its own reply.
+    assert await _stop(session, lsr, _container("c2", "lsr", LSR_CPU)) == [("c1", ALL_CPUS)]
+    await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.STOP_POD_SANDBOX, pod=lsr))
+    await session.call("StateChange", nri_pb2.StateChangeEvent(
+        event=E.REMOVE_CONTAINER, pod=lsr, container=_container("c2", "lsr", LSR_CPU)))
+    await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.REMOVE_POD_SANDBOX, pod=lsr))
+    # Nothing is left for the next reply.
+    assert await _create(session, _pod("ls"), _container("c3", "ls", ALL_CPUS)) == []
+
+
+@needs_two_cpus
+async def test_the_pool_grows_back_only_when_the_last_container_of_the_lsr_pod_stops(
+    pools_session: Session,
+) -> None:
+    session = pools_session
+    lsr = _pod("lsr", qos="LSR", cpuset=LSR_CPU)
+    await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=lsr))
+    assert await _create(session, lsr, _container("a", "lsr", ALL_CPUS)) == [("c1", LS_POOL_WITH_LSR)]
+    assert await _create(session, lsr, _container("b", "lsr", ALL_CPUS)) == []
+    # The LS container's own stop, and the first of the LSR pod's two, give nothing back.
+    assert await _stop(session, lsr, _container("a", "lsr", LSR_CPU)) == []
+    assert await _stop(session, _pod("ls"), _container("other", "ls", ALL_CPUS)) == []
+    assert await _stop(session, lsr, _container("b", "lsr", LSR_CPU)) == [("c1", ALL_CPUS)]
+
+
+@needs_two_cpus
+async def test_a_restarted_lsr_container_takes_its_cpus_back_in_its_own_create_reply(
+    pools_session: Session,
+) -> None:
+    session = pools_session
+    lsr = _pod("lsr", qos="LSR", cpuset=LSR_CPU)
+    await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=lsr))
+    assert await _create(session, lsr, _container("a", "lsr", ALL_CPUS)) == [("c1", LS_POOL_WITH_LSR)]
+    assert await _stop(session, lsr, _container("a", "lsr", LSR_CPU)) == [("c1", ALL_CPUS)]
+    # kubelet starts the pod's container again: the LS container leaves the bound CPU at once.
+    assert await _create(session, lsr, _container("a2", "lsr", ALL_CPUS)) == [("c1", LS_POOL_WITH_LSR)]
+
+
+async def test_a_stop_in_dry_run_or_without_loops_is_answered_with_no_updates() -> None:
+    for engine in (NriEngine(Pipeline([]), dry_run=True), NriEngine(Pipeline([]))):
+        await engine.state_change(E.RUN_POD_SANDBOX, _pod("lsr", qos="LSR", cpuset="0"), None)
+        await engine.create_container(_pod("lsr", qos="LSR", cpuset="0"), _container("a", "lsr", "0"))
+        engine.queue_update("a", {"cpuset_cpus": "0"})
+        assert await engine.stop_container(_pod("lsr", qos="LSR", cpuset="0"), _container("a", "lsr", "0")) == []
+        assert engine.stopped == {"a"}
+
+
+async def test_a_pod_whose_containers_were_all_stopped_no_longer_holds_its_cpus() -> None:
+    engine = NriEngine(Pipeline([]))
+    lsr = _pod("lsr", qos="LSR", cpuset="0")
+    await engine.state_change(E.RUN_POD_SANDBOX, lsr, None)
+    assert [p.sandbox_id for p in engine.holding_pods()] == ["lsr"]  # no container yet: it holds them
+    await engine.create_container(lsr, _container("a", "lsr", "0"))
+    await engine.create_container(lsr, _container("b", "lsr", "0"))
+    await engine.stop_container(lsr, _container("a", "lsr", "0"))
+    assert [p.sandbox_id for p in engine.holding_pods()] == ["lsr"]
+    await engine.stop_container(lsr, _container("b", "lsr", "0"))
+    assert engine.holding_pods() == []
+    assert engine.node().bound_cpusets == {}
 
 
 async def test_nri_mode_gets_the_usage_loop_from_the_same_wiring_when_the_config_enables_it(tmp_path: Path) -> None:
