@@ -15,6 +15,10 @@ Every test that uses one of these runs once per containerd version (ids ``contai
   (a proxy in front of containerd, say).
 - ``cgroup_parent`` (function): a fresh ``/rhptest-<random>-<v>/kubepods/burstable/pod<uid>``.
 
+A test marked ``@pytest.mark.one_containerd`` (what it checks does not depend on the version)
+runs on the first version only: its items for the other versions are deselected at collection,
+not skipped.
+
 Each session containerd owns a private top cgroup directory, so engineers and CI runs on one
 machine never touch each other's cgroups.
 """
@@ -34,6 +38,22 @@ from rhp_devenv.env import ContainerdEnv
 from tests.integration.harness import required_versions
 
 _SESSION_TAG = secrets.token_hex(4)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the ``one_containerd`` tests on ``VERSIONS[0]`` only (see the module docstring)."""
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        version = callspec.params.get("containerd_env") if callspec is not None else None
+        if item.get_closest_marker("one_containerd") and version not in (None, VERSIONS[0]):
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session", params=VERSIONS, ids=[f"containerd-{v}" for v in VERSIONS])

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from rhp_devenv import VERSIONS
 from rhp_devenv.cri import CriClient, PodHandle
 
 from cri_protos import api_pb2
@@ -32,19 +31,14 @@ from tests.fakeapi import FakeAPIServer
 from tests.integration import qos_helpers as q
 from tests.integration.harness import ProxyThread, proxy_options
 
-pytestmark = pytest.mark.integration
+# What this checks does not depend on the containerd version.
+pytestmark = [pytest.mark.integration, pytest.mark.one_containerd]
 
 T = TypeVar("T")
 MiB = 1 << 20
 TOTAL = 512 * MiB  # the prepared node's MemTotal: 1% is 5.12 MiB
 FILLS = {"be-a": 48, "be-b": 24, "be-c": 8, "ls-l": 64}  # MiB each pod's container holds
 SLO = {**q.NODE_SLO, "resourceUsedThresholdWithBE": {"enable": True}}  # threshold 70%, lower 68%
-
-
-@pytest.fixture(autouse=True)
-def _one_containerd_version(containerd: Any) -> None:
-    if containerd.version != VERSIONS[0]:
-        pytest.skip("eviction uses CRI calls every containerd version shares; one version is enough")
 
 
 def fill_command(mib: int) -> list[str]:

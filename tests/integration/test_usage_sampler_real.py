@@ -11,24 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rhp_devenv import VERSIONS
 
 from hooks.usage import ResourceUsage
 from runtime_proxy.config import ProxyConfig
 from tests.integration.harness import ProxyThread, proxy_options
 
-pytestmark = pytest.mark.integration
+# What this checks does not depend on the containerd version.
+pytestmark = [pytest.mark.integration, pytest.mark.one_containerd]
 
 MiB = 1 << 20
 HOLD = 32  # MiB the container holds
 # busybox awk: a string of HOLD MiB (anonymous memory), then a busy loop.
 COMMAND = ["awk", f'BEGIN{{s=sprintf("%{HOLD * MiB}s", ""); while (1) {{ n++ }}}}']
-
-
-@pytest.fixture(autouse=True)
-def _one_containerd_version(containerd: Any) -> None:
-    if containerd.version != VERSIONS[0]:
-        pytest.skip("sampling reads cgroup files every containerd version lays out alike; one version is enough")
 
 
 def test_the_usage_loop_samples_a_real_containers_cpu_and_memory(
