@@ -54,6 +54,7 @@ from koord_formats.nodeslo import CPUBurstConfig
 from runtime_proxy.host.apply import apply_files
 from runtime_proxy.host.cgroups import CgroupError, Cgroups
 from runtime_proxy.loops.background import Background, every
+from runtime_proxy.loops.usage import PROC_STAT_HEAD_BYTES, parse_proc_stat, read_bounded
 
 __all__ = ["BurstBackend", "CPUBurstLoop", "QuotaChange", "SharePoolLoad"]
 
@@ -109,9 +110,9 @@ class SharePoolLoad:
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
     def _node_busy_seconds(self) -> float:
-        line = (self.proc_root / "stat").read_text().splitlines()[0].split()
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in line[1:9])
-        return (user + nice + system + irq + softirq + steal) / self._tick
+        # The usage sampler's reader and formula, so both loops see the same node CPU.
+        busy, _ = parse_proc_stat(read_bounded(self.proc_root / "stat", PROC_STAT_HEAD_BYTES, head=True))
+        return busy / self._tick
 
     def __call__(self) -> float | None:
         node = self.backend.node()
@@ -128,7 +129,7 @@ class SharePoolLoad:
                     continue
         try:
             busy = self._node_busy_seconds()
-        except (OSError, ValueError, IndexError):
+        except (OSError, ValueError):  # SampleError is a ValueError
             return None
         now = self.clock()
         prev, self._prev = self._prev, (now, busy, excluded_ns / 1e9)
