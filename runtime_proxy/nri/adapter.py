@@ -24,8 +24,8 @@ had (``holding_pods``); a pod with no container yet holds them, so its first Cre
 reply can move the LS containers off them. When the StopContainer of the last running container
 of a pod that holds CPUs arrives, it is processed before the reply, the reconciler's round
 runs, and the grown share pool goes back to the running LS containers in that StopContainer
-reply (kubelet stops a pod's containers before its sandbox; containerd's StopPodSandbox stops
-the containers still running the same way).
+reply (containerd sends StopContainer for kubelet's StopContainer, for a container still
+running at StopPodSandbox, and when a container exits on its own).
 
 Events. ``wanted_events`` names the events the pipeline has work for (plus those the store
 needs: pods and containers arriving, stopping and leaving), so the runtime does not wait for a

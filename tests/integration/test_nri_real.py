@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from rhp_devenv.containerd import PrivateContainerd, binaries_for
-from rhp_devenv.cri import linux_resources
+from rhp_devenv.cri import SLEEP_COMMAND, linux_resources
 from rhp_devenv.env import ContainerdEnv
 
 from cri_protos import api_pb2
@@ -137,12 +137,13 @@ def nri_plugin(containerd: ContainerdEnv, tmp_path: Path) -> Iterator[NriPluginP
         plugin.stop()
 
 
-def _lsr_pod(containerd: ContainerdEnv, cpu: str) -> tuple[str, Any, str]:
+def _lsr_pod(containerd: ContainerdEnv, cpu: str, command: tuple[str, ...] = SLEEP_COMMAND) -> tuple[str, Any, str]:
     client = containerd.cri_client()
     parent = containerd.new_cgroup_parent("burstable")
     pod = client.run_pod(cgroup_parent=parent, labels={q.LABEL_QOS: "LSR"},
                          annotations={q.RESOURCE_STATUS: q.resource_status(cpuset=cpu)})
-    cid = client.run_container(pod, resources=linux_resources(cpu_shares=1024, cpu_quota=50_000, cpuset_cpus="0"))
+    cid = client.run_container(pod, command=command,
+                               resources=linux_resources(cpu_shares=1024, cpu_quota=50_000, cpuset_cpus="0"))
     return parent, pod, cid
 
 
@@ -244,19 +245,21 @@ def test_pods_keep_starting_while_the_plugin_hangs(containerd: ContainerdEnv, nr
     assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
 
 
-@pytest.mark.parametrize("container_first", [
-    pytest.param(True, id="kubelet stops the LSR container, then stops and removes its pod"),
-    pytest.param(False, id="the LSR pod is stopped and removed with its container still running"),
+@pytest.mark.parametrize("leaves", [
+    pytest.param("container first", id="kubelet stops the LSR container, then stops and removes its pod"),
+    pytest.param("with the pod", id="the LSR pod is stopped and removed with its container still running"),
+    pytest.param("by exiting", id="the LSR container exits on its own, then its pod is stopped and removed"),
 ])
 def test_ls_pod_gets_the_share_pool_and_follows_it_when_an_lsr_pod_arrives_and_leaves(
-    containerd: ContainerdEnv, tmp_path: Path, container_first: bool
+    containerd: ContainerdEnv, tmp_path: Path, leaves: str
 ) -> None:
     """The running LS container shrinks off the LSR pod's CPU with the LSR container's own
-    CreateContainer reply, and grows back with the StopContainer reply of the LSR pod's last
-    container (kubelet's StopContainer, or the one containerd's StopPodSandbox sends for a
-    container still running), with no other pod or event on the node; containerd itself reports
-    the new cpuset each time. No unsolicited UpdateContainers: on these
-    containerd versions it can deadlock containerd (see ``runtime_proxy/nri/backend.py``)."""
+    CreateContainer reply, and grows back with the StopContainer call of the LSR pod's last
+    container (containerd sends it for kubelet's StopContainer, for a container still running at
+    StopPodSandbox, and when a container exits on its own), with no other pod or event on the
+    node; containerd itself reports the new cpuset each time. No unsolicited UpdateContainers:
+    on these containerd versions it can deadlock containerd (see
+    ``runtime_proxy/nri/backend.py``)."""
     if len(TOPO.cpus) < 2 or TOPO.numa_nodes != (0,):
         pytest.skip(f"needs 2+ CPUs on one NUMA node 0; this machine has {ALL_CPUS} on {TOPO.numa_nodes}")
     node_file = q.write_node_config(tmp_path / "node.json")
@@ -280,14 +283,20 @@ def test_ls_pod_gets_the_share_pool_and_follows_it_when_an_lsr_pod_arrives_and_l
             return str(client.container_status(ls_cid).resources.linux.cpuset_cpus)
 
         assert ls_cpus() == ALL_CPUS
-        lsr_parent, lsr, lsr_cid = _lsr_pod(containerd, LSR_CPU)
+        # Long enough to be seen running; the checks below need well under a second.
+        command = ("sleep", "3") if leaves == "by exiting" else SLEEP_COMMAND
+        lsr_parent, lsr, lsr_cid = _lsr_pod(containerd, LSR_CPU, command)
         assert q.read_container_file(lsr_parent, lsr_cid, "cpuset.cpus") == LSR_CPU
         q.wait_for(ls_cpus, LS_POOL_WITH_LSR, what="LS cpuset after the LSR pod arrived", timeout=5.0)
         q.wait_for(reported, LS_POOL_WITH_LSR, what="containerd's record of the LS cpuset", timeout=5.0)
         assert q.read_container_file(ls_parent, ls_cid, "cpu.cfs_quota_us") == "100000"
-        if container_first:
+        if leaves == "container first":
             client.stop_container(lsr_cid)
             q.wait_for(ls_cpus, ALL_CPUS, what="LS cpuset after the LSR container stopped", timeout=5.0)
+        elif leaves == "by exiting":
+            q.wait_for(ls_cpus, ALL_CPUS, what="LS cpuset after the LSR container exited", timeout=10.0)
+            q.wait_for(lambda: client.container_status(lsr_cid).state, api_pb2.CONTAINER_EXITED,
+                       what="the LSR container's state", timeout=5.0)
         client.remove_pod(lsr)
         q.wait_for(ls_cpus, ALL_CPUS, what="LS cpuset after the LSR pod left", timeout=5.0)
         q.wait_for(reported, ALL_CPUS, what="containerd's record of the LS cpuset", timeout=5.0)
