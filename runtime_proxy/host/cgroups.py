@@ -139,6 +139,7 @@ class Cgroups:
         self.version = version or detect_cgroup_version(self.root)
         self.driver = driver
         self._controller_dirs = dict(controller_dirs or {})
+        self._real_roots: dict[Path, Path] = {}
         self._unsupported: set[str] = set()
 
     # -- paths ---------------------------------------------------------------------------------
@@ -174,7 +175,13 @@ class Cgroups:
         parts = self.check_relative(path)
         base = self._controller_root(controller)
         candidate = base.joinpath(*parts) if parts else base
-        real_base = base.resolve()
+        # A controller root is resolved once it exists; a root that moves later fails closed
+        # (the candidate then resolves outside the remembered place and is refused).
+        real_base = self._real_roots.get(base)
+        if real_base is None:
+            real_base = base.resolve()
+            if real_base.is_dir():
+                self._real_roots[base] = real_base
         real = candidate.resolve()
         if real != real_base and not real.is_relative_to(real_base):
             raise UnsafePathError(f"path {path!r} resolves to {real}, outside {real_base}")
