@@ -420,15 +420,23 @@ class NriEngine:
             dropped, _ = self.pending_updates.popitem(last=False)
             log.warning("pending container update dropped (too many pending)", container=dropped)
 
-    async def _settled(self) -> None:
+    def _others_running(self, exclude: str) -> bool:
+        """True when a container other than ``exclude`` is running: only those can receive
+        updates in this reply."""
+        return any(c.id != exclude and c.id not in self.stopped for _, c in self.store.containers())
+
+    async def _settled(self, exclude: str = "") -> None:
         """Run ``settle`` when the share pools' input changed since it last ran, waiting for it
         at most ``SETTLE_WAIT`` seconds (it goes on in the background; what it finds later goes
-        in a later reply)."""
+        in a later reply). With no other running container (``exclude`` is the one this event
+        is about) no update can ride on this reply, so the round runs without being waited
+        for."""
         if self.pools_dirty and self.settle is not None and not self.dry_run:
             self.pools_dirty = False
             task = asyncio.ensure_future(self.settle())
             task.add_done_callback(_log_failure)
-            await asyncio.wait({task}, timeout=SETTLE_WAIT)
+            if self._others_running(exclude):
+                await asyncio.wait({task}, timeout=SETTLE_WAIT)
 
     def _take_updates(self, skip: str = "") -> list[Any]:
         """The pending updates as ``ContainerUpdate``s (``ignore_failure``: a container that is
@@ -517,7 +525,7 @@ class NriEngine:
         await self.drain()
         result = await self._create_container(pod, container)
         await self._notify()
-        await self._settled()
+        await self._settled(exclude=container.id)
         if not self.dry_run:
             result.update.extend(self._take_updates(skip=container.id))
         return result
@@ -598,7 +606,7 @@ class NriEngine:
             await self._later(self._state_change, E.STOP_CONTAINER, pod, container)
             return self._take_updates(skip=container.id)
         await self._state_change(E.STOP_CONTAINER, pod, container)
-        await self._settled()
+        await self._settled(exclude=container.id)
         return self._take_updates(skip=container.id)
 
     async def state_change(self, event: int, pod: Any, container: Any | None) -> None:
