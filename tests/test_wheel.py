@@ -165,7 +165,7 @@ def _closure(requirements: list[str], extras: tuple[str, ...]) -> set[str]:
     """Names of the installed distributions ``requirements`` (with ``extras``) pull in."""
     from importlib import metadata
 
-    packaging_requirements = pytest.importorskip("packaging.requirements")
+    from packaging import requirements as packaging_requirements  # pytest depends on it
     walked: set[tuple[str, tuple[str, ...]]] = set()
     todo: list[tuple[str, tuple[str, ...]]] = [(r, extras) for r in requirements]
     while todo:
