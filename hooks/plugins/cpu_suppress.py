@@ -83,6 +83,7 @@ __all__ = [
     "choose_be_cpus",
     "cpuset_writes",
     "decide",
+    "decision_of",
     "next_cfs_quota",
     "pick_cpus",
     "rhp_reconcile_usage",
@@ -413,8 +414,30 @@ def _restore(plan: Plan, dirs: Sequence[BEDir], current: frozenset[int], pool: f
     cpuset_writes(plan, dirs, current, {0: pool, 1: pool, 2: pool})
 
 
+# The last round's decision with the (frozen) inputs it was computed from, compared by
+# identity: the usage loop reads the record of the round the hook runner just planned without
+# computing it again. One entry; replaced whole, so threads never see half of it.
+_last_decision: tuple[NodeFacts, Sequence[PodFacts], Usage, SuppressDecision] | None = None
+
+
+def decision_of(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> SuppressDecision:
+    """The decision record of ``decide`` for these inputs (the last round's when they are the
+    very objects it was given)."""
+    last = _last_decision
+    if last is not None and last[0] is node_facts and last[1] is pods and last[2] is usage:
+        return last[3]
+    return decide(node_facts, pods, usage)[0]
+
+
 def decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tuple[SuppressDecision, Plan]:
     """One suppress round: the decision record and the plan (see module docstring)."""
+    global _last_decision
+    decision, plan = _decide(node_facts, pods, usage)
+    _last_decision = (node_facts, pods, usage, decision)
+    return decision, plan
+
+
+def _decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tuple[SuppressDecision, Plan]:
     plan = Plan()
     problems: list[str] = []
     cfg = nodeslo.cpu_suppress(node_facts.node_slo, problems)

@@ -155,9 +155,10 @@ class UsageRound:
 
 
 def _record_suppress(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> None:
-    """Set ``rhp_cpu_suppress_target_cores`` from the suppress decision of this round (pure and
-    cheap to compute again); a round that changed nothing keeps the previous value."""
-    decision, _ = cpu_suppress.decide(node, pods, usage)
+    """Set ``rhp_cpu_suppress_target_cores`` from the suppress decision of this round (the
+    record the plugin kept for these very inputs); a round that changed nothing keeps the
+    previous value."""
+    decision = cpu_suppress.decision_of(node, pods, usage)
     for policy in (keys.CPU_SUPPRESS_POLICY_CPUSET, keys.CPU_SUPPRESS_POLICY_CFS_QUOTA):
         if policy != decision.policy:
             with contextlib.suppress(KeyError):
@@ -300,12 +301,13 @@ class UsageLoop:
         started = time.perf_counter()
         out = UsageRound()
         try:
-            node, pods, out.sample = await asyncio.to_thread(
+            node, listed, out.sample = await asyncio.to_thread(
                 self._sample, self.backend.node(), self.backend.pods(), self.backend.containers()
             )
             if out.sample is None or not self.pipeline.has_work("ReconcileUsage"):
                 return out
             usage = self.sampler.usage(self._recent(out.sample.at), refused=self._refused)
+            pods = tuple(listed)  # the same object for the plugins and the suppress record
             result = await self.pipeline.run_usage(node, pods, usage)
             out.plan = result.plan
             out.failures = [str(f) for f in result.failures]
@@ -314,7 +316,7 @@ class UsageLoop:
             if result.plan.evictions:
                 out.evictions = await self._evict(result.plan.evictions, out.sample.at)
             if SUPPRESS_PLUGIN in result.ran and not any(f.step == SUPPRESS_PLUGIN for f in result.failures):
-                await asyncio.to_thread(_record_suppress, node, tuple(pods), usage)
+                await asyncio.to_thread(_record_suppress, node, pods, usage)
             return out
         finally:
             self.rounds += 1
