@@ -20,12 +20,16 @@ Mapping (stage names from ``hooks.spec.STAGES``):
 
 Bound CPUs. A pod holds the CPUs of its resource-status cpuset (the share pools' input, see
 ``runtime_proxy.engine.bound``) from RunPodSandbox until the runtime stopped every container it
-had (``holding_pods``); a pod with no container yet holds them, so its first CreateContainer
-reply can move the LS containers off them. When the StopContainer of the last running container
+had (``holding_pods``; removing those containers does not make it hold them again, a new
+container does); a pod with no container yet holds them, so its first CreateContainer reply can
+move the LS containers off them. When the StopContainer of the last running container
 of a pod that holds CPUs arrives, it is processed before the reply, the reconciler's round
 runs, and the grown share pool goes back to the running LS containers in that StopContainer
 reply (containerd sends StopContainer for kubelet's StopContainer, for a container still
-running at StopPodSandbox, and when a container exits on its own).
+running at StopPodSandbox, and when a container exits on its own). A change of the bound CPUs
+that no reply can carry yet (no other container runs) is left to the reconciler's routine round
+and to the next reply that can carry updates; so a pod's whole lifecycle on an otherwise idle
+node costs no extra round.
 
 Events. ``wanted_events`` names the events the pipeline has work for (plus those the store
 needs: pods and containers arriving, stopping and leaving), so the runtime does not wait for a
@@ -245,6 +249,9 @@ class NriEngine:
         # Ids of containers the runtime stopped (still in the store until removed): the loops
         # leave them alone.
         self.stopped: set[str] = set()
+        # Sandbox ids of pods whose containers the runtime all stopped: they stay released when
+        # those containers are removed, until the pod gets a new container.
+        self.released: set[str] = set()
         # Bumped when a container is stopped (the store itself does not change then).
         self._stops = 0
         # Called after an event changed the store with "did the bound cpusets (the share pools'
@@ -286,21 +293,24 @@ class NriEngine:
             log.exception("bound cpusets not recomputed")
             changed = True
         self.pools_dirty = self.pools_dirty or changed
-        self.on_store_change(changed)
+        # With ``settle`` the new pools reach running containers in the next reply that can
+        # carry them, so the reconciler only needs its routine round (for the files) here.
+        self.on_store_change(changed and self.settle is None)
 
     def holding_pods(self) -> list[PodFacts]:
         """The stored pods that hold their bound CPUs: all but those whose containers the
-        runtime all stopped (a pod with no container yet holds them)."""
+        runtime all stopped, also once those are removed (``released``); a pod with no container
+        yet holds them."""
         pods = self.store.pods()
         if not self.stopped:
-            return pods
+            return [pod for pod in pods if pod.sandbox_id not in self.released] if self.released else pods
         with_containers: set[str] = set()
         running: set[str] = set()
         for owner, container in self.store.containers():
             with_containers.add(owner.sandbox_id)
             if container.id not in self.stopped:
                 running.add(owner.sandbox_id)
-        released = with_containers - running
+        released = (with_containers - running) | self.released
         return [pod for pod in pods if pod.sandbox_id not in released] if released else pods
 
     def _frees_bound_cpus(self, sandbox_id: str, uid: str, container_id: str) -> bool:
@@ -429,14 +439,15 @@ class NriEngine:
         """Run ``settle`` when the share pools' input changed since it last ran, waiting for it
         at most ``SETTLE_WAIT`` seconds (it goes on in the background; what it finds later goes
         in a later reply). With no other running container (``exclude`` is the one this event
-        is about) no update can ride on this reply, so the round runs without being waited
-        for."""
-        if self.pools_dirty and self.settle is not None and not self.dry_run:
-            self.pools_dirty = False
-            task = asyncio.ensure_future(self.settle())
-            task.add_done_callback(_log_failure)
-            if self._others_running(exclude):
-                await asyncio.wait({task}, timeout=SETTLE_WAIT)
+        is about) no update can ride on this reply: the round is left to the reconciler's
+        routine round (``on_store_change``), which writes the files, and ``pools_dirty`` stays
+        set for the next reply."""
+        if not self.pools_dirty or self.settle is None or self.dry_run or not self._others_running(exclude):
+            return
+        self.pools_dirty = False
+        task = asyncio.ensure_future(self.settle())
+        task.add_done_callback(_log_failure)
+        await asyncio.wait({task}, timeout=SETTLE_WAIT)
 
     def _take_updates(self, skip: str = "") -> list[Any]:
         """The pending updates as ``ContainerUpdate``s (``ignore_failure``: a container that is
@@ -494,6 +505,7 @@ class NriEngine:
                 stopped.add(container.id)
         self.store = store
         self.stopped = stopped
+        self.released = set()
         self._refreshed_version = -1
         self._notified_version = (-1, -1)
         for each_pod in store.pods():
@@ -533,6 +545,7 @@ class NriEngine:
     async def _create_container(self, pod: Any, container: Any) -> Any:
         pod_f, container_f = self._remember(pod, container)
         assert container_f is not None
+        self.released.discard(pod_f.sandbox_id)
         reply = nri_pb2.CreateContainerResponse()
         result = await self._run("PreCreateContainer", pod_f, container_f)
         if result is None:
@@ -635,6 +648,7 @@ class NriEngine:
         elif event == E.REMOVE_POD_SANDBOX:
             self.store.drop_pod(pod_f.sandbox_id)
             self.stopped &= {c.id for _, c in self.store.containers()}
+            self.released.discard(pod_f.sandbox_id)
             await self._stage_and_apply("PostRemovePodSandbox", pod_f, None)
         elif container_f is None:
             return
@@ -656,6 +670,9 @@ class NriEngine:
             if container_f.id not in self.stopped:
                 self.stopped.add(container_f.id)
                 self._stops += 1
+                if not any(owner.sandbox_id == pod_f.sandbox_id and c.id not in self.stopped
+                           for owner, c in self.store.containers()):
+                    self.released.add(pod_f.sandbox_id)
             await self._stage_and_apply("PostStopContainer", pod_f, container_f)
         elif event == E.REMOVE_CONTAINER:
             self._deferred.pop(container_f.id, None)

@@ -271,6 +271,48 @@ async def test_a_pod_whose_containers_were_all_stopped_no_longer_holds_its_cpus(
     await engine.stop_container(lsr, _container("b", "lsr", "0"))
     assert engine.holding_pods() == []
     assert engine.node().bound_cpusets == {}
+    # Removing the stopped containers does not make the pod hold its CPUs again ...
+    await engine.state_change(E.REMOVE_CONTAINER, lsr, _container("a", "lsr", "0"))
+    await engine.state_change(E.REMOVE_CONTAINER, lsr, _container("b", "lsr", "0"))
+    assert engine.holding_pods() == []
+    # ... a new container does.
+    await engine.create_container(lsr, _container("c", "lsr", "0"))
+    assert [p.sandbox_id for p in engine.holding_pods()] == ["lsr"]
+
+
+async def test_a_whole_lsr_pod_lifecycle_changes_the_share_pools_input_twice() -> None:
+    seen: list[bool] = []
+    engine = NriEngine(Pipeline([]), on_store_change=seen.append)
+    lsr = _pod("lsr", qos="LSR", cpuset="0")
+    await engine.state_change(E.RUN_POD_SANDBOX, lsr, None)
+    await engine.create_container(lsr, _container("a", "lsr", "0"))
+    await engine.state_change(E.START_CONTAINER, lsr, _container("a", "lsr", "0"))
+    await engine.stop_container(lsr, _container("a", "lsr", "0"))
+    await engine.state_change(E.REMOVE_CONTAINER, lsr, _container("a", "lsr", "0"))
+    await engine.state_change(E.STOP_POD_SANDBOX, lsr, None)
+    await engine.state_change(E.REMOVE_POD_SANDBOX, lsr, None)
+    # arrives (holds), container created (same), stopped (releases), removed, pod removed
+    assert seen == [True, False, True, False, False]
+
+
+async def test_with_settle_a_pools_change_asks_only_for_the_routine_round_and_settles_in_a_reply() -> None:
+    seen: list[bool] = []
+    rounds: list[str] = []
+
+    async def settle() -> None:
+        rounds.append("settle")
+
+    engine = NriEngine(Pipeline([]), on_store_change=seen.append)
+    engine.settle = settle
+    ls, lsr = _pod("ls"), _pod("lsr", qos="LSR", cpuset="0")
+    await engine.state_change(E.RUN_POD_SANDBOX, lsr, None)
+    # No other container runs: nothing could ride on this reply, so no round is waited for.
+    await engine.create_container(lsr, _container("a", "lsr", "0"))
+    assert rounds == [] and engine.pools_dirty
+    await engine.state_change(E.RUN_POD_SANDBOX, ls, None)
+    await engine.create_container(ls, _container("b", "ls", "1"))
+    assert rounds == ["settle"] and not engine.pools_dirty
+    assert seen == [False, False, False, False]
 
 
 async def test_nri_mode_gets_the_usage_loop_from_the_same_wiring_when_the_config_enables_it(tmp_path: Path) -> None:
