@@ -16,6 +16,8 @@ __all__ = [
     "ANNOTATION_POD_CPU_BURST",
     "ANNOTATION_POD_CPU_QOS",
     "ANNOTATION_POD_RESCTRL",
+    "ANNOTATION_RESERVATION_AFFINITY",
+    "ANNOTATION_RESERVATION_ALLOCATED",
     "ANNOTATION_RESOURCE_SPEC",
     "ANNOTATION_RESOURCE_STATUS",
     "BIND_POLICIES",
@@ -55,6 +57,8 @@ __all__ = [
     "LABEL_PRIORITY",
     "LABEL_PRIORITY_CLASS",
     "LABEL_QOS_CLASS",
+    "LABEL_RESERVATION_IGNORED",
+    "LABEL_RESERVATION_ORDER",
     "LABEL_SKIP_HOOKSERVER",
     "NODE_ANNOTATION_BE_CPU_SHARED_POOLS",
     "NODE_ANNOTATION_CPU_NORMALIZATION_RATIO",
@@ -83,6 +87,19 @@ __all__ = [
     "QOS_LSE",
     "QOS_LSR",
     "QOS_SYSTEM",
+    "RESERVATION_ALLOCATE_POLICIES",
+    "RESERVATION_ALLOCATE_POLICY_ALIGNED",
+    "RESERVATION_ALLOCATE_POLICY_DEFAULT",
+    "RESERVATION_ALLOCATE_POLICY_RESTRICTED",
+    "RESERVATION_API_GROUP",
+    "RESERVATION_API_VERSION",
+    "RESERVATION_PHASES",
+    "RESERVATION_PHASE_AVAILABLE",
+    "RESERVATION_PHASE_FAILED",
+    "RESERVATION_PHASE_PENDING",
+    "RESERVATION_PHASE_SUCCEEDED",
+    "RESERVATION_PHASE_WAITING",
+    "RESERVATION_PLURAL",
     "RESOURCE_BATCH_CPU",
     "RESOURCE_BATCH_MEMORY",
     "RESOURCE_GPU",
@@ -151,6 +168,42 @@ NODE_ANNOTATION_RESERVATION = "node.koordinator.sh/reservation"
 NODE_ANNOTATION_CPU_NORMALIZATION_RATIO = "node.koordinator.sh/cpu-normalization-ratio"
 # apis/extension/node_resource_amplification.go: resource name -> ratio, e.g. {"cpu": 1.5}.
 NODE_ANNOTATION_RESOURCE_AMPLIFICATION_RATIO = "node.koordinator.sh/resource-amplification-ratio"
+
+# ---- reservations (apis/extension/reservation.go, apis/scheduling/v1alpha1/reservation_types.go) --
+# The Reservation kind: cluster-scoped, ``scheduling.koordinator.sh/v1alpha1``, plural ``reservations``.
+RESERVATION_API_GROUP = "scheduling.koordinator.sh"
+RESERVATION_API_VERSION = "v1alpha1"
+RESERVATION_PLURAL = "reservations"
+# Pod annotation: the reservation affinity a pod requires (JSON ``ReservationAffinity``).
+ANNOTATION_RESERVATION_AFFINITY = "scheduling.koordinator.sh/reservation-affinity"
+# Pod annotation the scheduler writes at bind: the reservation the pod was allocated from,
+# ``{"name":"r1","uid":"..."}``.
+ANNOTATION_RESERVATION_ALLOCATED = "scheduling.koordinator.sh/reservation-allocated"
+# Reservation label: a positive integer, the lowest order is nominated first.
+LABEL_RESERVATION_ORDER = "scheduling.koordinator.sh/reservation-order"
+# Pod label: "true" makes the pod ignore reservations.
+LABEL_RESERVATION_IGNORED = "scheduling.koordinator.sh/reservation-ignored"
+RESERVATION_PHASE_PENDING = "Pending"
+RESERVATION_PHASE_AVAILABLE = "Available"
+RESERVATION_PHASE_SUCCEEDED = "Succeeded"
+RESERVATION_PHASE_WAITING = "Waiting"
+RESERVATION_PHASE_FAILED = "Failed"
+RESERVATION_PHASES = (
+    RESERVATION_PHASE_PENDING,
+    RESERVATION_PHASE_AVAILABLE,
+    RESERVATION_PHASE_SUCCEEDED,
+    RESERVATION_PHASE_WAITING,
+    RESERVATION_PHASE_FAILED,
+)
+# ``spec.allocatePolicy``: "" (Default, deprecated, read as Aligned), Aligned or Restricted.
+RESERVATION_ALLOCATE_POLICY_DEFAULT = ""
+RESERVATION_ALLOCATE_POLICY_ALIGNED = "Aligned"
+RESERVATION_ALLOCATE_POLICY_RESTRICTED = "Restricted"
+RESERVATION_ALLOCATE_POLICIES = (
+    RESERVATION_ALLOCATE_POLICY_DEFAULT,
+    RESERVATION_ALLOCATE_POLICY_ALIGNED,
+    RESERVATION_ALLOCATE_POLICY_RESTRICTED,
+)
 
 # ---- resource names (apis/extension/resource.go, device_share.go) ------------------------------
 RESOURCE_BATCH_CPU = "kubernetes.io/batch-cpu"  # integer milli-cores

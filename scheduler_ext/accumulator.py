@@ -43,6 +43,7 @@ __all__ = [
     "filter_required",
     "satisfies_required",
     "take_cpus",
+    "take_preferred_cpus",
 ]
 
 FULL_PCPUS = "FullPCPUs"
@@ -365,6 +366,32 @@ def take_cpus(
     raise AllocationError(FAILED)
 
 
+def take_preferred_cpus(
+    topo: CPUTopology,
+    available: frozenset[int],
+    preferred: frozenset[int],
+    n: int,
+    *,
+    bind_policy: str = FULL_PCPUS,
+    exclusive_policy: str = "None",
+    strategy: str = MOST_ALLOCATED,
+    used: ExclusiveUse = NO_EXCLUSIVE,
+) -> frozenset[int]:
+    """``take_cpus`` that first takes what it can of ``preferred`` (a reservation's CPUs), by the
+    same rules inside it, and only the rest from the other available CPUs
+    (``takePreferredCPUs``)."""
+    inside = available & preferred
+    if not inside:
+        return take_cpus(topo, available, n, bind_policy=bind_policy, exclusive_policy=exclusive_policy,
+                         strategy=strategy, used=used)
+    result = take_cpus(topo, inside, min(n, len(inside)), bind_policy=bind_policy,
+                       exclusive_policy=exclusive_policy, strategy=strategy, used=used)
+    if n > len(result):
+        result |= take_cpus(topo, available - result, n - len(result), bind_policy=bind_policy,
+                            exclusive_policy=exclusive_policy, strategy=strategy, used=used)
+    return result
+
+
 def filter_required(topo: CPUTopology, policy: str, available: frozenset[int]) -> frozenset[int]:
     """What a required ``policy`` may take: whole free cores (FullPCPUs) or the lowest free
     thread of every core (SpreadByPCPUs); any other policy leaves ``available`` as it is."""
@@ -406,12 +433,14 @@ def allocate_cpuset(
     strategy: str = MOST_ALLOCATED,
     used: ExclusiveUse = NO_EXCLUSIVE,
     numa_cpus: dict[int, int] | None = None,
+    preferred: frozenset[int] = frozenset(),
 ) -> frozenset[int]:
     """The cpuset of a pod as Koordinator's ``allocateCPUSet`` chooses it, or ``AllocationError``.
 
     ``numa_cpus`` (NUMA node -> whole CPUs) is the pod's share of each hinted NUMA node from
     ``scheduler_ext.numa.distribute_evenly``: each share is taken inside its node with the bind
-    policy honoured there, and the shares must add up to ``n``.
+    policy honoured there, and the shares must add up to ``n``. ``preferred`` CPUs (those of
+    the reservation the pod allocates from) are taken first (``take_preferred_cpus``).
     """
     if required:
         available = filter_required(topo, bind_policy, available)
@@ -423,16 +452,16 @@ def allocate_cpuset(
         for node in sorted(numa_cpus):
             inside = available & topo.numa_cpus.get(node, frozenset())
             count = min(len(inside), numa_cpus[node])
-            result |= take_cpus(
-                topo, inside, count, bind_policy=bind_policy, exclusive_policy=exclusive_policy,
+            result |= take_preferred_cpus(
+                topo, inside, preferred, count, bind_policy=bind_policy, exclusive_policy=exclusive_policy,
                 strategy=strategy, used=used,
             )
         needed -= len(result)
         if needed != 0:
             raise AllocationError(NOT_ENOUGH)
     if needed > 0:
-        result |= take_cpus(
-            topo, available - result, needed, bind_policy=bind_policy,
+        result |= take_preferred_cpus(
+            topo, available - result, preferred, needed, bind_policy=bind_policy,
             exclusive_policy=exclusive_policy, strategy=strategy, used=used,
         )
     if required and not satisfies_required(topo, bind_policy, result):

@@ -55,6 +55,7 @@ The deliberate differences from Koordinator are listed in ``scheduler_ext/README
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,8 @@ __all__ = [
     "ERR_INVALID_REQUESTED_CPUS",
     "ERR_MISSING_NUMA_RESOURCES",
     "ERR_NOT_MATCH_NUMA_TOPOLOGY",
+    "ERR_NO_NOMINATED_RESERVATION",
+    "ERR_RESERVATION_AFFINITY",
     "ERR_SMT_ALIGNMENT",
     "UNRESOLVABLE",
     "UNSCHEDULABLE",
@@ -89,6 +92,7 @@ __all__ = [
     "NodeFacts",
     "Placed",
     "Refusal",
+    "Restore",
     "amplification_ratio",
     "bind_policy_of",
     "merge_numa_policy",
@@ -96,6 +100,7 @@ __all__ = [
     "node_numa_policy",
     "place",
     "pre_filter",
+    "restored",
 ]
 
 UNSCHEDULABLE = "Unschedulable"
@@ -108,6 +113,11 @@ ERR_SMT_ALIGNMENT = "node(s) requested cpus not multiple cpus per core"
 ERR_CPU_BIND_POLICY_CONFLICT = "node(s) cpu bind policy conflicts with pod's required cpu bind policy"
 ERR_INVALID_AMPLIFICATION_RATIO = "node(s) invalid CPU amplification ratio"
 ERR_MISSING_NUMA_RESOURCES = "node(s) missing NUMA resources"
+# the reservation plugin and nodenumaresource/reservation.go
+ERR_RESERVATION_AFFINITY = "node(s) no reservations match reservation affinity"
+ERR_NO_NOMINATED_RESERVATION = "no nominated reservation"
+RESERVATION_REASON_PREFIX = "Reservation(s) "
+RESTRICTED_POLICY = keys.RESERVATION_ALLOCATE_POLICY_RESTRICTED
 
 FULL_PCPUS = "FullPCPUs"
 SPREAD_BY_PCPUS = "SpreadByPCPUs"
@@ -277,6 +287,14 @@ class NodeFacts:
     # required policy -> what it may take of ``free`` (``filter_required``), filled on first use:
     # a NodeFacts stands for one version of its node, so the view is computed once per version
     views: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # -- the node as one reservation restores it for a pod (``restored``); defaults: no reservation
+    reusable: Mapping[int, Mapping[str, int]] = field(default_factory=dict)  # taken off ``booked``
+    preferred: frozenset[int] = frozenset()  # CPUs taken first (the reservation's, free of its pods)
+    reservation: str = ""  # UID of the reservation this view allocates from
+    reservation_name: str = ""
+    allocate_policy: str = ""  # its spec.allocatePolicy
+    reserved_cpus: int = 0  # how many CPUs it still reserves (``reservedCPUs.Size()``)
+    remained: Mapping[int, Mapping[str, int]] | None = None  # its NUMA amounts left, None: none
 
     def eligible(self, policy: str) -> frozenset[int]:
         """``filter_required(topo, policy, free)``, memoised on this value."""
@@ -314,6 +332,72 @@ class Placed:
     numa_policy: str = ""
     bind_policy: str = ""  # the policy the CPUs were chosen with ("" when no cpuset)
     required: bool = False
+    reservation: str = ""  # UID of the reservation the placement allocates from ("" when none)
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """The node as koord-scheduler restores it for one pod's matched reservations
+    (``nodenumaresource/reservation.go``): ``tries`` are the views of the matched reservations
+    that reserved a cpuset or NUMA amounts (``tryAllocateFromReservation``), ``node`` the view
+    for allocating outside them (``tryAllocateFromNode``), ``hints`` the view hint generation
+    reads, and ``required`` whether the pod requires a reservation (reservation affinity)."""
+
+    tries: tuple[NodeFacts, ...]
+    node: NodeFacts
+    hints: NodeFacts
+    required: bool
+
+
+def restored(
+    node: NodeFacts,
+    *,
+    free: frozenset[int],
+    reusable: Mapping[int, Mapping[str, int]],
+    preferred: frozenset[int] = frozenset(),
+    reservation: str = "",
+    reservation_name: str = "",
+    allocate_policy: str = "",
+    reserved_cpus: int = 0,
+    remained: Mapping[int, Mapping[str, int]] | None = None,
+) -> NodeFacts:
+    """``node`` with some CPUs and NUMA amounts given back for one pod."""
+    return dataclasses.replace(
+        node,
+        free=free,
+        views={},
+        reusable=reusable,
+        preferred=preferred,
+        reservation=reservation,
+        reservation_name=reservation_name,
+        allocate_policy=allocate_policy,
+        reserved_cpus=reserved_cpus,
+        remained=remained,
+    )
+
+
+def _reservation_reasons(reasons: Sequence[str]) -> str:
+    """Koordinator's ``makeReasonsByReservation``: each reason prefixed "Reservation(s) "."""
+    parts = [p for r in reasons for p in r.split("; ") if p]
+    return "; ".join(f"{RESERVATION_REASON_PREFIX}{p}" for p in parts)
+
+
+def _with_reservations(
+    restore: Restore | None, base: NodeFacts, attempt: Callable[[NodeFacts], Placed | Refusal]
+) -> Placed | Refusal:
+    """The matched reservations in turn, then the node (``tryAllocateFromReservation`` then
+    ``tryAllocateFromNode``); a pod that requires a reservation gets no node fallback."""
+    if restore is None:
+        return attempt(base)
+    reasons: list[str] = []
+    for view in restore.tries:
+        got = attempt(view)
+        if isinstance(got, Placed):
+            return got
+        reasons.append(got.reason)
+    if restore.tries and restore.required:
+        return Refusal(UNSCHEDULABLE, _reservation_reasons(reasons))
+    return attempt(restore.node)
 
 
 PLAIN = Placed()
@@ -334,6 +418,16 @@ def bind_policy_of(intent: Intent, node_policy: str) -> tuple[str, bool]:
 
 
 def _amplified_zones(node: NodeFacts, ratio: float) -> tuple[numa.Zones, dict[int, dict[str, int]]]:
+    zones, booked = _amplified(node, ratio)
+    if node.reusable:  # ``getAvailableNUMANodeResources``: booked minus reusable, never below zero
+        for n, amounts in booked.items():
+            back = node.reusable.get(n)
+            if back:
+                booked[n] = {r: max(0, v - back.get(r, 0)) for r, v in amounts.items()}
+    return zones, booked
+
+
+def _amplified(node: NodeFacts, ratio: float) -> tuple[numa.Zones, dict[int, dict[str, int]]]:
     if ratio <= 1:
         return node.zones, {n: dict(v) for n, v in node.booked.items()}
     zones = {n: {r: (amplify(v, ratio) if r == numa.CPU else v) for r, v in z.items()} for n, z in node.zones.items()}
@@ -353,10 +447,16 @@ def place(
     *,
     extra: Sequence[numa.ProviderHints] = (),
     exact: bool = True,
+    restore: Restore | None = None,
+    final: Restore | None = None,
 ) -> Placed | Refusal:
     """Rules 3 to 9 on one node; with ``exact`` the answer is the placement a bind writes.
 
-    ``extra`` holds other hint providers' answers (GPUs) for the NUMA merge. Without
+    ``restore`` holds the views of the node the pod's matched reservations give it (tried in
+    order, then the node itself; see ``Restore``); ``final``, when given, replaces it for the
+    allocation itself once the NUMA hint is chosen (bind allocates from the nominated
+    reservation only, Filter from any matched one). ``extra`` holds other hint providers'
+    answers (GPUs) for the NUMA merge. Without
     ``exact`` (filter and prioritize) the CPUs are only counted, never chosen: every policy
     here succeeds exactly when enough CPUs are eligible (a required policy's eligible CPUs
     already have its shape), so the verdict is the same and the accumulator runs only at bind.
@@ -391,12 +491,18 @@ def place(
     if not policy:
         if not cpu_bind or topo is None:
             return PLAIN
-        try:
-            cpus = _cpuset(intent, node, topo, bind_policy, required, None, exact)
-        except AllocationError as exc:
-            return Refusal(UNSCHEDULABLE, str(exc))
-        return Placed(cpus, {}, None, "", bind_policy, required)
-    return _place_numa(intent, node, policy, cpu_bind, bind_policy, required, ratio, extra, exact)
+
+        def cpus_only(view: NodeFacts) -> Placed | Refusal:
+            try:
+                cpus = _cpuset(intent, view, topo, bind_policy, required, None, exact)
+            except AllocationError as exc:
+                return Refusal(UNSCHEDULABLE, str(exc))
+            if view.allocate_policy == RESTRICTED_POLICY and intent.num_cpus > view.reserved_cpus:
+                return Refusal(UNSCHEDULABLE, NOT_ENOUGH)
+            return Placed(cpus, {}, None, "", bind_policy, required, view.reservation)
+
+        return _with_reservations(final if final is not None else restore, node, cpus_only)
+    return _place_numa(intent, node, policy, cpu_bind, bind_policy, required, ratio, extra, exact, restore, final)
 
 
 def _cpuset(
@@ -435,6 +541,7 @@ def _cpuset(
         strategy=node.strategy,
         used=node.used,
         numa_cpus=numa_cpus,
+        preferred=node.preferred,
     )
 
 
@@ -448,29 +555,49 @@ def _place_numa(
     ratio: float,
     extra: Sequence[numa.ProviderHints],
     exact: bool,
+    restore: Restore | None = None,
+    final: Restore | None = None,
 ) -> Placed | Refusal:
     if not node.zones:
         return Refusal(UNRESOLVABLE, ERR_MISSING_NUMA_RESOURCES)
     topo = node.topo
-    zones, booked = _amplified_zones(node, ratio)
-    available = numa.zone_available(zones, booked)
-    if required and topo is not None:  # trimNUMANodeResources
-        eligible = node.eligible(bind_policy)
-        for n, amounts in available.items():
-            if amounts.get(numa.CPU):
-                cap = len(eligible & topo.numa_cpus.get(n, frozenset())) * 1000
-                amounts[numa.CPU] = min(amounts[numa.CPU], cap)
+    zones = _amplified_zones(node, ratio)[0]
+    cache: dict[tuple[int, bool], dict[int, dict[str, int]]] = {}
+
+    def available_in(view: NodeFacts, remained: bool = False) -> dict[int, dict[str, int]]:
+        """Zone amounts ``view`` leaves (or, with ``remained``, its reservation's NUMA amounts
+        left, ``requiredResources``), trimmed to the CPUs a required policy may take there."""
+        key = (id(view), remained)
+        got = cache.get(key)
+        if got is None:
+            if remained and view.remained is not None:
+                got = {n: {r: max(0, v) for r, v in a.items()} for n, a in view.remained.items()}
+            else:
+                got = numa.zone_available(*_amplified_zones(view, ratio))
+            if required and topo is not None:  # trimNUMANodeResources
+                eligible = view.eligible(bind_policy)
+                for n, amounts in got.items():
+                    if amounts.get(numa.CPU):
+                        cap = len(eligible & topo.numa_cpus.get(n, frozenset())) * 1000
+                        amounts[numa.CPU] = min(amounts[numa.CPU], cap)
+            cache[key] = got
+        return {n: dict(a) for n, a in got.items()}
+
     original = numa.cpu_requests(intent.cpu_milli, intent.memory)
     hinted = dict(original)
     if cpu_bind and ratio > 1 and numa.CPU in hinted:
         hinted[numa.CPU] = amplify(hinted[numa.CPU], ratio)
     full_cores = max(topo.cpus_per_core, 1) if (topo is not None and required and bind_policy == FULL_PCPUS) else 0
 
-    def attempt(mask: frozenset[int] | None, exact: bool) -> Placed | Refusal:
+    def attempt_in(view: NodeFacts, mask: frozenset[int] | None, exact: bool, remained: bool) -> Placed | Refusal:
         split: Mapping[int, Mapping[str, int]] = {}
         if mask is not None:
             shares = numa.distribute_evenly(
-                original if cpu_bind else hinted, available, mask, cpu_bind=cpu_bind, full_cores=full_cores
+                original if cpu_bind else hinted,
+                available_in(view, remained),
+                mask,
+                cpu_bind=cpu_bind,
+                full_cores=full_cores,
             )
             if shares.reasons:
                 return Refusal(UNSCHEDULABLE, "; ".join(shares.reasons))
@@ -479,17 +606,37 @@ def _place_numa(
         if cpu_bind and topo is not None:
             numa_cpus = {n: a.get(numa.CPU, 0) // 1000 for n, a in split.items() if a.get(numa.CPU)}
             try:
-                cpus = _cpuset(intent, node, topo, bind_policy, required, numa_cpus or None, exact)
+                cpus = _cpuset(intent, view, topo, bind_policy, required, numa_cpus or None, exact)
             except AllocationError as exc:
                 return Refusal(UNSCHEDULABLE, str(exc))
-        return Placed(cpus, split, mask, policy, bind_policy, required)
+        return Placed(cpus, split, mask, policy, bind_policy, required, view.reservation)
 
+    def attempt_view(view: NodeFacts, mask: frozenset[int] | None, exact: bool) -> Placed | Refusal:
+        got = attempt_in(view, mask, exact, False)
+        if not isinstance(got, Placed) or view.allocate_policy != RESTRICTED_POLICY:
+            return got
+        # Restricted: the pod must fit in the reservation's CPUs and its NUMA amounts left
+        if cpu_bind and intent.num_cpus > view.reserved_cpus:
+            return Refusal(UNSCHEDULABLE, NOT_ENOUGH)
+        if view.remained:
+            return attempt_in(view, mask, exact, True)
+        return got
+
+    def attempt(mask: frozenset[int] | None, exact: bool, views: Restore | None = restore) -> Placed | Refusal:
+        return _with_reservations(views, node, lambda view: attempt_view(view, mask, exact))
+
+    hint_view = restore.hints if restore is not None else node
     hints = numa.generate_hints(
-        zones, available, hinted, policy, lambda m: isinstance(attempt(m, False), Placed), strategy="LeastAllocated"
+        zones,
+        available_in(hint_view),
+        hinted,
+        policy,
+        lambda m: isinstance(attempt(m, False), Placed),
+        strategy="LeastAllocated",
     )
     exclusive = intent.numa_exclusive
     states = node.numa_states if exclusive == keys.NUMA_EXCLUSIVE_REQUIRED else {}
     merged = numa.merge_hints(policy, sorted(zones), [hints, *extra], exclusive=exclusive, states=states)
     if not merged.admit:
         return Refusal(UNSCHEDULABLE, "; ".join(merged.reasons) or ERR_NOT_MATCH_NUMA_TOPOLOGY)
-    return attempt(merged.affinity, exact)
+    return attempt(merged.affinity, exact, final if final is not None else restore)

@@ -47,10 +47,11 @@ class Allocation:
     numa_memory: Mapping[int, int] = field(default_factory=dict)  # NUMA node -> bytes booked
     gpus: tuple[GPUGrant, ...] = ()
     exclusive: str = keys.EXCLUSIVE_POLICY_NONE  # the pod's CPU exclusive policy, for later pods to avoid
+    reservation: str = ""  # UID of the reservation the pod was allocated from ("" when none)
 
     @property
     def empty(self) -> bool:
-        return not self.cpus and not self.numa and not self.numa_memory and not self.gpus
+        return not self.cpus and not self.numa and not self.numa_memory and not self.gpus and not self.reservation
 
 
 EMPTY = Allocation()
@@ -108,13 +109,17 @@ def _grants(text: str) -> tuple[GPUGrant, ...]:
 
 
 def parse_allocation(
-    status: str | None, devices: str | None, exclusive: str = keys.EXCLUSIVE_POLICY_NONE
+    status: str | None,
+    devices: str | None,
+    exclusive: str = keys.EXCLUSIVE_POLICY_NONE,
+    reservation: str = "",
 ) -> Allocation:
     """Rebuild an allocation from a placed pod's resource-status and device-allocated
     annotations (``None`` or "" when absent); raises ``koord_formats.FormatError`` only.
 
     ``numaNodeResources`` is the pod's per-NUMA CPU and memory booking, with or without a
     cpuset: zone accounting (``scheduler_ext.numa``) counts both, as koord-scheduler does.
+    ``reservation`` is the UID from the pod's ``reservation-allocated`` (read by the caller).
     """
     cpus: frozenset[int] = frozenset()
     numa: dict[int, int] = {}
@@ -122,6 +127,8 @@ def parse_allocation(
     if status:
         cpus, numa, memory = _status(status)
     grants = _grants(devices) if devices else ()
-    if not cpus and not numa and not memory and not grants:
+    if not cpus and not numa and not memory and not grants and not reservation:
         return EMPTY
-    return Allocation(cpus=cpus, numa=numa, numa_memory=memory, gpus=grants, exclusive=exclusive)
+    return Allocation(
+        cpus=cpus, numa=numa, numa_memory=memory, gpus=grants, exclusive=exclusive, reservation=reservation
+    )

@@ -25,6 +25,7 @@ binds on one node never receive the same CPU.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Mapping, Sequence
@@ -37,20 +38,26 @@ from prometheus_client import Counter
 from koord_formats import keys
 from koord_formats.pod import format_resource_status
 from koord_formats.quantity import format_bytes, format_milli_cpu, parse_bytes, parse_cpu_milli
+from koord_formats.reservation import format_reservation_allocated
 from scheduler_ext import numa
 from scheduler_ext.accumulator import ExclusiveUse
 from scheduler_ext.admission import (
     ERR_INVALID_REQUESTED_CPUS,
+    ERR_NO_NOMINATED_RESERVATION,
+    ERR_RESERVATION_AFFINITY,
+    UNSCHEDULABLE,
     Intent,
     NodeFacts,
     Placed,
     Refusal,
+    Restore,
     bind_policy_of,
     merge_numa_policy,
     node_cpu_bind_policy,
     node_numa_policy,
     place,
     pre_filter,
+    restored,
 )
 from scheduler_ext.admission import PLAIN as PLAIN_PLACED
 from scheduler_ext.allocator import (
@@ -65,6 +72,7 @@ from scheduler_ext.annotations import Allocation, gpu_device_allocated
 from scheduler_ext.errors import APIError, ConflictError
 from scheduler_ext.guard import decode_pod
 from scheduler_ext.pods import GPURequest, PodRequest
+from scheduler_ext.reservations import NodeReservation, pod_may_use
 from scheduler_ext.state import ClusterState, NodeState
 
 __all__ = [
@@ -185,6 +193,20 @@ def _facts(ns: NodeState) -> NodeFacts:
     booked: dict[int, dict[str, int]] = {}
     pinned: dict[int, int] = {}
     cpusets: list[frozenset[int]] = []
+    for nr in ns.reserved:  # an active reservation books its cpuset and NUMA amounts like a pod
+        if not nr.r.active:
+            continue
+        if nr.cpus:
+            cpusets.append(nr.cpus)
+        for n, amounts in nr.numa.items():
+            entry = booked.setdefault(n, {})
+            for r, v in amounts.items():
+                entry[r] = entry.get(r, 0) + v
+        if nr.numa and nr.cpus and topo is not None:
+            for c in nr.cpus:
+                info = topo.details.get(c)
+                if info is not None:
+                    pinned[info.node] = pinned.get(info.node, 0) + 1
     for alloc in ns.allocs.values():
         if alloc.cpus:
             cpusets.append(alloc.cpus)
@@ -259,12 +281,165 @@ def _gpu_provider(ns: NodeState, gpu: GPURequest) -> numa.ProviderHints:
     return {"gpu": [numa.Hint(h.affinity, h.preferred) for h in hints]}
 
 
-def _place(ns: NodeState, pod: PodRequest, intent: Intent, *, exact: bool) -> Placed | Refusal:
+def _matched(ns: NodeState, pod: PodRequest) -> list[NodeReservation]:
+    """The reservations on ``ns`` the pod may use (caller refreshed ``ns``), in name order."""
+    if not ns.reserved:
+        return []
+    return [nr for nr in ns.reserved if pod_may_use(nr, pod.identity, pod.reservation_affinity, ns.node_labels)]
+
+
+def _plus(into: dict[int, dict[str, int]], more: Mapping[int, Mapping[str, int]]) -> None:
+    for n, amounts in more.items():
+        slot = into.setdefault(n, {})
+        for r, v in amounts.items():
+            slot[r] = slot.get(r, 0) + v
+
+
+@dataclass(frozen=True, slots=True)
+class _Restored:
+    restore: Restore
+    views: Mapping[str, NodeFacts]  # reservation uid -> its view (restorable matched ones)
+
+
+def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation], required: bool) -> _Restored | None:
+    """The views of ``ns`` the pod's matched reservations give it (``RestoreReservation``):
+
+    - a matched reservation that reserved a cpuset or NUMA amounts gives back its CPUs no pod
+      of it holds (taken first) and its NUMA amounts left, plus what the pods of every
+      available reservation booked (counted twice otherwise: by the reservation and the pod);
+    - outside the reservations the node gives back only what the pods of the unmatched ones
+      booked; hint generation reads the node with every matched reservation given back whole.
+    """
+    if not ns.reserved:
+        return None
+    mine = {nr.r.uid for nr in matched}
+    unmatched_used: dict[int, dict[str, int]] = {}
+    matched_used: dict[int, dict[str, int]] = {}
+    matched_whole: dict[int, dict[str, int]] = {}
+    tries: list[NodeReservation] = []
+    for nr in ns.reserved:
+        if not nr.r.active or not nr.r.available or (nr.r.allocate_once and nr.assigned):
+            continue
+        if nr.r.uid in mine:
+            if nr.restorable:
+                tries.append(nr)
+                _plus(matched_used, nr.used)
+                _plus(matched_whole, nr.numa)
+        elif nr.assigned and nr.restorable:
+            _plus(unmatched_used, nr.used)
+    if not tries and not unmatched_used:
+        return None
+    held: dict[int, int] = {}  # CPU -> how many holders (pods and active reservations)
+    for alloc in ns.allocs.values():
+        for c in alloc.cpus:
+            held[c] = held.get(c, 0) + 1
+    for nr in ns.reserved:
+        if nr.r.active:
+            for c in nr.cpus:
+                held[c] = held.get(c, 0) + 1
+    views: dict[str, NodeFacts] = {}
+    extra_all: set[int] = set()
+    reusable_base = {n: dict(a) for n, a in unmatched_used.items()}
+    _plus(reusable_base, matched_used)
+    for nr in tries:
+        # a reserved CPU no pod of the reservation holds is free for the pod unless some other
+        # pod or reservation holds it too (``getAvailableCPUs`` with the preferred CPUs)
+        preferred = nr.preferred
+        given = frozenset(c for c in preferred if held.get(c, 0) <= 1 and c in ns.bindable)
+        extra_all |= given
+        reusable = {n: dict(a) for n, a in reusable_base.items()}
+        _plus(reusable, nr.remained)
+        views[nr.r.uid] = restored(
+            facts,
+            free=facts.free | given,
+            reusable=reusable,
+            preferred=preferred,
+            reservation=nr.r.uid,
+            reservation_name=nr.r.name,
+            allocate_policy=nr.r.allocate_policy,
+            reserved_cpus=len(preferred),
+            remained=nr.remained if nr.numa else None,
+        )
+    node_view = restored(facts, free=facts.free, reusable=unmatched_used)
+    hint_reusable = {n: dict(a) for n, a in unmatched_used.items()}
+    _plus(hint_reusable, matched_whole)
+    hint_view = restored(facts, free=facts.free | extra_all, reusable=hint_reusable)
+    restore = Restore(tuple(views[nr.r.uid] for nr in tries), node_view, hint_view, required)
+    return _Restored(restore, views)
+
+
+def _reservation_score(nr: NodeReservation, pod: PodRequest) -> int:
+    """The reservation plugin's ``ScoreReservation``: MostAllocated over the reservation's
+    ``status.allocatable`` after the pod (its requests plus ``status.allocated``)."""
+    capacity = {k: v for k, v in nr.r.allocatable.items() if v}
+    if not capacity:
+        return 0
+    request = {"cpu": pod.cpu_milli, "memory": pod.memory * 1000}  # milli-units, as MilliValue()
+    total = 0
+    for name, cap in capacity.items():
+        cap_milli = int(cap * 1000)
+        req = request.get(name, 0) + int(nr.r.allocated.get(name, 0) * 1000)
+        if cap_milli > 0 and req <= cap_milli:
+            total += 100 * req // cap_milli
+    return total // len(capacity)
+
+
+def _order(nr: NodeReservation) -> int:
+    text = nr.r.labels.get(keys.LABEL_RESERVATION_ORDER, "")
+    try:
+        return int(text) if text and len(text) <= 19 else 0
+    except ValueError:
+        return 0
+
+
+def _nominate(
+    candidates: Sequence[NodeReservation], pod: PodRequest
+) -> NodeReservation | None:
+    """The reservation the nominator picks among those that pass: the lowest non-zero
+    ``reservation-order`` label, else the highest ``_reservation_score``, ties by name."""
+    if not candidates:
+        return None
+    ordered = [(o, nr) for nr in candidates if (o := _order(nr)) != 0]
+    if ordered:
+        return min(ordered, key=lambda x: (x[0], x[1].r.name))[1]
+    return min(candidates, key=lambda nr: (-_reservation_score(nr, pod), nr.r.name, nr.r.uid))
+
+
+def _place(
+    ns: NodeState, pod: PodRequest, intent: Intent, *, exact: bool, matched: Sequence[NodeReservation] = ()
+) -> tuple[Placed | Refusal, NodeReservation | None]:
+    """The placement on ``ns`` and, with ``exact``, the reservation nominated for it."""
     facts = _facts(ns)
     extra: list[numa.ProviderHints] = []
     if pod.gpu is not None and not ns.gpu_error:
         extra.append(_gpu_provider(ns, pod.gpu))
-    return place(intent, facts, extra=extra, exact=exact)
+    required = pod.reservation_affinity is not None
+    got = _restore(ns, facts, matched, required) if ns.reserved else None
+    if got is None:
+        if exact and matched:  # matched reservations reserving nothing we allocate
+            return place(intent, facts, extra=extra, exact=exact), _nominate(matched, pod)
+        return place(intent, facts, extra=extra, exact=exact), None
+    full = got.restore
+    if not exact:
+        return place(intent, facts, extra=extra, exact=False, restore=full), None
+    # Reserve: only the nominated reservation (a pod that requires one: among those it fits)
+    passing = [
+        nr
+        for nr in matched
+        if not required
+        or nr.r.uid not in got.views
+        or isinstance(
+            place(intent, facts, extra=extra, exact=False,
+                  restore=dataclasses.replace(full, tries=(got.views[nr.r.uid],))),
+            Placed,
+        )
+    ]
+    nominated = _nominate(passing, pod)
+    if nominated is None and required:
+        return Refusal(UNSCHEDULABLE, ERR_NO_NOMINATED_RESERVATION), None
+    view = got.views.get(nominated.r.uid) if nominated is not None else None
+    final = dataclasses.replace(full, tries=(view,) if view is not None else ())
+    return place(intent, facts, extra=extra, exact=True, restore=full, final=final), nominated
 
 
 def _linear(free_after: float, total: float, strategy: str) -> float:
@@ -291,11 +466,16 @@ def _evaluate(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Verdict:
     intent = pre_filter(pod)
     if isinstance(intent, Refusal):
         return Verdict(False, True, intent.reason)
-    if intent.skip:
+    if intent.skip and pod.reservation_affinity is None:
         return PLAIN
     if not ns.node_seen:
         return Verdict(False, False, f"node {ns.name} is not in the extender's cache yet")
-    placed = _place(ns, pod, intent, exact=False)
+    matched = _matched(ns, pod)
+    if pod.reservation_affinity is not None and not matched:
+        return Verdict(False, True, ERR_RESERVATION_AFFINITY)
+    if intent.skip:
+        return PLAIN
+    placed, _ = _place(ns, pod, intent, exact=False, matched=matched)
     if isinstance(placed, Refusal):
         return Verdict(False, placed.unresolvable, placed.reason)
     if pod.gpu is not None:
@@ -361,7 +541,8 @@ def _memo(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig, kid: int) -> Verd
     if len(_VERDICTS) > 10_000:
         _VERDICTS.clear()
     verdict = _VERDICTS.setdefault(verdict, verdict)
-    verdicts[ns.name] = verdict
+    if not ns.reservations:  # with reservations the verdict depends on which ones the pod matches
+        verdicts[ns.name] = verdict
     return verdict
 
 
@@ -395,9 +576,19 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
         raise AllocationError(verdict.reason)
     ns.refresh()  # a memo hit skips it; the exact plan needs the derived sets current
     intent = pre_filter(pod)
-    if isinstance(intent, Refusal) or intent.skip or not ns.node_seen:
+    if isinstance(intent, Refusal) or not ns.node_seen:
         return Placement(Allocation(), {}, None)
-    placed = _place(ns, pod, intent, exact=True)
+    matched = _matched(ns, pod)
+    if intent.skip:
+        nominated = _nominate(matched, pod)
+        if nominated is None:
+            return Placement(Allocation(), {}, None)
+        return Placement(
+            Allocation(reservation=nominated.r.uid),
+            {keys.ANNOTATION_RESERVATION_ALLOCATED: format_reservation_allocated(nominated.r.name, nominated.r.uid)},
+            None,
+        )
+    placed, nominated = _place(ns, pod, intent, exact=True, matched=matched)
     if isinstance(placed, Refusal):
         raise AllocationError(placed.reason)
     cpus = placed.cpus
@@ -424,12 +615,17 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
     devices = gpu_device_allocated(grants, ns.gpu_by_minor)
     if devices:
         annotations[keys.ANNOTATION_DEVICE_ALLOCATED] = devices
+    if nominated is not None:
+        annotations[keys.ANNOTATION_RESERVATION_ALLOCATED] = format_reservation_allocated(
+            nominated.r.name, nominated.r.uid
+        )
     alloc = Allocation(
         cpus=cpus,
         numa={n: a[numa.CPU] for n, a in placed.numa.items() if a.get(numa.CPU)},
         numa_memory={n: a[numa.MEMORY] for n, a in placed.numa.items() if a.get(numa.MEMORY)},
         gpus=grants,
         exclusive=pod.exclusive_policy if cpus else "None",
+        reservation=nominated.r.uid if nominated is not None else "",
     )
     return Placement(alloc, annotations, affinity)
 
@@ -497,7 +693,7 @@ def _plain_anywhere(pod: PodRequest) -> bool:
     nothing (a node's bind-policy label binds any CPU request, its NUMA policy label aligns
     any request)."""
     intent = pre_filter(pod)
-    return isinstance(intent, Intent) and intent.skip
+    return isinstance(intent, Intent) and intent.skip and pod.reservation_affinity is None
 
 
 def prioritize_nodes(

@@ -8,7 +8,7 @@ Who calls this: ``scheduler_ext.state`` (watch events and lists), ``scheduler_ex
 as the last line that keeps one object from stopping a watch, a list or a request.
 
 Every skip increments ``scheduler_ext_bad_objects_total{kind, reason}``: ``kind`` is the watch
-kind (``pods``, ``nodes``, ``noderesourcetopologies``, ``devices``) or ``request`` for verb
+kind (``pods``, ``nodes``, ``noderesourcetopologies``, ``devices``, ``reservations``) or ``request`` for verb
 bodies; ``reason`` is one of the fixed words in ``REASONS`` (never an error text, so the label
 set stays small).
 """
@@ -36,6 +36,7 @@ REASONS = (
     "request",  # a pod's resources or scheduling annotations cannot be read
     "topology",  # a node's CPU topology or reserved-CPU annotations cannot be read
     "devices",  # a Device object's GPU list cannot be read
+    "reservation",  # a Reservation's owners, policies, status or annotations cannot be read
     "undecodable",  # a watch line or list page that is not JSON
     "body",  # a verb request body over a bound or of the wrong shape
 )

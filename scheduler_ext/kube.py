@@ -39,6 +39,7 @@ from kubernetes.client.rest import should_bypass_proxies
 from kubernetes.watch.watch import iter_resp_lines
 from yarl import URL
 
+from koord_formats import keys
 from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError
 from scheduler_ext.guard import bad_object
 
@@ -51,6 +52,7 @@ _AUTH = ["BearerToken"]  # the auth setting every generated core/coordination me
 _CUSTOM = {
     "noderesourcetopologies": ("topology.node.k8s.io", "v1alpha1", "noderesourcetopologies"),
     "devices": ("scheduling.koordinator.sh", "v1alpha1", "devices"),
+    "reservations": (keys.RESERVATION_API_GROUP, keys.RESERVATION_API_VERSION, keys.RESERVATION_PLURAL),
 }
 
 

@@ -63,6 +63,7 @@ def encode_entry(alloc: Allocation, ts: float) -> dict[str, Any]:
         "numa_memory": {str(n): m for n, m in alloc.numa_memory.items()},
         "gpus": [[g.minor, g.core, g.ratio, g.memory] for g in alloc.gpus],
         "exclusive": alloc.exclusive,
+        "reservation": alloc.reservation,
         "ts": round(ts, 3),
     }
 
@@ -86,6 +87,7 @@ def decode_entries(text: str | None) -> dict[str, tuple[Allocation, float]]:
                 numa_memory={int(n): int(m) for n, m in (e.get("numa_memory") or {}).items()},
                 gpus=tuple(GPUGrant(int(a), int(b), int(c), int(d)) for a, b, c, d in e.get("gpus") or []),
                 exclusive=str(e.get("exclusive") or "None"),
+                reservation=str(e.get("reservation") or "")[:253],
             )
             out[str(uid)] = (alloc, float(e.get("ts") or 0))
         except (ValueError, TypeError, AttributeError):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -35,6 +35,13 @@ from koord_formats.errors import FormatError
 from koord_formats.pod import parse_numa_topology_spec, parse_resource_spec
 from koord_formats.qos import priority_class, qos_label
 from koord_formats.quantity import parse_quantity
+from koord_formats.reservation import (
+    ReservationAffinity,
+    parse_reservation_affinity,
+    read_labels,
+    read_owner_references,
+)
+from scheduler_ext.reservations import PodIdentity
 
 __all__ = [
     "MAX_CONTAINERS",
@@ -99,6 +106,10 @@ class PodRequest:
     numa_exclusive: str  # singleNUMANodeExclusive as written: Required | Preferred | ""
     gpu: GPURequest | None
     error: str  # "" when valid; otherwise why the pod cannot be placed anywhere
+    # what reservation owners match against (labels, owner references, apiVersion)
+    identity: PodIdentity = field(default_factory=PodIdentity)
+    # the pod's required reservation affinity (``reservation-affinity``), None when it has none
+    reservation_affinity: ReservationAffinity | None = None
 
     @property
     def full_name(self) -> str:
@@ -136,6 +147,7 @@ class PodRequest:
             self.numa_exclusive,
             self.gpu.key if self.gpu else None,
             self.error,
+            self.reservation_affinity is not None,
         )
 
 
@@ -280,6 +292,8 @@ def parse_pod(pod: object) -> PodRequest:
     gpu: GPURequest | None = None
     bind_policy, bind_required = keys.BIND_POLICY_FULL_PCPUS, False
     exclusive, numa_policy, numa_exclusive = keys.EXCLUSIVE_POLICY_NONE, "", ""
+    identity = PodIdentity()
+    affinity: ReservationAffinity | None = None
     try:
         doc = read_object(pod, "pod")
         meta = _object(doc.get("metadata"), "metadata")
@@ -307,6 +321,17 @@ def parse_pod(pod: object) -> PodRequest:
             numa_spec = parse_numa_topology_spec(text)
             numa_policy, numa_exclusive = numa_spec.numa_topology_policy, numa_spec.single_numa_node_exclusive
         gpu = parse_gpu_request({k: v for k, v in amounts.items() if k in keys.GPU_RESOURCE_NAMES})
+        if keys.ANNOTATION_RESERVATION_AFFINITY in annotations:
+            affinity = parse_reservation_affinity(_annotation_text(annotations, keys.ANNOTATION_RESERVATION_AFFINITY))
+        api_version = doc.get("apiVersion")
+        identity = PodIdentity(
+            uid=uid,
+            name=name,
+            namespace=namespace,
+            api_version="" if api_version is None else read_str(api_version, "apiVersion", 64),
+            labels=tuple(sorted(read_labels(labels, "labels").items())),
+            owner_refs=read_owner_references(meta.get("ownerReferences"), "ownerReferences"),
+        )
     except FormatError as exc:
         error = f"invalid pod request: {exc}"
     return PodRequest(
@@ -324,4 +349,6 @@ def parse_pod(pod: object) -> PodRequest:
         numa_exclusive=numa_exclusive,
         gpu=gpu,
         error=error,
+        identity=identity,
+        reservation_affinity=affinity,
     )

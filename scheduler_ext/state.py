@@ -34,18 +34,20 @@ import structlog
 
 from koord_formats import keys
 from koord_formats.errors import FormatError
+from koord_formats.reservation import Reservation, parse_reservation, parse_reservation_allocated
 from koord_formats.topology import CPUTopology
 from scheduler_ext.allocator import GPUUsage
 from scheduler_ext.annotations import EMPTY, Allocation, parse_allocation
 from scheduler_ext.guard import bad_object, decode_pod, describe
 from scheduler_ext.pods import PodRequest, exclusive_policy_of
+from scheduler_ext.reservations import NodeReservation, fold
 from scheduler_ext.topology import GPUDevice, cpu_topology, parse_gpu_devices, unbindable_cpus
 
 __all__ = ["KINDS", "ClusterState", "NodeState", "PodEntry"]
 
 log = structlog.get_logger("scheduler_ext.state")
 
-KINDS = ("nodes", "pods", "noderesourcetopologies", "devices")
+KINDS = ("nodes", "pods", "noderesourcetopologies", "devices", "reservations")
 
 _KUBELET_POLICIES = {
     "SingleNUMANodeContainerLevel": "SingleNUMANode",
@@ -86,6 +88,7 @@ class NodeState:
         # dynamic
         self.allocs: dict[str, Allocation] = {}  # pod uid -> allocation (confirmed or held)
         self.held: dict[str, float] = {}  # pod uid -> monotonic time the hold was placed
+        self.reservations: dict[str, Reservation] = {}  # uid -> Reservation whose status.nodeName is this node
         self.foreign: set[str] = set()  # held uids learned from another replica's ledger
         self.version = 0  # bumps on every change
         self.static_version = 0  # bumps when the Node, NRT or Device object changed
@@ -95,6 +98,8 @@ class NodeState:
         self.gpu_usage: dict[int, GPUUsage] = {}
         self.avoid_cores: frozenset[int] = frozenset()  # cores holding a PCPULevel pod's CPU
         self.avoid_numa: frozenset[int] = frozenset()
+        # the reservations with the pods allocated from them (``scheduler_ext.reservations.fold``)
+        self.reserved: tuple[NodeReservation, ...] = ()
 
     # -- static -------------------------------------------------------------------------------
     def _rebuild_static(self) -> None:
@@ -147,14 +152,27 @@ class NodeState:
         numa_excl: set[int] = set()
         usage: dict[int, GPUUsage] = {}
         topo = self.topo
+
+        def hold_cpus(cpus: frozenset[int], exclusive: str) -> None:
+            used.update(cpus)
+            if topo is not None and exclusive == keys.EXCLUSIVE_POLICY_PCPU_LEVEL:
+                core_of = topo.core_of
+                pcpu.update(core_of[c] for c in cpus if c in core_of)
+            elif topo is not None and exclusive == keys.EXCLUSIVE_POLICY_NUMA_NODE_LEVEL:
+                numa_excl.update(topo.details[c].node for c in cpus if c in topo.details)
+
+        self.reserved = ()
+        if self.reservations:
+            self.reserved = fold(
+                self.reservations.values(),
+                ((a.reservation, a.cpus, a.numa, a.numa_memory) for a in self.allocs.values() if a.reservation),
+            )
+            for nr in self.reserved:
+                if nr.r.active and nr.cpus:
+                    hold_cpus(nr.cpus, nr.r.exclusive_policy)  # the reserve pod holds its cpuset
         for alloc in self.allocs.values():
             if alloc.cpus:
-                used |= alloc.cpus
-                if topo is not None and alloc.exclusive == "PCPULevel":
-                    core_of = topo.core_of
-                    pcpu.update(core_of[c] for c in alloc.cpus if c in core_of)
-                elif topo is not None and alloc.exclusive == "NUMANodeLevel":
-                    numa_excl |= {topo.details[c].node for c in alloc.cpus if c in topo.details}
+                hold_cpus(alloc.cpus, alloc.exclusive)
             for g in alloc.gpus:
                 usage[g.minor] = usage.get(g.minor, GPUUsage()).plus(g.core, g.ratio, g.memory)
         self.free = self.bindable - used if used else self.bindable
@@ -190,7 +208,8 @@ class PodEntry:
     name: str
     node: str  # "" while pending
     rv: str  # metadata.resourceVersion last seen
-    ann: tuple[str | None, str | None, str] = (None, None, "None")  # raw annotations parsed
+    # raw annotations parsed: resource-status, device-allocated, exclusive policy, reservation-allocated
+    ann: tuple[str | None, str | None, str, str | None] = (None, None, "None", None)
     alloc: Allocation = EMPTY
     request: PodRequest | None = None  # decoded spec, kept only while pending
     bad: str = ""  # why the annotations could not be parsed
@@ -212,17 +231,30 @@ class _PodUpdate:
     node: str = ""
     rv: str = ""
     request: PodRequest | None = None  # pending pods
-    ann: tuple[str | None, str | None, str] | None = None  # bound pods: the raw annotations
+    ann: tuple[str | None, str | None, str, str | None] | None = None  # bound pods: the raw annotations
     alloc: Allocation | None = None  # parsed from ``ann``; None when not parsed or unreadable
     error: str | None = None  # why ``ann`` could not be read
 
 
-def _parse_allocation(namespace: str, name: str, ann: tuple[str | None, str | None, str]) -> tuple[
+_NO_ANN: tuple[str | None, str | None, str, str | None] = (None, None, "None", None)
+
+
+def _parse_allocation(namespace: str, name: str, ann: tuple[str | None, str | None, str, str | None]) -> tuple[
     Allocation | None, str | None
 ]:
-    """(allocation, None) or (None, error); unreadable annotations are logged and counted."""
+    """(allocation, None) or (None, error); unreadable annotations are logged and counted.
+
+    An unreadable ``reservation-allocated`` costs only the link to the reservation (logged and
+    counted): the CPUs of the pod's resource-status still count."""
+    status, devices, exclusive, allocated = ann
+    reservation = ""
+    if allocated:
+        try:
+            reservation = parse_reservation_allocated(allocated).uid
+        except Exception as exc:  # FormatError; anything else is a parser bug
+            bad_object("pods", "allocation", f"{namespace}/{name}", exc)
     try:
-        return parse_allocation(*ann), None
+        return parse_allocation(status, devices, exclusive, reservation), None
     except Exception as exc:  # FormatError from the parser; anything else is a parser bug
         return None, bad_object("pods", "allocation", f"{namespace}/{name}", exc)
 
@@ -242,6 +274,18 @@ def _warm_parsers(obj: Mapping[str, Any]) -> None:
         cpu_topology(annotations, {})
     with contextlib.suppress(Exception):
         unbindable_cpus(annotations, annotations)
+
+
+def _read_reservation(event: str, obj: Mapping[str, Any]) -> tuple[str, Reservation | None]:
+    """(uid, Reservation) of a watch event outside the lock, (uid, None) for a deletion;
+    ``FormatError`` when the content cannot be read, ``BadObject`` without a uid."""
+    meta = _mapping(_mapping(obj, "object").get("metadata"), "metadata")
+    uid = _text(meta.get("uid"), "metadata.uid")
+    if not uid:
+        raise BadObject("Reservation without metadata.uid")
+    if event == "DELETED":
+        return uid, None
+    return uid, parse_reservation(obj)
 
 
 class BadObject(ValueError):
@@ -294,6 +338,7 @@ class ClusterState:
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodEntry] = {}  # uid -> entry
         self.holds: dict[str, str] = {}  # pod uid -> node of its hold
+        self.reservations: dict[str, str] = {}  # reservation uid -> node it is kept on
         self.deleted: OrderedDict[str, float] = OrderedDict()  # recently deleted uids, bounded
         self.synced: set[str] = set()  # kinds whose first list has been applied
         # verdict memo of every node, by pod-kind key id (``extender._key_id``) then node name:
@@ -332,10 +377,18 @@ class ClusterState:
         """
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
+        resv: tuple[str, Reservation | None] | None = None
         try:
             update = self._read_pod(event, obj) if kind == "pods" else None
-            if kind != "pods":
+            if kind == "reservations":
+                resv = _read_reservation(event, obj)
+            elif kind != "pods":
                 _warm_parsers(obj)
+        except FormatError as exc:  # a Reservation whose content cannot be read
+            bad_object(kind, "reservation", _name_of(kind, obj), exc)
+            with self.lock:
+                self.events += 1
+            return False
         except Exception as exc:  # the last line: one object never stops the watch
             bad_object(kind, "object", _name_of(kind, obj), exc)
             with self.lock:
@@ -346,7 +399,9 @@ class ClusterState:
             try:
                 if update is not None:
                     self._commit_pod(update)
-                elif kind != "pods":
+                elif resv is not None:
+                    self._commit_reservation(*resv)
+                elif kind not in ("pods", "reservations"):
                     self._apply_node_object(kind, event, obj)
             except Exception as exc:  # as above
                 bad_object(kind, "object", _name_of(kind, obj), exc)
@@ -388,12 +443,13 @@ class ClusterState:
         with self.lock:
             seen: set[str] = set()
             skipped: list[str] = []
+            by_uid = kind in ("pods", "reservations")
             for obj in objs:
                 meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-                key = meta.get("uid" if kind == "pods" else "name") if isinstance(meta, Mapping) else None
+                key = meta.get("uid" if by_uid else "name") if isinstance(meta, Mapping) else None
                 if not isinstance(key, str) or not key:
                     bad_object(kind, "object", _name_of(kind, obj), "listed object without a string "
-                               + ("metadata.uid" if kind == "pods" else "metadata.name"))
+                               + ("metadata.uid" if by_uid else "metadata.name"))
                     skipped.append(_name_of(kind, obj))
                     continue
                 seen.add(key)
@@ -402,6 +458,9 @@ class ClusterState:
             if kind == "pods":
                 for uid in [u for u in self.pods if u not in seen]:
                     self._forget_pod(uid)
+            elif kind == "reservations":
+                for uid in [u for u in self.reservations if u not in seen]:
+                    self._commit_reservation(uid, None)
             else:
                 for name, ns in self.nodes.items():
                     if name in seen:
@@ -422,6 +481,25 @@ class ClusterState:
                 gc.freeze()
             self.synced.add(kind)
             return skipped
+
+    def _commit_reservation(self, uid: str, r: Reservation | None) -> None:
+        """Place a Reservation on its node (caller holds the lock); ``None`` removes it. Only
+        reservations scheduled on a node and Available or Waiting are kept: the others neither
+        hold CPUs nor can be used (``scheduler_ext.reservations``)."""
+        old = self.reservations.pop(uid, None)
+        if old is not None and old in self.nodes:
+            ns = self.nodes[old]
+            if ns.reservations.pop(uid, None) is not None:
+                ns.touch()
+        if r is None or not r.node_name or r.phase not in (
+            keys.RESERVATION_PHASE_AVAILABLE,
+            keys.RESERVATION_PHASE_WAITING,
+        ):
+            return
+        ns = self._node_for(r.node_name)
+        ns.reservations[uid] = r
+        self.reservations[uid] = r.node_name
+        ns.touch()
 
     def recently_deleted(self, uid: str) -> bool:
         return uid in self.deleted
@@ -466,6 +544,7 @@ class ClusterState:
             annotations.get(keys.ANNOTATION_RESOURCE_STATUS),
             annotations.get(keys.ANNOTATION_DEVICE_ALLOCATED),
             exclusive_policy_of(annotations),
+            annotations.get(keys.ANNOTATION_RESERVATION_ALLOCATED),
         )
         entry = self.pods.get(uid)  # read without the lock: only this watch thread writes entries
         if entry is None or entry.ann != update.ann or entry.node != node:
@@ -491,14 +570,14 @@ class ClusterState:
         if update.ann != entry.ann or entry.node != node:
             alloc, error = update.alloc, update.error
             if alloc is None and error is None:  # the entry changed since the read: parse again
-                alloc, error = _parse_allocation(entry.namespace, entry.name, update.ann or (None, None, "None"))
+                alloc, error = _parse_allocation(entry.namespace, entry.name, update.ann or _NO_ANN)
             if alloc is not None:
                 entry.alloc, entry.bad = alloc, ""
             else:
                 if entry.node != node:
                     entry.alloc = EMPTY  # nothing was ever proven on this node
                 entry.bad = error or "unreadable"
-            entry.ann = update.ann or (None, None, "None")
+            entry.ann = update.ann or _NO_ANN
         if entry.node and entry.node != node:
             old = self.nodes.get(entry.node)
             if old is not None:
@@ -579,6 +658,7 @@ def load_objects(state: ClusterState, objects: Iterable[Any]) -> list[str]:
         "Pod": "pods",
         "NodeResourceTopology": "noderesourcetopologies",
         "Device": "devices",
+        "Reservation": "reservations",
     }
     names = {v: k for k, v in kinds.items()}
     for i, obj in enumerate(objects):

@@ -87,6 +87,7 @@ DEFAULT_RESOURCES = (
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
     Resource("topology.node.k8s.io", "v1alpha1", "noderesourcetopologies", "NodeResourceTopology", False),
     Resource("scheduling.koordinator.sh", "v1alpha1", "devices", "Device", False),
+    Resource("scheduling.koordinator.sh", "v1alpha1", "reservations", "Reservation", False),
     Resource("slo.koordinator.sh", "v1alpha1", "nodeslos", "NodeSLO", False),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
 )

@@ -9,7 +9,9 @@ What counts as such a literal, all read from ``koord_formats`` itself so the lis
 - every camelCase string literal in ``koord_formats``'s parsers (the JSON field names of the
   annotation formats, such as ``numaNodeResources`` or ``cpusetExclusive``);
 
-minus ``OUR_OWN``, names our own config uses for something else.
+minus ``OUR_OWN``, names our own config uses for something else, and minus
+``KUBERNETES_FIELDS``, field names of Kubernetes' own objects that the Reservation parser reads
+too (every object has them; they are not Koordinator's).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from koord_formats import keys
 
 REPO = Path(__file__).resolve().parents[2]
 SCANNED = ("runtime_proxy", "hooks", "scheduler_ext")
-PARSER_MODULES = ("pod.py", "node.py", "topology.py", "nodeslo.py")
+PARSER_MODULES = ("pod.py", "node.py", "topology.py", "nodeslo.py", "reservation.py")
 
 # Names Koordinator uses that our own config also uses with another meaning (the proxy's
 # ``cgroupRoot`` setting is a directory, NodeSLO's is a QoS section).
 OUR_OWN = frozenset({"cgroupRoot"})
+# Kubernetes' own field names (core and meta v1) that ``koord_formats/reservation.py`` reads.
+KUBERNETES_FIELDS = frozenset({"apiVersion", "nodeName"})
 
 # Files allowed to spell out a Koordinator key: none, every scanned file imports them from
 # koord_formats. The list may only shrink; a file added here needs a reason next to it.
@@ -61,7 +65,7 @@ def koordinator_literals() -> frozenset[str]:
     found |= {v for k, v in vars(keys.SLO).items() if not k.startswith("_") and isinstance(v, str) and _is_camel(v)}
     for name in PARSER_MODULES:
         found |= {text for _, text in _literals(REPO / "koord_formats" / name) if _is_camel(text)}
-    return frozenset(found - OUR_OWN)
+    return frozenset(found - OUR_OWN - KUBERNETES_FIELDS)
 
 
 def test_the_literal_set_covers_each_kind() -> None:

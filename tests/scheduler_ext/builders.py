@@ -172,3 +172,58 @@ def cluster(
         if gpus:
             out.append(device(n, gpus))
     return out
+
+
+def reservation(
+    name: str,
+    node_name: str,
+    *,
+    cpuset: str | None = None,
+    numa: Mapping[int, Mapping[str, str]] | None = None,
+    owners: Sequence[Mapping[str, Any]] | None = None,
+    phase: str = "Available",
+    policy: str | None = None,
+    allocate_once: bool | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    uid: str | None = None,
+    unschedulable: bool | None = None,
+    taints: Sequence[Mapping[str, str]] | None = None,
+    allocatable: Mapping[str, str] | None = None,
+    allocated: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Reservation on ``node_name``; ``cpuset`` and ``numa`` become its resource-status.
+    Owners default to every pod labelled ``app: web``."""
+    ann = dict(annotations or {})
+    status_doc: dict[str, Any] = {}
+    if cpuset is not None:
+        status_doc["cpuset"] = cpuset
+    if numa:
+        status_doc["numaNodeResources"] = [{"node": n, "resources": dict(r)} for n, r in sorted(numa.items())]
+    if status_doc:
+        ann["scheduling.koordinator.sh/resource-status"] = json.dumps(status_doc)
+    spec: dict[str, Any] = {
+        "template": {"metadata": {}, "spec": {"containers": [{"name": "main"}]}},
+        "owners": list(owners) if owners is not None else [{"labelSelector": {"matchLabels": {"app": "web"}}}],
+        "ttl": "24h",
+    }
+    if policy is not None:
+        spec["allocatePolicy"] = policy
+    if allocate_once is not None:
+        spec["allocateOnce"] = allocate_once
+    if unschedulable is not None:
+        spec["unschedulable"] = unschedulable
+    if taints is not None:
+        spec["taints"] = list(taints)
+    status: dict[str, Any] = {"phase": phase, "nodeName": node_name}
+    if allocatable is not None:
+        status["allocatable"] = dict(allocatable)
+    if allocated is not None:
+        status["allocated"] = dict(allocated)
+    return {
+        "apiVersion": "scheduling.koordinator.sh/v1alpha1",
+        "kind": "Reservation",
+        "metadata": {"name": name, "uid": uid or f"uid-{name}", "labels": dict(labels or {}), "annotations": ann},
+        "spec": spec,
+        "status": status,
+    }

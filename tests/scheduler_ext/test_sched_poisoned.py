@@ -63,6 +63,7 @@ def test_a_poisoned_pod_costs_only_itself(poison: dict[str, Any], reason: str | 
     state.replace("nodes", [node("n1")])
     state.replace("noderesourcetopologies", [nrt("n1", TOPO)])
     state.replace("devices", [])
+    state.replace("reservations", [])
     good = pod("good", cpu="4", node_name="n1", annotations={RS: json.dumps({"cpuset": "4-5,12-13"})})
     state.replace("pods", [good])
     before = bad_count("pods", reason) if reason else 0.0
@@ -124,7 +125,7 @@ def test_a_poisoned_node_object_costs_only_its_node(kind: str, poison: dict[str,
     for k in KINDS:
         state.replace(k, [o for o in cluster(["n1"], TOPO, gpus=2) if o["kind"] == {
             "nodes": "Node", "pods": "Pod", "noderesourcetopologies": "NodeResourceTopology",
-            "devices": "Device"}[k]])
+            "devices": "Device", "reservations": "Reservation"}[k]])
     state.apply(kind, "ADDED", poison)
     assert state.ready
     n1 = state.nodes["n1"]
@@ -143,6 +144,7 @@ def test_a_list_with_poisoned_objects_still_makes_the_cache_ready() -> None:
     state.replace("nodes", [node("n1"), 5, {"metadata": []}, with_meta(node("n2"), labels=["x"])])  # type: ignore[list-item]
     state.replace("noderesourcetopologies", [nrt("n1", TOPO)])
     state.replace("devices", [{"metadata": {"name": "n1"}, "spec": 3}])
+    state.replace("reservations", [{"metadata": {"name": "r"}}, {"metadata": {"uid": "u", "name": "r2"}, "spec": 3}])
     good = pod("good", cpu="4", node_name="n1", annotations={RS: json.dumps({"cpuset": "0-1,8-9"})})
     state.replace("pods", [bound("bad", {DA: '{"gpu":[5]}'}), good, {"metadata": {"uid": 9}}])
     assert state.ready
