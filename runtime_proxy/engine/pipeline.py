@@ -22,12 +22,18 @@ timeout, returns something that is not a ``Plan``/``None``, or conflicts, is a f
 - ``Fail``: at a ``Pre*`` stage the pipeline stops and the result carries ``rejected``; the
   interceptor then fails the CRI call with an error that names the step, and nothing of the
   plan is applied. At ``Post*`` and ``Reconcile*`` stages a failure never fails anything.
+
+Threads. In-process plugins run in worker threads, so one that blocks or hangs never stalls the
+event loop. The in-process steps that follow one another in a stage run in one worker job
+(``_LocalBatch``): one thread hand-off per stage instead of one per step, with the same per-step
+timeouts. When a step runs past its timeout, the job is abandoned (whatever it finishes later is
+dropped) and the steps after it go on in a new job.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,8 +88,9 @@ _EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rhp-plugin")
 
 
 class PluginStep:
-    """An in-process pluggy plugin. Its hook functions run in a worker thread, so a plugin that
-    blocks or hangs never stalls the event loop; the timeout bounds how long a call waits."""
+    """An in-process pluggy plugin. Its hook functions run in a worker thread (see the module
+    docstring), so a plugin that blocks or hangs never stalls the event loop; the timeout bounds
+    how long a call waits."""
 
     def __init__(self, pm: pluggy.PluginManager, name: str, policy: Policy = "Ignore", timeout: float = 2.0) -> None:
         self.name = name
@@ -100,6 +107,19 @@ class PluginStep:
     def handles(self, stage: str) -> bool:
         return stage in self._impls
 
+    def invoke(
+        self,
+        stage: str,
+        pod: PodFacts,
+        container: ContainerFacts | None,
+        node: NodeFacts,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """The hook function's return value, called in the current thread."""
+        impl = self._impls[stage]
+        available: dict[str, Any] = {"pod": pod, "container": container, "node": node, **(extra or {})}
+        return impl.function(**{arg: available[arg] for arg in impl.argnames})
+
     async def call(
         self,
         stage: str,
@@ -108,11 +128,8 @@ class PluginStep:
         node: NodeFacts,
         extra: Mapping[str, Any] | None = None,
     ) -> Plan | None:
-        impl = self._impls[stage]
-        available: dict[str, Any] = {"pod": pod, "container": container, "node": node, **(extra or {})}
-        kwargs = {arg: available[arg] for arg in impl.argnames}
         loop = asyncio.get_running_loop()
-        result: Plan | None = await loop.run_in_executor(_EXECUTOR, functools.partial(impl.function, **kwargs))
+        result: Plan | None = await loop.run_in_executor(_EXECUTOR, self.invoke, stage, pod, container, node, extra)
         return result
 
 
@@ -221,6 +238,126 @@ def _advance(pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> tup
     return (pod.replace(**pod_changes) if pod_changes else pod), None
 
 
+class _StageRun:
+    """One stage's run in progress: the facts as the steps so far left them and the merged
+    plan. ``record`` takes one step's outcome (validation, merge, failure policy)."""
+
+    def __init__(self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts,
+                 extra: Mapping[str, Any] | None) -> None:
+        self.stage = stage
+        self.node = node
+        self.extra = extra
+        self.failing_stage = stage.startswith("Pre")
+        self.merged = MergeResult()
+        self.pod = pod
+        self.container = container
+        self.result = StageResult(plan=self.merged.plan, pod=pod, container=container, conflicts=self.merged.conflicts)
+
+    def record(self, step: Step, raw: Any, error: BaseException | None, elapsed: float) -> None:
+        failure: StepFailure | None = None
+        if error is None:
+            try:
+                plan = _validate(raw, self.stage, self.container, step.name)
+                if plan is not None:
+                    conflicts = self.merged.add(step.name, plan)
+                    if conflicts:
+                        raise StepError("conflict", "; ".join(str(c) for c in conflicts))
+                    self.pod, self.container = _advance(self.pod, self.container, plan)
+            except StepError as exc:
+                failure = StepFailure(step.name, self.stage, step.policy, exc.kind, str(exc))
+            except Exception as exc:  # a plan that breaks the merge is the step's failure
+                failure = StepFailure(step.name, self.stage, step.policy, "error", f"{type(exc).__name__}: {exc}")
+        elif isinstance(error, StepError):
+            failure = StepFailure(step.name, self.stage, step.policy, error.kind, str(error))
+        else:
+            failure = StepFailure(step.name, self.stage, step.policy, "error", f"{type(error).__name__}: {error}")
+        self._done(step, failure, elapsed)
+
+    def timed_out(self, step: Step, elapsed: float) -> None:
+        metrics.PLUGIN_TIMEOUTS.labels(step.name, self.stage).inc()
+        self._done(step, StepFailure(step.name, self.stage, step.policy, "timeout",
+                                     f"no answer within {step.timeout:g}s"), elapsed)
+
+    def _done(self, step: Step, failure: StepFailure | None, elapsed: float) -> None:
+        metrics.PLUGIN_LATENCY.labels(step.name, self.stage).observe(elapsed)
+        self.result.ran.append(step.name)
+        if failure is None:
+            return
+        metrics.PLUGIN_ERRORS.labels(step.name, self.stage, failure.kind).inc()
+        self.result.failures.append(failure)
+        if self.failing_stage and step.policy == "Fail":
+            log.warning("hook failed under policy Fail; rejecting call", **_fields(failure))
+            self.result.rejected = failure
+            return
+        log.warning("hook failed under policy Ignore; going on without it", **_fields(failure))
+        self.merged.plan.skipped.append(Skip(f"{failure.kind}: {failure.message}", step.name))
+
+    def finish(self) -> StageResult:
+        if self.result.rejected is None:
+            self.result.plan = self.merged.plan
+            self.result.pod = self.pod
+            self.result.container = self.container
+        return self.result
+
+
+class _LocalBatch:
+    """In-process steps that follow one another, run in one worker job. The job records each
+    step's outcome into the ``_StageRun`` under ``lock``; the event loop watches the running
+    step's timeout and, when it passes, abandons the job (under the same lock, so the job never
+    records anything after that) and records the timeout itself."""
+
+    def __init__(self, run: _StageRun, steps: list[PluginStep]) -> None:
+        self.run_state = run
+        self.steps = steps
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.done = 0  # steps recorded by the job
+        self.current = 0  # index of the step the job waits for
+        self.since = time.monotonic()  # when that wait began (the job's queueing counts)
+
+    def _work(self) -> None:
+        run = self.run_state
+        for index, step in enumerate(self.steps):
+            with self.lock:
+                if self.abandoned or run.result.rejected is not None:
+                    return
+                self.current, self.since = index, time.monotonic()
+                pod, container = run.pod, run.container
+            started = time.perf_counter()
+            raw: Any = None
+            error: BaseException | None = None
+            try:
+                raw = step.invoke(run.stage, pod, container, run.node, run.extra)
+            except Exception as exc:  # a plugin's own bug must never take the proxy down
+                error = exc
+            with self.lock:
+                if self.abandoned:
+                    return
+                run.record(step, raw, error, time.perf_counter() - started)
+                self.done = index + 1
+
+    async def run(self) -> int:
+        """Run the steps; returns how many of them are now recorded (all, up to a rejection,
+        or up to and including the one that timed out)."""
+        job = asyncio.get_running_loop().run_in_executor(_EXECUTOR, self._work)
+        while True:
+            with self.lock:
+                current, since = self.current, self.since
+            left = self.steps[current].timeout - (time.monotonic() - since)
+            finished, _ = await asyncio.wait({job}, timeout=max(left, 0.0))
+            if finished:
+                job.result()
+                return self.done if self.run_state.result.rejected is not None else len(self.steps)
+            with self.lock:
+                if self.current != current or self.since != since or self.done > current:
+                    continue  # the job moved on meanwhile
+                if time.monotonic() - since < self.steps[current].timeout:
+                    continue
+                self.abandoned = True
+                self.run_state.timed_out(self.steps[current], time.monotonic() - since)
+                return current + 1
+
+
 class Pipeline:
     """The ordered steps. Replaceable at run time (``set_steps``) when config or hook servers change."""
 
@@ -253,49 +390,32 @@ class Pipeline:
     ) -> StageResult:
         """Run every step that handles ``stage``; ``extra`` holds the stage's other keyword
         arguments (``pods`` and ``usage`` at ``ReconcileUsage``, see ``run_usage``)."""
-        failing_stage = stage.startswith("Pre")
-        merged = MergeResult()
-        result = StageResult(plan=merged.plan, pod=pod, container=container, conflicts=merged.conflicts)
-        for step in self.steps:
-            if not step.handles(stage):
+        run = _StageRun(stage, pod, container, node, extra)
+        steps = [step for step in self.steps if step.handles(stage)]
+        index = 0
+        while index < len(steps) and run.result.rejected is None:
+            step = steps[index]
+            if isinstance(step, PluginStep):
+                end = index
+                while end < len(steps) and isinstance(steps[end], PluginStep):
+                    end += 1
+                batch: list[PluginStep] = [s for s in steps[index:end] if isinstance(s, PluginStep)]
+                index += await _LocalBatch(run, batch).run()
                 continue
             started = time.perf_counter()
-            failure: StepFailure | None = None
             try:
-                call = step.call(stage, pod, container, node) if extra is None else step.call(
-                    stage, pod, container, node, extra
+                call = step.call(stage, run.pod, run.container, node) if extra is None else step.call(
+                    stage, run.pod, run.container, node, extra
                 )
                 raw: Any = await asyncio.wait_for(call, timeout=step.timeout)
-                plan = _validate(raw, stage, container, step.name)
-                if plan is not None:
-                    conflicts = merged.add(step.name, plan)
-                    if conflicts:
-                        raise StepError("conflict", "; ".join(str(c) for c in conflicts))
-                    pod, container = _advance(pod, container, plan)
             except TimeoutError:
-                failure = StepFailure(step.name, stage, step.policy, "timeout", f"no answer within {step.timeout:g}s")
-                metrics.PLUGIN_TIMEOUTS.labels(step.name, stage).inc()
-            except StepError as exc:
-                failure = StepFailure(step.name, stage, step.policy, exc.kind, str(exc))
-            except Exception as exc:  # a plugin's own bug must never take the proxy down
-                failure = StepFailure(step.name, stage, step.policy, "error", f"{type(exc).__name__}: {exc}")
-            finally:
-                metrics.PLUGIN_LATENCY.labels(step.name, stage).observe(time.perf_counter() - started)
-            result.ran.append(step.name)
-            if failure is None:
-                continue
-            metrics.PLUGIN_ERRORS.labels(step.name, stage, failure.kind).inc()
-            result.failures.append(failure)
-            if failing_stage and step.policy == "Fail":
-                log.warning("hook failed under policy Fail; rejecting call", **_fields(failure))
-                result.rejected = failure
-                return result
-            log.warning("hook failed under policy Ignore; going on without it", **_fields(failure))
-            merged.plan.skipped.append(Skip(f"{failure.kind}: {failure.message}", step.name))
-        result.plan = merged.plan
-        result.pod = pod
-        result.container = container
-        return result
+                run.timed_out(step, time.perf_counter() - started)
+            except Exception as exc:  # a hook server client's own bug must never take the proxy down
+                run.record(step, None, exc, time.perf_counter() - started)
+            else:
+                run.record(step, raw, None, time.perf_counter() - started)
+            index += 1
+        return run.finish()
 
     async def run_usage(self, node: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> StageResult:
         """The ``ReconcileUsage`` stage (``hooks.spec.rhp_reconcile_usage``): node-wide decisions

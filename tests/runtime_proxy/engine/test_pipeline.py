@@ -3,6 +3,7 @@ conflicts, stage CRI fields and facts advanced from step to step."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -133,3 +134,39 @@ async def test_a_stage_without_steps_gives_an_empty_plan() -> None:
     assert not pipeline.has_work("PreStopContainer")
     result = await pipeline.run("PreStopContainer", POD, CONTAINER, NodeFacts())
     assert result.plan.is_empty() and result.ran == []
+
+
+class Where:
+    """Records the thread each call ran in."""
+
+    def __init__(self, seen: list[int]) -> None:
+        self.seen = seen
+
+    @hookimpl
+    def rhp_pre_create_container(self) -> None:
+        self.seen.append(threading.get_ident())
+
+
+async def test_the_in_process_steps_of_a_stage_run_in_one_worker_thread_off_the_event_loop() -> None:
+    seen: list[int] = []
+    await _pipeline((Where(seen), "Ignore"), (Where(seen), "Ignore"), (Where(seen), "Ignore")).run(
+        "PreCreateContainer", POD, CONTAINER, NodeFacts()
+    )
+    assert len(seen) == 3 and len(set(seen)) == 1
+    assert seen[0] != threading.get_ident()
+
+
+async def test_a_step_that_hangs_mid_stage_is_skipped_and_what_it_returns_later_is_dropped() -> None:
+    _RELEASE.clear()
+    try:
+        result = await _pipeline((Shares(2), "Ignore"), (Hangs(), "Ignore"), (Env(), "Ignore"), timeout=0.2).run(
+            "PreCreateContainer", POD, CONTAINER, NodeFacts()
+        )
+    finally:
+        _RELEASE.set()
+    assert result.ran == ["p0-Shares", "p1-Hangs", "p2-Env"]
+    assert [f.kind for f in result.failures] == ["timeout"]
+    assert result.plan.cri_json() == {"resources": {"cpu_shares": 2}, "envs": {"SHARES": "2"}}
+    await asyncio.sleep(0.05)  # the hung step has returned by now: nothing of it arrives
+    assert result.plan.envs == {"SHARES": "2"}
+    assert result.container is not None and "LATE" not in result.container.envs
