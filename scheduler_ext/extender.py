@@ -344,7 +344,7 @@ def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation]
     for nr in tries:
         # a reserved CPU no pod of the reservation holds is free for the pod unless some other
         # pod or reservation holds it too (``getAvailableCPUs`` with the preferred CPUs)
-        preferred = nr.preferred
+        preferred = nr.preferred & facts.topo.cpus if facts.topo is not None else nr.preferred
         given = frozenset(c for c in preferred if held.get(c, 0) <= 1 and c in ns.bindable)
         extra_all |= given
         reusable = {n: dict(a) for n, a in reusable_base.items()}

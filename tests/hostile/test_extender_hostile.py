@@ -5,6 +5,9 @@
   replica that lists them at start.
 - Anonymous and badly certified verb calls, refused in the TLS handshake; a reachable
   listener without mutual TLS refused at start.
+- Hostile Reservations (wrong types, huge lists and maps, deep or bombed annotations, CPUs
+  outside the node) and hostile ``reservation-affinity`` / ``reservation-allocated`` pod
+  annotations: refused by their one parser, costing only their own object or pod.
 - ``scheduler-ext simulate`` on hostile documents: no traceback, a documented exit code, the
   result alone on stdout and every log line on stderr.
 - A 500-byte filter body whose memory request is ``1e500000``: answered at once, while a
@@ -30,8 +33,13 @@ from typing import Any
 import httpx
 import pytest
 
+from koord_formats.errors import FormatError
+from koord_formats.reservation import parse_reservation, parse_reservation_affinity, parse_reservation_allocated
+from scheduler_ext.extender import ExtenderConfig, plan
+from scheduler_ext.pods import parse_pod
+from scheduler_ext.state import ClusterState, load_objects
 from tests.fakeapi import FakeAPIServer
-from tests.scheduler_ext.builders import cluster, cpus, device, node, nrt, pod
+from tests.scheduler_ext.builders import cluster, cpus, device, node, nrt, pod, reservation
 from tests.scheduler_ext.conftest import Extender, start_extender
 
 RS = "scheduling.koordinator.sh/resource-status"
@@ -304,3 +312,140 @@ def test_simulate_never_prints_a_traceback(tmp_path: Path, text: str | None, cod
     else:
         assert done.stdout == ""
         assert done.stderr.startswith("scheduler-ext simulate: ")
+
+
+# -- Reservations ----------------------------------------------------------------------------------
+
+RA = "scheduling.koordinator.sh/reservation-allocated"
+AFFINITY = "scheduling.koordinator.sh/reservation-affinity"
+
+
+def _resv(**changes: Any) -> dict[str, Any]:
+    """A good Reservation on n1 (CPUs 4-5,12-13, owners: pods labelled app=web) with
+    ``changes`` applied as dotted paths (``{"spec.owners": 5}``)."""
+    doc = reservation("r-good", "n1", cpuset="4-5,12-13")
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        target = doc
+        for key in parents:
+            target = target.setdefault(key, {})
+        target[leaf] = value
+    return doc
+
+
+HOSTILE_RESERVATIONS = [
+    pytest.param(_resv(**{"spec.owners": "everyone"}), id="owners that are a string"),
+    pytest.param(_resv(**{"spec.owners": [{}] * 100_000}), id="a hundred thousand owners"),
+    pytest.param(_resv(**{"spec.owners": [{"labelSelector": {"matchExpressions": [
+        {"key": "app", "operator": "In", "values": ["x"] * 100_000}]}}]}), id="a selector with 100000 values"),
+    pytest.param(_resv(**{"spec.owners": [{"labelSelector": {"matchExpressions": [
+        {"key": "app", "operator": "Near", "values": ["x"]}]}}]}), id="a selector with an unknown operator"),
+    pytest.param(_resv(**{"spec.owners": [{"controller": {"controller": "yes"}}]}),
+                 id="a controller flag that is a string"),
+    pytest.param(_resv(**{"spec.allocateOnce": "yes"}), id="allocateOnce that is a string"),
+    pytest.param(_resv(**{"spec.allocatePolicy": "Greedy"}), id="an unknown allocatePolicy"),
+    pytest.param(_resv(**{"spec.taints": [{"key": "k"}] * 100_000}), id="a hundred thousand taints"),
+    pytest.param(_resv(**{"status.phase": 7}), id="a phase that is a number"),
+    pytest.param(_resv(**{"status.nodeName": ["n1"]}), id="a nodeName that is a list"),
+    pytest.param(_resv(**{"status.allocatable": {"cpu": "1e500000"}}), id="an allocatable exponent bomb"),
+    pytest.param(_resv(**{"metadata.labels": {f"k{i}": "v" for i in range(5000)}}), id="five thousand labels"),
+    pytest.param(_resv(**{"metadata.labels": {"k": "v" * 100_000}}), id="a label value of 100000 characters"),
+    pytest.param(_resv(**{"metadata.annotations": {RS: "[" * 3000}}), id="a resource-status nested 3000 deep"),
+    pytest.param(_resv(**{"metadata.annotations": {RS: '{"cpuset":"0-99999999"}'}}),
+                 id="a resource-status naming a hundred million CPUs"),
+    pytest.param(_resv(**{"metadata.annotations": {RS: 5}}), id="a resource-status that is a number"),
+    pytest.param(_resv(**{"spec.template": {"metadata": {"annotations": {SPEC: "{" * 3000}}}}),
+                 id="a template resource-spec nested 3000 deep"),
+]
+
+
+@pytest.mark.parametrize("doc", HOSTILE_RESERVATIONS)
+def test_a_hostile_reservation_is_refused_by_its_parser_at_once(doc: dict[str, Any]) -> None:
+    started = time.perf_counter()
+    with pytest.raises(FormatError):
+        parse_reservation(doc)
+    assert time.perf_counter() - started < 5  # a generous bound: the parser stops at the first bound
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("[" * 3000, id="nested 3000 deep"),
+        pytest.param('{"name":"' + "r" * 300_000 + '"}', id="larger than any annotation"),
+        pytest.param(json.dumps({"requiredDuringSchedulingIgnoredDuringExecution": {"reservationSelectorTerms": [
+            {"matchExpressions": [{"key": "k", "operator": "Exists"}]}] * 10_000}}), id="ten thousand terms"),
+        pytest.param(json.dumps({"requiredDuringSchedulingIgnoredDuringExecution": {"reservationSelectorTerms": [
+            {"matchExpressions": [{"key": "k", "operator": "Gt", "values": ["9" * 5000]}]}]}}),
+            id="a Gt value of 5000 digits"),
+        pytest.param(json.dumps({"requiredDuringSchedulingIgnoredDuringExecution": {"reservationSelectorTerms": [
+            {"matchFields": [{"key": "metadata.uid", "operator": "In", "values": ["x"]}]}]}}),
+            id="a field other than metadata.name"),
+        pytest.param(json.dumps({"tolerations": [{"operator": "Maybe"}]}), id="a toleration with an unknown operator"),
+        pytest.param(json.dumps({"reservationSelector": ["a"]}), id="a selector that is a list"),
+        pytest.param('"reservation"', id="a string instead of an object"),
+    ],
+)
+def test_a_hostile_reservation_affinity_refuses_only_its_pod(text: str) -> None:
+    with pytest.raises(FormatError):
+        parse_reservation_affinity(text)
+    req = parse_pod(pod("p", annotations={AFFINITY: text}))
+    assert req.error.startswith("invalid pod request: ")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("[" * 3000, id="nested 3000 deep"),
+        pytest.param('{"name":{"a":1}}', id="a name that is an object"),
+        pytest.param('{"uid":"' + "u" * 5000 + '"}', id="a uid of 5000 characters"),
+        pytest.param("not json", id="not JSON"),
+    ],
+)
+def test_a_hostile_reservation_allocated_costs_only_the_link(text: str) -> None:
+    with pytest.raises(FormatError):
+        parse_reservation_allocated(text)
+    state = ClusterState()
+    load_objects(state, [*cluster(["n1"]), pod("member", cpu="4", node_name="n1",
+                                               annotations={RS: '{"cpuset":"0-1,8-9"}', RA: text})])
+    ns = state.nodes["n1"]
+    ns.refresh()
+    assert not ns.free & cpus("0-1,8-9")  # the pod's CPUs still count
+
+
+def test_a_reservation_naming_cpus_outside_the_node_gives_only_the_node_s_own() -> None:
+    state = ClusterState()
+    skipped = load_objects(state, [*cluster(["n1"]), reservation("r", "n1", cpuset="6-7,14-15,200-400")])
+    assert skipped == []
+    ns = state.nodes["n1"]
+    p = pod("web", cpu="4", resource_spec={"requiredCPUBindPolicy": "FullPCPUs"})
+    p["metadata"]["labels"]["app"] = "web"
+    with state.lock:
+        placement = plan(ns, parse_pod(p), ExtenderConfig())
+    assert placement.allocation.cpus == cpus("6-7,14-15")  # the reserved CPUs the node has
+
+
+def test_hostile_reservations_cost_only_themselves_in_a_running_extender(api: FakeAPIServer) -> None:
+    for obj in cluster(["n1"]):
+        api.create(obj)
+    ext = start_extender(api.url)
+    try:
+        before = bad_objects_counted(ext)
+        for i, param in enumerate(HOSTILE_RESERVATIONS[:6]):
+            doc = json.loads(json.dumps(param.values[0]))
+            doc["metadata"]["name"] = f"bad-{i}"
+            doc["metadata"]["uid"] = f"bad-uid-{i}"
+            api.create(doc)
+        good = api.create(reservation("r-good", "n1", cpuset="4-5,12-13"))
+        wait_for(lambda: good["metadata"]["uid"] in ext.state.reservations)
+        assert bad_objects_counted(ext) >= before + 6
+        assert httpx.get(f"{ext.url}/readyz").status_code == 200
+        web = pod("web", cpu="4", resource_spec={"requiredCPUBindPolicy": "FullPCPUs"})
+        web["metadata"]["labels"]["app"] = "web"
+        api.create(web)
+        wait_for(lambda: ext.state.pending(web["metadata"]["uid"]) is not None)
+        assert bind(ext, web) == ""
+        assert cpuset_of(api, "web") == cpus("4-5,12-13")
+        got = api.get("pods", "web", "default")
+        assert got is not None and json.loads(got["metadata"]["annotations"][RA])["name"] == "r-good"
+    finally:
+        ext.stop()
