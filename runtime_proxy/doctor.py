@@ -35,6 +35,7 @@ from typing import Any, Literal
 from hooks.plugins import BUILTIN_PLUGINS
 from rhp_ops.logs import shorten_rpc_errors
 from runtime_proxy.config import ConfigError, ProxyConfig, check_usable, load_config
+from runtime_proxy.host.mounts import is_mount_of, read_mounts
 
 __all__ = [
     "EXIT_FAILED",
@@ -233,16 +234,8 @@ def _group_identity(opts: DoctorOptions, root: Path, version: int) -> list[Check
 
 def _mounted(proc_root: Path, fstype: str, path: Path) -> bool | None:
     """Whether ``path`` is a mount of ``fstype`` per ``/proc/mounts`` (None when unreadable)."""
-    try:
-        with (proc_root / "mounts").open(encoding="utf-8", errors="replace") as fh:
-            lines = fh.read(1 << 20).splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split()
-        if len(parts) >= 3 and parts[2] == fstype and parts[1] == str(path):
-            return True
-    return False
+    mounts = read_mounts(proc_root / "mounts")
+    return None if mounts is None else is_mount_of(path, fstype, mounts)
 
 
 def check_resctrl(opts: DoctorOptions) -> list[Check]:

@@ -27,6 +27,7 @@ import structlog
 from prometheus_client import Counter
 
 from koord_formats.cpulist import parse_cpu_list
+from runtime_proxy.host.mounts import fstype_at, read_mounts
 
 __all__ = [
     "CgroupError",
@@ -48,6 +49,7 @@ CGROUP_UNSUPPORTED = Counter(
 CGROUP_ERRORS = Counter("rhp_cgroup_write_errors", "cgroup file writes that failed", ["file"])
 
 DEFAULT_ROOT = "/sys/fs/cgroup"
+CGROUP_FSTYPES = ("cgroup", "cgroup2")
 # memory.limit_in_bytes reads back this (page-aligned LONG_MAX) when unlimited.
 _UNLIMITED_FLOOR = 1 << 62
 _PAGE = 4096
@@ -140,6 +142,9 @@ class Cgroups:
         self.driver = driver
         self._controller_dirs = dict(controller_dirs or {})
         self._real_roots: dict[Path, Path] = {}
+        # Controller roots (resolved) that are a cgroup filesystem: such a filesystem cannot hold
+        # symlinks, so a path under it without ".." stays under it and is not resolved per call.
+        self._cgroupfs_roots: set[Path] = set()
         self._unsupported: set[str] = set()
 
     # -- paths ---------------------------------------------------------------------------------
@@ -176,12 +181,18 @@ class Cgroups:
         base = self._controller_root(controller)
         candidate = base.joinpath(*parts) if parts else base
         # A controller root is resolved once it exists; a root that moves later fails closed
-        # (the candidate then resolves outside the remembered place and is refused).
+        # (the candidate then resolves outside the remembered place and is refused; on a cgroup
+        # filesystem the path is taken under the remembered place itself).
         real_base = self._real_roots.get(base)
         if real_base is None:
             real_base = base.resolve()
             if real_base.is_dir():
                 self._real_roots[base] = real_base
+                mounts = read_mounts()
+                if mounts is not None and fstype_at(real_base, mounts) in CGROUP_FSTYPES:
+                    self._cgroupfs_roots.add(real_base)
+        if real_base in self._cgroupfs_roots:
+            return real_base.joinpath(*parts) if parts else real_base
         real = candidate.resolve()
         if real != real_base and not real.is_relative_to(real_base):
             raise UnsafePathError(f"path {path!r} resolves to {real}, outside {real_base}")

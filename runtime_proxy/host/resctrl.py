@@ -23,6 +23,7 @@ from prometheus_client import Counter, Gauge
 
 from hooks.facts import ResctrlFacts
 from runtime_proxy.host.cgroups import CgroupError, UnsafePathError, WriteResult
+from runtime_proxy.host.mounts import is_mount_of, read_mounts
 
 __all__ = ["DEFAULT_ROOT", "Resctrl", "ResctrlError", "parse_schemata"]
 
@@ -63,13 +64,8 @@ def _same_value(resource: str, a: str, b: str) -> bool:
 
 
 def _is_resctrl_mount(root: Path) -> bool:
-    try:
-        with open("/proc/self/mounts") as f:
-            return any(
-                len(p := line.split()) > 2 and p[2] == "resctrl" and Path(p[1]) == root.resolve() for line in f
-            )
-    except OSError:
-        return False
+    mounts = read_mounts()
+    return mounts is not None and is_mount_of(root.resolve(), "resctrl", mounts)
 
 
 class Resctrl:
