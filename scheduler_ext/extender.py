@@ -306,7 +306,8 @@ def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation]
 
     - a matched reservation that reserved a cpuset or NUMA amounts gives back its CPUs no pod
       of it holds (taken first) and its NUMA amounts left, plus what the pods of every
-      available reservation booked (counted twice otherwise: by the reservation and the pod);
+      available reservation booked of it (counted twice otherwise: by the reservation and the
+      pod; ``NodeReservation.used``);
     - outside the reservations the node gives back only what the pods of the unmatched ones
       booked; hint generation reads the node with every matched reservation given back whole.
     """
@@ -314,7 +315,6 @@ def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation]
         return None
     mine = {nr.r.uid for nr in matched}
     unmatched_used: dict[int, dict[str, int]] = {}
-    matched_used: dict[int, dict[str, int]] = {}
     matched_whole: dict[int, dict[str, int]] = {}
     tries: list[NodeReservation] = []
     for nr in ns.reserved:
@@ -323,7 +323,6 @@ def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation]
         if nr.r.uid in mine:
             if nr.restorable:
                 tries.append(nr)
-                _plus(matched_used, nr.used)
                 _plus(matched_whole, nr.numa)
         elif nr.assigned and nr.restorable:
             _plus(unmatched_used, nr.used)
@@ -339,16 +338,19 @@ def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation]
                 held[c] = held.get(c, 0) + 1
     views: dict[str, NodeFacts] = {}
     extra_all: set[int] = set()
-    reusable_base = {n: dict(a) for n, a in unmatched_used.items()}
-    _plus(reusable_base, matched_used)
     for nr in tries:
         # a reserved CPU no pod of the reservation holds is free for the pod unless some other
         # pod or reservation holds it too (``getAvailableCPUs`` with the preferred CPUs)
         preferred = nr.preferred & facts.topo.cpus if facts.topo is not None else nr.preferred
         given = frozenset(c for c in preferred if held.get(c, 0) <= 1 and c in ns.bindable)
         extra_all |= given
-        reusable = {n: dict(a) for n, a in reusable_base.items()}
-        _plus(reusable, nr.remained)
+        # what its pods booked plus what it has left is all it reserved; the other matched
+        # reservations give back what their pods booked of them
+        reusable = {n: dict(a) for n, a in unmatched_used.items()}
+        for other in tries:
+            if other is not nr:
+                _plus(reusable, other.used)
+        _plus(reusable, nr.numa)
         views[nr.r.uid] = restored(
             facts,
             free=facts.free | given,

@@ -124,8 +124,14 @@ class NodeReservation:
 
     @property
     def used(self) -> Amounts:
-        """What its pods booked of it, never below zero (``allocatable - remained``)."""
-        return {n: {r: max(v, 0) for r, v in a.items()} for n, a in self.assigned_numa.items()}
+        """What its pods booked of what it reserved: per NUMA node and resource the smaller of
+        the two, so a reservation and its pods together count as the larger of the two (see
+        "Deliberate differences" in ``scheduler_ext/README.md``)."""
+        out: Amounts = {}
+        for n, amounts in self.assigned_numa.items():
+            reserved = self.numa.get(n, {})
+            out[n] = {r: max(0, min(v, reserved.get(r, 0))) for r, v in amounts.items()}
+        return out
 
 
 def fold(
