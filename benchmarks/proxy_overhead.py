@@ -203,7 +203,8 @@ def run_stub(args: argparse.Namespace) -> None:
         backend = str(Path(tmp) / "stub.sock")
         loop = asyncio.new_event_loop()
         threading.Thread(target=loop.run_forever, daemon=True).start()
-        asyncio.run_coroutine_threadsafe(_stub_backend(backend), loop).result(10)
+        # Kept referenced: a grpc.aio server that is garbage-collected stops serving.
+        stub = asyncio.run_coroutine_threadsafe(_stub_backend(backend), loop).result(10)
         listen = str(Path(tmp) / "proxy.sock")
         proxy = ProxyProcess(["--backend", backend, "--transport", args.transport,
                               "--hook-server-dir", str(Path(tmp) / "hs.d")]).start(listen)
@@ -223,6 +224,7 @@ def run_stub(args: argparse.Namespace) -> None:
             print(f"{'16-client throughput (stub)':<34} direct {td:8.0f}/s  proxy {tp:8.0f}/s  ratio {tp / td:5.2f}x")
         finally:
             proxy.terminate()
+            asyncio.run_coroutine_threadsafe(stub.stop(None), loop).result(10)
 
 
 def main() -> None:
