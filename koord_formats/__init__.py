@@ -21,12 +21,14 @@ Modules (imported as modules, e.g. ``from koord_formats import keys``):
 - ``pod``: resource-status, resource-spec, numa-topology-spec, device-allocated,
   extended-resource-spec.
 - ``nodeslo``: NodeSLO strategies with Koordinator's defaults.
+- ``reservation``: the Reservation object's scheduling parts, reservation-affinity and
+  reservation-allocated.
 - ``qos``: QoS class and priority class resolution.
 """
 
 from __future__ import annotations
 
-from koord_formats import bounded, cpulist, keys, node, nodeslo, pod, qos, quantity, topology
+from koord_formats import bounded, cpulist, keys, node, nodeslo, pod, qos, quantity, reservation, topology
 from koord_formats.cpulist import format_cpu_list, parse_cpu_list
 from koord_formats.errors import FormatError
 from koord_formats.quantity import parse_quantity
@@ -48,5 +50,6 @@ __all__ = [
     "pod",
     "qos",
     "quantity",
+    "reservation",
     "topology",
 ]

@@ -49,6 +49,11 @@ Filter (the pod on one node):
    Restricted and SingleNUMANode then refuse the node when no preferred set is left
    (Unschedulable, "Unaligned NUMA Hint cause ..."); BestEffort takes the narrowest other set.
    Preferred changes nothing: koord-scheduler's merge checks only Required.
+11. Reservations (``Restore``, built by ``scheduler_ext.extender``): the node's matched
+   reservations are tried in turn, each as a view of the node that gives back its CPUs (taken
+   first) and NUMA amounts; Restricted must fit in them ("not enough cpus available to satisfy
+   request" otherwise); then the node outside them, unless the pod requires a reservation
+   (its reasons prefixed "Reservation(s) "; ``nodenumaresource/reservation.go``).
 
 The deliberate differences from Koordinator are listed in ``scheduler_ext/README.md``.
 """

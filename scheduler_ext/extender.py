@@ -13,6 +13,9 @@ What a pod needs on a node follows koord-scheduler's NodeNUMAResource plugin
 (``scheduler_ext.admission``: PreFilter/Filter rules with Koordinator's status and reason;
 ``scheduler_ext.numa``: NUMA zones, hints, merge and even split; ``scheduler_ext.accumulator``:
 the CPU choice), plus GPUs when it requests any GPU resource (``scheduler_ext.allocator``).
+Reservations on a node (``scheduler_ext.reservations``) are matched per pod: ``_restore``
+builds the views of the node they give back, bind allocates from the nominated one
+(``_nominate``) and records it in ``reservation-allocated``.
 
 Filter and prioritize only count the CPUs each rule may take (``admission.place`` without
 ``exact``; ``_facts`` keeps one admission view per node version) and memoise the verdict per
