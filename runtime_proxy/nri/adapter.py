@@ -22,7 +22,9 @@ Bound CPUs. A pod holds the CPUs of its resource-status cpuset (the share pools'
 ``runtime_proxy.engine.bound``) from RunPodSandbox until the runtime stopped every container it
 had (``holding_pods``; removing those containers does not make it hold them again, a new
 container does); a pod with no container yet holds them, so its first CreateContainer reply can
-move the LS containers off them. When the StopContainer of the last running container
+move the LS containers off them. Synchronize cannot tell a pod whose stopped containers were all
+removed from one that has none yet, so after a plugin restart such a pod holds its CPUs again
+until it is removed or gets a container. When the StopContainer of the last running container
 of a pod that holds CPUs arrives, it is processed before the reply, the reconciler's round
 runs, and the grown share pool goes back to the running LS containers in that StopContainer
 reply (containerd sends StopContainer for kubelet's StopContainer, for a container still
