@@ -343,12 +343,15 @@ class Placed:
 @dataclass(frozen=True, slots=True)
 class Restore:
     """The node as koord-scheduler restores it for one pod's matched reservations
-    (``nodenumaresource/reservation.go``): ``tries`` are the views of the matched reservations
-    that reserved a cpuset or NUMA amounts (``tryAllocateFromReservation``), ``node`` the view
-    for allocating outside them (``tryAllocateFromNode``), ``hints`` the view hint generation
-    reads, and ``required`` whether the pod requires a reservation (reservation affinity)."""
+    (``nodenumaresource/reservation.go``): ``tries`` build the views of the matched reservations
+    that reserved a cpuset or NUMA amounts (``tryAllocateFromReservation``; built only when
+    tried, and a view whose ``keys`` entry equals one that failed is not tried again: it fails
+    the same way), ``node`` is the view for allocating outside them (``tryAllocateFromNode``),
+    ``hints`` the view hint generation reads, and ``required`` whether the pod requires a
+    reservation (reservation affinity)."""
 
-    tries: tuple[NodeFacts, ...]
+    tries: tuple[Callable[[], NodeFacts], ...]
+    keys: tuple[object, ...]
     node: NodeFacts
     hints: NodeFacts
     required: bool
@@ -395,11 +398,16 @@ def _with_reservations(
     if restore is None:
         return attempt(base)
     reasons: list[str] = []
-    for view in restore.tries:
-        got = attempt(view)
+    failed: dict[object, str] = {}  # a view equal to one that failed fails the same way
+    for build, key in zip(restore.tries, restore.keys, strict=True):
+        if key in failed:
+            reasons.append(failed[key])
+            continue
+        got = attempt(build())
         if isinstance(got, Placed):
             return got
         reasons.append(got.reason)
+        failed[key] = got.reason
     if restore.tries and restore.required:
         return Refusal(UNSCHEDULABLE, _reservation_reasons(reasons))
     return attempt(restore.node)

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -298,10 +299,48 @@ def _plus(into: dict[int, dict[str, int]], more: Mapping[int, Mapping[str, int]]
             slot[r] = slot.get(r, 0) + v
 
 
+def _frozen(amounts: Mapping[int, Mapping[str, int]]) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
+    return tuple(sorted((n, tuple(sorted(a.items()))) for n, a in amounts.items()))
+
+
+def _minus(into: dict[int, dict[str, int]], less: Mapping[int, Mapping[str, int]]) -> None:
+    for n, amounts in less.items():
+        slot = into.setdefault(n, {})
+        for r, v in amounts.items():
+            slot[r] = slot.get(r, 0) - v
+
+
 @dataclass(frozen=True, slots=True)
 class _Restored:
     restore: Restore
-    views: Mapping[str, NodeFacts]  # reservation uid -> its view (restorable matched ones)
+    # reservation uid -> (builder of its view, its key), for the restorable matched ones
+    views: Mapping[str, tuple[Callable[[], NodeFacts], object]]
+
+
+def _view(
+    facts: NodeFacts,
+    nr: NodeReservation,
+    given: frozenset[int],
+    preferred: frozenset[int],
+    others_used: Mapping[int, Mapping[str, int]],
+) -> NodeFacts:
+    """The node as ``nr`` restores it for a pod that matches it."""
+    # what its pods booked plus what it has left is all it reserved; the other matched
+    # reservations give back what their pods booked of them
+    reusable = {n: dict(a) for n, a in others_used.items()}
+    _minus(reusable, nr.used)
+    _plus(reusable, nr.numa)
+    return restored(
+        facts,
+        free=facts.free | given,
+        reusable=reusable,
+        preferred=preferred,
+        reservation=nr.r.uid,
+        reservation_name=nr.r.name,
+        allocate_policy=nr.r.allocate_policy,
+        reserved_cpus=len(preferred),
+        remained=nr.remained if nr.numa else None,
+    )
 
 
 def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation], required: bool) -> _Restored | None:
@@ -339,37 +378,31 @@ def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation]
         if nr.r.active:
             for c in nr.cpus:
                 held[c] = held.get(c, 0) + 1
-    views: dict[str, NodeFacts] = {}
+    views: dict[str, tuple[Callable[[], NodeFacts], object]] = {}
     extra_all: set[int] = set()
+    others_used = {n: dict(a) for n, a in unmatched_used.items()}  # plus every matched one's pods
+    for nr in tries:
+        _plus(others_used, nr.used)
+    topo_cpus = facts.topo.cpus if facts.topo is not None else None
     for nr in tries:
         # a reserved CPU no pod of the reservation holds is free for the pod unless some other
         # pod or reservation holds it too (``getAvailableCPUs`` with the preferred CPUs)
-        preferred = nr.preferred & facts.topo.cpus if facts.topo is not None else nr.preferred
+        preferred = nr.preferred & topo_cpus if topo_cpus is not None else nr.preferred
         given = frozenset(c for c in preferred if held.get(c, 0) <= 1 and c in ns.bindable)
         extra_all |= given
-        # what its pods booked plus what it has left is all it reserved; the other matched
-        # reservations give back what their pods booked of them
-        reusable = {n: dict(a) for n, a in unmatched_used.items()}
-        for other in tries:
-            if other is not nr:
-                _plus(reusable, other.used)
-        _plus(reusable, nr.numa)
-        views[nr.r.uid] = restored(
-            facts,
-            free=facts.free | given,
-            reusable=reusable,
-            preferred=preferred,
-            reservation=nr.r.uid,
-            reservation_name=nr.r.name,
-            allocate_policy=nr.r.allocate_policy,
-            reserved_cpus=len(preferred),
-            remained=nr.remained if nr.numa else None,
-        )
+        key = (given, preferred, nr.r.allocate_policy, _frozen(nr.used), _frozen(nr.numa))
+        views[nr.r.uid] = (functools.partial(_view, facts, nr, given, preferred, others_used), key)
     node_view = restored(facts, free=facts.free, reusable=unmatched_used)
     hint_reusable = {n: dict(a) for n, a in unmatched_used.items()}
     _plus(hint_reusable, matched_whole)
     hint_view = restored(facts, free=facts.free | extra_all, reusable=hint_reusable)
-    restore = Restore(tuple(views[nr.r.uid] for nr in tries), node_view, hint_view, required)
+    restore = Restore(
+        tuple(views[nr.r.uid][0] for nr in tries),
+        tuple(views[nr.r.uid][1] for nr in tries),
+        node_view,
+        hint_view,
+        required,
+    )
     return _Restored(restore, views)
 
 
@@ -435,7 +468,8 @@ def _place(
         or nr.r.uid not in got.views
         or isinstance(
             place(intent, facts, extra=extra, exact=False,
-                  restore=dataclasses.replace(full, tries=(got.views[nr.r.uid],))),
+                  restore=dataclasses.replace(full, tries=(got.views[nr.r.uid][0],),
+                                              keys=(got.views[nr.r.uid][1],))),
             Placed,
         )
     ]
@@ -443,7 +477,8 @@ def _place(
     if nominated is None and required:
         return Refusal(UNSCHEDULABLE, ERR_NO_NOMINATED_RESERVATION), None
     view = got.views.get(nominated.r.uid) if nominated is not None else None
-    final = dataclasses.replace(full, tries=(view,) if view is not None else ())
+    final = dataclasses.replace(full, tries=(view[0],) if view is not None else (),
+                                keys=(view[1],) if view is not None else ())
     return place(intent, facts, extra=extra, exact=True, restore=full, final=final), nominated
 
 

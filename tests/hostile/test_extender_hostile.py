@@ -35,7 +35,7 @@ import pytest
 
 from koord_formats.errors import FormatError
 from koord_formats.reservation import parse_reservation, parse_reservation_affinity, parse_reservation_allocated
-from scheduler_ext.extender import ExtenderConfig, plan
+from scheduler_ext.extender import ExtenderConfig, evaluate, plan
 from scheduler_ext.pods import parse_pod
 from scheduler_ext.state import ClusterState, load_objects
 from tests.fakeapi import FakeAPIServer
@@ -449,3 +449,18 @@ def test_hostile_reservations_cost_only_themselves_in_a_running_extender(api: Fa
         assert got is not None and json.loads(got["metadata"]["annotations"][RA])["name"] == "r-good"
     finally:
         ext.stop()
+
+
+def test_thousands_of_reservations_on_one_node_cost_work_in_proportion() -> None:
+    """5000 reservations on one node, all matching the pod: each is weighed, none twice for the
+    same answer (a generous safety bound, not a speed claim; see ``benchmarks/``)."""
+    state = ClusterState()
+    load_objects(state, [*cluster(["n1"]), *(
+        reservation(f"r{i}", "n1", cpuset=str(i % 16), allocate_once=False) for i in range(5000))])
+    p = pod("web", cpu="2", resource_spec={"requiredCPUBindPolicy": "FullPCPUs"})
+    p["metadata"]["labels"]["app"] = "web"
+    started = time.thread_time()
+    with state.lock:
+        verdict = evaluate(state.nodes["n1"], parse_pod(p), ExtenderConfig())
+    assert time.thread_time() - started < 5
+    assert not verdict.ok and verdict.reason == "not enough cpus available to satisfy request"
