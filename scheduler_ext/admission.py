@@ -338,6 +338,7 @@ class Placed:
     bind_policy: str = ""  # the policy the CPUs were chosen with ("" when no cpuset)
     required: bool = False
     reservation: str = ""  # UID of the reservation the placement allocates from ("" when none)
+    given: int = 0  # CPUs that reservation gave back to the pod (free for it, held for others)
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,7 +513,8 @@ def place(
                 return Refusal(UNSCHEDULABLE, str(exc))
             if view.allocate_policy == RESTRICTED_POLICY and intent.num_cpus > view.reserved_cpus:
                 return Refusal(UNSCHEDULABLE, NOT_ENOUGH)
-            return Placed(cpus, {}, None, "", bind_policy, required, view.reservation)
+            return Placed(cpus, {}, None, "", bind_policy, required, view.reservation,
+                          len(view.free) - len(node.free))
 
         return _with_reservations(final if final is not None else restore, node, cpus_only)
     return _place_numa(intent, node, policy, cpu_bind, bind_policy, required, ratio, extra, exact, restore, final)
@@ -622,7 +624,8 @@ def _place_numa(
                 cpus = _cpuset(intent, view, topo, bind_policy, required, numa_cpus or None, exact)
             except AllocationError as exc:
                 return Refusal(UNSCHEDULABLE, str(exc))
-        return Placed(cpus, split, mask, policy, bind_policy, required, view.reservation)
+        return Placed(cpus, split, mask, policy, bind_policy, required, view.reservation,
+                      len(view.free) - len(node.free))
 
     def attempt_view(view: NodeFacts, mask: frozenset[int] | None, exact: bool) -> Placed | Refusal:
         got = attempt_in(view, mask, exact, False)

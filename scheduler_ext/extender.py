@@ -492,7 +492,8 @@ def _linear(free_after: float, total: float, strategy: str) -> float:
 def _score(ns: NodeState, pod: PodRequest, placed: Placed, cfg: ExtenderConfig) -> int:
     parts: list[float] = []
     if placed.bind_policy:
-        parts.append(_linear(len(ns.free) - pod.cpus, len(ns.bindable), cfg.score_strategy))
+        # a reservation's CPUs it gives back count as free for the pod that matches it
+        parts.append(_linear(len(ns.free) + placed.given - pod.cpus, len(ns.bindable), cfg.score_strategy))
     if pod.gpu is not None:
         total = sum(g.core for g in ns.gpus if g.healthy)
         used = sum(u.core for m, u in ns.gpu_usage.items() if m in ns.gpu_by_minor)

@@ -381,3 +381,18 @@ def _wait(cond: Callable[[], bool], timeout: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("matches", "expected"),
+    [
+        pytest.param(True, 8, id="a matching pod scores the node as if its reservation's CPUs were free"),
+        pytest.param(False, 5, id="for any other pod the reserved CPUs are taken"),
+    ],
+)
+def test_the_node_score_counts_a_matched_reservation_as_room(matches: bool, expected: int) -> None:
+    state = _state(TOPO_SMALL, [reservation("r", "n", cpuset="4-5,12-13")])
+    req = decode_pod((web_pod if matches else pod)("p", cpu="4", resource_spec=FULL))
+    with state.lock:
+        verdict = evaluate(state.nodes["n"], req, DEFAULT_CONFIG)
+    assert verdict.ok and verdict.score == expected
