@@ -2,11 +2,15 @@
 
 Builds the same parts as ``serve`` from the same ``--config`` file (``runtime_proxy.server``):
 plugins and their failure policies, the pipeline, hook-server registrations, node config, the
-file applier and the periodic loops (``runtime_proxy.wiring.loops``: reconciler and CPU burst
-loop, started after the first Synchronize, sending container updates as unsolicited
-``UpdateContainers``, ``runtime_proxy.nri.backend``); then registers with the runtime's NRI
-socket and serves events until SIGTERM or SIGINT, reconnecting whenever the runtime goes away
-(``runtime_proxy.nri.plugin``).
+file applier and the periodic loops (``runtime_proxy.wiring.loops``: reconciler, CPU burst loop
+and usage loop, started after the first Synchronize; their container updates ride in the next
+reply that can carry them, or with ``--unsolicited-updates`` go as ``UpdateContainers``,
+``runtime_proxy.nri.backend``); then registers with the runtime's NRI socket and serves events
+until SIGTERM or SIGINT, reconnecting whenever the runtime goes away (``runtime_proxy.nri.plugin``).
+
+The runtime's CRI socket (``--backend``) is used for one thing only: with ``usageLoop.evictBy:
+runtime`` the usage loop's victims are stopped through it (``runtime_proxy.loops.evict``), as
+in proxy mode; NRI itself can only evict in a reply to a container event.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class NriOptions:
     builtins: tuple[str, ...] | None = None
     reconcile: bool = True
     unsolicited_updates: bool = False
+    backend: str | None = None
 
 
 @dataclass
@@ -81,6 +86,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--cgroup-root", help="cgroup filesystem root (default /sys/fs/cgroup)")
     p.add_argument("--cgroup-driver", choices=("cgroupfs", "systemd"), help="kubelet's cgroup driver")
     p.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
+    p.add_argument("--backend", default=None,
+                   help="the runtime's CRI socket, used only to stop evicted pods' containers under "
+                        "usageLoop.evictBy: runtime (default /var/run/containerd/containerd.sock)")
     p.add_argument("--unsolicited-updates", action="store_true",
                    help="send the loops' container updates at once (UpdateContainers) instead of in the next "
                         "reply; only on a runtime whose NRI has the lock-order fix (containerd/nri#301)")
@@ -89,6 +97,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 def main_from_args(args: argparse.Namespace) -> int:
     from runtime_proxy.config import check_usable, load_config
+    from runtime_proxy.server import DEFAULT_BACKEND
 
     try:
         cfg = load_config(args.config)
@@ -111,7 +120,8 @@ def main_from_args(args: argparse.Namespace) -> int:
     socket_path = args.nri_socket.removeprefix("unix://")
     opts = NriOptions(socket=socket_path, identity=identity, config=cfg, dry_run=args.dry_run,
                       metrics_addr=args.metrics_addr, entry_points=not args.no_entry_points,
-                      unsolicited_updates=args.unsolicited_updates)
+                      unsolicited_updates=args.unsolicited_updates,
+                      backend=(args.backend or DEFAULT_BACKEND).removeprefix("unix://"))
     asyncio.run(run(opts))
     return 0
 
@@ -168,12 +178,17 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         await registry.start()
     await node_watch.start()
     loops = None
+    runtime = None
     if opts.reconcile:
         # The loops start once the first Synchronize has filled the store.
         backend = NriBackend(engine, plugin, unsolicited=opts.unsolicited_updates)
+        if opts.backend and opts.config.usageLoop.enable and opts.config.usageLoop.evictBy == "runtime":
+            from runtime_proxy.state.store import RuntimeClient
+
+            runtime = RuntimeClient(opts.backend)
         loops = wiring.loops(opts.config, backend, pm=parts.pm, pipeline=parts.pipeline,
                              applier=parts.applier, node_source=node_watch, ready=plugin.synchronized,
-                             dry_run=engine.dry_run)
+                             dry_run=engine.dry_run, runtime=runtime)
         engine.on_store_change = loops.store_changed
         if not opts.unsolicited_updates:
             reconciler = loops.reconciler
@@ -187,6 +202,8 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         for part in (loops, registry, node_watch):
             if part is not None:
                 await part.stop()
+        if runtime is not None:
+            await runtime.close()
         if metrics_server is not None:
             await asyncio.to_thread(metrics_server.shutdown)
             metrics_server.server_close()

@@ -375,3 +375,71 @@ def test_readyz_follows_registration_and_the_runtime(containerd: ContainerdEnv, 
         q.wait_for(status, 200, what="/readyz when containerd is back", timeout=10.0)
     finally:
         plugin.stop()
+
+
+def test_usage_loop_evictions_by_the_runtime_stop_the_victims_containers(
+    containerd: ContainerdEnv, tmp_path: Path
+) -> None:
+    """``usageLoop.evictBy: runtime`` in NRI mode: the plugin learns the pods from NRI, samples
+    their memory, and stops the ``memory_evict`` victim's containers through the runtime's CRI
+    socket (``--backend``); node memory comes from a prepared ``/proc/meminfo``."""
+    from tests.integration.test_eviction_real import SLO, TOTAL, fill_command, write_meminfo
+
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "stat").write_text(Path("/proc/stat").read_text())
+    write_meminfo(proc, 0)
+    node_file = tmp_path / "node.json"
+    node_file.write_text(json.dumps({"name": "rhp-nri-node",
+                                     "nodeResourceTopology": {"annotations": q.node_topology_annotations()},
+                                     "nodeSLO": SLO}))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "plugins": [{"name": "memory_evict"}],
+        "nodeConfigFile": str(node_file),
+        "reconcilePeriodSeconds": 60.0,
+        "usageLoop": {"enable": True, "intervalSeconds": 0.5, "procRoot": str(proc), "evictBy": "runtime"},
+    }))
+    import socket as socket_module
+    import urllib.request
+
+    with socket_module.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plugin = NriPluginProcess(containerd.ctrd.nri_socket, tmp_path / "plugin", "--config", str(config),
+                              "--backend", str(containerd.ctrd.socket), "--metrics-addr", f"127.0.0.1:{port}")
+    plugin.start()
+    try:
+        client = containerd.cri_client()
+        fills = {"be-big": 48, "be-small": 8}
+        pods: dict[str, tuple[str, str]] = {}
+        for name, mib in fills.items():
+            parent = containerd.new_cgroup_parent("besteffort")
+            pod = client.run_pod(cgroup_parent=parent, name=name, labels={q.LABEL_QOS: "BE"})
+            pods[name] = (parent, client.run_container(pod, name="fill", command=fill_command(mib)))
+
+        def sampled() -> bool:
+            """Whether the usage loop's last sample has each pod holding its fill."""
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            seen = {name: 0.0 for name in fills}
+            for line in text.splitlines():
+                if line.startswith("rhp_pod_memory_usage_bytes{"):
+                    for name in fills:
+                        if f'pod="{name}"' in line:
+                            seen[name] = float(line.rsplit(" ", 1)[1])
+            return all(seen[name] >= mib * MiB * 0.95 for name, mib in fills.items())
+
+        q.wait_for(sampled, True, what="the usage loop sees each BE pod's memory", timeout=20.0)
+        # 72% used with the threshold at 70% (down to 68%): 4% of 512 MiB is freed by be-big alone.
+        write_meminfo(proc, TOTAL * 72 // 100)
+
+        def state(name: str) -> int:
+            return int(client.container_status(pods[name][1]).state)
+
+        q.wait_for(lambda: state("be-big"), int(api_pb2.CONTAINER_EXITED), what="be-big stopped", timeout=20.0)
+        write_meminfo(proc, 0)
+        assert state("be-small") == api_pb2.CONTAINER_RUNNING
+        assert plugin.events("pod evicted by stopping its containers") == 1
+    finally:
+        plugin.stop()
