@@ -317,7 +317,31 @@ class _Restored:
     views: Mapping[str, tuple[Callable[[], NodeFacts], object]]
 
 
+def _exclusive_without(ns: NodeState, nr: NodeReservation, given: frozenset[int]) -> ExclusiveUse:
+    """The node's exclusive holdings once ``nr`` gave back ``given`` (its CPUs no longer
+    count for it there, as in ``getAvailableCPUs``)."""
+    topo = ns.topo
+    if topo is None:
+        return _NO_EXCLUSIVE
+    cores: set[int] = set()
+    nodes: set[int] = set()
+
+    def hold(cpus: frozenset[int], policy: str) -> None:
+        if policy == keys.EXCLUSIVE_POLICY_PCPU_LEVEL:
+            cores.update(topo.core_of[c] for c in cpus if c in topo.core_of)
+        elif policy == keys.EXCLUSIVE_POLICY_NUMA_NODE_LEVEL:
+            nodes.update(topo.details[c].node for c in cpus if c in topo.details)
+
+    for alloc in ns.allocs.values():
+        hold(alloc.cpus, alloc.exclusive)
+    for other in ns.reserved:
+        if other.r.active:
+            hold(other.cpus - given if other is nr else other.cpus, other.r.exclusive_policy)
+    return ExclusiveUse(frozenset(cores), frozenset(nodes)) if cores or nodes else _NO_EXCLUSIVE
+
+
 def _view(
+    ns: NodeState,
     facts: NodeFacts,
     nr: NodeReservation,
     given: frozenset[int],
@@ -330,7 +354,7 @@ def _view(
     reusable = {n: dict(a) for n, a in others_used.items()}
     _minus(reusable, nr.used)
     _plus(reusable, nr.numa)
-    return restored(
+    view = restored(
         facts,
         free=facts.free | given,
         reusable=reusable,
@@ -341,6 +365,9 @@ def _view(
         reserved_cpus=len(preferred),
         remained=nr.remained if nr.numa else None,
     )
+    if given and nr.r.exclusive_policy != keys.EXCLUSIVE_POLICY_NONE:
+        view = dataclasses.replace(view, used=_exclusive_without(ns, nr, given))
+    return view
 
 
 def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation], required: bool) -> _Restored | None:
@@ -391,7 +418,7 @@ def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation]
         given = frozenset(c for c in preferred if held.get(c, 0) <= 1 and c in ns.bindable)
         extra_all |= given
         key = (given, preferred, nr.r.allocate_policy, _frozen(nr.used), _frozen(nr.numa))
-        views[nr.r.uid] = (functools.partial(_view, facts, nr, given, preferred, others_used), key)
+        views[nr.r.uid] = (functools.partial(_view, ns, facts, nr, given, preferred, others_used), key)
     node_view = restored(facts, free=facts.free, reusable=unmatched_used)
     hint_reusable = {n: dict(a) for n, a in unmatched_used.items()}
     _plus(hint_reusable, matched_whole)

@@ -269,6 +269,22 @@ def test_an_allocate_once_reservation_serves_one_pod_then_holds_nothing_for_othe
     assert RA not in second_plan.annotations
 
 
+def test_a_pcpu_level_reservation_gives_its_cores_back_to_its_own_pod() -> None:
+    spec = {"preferredCPUBindPolicy": "SpreadByPCPUs", "preferredCPUExclusivePolicy": "PCPULevel"}
+    state = _state(TOPO_SMALL, [
+        reservation("r", "n", cpuset="4-7,12-15",
+                    annotations={"scheduling.koordinator.sh/resource-spec": json.dumps(spec)}),
+    ])
+    ns = state.nodes["n"]
+    with state.lock:
+        ns.refresh()
+        assert ns.avoid_cores == frozenset({4, 5, 6, 7})  # held exclusively for everyone else
+        mine = plan(ns, decode_pod(web_pod("a", cpu="2", resource_spec=spec)), DEFAULT_CONFIG)
+        other = plan(ns, decode_pod(pod("b", cpu="2", resource_spec=spec)), DEFAULT_CONFIG)
+    assert mine.allocation.cpus == cpus("4-5")
+    assert other.allocation.cpus == cpus("0-1")
+
+
 def test_the_lowest_reservation_order_is_nominated() -> None:
     state = _state(TOPO_SMALL, [
         reservation("a", "n", cpuset="0-1,8-9", labels={"scheduling.koordinator.sh/reservation-order": "5"}),
