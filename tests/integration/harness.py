@@ -110,7 +110,11 @@ class ProxyProcess:
             stdout=out,
             stderr=out,
         )
-        wait_for_socket(listen)
+        try:
+            wait_for_socket(listen)
+        except BaseException:
+            self.terminate(5.0)  # never leave a proxy that did not come up running
+            raise
         return self
 
     def kill9(self) -> None:

@@ -89,7 +89,11 @@ class NriPluginProcess:
         env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devenv'}"}
         self.proc = subprocess.Popen(self.args, env=env, stdout=out, stderr=out)
         out.close()
-        self.wait_synchronized(1)
+        try:
+            self.wait_synchronized(1)
+        except BaseException:
+            self.stop()  # never leave a plugin that did not come up running
+            raise
         return self
 
     def events(self, name: str) -> int:
