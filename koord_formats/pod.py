@@ -50,6 +50,7 @@ from koord_formats.quantity import format_quantity, parse_quantity
 __all__ = [
     "MAX_EVICTION_POLICY_CHARS",
     "MAX_NUMA_NODE_ID",
+    "MAX_RESOURCES",
     "ContainerResourceSpec",
     "DeviceAllocation",
     "NUMANodeResource",
@@ -70,24 +71,27 @@ __all__ = [
     "parse_pod_resctrl",
     "parse_resource_spec",
     "parse_resource_status",
+    "read_resource_list",
 ]
 
 MAX_NUMA_NODE_ID = 1023
 _MAX_CHARS = MAX_CPU_LIST_CHARS + 16 * 1024
 _MAX_NUMA_ENTRIES = 64
-_MAX_RESOURCES = 64
+MAX_RESOURCES = 64
 _MAX_DEVICE_TYPES = 16
 _MAX_DEVICES = 256
 _MAX_CONTAINERS = 256
 _MAX_MINOR = 65535
 
 
-def _resources(value: object, what: str) -> Mapping[str, Fraction]:
+def read_resource_list(value: object, what: str) -> Mapping[str, Fraction]:
+    """A Kubernetes ResourceList (name -> quantity), at most ``MAX_RESOURCES`` entries; ``{}``
+    for null."""
     if value is None:
         return MappingProxyType({})
     doc = read_object(value, what)
-    if len(doc) > _MAX_RESOURCES:
-        raise FormatError(f"{what}: more than {_MAX_RESOURCES} resources")
+    if len(doc) > MAX_RESOURCES:
+        raise FormatError(f"{what}: more than {MAX_RESOURCES} resources")
     out: dict[str, Fraction] = {}
     for name, amount in doc.items():
         read_str(name, f"{what} name")
@@ -144,7 +148,7 @@ def parse_resource_status(text: str) -> ResourceStatus:
         numa.append(
             NUMANodeResource(
                 node=read_int(item.get("node", 0), f"{what} NUMA node", 0, MAX_NUMA_NODE_ID),
-                resources=_resources(item.get("resources"), f"{what} resources"),
+                resources=read_resource_list(item.get("resources"), f"{what} resources"),
             )
         )
     return ResourceStatus(cpuset, tuple(numa))
@@ -250,7 +254,7 @@ def parse_device_allocated(text: str) -> Mapping[str, tuple[DeviceAllocation, ..
             devices.append(
                 DeviceAllocation(
                     minor=read_int(item.get("minor"), f"{what} {kind} minor", 0, _MAX_MINOR),
-                    resources=_resources(item.get("resources"), f"{what} {kind} resources"),
+                    resources=read_resource_list(item.get("resources"), f"{what} {kind} resources"),
                     id="" if dev_id is None else read_str(dev_id, f"{what} {kind} id", MAX_NAME_CHARS),
                 )
             )
@@ -308,8 +312,8 @@ def parse_extended_resource_spec(text: str) -> Mapping[str, ContainerResourceSpe
         read_str(name, f"{what} container name")
         item = read_object(spec, f"{what} container {name[:64]}")
         out[name] = ContainerResourceSpec(
-            requests=_resources(item.get("requests"), f"{what} {name[:64]} requests"),
-            limits=_resources(item.get("limits"), f"{what} {name[:64]} limits"),
+            requests=read_resource_list(item.get("requests"), f"{what} {name[:64]} requests"),
+            limits=read_resource_list(item.get("limits"), f"{what} {name[:64]} limits"),
         )
     return MappingProxyType(out)
 

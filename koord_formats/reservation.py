@@ -45,8 +45,13 @@ from koord_formats.bounded import (
     read_str,
 )
 from koord_formats.errors import FormatError
-from koord_formats.pod import ResourceSpec, ResourceStatus, parse_resource_spec, parse_resource_status
-from koord_formats.quantity import parse_quantity
+from koord_formats.pod import (
+    ResourceSpec,
+    ResourceStatus,
+    parse_resource_spec,
+    parse_resource_status,
+    read_resource_list,
+)
 
 __all__ = [
     "MAX_LABELS",
@@ -78,7 +83,6 @@ MAX_REQUIREMENTS = 64
 MAX_VALUES = 256
 MAX_TERMS = 64
 MAX_TAINTS = 64
-MAX_RESOURCES = 64
 MAX_OWNER_REFERENCES = 64
 _MAX_AFFINITY_CHARS = 64 * 1024
 _MAX_ALLOCATED_CHARS = 1024
@@ -332,20 +336,6 @@ class Reservation:
         )
 
 
-def _resource_list(value: object, what: str) -> Mapping[str, Fraction]:
-    doc = _opt_object(value, what)
-    if len(doc) > MAX_RESOURCES:
-        raise FormatError(f"{what}: more than {MAX_RESOURCES} resources")
-    out: dict[str, Fraction] = {}
-    for name, amount in doc.items():
-        read_str(name, f"{what} name")
-        try:
-            out[name] = parse_quantity(amount)
-        except FormatError as exc:
-            raise FormatError(f"{what} {name[:64]}: {exc}") from None
-    return MappingProxyType(out)
-
-
 def _annotations(value: object, what: str) -> Mapping[str, Any]:
     doc = _opt_object(value, what)
     if len(doc) > MAX_LABELS:
@@ -407,8 +397,8 @@ def parse_reservation(obj: object) -> Reservation:
         taints=_taints(spec.get("taints"), f"{what} taints"),
         status=res_status,
         exclusive_policy=res_spec.preferred_cpu_exclusive_policy or keys.EXCLUSIVE_POLICY_NONE,
-        allocatable=_resource_list(status.get("allocatable"), f"{what} allocatable"),
-        allocated=_resource_list(status.get("allocated"), f"{what} allocated"),
+        allocatable=read_resource_list(status.get("allocatable"), f"{what} allocatable"),
+        allocated=read_resource_list(status.get("allocated"), f"{what} allocated"),
     )
 
 
