@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import orjson
 import structlog
@@ -88,10 +88,16 @@ MAX_BODY_BYTES = 8 << 20
 MAX_NODES = 10_000  # candidate nodes in filter/prioritize, nodes in preempt
 MAX_VICTIM_PODS = 10_000  # victims over all nodes of one preempt call
 MAX_NAME = 253  # a DNS subdomain: pod, namespace and node names, UIDs
-# Candidates are judged in slices of this many nodes with a yield to the loop in between: a
-# slice of cold verdicts costs a few milliseconds, 10,000 of them could cost a quarter second.
-# kube-scheduler's usual call (up to ~500 names) is one slice and never yields.
-SLICE_NODES = 500
+# Candidates are judged in slices sized by time (``_sliced``): the first slice is small, each
+# next one is sized from the last one's cost to take about ``SLICE_SECONDS``, and the verb
+# yields to the loop whenever ``YIELD_SECONDS`` of verdicts have run since the last yield. A
+# usual call (up to ~500 memoised or cheap verdicts, a millisecond or two) never yields; a call
+# whose nodes are costly (thousands of candidates, or Reservations a pod matches on every node)
+# holds the loop for at most about ``YIELD_SECONDS`` plus one node's verdict at a time.
+FIRST_SLICE = 1
+MAX_SLICE = 500
+SLICE_SECONDS = 0.005
+YIELD_SECONDS = 0.02
 
 
 class StateCollector(Collector):
@@ -349,22 +355,40 @@ def _victims(args: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, int]
     return victims, pdb
 
 
+T = TypeVar("T")
+
+
+async def _sliced(items: Sequence[T], judge: Callable[[Sequence[T]], None]) -> None:
+    """``judge`` over consecutive slices of ``items``, sized and yielded as the constants above
+    say (the caller's ``judge`` collects its own results)."""
+    size, since_yield, start = FIRST_SLICE, 0.0, 0
+    while start < len(items):
+        if since_yield >= YIELD_SECONDS:
+            await asyncio.sleep(0)
+            since_yield = 0.0
+        began = time.perf_counter()
+        judge(items[start:start + size])
+        took = time.perf_counter() - began
+        start += size
+        since_yield += took
+        size = max(1, min(MAX_SLICE, int(size * SLICE_SECONDS / max(took, 1e-6))))
+
+
 async def _filter_sliced(
     state: ClusterState, pod: PodRequest, names: list[str], cfg: ExtenderConfig
 ) -> FilterResult:
-    """``filter_nodes`` over ``SLICE_NODES`` names at a time, yielding to the loop between."""
-    if len(names) <= SLICE_NODES:
-        return filter_nodes(state, pod, names, cfg)
+    """``filter_nodes`` over time-bounded slices of the candidates (``_sliced``)."""
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    for start in range(0, len(names), SLICE_NODES):
-        if start:
-            await asyncio.sleep(0)
-        part = filter_nodes(state, pod, names[start:start + SLICE_NODES], cfg)
-        passed += part.passed
-        failed.update(part.failed)
-        unresolvable.update(part.unresolvable)
+
+    def judge(part: Sequence[str]) -> None:
+        result = filter_nodes(state, pod, part, cfg)
+        passed.extend(result.passed)
+        failed.update(result.failed)
+        unresolvable.update(result.unresolvable)
+
+    await _sliced(names, judge)
     return FilterResult(passed, failed, unresolvable)
 
 
@@ -372,22 +396,15 @@ async def _prioritize_sliced(
     state: ClusterState, pod: PodRequest, names: list[str], cfg: ExtenderConfig
 ) -> list[tuple[str, int]]:
     scores: list[tuple[str, int]] = []
-    for start in range(0, len(names), SLICE_NODES):
-        if start:
-            await asyncio.sleep(0)
-        scores += prioritize_nodes(state, pod, names[start:start + SLICE_NODES], cfg)
+    await _sliced(names, lambda part: scores.extend(prioritize_nodes(state, pod, part, cfg)))
     return scores
 
 
 async def _preempt_sliced(
     state: ClusterState, pod: PodRequest, victims: dict[str, list[str]], cfg: ExtenderConfig
 ) -> dict[str, list[str]]:
-    items = list(victims.items())
     kept: dict[str, list[str]] = {}
-    for start in range(0, len(items), SLICE_NODES):
-        if start:
-            await asyncio.sleep(0)
-        kept.update(preempt_nodes(state, pod, dict(items[start:start + SLICE_NODES]), cfg))
+    await _sliced(list(victims.items()), lambda part: kept.update(preempt_nodes(state, pod, dict(part), cfg)))
     return kept
 
 

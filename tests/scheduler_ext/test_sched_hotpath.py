@@ -128,3 +128,50 @@ def test_verbs_answer_only_post(extender: Extender) -> None:
     assert reply.status_code == 200 and reply.json()["Error"].startswith("request body is not JSON")
     assert httpx.post(f"{extender.url}/prioritize", content=b"[]").status_code == 400
     assert httpx.get(f"{extender.url}/healthz").text == "ok"
+
+
+class _Clock:
+    """A stand-in for ``time.perf_counter`` that only the judged nodes move."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("per_node", "nodes", "most_between_yields"),
+    [
+        pytest.param(0.000_002, 500, None, id="500 cheap verdicts are judged without a yield"),
+        pytest.param(0.001, 500, 0.02 + 0.005,
+                     id="costly verdicts yield to the loop about every 20 ms"),
+        pytest.param(0.040, 5, 0.040, id="a node that alone costs 40 ms is judged one at a time"),
+    ],
+)
+async def test_verbs_judge_nodes_in_slices_that_yield_by_time(
+    monkeypatch: pytest.MonkeyPatch, per_node: float, nodes: int, most_between_yields: float | None
+) -> None:
+    from scheduler_ext import server
+
+    clock = _Clock()
+    held: list[float] = [0.0]  # loop time between yields
+    judged: list[str] = []
+
+    async def yielded(_: float) -> None:
+        held.append(0.0)
+
+    def judge(part: list[str]) -> None:
+        judged.extend(part)
+        clock.now += per_node * len(part)
+        held[-1] += per_node * len(part)
+
+    monkeypatch.setattr(server.time, "perf_counter", clock)
+    monkeypatch.setattr(server.asyncio, "sleep", yielded)
+    names = [f"n{i}" for i in range(nodes)]
+    await server._sliced(names, judge)
+    assert judged == names
+    if most_between_yields is None:
+        assert len(held) == 1
+    else:
+        assert len(held) > 1 and max(held) <= most_between_yields + 1e-9
