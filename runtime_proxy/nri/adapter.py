@@ -304,16 +304,13 @@ class NriEngine:
         runtime all stopped, also once those are removed (``released``); a pod with no container
         yet holds them."""
         pods = self.store.pods()
-        if not self.stopped:
-            return [pod for pod in pods if pod.sandbox_id not in self.released] if self.released else pods
-        with_containers: set[str] = set()
-        running: set[str] = set()
-        for owner, container in self.store.containers():
-            with_containers.add(owner.sandbox_id)
-            if container.id not in self.stopped:
-                running.add(owner.sandbox_id)
-        released = (with_containers - running) | self.released
-        return [pod for pod in pods if pod.sandbox_id not in released] if released else pods
+        return [pod for pod in pods if pod.sandbox_id not in self.released] if self.released else pods
+
+    def _release_if_all_stopped(self, sandbox_id: str) -> None:
+        """Mark the pod released when it has containers and the runtime stopped all of them."""
+        mine = [c.id for owner, c in self.store.containers() if owner.sandbox_id == sandbox_id]
+        if mine and all(cid in self.stopped for cid in mine):
+            self.released.add(sandbox_id)
 
     def _frees_bound_cpus(self, sandbox_id: str, uid: str, container_id: str) -> bool:
         """Whether stopping ``container_id`` releases CPUs bound to its pod: the pod holds bound
@@ -507,7 +504,8 @@ class NriEngine:
                 stopped.add(container.id)
         self.store = store
         self.stopped = stopped
-        self.released = set()
+        with_containers = {c.pod_sandbox_id for c in containers}
+        self.released = with_containers - {c.pod_sandbox_id for c in containers if c.id not in stopped}
         self._refreshed_version = -1
         self._notified_version = (-1, -1)
         for each_pod in store.pods():
@@ -672,12 +670,11 @@ class NriEngine:
             if container_f.id not in self.stopped:
                 self.stopped.add(container_f.id)
                 self._stops += 1
-                if not any(owner.sandbox_id == pod_f.sandbox_id and c.id not in self.stopped
-                           for owner, c in self.store.containers()):
-                    self.released.add(pod_f.sandbox_id)
+                self._release_if_all_stopped(pod_f.sandbox_id)
             await self._stage_and_apply("PostStopContainer", pod_f, container_f)
         elif event == E.REMOVE_CONTAINER:
             self._deferred.pop(container_f.id, None)
             self.store.drop_container(container_f.id)
             self.stopped.discard(container_f.id)
+            self._release_if_all_stopped(pod_f.sandbox_id)
             await self._stage_and_apply("PostRemoveContainer", pod_f, container_f)
