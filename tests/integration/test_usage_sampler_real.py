@@ -45,7 +45,12 @@ def test_the_usage_loop_samples_a_real_containers_cpu_and_memory(
             if last is None or last.sample is None:
                 return None
             p, c = last.sample.pods.get(uid), last.sample.containers.get(cid)
-            if p is None or c is None or c.memory_bytes < HOLD * MiB * 0.9 or c.cpu_milli < 50:
+            if p is None or c is None or c.cpu_milli < 50:
+                return None
+            # The pod's cgroup is read just before its container's, so while awk is still
+            # building its string the pod can trail the container by what it allocated in
+            # between: wait until both show the whole hold.
+            if min(p.memory_bytes, c.memory_bytes) < HOLD * MiB * 0.9:
                 return None
             return p, c
 
@@ -56,7 +61,8 @@ def test_the_usage_loop_samples_a_real_containers_cpu_and_memory(
             time.sleep(0.1)
             got = sampled()
         pod_usage, container_usage = got
-        assert pod_usage.memory_bytes >= container_usage.memory_bytes, "the pod holds its container"
+        # Pages may still move between the two reads; the pod holds its container within 3 %.
+        assert pod_usage.memory_bytes >= container_usage.memory_bytes * 0.97, "the pod holds its container"
         assert pod_usage.cpu_milli >= 50
         assert container_usage.cpu_milli <= 1000 * 64
         last = loop.last_round
