@@ -443,7 +443,11 @@ def test_usage_loop_evictions_by_the_runtime_stop_the_victims_containers(
 
         q.wait_for(lambda: state("be-big"), int(api_pb2.CONTAINER_EXITED), what="be-big stopped", timeout=20.0)
         write_meminfo(proc, 0)
+        # The plugin logs the eviction once the runtime answered the stop, which can be just
+        # after the container shows as exited.
+        evicted = "pod evicted by stopping its containers"
+        q.wait_for(lambda: plugin.events(evicted), 1, what="the eviction logged", timeout=10.0)
         assert state("be-small") == api_pb2.CONTAINER_RUNNING
-        assert plugin.events("pod evicted by stopping its containers") == 1
+        assert plugin.events(evicted) == 1
     finally:
         plugin.stop()
