@@ -473,7 +473,9 @@ def place(
     answers (GPUs) for the NUMA merge. Without
     ``exact`` (filter and prioritize) the CPUs are only counted, never chosen: every policy
     here succeeds exactly when enough CPUs are eligible (a required policy's eligible CPUs
-    already have its shape), so the verdict is the same and the accumulator runs only at bind.
+    already have its shape), so the verdict is the same and the accumulator runs only at bind;
+    the one exception, required FullPCPUs from a reservation whose CPUs hold part of a free
+    core (taken first, they can leave a partial core), runs the exact choice for the verdict.
     """
     if intent.skip:
         return PLAIN
@@ -520,6 +522,11 @@ def place(
     return _place_numa(intent, node, policy, cpu_bind, bind_policy, required, ratio, extra, exact, restore, final)
 
 
+def _splits_a_core(topo: CPUTopology, cpus: frozenset[int]) -> bool:
+    """Some CPU of ``cpus`` has a thread sibling outside it."""
+    return any(not topo.core_cpus[topo.core_of[c]] <= cpus for c in cpus)
+
+
 def _cpuset(
     intent: Intent,
     node: NodeFacts,
@@ -533,7 +540,11 @@ def _cpuset(
         eligible = node.eligible(bind_policy) if required else node.free
         if len(eligible) < intent.num_cpus:
             raise AllocationError(NOT_ENOUGH)
-        if numa_cpus:
+        if required and bind_policy == FULL_PCPUS and _splits_a_core(topo, eligible & node.preferred):
+            # a reservation's CPUs are taken first; when they hold part of a free core the
+            # choice can end on a partial core, so only the exact choice gives the verdict
+            _exact_cpuset(intent, node, topo, bind_policy, required, numa_cpus)
+        elif numa_cpus:
             # each NUMA node's share is chosen inside it; under required FullPCPUs a share that
             # is not whole cores fails the final policy check, as the exact choice does
             unit = max(topo.cpus_per_core, 1) if required and bind_policy == FULL_PCPUS else 1
@@ -546,6 +557,17 @@ def _cpuset(
             if got != intent.num_cpus:
                 raise AllocationError(NOT_ENOUGH)
         return frozenset()
+    return _exact_cpuset(intent, node, topo, bind_policy, required, numa_cpus)
+
+
+def _exact_cpuset(
+    intent: Intent,
+    node: NodeFacts,
+    topo: CPUTopology,
+    bind_policy: str,
+    required: bool,
+    numa_cpus: dict[int, int] | None,
+) -> frozenset[int]:
     return allocate_cpuset(
         topo,
         node.free,
