@@ -6,7 +6,7 @@ schedules a sequence of pods as kube-scheduler does: ``POST /filter``, ``POST /p
 then ``POST /bind`` when the node passed. The bind talks to ``FakeBindAPI`` below; the pod it
 bound is then fed back as the watch event that confirms it, so the next pod sees the
 allocation as rebuilt from the annotations the bind wrote. Every check reads those written
-annotations (``resource-status``), never the extender's internals:
+annotations (``resource-status``, ``reservation-allocated``), never the extender's internals:
 
 - no CPU is allocated twice, and none outside the bindable CPUs;
 - no NUMA zone is booked past its allocatable (CPU and memory);
@@ -19,12 +19,22 @@ annotations (``resource-status``), never the extender's internals:
   by at most one core (``tryBestToDistributeEvenly``);
 - under Required NUMA exclusivity (``singleNUMANodeExclusive``, the default when the pod names a
   policy) a Restricted or SingleNUMANode pod booked on several NUMA nodes uses none that only
-  one-node cpusets used, and a SingleNUMANode pod's one NUMA node held no spanning cpuset.
+  one-node cpusets used, and a SingleNUMANode pod's one NUMA node held no spanning cpuset;
+- with a Reservation on the node (any cpuset, owners by label or controller reference, allocate
+  policy, allocate-once or not; fed as a watch event), pods that match it, require it through
+  ``reservation-affinity`` or do neither: still no CPU twice and none outside the bindable CPUs,
+  and a pod given CPUs of the reservation's cpuset carries ``reservation-allocated`` naming it
+  (no other pod gets them);
+- with a Reservation booking NUMA amounts (and maybe a cpuset inside them): per NUMA node, the
+  pods outside it plus the larger of the reservation and the pods allocated from it (by their
+  ``reservation-allocated``) never pass the zone's allocatable (CPU and memory), as
+  "Deliberate differences" in ``scheduler_ext/README.md`` states.
 
 Filter and bind must also agree: a node that passes filter is bound without error.
 
 Topologies are small (up to 2 sockets x 2 NUMA x 4 cores x 2 threads), with one 104-CPU
-two-socket machine among them; each topology's annotation text is built once.
+two-socket machine among them except under a Reservation; each topology's annotation text is
+built once.
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ from hypothesis import strategies as st
 from koord_formats import keys
 from koord_formats.cpulist import format_cpu_list
 from koord_formats.pod import parse_resource_status
+from koord_formats.quantity import parse_cpu_milli
+from koord_formats.reservation import ReservationAllocated, parse_reservation_allocated
 from koord_formats.topology import CPUTopology, format_cpu_topology
 from scheduler_ext.errors import NotFoundError
 from scheduler_ext.extender import Binder, ExtenderConfig
@@ -52,7 +64,7 @@ from scheduler_ext.numa import numa_node_states
 from scheduler_ext.server import create_app
 from scheduler_ext.state import ClusterState, load_objects
 from scheduler_ext.topology import synthetic_topology
-from tests.scheduler_ext.builders import GiB, node, nrt, pod
+from tests.scheduler_ext.builders import GiB, node, nrt, pod, reservation
 
 SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CFG = ExtenderConfig()
@@ -129,6 +141,7 @@ class Bound:
     cpus: frozenset[int]
     numa_cpu: Mapping[int, int]
     numa_memory: Mapping[int, int]
+    reservation: ReservationAllocated | None = None  # its written ``reservation-allocated``
 
 
 def _milli(value: Fraction) -> int:
@@ -183,15 +196,19 @@ class Cluster:
         )
         assert reply["Error"] == "", f"filter passed but bind failed: {reply['Error']}"
         assert self.state.apply("pods", "MODIFIED", obj)  # the watch confirms the bind
-        text = obj["metadata"]["annotations"].get(keys.ANNOTATION_RESOURCE_STATUS)
+        written = obj["metadata"]["annotations"]
+        text = written.get(keys.ANNOTATION_RESOURCE_STATUS)
+        allocated = written.get(keys.ANNOTATION_RESERVATION_ALLOCATED)
+        from_reservation = parse_reservation_allocated(allocated) if allocated else None
         if not text:
-            out = Bound(frozenset(), {}, {})
+            out = Bound(frozenset(), {}, {}, from_reservation)
         else:
             status = parse_resource_status(text)
             out = Bound(
                 status.cpuset,
                 {r.node: _milli(r.resources["cpu"]) for r in status.numa_node_resources if r.resources.get("cpu")},
                 {r.node: int(r.resources["memory"]) for r in status.numa_node_resources if r.resources.get("memory")},
+                from_reservation,
             )
         self.bound.append(out)
         return out
@@ -238,12 +255,15 @@ def _zones(
 
 
 def _cluster(text: str, *, reserved: frozenset[int] = frozenset(), zones: list[dict[str, Any]] | None = None,
-             strategy: str = "") -> Cluster:
+             strategy: str = "", reservation: dict[str, Any] | None = None) -> Cluster:
     doc = nrt(NODE, text, annotations=_kubelet_reserved(reserved))
     if zones is not None:
         doc["zones"] = zones
     labels = {keys.LABEL_NUMA_ALLOCATE_STRATEGY: strategy} if strategy else {}
-    return Cluster([node(NODE, labels=labels), doc])
+    cluster = Cluster([node(NODE, labels=labels), doc])
+    if reservation is not None:  # as the Reservation watch delivers it
+        assert cluster.state.apply("reservations", "ADDED", reservation)
+    return cluster
 
 
 @dataclass(frozen=True)
@@ -305,9 +325,9 @@ def ops(
     return st.lists(op, min_size=1, max_size=max_size)
 
 
-def _reserved(draw: st.DrawFn, topo: CPUTopology) -> frozenset[int]:
+def _reserved(data: st.DataObject, topo: CPUTopology) -> frozenset[int]:
     ids = sorted(topo.cpus)
-    return frozenset(draw(st.sets(st.sampled_from(ids), max_size=min(4, len(ids) // 2))))
+    return frozenset(data.draw(st.sets(st.sampled_from(ids), max_size=min(4, len(ids) // 2))))
 
 
 @SETTINGS
@@ -316,7 +336,7 @@ def test_verbs_never_allocate_a_cpu_twice(
     shape: tuple[int, int, int, int], data: st.DataObject, plan: list[Op]
 ) -> None:
     topo, text = machine(shape)
-    reserved = _reserved(data.draw, topo)
+    reserved = _reserved(data, topo)
     cluster = _cluster(text, reserved=reserved)
     bindable = topo.cpus - reserved
 
@@ -358,7 +378,7 @@ def test_verbs_full_pcpus_takes_whole_cores_only(
     shape: tuple[int, int, int, int], data: st.DataObject, strategy: str, plan: list[Op]
 ) -> None:
     topo, text = machine(shape)
-    reserved = _reserved(data.draw, topo)
+    reserved = _reserved(data, topo)
     cluster = _cluster(text, reserved=reserved, strategy=strategy)
     bindable = topo.cpus - reserved
     policies = {f"p{i}": op for i, op in enumerate(plan)}
@@ -382,7 +402,7 @@ def test_verbs_spread_by_pcpus_never_doubles_a_core_while_one_is_free(
     shape: tuple[int, int, int, int], data: st.DataObject, strategy: str, plan: list[Op]
 ) -> None:
     topo, text = machine(shape)
-    reserved = _reserved(data.draw, topo)
+    reserved = _reserved(data, topo)
     cluster = _cluster(text, reserved=reserved, strategy=strategy)
     bindable = topo.cpus - reserved
     policies = {f"p{i}": op for i, op in enumerate(plan)}
@@ -480,3 +500,126 @@ def test_verbs_keep_required_numa_exclusivity(
             assert all(states.get(n) != keys.NUMA_NODE_SHARED for n in booked), (states, booked)
 
     run(cluster, [op.pod(i) for i, op in enumerate(plan)], check)
+
+
+# -- with a Reservation on the node ------------------------------------------------------------------
+
+RESERVATION = "r"
+RESERVATION_UID = "uid-r"
+OWNER_KIND, OWNER_NAME = "ReplicaSet", "web-rs"
+# who the reservation is for: pods labelled app=web, pods a ReplicaSet controls, or either
+OWNERS = [
+    [{"labelSelector": {"matchLabels": {"app": "web"}}}],
+    [{"controller": {"kind": OWNER_KIND, "name": OWNER_NAME}}],
+    [{"labelSelector": {"matchLabels": {"app": "web"}}}, {"controller": {"kind": OWNER_KIND, "name": OWNER_NAME}}],
+]
+# the pod's reservation-affinity: none, any reservation, this one by name, another one by name
+AFFINITIES = ["", "", "{}", json.dumps({"name": RESERVATION}), json.dumps({"name": "other"})]
+small_shapes = st.sampled_from(SHAPES[:-1])
+
+
+@dataclass(frozen=True)
+class Tie:
+    """How one pod relates to the reservation."""
+
+    labelled: bool  # carries app=web
+    controlled: bool  # controlled by the ReplicaSet owner
+    affinity: str  # its reservation-affinity annotation ("" for none)
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        if self.labelled:
+            meta["labels"]["app"] = "web"
+        if self.controlled:
+            meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": OWNER_KIND, "name": OWNER_NAME,
+                                        "uid": "rs-uid", "controller": True}]
+        if self.affinity:
+            meta["annotations"][keys.ANNOTATION_RESERVATION_AFFINITY] = self.affinity
+        return obj
+
+
+ties = st.lists(st.builds(Tie, BOOLS, BOOLS, st.sampled_from(AFFINITIES)), min_size=6, max_size=6)
+allocate_policies = st.sampled_from(["", "Aligned", "Restricted"])
+
+
+def _reservation_pods(plan: list[Op], tied: list[Tie]) -> list[dict[str, Any]]:
+    return [tie.apply(op.pod(i)) for i, (op, tie) in enumerate(zip(plan, tied, strict=False))]
+
+
+def _check_allocated(got: Bound) -> bool:
+    """Whether ``got`` was allocated from the reservation (its annotation names it whole)."""
+    if got.reservation is None:
+        return False
+    assert (got.reservation.name, got.reservation.uid) == (RESERVATION, RESERVATION_UID), got.reservation
+    return True
+
+
+@SETTINGS
+@given(shape=small_shapes, data=st.data(), policy=allocate_policies, once=BOOLS, owners=st.sampled_from(OWNERS),
+       plan=ops(max_size=6), tied=ties)
+def test_verbs_never_allocate_a_cpu_twice_with_a_reservation(
+    shape: tuple[int, int, int, int], data: st.DataObject, policy: str, once: bool,
+    owners: list[dict[str, Any]], plan: list[Op], tied: list[Tie],
+) -> None:
+    topo, text = machine(shape)
+    reserved = _reserved(data, topo)
+    bindable = topo.cpus - reserved
+    held = frozenset(data.draw(st.sets(st.sampled_from(sorted(topo.cpus)), max_size=max(1, len(topo.cpus) // 2))))
+    resv = reservation(RESERVATION, NODE, cpuset=format_cpu_list(held) if held else None, owners=owners,
+                       policy=policy, allocate_once=once, uid=RESERVATION_UID)
+    cluster = _cluster(text, reserved=reserved, reservation=resv)
+
+    def check(obj: dict[str, Any], before: frozenset[int], got: Bound) -> None:
+        assert not got.cpus & before, "two pods share a CPU"
+        assert got.cpus <= bindable, f"{format_cpu_list(got.cpus - bindable)} not bindable"
+        from_it = _check_allocated(got)
+        event(f"allocated from the reservation: {from_it}")
+        if got.cpus & held:
+            assert from_it, f"{format_cpu_list(got.cpus & held)} of the reservation given to another pod"
+
+    run(cluster, _reservation_pods(plan, tied), check)
+
+
+@SETTINGS
+@given(shape=small_shapes, data=st.data(), policy=allocate_policies, once=BOOLS,
+       cpu_quarters=st.lists(st.integers(1, 4), min_size=4, max_size=4),
+       mem=st.lists(st.integers(1, 12), min_size=4, max_size=4),
+       plan=ops(numa=["BestEffort", "Restricted", "SingleNUMANode", ""], memory=st.integers(0, 6)), tied=ties)
+def test_verbs_never_book_a_numa_zone_past_its_allocatable_with_a_reservation(
+    shape: tuple[int, int, int, int], data: st.DataObject, policy: str, once: bool, cpu_quarters: list[int],
+    mem: list[int], plan: list[Op], tied: list[Tie],
+) -> None:
+    """A reservation and the pods allocated from it count as the larger of the two per NUMA node."""
+    topo, text = machine(shape)
+    zones, limits = _zones(topo, cpu_quarters, mem)
+    numa: dict[int, dict[str, str]] = {}
+    pinned: set[int] = set()  # with a cpuset (an LSR reserve pod), at most its CPU amount per NUMA node
+    with_cpuset = data.draw(BOOLS, label="the reservation pins CPUs")
+    for n, (cpu_limit, mem_limit) in limits.items():
+        share = data.draw(st.integers(0, 4), label=f"cpu quarters reserved on NUMA {n}")
+        mem_share = data.draw(st.integers(0, mem_limit // GiB), label=f"GiB reserved on NUMA {n}")
+        if share or mem_share:
+            numa[n] = {"cpu": f"{cpu_limit * share // 4}m", "memory": f"{mem_share}Gi"}
+        if with_cpuset and cpu_limit * share // 4 >= 1000:
+            pinned |= data.draw(st.sets(st.sampled_from(sorted(topo.numa_cpus[n])),
+                                        max_size=cpu_limit * share // 4000), label=f"CPUs pinned on NUMA {n}")
+    booked = {n: (parse_cpu_milli(a["cpu"]), int(a["memory"][:-2]) * GiB) for n, a in numa.items()}
+    resv = reservation(RESERVATION, NODE, numa=numa, cpuset=format_cpu_list(frozenset(pinned)) if pinned else None,
+                       policy=policy, allocate_once=once, uid=RESERVATION_UID)
+    cluster = _cluster(text, zones=zones, reservation=resv)
+
+    def check(obj: dict[str, Any], before: frozenset[int], got: Bound) -> None:
+        assert set(got.numa_cpu) | set(got.numa_memory) <= set(limits)
+        event(f"allocated from the reservation: {_check_allocated(got)}")
+        inside = [b for b in cluster.bound if _check_allocated(b)]
+        outside = [b for b in cluster.bound if not _check_allocated(b)]
+        for n, (cpu_limit, mem_limit) in limits.items():
+            r_cpu, r_mem = booked.get(n, (0, 0))
+            in_cpu = sum(b.numa_cpu.get(n, 0) for b in inside)
+            in_mem = sum(b.numa_memory.get(n, 0) for b in inside)
+            out_cpu = sum(b.numa_cpu.get(n, 0) for b in outside)
+            out_mem = sum(b.numa_memory.get(n, 0) for b in outside)
+            assert out_cpu + max(in_cpu, r_cpu) <= cpu_limit, (n, out_cpu, in_cpu, r_cpu, cpu_limit)
+            assert out_mem + max(in_mem, r_mem) <= mem_limit, (n, out_mem, in_mem, r_mem, mem_limit)
+
+    run(cluster, _reservation_pods(plan, tied), check)
