@@ -2,7 +2,7 @@
 on the same containerd, in interleaved rounds, reported as p50/p90 and plugin/direct ratios.
 
     .venv/bin/python benchmarks/nri_overhead.py [--containerd 2.1] [--rounds 10] [--per-round 4] \
-        [--containers 200] [--per-pod 10]
+        [--containers 200] [--per-pod 10] [--floors]
 
 One lifecycle is RunPodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer,
 StopPodSandbox and RemovePodSandbox of an LSR pod (so the built-in plugins have work). In a
@@ -17,6 +17,12 @@ gives its 90 % bootstrap interval (lifecycles resampled within each mode) and th
 the two modes' medians round by round (each pair of modes runs back to back, so a change of
 the machine's load during the run moves both sides of a pair alike).
 
+With ``--floors`` each round also runs two do-nothing plugins built on the same protocol stack
+(``runtime_proxy.nri.plugin``): "empty" registers and subscribes to no event, and "idle"
+subscribes to the events the real plugin subscribes to and answers each with no change. The
+first shows what containerd itself spends on a lifecycle once any plugin is registered, the
+second adds the round trips; what is left between "idle" and "plugin" is the plugins' own work.
+
 Memory: after the rounds, ``--containers`` running containers (``--per-pod`` per LS pod, one
 pod in ten LSR, all on the pause image) are created while a plugin is registered; the plugin's
 RSS (``VmRSS``) and peak (``VmHWM``) are read from /proc once a reconcile round has seen them
@@ -27,14 +33,21 @@ Target: <= 64 MiB. Nothing here is a test.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import os
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import structlog
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -43,6 +56,8 @@ sys.path.insert(0, str(REPO / "devenv"))
 from rhp_devenv import PrivateContainerd, pod_cgroup_parent, remove_cgroup_tree  # noqa: E402
 from rhp_devenv.cri import CriClient, linux_resources  # noqa: E402
 
+from cri_protos import nri_pb2  # noqa: E402
+from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity  # noqa: E402
 from tests.integration.test_nri_real import NriPluginProcess  # noqa: E402
 
 STEPS = ("RunPodSandbox", "CreateContainer", "StartContainer", "StopContainer", "RemoveContainer",
@@ -145,6 +160,81 @@ def bootstrap_ratio(direct: list[float], plugin: list[float], rounds: int = 2000
     return ratios[int(0.05 * rounds)], ratios[int(0.95 * rounds) - 1]
 
 
+class _NoChanges:
+    """NRI events answered with no change (the "empty" and "idle" floors)."""
+
+    def __init__(self, events: tuple[int, ...]) -> None:
+        self.events = events
+
+    def wanted_events(self) -> tuple[int, ...]:
+        return self.events
+
+    async def configure(self, request: Any) -> None:
+        return None
+
+    async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
+        return []
+
+    async def create_container(self, pod: Any, container: Any) -> Any:
+        return nri_pb2.CreateContainerResponse()
+
+    async def update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
+        return []
+
+    async def stop_container(self, pod: Any, container: Any) -> list[Any]:
+        return []
+
+    async def state_change(self, event: int, pod: Any, container: Any | None) -> None:
+        return None
+
+    def session_ended(self) -> None:
+        return None
+
+
+def real_plugin_events() -> tuple[int, ...]:
+    """The events ``runtime-proxy nri`` subscribes to with every built-in plugin."""
+    from runtime_proxy.config import ProxyConfig
+    from runtime_proxy.nri.cli import NriOptions, build
+
+    opts = NriOptions(socket="", identity=PluginIdentity("rhp-bench", "10"), config=ProxyConfig(),
+                      entry_points=False)
+    return build(opts).engine.wanted_events()
+
+
+async def _serve_floor(socket: str, kind: str) -> None:
+    events = () if kind == "empty" else real_plugin_events()
+    plugin = NriPlugin(PluginIdentity(f"rhp-floor-{kind}", "10"), _NoChanges(events), socket_path=socket)
+    running = asyncio.create_task(plugin.run())
+    await plugin.synchronized.wait()
+    print("synchronized", flush=True)
+    await running
+
+
+class FloorPlugin:
+    """A do-nothing plugin (``--floor-plugin``) as a child process, stopped by its PID."""
+
+    def __init__(self, socket: Path, kind: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--floor-plugin", kind, "--nri-socket", str(socket)],
+            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'devenv'}"})
+
+    def start(self) -> FloorPlugin:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != b"synchronized":
+            self.stop()
+            raise RuntimeError("the do-nothing plugin did not come up")
+        return self
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--containerd", default="2.1", choices=("1.7", "2.1"))
@@ -152,10 +242,20 @@ def main() -> int:
     parser.add_argument("--per-round", type=int, default=4)
     parser.add_argument("--containers", type=int, default=200, help="containers for the memory figure (0: skip)")
     parser.add_argument("--per-pod", type=int, default=10)
+    parser.add_argument("--floors", action="store_true", help="also time the do-nothing plugins (see above)")
+    parser.add_argument("--floor-plugin", choices=("empty", "idle"), help=argparse.SUPPRESS)
+    parser.add_argument("--nri-socket", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor_plugin:
+        # The child process of FloorPlugin: serve until terminated.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+        asyncio.run(_serve_floor(args.nri_socket, args.floor_plugin))
+        return 0
+    modes = ("direct", "empty", "idle", "plugin") if args.floors else ("direct", "plugin")
     cpu = str(max(os.sched_getaffinity(0)))
     top = f"/rhpbench-nri-{os.getpid()}"
-    samples: dict[str, dict[str, list[float]]] = {"direct": {}, "plugin": {}}
+    samples: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
     # Per round, the lifecycle times of each mode.
     paired: list[dict[str, list[float]]] = []
     rss = 0
@@ -168,17 +268,19 @@ def main() -> int:
             with CriClient(ctrd.socket) as client:
                 lifecycle(client, top, cpu)  # warm-up
                 for round_no in range(args.rounds):
-                    paired.append({"direct": [], "plugin": []})
-                    for mode in (("direct", "plugin") if round_no % 2 == 0 else ("plugin", "direct")):
-                        plugin = None
+                    paired.append({mode: [] for mode in modes})
+                    for mode in (modes if round_no % 2 == 0 else modes[::-1]):
+                        plugin: NriPluginProcess | FloorPlugin | None = None
                         if mode == "plugin":
                             plugin = NriPluginProcess(ctrd.nri_socket, Path(tmp) / f"r{round_no}").start()
+                        elif mode != "direct":
+                            plugin = FloorPlugin(ctrd.nri_socket, mode).start()
                         try:
                             for _ in range(args.per_round):
                                 for step, value in lifecycle(client, top, cpu).items():
                                     samples[mode].setdefault(step, []).append(value)
                                 paired[-1][mode].append(samples[mode]["lifecycle"][-1])
-                            if plugin is not None and plugin.proc is not None:
+                            if isinstance(plugin, NriPluginProcess) and plugin.proc is not None:
                                 rss = max(rss, _rss_kib(plugin.proc.pid))
                         finally:
                             if plugin is not None:
@@ -190,18 +292,23 @@ def main() -> int:
             ctrd.stop()
     print(f"containerd {args.containerd}, {args.rounds} interleaved rounds x {args.per_round} lifecycles per mode; "
           f"{os.cpu_count()} CPUs, load average {load_before} before, {load_after} after the rounds")
-    print(f"{'step':<18}{'direct p50':>12}{'plugin p50':>12}{'ratio':>8}{'direct p90':>12}{'plugin p90':>12}")
+    floors = [mode for mode in modes if mode not in ("direct", "plugin")]
+    print(f"{'step':<18}{'direct p50':>12}" + "".join(f"{mode + ' p50':>12}" for mode in floors)
+          + f"{'plugin p50':>12}{'ratio':>8}{'direct p90':>12}{'plugin p90':>12}")
     for step in (*STEPS, "lifecycle"):
         d, p = samples["direct"][step], samples["plugin"][step]
         d50, p50 = statistics.median(d), statistics.median(p)
         d90, p90 = statistics.quantiles(d, n=10)[-1], statistics.quantiles(p, n=10)[-1]
-        print(f"{step:<18}{d50 * 1000:>10.1f}ms{p50 * 1000:>10.1f}ms{p50 / d50:>8.3f}{d90 * 1000:>10.1f}ms"
+        between = "".join(f"{statistics.median(samples[mode][step]) * 1000:>10.1f}ms" for mode in floors)
+        print(f"{step:<18}{d50 * 1000:>10.1f}ms{between}{p50 * 1000:>10.1f}ms{p50 / d50:>8.3f}{d90 * 1000:>10.1f}ms"
               f"{p90 * 1000:>10.1f}ms")
-    low, high = bootstrap_ratio(samples["direct"]["lifecycle"], samples["plugin"]["lifecycle"])
-    by_round = [statistics.median(r["plugin"]) / statistics.median(r["direct"]) for r in paired]
-    print(f"lifecycle ratio of medians, 90% bootstrap interval: {low:.3f} .. {high:.3f}")
-    print(f"lifecycle ratio round by round: median {statistics.median(by_round):.3f}, "
-          f"{' '.join(f'{r:.3f}' for r in by_round)}")
+    for mode in modes[1:]:
+        low, high = bootstrap_ratio(samples["direct"]["lifecycle"], samples[mode]["lifecycle"])
+        by_round = [statistics.median(r[mode]) / statistics.median(r["direct"]) for r in paired]
+        mine, base = statistics.median(samples[mode]["lifecycle"]), statistics.median(samples["direct"]["lifecycle"])
+        print(f"{mode:<7} lifecycle {mine * 1000:.1f} ms, / direct {mine / base:.3f} (90% bootstrap {low:.3f} .. "
+              f"{high:.3f}); round by round median {statistics.median(by_round):.3f}: "
+              f"{' '.join(f'{r:.3f}' for r in by_round)}")
     print(f"plugin RSS during the rounds (max seen): {rss / 1024:.1f} MiB   target: lifecycle ratio <= 1.05")
     for situation, now, peak in mem:
         print(f"plugin RSS, {situation}: {now / 1024:.1f} MiB (peak {peak / 1024:.1f} MiB)   target: <= 64 MiB")
