@@ -79,13 +79,12 @@ import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import grpc
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from cri_protos import hookserver_pb2, hookserver_pb2_grpc
+from cri_protos import hookserver_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
 from hooks.plan import Plan
 from hooks.spec import KOORD_HOOK_POINTS
@@ -95,6 +94,9 @@ from runtime_proxy import metrics
 from runtime_proxy.config import validation_message
 from runtime_proxy.engine.pipeline import Pipeline, StepError
 from runtime_proxy.loops.background import Background, every
+
+if TYPE_CHECKING:
+    import grpc
 
 log = structlog.get_logger(__name__)
 
@@ -436,6 +438,8 @@ class RemoteStep:
             request = container_request(pod, container)
         else:
             return None
+        import grpc  # loaded by the registry with the first channel (see ``_rebuild``)
+
         method = getattr(self._stub, f"{stage}Hook")
         try:
             resp = await method(request, timeout=reg.timeout)
@@ -699,6 +703,12 @@ class HookServerRegistry:
         return _FileState(signature, reg)
 
     def _rebuild(self) -> None:
+        # gRPC is imported once a hook server is registered, not with the module: a node without
+        # hook servers (and the NRI plugin) never loads the library, a third of its memory.
+        import grpc
+
+        from cri_protos import hookserver_pb2_grpc
+
         regs = [st.registration for _, st in sorted(self._files.items()) if st.registration is not None]
         wanted = {r.endpoint for r in regs}
         for endpoint in [e for e in self._channels if e not in wanted]:

@@ -17,11 +17,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import structlog
 from google.protobuf import json_format
 
-from cri_protos import api_pb2, api_pb2_grpc
+from cri_protos import api_pb2
 from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources, frozen_map
 from runtime_proxy import metrics
 
@@ -76,6 +75,11 @@ class RuntimeClient:
     """Decoded CRI calls to the runtime, for the store and the reconciler (never for forwarding)."""
 
     def __init__(self, backend: str, *, timeout: float = 10.0) -> None:
+        # gRPC is imported here, not with the module: the NRI plugin uses the store without a
+        # runtime client, and the gRPC library is a third of its memory.
+        import grpc
+
+        from cri_protos import api_pb2_grpc
         from runtime_proxy.cri.grpc_transport import CHANNEL_OPTIONS
 
         self.channel = grpc.aio.insecure_channel(f"unix://{backend}", options=CHANNEL_OPTIONS)
@@ -232,6 +236,8 @@ class Store:
         return self.container(container_id)
 
     async def _load_pod(self, client: RuntimeClient, sandbox_id: str) -> PodFacts | None:
+        import grpc  # loaded with RuntimeClient (see there)
+
         try:
             status = await client.sandbox_status(sandbox_id)
         except grpc.aio.AioRpcError as err:
@@ -248,6 +254,8 @@ class Store:
         return pod_facts_from_config(config, runtime_handler=s.runtime_handler, sandbox_id=sandbox_id)
 
     async def _load_container(self, client: RuntimeClient, container_id: str) -> tuple[str, ContainerFacts] | None:
+        import grpc  # loaded with RuntimeClient (see there)
+
         try:
             status = await client.container_status(container_id)
         except grpc.aio.AioRpcError as err:

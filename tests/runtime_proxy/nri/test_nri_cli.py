@@ -78,3 +78,53 @@ def test_the_daemonset_manifest_matches_the_cli_and_the_config_schema(tmp_path: 
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/var/run/nri", "/sys/fs/cgroup"} <= mounts
     assert container["securityContext"].get("privileged") is not True
+
+
+_NO_GRPC = """
+import asyncio, json, socket, sys
+from pathlib import Path
+from cri_protos import nri_pb2
+from runtime_proxy.config import ProxyConfig
+from runtime_proxy.nri.cli import NriOptions, run
+from runtime_proxy.nri.plugin import PluginIdentity
+from tests.runtime_proxy.nri.fake_runtime import FakeRuntime
+
+async def main(tmp):
+    runtime = await FakeRuntime(tmp / "nri.sock").start()
+    hooks = tmp / "hooks"
+    hooks.mkdir()
+    config = ProxyConfig(hookServerDir=str(hooks), cgroupRoot=str(tmp), usageLoop={"enable": True})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(NriOptions(socket=str(runtime.path), identity=PluginIdentity("rhp", "42"),
+                                              config=config, entry_points=False, metrics_addr=f"127.0.0.1:{port}"),
+                                   stop))
+    session = await runtime.next_session()
+    await asyncio.wait_for(session.registered.wait(), 5)
+    await session.call("Configure", nri_pb2.ConfigureRequest(runtime_name="fake", runtime_version="1"))
+    await session.call("Synchronize", nri_pb2.SynchronizeRequest())
+    await asyncio.sleep(0.5)  # the loops start once synchronized
+    loaded = sorted(m for m in sys.modules if m == "grpc" or m.startswith("grpc."))
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    await runtime.stop()
+    print(json.dumps(loaded))
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+
+
+def test_the_nri_plugin_never_loads_the_grpc_library(tmp_path: Path) -> None:
+    """gRPC is a third of a Python process's memory and the NRI plugin speaks ttrpc: registered,
+    synchronized, with its loops, metrics and an empty hook-server directory, the plugin has not
+    imported it (it loads with a hook server's registration or ``--backend``)."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", _NO_GRPC, str(tmp_path)], cwd=repo, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
