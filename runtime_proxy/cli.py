@@ -20,8 +20,8 @@ from typing import cast
 
 from rhp_ops.cli import FORMAT_HELP, LEVEL_HELP, Parser, add_global_flags, add_version_flag, resolve_log_flags
 from runtime_proxy import logs
+from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, fail, run_main
-from runtime_proxy.server import DEFAULT_BACKEND, DEFAULT_LISTEN
 
 SERVERS = ("serve", "nri", "hook-server")
 DESCRIPTION = "Run the CRI proxy in front of containerd, or plan, check and serve its plugins."

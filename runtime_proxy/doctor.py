@@ -34,7 +34,14 @@ from typing import Any, Literal
 
 from hooks.plugins import BUILTIN_PLUGINS
 from rhp_ops.logs import shorten_rpc_errors
-from runtime_proxy.config import ConfigError, ProxyConfig, check_usable, load_config
+from runtime_proxy.config import (
+    DEFAULT_BACKEND,
+    DEFAULT_LISTEN,
+    ConfigError,
+    ProxyConfig,
+    check_usable,
+    load_config,
+)
 from runtime_proxy.host.mounts import is_mount_of, read_mounts
 
 __all__ = [
@@ -54,8 +61,6 @@ Status = Literal["ok", "warn", "fail"]
 EXIT_OK = 0
 EXIT_FAILED = 1
 
-DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
-DEFAULT_BACKEND = "/var/run/containerd/containerd.sock"
 DEFAULT_NRI = "/var/run/nri/nri.sock"
 EXIT_CODES = """\
 exit codes:

@@ -24,7 +24,7 @@ from cri_protos import api_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.manager import make_plugin_manager, plugin_order
 from runtime_proxy import memory, metrics, wiring
-from runtime_proxy.config import ProxyConfig
+from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ProxyConfig
 from runtime_proxy.cri.grpc_transport import GrpcTransport
 from runtime_proxy.cri.relay import RelayTransport
 from runtime_proxy.cri.transport import CallInterceptor
@@ -37,8 +37,6 @@ from runtime_proxy.state.store import RuntimeClient, Store
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
-DEFAULT_BACKEND = "/var/run/containerd/containerd.sock"
 
 
 class Transport(Protocol):

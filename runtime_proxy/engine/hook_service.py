@@ -47,13 +47,11 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
 import pluggy
 import structlog
 
-from cri_protos import hookserver_pb2_grpc
 from hooks.facts import ContainerFacts, PodFacts
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import CgroupWrite, Plan
@@ -70,6 +68,9 @@ from runtime_proxy.engine.remote import (
     strip_unix,
 )
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, run_main
+
+if TYPE_CHECKING:
+    import grpc
 
 log = structlog.get_logger(__name__)
 
@@ -152,6 +153,8 @@ class HookService:
             return self._answer(stage, pod, container, Plan())
         result = await self.pipeline.run(stage, pod, container, self.node_source.current())
         if result.rejected is not None:
+            import grpc  # loaded by ``serve`` (the CLI builds its parser without the library)
+
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"runtime-hook-proxy hook server: {result.rejected} (policy Fail)",
@@ -344,6 +347,12 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, pipe
     service = HookService(pipeline, node_source, applier, dry_run=dry_run)
     listen = strip_unix(opts.listen)
     prepare_listen_path(listen)
+    # gRPC is imported here, not with the module: ``runtime-proxy`` builds every sub-command's
+    # parser from this module, and ``nri`` never needs the library.
+    import grpc
+
+    from cri_protos import hookserver_pb2_grpc
+
     server = grpc.aio.server()
     hookserver_pb2_grpc.add_RuntimeHookServiceServicer_to_server(service, server)
     old_umask = os.umask(0o117)

@@ -96,8 +96,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 
 def main_from_args(args: argparse.Namespace) -> int:
-    from runtime_proxy.config import check_usable, load_config
-    from runtime_proxy.server import DEFAULT_BACKEND
+    from runtime_proxy.config import DEFAULT_BACKEND, check_usable, load_config
 
     try:
         cfg = load_config(args.config)

@@ -83,6 +83,7 @@ def test_the_daemonset_manifest_matches_the_cli_and_the_config_schema(tmp_path: 
 _NO_GRPC = """
 import asyncio, json, socket, sys
 from pathlib import Path
+import runtime_proxy.cli
 from cri_protos import nri_pb2
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.nri.cli import NriOptions, run
@@ -90,6 +91,7 @@ from runtime_proxy.nri.plugin import PluginIdentity
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime
 
 async def main(tmp):
+    runtime_proxy.cli.build_parser()  # what `runtime-proxy nri` does first: every sub-command's parser
     runtime = await FakeRuntime(tmp / "nri.sock").start()
     hooks = tmp / "hooks"
     hooks.mkdir()
