@@ -46,6 +46,7 @@ MAX_CONFIG_BYTES = 1 << 20
 # (containerd's CRI socket) unless told otherwise; ``nri --backend`` and ``doctor`` share them.
 DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 DEFAULT_BACKEND = "/var/run/containerd/containerd.sock"
+
 # A hostile document can hold many bad keys and long ones: the message names the first few,
 # each path cut to a readable length.
 MAX_REPORTED_ERRORS = 5

@@ -38,7 +38,6 @@ from runtime_proxy.state.store import RuntimeClient, Store
 log = structlog.get_logger(__name__)
 
 
-
 class Transport(Protocol):
     async def start(self) -> None: ...
 

@@ -76,7 +76,7 @@ class RuntimeClient:
 
     def __init__(self, backend: str, *, timeout: float = 10.0) -> None:
         # gRPC is imported here, not with the module: the NRI plugin uses the store without a
-        # runtime client, and the gRPC library is a third of its memory.
+        # runtime client, and the gRPC library is about 10 MiB of its memory.
         import grpc
 
         from cri_protos import api_pb2_grpc

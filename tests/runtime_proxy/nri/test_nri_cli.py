@@ -119,9 +119,10 @@ asyncio.run(main(Path(sys.argv[1])))
 
 
 def test_the_nri_plugin_never_loads_the_grpc_library(tmp_path: Path) -> None:
-    """gRPC is a third of a Python process's memory and the NRI plugin speaks ttrpc: registered,
-    synchronized, with its loops, metrics and an empty hook-server directory, the plugin has not
-    imported it (it loads with a hook server's registration or ``--backend``)."""
+    """gRPC takes about 10 MiB of a Python process's memory and the NRI plugin speaks ttrpc:
+    with its CLI parser built, registered, synchronized, with its loops, metrics and an empty
+    hook-server directory, the plugin has not imported it (it loads with a hook server's
+    registration or ``--backend``)."""
     import json
     import subprocess
     import sys
