@@ -85,12 +85,24 @@ def test_big_intercepted_calls_are_refused_and_memory_stays_bounded(relay: Relay
 
 
 def test_data_past_the_connection_window_gets_flow_control_error(relay: RelayProcess) -> None:
+    """The backend may grant connection window as fast as the flood arrives (it discards a
+    message over its size limit and returns the window for it), and then nothing was violated;
+    a loaded machine makes that likely. So the flood runs up to three times, on a new connection
+    each time, until one is caught: every caught flood is counted once and answered with
+    FLOW_CONTROL_ERROR, and healthy calls go on throughout."""
     before = relay.stats()
-    flood, healthy = while_healthy(relay.path, lambda: window_flood(relay.path, 64 * MiB, "/test.Echo/Bidi"))
-    assert flood.goaway_code() == FLOW_CONTROL_ERROR
-    flood.close()
+    codes: list[int | None] = []
+    healthy = 0
+    while len(codes) < 3 and FLOW_CONTROL_ERROR not in codes:
+        flood, calls = while_healthy(relay.path, lambda: window_flood(relay.path, 64 * MiB, "/test.Echo/Bidi"))
+        codes.append(flood.goaway_code())
+        flood.close()
+        healthy += calls
+        if codes[-1] != FLOW_CONTROL_ERROR:
+            assert flood.sent >= 64 * MiB, f"the relay ended an uncaught flood early: {codes}"
+    assert FLOW_CONTROL_ERROR in codes, codes
     assert healthy >= 1
-    assert relay.settle()["hits"]["flow_control"] == 1
+    assert relay.settle()["hits"]["flow_control"] == codes.count(FLOW_CONTROL_ERROR)
     assert _growth_mib(relay, before) < 8
 
 
