@@ -344,15 +344,14 @@ class Placed:
 @dataclass(frozen=True, slots=True)
 class Restore:
     """The node as koord-scheduler restores it for one pod's matched reservations
-    (``nodenumaresource/reservation.go``): ``tries`` build the views of the matched reservations
-    that reserved a cpuset or NUMA amounts (``tryAllocateFromReservation``; built only when
-    tried, and a view whose ``keys`` entry equals one that failed is not tried again: it fails
-    the same way), ``node`` is the view for allocating outside them (``tryAllocateFromNode``),
-    ``hints`` the view hint generation reads, and ``required`` whether the pod requires a
-    reservation (reservation affinity)."""
+    (``nodenumaresource/reservation.go``): ``tries`` are (builder, key) of the views of the
+    matched reservations that reserved a cpuset or NUMA amounts (``tryAllocateFromReservation``;
+    a view is built only when tried, and one whose key equals that of a view that failed is not
+    tried again: it fails the same way), ``node`` is the view for allocating outside them
+    (``tryAllocateFromNode``), ``hints`` the view hint generation reads, and ``required``
+    whether the pod requires a reservation (reservation affinity)."""
 
-    tries: tuple[Callable[[], NodeFacts], ...]
-    keys: tuple[object, ...]
+    tries: tuple[tuple[Callable[[], NodeFacts], object], ...]
     node: NodeFacts
     hints: NodeFacts
     required: bool
@@ -400,7 +399,7 @@ def _with_reservations(
         return attempt(base)
     reasons: list[str] = []
     failed: dict[object, str] = {}  # a view equal to one that failed fails the same way
-    for build, key in zip(restore.tries, restore.keys, strict=True):
+    for build, key in restore.tries:
         if key in failed:
             reasons.append(failed[key])
             continue

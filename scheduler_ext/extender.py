@@ -423,13 +423,7 @@ def _restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation]
     hint_reusable = {n: dict(a) for n, a in unmatched_used.items()}
     _plus(hint_reusable, matched_whole)
     hint_view = restored(facts, free=facts.free | extra_all, reusable=hint_reusable)
-    restore = Restore(
-        tuple(views[nr.r.uid][0] for nr in tries),
-        tuple(views[nr.r.uid][1] for nr in tries),
-        node_view,
-        hint_view,
-        required,
-    )
+    restore = Restore(tuple(views[nr.r.uid] for nr in tries), node_view, hint_view, required)
     return _Restored(restore, views)
 
 
@@ -495,8 +489,7 @@ def _place(
         or nr.r.uid not in got.views
         or isinstance(
             place(intent, facts, extra=extra, exact=False,
-                  restore=dataclasses.replace(full, tries=(got.views[nr.r.uid][0],),
-                                              keys=(got.views[nr.r.uid][1],))),
+                  restore=dataclasses.replace(full, tries=(got.views[nr.r.uid],))),
             Placed,
         )
     ]
@@ -504,8 +497,7 @@ def _place(
     if nominated is None and required:
         return Refusal(UNSCHEDULABLE, ERR_NO_NOMINATED_RESERVATION), None
     view = got.views.get(nominated.r.uid) if nominated is not None else None
-    final = dataclasses.replace(full, tries=(view[0],) if view is not None else (),
-                                keys=(view[1],) if view is not None else ())
+    final = dataclasses.replace(full, tries=(view,) if view is not None else ())
     return place(intent, facts, extra=extra, exact=True, restore=full, final=final), nominated
 
 

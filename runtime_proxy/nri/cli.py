@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from runtime_proxy.config import ProxyConfig
+from runtime_proxy.config import DEFAULT_BACKEND, ProxyConfig
 from runtime_proxy.nri.plugin import DEFAULT_SOCKET, PluginIdentity
 
 if TYPE_CHECKING:
@@ -86,9 +86,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--cgroup-root", help="cgroup filesystem root (default /sys/fs/cgroup)")
     p.add_argument("--cgroup-driver", choices=("cgroupfs", "systemd"), help="kubelet's cgroup driver")
     p.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
-    p.add_argument("--backend", default=None,
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
                    help="the runtime's CRI socket, used only to stop evicted pods' containers under "
-                        "usageLoop.evictBy: runtime (default /var/run/containerd/containerd.sock)")
+                        "usageLoop.evictBy: runtime (default %(default)s)")
     p.add_argument("--unsolicited-updates", action="store_true",
                    help="send the loops' container updates at once (UpdateContainers) instead of in the next "
                         "reply; only on a runtime whose NRI has the lock-order fix (containerd/nri#301)")
@@ -96,7 +96,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 
 def main_from_args(args: argparse.Namespace) -> int:
-    from runtime_proxy.config import DEFAULT_BACKEND, check_usable, load_config
+    from runtime_proxy.config import check_usable, load_config
 
     try:
         cfg = load_config(args.config)
@@ -120,7 +120,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     opts = NriOptions(socket=socket_path, identity=identity, config=cfg, dry_run=args.dry_run,
                       metrics_addr=args.metrics_addr, entry_points=not args.no_entry_points,
                       unsolicited_updates=args.unsolicited_updates,
-                      backend=(args.backend or DEFAULT_BACKEND).removeprefix("unix://"))
+                      backend=args.backend.removeprefix("unix://"))
     asyncio.run(run(opts))
     return 0
 
