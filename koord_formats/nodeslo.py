@@ -3,7 +3,8 @@
 The spec arrives as a mapping (from the API server or a YAML file). Every accessor here reads
 one strategy, fills what is missing with Koordinator's default and never raises: a value of the
 wrong type or out of range is reported in ``problems`` (when given) and replaced by the
-default, as koordlet falls back to its defaults. ``validate_node_slo`` instead raises
+default, as koordlet falls back to its defaults (except the resctrlQOS percentages, which are
+kept as given for the ``rdt`` plugin to refuse, see ``resctrl_qos``). ``validate_node_slo`` raises
 ``FormatError`` for the first such value, for callers that refuse a bad spec as a whole.
 
 Defaults: ``pkg/util/sloconfig/nodeslo_config.go`` (``DefaultCPUQOS``, ``DefaultResctrlQOS``,
@@ -144,7 +145,8 @@ def class_bvt_value(spec: Mapping[str, Any], class_key: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ResctrlQOS:
-    """``resourceQOSStrategy.<class>.resctrlQOS`` after defaults (DEFAULT_RESCTRL)."""
+    """``resourceQOSStrategy.<class>.resctrlQOS`` after defaults (DEFAULT_RESCTRL); the
+    percentages may be out of range (see ``resctrl_qos``)."""
 
     enable: bool = False
     cat_range_start_percent: int = 0
@@ -153,17 +155,27 @@ class ResctrlQOS:
 
 
 def resctrl_qos(spec: Mapping[str, Any], class_key: str, problems: list[str] | None = None) -> ResctrlQOS:
-    """resctrlQOS of ``class_key``; percentages outside 0..100 (mba 1..100) take the default."""
+    """resctrlQOS of ``class_key``. A value that is not an integer takes the default; an integer
+    outside its range (0..100, mba 1..100) or a cache range whose end is not above its start is
+    reported and kept as given, because koordlet does not substitute a default there: it refuses
+    to write that group's L3 (or MB) schemata, and so does the ``rdt`` plugin."""
     sec = section(spec, SLO.RESOURCE_QOS_STRATEGY, class_key, SLO.RESCTRL_QOS)
     start, end, mba = DEFAULT_RESCTRL.get(class_key, (0, 100, 100))
 
     def pct(key: str, default: int, lo: int) -> int:
-        return _ranged(_typed(sec, key, int, default, problems), lo, 100, default, key, problems)
+        value: int = _typed(sec, key, int, default, problems)
+        if not lo <= value <= 100 and problems is not None:
+            problems.append(f"NodeSLO {key}={value} is outside {lo}..100; the schemata is not written")
+        return value
+
+    start, end = pct(SLO.CAT_RANGE_START_PERCENT, start, 0), pct(SLO.CAT_RANGE_END_PERCENT, end, 0)
+    if end <= start and problems is not None:
+        problems.append(f"NodeSLO {SLO.CAT_RANGE_END_PERCENT}={end} is not above {SLO.CAT_RANGE_START_PERCENT}={start}")
 
     return ResctrlQOS(
         enable=_typed(sec, SLO.ENABLE, bool, False, problems),
-        cat_range_start_percent=pct(SLO.CAT_RANGE_START_PERCENT, start, 0),
-        cat_range_end_percent=pct(SLO.CAT_RANGE_END_PERCENT, end, 0),
+        cat_range_start_percent=start,
+        cat_range_end_percent=end,
         mba_percent=pct(SLO.MBA_PERCENT, mba, 1),
     )
 

@@ -21,6 +21,11 @@ Schemata math (Koordinator)
     end/100); mask = (1 << endWay) - (1 << startWay) in hex; line ``L3:<id>=<mask>;...;``.
     MB: percent 1-100; Intel rounds up to a multiple of 10; AMD: 100 -> 2048 (unlimited), else
     floor(160 x percent / 100); line ``MB:<id>=<v>;...;``.
+Refusals (Koordinator ``CalculateCatL3MaskValue``, ``calculateMbaPercentForGroup``)
+    a root cbm that is not a contiguous block of ones from bit 0 (``0x101``, ``0x4``) or not a
+    32-bit hex number, a cache range with a percentage outside 0-100 or an end not above its
+    start, an MB percentage outside 1-100: that line is not written and the reason is recorded
+    as a skip; the group's other line is still written.
 Outputs
     writes ``resctrl``/``<group>``/``schemata``; moves of ``container``/``sandbox`` tasks;
     removal of ``resctrl``/``koordlet-<podUID>``.
@@ -53,15 +58,30 @@ GROUP_OF_QOS = {
 POD_GROUP_PREFIX = "koordlet-"
 AMD_MB_UNLIMITED = 2048
 AMD_MB_MAX_GBPS = 160
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def root_ways(cbm_mask: str) -> int:
+    """The number of L3 ways of the root ``cbm_mask`` (``ValueError`` for a mask koordlet
+    refuses: not 1 to 8 hex digits (it reads the mask as a 32-bit number), or not a contiguous
+    block of ones from bit 0 (``0x101``, ``0x4``, ``0``); x86 needs contiguous masks and the
+    root group holds every way)."""
+    text = cbm_mask.strip()
+    if not 1 <= len(text) <= 8 or any(ch not in _HEX for ch in text):
+        raise ValueError(f"root cbm mask {cbm_mask[:32]!r} is not 1 to 8 hex digits")
+    cbm = int(text, 16)
+    if cbm == 0 or cbm & (cbm + 1):
+        raise ValueError(f"root cbm mask {text!r} is not a contiguous block of ways from way 0")
+    return cbm.bit_length()
 
 
 def l3_mask(cbm_mask: str, start_percent: int, end_percent: int) -> str:
-    """The L3 capacity bitmask for a range of ways, in hex (``ValueError`` if empty/bad)."""
-    ways = int(cbm_mask, 16).bit_length()
-    if ways <= 0:
-        raise ValueError(f"bad root cbm mask {cbm_mask!r}")
+    """The L3 capacity bitmask for a range of ways, in hex (``ValueError`` with the reason when
+    koordlet would refuse it: a bad root mask, a percentage outside 0-100, an end not above the
+    start, or a range too narrow to hold a way)."""
+    ways = root_ways(cbm_mask)
     if not 0 <= start_percent < end_percent <= 100:
-        raise ValueError(f"bad cache range {start_percent}-{end_percent}%")
+        raise ValueError(f"bad cache range {start_percent}-{end_percent}% (0 <= start < end <= 100)")
     start_way = math.ceil(ways * start_percent / 100)
     end_way = math.ceil(ways * end_percent / 100)
     mask = (1 << end_way) - (1 << start_way)
@@ -83,14 +103,26 @@ def _line(resource: str, values: Mapping[int, str | int]) -> str:
     return f"{resource}:" + "".join(f"{cid}={v};" for cid, v in sorted(values.items()))
 
 
-def class_schemata(node: NodeFacts, class_key: str) -> str:
-    """The schemata of a class group (``ValueError`` when the config or facts are bad)."""
+def class_schemata(node: NodeFacts, class_key: str) -> tuple[str, list[str]]:
+    """The schemata of a class group and why a part of it was refused. As koordlet, the L3 and
+    MB lines are decided apart: a refused one is left out (its current value stays) and the
+    other is still written; "" when both are refused."""
     q = nodeslo.resctrl_qos(node.node_slo, class_key)
     rc = node.resctrl
-    mask = l3_mask(rc.cbm_mask, q.cat_range_start_percent, q.cat_range_end_percent)
-    mb = mb_value(q.mba_percent, rc.vendor)
     ids = rc.cache_ids or (0,)
-    return _line("L3", {i: mask for i in ids}) + "\n" + _line("MB", {i: mb for i in ids}) + "\n"
+    lines: list[str] = []
+    refused: list[str] = []
+    try:
+        mask = l3_mask(rc.cbm_mask, q.cat_range_start_percent, q.cat_range_end_percent)
+        lines.append(_line("L3", {i: mask for i in ids}) + "\n")
+    except ValueError as exc:
+        refused.append(f"L3 not written: {exc}")
+    try:
+        mb = mb_value(q.mba_percent, rc.vendor)
+        lines.append(_line("MB", {i: mb for i in ids}) + "\n")
+    except ValueError as exc:
+        refused.append(f"MB not written: {exc}")
+    return "".join(lines), refused
 
 
 def pod_schemata(config: PodResctrl, node: NodeFacts) -> str:
@@ -177,10 +209,11 @@ def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
     if not enabled or not _facts_ok(node, plan):
         return plan
     for group in enabled:
-        try:
-            plan.write("resctrl", group, "schemata", class_schemata(node, CLASS_GROUPS[group]))
-        except ValueError as exc:
-            plan.skip(f"resctrl group {group}: {exc}")
+        schemata, refused = class_schemata(node, CLASS_GROUPS[group])
+        for reason in refused:
+            plan.skip(f"resctrl group {group}: {reason}")
+        if schemata:
+            plan.write("resctrl", group, "schemata", schemata)
     return plan
 
 

@@ -78,6 +78,27 @@ def test_resctrl_defaults_per_class() -> None:
     assert nodeslo.resctrl_qos({}, SLO.LSR_CLASS) == nodeslo.ResctrlQOS(False, 0, 100, 100)
 
 
+@pytest.mark.parametrize(
+    ("resctrl", "expected"),
+    [
+        pytest.param({"catRangeStartPercent": -10}, (-10, 30, 100), id="a start below 0 is kept"),
+        pytest.param({"catRangeEndPercent": 150}, (0, 150, 100), id="an end above 100 is kept"),
+        pytest.param({"catRangeStartPercent": 50, "catRangeEndPercent": 50}, (50, 50, 100), id="empty range kept"),
+        pytest.param({"mbaPercent": 0}, (0, 30, 0), id="mba 0 is kept"),
+        pytest.param({"mbaPercent": "50"}, (0, 30, 100), id="a string is not an integer: the default"),
+    ],
+)
+def test_resctrl_values_out_of_range_are_reported_and_kept(resctrl: dict[str, Any],
+                                                           expected: tuple[int, int, int]) -> None:
+    problems: list[str] = []
+    q = nodeslo.resctrl_qos({SLO.RESOURCE_QOS_STRATEGY: {SLO.BE_CLASS: {SLO.RESCTRL_QOS: resctrl}}}, SLO.BE_CLASS,
+                            problems)
+    assert (q.cat_range_start_percent, q.cat_range_end_percent, q.mba_percent) == expected
+    assert problems
+    with pytest.raises(FormatError):
+        nodeslo.validate_node_slo({SLO.RESOURCE_QOS_STRATEGY: {SLO.BE_CLASS: {SLO.RESCTRL_QOS: resctrl}}})
+
+
 def test_cpu_burst_defaults_and_pod_override() -> None:
     node_cfg = nodeslo.cpu_burst({SLO.CPU_BURST_STRATEGY: {SLO.POLICY: "auto"}})
     assert node_cfg == nodeslo.CPUBurstConfig(policy="auto")
@@ -216,7 +237,7 @@ def test_nodeslo_accessors_are_total_and_bounded(path: tuple[str, ...], key: str
         q = call_total(nodeslo.cpu_qos, spec, class_key, [])
         assert -1 <= q.group_identity <= 2
         r = call_total(nodeslo.resctrl_qos, spec, class_key, [])
-        assert 1 <= r.mba_percent <= 100
+        assert all(-(2**63) <= v < 2**63 for v in (r.cat_range_start_percent, r.cat_range_end_percent, r.mba_percent))
     call_total(nodeslo.cpu_policy, spec)
     call_total(nodeslo.cpu_suppress, spec, [])
     call_total(nodeslo.group_identity_enabled, spec)

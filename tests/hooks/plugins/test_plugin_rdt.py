@@ -32,10 +32,34 @@ def test_l3_mask(cbm: str, start: int, end: int, expected: str) -> None:
     assert l3_mask(cbm, start, end) == expected
 
 
-@pytest.mark.parametrize(("start", "end"), [(50, 50), (80, 20), (0, 101), (-1, 10)])
-def test_bad_cache_range(start: int, end: int) -> None:
-    with pytest.raises(ValueError):
-        l3_mask("fff", start, end)
+@pytest.mark.parametrize(
+    ("cbm", "start", "end", "reason"),
+    [
+        pytest.param("fff", 50, 50, "bad cache range", id="an end equal to the start is refused"),
+        pytest.param("fff", 80, 20, "bad cache range", id="an end below the start is refused"),
+        pytest.param("fff", 0, 101, "bad cache range", id="an end above 100 is refused"),
+        pytest.param("fff", -1, 10, "bad cache range", id="a start below 0 is refused"),
+        pytest.param("fff", -(2**63), 2**63 - 1, "bad cache range", id="int64 extremes are refused"),
+        pytest.param("101", 0, 100, "not a contiguous", id="root cbm 0x101 has a hole: refused as koordlet does"),
+        pytest.param("4", 0, 100, "not a contiguous", id="root cbm 0x4 does not start at way 0: refused"),
+        pytest.param("ff0", 0, 100, "not a contiguous", id="root cbm 0xff0 does not start at way 0: refused"),
+        pytest.param("0", 0, 100, "not a contiguous", id="root cbm 0 has no ways: refused"),
+        pytest.param("1ffffffff", 0, 100, "1 to 8 hex", id="a root cbm wider than 32 bits is refused"),
+        pytest.param("0xfff", 0, 100, "1 to 8 hex", id="a 0x prefix is not hex digits: refused"),
+        pytest.param("f_ff", 0, 100, "1 to 8 hex", id="an underscore is not a hex digit: refused"),
+        pytest.param("-fff", 0, 100, "1 to 8 hex", id="a sign is not a hex digit: refused"),
+        pytest.param("", 0, 100, "1 to 8 hex", id="an empty root cbm is refused"),
+        pytest.param("f" * 10**5, 0, 100, "1 to 8 hex", id="a huge root cbm is refused without parsing it"),
+        pytest.param("\u0666", 0, 100, "1 to 8 hex", id="a non-ASCII digit is refused"),
+    ],
+)
+def test_bad_cache_range_or_root_mask_is_refused_with_a_reason(cbm: str, start: int, end: int, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        l3_mask(cbm, start, end)
+
+
+def test_root_mask_may_carry_the_kernels_newline() -> None:
+    assert l3_mask("7ff\n", 0, 100) == "7ff"
 
 
 @pytest.mark.parametrize(
@@ -75,6 +99,47 @@ def test_class_groups(slo: dict[str, Any], facts: ResctrlFacts, expected: dict[s
     plan = call(rdt, "rhp_reconcile_node", node=node(slo=slo, resctrl=facts))
     assert {w.path: w.value for w in plan.writes} == expected
     assert all(w.level == "resctrl" and w.file == "schemata" for w in plan.writes)
+
+
+def _be(**resctrl: Any) -> dict[str, Any]:
+    return {"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True, **resctrl}}}}
+
+
+@pytest.mark.parametrize(
+    ("slo", "facts", "expected", "refused"),
+    [
+        pytest.param(_be(catRangeStartPercent=-10, catRangeEndPercent=50), INTEL, "MB:0=100;1=100;\n", ["L3"],
+                     id="a start below 0 is refused, not replaced by the default; MB is still written"),
+        pytest.param(_be(catRangeEndPercent=150), INTEL, "MB:0=100;1=100;\n", ["L3"],
+                     id="an end above 100 is refused"),
+        pytest.param(_be(catRangeStartPercent=40, catRangeEndPercent=40), INTEL, "MB:0=100;1=100;\n", ["L3"],
+                     id="an end equal to the start is refused"),
+        pytest.param(_be(catRangeStartPercent=60, catRangeEndPercent=20), INTEL, "MB:0=100;1=100;\n", ["L3"],
+                     id="an end below the start is refused"),
+        pytest.param(_be(mbaPercent=0), INTEL, "L3:0=f;1=f;\n", ["MB"], id="mba 0 is refused; L3 is still written"),
+        pytest.param(_be(mbaPercent=101), INTEL, "L3:0=f;1=f;\n", ["MB"], id="mba above 100 is refused"),
+        pytest.param(_be(), ResctrlFacts(cbm_mask="101", cache_ids=(0,), supported=True), "MB:0=100;\n", ["L3"],
+                     id="a root cbm 0x101 gives no L3 line"),
+        pytest.param(_be(), ResctrlFacts(cbm_mask="4", cache_ids=(0,), supported=True), "MB:0=100;\n", ["L3"],
+                     id="a root cbm 0x4 gives no L3 line"),
+        pytest.param(_be(mbaPercent=-5), ResctrlFacts(cbm_mask="101", cache_ids=(0,), supported=True), None,
+                     ["L3", "MB"], id="both refused: nothing is written"),
+    ],
+)
+def test_class_group_refusals(slo: dict[str, Any], facts: ResctrlFacts, expected: str | None,
+                              refused: list[str]) -> None:
+    plan = call(rdt, "rhp_reconcile_node", node=node(slo=slo, resctrl=facts))
+    assert [(w.path, w.value) for w in plan.writes] == ([("BE", expected)] if expected else [])
+    assert [s.reason.split(": ")[1].split()[0] for s in plan.skipped] == refused
+    assert all(s.reason.startswith("resctrl group BE: ") for s in plan.skipped)
+
+
+@pytest.mark.parametrize("cbm", ["101", "4", "zz"])
+def test_pod_group_with_a_bad_root_mask_is_a_skip(cbm: str) -> None:
+    the_pod = pod("LS", uid="u1", annotations={ANN: '{"llc":{"schemata":{"range":[0,50]}}}'})
+    plan = call(rdt, "rhp_pre_run_pod_sandbox", pod=the_pod,
+                node=node(resctrl=ResctrlFacts(cbm_mask=cbm, cache_ids=(0,), supported=True)))
+    assert plan.writes == [] and "root cbm mask" in plan.skipped[0].reason
 
 
 def test_no_resctrl_is_one_skip() -> None:
