@@ -33,6 +33,8 @@ from koord_formats.topology import CPUInfo, CPUTopology
 
 __all__ = [
     "CFS_PERIOD_US",
+    "CPUSET_QOS_CLASSES",
+    "BoundClaims",
     "CPUInfo",
     "CPUQuota",
     "CPUSharePool",
@@ -51,6 +53,7 @@ __all__ = [
     "container_cpu_quota",
     "cpu_normalization_applies",
     "cpu_normalization_ratio",
+    "cpuset_claim_refusal",
     "format_cpu_list",
     "frozen_map",
     "host_app_cgroup_path",
@@ -59,13 +62,16 @@ __all__ = [
     "load_json_annotation",
     "milli_cpu_to_quota",
     "milli_cpu_to_shares",
+    "node_cpus",
     "normalize_cpu_quota",
     "parse_cpu_list",
     "pod_cgroup_path",
     "pod_cpu_burst_config",
     "pod_resource_status",
+    "resolve_cpuset_claims",
     "share_pools",
     "system_qos_cpuset",
+    "trusted_cpuset",
     "with_bound_pods",
 ]
 
@@ -544,21 +550,110 @@ def all_share_pool_cpus(pools: Iterable[CPUSharePool]) -> frozenset[int]:
     return frozenset(out)
 
 
-def with_bound_pods(node_facts: NodeFacts, pods: Iterable[PodFacts]) -> NodeFacts:
-    """``node_facts`` with ``bound_cpusets``/``lse_pods`` rebuilt from the pods' resource-status
-    cpusets (a pod with a malformed annotation is left out; the others are unaffected)."""
+# ---- which resource-status cpusets the node trusts ---------------------------------------------
+#
+# The one rule for the node side of a scheduler-owned CPU allocation. The annotation is written
+# by whoever creates or binds the pod, so the node trusts a ``cpuset`` in
+# ``scheduling.koordinator.sh/resource-status`` only when (1) the pod's raw QoS label is LSE or
+# LSR (Koordinator's scheduler binds CPUs for no other class: ``AllowUseCPUSet`` in
+# ``nodenumaresource``), (2) every CPU is one of the node's CPUs (when the topology is known) and
+# (3) no CPU is held by another pod whose claim the node accepted before (the older pod keeps
+# them). An untrusted cpuset is ignored: the pod is pinned and its quota decided as if it had no
+# cpuset (LS, BE and label-less pods always keep their quota). Pods created with
+# ``spec.nodeName`` are judged alike: the node cannot tell how a pod was placed.
+
+# The raw QoS labels whose pods may hold a resource-status cpuset.
+CPUSET_QOS_CLASSES = frozenset({keys.QOS_LSE, keys.QOS_LSR})
+
+
+def cpuset_claim_refusal(pod_facts: PodFacts, cpus: frozenset[int], node_cpus: frozenset[int] | None) -> str:
+    """Why ``pod_facts`` may not hold ``cpus`` on a node with ``node_cpus`` (rules 1 and 2 of the
+    section above; ``None`` or empty when the node's CPUs are unknown), "" when it may."""
+    if pod_facts.qos_label not in CPUSET_QOS_CLASSES:
+        return f"QoS class {pod_facts.qos_label or 'none'} may not hold a cpuset (only LSE and LSR)"
+    if node_cpus and not cpus <= node_cpus:
+        return f"CPUs {format_cpu_list(cpus - node_cpus)} are not on this node"
+    return ""
+
+
+@dataclass(frozen=True)
+class BoundClaims:
+    """The resource-status cpusets of a node's pods after the trust rules: what is bound, to
+    which pods, and what was refused (pod uid -> reason)."""
+
+    bound: Mapping[str, frozenset[int]] = field(default_factory=lambda: MappingProxyType({}))
+    lse: frozenset[str] = frozenset()
+    refused: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def resolve_cpuset_claims(
+    claims: Iterable[tuple[PodFacts, frozenset[int]]], node_cpus: frozenset[int] | None
+) -> BoundClaims:
+    """Apply the trust rules to the pods' cpusets, given oldest pod first: a claim that breaks
+    rule 1 or 2 is refused, and so is one that overlaps CPUs an earlier accepted claim of another
+    pod holds. Claims of one pod uid (a sandbox and its successor) never conflict."""
     bound: dict[str, frozenset[int]] = {}
     lse: set[str] = set()
+    refused: dict[str, str] = {}
+    owner: dict[int, str] = {}
+    for p, cpus in claims:
+        if not cpus:
+            continue
+        reason = cpuset_claim_refusal(p, cpus, node_cpus)
+        if not reason:
+            held = {c: owner[c] for c in cpus if owner.get(c, p.uid) != p.uid}
+            if held:
+                first = min(held)
+                reason = f"CPUs {format_cpu_list(frozenset(held))} are held by pod {held[first]}"
+        if reason:
+            refused[p.uid] = reason
+            continue
+        refused.pop(p.uid, None)
+        bound[p.uid] = cpus
+        owner.update(dict.fromkeys(cpus, p.uid))
+        if p.qos_label == keys.QOS_LSE:
+            lse.add(p.uid)
+    return BoundClaims(MappingProxyType(bound), frozenset(lse), MappingProxyType(refused))
+
+
+def node_cpus(node_facts: NodeFacts) -> frozenset[int] | None:
+    """The node's CPUs from its topology, ``None`` when unknown."""
+    topo = node_facts.cpu_topology
+    return topo.cpus if topo is not None and topo.cpus else None
+
+
+def trusted_cpuset(
+    pod_facts: PodFacts, status: ResourceStatus | None, node_facts: NodeFacts
+) -> tuple[frozenset[int], str]:
+    """The CPUs ``pod_facts`` is bound to by ``status`` (its parsed resource-status) and, when it
+    has a cpuset the node does not trust, why (the rules above; rule 3 against
+    ``node_facts.bound_cpusets``, which holds the accepted claims of the other pods)."""
+    if status is None or not status.cpuset:
+        return frozenset(), ""
+    cpus = status.cpuset
+    reason = cpuset_claim_refusal(pod_facts, cpus, node_cpus(node_facts))
+    if not reason:
+        for uid, held in node_facts.bound_cpusets.items():
+            if uid != pod_facts.uid and held & cpus:
+                reason = f"CPUs {format_cpu_list(held & cpus)} are held by pod {uid}"
+                break
+    return (frozenset(), reason) if reason else (cpus, "")
+
+
+def with_bound_pods(node_facts: NodeFacts, pods: Iterable[PodFacts]) -> NodeFacts:
+    """``node_facts`` with ``bound_cpusets``/``lse_pods`` rebuilt from the pods' resource-status
+    cpusets, oldest pod first, under the trust rules above (a pod with a malformed annotation is
+    left out; the others are unaffected)."""
+    claims: list[tuple[PodFacts, frozenset[int]]] = []
     for p in pods:
         try:
             status = pod_resource_status(p.annotations)
         except FormatError:
             continue
         if status is not None and status.cpuset:
-            bound[p.uid] = status.cpuset
-            if p.qos_label == keys.QOS_LSE:
-                lse.add(p.uid)
-    return node_facts.replace(bound_cpusets=MappingProxyType(bound), lse_pods=frozenset(lse))
+            claims.append((p, status.cpuset))
+    resolved = resolve_cpuset_claims(claims, node_cpus(node_facts))
+    return node_facts.replace(bound_cpusets=resolved.bound, lse_pods=resolved.lse)
 
 
 # ---- the CFS quota of LS containers: CPU normalization, then CPU burst on top ------------------
@@ -588,13 +683,10 @@ def normalize_cpu_quota(quota: int, ratio: Fraction) -> int:
 
 
 def cpu_normalization_applies(pod_facts: PodFacts) -> bool:
-    """CPU normalization covers LS pods and pods without a valid QoS label, unless the scheduler
-    bound them to a cpuset (resource-status ``cpuset``); ``FormatError`` when that annotation is
-    malformed."""
-    if pod_facts.qos_label not in (keys.QOS_LS, ""):
-        return False
-    status = pod_resource_status(pod_facts.annotations)
-    return status is None or not status.cpuset
+    """CPU normalization covers LS pods and pods without a valid QoS label. Koordinator leaves
+    out such a pod when it has a resource-status cpuset; here neither class may hold one (see
+    ``cpuset_claim_refusal``), so its cpuset is ignored and the pod is normalized."""
+    return pod_facts.qos_label in (keys.QOS_LS, "")
 
 
 def pod_cpu_burst_config(

@@ -392,22 +392,21 @@ def cpuset_writes(
 # ---- one round ---------------------------------------------------------------------------------
 
 
-def _lsr_lse_cpus(pods: Iterable[PodFacts], plan: Plan) -> tuple[frozenset[int], frozenset[int]]:
-    lsr: set[int] = set()
-    lse: set[int] = set()
+def _lsr_cpus(node_facts: NodeFacts, pods: Iterable[PodFacts], plan: Plan) -> frozenset[int]:
+    """The CPUs bound to LSR pods under the node's trust rules (``hooks.facts.with_bound_pods``:
+    a cpuset on another class, off the node or held by an older pod does not count)."""
+    pods = list(pods)
     for p in pods:
         try:
-            status = pod_resource_status(p.annotations)
+            pod_resource_status(p.annotations)
         except FormatError as exc:
             plan.skip(f"pod {p.namespace}/{p.name}: bad resource-status: {exc}")
-            continue
-        if status is None or not status.cpuset:
-            continue
-        if p.qos_label == keys.QOS_LSR:
-            lsr |= status.cpuset
-        elif p.qos_label == keys.QOS_LSE:
-            lse |= status.cpuset
-    return frozenset(lsr), frozenset(lse)
+    bound = with_bound_pods(node_facts, pods)
+    out: set[int] = set()
+    for uid, cpus in bound.bound_cpusets.items():
+        if uid not in bound.lse_pods:
+            out |= cpus
+    return frozenset(out)
 
 
 def _restore(plan: Plan, dirs: Sequence[BEDir], current: frozenset[int], pool: frozenset[int]) -> None:
@@ -493,7 +492,7 @@ def _decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tu
     if not sample.be.cpuset:
         plan.skip("cpu suppress: the BE kube-QoS cpuset was not sampled")
         return SuppressDecision(policy, amount, reason="BE cpuset unknown"), plan
-    lsr_cpus, _lse = _lsr_lse_cpus(pods, plan)
+    lsr_cpus = _lsr_cpus(node_facts, pods, plan)
     size = be_cpuset_size(amount.suppress, len(sample.be.cpuset), len(topo.cpus), len(pool))
     lsr_rows = [i for i in topo.infos if i.id in pool and i.id in lsr_cpus]
     ls_rows = [i for i in topo.infos if i.id in pool and i.id not in lsr_cpus]

@@ -1,7 +1,8 @@
 """cpuset: bind LSE/LSR containers to their CPUs and put everyone else on the share pools.
 
 Stages
-    ``pre_run_pod_sandbox`` (pod ``cpu.cfs_quota_us`` -1 for bound pods), ``pre_create_container``
+    ``pre_run_pod_sandbox`` (pod ``cpu.cfs_quota_us`` -1 for bound pods: those with a trusted
+    cpuset, never LS, BE or label-less pods), ``pre_create_container``
     and ``pre_update_container_resources`` (``cpuset_cpus``; ``cpu_quota`` -1 for bound pods),
     ``reconcile_pod`` (pod quota, sandbox ``cpuset.cpus``), ``reconcile_container``
     (``cpuset_cpus`` through the runtime, so running LS containers follow the share pools).
@@ -14,7 +15,9 @@ Inputs
     exclusive system-QoS CPUs), ``node.koordinator.sh/system-qos-resource``,
     ``kubelet.koordinator.sh/cpu-manager-policy``.
 Decision order (Koordinator ``cpusetRule.getContainerCPUSet``)
-    1. resource-status ``cpuset`` verbatim (LSE/LSR bind); 2. ``numaNodeResources`` with CPU ->
+    1. resource-status ``cpuset`` verbatim when the node trusts it (``hooks.facts.trusted_cpuset``:
+    an LSE or LSR pod, CPUs of this node, none held by an older pod; otherwise it is ignored,
+    recorded as a skip, and the pod goes on as if it had no cpuset); 2. ``numaNodeResources`` with CPU ->
     the LS share pools of those NUMA nodes (BE pools only with ``BE_CPU_MANAGER``, off as in
     Koordinator); 3. SYSTEM with a system-QoS cpuset -> it; 4. LS -> all LS share pools;
     5. kube BestEffort -> "" (clears the request's cpuset); 6. kubelet ``static`` -> untouched;
@@ -42,6 +45,7 @@ from hooks.facts import (
     pod_resource_status,
     share_pools,
     system_qos_cpuset,
+    trusted_cpuset,
 )
 from hooks.plan import Plan
 from hooks.spec import hookimpl
@@ -52,30 +56,26 @@ from koord_formats import keys
 BE_CPU_MANAGER = False
 
 
-def _status(pod: PodFacts, node: NodeFacts, plan: Plan) -> ResourceStatus | None:
+def _status(pod: PodFacts, plan: Plan) -> ResourceStatus | None:
     """The pod's resource-status, or None (absent or malformed, which is recorded)."""
     try:
-        status = pod_resource_status(pod.annotations)
+        return pod_resource_status(pod.annotations)
     except ValueError as exc:
         plan.skip(f"pod {pod.namespace}/{pod.name}: bad resource-status: {exc}")
         return None
-    if status is None:
-        return None
-    topo = node.cpu_topology
-    if status.cpuset and topo is not None and topo.cpus and not status.cpuset <= topo.cpus:
-        extra = format_cpu_list(status.cpuset - topo.cpus)
-        plan.skip(f"pod {pod.namespace}/{pod.name}: resource-status cpuset has CPUs {extra} the node lacks")
-        return None
-    return status
 
 
-def is_bound(pod: PodFacts) -> bool:
-    """True when the scheduler bound the pod to CPUs (a non-empty resource-status cpuset)."""
-    try:
-        status = pod_resource_status(pod.annotations)
-    except ValueError:
-        return False
-    return status is not None and bool(status.cpuset)
+def bound_cpus(pod: PodFacts, node: NodeFacts, plan: Plan) -> frozenset[int]:
+    """The CPUs the pod is bound to: its resource-status cpuset when the node trusts it
+    (``hooks.facts.trusted_cpuset``), else none; an untrusted cpuset is recorded as a skip."""
+    status = _status(pod, plan)
+    cpus, refusal = trusted_cpuset(pod, status, node)
+    if refusal and status is not None:
+        plan.skip(
+            f"pod {pod.namespace}/{pod.name} (uid {pod.uid}): resource-status cpuset "
+            f"{format_cpu_list(status.cpuset)[:64]} ignored: {refusal}"
+        )
+    return cpus
 
 
 def _ls_pools(node: NodeFacts, plan: Plan, *, be: bool = False) -> str | None:
@@ -93,12 +93,14 @@ def _ls_pools(node: NodeFacts, plan: Plan, *, be: bool = False) -> str | None:
 
 def plan_container_cpuset(pod: PodFacts, node: NodeFacts, plan: Plan) -> str | None:
     """The cpuset a container of ``pod`` gets, "" to clear it, None to leave it untouched."""
-    status = _status(pod, node, plan)
+    status = _status(pod, Plan())
     if status is None and pod.annotations.get(keys.ANNOTATION_RESOURCE_STATUS):
+        _status(pod, plan)
         return None  # malformed: recorded, leave alone
+    bound = bound_cpus(pod, node, plan)
+    if bound:
+        return format_cpu_list(bound)
     if status is not None:
-        if status.cpuset:
-            return format_cpu_list(status.cpuset)
         numa_nodes = {n.node for n in status.numa_node_resources if n.has_cpu()}
         if numa_nodes:
             be = BE_CPU_MANAGER and pod.qos_label == keys.QOS_BE
@@ -138,8 +140,8 @@ def _pod_path(pod: PodFacts, plan: Plan) -> str | None:
         return None
 
 
-def _unset_pod_quota(pod: PodFacts, plan: Plan) -> None:
-    if is_bound(pod) and (path := _pod_path(pod, plan)) is not None:
+def _unset_pod_quota(pod: PodFacts, node: NodeFacts, plan: Plan, *, record: bool = True) -> None:
+    if bound_cpus(pod, node, plan if record else Plan()) and (path := _pod_path(pod, plan)) is not None:
         plan.write("pod", path, "cpu.cfs_quota_us", -1)
 
 
@@ -148,7 +150,7 @@ def _container_plan(pod: PodFacts, node: NodeFacts, *, reconcile: bool) -> Plan:
     cpuset = plan_container_cpuset(pod, node, plan)
     if cpuset is not None and not (reconcile and cpuset == ""):
         plan.set_resource("cpuset_cpus", cpuset)
-    if is_bound(pod):
+    if bound_cpus(pod, node, Plan()):
         plan.set_resource("cpu_quota", -1)
     return plan
 
@@ -156,7 +158,7 @@ def _container_plan(pod: PodFacts, node: NodeFacts, *, reconcile: bool) -> Plan:
 @hookimpl
 def rhp_pre_run_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
     plan = Plan()
-    _unset_pod_quota(pod, plan)
+    _unset_pod_quota(pod, node, plan)
     return plan
 
 
@@ -173,7 +175,7 @@ def rhp_pre_update_container_resources(pod: PodFacts, container: ContainerFacts,
 @hookimpl
 def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
     plan = Plan()
-    _unset_pod_quota(pod, plan)
+    _unset_pod_quota(pod, node, plan, record=False)  # the container plans record a refusal
     if pod.sandbox_id:
         cpuset = plan_container_cpuset(pod, node, Plan())
         if cpuset:

@@ -10,6 +10,12 @@ logged once per annotation value and counted in ``rhp_pod_input_rejected_total``
 goes on. The result of each parse is kept until the pod's annotation changes or the pod leaves,
 so a poisoned pod costs one parse, not one per call.
 
+A cpuset that parses is bound only under the node's trust rules (``hooks.facts``, section
+"which resource-status cpusets the node trusts"): the pod's class may hold one, its CPUs are the
+node's, and no older pod (earlier in the list the caller passes, the store's order) holds them.
+A refused cpuset is logged with the pod's identity and counted in
+``rhp_untrusted_allocations_total`` once per pod and reason; the pod's CPUs stay in the pools.
+
 ``refresh`` parses the values not seen before in a worker thread under a deadline, so no pod's
 annotation holds the event loop; ``bound`` only reads what is known (and parses inline what was
 never refreshed, for callers that already run off the event loop).
@@ -21,17 +27,16 @@ import asyncio
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import structlog
 from prometheus_client import Counter
 
-from hooks.facts import NodeFacts, PodFacts
+from hooks.facts import NodeFacts, PodFacts, node_cpus, resolve_cpuset_claims
 from koord_formats import keys
 from koord_formats.errors import FormatError
 from koord_formats.pod import parse_resource_status
 
-__all__ = ["PARSE_DEADLINE", "POD_INPUT_REJECTED", "BoundCpusets"]
+__all__ = ["PARSE_DEADLINE", "POD_INPUT_REJECTED", "UNTRUSTED_ALLOCATIONS", "BoundCpusets", "untrusted_kind"]
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +44,13 @@ POD_INPUT_REJECTED = Counter(
     "rhp_pod_input_rejected",
     "Pod annotation values that could not be used (counted once per value), by reader and kind.",
     ["where", "kind"],
+)
+
+UNTRUSTED_ALLOCATIONS = Counter(
+    "rhp_untrusted_allocations",
+    "Scheduler-owned pod allocations the node ignored (counted once per pod and reason), by "
+    "annotation and reason (qos-class, off-node, held).",
+    ["annotation", "reason"],
 )
 
 # Seconds a pod's resource-status may take to parse before the pod counts as poisoned.
@@ -84,6 +96,8 @@ class BoundCpusets:
         self._entries: dict[str, _Entry] = {}
         # pod uid -> (value, parse in a worker thread) while one runs
         self._running: dict[str, tuple[str, asyncio.Future[_Entry]]] = {}
+        # pod uid -> why its cpuset was last refused (logged once per reason)
+        self._refused: dict[str, str] = {}
 
     def _known(self, uid: str, raw: str) -> _Entry | None:
         entry = self._entries.get(uid)
@@ -145,23 +159,55 @@ class BoundCpusets:
         entry = self._known(pod.uid, raw) if raw else None
         return entry.rejected if entry is not None else ""
 
-    def bound(self, pods: Iterable[PodFacts]) -> tuple[Mapping[str, frozenset[int]], frozenset[str]]:
-        """CPUs bound to each pod (by uid) and the uids of the LSE pods among them."""
-        bound: dict[str, frozenset[int]] = {}
-        lse: set[str] = set()
+    def bound(
+        self, pods: Iterable[PodFacts], node: NodeFacts | None = None
+    ) -> tuple[Mapping[str, frozenset[int]], frozenset[str]]:
+        """CPUs bound to each pod (by uid) and the uids of the LSE pods among them, under the
+        node's trust rules (``hooks.facts.resolve_cpuset_claims``; ``pods`` oldest first, the
+        CPUs of ``node`` when given). A refused claim is logged and counted in
+        ``rhp_untrusted_allocations_total`` once per pod and reason."""
+        claims: list[tuple[PodFacts, frozenset[int]]] = []
         seen: set[str] = set()
         for pod, raw in self._inputs(pods):
             seen.add(pod.uid)
             entry = self._known(pod.uid, raw) or self._keep(pod.uid, _parse(raw))
             if entry.cpus:
-                bound[pod.uid] = entry.cpus
-                if pod.qos_label == "LSE":
-                    lse.add(pod.uid)
+                claims.append((pod, entry.cpus))
+        resolved = resolve_cpuset_claims(claims, node_cpus(node) if node is not None else None)
+        if resolved.refused:
+            by_uid = {p.uid: p for p, _ in claims}
+            for uid, reason in resolved.refused.items():
+                if self._refused.get(uid) != reason:
+                    self._refused[uid] = reason
+                    _untrusted(self.where, by_uid[uid], reason)
         if len(self._entries) > 2 * len(seen) + 64:
             self._entries = {uid: e for uid, e in self._entries.items() if uid in seen}
-        return MappingProxyType(bound), frozenset(lse)
+        if len(self._refused) > 2 * len(seen) + 64:
+            self._refused = {uid: r for uid, r in self._refused.items() if uid in seen}
+        return resolved.bound, resolved.lse
 
     def with_bound_pods(self, node: NodeFacts, pods: Iterable[PodFacts]) -> NodeFacts:
-        """``node`` with ``bound_cpusets`` and ``lse_pods`` taken from ``pods``."""
-        bound, lse = self.bound(pods)
+        """``node`` with ``bound_cpusets`` and ``lse_pods`` taken from ``pods`` (oldest first)."""
+        bound, lse = self.bound(pods, node)
         return node.replace(bound_cpusets=bound, lse_pods=lse)
+
+
+def untrusted_kind(reason: str) -> str:
+    """The ``reason`` label of ``rhp_untrusted_allocations_total`` for a refusal."""
+    if reason.startswith("QoS class"):
+        return "qos-class"
+    if "not on this node" in reason:
+        return "off-node"
+    return "held"
+
+
+def _untrusted(where: str, pod: PodFacts, reason: str) -> None:
+    UNTRUSTED_ALLOCATIONS.labels("resource-status", untrusted_kind(reason)).inc()
+    log.warning(
+        "pod resource-status cpuset not trusted; the pod runs as if it had none",
+        where=where,
+        pod=f"{pod.namespace}/{pod.name}",
+        pod_uid=pod.uid,
+        qos=pod.qos_label or "none",
+        reason=reason[:200],
+    )

@@ -267,12 +267,13 @@ class CriInterceptor:
 
     def node(self) -> NodeFacts:
         """The node facts hooks see: the node config plus the CPUs bound to the stored pods
-        (cached per store version; a pod whose annotation does not parse is left out)."""
+        under the node's trust rules, in the store's order (oldest first; cached per store
+        version; a pod whose annotation does not parse is left out)."""
         base = self.node_source.current()
         cache = self._node_cache
         if cache is not None and cache[0] == self.store.version and cache[1] == id(base):
             return cache[2]
-        bound, lse = self._bound.bound(self.store.pods())
+        bound, lse = self._bound.bound(self.store.pods(), base)
         node = base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
         self._node_cache = (self.store.version, id(base), node)
         return node

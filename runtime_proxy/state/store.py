@@ -298,7 +298,9 @@ class Store:
     async def rebuild(self, client: RuntimeClient) -> None:
         """Replace the store's content with what the runtime reports now."""
         pods: dict[str, PodFacts] = {}
-        for sandbox in await client.list_sandboxes():
+        # Oldest first: the store's order is the order in which pods claim bound CPUs
+        # (``hooks.facts.resolve_cpuset_claims``), so it survives a restart.
+        for sandbox in sorted(await client.list_sandboxes(), key=lambda sb: (sb.created_at, sb.id)):
             pod = await self._load_pod(client, sandbox.id)
             if pod is not None:
                 pods[sandbox.id] = pod

@@ -209,6 +209,36 @@ def test_be_pod_cpuset_cleared_and_batch_resources_applied(qos_proxy: ProxyFacto
     assert {f: q.read_container_file(parent, cid, f) for f in expect} == expect
 
 
+def test_forged_cpusets_on_be_and_ls_pods_are_ignored(qos_proxy: ProxyFactory, containerd: Any) -> None:
+    """While an LSR pod holds CPU 1, a BE pod created with a forged resource-status cpuset "1"
+    keeps its CFS quota (from batch-cpu) at pod and container level and does not get CPU 1: its
+    cpuset is cleared as any BE pod's. An LS pod with a forged cpuset of every CPU gets the LS
+    share pool without CPU 1 and keeps kubelet's quota. Neither pod counts as bound: a later LS
+    pod still gets the same pool (the forged claims took no CPU out of it)."""
+    _, client = qos_proxy()
+    run_lsr_pod(containerd, client)
+    uid = _uid()
+    parent = containerd.new_cgroup_parent("besteffort", uid=uid)
+    q.kubelet_pod_cgroup(parent, {"cpu.shares": 2})
+    spec = q.extended_resource_spec({"be-app": {"limits": {"kubernetes.io/batch-cpu": "1000"}}})
+    forged = q.resource_status(LSR_CPU)
+    be = client.run_pod(cgroup_parent=parent, uid=uid, labels={q.LABEL_QOS: "BE"},
+                        annotations={q.EXTENDED_RESOURCE_SPEC: spec, q.RESOURCE_STATUS: forged})
+    be_cid = client.run_container(be, name="be-app", resources=linux_resources(cpu_shares=2))
+    assert q.read_container_file(parent, be_cid, "cpuset.cpus") == ALL_CPUS
+    assert q.read_container_file(parent, be_cid, "cpu.cfs_quota_us") == "100000"
+    assert q.read_pod_file(parent, "cpu.cfs_quota_us") == "100000"
+    linux = _status_linux(containerd.cri_client(), be_cid)
+    assert (linux.cpuset_cpus, linux.cpu_quota) == ("", 100_000)
+    ls, ls_cid = run_ls_pod(containerd, client, annotations={q.RESOURCE_STATUS: q.resource_status(ALL_CPUS, {})})
+    assert q.read_container_file(ls.cgroup_parent, ls_cid, "cpuset.cpus") == LS_POOL_WITH_LSR
+    assert q.read_container_file(ls.cgroup_parent, ls_cid, "cpu.cfs_quota_us") == "100000"
+    linux = _status_linux(containerd.cri_client(), ls_cid)
+    assert (linux.cpuset_cpus, linux.cpu_quota) == (LS_POOL_WITH_LSR, 100_000)
+    later, later_cid = run_ls_pod(containerd, client)
+    assert q.read_container_file(later.cgroup_parent, later_cid, "cpuset.cpus") == LS_POOL_WITH_LSR
+
+
 def test_be_pod_without_batch_resources_keeps_kubelet_values(qos_proxy: ProxyFactory, containerd: Any) -> None:
     """A BE pod without extended-resource-spec: shares and quota stay as kubelet sent them."""
     _, client = qos_proxy()
