@@ -400,7 +400,7 @@ class NriEngine:
             try:
                 await method(*args)
             except Exception:  # one event's failure never stops the ones after it
-                log.exception("NRI event processing failed", event=getattr(method, "__name__", "?"))
+                log.exception("NRI event processing failed", step=getattr(method, "__name__", "?"))
             finally:
                 queue.task_done()
 

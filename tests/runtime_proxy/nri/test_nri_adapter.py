@@ -3,6 +3,7 @@ writes out."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -266,13 +267,16 @@ async def test_background_events_are_answered_at_once_and_a_create_sees_them_app
 async def test_a_failing_background_event_does_not_stop_the_ones_after_it() -> None:
     class Boom:
         @hookimpl
-        def rhp_post_start_container(self, pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:
+        def rhp_pre_start_container(self, pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:
             raise RuntimeError("boom")
 
-    engine, _ = _engine(Boom())
+    # Under the Fail policy the StartContainer's processing itself raises (in the worker).
+    engine, _ = _engine(Boom(), policy="Fail")
     engine.background = True
-    await engine.state_change(E.POST_START_CONTAINER, _pod(), _container())
+    await engine.state_change(E.RUN_POD_SANDBOX, _pod(), None)
+    await engine.state_change(E.START_CONTAINER, _pod(), _container())
     await engine.state_change(E.REMOVE_POD_SANDBOX, _pod(), None)
+    await asyncio.wait_for(engine.drain(), 10)  # every queued event was taken off the queue
     await engine.close()
     assert engine.store.pod("sb1") is None
 
