@@ -52,6 +52,18 @@ RELAY_LIMIT_HITS = Counter(
     "Times a peer hit one of the relay's resource limits (runtime_proxy/cri/relay/_limits.py).",
     ["limit"],
 )
+NRI_LIMIT_HITS = Counter(
+    "rhp_nri_limit_hits_total",
+    "Times the NRI runtime hit one of the plugin's limits (requests_in_flight: a request dropped; "
+    "write_timeout: a session closed because the runtime did not read our replies; synchronize_bytes, "
+    "synchronize_objects: a Synchronize refused).",
+    ["limit"],
+)
+NRI_EVENTS_IGNORED = Counter(
+    "rhp_nri_events_ignored_total",
+    "NRI events ignored because their pod is not in the plugin's store (only creating events add pods).",
+    ["event"],
+)
 BACKEND_UP = Gauge("rhp_backend_up", "1 when the runtime answered the last health check.")
 REGISTRATIONS_REFUSED = Counter(
     "rhp_hookserver_registrations_refused_total",

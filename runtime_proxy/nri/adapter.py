@@ -40,6 +40,12 @@ events, StopContainer and the Post*/Start/Remove container events) are answered 
 processed in order by one worker task; CreateContainer, UpdateContainer and Synchronize first
 wait until the queue is empty, so they see every earlier event.
 
+Pods not in the store. Only the creating events (RunPodSandbox, CreateContainer, Synchronize)
+add a pod; every other event for a pod the store does not hold (a Stop or Remove arriving after
+RemovePodSandbox, an UpdateContainer, a Post* event) is ignored with a log line and
+``rhp_nri_events_ignored_total``, so it can never bring back a removed pod that would then hold
+its bound CPUs. A StopContainer marks as stopped only a container the store holds.
+
 A ``Fail``-policy failure at a ``Pre*`` stage answers with an error status, so the runtime fails
 the CRI call; every other failure costs only the plan of the step that failed (the pipeline's
 rules). In dry-run mode plans are logged and replies carry no changes.
@@ -58,6 +64,7 @@ import structlog
 from cri_protos import nri_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
 from hooks.plan import Plan
+from runtime_proxy import metrics
 from runtime_proxy.engine.bound import BoundCpusets
 from runtime_proxy.engine.intercept import Applier, NodeSource, StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
@@ -355,14 +362,18 @@ class NriEngine:
         if result is not None:
             await self._apply(result.plan, stage)
 
-    def _remember(self, pod: Any, container: Any | None = None) -> tuple[PodFacts, ContainerFacts | None]:
-        pod_f = pod_facts(pod)
-        if self.store.pod(pod_f.sandbox_id) is None:
-            self.store.put_pod(pod_f)
-        if container is None:
-            return pod_f, None
-        container_f = container_facts(container)
-        return pod_f, container_f
+    def _known(self, event: int, pod: Any, container: Any | None = None) -> bool:
+        """Whether ``pod`` is in the store. Only creating events (RunPodSandbox, CreateContainer,
+        Synchronize) add pods; any other event for a pod not in the store is ignored (logged and
+        counted), so a Stop or Remove that arrives after RemovePodSandbox cannot put the pod back,
+        where it would hold its bound CPUs until the next Synchronize."""
+        if self.store.pod(pod.id) is not None:
+            return True
+        name = E.Name(event).lower() if event in E.values() else "other"
+        metrics.NRI_EVENTS_IGNORED.labels(name).inc()
+        log.info("NRI event for a pod not in the store ignored", nri_event=name, pod=f"{pod.namespace}/{pod.name}",
+                 uid=pod.uid, sandbox=pod.id, container=container.id if container is not None else None)
+        return False
 
     # -- background events -----------------------------------------------------------------------
 
@@ -543,8 +554,9 @@ class NriEngine:
         return result
 
     async def _create_container(self, pod: Any, container: Any) -> Any:
-        pod_f, container_f = self._remember(pod, container)
-        assert container_f is not None
+        pod_f, container_f = pod_facts(pod), container_facts(container)
+        if self.store.pod(pod_f.sandbox_id) is None:
+            self.store.put_pod(pod_f)
         self.released.discard(pod_f.sandbox_id)
         reply = nri_pb2.CreateContainerResponse()
         result = await self._run("PreCreateContainer", pod_f, container_f)
@@ -580,8 +592,9 @@ class NriEngine:
         return result
 
     async def _update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
-        pod_f, container_f = self._remember(pod, container)
-        assert container_f is not None
+        if not self._known(E.UPDATE_CONTAINER, pod, container):
+            return []
+        pod_f, container_f = pod_facts(pod), container_facts(container)
         incoming = resources_from_nri(resources)
         changes = {name: getattr(incoming, name) for name in (
             "cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "memory_swap_limit_in_bytes",
@@ -630,7 +643,10 @@ class NriEngine:
         await self._notify()
 
     async def _state_change_now(self, event: int, pod: Any, container: Any | None) -> None:
-        pod_f, container_f = self._remember(pod, container)
+        if event != E.RUN_POD_SANDBOX and not self._known(event, pod, container):
+            return
+        pod_f = pod_facts(pod)
+        container_f = container_facts(container) if container is not None else None
         if event == E.RUN_POD_SANDBOX:
             self.store.put_pod(pod_f)
             result = await self._run("PreRunPodSandbox", pod_f, None)
@@ -667,7 +683,7 @@ class NriEngine:
         elif event == E.POST_UPDATE_CONTAINER:
             await self._stage_and_apply("PostUpdateContainerResources", pod_f, container_f)
         elif event == E.STOP_CONTAINER:
-            if container_f.id not in self.stopped:
+            if container_f.id not in self.stopped and self.store.container(container_f.id) is not None:
                 self.stopped.add(container_f.id)
                 self._stops += 1
                 self._release_if_all_stopped(pod_f.sandbox_id)

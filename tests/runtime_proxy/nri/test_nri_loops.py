@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from cri_protos import nri_pb2
 from hooks.facts import format_cpu_list
@@ -248,6 +249,93 @@ async def test_a_restarted_lsr_container_takes_its_cpus_back_in_its_own_create_r
     assert await _stop(session, lsr, _container("a", "lsr", LSR_CPU)) == [("c1", ALL_CPUS)]
     # kubelet starts the pod's container again: the LS container leaves the bound CPU at once.
     assert await _create(session, lsr, _container("a2", "lsr", ALL_CPUS)) == [("c1", LS_POOL_WITH_LSR)]
+
+
+@needs_two_cpus
+async def test_late_stop_and_remove_events_of_a_removed_lsr_pod_leave_the_ls_containers_the_whole_pool(
+    pools_session: Session,
+) -> None:
+    """containerd may deliver a pod's Stop and Remove events again after RemovePodSandbox: they
+    must not bring the pod back, where it would hold its bound CPUs until the next Synchronize."""
+    session = pools_session
+    lsr = _pod("lsr", qos="LSR", cpuset=LSR_CPU)
+    await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=lsr))
+    assert await _create(session, lsr, _container("a", "lsr", ALL_CPUS)) == [("c1", LS_POOL_WITH_LSR)]
+    assert await _stop(session, lsr, _container("a", "lsr", LSR_CPU)) == [("c1", ALL_CPUS)]
+    await session.call("StateChange", nri_pb2.StateChangeEvent(
+        event=E.REMOVE_CONTAINER, pod=lsr, container=_container("a", "lsr", LSR_CPU)))
+    await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.STOP_POD_SANDBOX, pod=lsr))
+    await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.REMOVE_POD_SANDBOX, pod=lsr))
+    # The same events once more, after the pod is gone, through both kinds of method.
+    await session.call("StopPodSandbox", nri_pb2.StopPodSandboxRequest(pod=lsr))
+    await session.call("StateChange", nri_pb2.StateChangeEvent(event=E.STOP_POD_SANDBOX, pod=lsr))
+    assert await _stop(session, lsr, _container("a", "lsr", LSR_CPU)) == []
+    await session.call("RemoveContainer", nri_pb2.RemoveContainerRequest(
+        pod=lsr, container=_container("a", "lsr", LSR_CPU)))
+    await session.call("RemovePodSandbox", nri_pb2.RemovePodSandboxRequest(pod=lsr))
+    # A new LS container gets the whole pool and the running one is not squeezed.
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+        pod=_pod("ls"), container=_container("c3", "ls", ALL_CPUS)))
+    assert _updates(reply, nri_pb2.CreateContainerResponse) == []
+    created = nri_pb2.CreateContainerResponse.FromString(reply.payload)
+    assert created.adjust.linux.resources.cpu.cpus in ("", ALL_CPUS)
+
+
+GHOST_EVENTS = [
+    pytest.param(E.STOP_POD_SANDBOX, False, id="StopPodSandbox"),
+    pytest.param(E.REMOVE_POD_SANDBOX, False, id="RemovePodSandbox"),
+    pytest.param(E.STOP_CONTAINER, True, id="StopContainer"),
+    pytest.param(E.REMOVE_CONTAINER, True, id="RemoveContainer"),
+    pytest.param(E.POST_CREATE_CONTAINER, True, id="PostCreateContainer"),
+    pytest.param(E.START_CONTAINER, True, id="StartContainer"),
+    pytest.param(E.POST_START_CONTAINER, True, id="PostStartContainer"),
+    pytest.param(E.POST_UPDATE_CONTAINER, True, id="PostUpdateContainer"),
+]
+
+
+@pytest.mark.parametrize(("event", "with_container"), GHOST_EVENTS)
+async def test_an_event_for_a_removed_pod_does_not_bring_it_back(event: int, with_container: bool) -> None:
+    engine = NriEngine(Pipeline([]))
+    lsr = _pod("lsr", qos="LSR", cpuset="0")
+    await engine.state_change(E.RUN_POD_SANDBOX, lsr, None)
+    await engine.create_container(lsr, _container("a", "lsr", "0"))
+    await engine.stop_container(lsr, _container("a", "lsr", "0"))
+    for each, container in ((E.REMOVE_CONTAINER, _container("a", "lsr", "0")), (E.STOP_POD_SANDBOX, None),
+                            (E.REMOVE_POD_SANDBOX, None)):
+        await engine.state_change(each, lsr, container)
+    assert engine.store.pods() == []
+    ghost = _container("a", "lsr", "0") if with_container else None
+    if event == E.STOP_CONTAINER:
+        assert await engine.stop_container(lsr, ghost) == []
+    else:
+        await engine.state_change(event, lsr, ghost)
+    assert engine.store.pods() == [] and engine.holding_pods() == []
+    assert engine.node().bound_cpusets == {} and engine.stopped == set()
+
+
+async def test_an_update_for_a_pod_not_in_the_store_is_answered_with_no_change_and_stores_nothing() -> None:
+    engine = NriEngine(Pipeline([]))
+    lsr = _pod("lsr", qos="LSR", cpuset="0")
+    resources = nri_pb2.LinuxResources()
+    resources.cpu.cpus = "0"
+    assert await engine.update_container(lsr, _container("a", "lsr", "0"), resources) == []
+    assert engine.store.pods() == [] and engine.store.container("a") is None
+    assert engine.node().bound_cpusets == {}
+
+
+async def test_only_creating_events_add_a_pod() -> None:
+    def ignored() -> float:
+        return REGISTRY.get_sample_value("rhp_nri_events_ignored_total", {"event": "stop_pod_sandbox"}) or 0.0
+
+    engine = NriEngine(Pipeline([]))
+    await engine.state_change(E.RUN_POD_SANDBOX, _pod("run"), None)
+    await engine.create_container(_pod("create"), _container("c", "create", "0"))
+    before = ignored()
+    await engine.state_change(E.STOP_POD_SANDBOX, _pod("stop"), None)
+    assert sorted(p.sandbox_id for p in engine.store.pods()) == ["create", "run"]
+    assert ignored() == before + 1
+    await engine.synchronize([_pod("synced")], [])
+    assert [p.sandbox_id for p in engine.store.pods()] == ["synced"]
 
 
 async def test_a_stop_in_dry_run_or_without_loops_is_answered_with_no_updates() -> None:
