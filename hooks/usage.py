@@ -45,7 +45,7 @@ class ResourceUsage:
 
 @dataclass(frozen=True, slots=True)
 class BEState:
-    """What the BE kube-QoS cgroup holds now (``kubepods/besteffort``): its CFS quota
+    """What the BE kube-QoS cgroup (``kubepods/besteffort`` below kubelet's cgroup root) holds now: its CFS quota
     (``-1`` = unlimited) and period, and its cpuset. The suppress decision needs these to apply
     Koordinator's step limits (growth capped per round, shrink at once)."""
 

@@ -26,7 +26,9 @@ from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hooks.facts import parse_kubelet_cgroup_root
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -119,6 +121,13 @@ class ProxyConfig(BaseModel):
     cgroupRoot: str = Field(default="/sys/fs/cgroup", description="The cgroup filesystem root.")
     cgroupDriver: Literal["cgroupfs", "systemd"] = Field(default="cgroupfs", description="kubelet's "
                                                           "cgroup driver (`cgroupDriver` in its config).")
+    kubeletCgroupRoot: str = Field(default="", description="kubelet's cgroup root (`cgroupRoot` in its "
+                                   "config, `--cgroup-root`), in kubelet's form (`/custom`, for either "
+                                   "driver): the QoS-level cgroups (`kubepods`, `kubepods/besteffort`...) "
+                                   "are below it. Empty: learned from the cgroup parents kubelet sends "
+                                   "(the root most pods show; `/` until a pod shows one). A set value "
+                                   "wins; pods whose parent disagrees are logged. See `docs/config.md`, "
+                                   "kubelet's cgroup root.")
     resctrlRoot: str = Field(default="/sys/fs/resctrl", description="The resctrl filesystem root.")
     nodeConfigFile: str | None = Field(default=None, description="A local node config file (NodeSLO spec, "
                                        "node labels and annotations; example "
@@ -138,6 +147,12 @@ class ProxyConfig(BaseModel):
     usageLoop: UsageLoopConfig = Field(default_factory=UsageLoopConfig, description="The usage loop "
                                        "(`runtime_proxy/loops/qos.py`): sampling and the `ReconcileUsage` "
                                        "decisions.")
+
+    @field_validator("kubeletCgroupRoot")
+    @classmethod
+    def _kubelet_root(cls, value: str) -> str:
+        """Normalised (``/custom/`` is ``/custom``); refused when kubelet could not use it."""
+        return parse_kubelet_cgroup_root(value) if value else ""
 
     def plugin_settings(self, registered: list[str]) -> list[tuple[str, Policy, float]]:
         """``(name, policy, timeout)`` for each enabled plugin, in calling order."""

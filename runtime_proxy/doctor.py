@@ -4,7 +4,8 @@ Pure checks over injectable roots (the cgroup, resctrl and proc trees, sockets a
 ``DoctorOptions``), so tests run them on prepared trees; ``run`` gathers them and ``main`` prints
 them. What is checked:
 
-- the cgroup version (v1 or v2) and driver (kubelet's ``kubepods`` or ``kubepods.slice``);
+- the cgroup version (v1 or v2) and driver (kubelet's ``kubepods`` or ``kubepods.slice``, looked
+  for below kubelet's cgroup root: ``kubeletCgroupRoot``, or "/" when that is unset);
 - each kernel interface a built-in plugin uses (``INTERFACES``), with the plugins that need it:
   cpuset files, CFS quota and shares, CFS burst (``cpu.cfs_burst_us`` or ``cpu.max.burst``),
   group identity (``cpu.bvt_warp_ns``, or ``cpu.idle`` instead), memory limits, and resctrl with
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from hooks.facts import CgroupInfo, kube_qos_cgroup_path
 from hooks.plugins import BUILTIN_PLUGINS
 from rhp_ops.logs import shorten_rpc_errors
 from runtime_proxy.config import (
@@ -87,6 +89,8 @@ class Check:
 class DoctorOptions:
     cgroup_root: str = "/sys/fs/cgroup"
     cgroup_driver: str = "cgroupfs"
+    # kubelet's cgroup root (``kubeletCgroupRoot``); "" when the proxy learns it (looked for at "/").
+    kubelet_cgroup_root: str = ""
     resctrl_root: str = "/sys/fs/resctrl"
     proc_root: str = "/proc"
     backend: str = DEFAULT_BACKEND
@@ -136,10 +140,16 @@ def cgroup_version(root: Path) -> int:
     return 2 if (root / "cgroup.controllers").exists() else 1
 
 
-def _probe_dirs(base: Path, limit: int = 64) -> list[Path]:
-    """Where a file of a controller is looked for: the hierarchy's root, kubelet's top cgroups,
-    then the first ``limit`` children (v2's root lacks most ``cpu.*`` files)."""
-    out = [base, base / "kubepods.slice", base / "kubepods"]
+def _kubepods(kubelet_root: str, driver: str) -> str:
+    """kubelet's kubepods directory under ``kubelet_root`` ("" is "/") for ``driver``."""
+    return kube_qos_cgroup_path("Guaranteed", CgroupInfo(driver=driver, kubelet_root=kubelet_root or "/"))
+
+
+def _probe_dirs(base: Path, limit: int = 64, kubelet_root: str = "") -> list[Path]:
+    """Where a file of a controller is looked for: the hierarchy's root, kubelet's top cgroups
+    (below ``kubelet_root``), then the first ``limit`` children (v2's root lacks most ``cpu.*``
+    files)."""
+    out = [base, base / _kubepods(kubelet_root, "systemd"), base / _kubepods(kubelet_root, "cgroupfs")]
     try:
         children = sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink())
     except OSError:
@@ -147,8 +157,8 @@ def _probe_dirs(base: Path, limit: int = 64) -> list[Path]:
     return out + children[:limit]
 
 
-def _find(base: Path, file: str) -> Path | None:
-    for directory in _probe_dirs(base):
+def _find(base: Path, file: str, kubelet_root: str = "") -> Path | None:
+    for directory in _probe_dirs(base, kubelet_root=kubelet_root):
         candidate = directory / file
         if candidate.is_file():
             return candidate
@@ -173,13 +183,17 @@ def check_cgroup(opts: DoctorOptions) -> list[Check]:
     version = cgroup_version(root)
     checks = [Check("cgroup version", "ok", f"v{version} at {root}")]
     base = root if version == 2 else root / "cpu"
-    slice_, plain = (base / "kubepods.slice").is_dir(), (base / "kubepods").is_dir()
+    kroot = opts.kubelet_cgroup_root
+    slice_ = (base / _kubepods(kroot, "systemd")).is_dir()
+    plain = (base / _kubepods(kroot, "cgroupfs")).is_dir()
     seen = "systemd" if slice_ and not plain else "cgroupfs" if plain and not slice_ else ""
+    where = f" under kubelet cgroup root {kroot}" if kroot else ""
     if not seen:
-        checks.append(Check("cgroup driver", "ok", f"{opts.cgroup_driver} configured; no kubepods cgroup yet "
-                                                   "to compare with kubelet's"))
+        hint = "" if kroot else " (if kubelet runs with --cgroup-root, set kubeletCgroupRoot)"
+        checks.append(Check("cgroup driver", "ok", f"{opts.cgroup_driver} configured; no kubepods cgroup{where} "
+                                                   f"yet to compare with kubelet's{hint}"))
     elif seen == opts.cgroup_driver:
-        checks.append(Check("cgroup driver", "ok", f"{seen}, as kubelet's cgroups show"))
+        checks.append(Check("cgroup driver", "ok", f"{seen}, as kubelet's cgroups{where} show"))
     else:
         checks.append(Check("cgroup driver", "fail", f"{opts.cgroup_driver} configured, but kubelet's cgroups "
                                                      f"look like {seen}: set cgroupDriver: {seen}"))
@@ -208,7 +222,7 @@ def check_interfaces(opts: DoctorOptions) -> list[Check]:
         file = iface.v2 if version == 2 else iface.v1
         base = root if version == 2 else root / _v1_controller(file)
         needed = _needs(opts.plugins, iface.plugins)
-        found = _find(base, file)
+        found = _find(base, file, opts.kubelet_cgroup_root)
         name = f"{iface.name} ({file})"
         checks.append(Check(name, "ok", str(found), needed) if found else
                       _missing(name, f"no {file} under {base}", needed))
@@ -218,7 +232,8 @@ def check_interfaces(opts: DoctorOptions) -> list[Check]:
 
 def _group_identity(opts: DoctorOptions, root: Path, version: int) -> list[Check]:
     base = root if version == 2 else root / "cpu"
-    bvt, idle = _find(base, "cpu.bvt_warp_ns"), _find(base, "cpu.idle")
+    kroot = opts.kubelet_cgroup_root
+    bvt, idle = _find(base, "cpu.bvt_warp_ns", kroot), _find(base, "cpu.idle", kroot)
     needed = _needs(opts.plugins, GROUP_IDENTITY_PLUGINS)
     checks = []
     if bvt:
@@ -515,6 +530,7 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
     opts = DoctorOptions(
         cgroup_root=args.cgroup_root or cfg.cgroupRoot,
         cgroup_driver=args.cgroup_driver or cfg.cgroupDriver,
+        kubelet_cgroup_root=cfg.kubeletCgroupRoot,
         resctrl_root=args.resctrl_root or cfg.resctrlRoot,
         proc_root=args.proc_root,
         backend=args.backend.removeprefix("unix://"),

@@ -128,6 +128,7 @@ class Proxy:
             applier=self.applier,
             dry_run=opts.dry_run or cfg.dryRun,
             on_store_change=self._store_changed,
+            kubelet_root=wiring.kubelet_root(cfg),
         )
         self.transport = make_transport(opts.transport, opts.listen, opts.backend, self.interceptor)
         self._tasks: list[asyncio.Task[None]] = []

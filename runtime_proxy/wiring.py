@@ -1,6 +1,7 @@
-"""Builders of the node-side parts every entry point shares: the node config source, the file
-applier and the periodic loops (``Loops``: the reconciler, the cfsQuotaBurst loop and, with
-``usageLoop.enable``, the usage loop), from a ``ProxyConfig``.
+"""Builders of the node-side parts every entry point shares: the node config source, kubelet's
+cgroup root (``kubelet_root``), the file applier and the periodic loops (``Loops``: the
+reconciler, the cfsQuotaBurst loop and, with ``usageLoop.enable``, the usage loop), from a
+``ProxyConfig``.
 
 Used by the composition roots: ``runtime_proxy.server`` (``runtime-proxy serve``),
 ``runtime_proxy.engine.hook_service`` (``runtime-proxy hook-server``) and
@@ -28,10 +29,11 @@ from runtime_proxy.loops.burst import CPUBurstLoop
 from runtime_proxy.loops.evict import evictor_for
 from runtime_proxy.loops.qos import Evictor, UsageLoop
 from runtime_proxy.loops.reconciler import ReconcileBackend, Reconciler
+from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig
 from runtime_proxy.state.sysfs import read_cpu_topology
 
-__all__ = ["Loops", "applier", "loops", "node_source"]
+__all__ = ["Loops", "applier", "kubelet_root", "loops", "node_source"]
 
 log = structlog.get_logger(__name__)
 
@@ -47,9 +49,16 @@ def node_source(config: ProxyConfig) -> tuple[NodeConfig, NodeConfig]:
         node_name=node_name,
         topology=read_cpu_topology(),
         resctrl=Resctrl(config.resctrlRoot).facts(),
-        cgroup=CgroupInfo(version=detect_cgroup_version(config.cgroupRoot), driver=config.cgroupDriver),
+        cgroup=CgroupInfo(version=detect_cgroup_version(config.cgroupRoot), driver=config.cgroupDriver,
+                          kubelet_root=config.kubeletCgroupRoot or "/"),
     )
     return source, source
+
+
+def kubelet_root(config: ProxyConfig) -> KubeletRoot:
+    """kubelet's cgroup root for the node facts: ``kubeletCgroupRoot`` when set, else learned from
+    the stored pods' cgroup parents (``runtime_proxy.state.kubelet_root``)."""
+    return KubeletRoot(config.kubeletCgroupRoot)
 
 
 def applier(config: ProxyConfig, *, dry_run: bool = False) -> FileApplier:

@@ -50,6 +50,7 @@ from fractions import Fraction
 
 from hooks.facts import (
     CFS_PERIOD_US,
+    CgroupInfo,
     CPUInfo,
     NodeFacts,
     PodFacts,
@@ -341,11 +342,13 @@ def choose_be_cpus(count: int, lsr: Iterable[CPUInfo], ls: Iterable[CPUInfo]) ->
 # ---- the BE tree and the safe write order ------------------------------------------------------
 
 
-def be_dirs(pods: Iterable[PodFacts], driver: str, plan: Plan | None = None) -> list[BEDir]:
-    """The BE kube-QoS dir, then the dirs of the pods directly under it, then their sandboxes
+def be_dirs(pods: Iterable[PodFacts], cgroup: CgroupInfo | str, plan: Plan | None = None) -> list[BEDir]:
+    """The BE kube-QoS dir (below the node's kubelet cgroup root, ``cgroup`` as in
+    ``kube_qos_cgroup_path``), then the dirs of the pods directly under it, then their sandboxes
     and containers (those with an id). A pod whose cgroup parent is unsafe is left out (and
     recorded in ``plan``)."""
-    qos_dir = kube_qos_cgroup_path(_BE_KUBE_QOS, driver)
+    qos_dir = kube_qos_cgroup_path(_BE_KUBE_QOS, cgroup)
+    driver = cgroup if isinstance(cgroup, str) else cgroup.driver
     out = [BEDir("kubeqos", qos_dir, 0)]
     children: list[BEDir] = []
     for p in sorted(pods, key=lambda p: p.uid):
@@ -454,9 +457,8 @@ def _decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tu
     except FormatError as exc:
         plan.skip(f"cpu suppress: bad node annotation: {exc}")
         return SuppressDecision(policy, reason="bad node annotation"), plan
-    driver = node_facts.cgroup.driver
-    qos_dir = kube_qos_cgroup_path(_BE_KUBE_QOS, driver)
-    dirs = be_dirs(pods, driver, plan)
+    qos_dir = kube_qos_cgroup_path(_BE_KUBE_QOS, node_facts.cgroup)
+    dirs = be_dirs(pods, node_facts.cgroup, plan)
     # The BE kube-QoS cpuset bounds every dir below it; when it was not sampled, every CPU does.
     current = sample.be.cpuset if sample is not None and sample.be.cpuset else topo.cpus
     if not pool:

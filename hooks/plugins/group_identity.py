@@ -109,12 +109,11 @@ def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
     if nodeslo.cpu_policy(node.node_slo) not in ("", keys.CPU_POLICY_GROUP_IDENTITY):
         return plan
     enabled = nodeslo.group_identity_enabled(node.node_slo)
-    driver = node.cgroup.driver
     values = {
         "Guaranteed": 0,
         "Burstable": nodeslo.class_bvt_value(node.node_slo, SLO.LS_CLASS) if enabled else 0,
         "BestEffort": nodeslo.class_bvt_value(node.node_slo, SLO.BE_CLASS) if enabled else 0,
     }
     for kube_qos, value in values.items():
-        plan.write("kubeqos", kube_qos_cgroup_path(kube_qos, driver), BVT_FILE, value)
+        plan.write("kubeqos", kube_qos_cgroup_path(kube_qos, node.cgroup), BVT_FILE, value)
     return plan

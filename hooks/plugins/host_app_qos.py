@@ -40,7 +40,7 @@ def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
     for app in apps:
         name, qos = app.name, app.qos
         try:
-            path = host_app_cgroup_path(app, node.cgroup.driver)
+            path = host_app_cgroup_path(app, node.cgroup)
         except ValueError as exc:
             plan.skip(f"host application {name!r} refused: {exc}")
             continue

@@ -35,6 +35,7 @@ from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
 from runtime_proxy.engine.bound import POD_INPUT_REJECTED, BoundCpusets
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
+from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.store import (
     RuntimeClient,
     Store,
@@ -111,11 +112,14 @@ class CriInterceptor:
         applier: Applier | None = None,
         dry_run: bool = False,
         on_store_change: Callable[[bool], None] | None = None,
+        kubelet_root: KubeletRoot | None = None,
     ) -> None:
         self.store = store
         self.pipeline = pipeline
         self.client = client
         self.node_source = node_source or StaticNode()
+        # kubelet's cgroup root in the node facts: configured, or learned from the stored pods.
+        self.kubelet_root = kubelet_root or KubeletRoot()
         self.applier = applier
         self.dry_run = dry_run
         # Called after every intercepted call with "did the bound cpusets (the share pools'
@@ -266,15 +270,18 @@ class CriInterceptor:
             self._refreshed_version = version
 
     def node(self) -> NodeFacts:
-        """The node facts hooks see: the node config plus the CPUs bound to the stored pods
-        under the node's trust rules, in the store's order (oldest first; cached per store
-        version; a pod whose annotation does not parse is left out)."""
+        """The node facts hooks see: the node config with kubelet's cgroup root
+        (``runtime_proxy.state.kubelet_root``) plus the CPUs bound to the stored pods under the
+        node's trust rules, in the store's order (oldest first; cached per store version; a pod
+        whose annotation does not parse is left out)."""
         base = self.node_source.current()
         cache = self._node_cache
         if cache is not None and cache[0] == self.store.version and cache[1] == id(base):
             return cache[2]
-        bound, lse = self._bound.bound(self.store.pods(), base)
-        node = base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
+        pods = self.store.pods()
+        node = self.kubelet_root.node(base, pods)
+        bound, lse = self._bound.bound(pods, node)
+        node = node.replace(bound_cpusets=bound, lse_pods=lse) if (bound or node.bound_cpusets) else node
         self._node_cache = (self.store.version, id(base), node)
         return node
 

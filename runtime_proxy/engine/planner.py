@@ -123,6 +123,7 @@ class ResctrlDocument(_Strict):
 class CgroupDocument(_Strict):
     version: StrictInt = 1
     driver: StrictStr = "cgroupfs"
+    kubeletRoot: StrictStr = "/"  # checked by hooks.facts.parse_kubelet_cgroup_root
 
 
 class NodeDocument(_Strict):
@@ -253,6 +254,11 @@ def node_facts_from_json(data: Mapping[str, Any], node_slo: Mapping[str, Any] | 
     driver = _str(cg, "driver", "node.cgroup", "cgroupfs")
     if driver not in ("cgroupfs", "systemd"):
         raise PlanInputError("node.cgroup.driver must be cgroupfs or systemd")
+    try:
+        cgroup = CgroupInfo(version=int(cg.get("version", 1)), driver=driver,
+                            kubelet_root=_str(cg, "kubeletRoot", "node.cgroup", "/"))
+    except ValueError as exc:
+        raise PlanInputError(f"node.cgroup.kubeletRoot: {exc}") from exc
     bound_raw = _map(data, "boundCPUs", "node")
     try:
         bound = {uid: parse_cpu_list(text) for uid, text in bound_raw.items()}
@@ -271,7 +277,7 @@ def node_facts_from_json(data: Mapping[str, Any], node_slo: Mapping[str, Any] | 
         node_slo=MappingProxyType(dict(slo)),
         cpu_topology=topology,
         resctrl=resctrl,
-        cgroup=CgroupInfo(version=int(cg.get("version", 1)), driver=driver),
+        cgroup=cgroup,
         bound_cpusets=MappingProxyType(bound),
         lse_pods=frozenset(lse),
     )

@@ -449,10 +449,10 @@ class UsageSampler:
                     container_usage[c.id] = cu
         apps: dict[str, ResourceUsage] = {}
         for app in host_applications(node.node_slo):
-            got = self._read_usage(f"host-app:{app.name}", partial(host_app_cgroup_path, app, driver), now, seen)
+            got = self._read_usage(f"host-app:{app.name}", partial(host_app_cgroup_path, app, node.cgroup), now, seen)
             if got is not None:
                 apps[app.name] = got
-        be_path = kube_qos_cgroup_path("BestEffort", driver)
+        be_path = kube_qos_cgroup_path("BestEffort", node.cgroup)
         be = self._read_usage("be", partial(str, be_path), now, seen)
         be_state = self._be_state(be_path)
         self._cpu_prev = seen

@@ -69,6 +69,7 @@ from runtime_proxy.engine.bound import BoundCpusets
 from runtime_proxy.engine.intercept import Applier, NodeSource, StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.nri.connection import RpcError
+from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
@@ -240,8 +241,11 @@ class NriEngine:
         dry_run: bool = False,
         on_store_change: Callable[[bool], None] | None = None,
         background: bool = False,
+        kubelet_root: KubeletRoot | None = None,
     ) -> None:
         self.pipeline = pipeline
+        # kubelet's cgroup root in the node facts: configured, or learned from the stored pods.
+        self.kubelet_root = kubelet_root or KubeletRoot()
         self.background = background
         self._queue: asyncio.Queue[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -330,8 +334,9 @@ class NriEngine:
         return True
 
     def node(self) -> NodeFacts:
-        """The node config plus the CPUs bound to the stored pods that hold them."""
-        base = self.node_source.current()
+        """The node config with kubelet's cgroup root (``runtime_proxy.state.kubelet_root``,
+        over every stored pod) plus the CPUs bound to the stored pods that hold them."""
+        base = self.kubelet_root.node(self.node_source.current(), self.store.pods(), self.store.version)
         bound, lse = self._bound.bound(self.holding_pods())
         return base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
 

@@ -142,7 +142,8 @@ def build(opts: NriOptions) -> NriParts:
     node_source, node_watch = wiring.node_source(cfg)
     dry_run = opts.dry_run or cfg.dryRun
     applier = wiring.applier(cfg, dry_run=dry_run)
-    engine = NriEngine(pipeline, node_source=node_source, applier=applier, dry_run=dry_run, background=True)
+    engine = NriEngine(pipeline, node_source=node_source, applier=applier, dry_run=dry_run, background=True,
+                       kubelet_root=wiring.kubelet_root(cfg))
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
     return NriParts(plugin=plugin, engine=engine, node_watch=node_watch, pm=pm, pipeline=pipeline, applier=applier)
 

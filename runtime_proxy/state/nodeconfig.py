@@ -23,7 +23,7 @@ import contextlib
 import os
 import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
@@ -146,7 +146,7 @@ def node_facts_from_document(
             log.warning("bad cpu-topology annotation ignored", error=str(exc))
     cg = cgroup or CgroupInfo()
     if doc.cgroup is not None:
-        cg = CgroupInfo(version=doc.cgroup.version or cg.version, driver=doc.cgroup.driver or cg.driver)
+        cg = replace(cg, version=doc.cgroup.version or cg.version, driver=doc.cgroup.driver or cg.driver)
     return NodeFacts(
         name=doc.name or name,
         labels=MappingProxyType(dict(doc.labels)),
