@@ -4,13 +4,20 @@ and reading and polling the real cgroup files."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rhp_devenv.cgroupfs import CGROUP_ROOT, read_cgroup_file, relative_cgroup_path
+from rhp_devenv.cgroupfs import (
+    CGROUP_ROOT,
+    cgroup_hierarchies,
+    read_cgroup_file,
+    relative_cgroup_path,
+    remove_cgroup_tree,
+)
 
 from koord_formats.topology import format_cpu_topology
 from runtime_proxy.host.cgroups import v1_controller
@@ -99,6 +106,31 @@ def kubelet_pod_cgroup(cgroup_parent: str, values: Mapping[str, int | str]) -> N
         directory = pod_dir(cgroup_parent, file)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / file).write_text(f"{value}\n")
+
+
+@contextlib.contextmanager
+def kubelet_qos_tree(root: str) -> Iterator[str]:
+    """kubelet's QoS cgroups below the cgroup root ``root`` (``--cgroup-root``, cgroupfs driver)
+    in every hierarchy, as kubelet's container manager makes them before any pod:
+    ``<root>/kubepods/burstable`` and ``<root>/kubepods/besteffort`` (cpuset dirs take their
+    parent's CPUs and memory nodes; besteffort ``cpu.shares`` 2). Removed afterwards with
+    everything below it (processes left there are killed: use only a root of your own)."""
+    names = [root, f"{root}/kubepods", f"{root}/kubepods/burstable", f"{root}/kubepods/besteffort"]
+    try:
+        for hierarchy in cgroup_hierarchies():
+            for name in names:
+                directory = hierarchy / relative_cgroup_path(name)
+                directory.mkdir(exist_ok=True)
+                if hierarchy.name == "cpuset":
+                    for file in ("cpuset.cpus", "cpuset.mems"):
+                        if not (directory / file).read_text().strip():
+                            (directory / file).write_text((directory.parent / file).read_text())
+        be_cpu = CGROUP_ROOT / "cpu" / relative_cgroup_path(names[-1])
+        if be_cpu.is_dir():  # cgroup v1
+            (be_cpu / "cpu.shares").write_text("2\n")
+        yield root
+    finally:
+        remove_cgroup_tree(root, kill=True)
 
 
 def read_pod_file(cgroup_parent: str, file: str) -> str:
