@@ -10,8 +10,9 @@
   no sooner than a backoff that doubles from ``backoff_initial`` to ``backoff_max`` seconds.
   404 (the pod is gone) and 409 (its UID changed: the pod we meant is gone) count as done.
   Credentials: the ``ApiClient`` given, else in-cluster (service account) or kubeconfig
-  (``KUBECONFIG``, ``~/.kube/config``), loaded on first use; the blocking calls run in a worker
-  thread. RBAC: ``create`` on ``pods/eviction`` and ``events``.
+  (``KUBECONFIG``, ``~/.kube/config``), loaded on first use; the blocking calls run in the
+  evictor's own worker threads (``EVICTION_THREADS``), so calls to an API server that never
+  answers never hold the default executor. RBAC: ``create`` on ``pods/eviction`` and ``events``.
 - ``RuntimeEvictor`` (``evictBy: runtime``): for nodes without cluster access, stops every
   running container of the pod through the CRI backend (``StopContainer`` with timeout 0),
   as koordlet does by default; kubelet then reports the pod's containers as exited.
@@ -29,9 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -56,6 +59,8 @@ EVICTIONS = Counter(
 )
 
 COMPONENT = "runtime-hook-proxy"
+# Worker threads of one ApiEvictor (the usage loop keeps at most as many evictions in flight).
+EVICTION_THREADS = 4
 
 
 def event_message(e: Eviction) -> str:
@@ -64,38 +69,44 @@ def event_message(e: Eviction) -> str:
 
 
 class _Recent:
-    """UIDs evicted within ``EVICTION_MEMORY_SECONDS``, and per-UID backoff after a refusal."""
+    """UIDs evicted within ``EVICTION_MEMORY_SECONDS``, and per-UID backoff after a refusal.
+    Safe from several threads (the usage loop runs evictions side by side)."""
 
     def __init__(self, clock: Callable[[], float], initial: float, maximum: float) -> None:
         self.clock = clock
         self.initial, self.maximum = initial, maximum
         self.done: dict[str, float] = {}
         self.backoff: dict[str, tuple[float, float]] = {}  # uid -> (next try at, current delay)
+        self._lock = threading.Lock()
 
     def prune(self) -> None:
-        now = self.clock()
-        for uid in [u for u, at in self.done.items() if now - at > EVICTION_MEMORY_SECONDS]:
-            del self.done[uid]
-        for uid in [u for u, (at, _) in self.backoff.items() if now - at > EVICTION_MEMORY_SECONDS]:
-            del self.backoff[uid]
+        with self._lock:
+            now = self.clock()
+            for uid in [u for u, at in self.done.items() if now - at > EVICTION_MEMORY_SECONDS]:
+                del self.done[uid]
+            for uid in [u for u, (at, _) in self.backoff.items() if now - at > EVICTION_MEMORY_SECONDS]:
+                del self.backoff[uid]
 
     def early(self, e: Eviction) -> EvictionResult | None:
         """A result without trying: already evicted, or still backing off."""
-        if e.uid in self.done:
-            return EvictionResult(e, "evicted", "evicted before; not evicted twice")
-        held = self.backoff.get(e.uid)
-        if held is not None and self.clock() < held[0]:
-            return EvictionResult(e, "refused", f"backing off for {held[0] - self.clock():.1f} s after a refusal")
-        return None
+        with self._lock:
+            if e.uid in self.done:
+                return EvictionResult(e, "evicted", "evicted before; not evicted twice")
+            held = self.backoff.get(e.uid)
+            if held is not None and self.clock() < held[0]:
+                return EvictionResult(e, "refused", f"backing off for {held[0] - self.clock():.1f} s after a refusal")
+            return None
 
     def refused(self, uid: str) -> None:
-        held = self.backoff.get(uid)
-        delay = self.initial if held is None else min(held[1] * 2, self.maximum)
-        self.backoff[uid] = (self.clock() + delay, delay)
+        with self._lock:
+            held = self.backoff.get(uid)
+            delay = self.initial if held is None else min(held[1] * 2, self.maximum)
+            self.backoff[uid] = (self.clock() + delay, delay)
 
     def evicted(self, uid: str) -> None:
-        self.backoff.pop(uid, None)
-        self.done[uid] = self.clock()
+        with self._lock:
+            self.backoff.pop(uid, None)
+            self.done[uid] = self.clock()
 
 
 def _load_api_client() -> Any:
@@ -138,17 +149,23 @@ class ApiEvictor:
         self.request_timeout = request_timeout
         self._recent = _Recent(clock, backoff_initial, backoff_max)
         self._warned: set[str] = set()
+        self._client_lock = threading.Lock()
+        # Its own threads: calls to an API server that never answers hold these, never the
+        # default executor the usage loop samples in.
+        self._executor = ThreadPoolExecutor(max_workers=EVICTION_THREADS, thread_name_prefix="rhp-evict")
 
     async def evict(self, evictions: Sequence[Eviction]) -> Sequence[EvictionResult]:
-        return await asyncio.to_thread(self._evict_all, list(evictions))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._evict_all, list(evictions))
 
     # -- worker thread ---------------------------------------------------------------------
 
     def _evict_all(self, evictions: list[Eviction]) -> list[EvictionResult]:
         self._recent.prune()
         try:
-            if self._api_client is None:
-                self._api_client = _load_api_client()
+            with self._client_lock:
+                if self._api_client is None:
+                    self._api_client = _load_api_client()
         except Exception as exc:  # no credentials: every eviction fails, the loop goes on
             msg = (f"no cluster access for evictions ({type(exc).__name__}: {str(exc)[:200]}); install "
                    "runtime-hook-proxy[cluster] and give credentials, or set usageLoop.evictBy: runtime")

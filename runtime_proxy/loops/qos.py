@@ -25,11 +25,22 @@ set, with the store as ``UsageBackend``, the proxy's hook runner
    refused for now as ``Usage.refused_uids`` (decisions ask for them again but go on to the next
    victim).
 
+Evictions run beside the loop, never inside a round: each is a task of its own (one pod per
+evictor call), at most one per pod and at most ``max_evictions_in_flight`` at once; an eviction
+planned while its pod's is in flight is left to that one, and one planned while the budget is
+full is deferred (the decisions plan it again next round). Each has ``eviction_deadline``
+seconds to answer, after which it counts as failed and its slot is free (an evictor working in
+a thread keeps that thread until its own request timeouts end it). So an API server that
+accepts and never answers costs the evictions, never the interval of sampling and CPU
+suppress. Results land in the ``UsageRound`` that started them when they arrive.
+
 With ``dry_run`` the writes are compared and logged, not made, and the evictions are logged,
 not performed. A round that fails is logged and the loop goes on.
 
 Metrics: ``rhp_usage_loop_duration_seconds``, ``rhp_usage_loop_errors_total``,
-``rhp_usage_evictions_total`` (by feature and result) and, when the ``cpu_suppress`` plugin ran,
+``rhp_usage_evictions_total`` (by feature and result), ``rhp_usage_eviction_tasks_total`` (by
+outcome: ``started``, ``deferred``, ``timeout``), ``rhp_usage_evictions_in_flight`` and, when
+the ``cpu_suppress`` plugin ran,
 ``rhp_cpu_suppress_target_cores`` (by policy) from its decision record
 (``hooks.plugins.cpu_suppress.decide``).
 """
@@ -85,6 +96,19 @@ LOOP_ERRORS = Counter("rhp_usage_loop_errors_total", "Failures in usage-loop rou
 EVICTIONS = Counter(
     "rhp_usage_evictions_total", "Evictions planned by the usage loop, by feature and result.", ["feature", "result"]
 )
+
+EVICTION_TASKS = Counter(
+    "rhp_usage_eviction_tasks_total",
+    "Evictions the usage loop handed to the evictor beside its rounds, by outcome: started, deferred "
+    "(the in-flight budget was full; planned again later), timeout (no answer by the deadline).",
+    ["outcome"],
+)
+EVICTIONS_IN_FLIGHT = Gauge("rhp_usage_evictions_in_flight", "Evictions handed to the evictor and not answered yet.")
+
+# Evictions in flight at most, and seconds each may take before it counts as failed (the API
+# evictor makes two calls of at most 10 s each: the Eviction and its Event).
+MAX_EVICTIONS_IN_FLIGHT = 4
+EVICTION_DEADLINE_SECONDS = 30.0
 
 # Evictions remembered at most (far more than any node evicts in EVICTION_MEMORY_SECONDS).
 MAX_EVICTION_RECORDS = 1024
@@ -145,7 +169,8 @@ class LoggingEvictor:
 @dataclass
 class UsageRound:
     """One round: the sample (``None`` while taking the baseline), the plan, what the applier
-    did, what became of the evictions and the failures of the stage's steps."""
+    did, what became of the evictions it started (filled as their results arrive, after the
+    round) and the failures of the stage's steps."""
 
     sample: UsageSample | None = None
     plan: Plan | None = None
@@ -178,6 +203,8 @@ class UsageLoop:
     :param evictor: performs evictions (default ``LoggingEvictor``).
     :param interval: seconds between rounds (default 1, as koordlet).
     :param dry_run: decide and log; write and evict nothing.
+    :param max_evictions_in_flight: evictions handed to the evictor and not answered, at most.
+    :param eviction_deadline: seconds an eviction may take before it counts as failed.
     """
 
     def __init__(
@@ -192,6 +219,8 @@ class UsageLoop:
         dry_run: bool = False,
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
+        max_evictions_in_flight: int = MAX_EVICTIONS_IN_FLIGHT,
+        eviction_deadline: float = EVICTION_DEADLINE_SECONDS,
     ) -> None:
         self.backend = backend
         self.pipeline = pipeline
@@ -210,6 +239,10 @@ class UsageLoop:
         # (level, path, file) -> (value, when it was last written or found so).
         self._written: dict[tuple[str, str, str], tuple[str, float]] = {}
         self._background = Background()
+        self.max_evictions_in_flight = max_evictions_in_flight
+        self.eviction_deadline = eviction_deadline
+        # pod uid -> its eviction's task, while the evictor has not answered.
+        self._in_flight: dict[str, asyncio.Task[None]] = {}
 
     # -- one round -----------------------------------------------------------------------------
 
@@ -266,34 +299,74 @@ class UsageLoop:
             log.warning("usage write failed", error=error)
         return report
 
-    async def _evict(self, evictions: Sequence[Eviction], now: float) -> list[EvictionResult]:
+    def _evict(self, evictions: Sequence[Eviction], now: float, out: UsageRound) -> None:
+        """Start the evictions the budget allows (see module docstring); never waits for one."""
         recent = {r.uid for r in self._recent(now)}
         todo = [e for e in evictions if e.uid not in recent]
-        if not todo:
-            return []
         if self.dry_run:
-            results = [EvictionResult(e, "dry-run") for e in todo]
             for e in todo:
                 log.info("would evict (dry run)", pod=f"{e.namespace}/{e.name}", uid=e.uid, feature=e.feature,
                          reason=e.reason)
-        else:
+                self._record(EvictionResult(e, "dry-run"), out)
+            return
+        deferred: list[str] = []
+        for e in todo:
+            if e.uid in self._in_flight:
+                continue  # its pod's eviction is under way
+            if len(self._in_flight) >= self.max_evictions_in_flight:
+                EVICTION_TASKS.labels("deferred").inc()
+                deferred.append(f"{e.namespace}/{e.name}")
+                continue
+            EVICTION_TASKS.labels("started").inc()
+            task = asyncio.create_task(self._evict_one(e, out), name=f"evict-{e.uid[:64]}")
+            self._in_flight[e.uid] = task
+        EVICTIONS_IN_FLIGHT.set(len(self._in_flight))
+        if deferred:
+            log.warning("evictions deferred: the in-flight budget is full", pods=deferred[:16], deferred=len(deferred),
+                        in_flight=len(self._in_flight))
+
+    async def _evict_one(self, e: Eviction, out: UsageRound) -> None:
+        """One pod's eviction under its deadline; its result is recorded whatever happens."""
+        pod = f"{e.namespace}/{e.name}"
+        try:
             try:
-                results = list(await self.evictor.evict(todo))
-            except Exception as exc:  # the evictor's bug must not end the round's bookkeeping
+                results = await asyncio.wait_for(self.evictor.evict([e]), self.eviction_deadline)
+                result = next((r for r in results if r.eviction.uid == e.uid), None) or EvictionResult(
+                    e, "failed", "the evictor gave no result for this pod")
+            except TimeoutError:
+                EVICTION_TASKS.labels("timeout").inc()
+                log.warning("eviction not answered within its deadline", pod=pod, uid=e.uid, feature=e.feature,
+                            deadline=self.eviction_deadline)
+                result = EvictionResult(e, "failed", f"no answer within {self.eviction_deadline:g} s")
+            except Exception as exc:  # the evictor's bug must not end the loop's bookkeeping
                 LOOP_ERRORS.labels("evict").inc()
-                log.exception("evictor failed")
-                results = [EvictionResult(e, "failed", f"{type(exc).__name__}: {exc}") for e in todo]
+                log.exception("evictor failed", pod=pod, uid=e.uid)
+                result = EvictionResult(e, "failed", f"{type(exc).__name__}: {exc}")
+        finally:
+            if self._in_flight.get(e.uid) is asyncio.current_task():
+                del self._in_flight[e.uid]
+            EVICTIONS_IN_FLIGHT.set(len(self._in_flight))
+        self._record(result, out)
+
+    def _record(self, r: EvictionResult, out: UsageRound) -> None:
         at = self.clock()
-        for r in results:
-            EVICTIONS.labels(r.eviction.feature, r.status).inc()
-            if r.done:
-                self._evicted.append(EvictionRecord(r.eviction.uid, r.eviction.feature, at))
-                self._refused.pop(r.eviction.uid, None)
-            elif r.status == "refused" and (
-                r.eviction.uid in self._refused or len(self._refused) < MAX_EVICTION_RECORDS
-            ):
-                self._refused[r.eviction.uid] = at
-        return results
+        EVICTIONS.labels(r.eviction.feature, r.status).inc()
+        out.evictions.append(r)
+        if r.done:
+            self._evicted.append(EvictionRecord(r.eviction.uid, r.eviction.feature, at))
+            self._refused.pop(r.eviction.uid, None)
+        elif r.status == "refused" and (r.eviction.uid in self._refused or len(self._refused) < MAX_EVICTION_RECORDS):
+            self._refused[r.eviction.uid] = at
+
+    @property
+    def evictions_in_flight(self) -> frozenset[str]:
+        """The pod uids whose eviction the evictor has not answered yet."""
+        return frozenset(self._in_flight)
+
+    async def wait_evictions(self) -> None:
+        """Wait until every eviction started so far has its result (each ends by its deadline)."""
+        while self._in_flight:
+            await asyncio.wait(list(self._in_flight.values()))
 
     async def step(self) -> UsageRound:
         """One round (see module docstring); never raises for a plugin's, a file's or an
@@ -314,7 +387,7 @@ class UsageLoop:
             if result.plan.writes:
                 out.applied = await asyncio.to_thread(self._apply, result.plan, out.sample.at)
             if result.plan.evictions:
-                out.evictions = await self._evict(result.plan.evictions, out.sample.at)
+                self._evict(result.plan.evictions, out.sample.at, out)
             if SUPPRESS_PLUGIN in result.ran and not any(f.step == SUPPRESS_PLUGIN for f in result.failures):
                 await asyncio.to_thread(_record_suppress, node, pods, usage)
             return out
@@ -340,3 +413,10 @@ class UsageLoop:
 
     async def stop(self) -> None:
         await self._background.stop()
+        tasks = list(self._in_flight.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._in_flight.clear()
+        EVICTIONS_IN_FLIGHT.set(0)

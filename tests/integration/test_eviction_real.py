@@ -2,9 +2,10 @@
 node memory from a prepared ``/proc/meminfo`` (the usage loop's ``procRoot``), and the
 ``memory_evict`` plugin's victims evicted
 
-- with ``evictBy: api`` through the fake API server's Eviction subresource, in Koordinator's
-  order; a PodDisruptionBudget answers 429 for the first victim until it allows the eviction,
-  the loop asks again every round and meanwhile takes the next victims in its place;
+- with ``evictBy: api`` through the fake API server's Eviction subresource, Koordinator's
+  victims (the requests of one round go side by side); a PodDisruptionBudget answers 429 for
+  the first victim until it allows the eviction, the loop asks again every round and meanwhile
+  takes the next victims in its place;
 - with ``evictBy: runtime`` by stopping the victim's containers through containerd.
 
 The test plays kubelet's part: when a pod leaves the API server it removes the pod's sandbox and
@@ -193,9 +194,11 @@ def test_memory_eviction_through_the_eviction_api_honours_a_disruption_budget(
 
     poll(a_gone, what="be-a evicted once its budget allows it")
     order = [(name, code) for _, name, code in api.evictions]
-    assert order[:3] == [("be-a", 429), ("be-b", 201), ("be-a", 429)], order
-    assert order[-1] == ("be-a", 201) and ("be-c", 201) in order[3:-1], order
-    assert set(order[3:-1]) <= {("be-a", 429), ("be-c", 201)}, order
+    # The evictions of one round run side by side, so only their outcomes are fixed, not the
+    # order of their requests.
+    assert order[-1] == ("be-a", 201), order
+    assert set(order[:-1]) == {("be-a", 429), ("be-b", 201), ("be-c", 201)}, order
+    assert order.count(("be-a", 429)) >= 2 and order.count(("be-b", 201)) == order.count(("be-c", 201)) == 1, order
     time.sleep(1.0)  # a few more rounds: node memory is below the threshold now
     assert len(api.evictions) == len(order)
     assert api.get("Pod", "ls-l", "default") is not None and node.running("ls-l")

@@ -21,7 +21,7 @@ from hooks.spec import hookimpl
 from hooks.usage import Usage
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.cgroups import Cgroups, WriteResult
-from runtime_proxy.loops.qos import EvictionResult, LoggingEvictor, UsageLoop
+from runtime_proxy.loops.qos import EvictionResult, LoggingEvictor, UsageLoop, UsageRound
 from runtime_proxy.loops.usage import UsageSampler
 from tests.usage_tree import BE, Tree
 
@@ -117,10 +117,17 @@ def make_loop(tmp_path: Path, decide: Decide, **kwargs: Any) -> tuple[UsageLoop,
     return loop, stub, backend, tree, clock
 
 
+async def step(loop: UsageLoop) -> UsageRound:
+    """One round and then the results of the evictions it started (they run beside the loop)."""
+    out = await loop.step()
+    await loop.wait_evictions()
+    return out
+
+
 async def two_rounds(loop: UsageLoop, clock: Clock) -> None:
-    await loop.step()
+    await step(loop)
     clock.now += 1
-    await loop.step()
+    await step(loop)
 
 
 def two_pass(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
@@ -135,10 +142,10 @@ def two_pass(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
 
 async def test_the_stage_gets_the_node_every_pod_with_its_containers_and_the_window(tmp_path: Path) -> None:
     loop, stub, _, _, clock = make_loop(tmp_path, lambda n, p, u: None)
-    first = await loop.step()
+    first = await step(loop)
     assert first.sample is None and not stub.calls, "the baseline round runs no decision"
     clock.now += 1
-    await loop.step()
+    await step(loop)
     node, pods, usage = stub.calls[0]
     assert node.bound_cpusets == {}
     assert [p.uid for p in pods] == ["b1"]
@@ -184,13 +191,13 @@ async def test_evictions_go_to_the_evictor_once_and_are_remembered(tmp_path: Pat
     before = REGISTRY.get_sample_value("rhp_usage_evictions_total", {"feature": "BEMemoryEvict", "result": "evicted"})
     assert [[e.uid for e in call] for call in evictor.calls] == [["b1"]]
     clock.now += 1
-    await loop.step()
+    await step(loop)
     assert len(evictor.calls) == 1, "a pod just evicted is not evicted again while it terminates"
     usage = stub.calls[-1][2]
     assert usage.evicted_uids == {"b1"}
     assert usage.last_eviction("BEMemoryEvict") == 1001.0
     clock.now += 200
-    await loop.step()
+    await step(loop)
     assert len(evictor.calls) == 2, "after the remembered time it may be evicted again"
     after = REGISTRY.get_sample_value("rhp_usage_evictions_total", {"feature": "BEMemoryEvict", "result": "evicted"})
     assert (after or 0) - (before or 0) == 1
@@ -211,7 +218,7 @@ async def test_evictions_that_did_not_happen_are_retried(tmp_path: Path, evictor
     await two_rounds(loop, clock)
     assert loop.last_round is not None and [r.status for r in loop.last_round.evictions] == [status]
     clock.now += 1
-    await loop.step()
+    await step(loop)
     assert len(evictor.calls) == 2
 
 
@@ -221,14 +228,14 @@ async def test_a_refused_eviction_is_passed_to_the_decisions_until_it_is_done(tm
                                         evictor=evictor)
     await two_rounds(loop, clock)
     clock.now += 1
-    await loop.step()
+    await step(loop)
     assert stub.calls[-1][2].refused_uids == {"b1"}
     assert stub.calls[-1][2].evicted_uids == frozenset(), "a refusal starts no cool-down"
     evictor.status = "evicted"
     clock.now += 1
-    await loop.step()
+    await step(loop)
     clock.now += 1
-    await loop.step()
+    await step(loop)
     assert stub.calls[-1][2].refused_uids == frozenset() and stub.calls[-1][2].evicted_uids == {"b1"}
 
 
@@ -293,14 +300,112 @@ async def test_a_write_already_in_place_is_not_repeated_within_the_cache_time(tm
     await two_rounds(loop, clock)
     assert len(cgroups.order) == 1
     clock.now += 1
-    await loop.step()
+    await step(loop)
     assert len(cgroups.order) == 1, "the same value again is left out"
     target[0] = "30000"
     clock.now += 1
-    await loop.step()
+    await step(loop)
     assert cgroups.order[-1] == (BE, "cpu.cfs_quota_us", "30000")
     (tree.root / "cpu" / BE / "cpu.cfs_quota_us").write_text("-1\n")
     clock.now += 61
-    await loop.step()
+    await step(loop)
     assert (tree.root / "cpu" / BE / "cpu.cfs_quota_us").read_text().strip() == "30000", \
         "a file changed by hand is put back once the cache time is over"
+
+
+# ---- evictions run beside the loop ------------------------------------------------------------
+
+
+class HangingEvictor:
+    """An API server that accepts every eviction and never answers."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Eviction]] = []
+        self.never = asyncio.Event()
+
+    async def evict(self, evictions: Sequence[Eviction]) -> Sequence[EvictionResult]:
+        self.calls.append(list(evictions))
+        await self.never.wait()
+        return [EvictionResult(e, "evicted") for e in evictions]
+
+
+def evict_ten_and_suppress(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
+    """Every round: a CPU-suppress-like write and ten victims."""
+    plan = Plan().write("kubeqos", BE, "cpu.cfs_quota_us", "20000")
+    for i in range(10):
+        plan.evict(f"v{i}", "ns", f"v{i}", "BEMemoryEvict", "memory above 70%")
+    return plan
+
+
+def _tasks(outcome: str) -> float:
+    return REGISTRY.get_sample_value("rhp_usage_eviction_tasks_total", {"outcome": outcome}) or 0.0
+
+
+async def test_rounds_go_on_while_evictions_hang_with_a_bounded_budget(tmp_path: Path) -> None:
+    """With an evictor that never answers, five rounds each sample, decide and write; at most
+    four evictions are in flight, one per pod, and the rest are deferred, counted."""
+    evictor = HangingEvictor()
+    loop, stub, _, tree, clock = make_loop(tmp_path, evict_ten_and_suppress, evictor=evictor)
+    started, deferred = _tasks("started"), _tasks("deferred")
+    await loop.step()  # baseline
+    for _ in range(5):
+        clock.now += 1
+        tree.write("cpu", BE, "cpu.cfs_quota_us", "-1\n")  # put back by hand: the next round rewrites it
+        clock.now += 61  # past the write cache
+        out = await asyncio.wait_for(loop.step(), 60)  # a round that waited for the evictor would never end
+        assert out.applied is not None and out.applied.errors == []
+        assert (tree.root / "cpu" / BE / "cpu.cfs_quota_us").read_text().strip() == "20000"
+    assert len(stub.calls) == 5
+    assert [[e.uid for e in call] for call in evictor.calls] == [["v0"], ["v1"], ["v2"], ["v3"]]
+    assert loop.evictions_in_flight == {"v0", "v1", "v2", "v3"}
+    assert _tasks("started") - started == 4
+    assert _tasks("deferred") - deferred == 5 * 6
+    await loop.stop()
+    assert loop.evictions_in_flight == frozenset()
+
+
+async def test_an_unanswered_eviction_fails_at_its_deadline_and_frees_its_slot(tmp_path: Path) -> None:
+    evictor = HangingEvictor()
+    loop, _, _, _, clock = make_loop(tmp_path, evict_ten_and_suppress, evictor=evictor, eviction_deadline=0.01,
+                                     max_evictions_in_flight=2)
+    timeouts = _tasks("timeout")
+    await loop.step()
+    clock.now += 1
+    first = await loop.step()
+    await asyncio.wait_for(loop.wait_evictions(), 60)
+    assert [(r.eviction.uid, r.status) for r in first.evictions] == [("v0", "failed"), ("v1", "failed")]
+    assert all("no answer within" in r.message for r in first.evictions)
+    assert _tasks("timeout") - timeouts == 2
+    clock.now += 1
+    await loop.step()
+    assert loop.evictions_in_flight == {"v0", "v1"}, "the slots are free again: the next round starts two more"
+    await loop.stop()
+
+
+class TickingClock:
+    """A monotonic clock that moves a second each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 1
+        return self.now
+
+
+async def test_the_running_loop_keeps_its_interval_while_evictions_hang(tmp_path: Path) -> None:
+    """The loop as the proxy runs it (``start``): rounds keep coming while the four evictions it
+    started are still unanswered."""
+    evictor = HangingEvictor()
+    loop, _, _, _, _ = make_loop(tmp_path, evict_ten_and_suppress, evictor=evictor, interval=0.01)
+    loop.clock = loop.sampler.clock = TickingClock()
+    await loop.start()
+    try:
+        for _ in range(6000):  # wait for the condition; the bound only ends a hung test
+            if loop.rounds >= 20:
+                break
+            await asyncio.sleep(0.01)
+        assert loop.rounds >= 20
+        assert len(evictor.calls) == 4 and loop.evictions_in_flight == {"v0", "v1", "v2", "v3"}
+    finally:
+        await loop.stop()
