@@ -16,8 +16,9 @@ The kernel's CPU list format ("0-3,8") appears only at the edges, through the si
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from functools import lru_cache
@@ -204,15 +205,13 @@ def kube_qos_from_cgroup_parent(cgroup_parent: str) -> str:
     """Kubernetes QoS class implied by a pod's cgroup parent, as kubelet lays it out.
 
     Works for the cgroupfs form (``/kubepods/burstable/pod<uid>``) and the systemd form
-    (``kubepods-burstable-pod<uid>.slice``), under any kubelet cgroup root
-    (``parse_kubelet_pod_parent``); a parent of another shape falls back to the words
-    ``besteffort``, ``burstable`` and ``kubepods`` anywhere in it. Returns "" when none is there.
+    (``kubepods-burstable-pod<uid>.slice``), under any kubelet cgroup root: the words
+    ``besteffort`` or ``burstable`` after the last ``kubepods``, else ``kubepods`` itself.
+    Returns "" when none is there.
     """
-    try:
-        return parse_kubelet_pod_parent(cgroup_parent).kube_qos
-    except ValueError:
-        pass
     lowered = cgroup_parent.lower()
+    # Only what follows the last "kubepods" names the tier (a root may hold the words too).
+    lowered = lowered[max(lowered.rfind(_KUBEPODS), 0):]
     if "besteffort" in lowered:
         return "BestEffort"
     if "burstable" in lowered:
@@ -455,12 +454,21 @@ def _shown(text: str) -> str:
     return repr(text) if len(text) <= 80 else repr(text[:77]) + "..."
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def _check_text(text: str, what: str) -> None:
+    if "\x00" in text:
+        raise ValueError(f"{what} contains NUL")
+    found = _CONTROL.search(text)
+    if found is not None:
+        raise ValueError(f"{what}: a control character ({found.group()!r}) in {_shown(text)}")
+
+
 def _check_names(names: Sequence[str], what: str) -> None:
     for name in names:
         if name in (".", ".."):
             raise ValueError(f"{what}: {name!r} is not a cgroup name")
-        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
-            raise ValueError(f"{what}: a control character in {_shown(name)}")
 
 
 def parse_kubelet_cgroup_root(text: str) -> str:
@@ -475,8 +483,7 @@ def parse_kubelet_cgroup_root(text: str) -> str:
         raise ValueError(f"kubelet cgroup root must be a string, not {type(text).__name__}")
     if len(text) > KUBELET_ROOT_MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > KUBELET_ROOT_MAX_BYTES:
         raise ValueError(f"kubelet cgroup root longer than {KUBELET_ROOT_MAX_BYTES} bytes")
-    if "\x00" in text:
-        raise ValueError("kubelet cgroup root contains NUL")
+    _check_text(text, "kubelet cgroup root")
     names = [n for n in text.split("/") if n]
     if len(names) > KUBELET_ROOT_MAX_NAMES:
         raise ValueError(f"kubelet cgroup root deeper than {KUBELET_ROOT_MAX_NAMES} names")
@@ -540,7 +547,6 @@ def _pod_names(names: Sequence[str]) -> tuple[Sequence[str], str]:
     raise ValueError("not a kubelet pod cgroup: no kubepods[/burstable|/besteffort] above the pod")
 
 
-@lru_cache(maxsize=1024)
 def parse_kubelet_pod_parent(cgroup_parent: str) -> KubeletPodParent:
     """Read a pod's cgroup parent as kubelet makes it: cgroupfs ``/custom/kubepods/burstable/pod<uid>``
     or systemd ``/custom.slice/custom-kubepods.slice/custom-kubepods-burstable.slice/
@@ -554,8 +560,7 @@ def parse_kubelet_pod_parent(cgroup_parent: str) -> KubeletPodParent:
         raise ValueError("empty cgroup parent")
     if len(cgroup_parent) > CGROUP_PARENT_MAX_BYTES:
         raise ValueError(f"cgroup parent longer than {CGROUP_PARENT_MAX_BYTES} bytes")
-    if "\x00" in cgroup_parent:
-        raise ValueError("cgroup parent contains NUL")
+    _check_text(cgroup_parent, "cgroup parent")
     dirs = [n for n in cgroup_parent.split("/") if n]
     _check_names(dirs, "cgroup parent")
     if dirs[-1].endswith(".slice"):
@@ -585,7 +590,12 @@ class KubeletRootChoice:
     outliers: tuple[tuple[PodFacts, str, str], ...] = ()
 
 
-def choose_kubelet_root(configured: str, driver: str, pods: Iterable[PodFacts]) -> KubeletRootChoice:
+def choose_kubelet_root(
+    configured: str,
+    driver: str,
+    pods: Iterable[PodFacts],
+    parse: Callable[[str], KubeletPodParent] = parse_kubelet_pod_parent,
+) -> KubeletRootChoice:
     """kubelet's cgroup root for the QoS-level paths, by one rule:
 
     1. ``configured`` (the proxy config's ``kubeletCgroupRoot``), when not empty, is the root;
@@ -595,7 +605,9 @@ def choose_kubelet_root(configured: str, driver: str, pods: Iterable[PodFacts]) 
 
     A pod whose parent names another root, has the other driver's layout or is not a kubelet pod
     cgroup is an outlier: it never moves the root. Pods without a cgroup parent are left out
-    silently. ``ValueError`` only when ``configured`` is not a valid root."""
+    silently. ``parse`` is ``parse_kubelet_pod_parent`` or a memo of it (the caller's, so a
+    round over many pods parses only the new parents). ``ValueError`` only when ``configured``
+    is not a valid root."""
     want = "systemd" if driver == "systemd" else "cgroupfs"
     fixed = parse_kubelet_cgroup_root(configured) if configured else ""
     outliers: list[tuple[PodFacts, str, str]] = []
@@ -604,7 +616,7 @@ def choose_kubelet_root(configured: str, driver: str, pods: Iterable[PodFacts]) 
         if not p.cgroup_parent:
             continue
         try:
-            parsed = parse_kubelet_pod_parent(p.cgroup_parent)
+            parsed = parse(p.cgroup_parent)
         except ValueError as exc:
             outliers.append((p, "not-kubelet", str(exc)))
             continue

@@ -25,7 +25,14 @@ from dataclasses import replace
 import structlog
 from prometheus_client import Counter
 
-from hooks.facts import NodeFacts, PodFacts, choose_kubelet_root, parse_kubelet_cgroup_root
+from hooks.facts import (
+    KubeletPodParent,
+    NodeFacts,
+    PodFacts,
+    choose_kubelet_root,
+    parse_kubelet_cgroup_root,
+    parse_kubelet_pod_parent,
+)
 
 __all__ = ["KubeletRoot"]
 
@@ -54,6 +61,9 @@ class KubeletRoot:
         self._cache: tuple[int, NodeFacts, NodeFacts] | None = None
         self._in_use: tuple[str, str] | None = None
         self._logged: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # The parse of every cgroup parent of the last round's pods (an error as its message):
+        # a round parses only the parents it has not seen, and forgets those of pods gone.
+        self._parsed: dict[str, KubeletPodParent | str] = {}
 
     def node(self, base: NodeFacts, pods: Sequence[PodFacts], version: int | None = None) -> NodeFacts:
         """``base`` with the root chosen over ``pods``; with ``version`` (the store's), the answer
@@ -61,7 +71,23 @@ class KubeletRoot:
         cache = self._cache
         if version is not None and cache is not None and cache[0] == version and cache[1] is base:
             return cache[2]
-        choice = choose_kubelet_root(self.configured, base.cgroup.driver, pods)
+        known = self._parsed
+        seen: dict[str, KubeletPodParent | str] = {}
+
+        def parse(parent: str) -> KubeletPodParent:
+            got = seen.get(parent) or known.get(parent)
+            if got is None:
+                try:
+                    got = parse_kubelet_pod_parent(parent)
+                except ValueError as exc:
+                    got = str(exc)
+            seen[parent] = got
+            if isinstance(got, str):
+                raise ValueError(got)
+            return got
+
+        choice = choose_kubelet_root(self.configured, base.cgroup.driver, pods, parse)
+        self._parsed = seen
         if self._in_use != (choice.root, choice.source):
             self._in_use = (choice.root, choice.source)
             log.info("kubelet cgroup root in use", root=choice.root, source=choice.source,

@@ -224,3 +224,19 @@ def test_every_learned_root_keeps_the_qos_paths_below_the_mount(driver: str, par
         return
     for qos in ("Guaranteed", "Burstable", "BestEffort"):
         assert is_safe_path_part(kube_qos_cgroup_path(qos, CgroupInfo(driver=driver, kubelet_root=root)))
+
+
+@pytest.mark.parametrize(
+    ("description", "parent", "expected"),
+    [
+        ("a root named after a tier does not make every pod that tier", "/besteffort-pool/kubepods/burstable/pod1",
+         "Burstable"),
+        ("a guaranteed pod under a root named burstable", "/burstable/kubepods/pod1", "Guaranteed"),
+        ("systemd, the same", "burstable_x-kubepods-besteffort-pod1.slice", "BestEffort"),
+        ("a parent of another shape keeps the word rule", "/x/besteffort/y", "BestEffort"),
+        ("nothing kubelet-like", "/mine", ""),
+    ],
+)
+def test_kube_qos_from_cgroup_parent_reads_after_the_last_kubepods(description: str, parent: str,
+                                                                   expected: str) -> None:
+    assert kube_qos_from_cgroup_parent(parent) == expected, description

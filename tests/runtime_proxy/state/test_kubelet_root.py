@@ -8,7 +8,7 @@ import asyncio
 import json
 from pathlib import Path
 from types import MappingProxyType
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from prometheus_client import REGISTRY
@@ -77,6 +77,27 @@ def test_the_same_store_version_and_base_reuse_the_answer() -> None:
     first = kr.node(base, [pod("a", "/custom/kubepods/poda")], version=1)
     assert kr.node(base, [], version=1) is first, "same version and base: not recomputed"
     assert kr.node(base, [], version=2).cgroup.kubelet_root == "/"
+
+
+def test_each_parent_is_parsed_once_while_its_pod_stays(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime_proxy.state import kubelet_root as module
+
+    calls: list[str] = []
+    real = module.parse_kubelet_pod_parent
+
+    def counting(parent: str) -> Any:
+        calls.append(parent)
+        return real(parent)
+
+    monkeypatch.setattr(module, "parse_kubelet_pod_parent", counting)
+    kr = KubeletRoot()
+    pods = [pod(str(i), f"/custom/kubepods/pod{i}") for i in range(3)] + [pod("bad", "/../x")]
+    for _ in range(3):
+        assert kr.node(NodeFacts(), pods).cgroup.kubelet_root == "/custom"
+    assert sorted(calls) == sorted(p.cgroup_parent for p in pods), "parsed once each, errors too"
+    kr.node(NodeFacts(), pods[1:])
+    kr.node(NodeFacts(), pods)
+    assert calls.count(pods[0].cgroup_parent) == 2, "a pod that left is forgotten"
 
 
 def test_a_bad_configured_root_is_refused() -> None:
