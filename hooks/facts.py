@@ -818,24 +818,27 @@ def resolve_cpuset_claims(
 ) -> BoundClaims:
     """Apply the trust rules to the pods' cpusets, given oldest pod first: a claim that breaks
     rule 1 or 2 is refused, and so is one that overlaps CPUs an earlier accepted claim of another
-    pod holds. Claims of one pod uid (a sandbox and its successor) never conflict."""
+    pod holds. A pod uid with several claims (a sandbox and its successor) is judged once, by its
+    last claim, at the place of its first."""
+    # One claim per pod uid: its last (a later sandbox's), at the place of its first.
+    latest: dict[str, tuple[PodFacts, frozenset[int]]] = {}
+    for p, cpus in claims:
+        if cpus:
+            latest[p.uid] = (p, cpus)
     bound: dict[str, frozenset[int]] = {}
     lse: set[str] = set()
     refused: dict[str, str] = {}
     owner: dict[int, str] = {}
-    for p, cpus in claims:
-        if not cpus:
-            continue
+    for p, cpus in latest.values():
         reason = cpuset_claim_refusal(p, cpus, node_cpus)
         if not reason:
-            held = {c: owner[c] for c in cpus if owner.get(c, p.uid) != p.uid}
+            held = {c: owner[c] for c in cpus if c in owner}
             if held:
                 first = min(held)
                 reason = f"CPUs {format_cpu_list(frozenset(held))} are held by pod {held[first]}"
         if reason:
             refused[p.uid] = reason
             continue
-        refused.pop(p.uid, None)
         bound[p.uid] = cpus
         owner.update(dict.fromkeys(cpus, p.uid))
         if p.qos_label == keys.QOS_LSE:
@@ -859,6 +862,9 @@ def trusted_cpuset(
         return frozenset(), ""
     cpus = status.cpuset
     reason = cpuset_claim_refusal(pod_facts, cpus, node_cpus(node_facts))
+    mine = node_facts.bound_cpusets.get(pod_facts.uid) if pod_facts.uid else None
+    if not reason and mine is not None and mine != cpus:
+        reason = f"the pod holds CPUs {format_cpu_list(mine)} by a later resource-status of its own"
     if not reason:
         for uid, held in node_facts.bound_cpusets.items():
             if uid != pod_facts.uid and held & cpus:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hooks.facts import (
     PodFacts,
@@ -112,6 +114,8 @@ def _claims(*rows: tuple[str, str | None, str]) -> list[tuple[PodFacts, frozense
                      id="an older claim partly off the node does not block a later one"),
         pytest.param(_claims(("a", "LSR", "2-3"), ("a", "LSR", "2-3")), {"a": "2-3"}, {},
                      id="two sandboxes of one pod do not conflict"),
+        pytest.param(_claims(("a", "LSR", "2-3"), ("b", "LSR", "2"), ("a", "LSR", "4")), {"a": "4", "b": "2"}, {},
+                     id="a pod's later claim replaces its earlier one, which holds nothing"),
         pytest.param(_claims(("e", "LSE", "8-9"), ("r", "LSR", "10")), {"e": "8-9", "r": "10"}, {},
                      id="disjoint LSE and LSR claims are both bound"),
         pytest.param(_claims(("ls", "LS", "0-15"), ("none", None, "0-15")), {}, {"ls": "QoS class LS",
@@ -150,3 +154,37 @@ def test_cpu_suppress_counts_only_trusted_lsr_cpus() -> None:
         pod("LSR", kube="Guaranteed", uid="late", annotations={RS: status("5-6")}),
     ]
     assert format_cpu_list(cpu_suppress._lsr_cpus(node(DUAL_SOCKET_HT), pods, Plan())) == "4-5"
+
+
+_QOS = st.sampled_from(["LSE", "LSR", "LS", "BE", "SYSTEM", None, "lsr"])
+_CLAIM = st.tuples(st.sampled_from([f"u{i}" for i in range(6)]), _QOS, st.frozensets(st.integers(0, 20), max_size=6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(claims=st.lists(_CLAIM, max_size=12))
+def test_no_cpu_is_ever_bound_twice_nor_to_an_untrusted_pod(
+    claims: list[tuple[str, str | None, frozenset[int]]],
+) -> None:
+    """Whatever pods claim, in whatever order: bound CPUs are the node's, belong to LSE or LSR
+    pods, never to two pods, and the plugin pins no pod to CPUs another pod holds (the pod as its
+    latest sandbox knows it; an older sandbox of one uid is judged by the latest one's claim)."""
+    pods = [(pod(qos, uid=uid, annotations={RS: status(format_cpu_list(c))} if c else {}), c)
+            for uid, qos, c in claims]
+    resolved = resolve_cpuset_claims(pods, DUAL_SOCKET_HT.cpus)
+    seen: dict[int, str] = {}
+    for uid, held in resolved.bound.items():
+        assert held <= DUAL_SOCKET_HT.cpus
+        assert any(p.uid == uid and p.qos_label in ("LSE", "LSR") and c == held for p, c in pods)
+        for c in held:
+            assert seen.setdefault(c, uid) == uid
+    facts = with_bound_pods(node(DUAL_SOCKET_HT), [p for p, _ in pods])
+    assert dict(facts.bound_cpusets) == dict(resolved.bound)
+    last = {p.uid: i for i, (p, _) in enumerate(pods)}
+    for p, _ in (pods[i] for i in sorted(set(last.values()))):  # a pod uid's current sandbox
+        plan = call(cpuset, "rhp_pre_create_container", pod=p, container=container(), node=facts)
+        pinned = plan.resources.get("cpuset_cpus")
+        if plan.resources.get("cpu_quota") == -1:
+            assert pinned == format_cpu_list(resolved.bound[p.uid])
+        others = frozenset().union(*(c for uid, c in resolved.bound.items() if uid != p.uid))
+        if pinned:
+            assert not cpus(pinned) & others, (p.uid, pinned)
