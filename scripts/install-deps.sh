@@ -146,6 +146,18 @@ else
 fi
 SUMMARY+=(".venv: $(.venv/bin/python -V 2>&1) at $REPO_ROOT/.venv")
 
+# --- critest (cri-tools' CRI validation suite, for tests/integration/test_critest.py) ------------
+# Built from devenv/critest/ by scripts/build-critest.sh into /opt/runtime-hook-proxy/critest/
+# (cached there: a second run builds nothing). A failed build is a warning: the critest tests then
+# skip, and fail under scripts/test.sh (RHP_REQUIRE_CRITEST=1).
+if critest_bin=$(bash scripts/build-critest.sh); then
+  SUMMARY+=("critest: $critest_bin")
+else
+  warn "scripts/build-critest.sh failed; tests/integration/test_critest.py will skip (fail under scripts/test.sh)"
+  SUMMARY+=("critest: MISSING (scripts/build-critest.sh failed)")
+fi
+# --- end of critest -------------------------------------------------------------------------------
+
 log "summary:"
 for line in "${SUMMARY[@]}"; do
   printf '  %s\n' "$line"

@@ -9,6 +9,7 @@
 # Never reads standard input. Environment:
 #   RHP_PYTEST_TIMEOUT      per-test timeout in seconds (default 180)
 #   RHP_REQUIRE_CONTAINERD  versions that must not be skipped (default 1.6, the Debian package)
+#   RHP_REQUIRE_CRITEST     1 (default): the critest tests fail, not skip, without the binary
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -52,6 +53,7 @@ if ((${#packages[@]})); then
 fi
 
 export RHP_REQUIRE_CONTAINERD=${RHP_REQUIRE_CONTAINERD-1.6}
+export RHP_REQUIRE_CRITEST=${RHP_REQUIRE_CRITEST-1}
 step pytest .venv/bin/pytest -q -p no:cacheprovider --timeout="${RHP_PYTEST_TIMEOUT:-180}" tests/ "$@"
 pytest_rc=$?
 if ((pytest_rc == 5)); then
