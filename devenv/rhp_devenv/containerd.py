@@ -352,6 +352,8 @@ class PrivateContainerd:
         start_timeout: float = 30.0,
         die_with_parent: bool = True,
         keep_work_dir: bool = False,
+        netns: Path | None = None,
+        cni_conflist: dict[str, Any] | None = None,
     ) -> None:
         """Prepare (but do not start) a private containerd.
 
@@ -365,6 +367,12 @@ class PrivateContainerd:
         :param start_timeout: seconds to wait for the CRI service and the image.
         :param die_with_parent: kill the daemon when the starting thread dies.
         :param keep_work_dir: leave files (not mounts) behind for debugging.
+        :param netns: run the daemon (and so its shims and host-network pods) in this network
+            namespace (``/proc/<pid>/ns/net``, see :class:`rhp_devenv.netns.PrivateNetns`) through
+            ``nsenter --net``; its stream server is then reachable only from inside it.
+        :param cni_conflist: the CNI network config list to use instead of the loopback-only one
+            (which supports host-network pods only); a real pod network belongs inside *netns*
+            (:func:`rhp_devenv.netns.pod_network_conflist`).
         :raises ValueError: for an unknown version.
         """
         self.binaries = binaries_for(version, prefix)
@@ -374,6 +382,8 @@ class PrivateContainerd:
         self.start_timeout = start_timeout
         self.die_with_parent = die_with_parent
         self.keep_work_dir = keep_work_dir
+        self.netns = netns
+        self.cni_conflist = cni_conflist
         self._requested_work_dir = work_dir
         self._work_dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -501,8 +511,8 @@ class PrivateContainerd:
             raise ContainerdError(f"work dir {self._work_dir} is too long for a unix socket path")
         for sub in ("root", "state", "opt", "runc", "cni/net.d", "nri/plugins", "nri/conf.d"):
             (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
-        (self.work_dir / "cni" / "net.d" / "10-rhp-loopback.conflist").write_text(
-            json.dumps(_LOOPBACK_CONFLIST, indent=2) + "\n"
+        (self.work_dir / "cni" / "net.d" / "10-rhp.conflist").write_text(
+            json.dumps(self.cni_conflist or _LOOPBACK_CONFLIST, indent=2) + "\n"
         )
         self.config_path.write_text(
             render_config(work_dir=self.work_dir, version=self.version, sandbox_image=self.image, nri=self.nri)
@@ -513,6 +523,8 @@ class PrivateContainerd:
         path_parts = [str(self.binaries.bindir), *env.get("PATH", "").split(":"), *_SYSTEM_PATH.split(":")]
         env["PATH"] = ":".join(dict.fromkeys(part for part in path_parts if part))
         cmd = [str(self.binaries.containerd), "--config", str(self.config_path)]
+        if self.netns is not None:
+            cmd = ["nsenter", f"--net={self.netns}", "--", *cmd]
         if self.die_with_parent and shutil.which("setpriv"):
             cmd = ["setpriv", "--pdeathsig", "KILL", "--", *cmd]
         with open(self.log_path, "ab") as log:
