@@ -299,7 +299,7 @@ class NriEngine:
         self._notified_version = version
         try:
             await self._refresh()
-            pools = self._bound.bound(self.holding_pods())
+            pools = self._bound.bound(self.holding_pods(), self.node_source.current())
             changed = pools != self._pools
             self._pools = pools
         except Exception:
@@ -337,7 +337,7 @@ class NriEngine:
         """The node config with kubelet's cgroup root (``runtime_proxy.state.kubelet_root``,
         over every stored pod) plus the CPUs bound to the stored pods that hold them."""
         base = self.kubelet_root.node(self.node_source.current(), self.store.pods(), self.store.version)
-        bound, lse = self._bound.bound(self.holding_pods())
+        bound, lse = self._bound.bound(self.holding_pods(), base)
         return base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
 
     async def _run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:

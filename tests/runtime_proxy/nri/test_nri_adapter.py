@@ -14,9 +14,12 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from runtime_proxy.engine.intercept import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.nri.adapter import NriEngine, adjustment, container_facts, linux_resources, pod_facts
 from runtime_proxy.nri.connection import RpcError
+from tests.hooks.plugins.factories import node
+from tests.topologies import DUAL_SOCKET_HT
 
 E = nri_pb2.Event
 PARENT = "/kubepods/burstable/podu1"
@@ -288,3 +291,15 @@ async def test_create_time_writes_are_applied_at_post_start_when_start_is_not_su
     assert applier.writes() == [("PreCreateContainer", "kubepods/burstable/podu1/c1", "cpu.cfs_burst_us", "0")]
     await engine.state_change(E.START_CONTAINER, _pod(), _container())
     assert len(applier.writes()) == 1  # applied once
+
+
+async def test_a_claim_off_the_node_is_not_bound_node_wide() -> None:
+    """The NRI plugin judges bound cpusets with the node's CPUs, as the proxy does: an LSR pod
+    whose resource-status names CPUs the node lacks binds nothing node-wide (its CPUs stay in
+    the share pools of every other pod)."""
+    pm = make_plugin_manager(builtins=(), entry_points=False, extra=())
+    engine = NriEngine(Pipeline(plugin_steps(pm, [])), applier=RecordingApplier(),
+                       node_source=StaticNode(node(DUAL_SOCKET_HT)))
+    far = _pod({"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "2,400"})}, LSR_LABELS)
+    assert await engine.synchronize([far], [_container()]) == []
+    assert dict(engine.node().bound_cpusets) == {}
