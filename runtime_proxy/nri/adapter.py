@@ -376,8 +376,8 @@ class NriEngine:
             return True
         name = E.Name(event).lower() if event in E.values() else "other"
         metrics.NRI_EVENTS_IGNORED.labels(name).inc()
-        log.info("NRI event for a pod not in the store ignored", nri_event=name, pod=f"{pod.namespace}/{pod.name}",
-                 uid=pod.uid, sandbox=pod.id, container=container.id if container is not None else None)
+        log.debug("NRI event for a pod not in the store ignored", nri_event=name, pod=f"{pod.namespace}/{pod.name}",
+                  uid=pod.uid, sandbox=pod.id, container=container.id if container is not None else None)
         return False
 
     # -- background events -----------------------------------------------------------------------

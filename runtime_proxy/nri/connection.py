@@ -5,6 +5,17 @@ Rules this class keeps:
 
 - The reader never waits for a handler or a reply: every request runs in its own task, so the
   runtime's Configure can arrive (and be answered) before the reply to our RegisterPlugin.
+- At most ``max_inflight`` requests (64) holding at most ``max_inflight_bytes`` (16 MiB: one
+  request of the largest size and the events beside it) are handled at once. A request past
+  either bound is dropped: no task, no reply (the runtime times it out), counted in
+  ``rhp_nri_limit_hits_total{limit="requests_in_flight"}``. A runtime such as containerd sends
+  one call at a time per plugin and never comes near it.
+- Every write (a message's frames, then the wait until the socket takes them) has
+  ``write_timeout`` (2 s, NRI's default request timeout: the runtime has given up on a reply by
+  then). A runtime that stops reading our replies has its session closed at the first write
+  that waits longer (``rhp_nri_limit_hits_total{limit="write_timeout"}``); what was left unsent
+  is discarded, and the plugin dials again as after a runtime restart. So a peer that sends
+  requests and never reads holds at most the requests in flight and one transport buffer.
 - Frames sent stay within ``mux.MAX_SEND_PAYLOAD``; one message's frames are written together.
 - Received frames and messages are bounded; an oversized one, or bytes that are not the
   protocol, closes the session (the runtime then drops the plugin and goes on without it).
@@ -22,7 +33,6 @@ Rules this class keeps:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,14 +41,29 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from cri_protos import ttrpc_pb2
+from runtime_proxy import metrics
 from runtime_proxy.nri import mux, ttrpc
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["PLUGIN_SERVICE", "RUNTIME_SERVICE", "Handler", "NriConnection", "RpcError", "SkipCall", "Unimplemented"]
+__all__ = [
+    "MAX_INFLIGHT",
+    "MAX_INFLIGHT_BYTES",
+    "PLUGIN_SERVICE",
+    "RUNTIME_SERVICE",
+    "WRITE_TIMEOUT",
+    "Handler",
+    "NriConnection",
+    "RpcError",
+    "SkipCall",
+    "Unimplemented",
+]
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+MAX_INFLIGHT = 64
+MAX_INFLIGHT_BYTES = ttrpc.MAX_RECV_MESSAGE + (2 << 20)
+WRITE_TIMEOUT = 2.0
 
 _IN_HANDLER: contextvars.ContextVar[bool] = contextvars.ContextVar("rhp_nri_in_handler", default=False)
 
@@ -75,7 +100,9 @@ class NriConnection:
         max_frame: int = mux.MAX_RECV_PAYLOAD,
         max_message: int = ttrpc.MAX_MESSAGE,
         max_request: int = ttrpc.MAX_RECV_MESSAGE,
-        max_inflight: int = 64,
+        max_inflight: int = MAX_INFLIGHT,
+        max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+        write_timeout: float = WRITE_TIMEOUT,
         budget: float = 0.8,
         default_timeout: float = 2.0,
     ) -> None:
@@ -86,15 +113,20 @@ class NriConnection:
         self._server_in = ttrpc.MessageDecoder(max_request)
         self._client_in = ttrpc.MessageDecoder(max_message)
         self._max_inflight = max_inflight
+        self._max_inflight_bytes = max_inflight_bytes
+        self.write_timeout = write_timeout
         self._budget = budget
         self.default_timeout = default_timeout
         self._next_stream = 1
         self._pending: dict[int, asyncio.Future[ttrpc_pb2.Response]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Request handlers in flight, each with the size of its request.
+        self._tasks: dict[asyncio.Future[None], int] = {}
+        self._inflight_bytes = 0
         self._write_lock = asyncio.Lock()
         self.closed = asyncio.Event()
         self.close_reason = ""
         self.dropped_frames = 0
+        self.dropped_requests = 0
         self._close_when_idle = ""
 
     # -- reading -------------------------------------------------------------------------------
@@ -132,10 +164,28 @@ class NriConnection:
         if msg.type != ttrpc.TYPE_REQUEST:
             log.debug("non-request message on the plugin connection ignored", type=msg.type)
             return
-        if len(self._tasks) >= self._max_inflight:
-            self._spawn(self._reply_error(msg.stream_id, RpcError(8, "too many requests in flight")))
+        if self.closed.is_set():
             return
-        self._spawn(self._handle(msg))
+        size = len(msg.payload)
+        if len(self._tasks) >= self._max_inflight or self._inflight_bytes + size > self._max_inflight_bytes:
+            self._drop(msg.stream_id, size)
+            return
+        task: asyncio.Future[None] = asyncio.ensure_future(self._handle(msg.stream_id, msg.payload))
+        self._tasks[task] = size
+        self._inflight_bytes += size
+        task.add_done_callback(self._handled)
+
+    def _handled(self, task: asyncio.Future[None]) -> None:
+        self._inflight_bytes -= self._tasks.pop(task, 0)
+
+    def _drop(self, stream_id: int, size: int) -> None:
+        """Drop a request past the bounds of what is handled at once (see the module docstring)."""
+        self.dropped_requests += 1
+        metrics.NRI_LIMIT_HITS.labels("requests_in_flight").inc()
+        if self.dropped_requests == 1:  # once per session: the runtime may send thousands
+            log.warning("NRI runtime sent more requests than are handled at once; dropping the excess",
+                        in_flight=len(self._tasks), in_flight_bytes=self._inflight_bytes, stream_id=stream_id,
+                        size=size, limit=self._max_inflight, limit_bytes=self._max_inflight_bytes)
 
     def _response(self, msg: ttrpc.Message) -> None:
         future = self._pending.pop(msg.stream_id, None)
@@ -150,46 +200,49 @@ class NriConnection:
         except DecodeError as exc:
             future.set_exception(RpcError(ttrpc.CODE_INTERNAL, f"undecodable response: {exc}"))
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     # -- serving -------------------------------------------------------------------------------
 
-    async def _handle(self, msg: ttrpc.Message) -> None:
+    async def _handle(self, stream_id: int, envelope: bytes) -> None:
         _IN_HANDLER.set(True)
         try:
-            request = ttrpc_pb2.Request.FromString(msg.payload)
+            await self._answer(stream_id, envelope)
+        finally:
+            if self._close_when_idle and len(self._tasks) <= 1:
+                await self.close(self._close_when_idle)
+
+    async def _answer(self, stream_id: int, envelope: bytes) -> None:
+        try:
+            request = ttrpc_pb2.Request.FromString(envelope)
         except DecodeError as exc:
-            await self._reply_error(msg.stream_id, RpcError(3, f"undecodable request: {exc}"))
+            await self._reply_error(stream_id, RpcError(3, f"undecodable request: {exc}"))
             return
+        del envelope  # the request holds its own copy; a large one is not kept twice
         if request.service != PLUGIN_SERVICE:
-            await self._reply_error(msg.stream_id, Unimplemented(f"{request.service}/{request.method}"))
+            await self._reply_error(stream_id, Unimplemented(f"{request.service}/{request.method}"))
             return
         timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else self.default_timeout
+        method, call = request.method, self._handler(request.method, request.payload)
+        del request
         try:
             async with asyncio.timeout(timeout * self._budget):
-                payload = await self._handler(request.method, request.payload)
+                payload = await call
         except RpcError as exc:
-            await self._reply_error(msg.stream_id, exc)
+            await self._reply_error(stream_id, exc)
             return
         except SkipCall as exc:
-            log.warning("NRI call skipped; answered with no changes", method=request.method, reason=str(exc)[:300])
+            log.warning("NRI call skipped; answered with no changes", method=method, reason=str(exc)[:300])
             payload = b""
         except TimeoutError:
-            log.warning("NRI handler ran out of time; answered with no changes", method=request.method,
+            log.warning("NRI handler ran out of time; answered with no changes", method=method,
                         budget=round(timeout * self._budget, 3))
             payload = b""
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("NRI handler failed; answered with no changes", method=request.method)
+            log.exception("NRI handler failed; answered with no changes", method=method)
             payload = b""
-        await self._send(mux.PLUGIN_CONN, msg.stream_id, ttrpc.TYPE_RESPONSE,
+        await self._send(mux.PLUGIN_CONN, stream_id, ttrpc.TYPE_RESPONSE,
                          ttrpc_pb2.Response(payload=payload).SerializeToString())
-        if self._close_when_idle and len(self._tasks) <= 1:
-            await self.close(self._close_when_idle)
 
     def close_when_idle(self, reason: str) -> None:
         """Close once the requests in flight are answered."""
@@ -200,15 +253,27 @@ class NriConnection:
         await self._send(mux.PLUGIN_CONN, stream_id, ttrpc.TYPE_RESPONSE, response.SerializeToString())
 
     async def _send(self, conn_id: int, stream_id: int, msg_type: int, payload: bytes) -> None:
+        """Write one message, waiting at most ``write_timeout`` for the lock and for the socket to
+        take it; past that the peer is not reading and the session is closed."""
         if self.closed.is_set():
             return
         data = mux.encode(conn_id, ttrpc.encode_message(stream_id, msg_type, payload))
-        async with self._write_lock:
-            try:
-                self._writer.write(data)
-                await self._writer.drain()
-            except (ConnectionError, OSError) as exc:
-                await self.close(f"write failed: {exc}")
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                async with self._write_lock:
+                    if self.closed.is_set():
+                        return
+                    self._writer.write(data)
+                    del data
+                    await self._writer.drain()
+        except TimeoutError:
+            metrics.NRI_LIMIT_HITS.labels("write_timeout").inc()
+            log.warning("NRI runtime is not reading our messages; closing the session",
+                        waited=self.write_timeout, unsent=self._writer.transport.get_write_buffer_size(),
+                        in_flight=len(self._tasks), dropped_requests=self.dropped_requests)
+            await self.close(f"write stalled for {self.write_timeout:g} s", abort=True)
+        except (ConnectionError, OSError) as exc:
+            await self.close(f"write failed: {exc}", abort=True)
 
     # -- calling -------------------------------------------------------------------------------
 
@@ -228,7 +293,10 @@ class NriConnection:
         self._pending[stream_id] = future
         try:
             await self._send(mux.RUNTIME_CONN, stream_id, ttrpc.TYPE_REQUEST, request.SerializeToString())
-            response = await asyncio.wait_for(future, limit)
+            # Not wait_for: on Python 3.11 it returns the reply when the caller is cancelled as
+            # the reply arrives, and the cancellation (a stop) is lost.
+            async with asyncio.timeout(limit):
+                response = await future
         finally:
             self._pending.pop(stream_id, None)
         if response.HasField("status") and response.status.code != 0:
@@ -237,7 +305,10 @@ class NriConnection:
 
     # -- closing -------------------------------------------------------------------------------
 
-    async def close(self, reason: str = "closed") -> None:
+    async def close(self, reason: str = "closed", *, abort: bool = False) -> None:
+        """Close the session: pending calls fail, handlers are cancelled. With ``abort``, or
+        when replies are still unsent, the socket is aborted instead of flushed: a peer that does
+        not read would otherwise hold the close, and the unsent bytes, for ever."""
         if self.closed.is_set():
             return
         self.close_reason = reason
@@ -250,10 +321,19 @@ class NriConnection:
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
-        self._writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self._writer.wait_closed()
-        log.info("NRI session closed", reason=reason)
+        transport = self._writer.transport
+        if abort or transport.get_write_buffer_size():
+            transport.abort()
+        else:
+            self._writer.close()
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                await self._writer.wait_closed()
+        except TimeoutError:
+            transport.abort()
+        except (ConnectionError, OSError):
+            pass
+        log.info("NRI session closed", reason=reason, dropped_requests=self.dropped_requests)
 
     def __repr__(self) -> str:
         return f"NriConnection(closed={self.closed.is_set()}, pending={len(self._pending)})"

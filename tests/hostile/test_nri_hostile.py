@@ -1,7 +1,9 @@
 """``runtime-proxy nri`` given hostile payloads by its runtime, per Plugin method: garbage,
 truncated, deeply nested and oversized payloads, and payloads of many small entries. Each costs
 only its own call (an answer with no changes, or for Configure and Synchronize an error status);
-the session stays up and the next well-formed call is answered as usual.
+the session stays up and the next well-formed call is answered as usual. And a hostile runtime
+as a peer: one that sends requests and never reads the replies (the plugin drops what is past its
+bounds, closes the session and registers again).
 
 The plugin is the real ``NriPlugin`` and ``NriEngine`` with every built-in plugin, on a real unix
 socket against the fake runtime of ``tests/runtime_proxy/nri/fake_runtime.py``."""
@@ -10,16 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
-from cri_protos import nri_pb2
+from cri_protos import nri_pb2, ttrpc_pb2
 from hooks.manager import make_plugin_manager, plugin_order
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.nri import mux, ttrpc
 from runtime_proxy.nri.adapter import NriEngine
+from runtime_proxy.nri.connection import MAX_INFLIGHT, PLUGIN_SERVICE
 from runtime_proxy.nri.plugin import MAX_EVENT_PAYLOAD, NriPlugin, PluginIdentity
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime, Session
 
@@ -164,3 +170,106 @@ async def test_many_small_entries_within_the_bound_are_served(session: Session, 
         adjust = nri_pb2.CreateContainerResponse.FromString(reply.payload).adjust
         assert adjust.linux.resources.cpu.cpus == "1"
     await _still_serves(session)
+
+
+# -- a runtime that never reads our replies -------------------------------------------------------
+
+
+def _limit_hits(limit: str) -> float:
+    return REGISTRY.get_sample_value("rhp_nri_limit_hits_total", {"limit": limit}) or 0.0
+
+
+class NeverReads:
+    """A runtime that answers the plugin's RegisterPlugin, then sends StartContainer events, as
+    fast as the plugin takes them, and never reads another byte. Its later sessions do the same."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+        self.sessions = asyncio.Queue[None]()
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        frames, messages = mux.FrameDecoder(), ttrpc.MessageDecoder()
+        register: ttrpc.Message | None = None
+        while register is None and (data := await reader.read(65536)):
+            for conn_id, payload in frames.feed(data):
+                found = messages.feed(payload) if conn_id == mux.RUNTIME_CONN else []
+                register = found[0] if found else register
+        if register is None:
+            return
+        writer.transport.pause_reading()  # from here on not a byte is read
+        writer.write(mux.encode(mux.RUNTIME_CONN, ttrpc.encode_message(
+            register.stream_id, ttrpc.TYPE_RESPONSE, ttrpc_pb2.Response().SerializeToString())))
+        self.sessions.put_nowait(None)
+        event = nri_pb2.StartContainerRequest(pod=_pod(), container=_container()).SerializeToString()
+        index = len(self.sent)
+        self.sent.append(0)
+        try:
+            while self.sent[index] < 1_000_000:
+                request = ttrpc_pb2.Request(service=PLUGIN_SERVICE, method="StartContainer", payload=event,
+                                            timeout_nano=2_000_000_000).SerializeToString()
+                stream_id = 2 * self.sent[index] + 1
+                writer.write(mux.encode(mux.PLUGIN_CONN, ttrpc.encode_message(stream_id, ttrpc.TYPE_REQUEST, request)))
+                await writer.drain()
+                self.sent[index] += 1
+        except (ConnectionError, OSError):
+            pass  # the plugin closed the session
+        finally:
+            writer.close()
+
+
+async def _small_send_buffer(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The plugin's end of the socket with a small send buffer, so that a peer that does not read
+    stops taking our replies after a few hundred of them."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, path)
+    return await asyncio.open_unix_connection(sock=sock)
+
+
+async def test_a_runtime_that_never_reads_costs_bounded_memory_and_its_session_is_closed(tmp_path: Path) -> None:
+    """Requests past the bound of those in flight are dropped (no task each), the first reply
+    the runtime does not take within the write timeout closes the session, and the plugin
+    registers again."""
+    peer = NeverReads()
+    server = await asyncio.start_unix_server(peer.accept, path=str(tmp_path / "nri.sock"))
+    pm = make_plugin_manager(builtins=None, entry_points=False)
+    pipeline = Pipeline(plugin_steps(pm, [(name, "Ignore", 2.0) for name in plugin_order(pm)]))
+    engine = NriEngine(pipeline, background=True)
+    plugin = NriPlugin(PluginIdentity("rhp-hostile", "05"), engine, socket_path=str(tmp_path / "nri.sock"),
+                       backoff=(0.05, 0.2), connect=_small_send_buffer)
+    dropped, stalled = _limit_hits("requests_in_flight"), _limit_hits("write_timeout")
+    before = len(asyncio.all_tasks())
+    most = 0
+    stop = asyncio.Event()
+    task = asyncio.create_task(plugin.run(stop))
+    try:
+        async with asyncio.timeout(30):
+            await peer.sessions.get()
+            first = plugin.connection
+            assert first is not None
+            while not first.closed.is_set():
+                most = max(most, len(asyncio.all_tasks()))
+                await asyncio.sleep(0.002)
+            await peer.sessions.get()  # registered again
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await engine.close()
+        await peer.stop()
+        server.close()
+        await server.wait_closed()
+    assert first.close_reason == "write stalled for 2 s"
+    assert first.dropped_requests > 10 * MAX_INFLIGHT  # far more requests than are handled at once ...
+    assert most <= before + MAX_INFLIGHT + 10  # ... yet never more tasks than that bound and a few
+    assert _limit_hits("requests_in_flight") >= dropped + first.dropped_requests
+    assert _limit_hits("write_timeout") >= stalled + 1

@@ -4,6 +4,7 @@ Configure, dispatch, bounds, split Synchronize and reconnect."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from cri_protos import nri_pb2
+from cri_protos import nri_pb2, ttrpc_pb2
 from runtime_proxy.nri import mux, ttrpc
+from runtime_proxy.nri.connection import PLUGIN_SERVICE, NriConnection
 from runtime_proxy.nri.plugin import SUBSCRIBED, NriPlugin, PluginIdentity, event_mask
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime, Session
 
@@ -334,3 +336,61 @@ async def test_the_subscription_follows_the_wanted_events_and_a_larger_set_regis
     configured = nri_pb2.ConfigureResponse.FromString(reply.payload)
     assert configured.events == event_mask((E.CREATE_CONTAINER, E.POST_START_CONTAINER))
     assert [r.plugin_name for r in runtime.registrations] == ["rhp-test", "rhp-test"]
+
+
+async def _pair() -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                           tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    ours, theirs = socket.socketpair()
+    return await asyncio.open_unix_connection(sock=ours), await asyncio.open_unix_connection(sock=theirs)
+
+
+def _request(stream_id: int, method: str, payload: bytes) -> bytes:
+    request = ttrpc_pb2.Request(service=PLUGIN_SERVICE, method=method, payload=payload)
+    return mux.encode(mux.PLUGIN_CONN, ttrpc.encode_message(stream_id, ttrpc.TYPE_REQUEST, request.SerializeToString()))
+
+
+async def test_requests_past_the_bytes_in_flight_are_dropped_without_a_reply() -> None:
+    release = asyncio.Event()
+    handling: list[str] = []
+
+    async def slow(method: str, payload: bytes) -> bytes:
+        handling.append(method)
+        await release.wait()
+        return method.encode()
+
+    (reader, writer), (peer_reader, peer_writer) = await _pair()
+    connection = NriConnection(reader, writer, slow, max_inflight_bytes=1500)
+    serving = asyncio.create_task(connection.serve())
+    peer_writer.write(_request(1, "a", b"x" * 1000) + _request(3, "b", b"x" * 1000) + _request(5, "c", b"x" * 100))
+    while len(handling) < 2:
+        await asyncio.sleep(0.01)
+    assert handling == ["a", "c"]  # b would pass the 1500 bytes in flight
+    release.set()
+    frames, messages, answered = mux.FrameDecoder(), ttrpc.MessageDecoder(), {}
+    while len(answered) < 2:
+        for _, payload in frames.feed(await asyncio.wait_for(peer_reader.read(65536), 5)):
+            for msg in messages.feed(payload):
+                answered[msg.stream_id] = ttrpc_pb2.Response.FromString(msg.payload).payload
+    assert answered == {1: b"a", 5: b"c"} and connection.dropped_requests == 1
+    peer_writer.close()
+    await asyncio.wait_for(serving, 5)
+
+
+async def test_a_stop_that_comes_with_the_reply_to_a_call_is_not_lost() -> None:
+    """The caller is cancelled in the same turn as the reply arrives: the call raises
+    CancelledError instead of returning the reply (asyncio.wait_for on Python 3.11 would)."""
+
+    async def nothing(method: str, payload: bytes) -> bytes:
+        return b""
+
+    (reader, writer), _ = await _pair()
+    connection = NriConnection(reader, writer, nothing)
+    call = asyncio.create_task(connection.call("RegisterPlugin", b"", timeout=5))
+    while not connection._pending:
+        await asyncio.sleep(0)
+    [reply] = connection._pending.values()
+    reply.set_result(ttrpc_pb2.Response())
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await connection.close()
