@@ -102,7 +102,7 @@ def _strip(s: str | None) -> str | None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from runtime_proxy import metrics
-    from runtime_proxy.config import ConfigError, load_config
+    from runtime_proxy.config import ConfigError, check_usable, load_config
     from runtime_proxy.engine.hook_service import PluginLoadError, check_plugins
     from runtime_proxy.server import ProxyOptions, serve
 
@@ -118,6 +118,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "resctrlRoot": args.resctrl_root,
     }
     cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
+    try:
+        check_usable(cfg)
+    except ConfigError as exc:
+        return fail("serve", str(exc), EXIT_USAGE)
     if args.metrics_addr is not None:
         try:
             metrics.parse_addr(args.metrics_addr)

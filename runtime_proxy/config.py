@@ -19,9 +19,9 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
-import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hooks.facts import parse_kubelet_cgroup_root
+from rhp_ops.files import FileRefused, read_regular_file
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -131,9 +132,10 @@ class ProxyConfig(BaseModel):
     resctrlRoot: str = Field(default="/sys/fs/resctrl", description="The resctrl filesystem root.")
     nodeConfigFile: str | None = Field(default=None, description="A local node config file (NodeSLO spec, "
                                        "node labels and annotations; example "
-                                       "`packaging/examples/nodeslo.yaml`), re-read when it changes. It must "
-                                       "exist when the command starts (exit code 2 otherwise); if it is "
-                                       "removed later the last config stays.")
+                                       "`packaging/examples/nodeslo.yaml`), re-read when it changes. When the "
+                                       "command starts it must be a readable regular file (or a symlink to "
+                                       "one) of at most 4 MiB (exit code 2 otherwise); if it is removed or "
+                                       "becomes unreadable later the last config stays.")
     nodeName: str | None = Field(default=None, description="This node's name, for `fromCluster`; default "
                                  "the `NODE_NAME` environment variable, else the host name.")
     fromCluster: bool = Field(default=False, description="Watch this node's Node, NodeSLO and "
@@ -241,17 +243,17 @@ def validation_message(exc: ValidationError, model: type[BaseModel]) -> str:
 
 def load_config(path: str | None) -> ProxyConfig:
     """Read and validate a config file (JSON when the name ends in ``.json``, else YAML);
-    ``None`` gives the defaults. Raises ``ConfigError`` (a ValueError) for an unreadable,
-    oversized (> ``MAX_CONFIG_BYTES``), unparsable or invalid file, and nothing else."""
+    ``None`` gives the defaults. The file is read by the one reader of configured files
+    (``rhp_ops.files.read_regular_file``: a regular file or a symlink to one, never blocking).
+    Raises ``ConfigError`` (a ValueError) for a missing, unreadable, not regular (a FIFO, a
+    socket, a device, a directory), oversized (> ``MAX_CONFIG_BYTES``), unparsable or invalid
+    file, and nothing else."""
     if not path:
         return ProxyConfig()
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+        raw = read_regular_file(path, limit=MAX_CONFIG_BYTES)
+    except FileRefused as exc:
+        raise ConfigError(f"{path}: {exc.message}") from None
     try:
         text = raw.decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
@@ -280,16 +282,21 @@ def load_config(path: str | None) -> ProxyConfig:
 
 def check_usable(cfg: ProxyConfig) -> None:
     """What a valid config still needs from this machine before a command starts: the
-    ``nodeConfigFile`` it names exists and is a file, and ``fromCluster`` has the ``kubernetes``
-    client installed. Raises ``ConfigError`` naming the key. Called by ``build_pipeline`` in
-    ``runtime_proxy.engine.hook_service`` (``serve`` and ``hook-server``) and by
+    ``nodeConfigFile`` it names can be read (``runtime_proxy.state.nodeconfig.read_document_text``:
+    it exists, is a regular file or a symlink to one, within the size bound, UTF-8), and
+    ``fromCluster`` has the ``kubernetes`` client installed. Raises ``ConfigError`` naming the
+    key. Called by ``build_pipeline`` in ``runtime_proxy.engine.hook_service`` (``serve`` and ``hook-server``) and by
     ``runtime_proxy.nri.cli``."""
     if cfg.nodeConfigFile is not None:
-        if not os.path.exists(cfg.nodeConfigFile):
-            raise ConfigError(f"nodeConfigFile {cfg.nodeConfigFile}: no such file (create it, e.g. from "
-                              "packaging/examples/nodeslo.yaml, or remove the key)")
-        if not os.path.isfile(cfg.nodeConfigFile):
-            raise ConfigError(f"nodeConfigFile {cfg.nodeConfigFile}: not a regular file")
+        from runtime_proxy.state.nodeconfig import read_document_text
+
+        try:
+            read_document_text(Path(cfg.nodeConfigFile))
+        except FileRefused as exc:
+            if exc.reason == "missing":
+                raise ConfigError(f"nodeConfigFile {cfg.nodeConfigFile}: no such file (create it, e.g. from "
+                                  "packaging/examples/nodeslo.yaml, or remove the key)") from None
+            raise ConfigError(f"nodeConfigFile {cfg.nodeConfigFile}: {exc.message}") from None
     if cfg.fromCluster and importlib.util.find_spec("kubernetes") is None:
         raise ConfigError("fromCluster needs the kubernetes client: pip install 'runtime-hook-proxy[cluster]'")
 

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from hooks.facts import CgroupInfo, kube_qos_cgroup_path
 from hooks.plugins import BUILTIN_PLUGINS
+from rhp_ops.files import FileRefused, describe_mode, read_regular_file, read_text_file
 from rhp_ops.logs import shorten_rpc_errors
 from runtime_proxy.config import (
     DEFAULT_BACKEND,
@@ -64,6 +65,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 
 DEFAULT_NRI = "/var/run/nri/nri.sock"
+# A kernel file doctor reads under a configured root (cgroup.subtree_control, cbm_mask) is a line.
+KERNEL_FILE_BYTES = 4096
 EXIT_CODES = """\
 exit codes:
   0  every check passed or only warned: nothing the configured plugins or the proxy need is missing
@@ -199,8 +202,8 @@ def check_cgroup(opts: DoctorOptions) -> list[Check]:
                                                      f"look like {seen}: set cgroupDriver: {seen}"))
     if version == 2:
         try:
-            enabled = set((root / "cgroup.subtree_control").read_text().split())
-        except OSError:
+            enabled = set(read_text_file(root / "cgroup.subtree_control", limit=KERNEL_FILE_BYTES).split())
+        except FileRefused:
             enabled = set()
         for controller, users in (("cpu", ("cpuset", "batch_resource", "cpu_burst", *GROUP_IDENTITY_PLUGINS)),
                                   ("cpuset", ("cpuset", "numa")), ("memory", ("batch_resource",))):
@@ -268,9 +271,12 @@ def check_resctrl(opts: DoctorOptions) -> list[Check]:
         return [_missing("resctrl", f"{why} at {root} (mount -t resctrl resctrl {root}, on a CPU with RDT)",
                          needed)]
     checks = [Check("resctrl", "ok", f"mounted at {root}", needed)]
-    l3 = info / "L3" / "cbm_mask"
-    if l3.is_file():
-        checks.append(Check("resctrl L3 (cache ways)", "ok", f"cbm_mask {l3.read_text().strip()[:32]}", needed))
+    try:
+        cbm_mask: str | None = read_text_file(info / "L3" / "cbm_mask", limit=KERNEL_FILE_BYTES).strip()
+    except FileRefused:
+        cbm_mask = None
+    if cbm_mask is not None:
+        checks.append(Check("resctrl L3 (cache ways)", "ok", f"cbm_mask {cbm_mask[:32]}", needed))
     else:
         checks.append(_missing("resctrl L3 (cache ways)", "no info/L3: the CPU offers no cache allocation", needed))
     if (info / "MB").is_dir():
@@ -391,9 +397,8 @@ def check_files(opts: DoctorOptions) -> list[Check]:
         try:
             load_document(read_document_text(Path(opts.node_config)))
             checks.append(Check(name, "ok", f"{opts.node_config} is valid"))
-        except (OSError, UnicodeDecodeError) as exc:
-            why = getattr(exc, "strerror", None) or exc
-            checks.append(Check(name, "fail", f"{opts.node_config}: cannot read: {why}"))
+        except FileRefused as exc:
+            checks.append(Check(name, "fail", f"{opts.node_config}: {exc.message}"))
         except Exception as exc:  # pydantic's ValidationError is a ValueError; any other is a bad file too
             checks.append(Check(name, "fail", f"{opts.node_config}: invalid: {' '.join(str(exc).split())[:300]}"))
     return checks
@@ -410,7 +415,7 @@ def _unsafe(st: os.stat_result) -> str:
 
 
 def check_hook_servers(opts: DoctorOptions) -> list[Check]:
-    from runtime_proxy.engine.remote import RegistrationError, parse_registration
+    from runtime_proxy.engine.remote import MAX_REGISTRATION_BYTES, RegistrationError, parse_registration
 
     directory = Path(opts.hook_server_dir)
     try:
@@ -431,14 +436,18 @@ def check_hook_servers(opts: DoctorOptions) -> list[Check]:
         name = f"hook server {path.name}"
         try:
             st = path.lstat()
-            why = _unsafe(st) or ("" if stat.S_ISREG(st.st_mode) else "not a regular file")
+            kind = "" if stat.S_ISREG(st.st_mode) else f"not a regular file: {describe_mode(st.st_mode)}"
+            why = _unsafe(st) or kind
             if why:
                 checks.append(Check(name, "fail", f"{why}: refused by the proxy"))
                 continue
-            with path.open("rb") as fh:
-                reg = parse_registration(path.name, fh.read(64 * 1024 + 1), 2.0)
+            raw = read_regular_file(path, limit=MAX_REGISTRATION_BYTES, follow_symlinks=False, expect=st)
+            reg = parse_registration(path.name, raw, 2.0)
         except RegistrationError as exc:
             checks.append(Check(name, "fail", f"invalid: {exc}"))
+            continue
+        except FileRefused as exc:
+            checks.append(Check(name, "fail", exc.message))
             continue
         except OSError as exc:
             checks.append(Check(name, "fail", f"cannot read: {exc.strerror or exc}"))

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from rhp_ops.files import FileRefused, read_text_file
 from runtime_proxy import doctor
 
 __all__ = ["EXIT_CODES", "SwitchError", "add_arguments", "main_from_args", "set_config_endpoint",
@@ -58,17 +59,11 @@ class SwitchError(Exception):
 
 
 def _read(path: Path) -> str:
+    """A kubelet file's text, by the one reader of configured files (``rhp_ops.files``)."""
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise SwitchError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if len(raw) > MAX_FILE_BYTES:
-        raise SwitchError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SwitchError(f"{path}: not UTF-8") from exc
+        return read_text_file(path, limit=MAX_FILE_BYTES)
+    except FileRefused as exc:
+        raise SwitchError(f"{path}: {exc.message}") from None
 
 
 def set_config_endpoint(text: str, endpoint: str) -> str:

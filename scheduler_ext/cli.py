@@ -35,13 +35,14 @@ from rhp_ops.cli import (
     add_version_flag,
     resolve_log_flags,
 )
+from rhp_ops.files import FileRefused, read_regular_file
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import decode_pod, describe
 from scheduler_ext.server import MAX_BODY_BYTES
 from scheduler_ext.state import ClusterState, load_objects
 
-__all__ = ["EXIT_OK", "EXIT_USAGE", "is_loopback", "main", "simulate", "tls_problem"]
+__all__ = ["EXIT_OK", "EXIT_USAGE", "config_files_problem", "is_loopback", "main", "simulate", "tls_problem"]
 
 EXIT_OK = 0
 EXIT_SERVE_FAILED = 1  # serve: the listener could not start (address in use)
@@ -245,6 +246,38 @@ def tls_problem(args: argparse.Namespace, host: str) -> str:
     return ""
 
 
+# A PEM certificate chain, key or CA bundle; a kubeconfig (certificates may be embedded in it).
+MAX_PEM_BYTES = 1 << 20
+MAX_KUBECONFIG_BYTES = 4 << 20
+
+
+def config_files_problem(args: argparse.Namespace) -> str:
+    """Why a file ``serve`` was told to read cannot be ("" when each can): each of
+    ``--tls-cert``, ``--tls-key``, ``--tls-client-ca`` and the kubeconfig (``--kubeconfig``,
+    each file of a ``KUBECONFIG``-style list, else ``~/.kube/config`` when it exists) is read
+    once by the one reader of configured files (``rhp_ops.files.read_regular_file``), so a FIFO,
+    a socket, a device, a directory or a huge file is a one-line error instead of a hang in the
+    TLS or kubeconfig loader, which then read the files again by path (and report a missing
+    file in their own words)."""
+    files = [(flag, path, MAX_PEM_BYTES) for flag, path in
+             (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-client-ca", args.tls_client_ca))
+             if path]
+    if not args.api_server and not args.in_cluster:
+        if args.kubeconfig:
+            files += [("--kubeconfig", p, MAX_KUBECONFIG_BYTES) for p in args.kubeconfig.split(os.pathsep) if p]
+        else:
+            default = os.path.expanduser("~/.kube/config")
+            if os.path.lexists(default):
+                files.append(("the kubeconfig", default, MAX_KUBECONFIG_BYTES))
+    for flag, path, limit in files:
+        try:
+            read_regular_file(path, limit=limit)
+        except FileRefused as exc:
+            if exc.reason != "missing":  # a missing file gets the loader's own message
+                return f"{flag} {path}: {exc.message}"
+    return ""
+
+
 def _tls_context_error(args: argparse.Namespace) -> str:
     """Load the TLS files once before serving, so a bad file is a message, not a traceback."""
     if not args.tls_cert:
@@ -311,7 +344,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     health_listen = _host_port(args.health_listen) if args.health_listen else None
     if args.health_listen and health_listen is None:
         return _fail("serve", "--health-listen must be HOST:PORT", EXIT_USAGE)
-    problem = tls_problem(args, host) or _tls_context_error(args)
+    problem = tls_problem(args, host) or config_files_problem(args) or _tls_context_error(args)
     if problem:
         return _fail("serve", problem, EXIT_USAGE)
     if not is_loopback(host) and not (args.tls_cert and args.tls_client_ca):

@@ -90,6 +90,7 @@ from hooks.plan import Plan
 from hooks.spec import KOORD_HOOK_POINTS
 from koord_formats.bounded import load_json
 from koord_formats.errors import FormatError
+from rhp_ops.files import FileRefused, read_regular_file
 from runtime_proxy import metrics
 from runtime_proxy.config import validation_message
 from runtime_proxy.engine.pipeline import Pipeline, StepError
@@ -658,23 +659,21 @@ class HookServerRegistry:
 
     @staticmethod
     def _read(path: str, st: os.stat_result) -> bytes | _Refusal:
-        """The content of a trusted registration file, or why it is not read."""
+        """The content of a trusted registration file, or why it is not read (through
+        ``rhp_ops.files.read_regular_file``: no symlink followed, the file ``st`` describes)."""
         if not stat.S_ISLNK(st.st_mode) and not stat.S_ISREG(st.st_mode):
             return _Refusal("not-regular-file", "not a regular file")
         refusal = _unsafe(st, "the file")
         if refusal is not None:
             return refusal
-        if st.st_size > MAX_REGISTRATION_BYTES:
-            return _Refusal("too-large", f"larger than {MAX_REGISTRATION_BYTES} bytes")
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            opened = os.fstat(f.fileno())
-            if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-                raise FileNotFoundError(f"{path} was replaced while being read")
-            data = f.read(MAX_REGISTRATION_BYTES + 1)
-        if len(data) > MAX_REGISTRATION_BYTES:
-            return _Refusal("too-large", f"larger than {MAX_REGISTRATION_BYTES} bytes")
-        return data
+        try:
+            return read_regular_file(path, limit=MAX_REGISTRATION_BYTES, follow_symlinks=False, expect=st)
+        except FileRefused as exc:
+            if exc.reason in ("missing", "replaced"):  # changed since the listing: read again next round
+                raise FileNotFoundError(f"{path}: {exc.message}") from None
+            if exc.reason == "unreadable":
+                raise OSError(f"{path}: {exc.message}") from None
+            return _Refusal(exc.reason, exc.message)
 
     def _refuse(self, name: str, signature: _Signature, refusal: _Refusal) -> _FileState:
         log.warning("hook-server registration refused", file=name, dir=str(self.directory), reason=refusal.reason,

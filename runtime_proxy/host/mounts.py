@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rhp_ops.files import FileRefused, read_regular_file
+
 __all__ = ["MAX_MOUNTS_BYTES", "Mount", "fstype_at", "is_mount_of", "parse_mounts", "read_mounts"]
 
 MAX_MOUNTS_BYTES = 4 << 20
@@ -40,12 +42,13 @@ def parse_mounts(text: str) -> list[Mount]:
 
 
 def read_mounts(path: str | os.PathLike[str] = "/proc/self/mounts") -> list[Mount] | None:
-    """The mounts listed in ``path`` (at most ``MAX_MOUNTS_BYTES`` of it), None when it cannot
-    be read."""
+    """The mounts listed in the first ``MAX_MOUNTS_BYTES`` of ``path``, None when it cannot be
+    read by the one reader of configured files (``rhp_ops.files.read_regular_file``;
+    ``doctor --proc-root`` names it)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return parse_mounts(fh.read(MAX_MOUNTS_BYTES))
-    except OSError:
+        raw = read_regular_file(path, limit=MAX_MOUNTS_BYTES, head=True)
+        return parse_mounts(raw.decode("utf-8", "replace"))
+    except FileRefused:
         return None
 
 

@@ -6,7 +6,9 @@ it, hands ``current`` to the interceptor (``runtime_proxy.engine.intercept.NodeS
 ``changes()`` to the reconciler. Two sources, usable together (the cluster's values win once they arrive):
 
 - a local YAML or JSON file (``NodeConfigDocument``; example ``packaging/examples/nodeslo.yaml``),
-  polled for a new mtime/size about every second, so edits apply without a restart;
+  polled for a new inode, mtime or size about every second, so edits apply without a restart;
+  read by the one reader of configured files (``rhp_ops.files``: regular files only, never
+  blocking, bounded) and parsed in a worker thread, off the event loop;
 - the cluster, with the official ``kubernetes`` client (in-cluster or kubeconfig credentials):
   this node's ``Node``, its ``NodeSLO`` (``slo.koordinator.sh/v1alpha1`` ``nodeslos``) and its
   ``NodeResourceTopology`` (``topology.node.k8s.io/v1alpha1`` ``noderesourcetopologies``), each
@@ -38,6 +40,7 @@ from koord_formats import FormatError
 from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
 from koord_formats.nodeslo import validate_node_slo
 from koord_formats.topology import parse_cpu_topology
+from rhp_ops.files import FileRefused, read_text_file
 
 __all__ = [
     "MAX_NODE_CONFIG_BYTES",
@@ -51,7 +54,9 @@ __all__ = [
 
 log = structlog.get_logger("runtime_proxy.state.nodeconfig")
 CONFIG_RELOADS = Counter("rhp_node_config_reloads", "node config changes taken", ["source"])
-CONFIG_REJECTED = Counter("rhp_node_config_rejected", "node configs that failed validation (previous kept)", ["source"])
+CONFIG_REJECTED = Counter("rhp_node_config_rejected",
+                          "node configs refused: unreadable (reason: not-regular-file, too-large, ...) or invalid; "
+                          "the previous one kept", ["source", "reason"])
 CONFIG_GENERATION = Gauge("rhp_node_config_generation", "generation of the node config in use")
 
 
@@ -90,16 +95,11 @@ MAX_NODE_CONFIG_BYTES = 4 << 20
 
 
 def read_document_text(path: Path) -> str:
-    """The node config file's text, refused (``ValueError``) past ``MAX_NODE_CONFIG_BYTES`` or
-    when it is not UTF-8; ``OSError`` when it cannot be read."""
-    with open(path, "rb") as f:
-        raw = f.read(MAX_NODE_CONFIG_BYTES + 1)
-    if len(raw) > MAX_NODE_CONFIG_BYTES:
-        raise ValueError(f"larger than {MAX_NODE_CONFIG_BYTES} bytes")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 at byte {exc.start}") from exc
+    """The node config file's text, read by the one reader of configured files
+    (``rhp_ops.files.read_text_file``): a regular file (or a symlink to one) of at most
+    ``MAX_NODE_CONFIG_BYTES``, in UTF-8. ``FileRefused`` otherwise (missing, a FIFO, a socket, a
+    device, a directory, too large, unreadable, not UTF-8); never blocks."""
+    return read_text_file(path, limit=MAX_NODE_CONFIG_BYTES)
 
 
 def load_document(text: str) -> NodeConfigDocument:
@@ -241,7 +241,7 @@ class ClusterWatch:
                 try:
                     validate_node_slo(spec)
                 except FormatError as exc:
-                    CONFIG_REJECTED.labels("cluster").inc()
+                    CONFIG_REJECTED.labels("cluster", "invalid").inc()
                     log.warning("NodeSLO rejected; keeping the previous one", error=str(exc))
                     return False
                 changed = spec != self.state.node_slo
@@ -313,6 +313,17 @@ class ClusterWatch:
 # ---- the node config ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _FileRead:
+    """One look at the node config file: ``stamp`` (device, inode, mtime, size; None: the file
+    is gone), and the document or why there is none (``reason`` is the metric label)."""
+
+    stamp: tuple[int, int, int, int] | None
+    doc: NodeConfigDocument | None = None
+    error: str = ""
+    reason: str = ""
+
+
 class NodeConfig:
     """The current node config, from a file and/or the cluster.
 
@@ -344,7 +355,7 @@ class NodeConfig:
         self.poll_interval = poll_interval
         self.generation = 0
         self._doc = NodeConfigDocument(name=node_name)
-        self._stamp: tuple[float, int] | None = None
+        self._stamp: tuple[int, int, int, int] | None = None
         self._facts = self._build()
         self._subscribers: list[asyncio.Queue[NodeFacts]] = []
         self._task: asyncio.Task[None] | None = None
@@ -390,28 +401,54 @@ class NodeConfig:
         return True
 
     def reload(self) -> bool:
-        """Re-read the file if its mtime or size changed. Returns True when the config changed.
-        A bad file is logged and counted; the previous config stays."""
+        """Re-read the file if it changed (another inode, mtime or size). Returns True when the
+        config changed. A file that cannot be read (``read_document_text``) or does not validate
+        is logged and counted (``rhp_node_config_rejected``); the previous config stays. Blocking
+        I/O and parsing: on an event loop use ``reload_async``."""
+        return self._take(self._load())
+
+    async def reload_async(self) -> bool:
+        """``reload`` with the reading and parsing in a worker thread, so that neither a file
+        of ``MAX_NODE_CONFIG_BYTES`` nor a slow filesystem holds the event loop."""
+        return self._take(await asyncio.to_thread(self._load))
+
+    def _load(self) -> _FileRead | None:
+        """The file read and parsed, or None when it did not change since the last read. Runs in
+        a worker thread; reads only ``path`` and ``_stamp``."""
         if self.path is None:
-            return False
+            return None
         try:
-            st = self.path.stat()
+            st = os.stat(self.path)
         except FileNotFoundError:
+            return _FileRead(None)
+        except OSError as exc:
+            return _FileRead((0, 0, 0, 0), error=f"cannot stat: {exc.strerror or exc}", reason="unreadable")
+        stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return None
+        try:
+            return _FileRead(stamp, doc=load_document(read_document_text(self.path)))
+        except FileRefused as exc:
+            return _FileRead(stamp, error=exc.message, reason=exc.reason)
+        except ValueError as exc:
+            return _FileRead(stamp, error=str(exc), reason="invalid")
+
+    def _take(self, read: _FileRead | None) -> bool:
+        """Use what ``_load`` found (on the event loop, when there is one)."""
+        if read is None:
+            return False
+        if read.stamp is None:
             if self._stamp is not None:
                 log.warning("node config file disappeared; keeping the last config", path=str(self.path))
                 self._stamp = None
             return False
-        stamp = (st.st_mtime, st.st_size)
-        if stamp == self._stamp:
+        self._stamp = read.stamp
+        if read.doc is None:
+            CONFIG_REJECTED.labels("file", read.reason).inc()
+            log.warning("node config rejected; keeping the previous one", path=str(self.path), reason=read.reason,
+                        error=read.error)
             return False
-        self._stamp = stamp
-        try:
-            doc = load_document(read_document_text(self.path))
-        except (OSError, ValueError) as exc:
-            CONFIG_REJECTED.labels("file").inc()
-            log.warning("node config rejected; keeping the previous one", path=str(self.path), error=str(exc))
-            return False
-        self._doc = doc
+        self._doc = read.doc
         return self._publish("file")
 
     def _cluster_changed(self) -> None:
@@ -436,7 +473,7 @@ class NodeConfig:
         while True:
             await asyncio.sleep(self.poll_interval)
             try:
-                self.reload()
+                await self.reload_async()
             except Exception:
                 log.exception("node config poll failed")
 
