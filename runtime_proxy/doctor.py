@@ -8,8 +8,9 @@ them. What is checked:
   for below kubelet's cgroup root: ``kubeletCgroupRoot``, or "/" when that is unset);
 - each kernel interface a built-in plugin uses (``INTERFACES``), with the plugins that need it:
   cpuset files, CFS quota and shares, CFS burst (``cpu.cfs_burst_us`` or ``cpu.max.burst``),
-  group identity (``cpu.bvt_warp_ns``, or ``cpu.idle`` instead), memory limits, and resctrl with
-  its L3 and MB resources;
+  group identity (``cpu.bvt_warp_ns``, written under NodeSLO ``cpuPolicy`` ``groupIdentity``, the
+  default) and ``cpu.idle`` (written under ``cpuPolicy: coreSched``), memory limits, and resctrl
+  with its L3 and MB resources;
 - the runtime's CRI endpoint (it answers ``Version`` over CRI v1), the NRI socket, the listen
   path's directory and what is at the listen path;
 - the config file and the node config file (exist and validate), and every hook-server
@@ -120,8 +121,10 @@ class Interface:
 
 
 # What the built-in plugins (hooks/plugins/*.py) and the loops write or read. Group identity
-# (cpu.bvt_warp_ns) and cpu.idle are alternatives: group_identity and host_app_qos use bvt where
-# the kernel has it and cpu.idle otherwise; ``_group_identity`` checks the pair.
+# (cpu.bvt_warp_ns) and cpu.idle are alternatives chosen by the NodeSLO, not by the kernel:
+# group_identity and host_app_qos write bvt under cpuPolicy groupIdentity (the default) and
+# cpu.idle under cpuPolicy coreSched; ``_group_identity`` checks the pair and says which policy
+# this kernel can serve.
 INTERFACES: tuple[Interface, ...] = (
     Interface("cpuset cpus", "cpuset.cpus", "cpuset.cpus", ("cpuset", "numa")),
     Interface("cpuset mems", "cpuset.mems", "cpuset.mems", ("numa",)),
@@ -243,13 +246,18 @@ def _group_identity(opts: DoctorOptions, root: Path, version: int) -> list[Check
         checks.append(Check("group identity (cpu.bvt_warp_ns)", "ok", str(bvt), needed))
     elif idle:
         checks.append(Check("group identity (cpu.bvt_warp_ns)", "warn",
-                            "not in this kernel (no Alibaba Cloud Linux group identity); cpu.idle is used instead"))
+                            "not in this kernel (no Alibaba Cloud Linux group identity): under NodeSLO "
+                            "cpuPolicy groupIdentity (the default) the cpu.bvt_warp_ns writes are skipped as "
+                            "unsupported; set resourceQOSStrategy.policies.cpuPolicy: coreSched to have "
+                            "cpu.idle written instead"))
     else:
         checks.append(_missing("group identity (cpu.bvt_warp_ns)", f"no cpu.bvt_warp_ns under {base}", needed))
     if idle:
         checks.append(Check("cpu idle (cpu.idle)", "ok", str(idle), needed))
     elif bvt:
-        checks.append(Check("cpu idle (cpu.idle)", "warn", "not in this kernel; cpu.bvt_warp_ns is used instead"))
+        checks.append(Check("cpu idle (cpu.idle)", "warn", "not in this kernel (before 5.15): under NodeSLO "
+                            "cpuPolicy coreSched the cpu.idle writes are skipped as unsupported; keep "
+                            "cpuPolicy groupIdentity (cpu.bvt_warp_ns)"))
     else:
         checks.append(_missing("cpu idle (cpu.idle)", f"no cpu.idle under {base} (kernel >= 5.15)", needed))
     return checks

@@ -78,7 +78,7 @@ def test_this_machine_reports_what_is_here() -> None:
     assert checks["cpuset cpus (cpuset.cpus)"].status == "ok"
     assert checks["memory limit (memory.limit_in_bytes)"].status == "ok"
     bvt = checks["group identity (cpu.bvt_warp_ns)"]
-    assert bvt.status == "warn" and "cpu.idle is used instead" in bvt.detail
+    assert bvt.status == "warn" and "cpuPolicy: coreSched" in bvt.detail
     resctrl = checks["resctrl"]
     assert resctrl.status == "fail" and resctrl.needed_by == ("rdt",) and "not mounted" in resctrl.detail
     assert [c.name for c in checks.values() if c.status == "fail"] == ["resctrl"]
@@ -140,6 +140,27 @@ def test_group_identity_needs_bvt_or_cpu_idle(tmp_path: Path, bvt: bool, idle: b
     assert got == statuses
     if "fail" in statuses:
         assert checks["cpu idle (cpu.idle)"].needed_by == ("group_identity", "host_app_qos")
+
+
+@pytest.mark.parametrize(
+    ("present", "check", "policy"),
+    [
+        pytest.param("idle", "group identity (cpu.bvt_warp_ns)", "cpuPolicy: coreSched",
+                     id="without bvt the warning says cpu.idle needs cpuPolicy coreSched"),
+        pytest.param("bvt", "cpu idle (cpu.idle)", "cpuPolicy groupIdentity",
+                     id="without cpu.idle the warning says bvt is written under cpuPolicy groupIdentity"),
+    ],
+)
+def test_group_identity_warning_says_what_the_plugins_write(tmp_path: Path, present: str, check: str,
+                                                            policy: str) -> None:
+    """The plugins choose bvt or cpu.idle by the NodeSLO's cpuPolicy, never by the kernel: the
+    warning names the policy instead of claiming the other file is used."""
+    _v1_tree(tmp_path / "cg", "" if present == "idle" else "cpu.idle")
+    if present == "bvt":
+        (tmp_path / "cg" / "cpu" / "cpu.bvt_warp_ns").write_text("0\n")
+    got = _by_name(doctor.run(_opts(tmp_path, skip=NOT_HERE | {"resctrl"})))[check]
+    assert got.status == "warn"
+    assert policy in got.detail and "used instead" not in got.detail
 
 
 def test_cgroup_v2_tree_uses_v2_names_and_looks_below_the_root(tmp_path: Path) -> None:
