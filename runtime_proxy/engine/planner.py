@@ -375,6 +375,8 @@ def plan_document(
     if not isinstance(doc, Mapping):
         raise PlanInputError("the document must be a JSON object")
     stage = doc.get("stage")
+    if stage is None:
+        raise PlanInputError(f"the document names no stage: add \"stage\", one of {sorted(STAGES)} or 'Reconcile'")
     if not isinstance(stage, str) or (stage != "Reconcile" and stage not in STAGES):
         raise PlanInputError(f"unknown stage {_short(stage)}; use one of {sorted(STAGES)} or 'Reconcile'")
     _check_shape(doc)

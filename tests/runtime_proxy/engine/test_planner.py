@@ -80,6 +80,8 @@ def test_reconcile_stage_runs_node_pod_and_container_hooks() -> None:
     ("document", "message"),
     [
         pytest.param({"stage": "Nope"}, "unknown stage", id="unknown stage"),
+        pytest.param({"pod": {}}, "^the document names no stage: add \"stage\"", id="no stage is named as missing"),
+        pytest.param({"stage": None}, "^the document names no stage", id="a null stage is named as missing"),
         pytest.param(doc("PreCreateContainer", container=None), "needs a container", id="container missing"),
         pytest.param(doc("PreCreateContainer", plugins=["nope"]), "unknown plugins", id="unknown plugin"),
         pytest.param(doc("PreCreateContainer", pod={"labels": {"a": 1}}), "pod.labels.a: must be a string",
