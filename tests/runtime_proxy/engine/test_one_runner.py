@@ -17,6 +17,7 @@ import pytest
 from cri_protos import api_pb2
 from hooks import ContainerFacts, Plan, PodFacts, hookimpl
 from hooks.manager import make_plugin_manager, plugin_order
+from hooks.plugins import BUILTIN_PLUGINS
 from hooks.spec import CRI_FIELDS, STAGES
 from runtime_proxy.engine.intercept import CriInterceptor
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
@@ -187,6 +188,21 @@ def test_docs_list_the_stage_table() -> None:
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]*) \|$", text, flags=re.MULTILINE))
     documented = {stage: set(re.findall(r"`(\w+)`", cells)) for stage, cells in rows.items() if stage in STAGES}
     assert documented == {stage: set(fields) for stage, fields in CRI_FIELDS.items() if fields}
+
+
+def test_docs_list_every_builtin_plugin_in_order() -> None:
+    """docs/planner.md names the default plugin order twice (the `plugins` row of the input table
+    and the example output of plan-ls-create.json); both are BUILTIN_PLUGINS and what the
+    planner prints for that example, so a new built-in cannot be left out of the docs."""
+    text = DOCS.read_text()
+    row = re.search(r"built-ins in `BUILTIN_PLUGINS` order: ([^;]*);", text)
+    assert row is not None
+    example = re.search(r'\{"stage": "PreCreateContainer", "plugins": (\[[^\]]*\])', text)
+    assert example is not None
+    example_doc = json.loads((DOCS.parents[1] / "packaging" / "examples" / "plan-ls-create.json").read_text())
+    printed = plan_document(example_doc)["plugins"]
+    assert re.findall(r"`(\w+)`", row.group(1)) == list(BUILTIN_PLUGINS) == printed
+    assert json.loads(example.group(1)) == printed
 
 
 def test_planner_output_is_json() -> None:
