@@ -252,7 +252,14 @@ class NriPlugin:
 
     async def session(self) -> None:
         """One session: connect, register, serve until the socket closes."""
-        reader, writer = await self._connect(self.socket_path)
+        try:
+            reader, writer = await self._connect(self.socket_path)
+        except FileNotFoundError:
+            raise ConnectionError(f"no NRI socket at {self.socket_path}: is NRI enabled in the runtime "
+                                  "(containerd 1.7: [plugins.\"io.containerd.nri.v1.nri\"] disable = false)?") from None
+        except OSError as exc:
+            raise ConnectionError(f"cannot connect to the NRI socket {self.socket_path}: "
+                                  f"{exc.strerror or exc}") from None
         connection = NriConnection(reader, writer, self.handle)
         self.connection = connection
         self.subscribed = 0
@@ -293,7 +300,8 @@ class NriPlugin:
             error = session.exception()
             if self.sessions > before:
                 delay = first
-            log.warning("NRI session ended; reconnecting", error=str(error) if error else None, retry_in=delay)
+            log.warning("NRI session ended; reconnecting", error=str(error) if error else None, socket=self.socket_path,
+                        retry_in=delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
             delay = min(delay * 2, limit)

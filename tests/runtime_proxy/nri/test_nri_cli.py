@@ -7,10 +7,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import structlog
 
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.nri.cli import NriOptions, add_parser, build, main_from_args, run
-from runtime_proxy.nri.plugin import PluginIdentity
+from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime
 
 
@@ -55,6 +56,36 @@ async def test_run_registers_and_stops_on_request(tmp_path: Path) -> None:
         await runtime.stop()
 
 
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        pytest.param(lambda p: None, "no NRI socket at {path}: is NRI enabled", id="a missing socket is named"),
+        pytest.param(lambda p: p.write_text(""), "cannot connect to the NRI socket {path}: Connection refused",
+                     id="a file that is no socket is named"),
+    ],
+)
+async def test_a_socket_that_cannot_be_dialled_is_named(tmp_path: Path, make: object, said: str) -> None:
+    """The reconnect warning says which socket failed and, when it is missing, what to check."""
+    path = tmp_path / "nri.sock"
+    make(path)  # type: ignore[operator]
+    build_parts = build(NriOptions(socket=str(path), config=ProxyConfig(cgroupRoot=str(tmp_path)), entry_points=False))
+    plugin = NriPlugin(PluginIdentity("rhp", "42"), build_parts.engine, socket_path=str(path), backoff=(0.01, 0.05))
+    stop = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(plugin.run(stop))
+        try:
+            async with asyncio.timeout(10):
+                while not any(e["event"] == "NRI session ended; reconnecting" for e in logs):
+                    await asyncio.sleep(0.01)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+            await build_parts.engine.close()
+    warning = next(e for e in logs if e["event"] == "NRI session ended; reconnecting")
+    assert warning["socket"] == str(path)
+    assert warning["error"].startswith(said.format(path=path))
+
+
 def test_the_daemonset_manifest_matches_the_cli_and_the_config_schema(tmp_path: Path) -> None:
     import yaml
 
@@ -87,7 +118,7 @@ import runtime_proxy.cli
 from cri_protos import nri_pb2
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.nri.cli import NriOptions, run
-from runtime_proxy.nri.plugin import PluginIdentity
+from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime
 
 async def main(tmp):
