@@ -19,10 +19,9 @@ import socket
 import ssl
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
-import uvicorn
 import yaml
 
 from rhp_ops import logs
@@ -38,9 +37,11 @@ from rhp_ops.cli import (
 from rhp_ops.files import FileRefused, read_regular_file
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
-from scheduler_ext.guard import decode_pod, describe
-from scheduler_ext.server import MAX_BODY_BYTES
+from scheduler_ext.guard import MAX_BODY_BYTES, decode_pod, describe
 from scheduler_ext.state import ClusterState, load_objects
+
+if TYPE_CHECKING:  # the [scheduler] extra: imported where serve runs, so --help and simulate need it not
+    import uvicorn
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "config_files_problem", "is_loopback", "main", "simulate", "tls_problem"]
 
@@ -295,15 +296,21 @@ def _tls_context_error(args: argparse.Namespace) -> str:
     return ""
 
 
-class _NoSignalServer(uvicorn.Server):
+def _no_signal_server(config: uvicorn.Config) -> uvicorn.Server:
     """A uvicorn server that leaves signal handling to the main server next to it."""
+    import uvicorn
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+    class NoSignalServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return NoSignalServer(config)
 
 
 def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
+    import uvicorn
+
     return uvicorn.Config(
         app,
         host=host,
@@ -329,6 +336,16 @@ async def _serve_all(main_server: uvicorn.Server, health: uvicorn.Server | None)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from scheduler_ext.entry import EXIT_MISSING_EXTRA, missing
+
+    absent = missing()
+    if absent:
+        return _fail("serve", f"the extender's dependencies are not installed ({', '.join(absent)}): "
+                     "pip install 'runtime-hook-proxy[scheduler]'", EXIT_MISSING_EXTRA)
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     from scheduler_ext.errors import GoneError
     from scheduler_ext.extender import Binder
     from scheduler_ext.kube import BindClient, KubeClient, api_client_from_flags
@@ -396,10 +413,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             ssl_kwargs.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
     if args.switch_interval > 0:
         sys.setswitchinterval(args.switch_interval)
+    import uvicorn
+
     main_server = uvicorn.Server(_uvicorn_config(app, host, port, **ssl_kwargs))
     health = None
     if health_listen is not None:
-        health = _NoSignalServer(
+        health = _no_signal_server(
             _uvicorn_config(create_health_app(state), health_listen[0], health_listen[1], lifespan="off")
         )
     try:
@@ -429,9 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the HTTP extender", epilog=SERVE_EXIT_CODES,
                            description="Run the HTTP extender (filter, prioritize, bind) for kube-scheduler.")
-    serve.add_argument("--listen", default="0.0.0.0:8888",
-                       help="HOST:PORT (default %(default)s); any address but loopback needs --tls-cert, "
-                            "--tls-key and --tls-client-ca, or --insecure")
+    serve.add_argument("--listen", default="127.0.0.1:8888",
+                       help="HOST:PORT (default %(default)s, kube-scheduler in the same pod or on the same "
+                            "host); any address but loopback needs --tls-cert, --tls-key and --tls-client-ca, "
+                            "or --insecure")
     serve.add_argument("--path-prefix", default="", help="URL prefix of the verbs, e.g. /scheduler")
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, metavar="BYTES",
                        help="largest verb request body (default %(default)s); a larger one is refused "

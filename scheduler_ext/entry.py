@@ -1,9 +1,11 @@
-"""The ``scheduler-ext`` console script: checks that the extender's dependencies (the
-``runtime-hook-proxy[scheduler]`` extra) are installed, then runs ``scheduler_ext.cli.main``.
+"""The ``scheduler-ext`` console script: runs ``scheduler_ext.cli.main``; ``missing`` says which
+of the extender's web and cluster dependencies (the ``runtime-hook-proxy[scheduler]`` extra) are
+absent.
 
 A node install (``pip install runtime-hook-proxy``) carries only what the node part needs; there
-``scheduler-ext`` prints one line on stderr naming the extra to install and exits with
-``EXIT_MISSING_EXTRA``, instead of an ``ImportError`` traceback.
+``--version``, every ``--help`` and ``simulate`` still work (``scheduler_ext.cli`` imports the
+extra only where ``serve`` runs), and ``serve`` prints one line on stderr naming the extra to
+install and exits with ``EXIT_MISSING_EXTRA``, instead of an ``ImportError`` traceback.
 """
 
 from __future__ import annotations
@@ -30,11 +32,6 @@ def main(argv: list[str] | None = None) -> int:
 
         print(version_line("scheduler-ext"))
         return 0
-    absent = missing()
-    if absent:
-        print(f"scheduler-ext: the extender's dependencies are not installed ({', '.join(absent)}): "
-              "pip install 'runtime-hook-proxy[scheduler]'", file=sys.stderr, flush=True)
-        return EXIT_MISSING_EXTRA
     from scheduler_ext.cli import main as cli_main
 
     return cli_main(argv)

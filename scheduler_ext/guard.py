@@ -26,9 +26,14 @@ from prometheus_client import Counter
 
 from scheduler_ext.pods import PodRequest, parse_pod
 
-__all__ = ["BAD_OBJECTS", "REASONS", "bad_object", "decode_pod", "describe"]
+__all__ = ["BAD_OBJECTS", "MAX_BODY_BYTES", "REASONS", "bad_object", "decode_pod", "describe"]
 
 log = structlog.get_logger("scheduler_ext.guard")
+
+# The largest verb body ``scheduler_ext.server`` reads (``scheduler-ext serve --max-body-bytes``
+# by default). A NodeList of 500 full Node objects (nodeCacheCapable: false) is a few MiB; orjson
+# decodes 8 MiB in a few tens of milliseconds, the most one request may hold the loop for.
+MAX_BODY_BYTES = 8 << 20
 
 REASONS = (
     "object",  # the object's own structure (metadata, spec, event) has the wrong types

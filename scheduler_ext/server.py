@@ -50,7 +50,7 @@ from scheduler_ext.extender import (
     preempt_nodes,
     prioritize_nodes,
 )
-from scheduler_ext.guard import BAD_OBJECTS, decode_pod, describe
+from scheduler_ext.guard import BAD_OBJECTS, MAX_BODY_BYTES, decode_pod, describe
 from scheduler_ext.pods import PodRequest
 from scheduler_ext.state import ClusterState
 
@@ -81,10 +81,9 @@ NODES_FAILED = Counter(
 
 CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
 
-# Bounds on one verb body, checked before (size) or right after (counts) decoding. A NodeList of
-# 500 full Node objects (nodeCacheCapable: false) is a few MiB; orjson decodes 8 MiB in a few
-# tens of milliseconds, the most one request may hold the loop for.
-MAX_BODY_BYTES = 8 << 20
+# Bounds on one verb body, checked before (size: ``MAX_BODY_BYTES``, kept in
+# ``scheduler_ext.guard`` so the command line reads it without this module's web stack) or right
+# after (counts) decoding.
 MAX_NODES = 10_000  # candidate nodes in filter/prioritize, nodes in preempt
 MAX_VICTIM_PODS = 10_000  # victims over all nodes of one preempt call
 MAX_NAME = 253  # a DNS subdomain: pod, namespace and node names, UIDs

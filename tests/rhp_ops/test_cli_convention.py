@@ -108,4 +108,34 @@ def test_scheduler_ext_entry_answers_version_without_its_extra(monkeypatch: pyte
     monkeypatch.setattr(entry, "missing", lambda: ["uvicorn"])
     assert entry.main(["--version"]) == 0
     assert capsys.readouterr().out == build.version_line("scheduler-ext") + "\n"
-    assert entry.main(["simulate"]) == entry.EXIT_MISSING_EXTRA
+    assert entry.main(["serve"]) == entry.EXIT_MISSING_EXTRA
+    assert "pip install 'runtime-hook-proxy[scheduler]'" in capsys.readouterr().err
+
+
+# Runs scheduler-ext's console script with the [scheduler] extra's modules made unimportable, as on
+# a node install (``pip install runtime-hook-proxy``).
+_WITHOUT_EXTRA = """
+import sys
+from scheduler_ext import entry
+sys.modules.update({name: None for name in entry.REQUIRED})
+raise SystemExit(entry.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "said"),
+    [
+        pytest.param(["--help"], 0, "usage: scheduler-ext", id="help answers without the extra"),
+        pytest.param(["serve", "--help"], 0, "--listen", id="serve's help answers without the extra"),
+        pytest.param(["simulate", "packaging/scheduler/simulate-example.yaml"], 0, '"feasible": true',
+                     id="simulate runs without the extra"),
+        pytest.param(["serve"], 2, "pip install 'runtime-hook-proxy[scheduler]'",
+                     id="serve names the extra to install"),
+    ],
+)
+def test_scheduler_ext_without_its_extra(argv: list[str], code: int, said: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_EXTRA, *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == code, done.stderr
+    assert said in done.stdout + done.stderr and "Traceback" not in done.stderr

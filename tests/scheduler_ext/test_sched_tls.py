@@ -210,6 +210,15 @@ def test_insecure_serves_a_reachable_listener_and_warns(api: FakeAPIServer) -> N
     assert "INSECURE" in done.stderr and "bind pending pods" in done.stderr
 
 
+def test_serve_without_flags_serves_on_its_default_listen_address(api: FakeAPIServer) -> None:
+    """The default --listen is one serve accepts (loopback, plain HTTP), not one it refuses."""
+    done = subprocess.run([sys.executable, "-c", _RECORDING_SERVE, "serve", "--api-server", api.url, "--no-ha-ledger"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == cli.EXIT_OK, done.stderr
+    assert done.stdout == "serving 127.0.0.1 None\n"
+    assert "INSECURE" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("host", "loopback"),
     [
