@@ -8,6 +8,16 @@ updates; updates go only in the final reply), then answer events until the socke
 runtime never sends Shutdown on restart; the socket just closes, and ``run`` dials again with
 backoff and registers under the same name.
 
+Synchronize. The chunks of one Synchronize (containerd 2.x splits one over 4 MiB into messages
+with ``more``) are kept until the last one, bounded by ``MAX_SYNC_BYTES`` (16 MiB of payload
+across the chunks: what containerd 1.7 can send in its one message, ``MAX_RECV_MESSAGE``, and
+the envelopes of the split) and 100 000 pods and containers. A chunk that would pass either
+bound is refused before it is decoded: the chunks kept so far are dropped, the reply is
+RESOURCE_EXHAUSTED (containerd then closes the plugin, as it does on any failed Synchronize),
+the session is closed once that reply is sent, so the rest of the refused Synchronize is never
+read, and the plugin registers again (``rhp_nri_limit_hits_total{limit="synchronize_bytes"}``
+or ``"synchronize_objects"``). The next Synchronize, within the bounds, is served as usual.
+
 Payloads. Each call's payload is decoded by the one protobuf parser of its message type, under
 a bound per method: the events of one pod or container (``MAX_EVENT_PAYLOAD``, 1 MiB: Kubernetes
 caps a pod's annotations at 256 KiB) and Configure and Synchronize (the bound of a request,
@@ -39,18 +49,22 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from cri_protos import nri_pb2
+from runtime_proxy import metrics
 from runtime_proxy.nri.connection import NriConnection, RpcError, SkipCall, Unimplemented
 from runtime_proxy.nri.ttrpc import MAX_RECV_MESSAGE
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["SUBSCRIBED", "Events", "NriPlugin", "PluginIdentity", "event_mask"]
+__all__ = ["MAX_SYNC_BYTES", "MAX_SYNC_OBJECTS", "SUBSCRIBED", "Events", "NriPlugin", "PluginIdentity", "event_mask"]
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 NAME_RE = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 IDX_RE = re.compile(r"[0-9]{2}")
 
 MAX_EVENT_PAYLOAD = 1 << 20
+MAX_SYNC_BYTES = 16 << 20
+MAX_SYNC_OBJECTS = 100_000
+RESOURCE_EXHAUSTED = 8
 DECODE_ON_LOOP = 64 << 10
 INVALID_ARGUMENT = 3
 
@@ -163,9 +177,10 @@ class NriPlugin:
         self.sessions = 0
         self._sync_pods: list[Any] = []
         self._sync_containers: list[Any] = []
-        self._sync_limit = 100_000
         self.subscribed = 0
         self._sync_chunks = 0
+        # Payload bytes of the chunks of the Synchronize in progress.
+        self.sync_bytes = 0
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -182,7 +197,13 @@ class NriPlugin:
             self.configured.set()
             return nri_pb2.ConfigureResponse(events=self.subscribed).SerializeToString()
         if method == "Synchronize":
+            size = self.sync_bytes + len(payload)
+            if size > MAX_SYNC_BYTES:
+                self._refuse_sync("synchronize_bytes", f"{size} bytes in {self._sync_chunks + 1} messages "
+                                                       f"(limit {MAX_SYNC_BYTES})")
+            self.sync_bytes = size
             sync = await _decode(method, nri_pb2.SynchronizeRequest, payload, MAX_RECV_MESSAGE, fatal=True)
+            del payload  # the decoded message holds what is used; a large chunk is not kept twice
             return await self._synchronize(sync)
         if method == "Shutdown":
             log.info("NRI runtime announced shutdown")
@@ -230,22 +251,35 @@ class NriPlugin:
             self.subscribed = 0
             connection.close_when_idle("event subscription grew")
 
+    def _reset_sync(self) -> None:
+        self._sync_pods, self._sync_containers, self._sync_chunks, self.sync_bytes = [], [], 0, 0
+
+    def _refuse_sync(self, limit: str, what: str) -> None:
+        """Refuse the Synchronize in progress (see the module docstring); raises ``RpcError``."""
+        chunks = self._sync_chunks + 1
+        self._reset_sync()
+        metrics.NRI_LIMIT_HITS.labels(limit).inc()
+        log.warning("NRI Synchronize over its bound refused; the session closes and the plugin registers again",
+                    limit=limit, what=what, messages=chunks)
+        if self.connection is not None:
+            self.connection.close_when_idle(f"synchronize refused: {what}")
+        raise RpcError(RESOURCE_EXHAUSTED, f"synchronize refused: {what}")
+
     async def _synchronize(self, request: Any) -> bytes:
+        objects = len(self._sync_pods) + len(self._sync_containers) + len(request.pods) + len(request.containers)
+        if objects > MAX_SYNC_OBJECTS:
+            self._refuse_sync("synchronize_objects", f"{objects} pods and containers (limit {MAX_SYNC_OBJECTS})")
         self._sync_chunks += 1
         self._sync_pods.extend(request.pods)
         self._sync_containers.extend(request.containers)
-        if len(self._sync_pods) + len(self._sync_containers) > self._sync_limit:
-            self._sync_pods, self._sync_containers, self._sync_chunks = [], [], 0
-            raise RpcError(8, "synchronize: too many pods and containers")
         if request.more:
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
-        pods, containers = self._sync_pods, self._sync_containers
-        self._sync_pods, self._sync_containers = [], []
+        pods, containers, chunks, size = self._sync_pods, self._sync_containers, self._sync_chunks, self.sync_bytes
+        self._reset_sync()
         updates = await self.events.synchronize(pods, containers)
         self.synchronized.set()
-        chunks, self._sync_chunks = self._sync_chunks, 0
         log.info("NRI synchronized", pods=len(pods), containers=len(containers), updates=len(updates),
-                 messages=chunks)
+                 messages=chunks, size=size)
         return nri_pb2.SynchronizeResponse(update=updates).SerializeToString()
 
     # -- sessions ------------------------------------------------------------------------------
@@ -263,8 +297,7 @@ class NriPlugin:
         connection = NriConnection(reader, writer, self.handle)
         self.connection = connection
         self.subscribed = 0
-        self._sync_pods, self._sync_containers = [], []
-        self._sync_chunks = 0
+        self._reset_sync()
         self.configured.clear()
         self.synchronized.clear()
         reading = asyncio.create_task(connection.serve())

@@ -3,7 +3,8 @@ truncated, deeply nested and oversized payloads, and payloads of many small entr
 only its own call (an answer with no changes, or for Configure and Synchronize an error status);
 the session stays up and the next well-formed call is answered as usual. And a hostile runtime
 as a peer: one that sends requests and never reads the replies (the plugin drops what is past its
-bounds, closes the session and registers again).
+bounds, closes the session and registers again), and one that floods a Synchronize with chunks
+(refused past the bytes bound; the next Synchronize is served).
 
 The plugin is the real ``NriPlugin`` and ``NriEngine`` with every built-in plugin, on a real unix
 socket against the fake runtime of ``tests/runtime_proxy/nri/fake_runtime.py``."""
@@ -26,7 +27,7 @@ from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.nri import mux, ttrpc
 from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.nri.connection import MAX_INFLIGHT, PLUGIN_SERVICE
-from runtime_proxy.nri.plugin import MAX_EVENT_PAYLOAD, NriPlugin, PluginIdentity
+from runtime_proxy.nri.plugin import MAX_EVENT_PAYLOAD, MAX_SYNC_BYTES, NriPlugin, PluginIdentity
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime, Session
 
 E = nri_pb2.Event
@@ -273,3 +274,68 @@ async def test_a_runtime_that_never_reads_costs_bounded_memory_and_its_session_i
     assert most <= before + MAX_INFLIGHT + 10  # ... yet never more tasks than that bound and a few
     assert _limit_hits("requests_in_flight") >= dropped + first.dropped_requests
     assert _limit_hits("write_timeout") >= stalled + 1
+
+
+# -- a Synchronize flood ---------------------------------------------------------------------------
+
+
+def _sync_chunk(index: int, size: int, more: bool) -> bytes:
+    """A Synchronize message of about ``size`` bytes: one pod whose annotation fills it."""
+    pod = nri_pb2.PodSandbox(id=f"flood-{index}", name=f"flood-{index}", uid=f"uid-flood-{index}",
+                             namespace="default", annotations={"example.com/filler": "x" * size})
+    return nri_pb2.SynchronizeRequest(pods=[pod], more=more).SerializeToString()
+
+
+@pytest.fixture
+async def plugin(runtime: FakeRuntime) -> AsyncIterator[NriPlugin]:
+    engine = NriEngine(Pipeline([]), background=True)
+    nri = NriPlugin(PluginIdentity("rhp-hostile", "05"), engine, socket_path=str(runtime.path), backoff=(0.05, 0.2))
+    stop = asyncio.Event()
+    task = asyncio.create_task(nri.run(stop))
+    yield nri
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    await engine.close()
+
+
+async def test_a_synchronize_flood_is_refused_past_its_bytes_and_the_next_synchronize_works(
+    runtime: FakeRuntime, plugin: NriPlugin
+) -> None:
+    """Chunks of 6 MiB with ``more``, each under the 14 MiB request bound: the third passes the
+    16 MiB across the chunks, is refused without being decoded and what was kept is dropped; the
+    session closes, the plugin registers again and a well-formed Synchronize is served."""
+    refused = _limit_hits("synchronize_bytes")
+    session = await runtime.next_session()
+    await asyncio.wait_for(session.registered.wait(), 5)
+    await session.call("Configure", nri_pb2.ConfigureRequest(runtime_name="flood"))
+    replies = []
+    for index in range(40):
+        reply = await session.call("Synchronize", _sync_chunk(index, 6 << 20, more=True), timeout=30)
+        replies.append(reply)
+        assert plugin.sync_bytes <= MAX_SYNC_BYTES
+        if reply.HasField("status"):
+            break
+    assert [r.HasField("status") for r in replies] == [False, False, True]
+    assert replies[-1].status.code == 8 and "limit" in replies[-1].status.message
+    assert plugin.sync_bytes == 0  # the chunks kept so far are dropped
+    assert _limit_hits("synchronize_bytes") == refused + 1
+    await asyncio.wait_for(session.closed.wait(), 10)
+    again = await runtime.next_session()
+    await asyncio.wait_for(again.registered.wait(), 5)
+    await again.call("Configure", nri_pb2.ConfigureRequest(runtime_name="flood"))
+    last = await again.call("Synchronize", nri_pb2.SynchronizeRequest(pods=[_pod()], containers=[_container()]))
+    assert not last.HasField("status") and plugin.synchronized.is_set()
+    assert isinstance(plugin.events, NriEngine) and [p.sandbox_id for p in plugin.events.store.pods()] == ["sb1"]
+
+
+async def test_a_synchronize_of_many_chunks_within_the_bound_is_served(runtime: FakeRuntime, plugin: NriPlugin) -> None:
+    session = await runtime.next_session()
+    await asyncio.wait_for(session.registered.wait(), 5)
+    await session.call("Configure", nri_pb2.ConfigureRequest(runtime_name="split"))
+    for index in range(3):
+        reply = await session.call("Synchronize", _sync_chunk(index, 4 << 20, more=True), timeout=30)
+        assert nri_pb2.SynchronizeResponse.FromString(reply.payload).more
+    last = await session.call("Synchronize", nri_pb2.SynchronizeRequest(pods=[_pod()]), timeout=30)
+    assert not last.HasField("status") and plugin.sync_bytes == 0
+    assert isinstance(plugin.events, NriEngine)
+    assert sorted(p.sandbox_id for p in plugin.events.store.pods()) == ["flood-0", "flood-1", "flood-2", "sb1"]
