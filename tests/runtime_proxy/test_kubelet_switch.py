@@ -1,17 +1,22 @@
 """``runtime-proxy kubelet-switch`` (``runtime_proxy.kubelet``) on prepared kubelet files: the
-endpoint edit keeps everything else, the switch happens only when doctor passes and /readyz is
-200, a backup is kept, a failed restart restores the files, and ``--to containerd`` rolls back.
+endpoint edit (YAML in place, JSON re-serialised) changes that value only and is verified by
+parsing, what cannot be edited exactly is exit 2 with nothing changed, the switch happens only
+when doctor passes and /readyz is 200, a backup is kept, a failed restart or a failed second
+file restores the files, a symlink is edited at its target, and ``--to containerd`` sets only
+the endpoint back.
 No kubelet runs: the restart command is a test command."""
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
-from runtime_proxy import metrics
+from runtime_proxy import kubelet, metrics
 from runtime_proxy.cli import main
 from runtime_proxy.kubelet import PROXY_ENDPOINT, SwitchError, set_config_endpoint, set_flag_endpoint
 
@@ -31,8 +36,28 @@ FLAGS = f'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint={CONTAINERD} --pod-
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        pytest.param(CONFIG, CONFIG.replace(f"{CONTAINERD}   # the runtime", PROXY_ENDPOINT),
-                     id="the existing key is replaced and every other line kept"),
+        pytest.param(CONFIG, CONFIG.replace(f"{CONTAINERD}   # the runtime", f"{PROXY_ENDPOINT}   # the runtime"),
+                     id="the existing value is replaced and every other line and comment kept"),
+        pytest.param(f"kind: KubeletConfiguration\ncontainerRuntimeEndpoint:\n  {CONTAINERD}\nmaxPods: 110\n",
+                     f"kind: KubeletConfiguration\ncontainerRuntimeEndpoint:\n  {PROXY_ENDPOINT}\nmaxPods: 110\n",
+                     id="a value on the next line is replaced where it is, not joined to the new one"),
+        pytest.param(f'kind: KubeletConfiguration\ncontainerRuntimeEndpoint: "{CONTAINERD}" # quoted\n',
+                     f"kind: KubeletConfiguration\ncontainerRuntimeEndpoint: {PROXY_ENDPOINT} # quoted\n",
+                     id="a quoted value is replaced whole"),
+        pytest.param("kind: KubeletConfiguration\ncontainerRuntimeEndpoint:\nmaxPods: 5\n",
+                     f"kind: KubeletConfiguration\ncontainerRuntimeEndpoint: {PROXY_ENDPOINT}\nmaxPods: 5\n",
+                     id="an empty value is filled"),
+        pytest.param("kind: KubeletConfiguration\nevictionHard:\n  memory.available: 100Mi\n# end\n",
+                     f"kind: KubeletConfiguration\nevictionHard:\n  memory.available: 100Mi\n# end\n"
+                     f"containerRuntimeEndpoint: {PROXY_ENDPOINT}\n",
+                     id="a missing key is added after the last one, at the top level"),
+        pytest.param('{"kind": "KubeletConfiguration", "maxPods": 110}',
+                     f'{{\n  "kind": "KubeletConfiguration",\n  "maxPods": 110,\n'
+                     f'  "containerRuntimeEndpoint": "{PROXY_ENDPOINT}"\n}}\n',
+                     id="a JSON file stays JSON, with the key added"),
+        pytest.param(f'{{"containerRuntimeEndpoint": "{CONTAINERD}", "kind": "KubeletConfiguration"}}',
+                     f'{{\n  "containerRuntimeEndpoint": "{PROXY_ENDPOINT}",\n  "kind": "KubeletConfiguration"\n}}\n',
+                     id="a JSON value is replaced in its place"),
         pytest.param("kind: KubeletConfiguration\ncgroupDriver: systemd",
                      f"kind: KubeletConfiguration\ncgroupDriver: systemd\ncontainerRuntimeEndpoint: {PROXY_ENDPOINT}\n",
                      id="a missing key is added at the end"),
@@ -49,6 +74,15 @@ def test_config_endpoint_edit(text: str, expected: str) -> None:
         pytest.param("- a\n- b\n", "not a KubeletConfiguration mapping", id="a list is refused"),
         pytest.param("kind: Pod\n", "not KubeletConfiguration", id="another kind is refused"),
         pytest.param("a: [\n", "not YAML", id="broken YAML is refused"),
+        pytest.param('{"kind": "KubeletConfiguration",', "not JSON", id="broken JSON is refused"),
+        pytest.param(f"containerRuntimeEndpoint: a\ncontainerRuntimeEndpoint: {CONTAINERD}\n", "appears twice",
+                     id="the key twice is refused"),
+        pytest.param('{"containerRuntimeEndpoint": "a", "containerRuntimeEndpoint": "b"}', "appears twice",
+                     id="the key twice in JSON is refused"),
+        pytest.param(f"x: &ep {CONTAINERD}\ncontainerRuntimeEndpoint: *ep\n", "nothing written",
+                     id="an alias shared with another key is refused"),
+        pytest.param("{kind: KubeletConfiguration}\n", "not JSON", id="a YAML flow mapping is refused"),
+        pytest.param("containerRuntimeEndpoint: {a: 1}\n", "not a string", id="a value that is not a string"),
     ],
 )
 def test_config_endpoint_refuses_other_files(text: str, message: str) -> None:
@@ -74,6 +108,13 @@ def test_flag_endpoint_edit(text: str, expected: str) -> None:
 def test_flag_file_without_the_flag_is_refused() -> None:
     with pytest.raises(SwitchError, match="no --container-runtime-endpoint"):
         set_flag_endpoint("KUBELET_EXTRA_ARGS=--v=2\n", PROXY_ENDPOINT)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """``main`` configures structlog for the process; give the next test the defaults back."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -121,7 +162,7 @@ def _unchanged(node: Path) -> bool:
 
 def test_switch_then_roll_back(node: Path, readyz: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
     assert _switch(node, readyz, "--to", "proxy") == 0
-    assert f"containerRuntimeEndpoint: {PROXY_ENDPOINT}\n" in (node / "config.yaml").read_text()
+    assert f"containerRuntimeEndpoint: {PROXY_ENDPOINT}   # the runtime\n" in (node / "config.yaml").read_text()
     assert (node / "config.yaml").read_text().startswith("# kubelet config written by kubeadm\n")
     assert f"--container-runtime-endpoint={PROXY_ENDPOINT} " in (node / "kubeadm-flags.env").read_text()
     assert (node / "config.yaml.rhp-backup").read_text() == CONFIG
@@ -170,3 +211,102 @@ def test_unusable_files_exit_2_before_any_check(node: Path, readyz: dict[str, ob
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no --container-runtime-endpoint" in err
     assert main(["kubelet-switch", "--to", "proxy"]) == 2
+
+
+def test_the_key_is_removed_again_when_asked(tmp_path: Path) -> None:
+    text = f"kind: KubeletConfiguration\ncontainerRuntimeEndpoint: {CONTAINERD}  # x\nmaxPods: 5\n"
+    assert set_config_endpoint(text, None) == "kind: KubeletConfiguration\nmaxPods: 5\n"
+
+
+def _rollback(node: Path, *extra: str) -> int:
+    return main(["kubelet-switch", "--to", "containerd", "--kubelet-config", str(node / "config.yaml"),
+                 "--flags-file", str(node / "kubeadm-flags.env"), "--restart-command", f"touch {node / 'restarted'}",
+                 *extra])
+
+
+def test_rollback_changes_only_the_endpoint(node: Path, readyz: dict[str, object]) -> None:
+    """Later kubelet edits survive a rollback: only the endpoint goes back to the backup's."""
+    assert _switch(node, readyz, "--to", "proxy") == 0
+    later = "cgroupDriver: systemd\nmaxPods: 250\n"
+    (node / "config.yaml").write_text((node / "config.yaml").read_text().replace("cgroupDriver: systemd\n", later))
+    flags = (node / "kubeadm-flags.env").read_text().replace("pause:3.9", "pause:3.10")
+    (node / "kubeadm-flags.env").write_text(flags)
+    assert _rollback(node) == 0
+    assert (node / "config.yaml").read_text() == CONFIG.replace("cgroupDriver: systemd\n", later)
+    assert (node / "kubeadm-flags.env").read_text() == FLAGS.replace("pause:3.9", "pause:3.10")
+    assert not (node / "config.yaml.rhp-backup").exists() and not (node / "kubeadm-flags.env.rhp-backup").exists()
+
+
+def test_rollback_removes_a_key_the_backup_did_not_have(node: Path, readyz: dict[str, object]) -> None:
+    original = "kind: KubeletConfiguration\ncgroupDriver: systemd\n"
+    (node / "config.yaml").write_text(original)
+    assert _switch(node, readyz, "--to", "proxy") == 0
+    assert _rollback(node) == 0
+    assert (node / "config.yaml").read_text() == original
+
+
+def test_rollback_without_backup_keeps_json_json(node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = {"kind": "KubeletConfiguration", "containerRuntimeEndpoint": PROXY_ENDPOINT}
+    (node / "config.yaml").write_text(json.dumps(doc))
+    assert _rollback(node) == 0
+    assert json.loads((node / "config.yaml").read_text()) == {"kind": "KubeletConfiguration",
+                                                               "containerRuntimeEndpoint": CONTAINERD}
+    assert "no backup found" in capsys.readouterr().out
+
+
+def test_a_switch_failing_on_its_second_file_restores_the_first(node: Path, readyz: dict[str, object],
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    real = kubelet._write_atomically
+
+    def fail_on_flags(path: Path, text: str) -> None:
+        if path.name == "kubeadm-flags.env":
+            raise OSError(28, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(kubelet, "_write_atomically", fail_on_flags)
+    assert _switch(node, readyz, "--to", "proxy") == 2
+    assert _unchanged(node)
+    assert not (node / "config.yaml.rhp-backup").exists() and not (node / "kubeadm-flags.env.rhp-backup").exists()
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "restored" in err and err.count("\n") == 1
+
+
+def test_a_symlinked_config_is_edited_at_its_target(node: Path, readyz: dict[str, object]) -> None:
+    (node / "etc").mkdir()
+    (node / "config.yaml").rename(node / "etc" / "kubelet.yaml")
+    (node / "config.yaml").symlink_to(node / "etc" / "kubelet.yaml")
+    assert _switch(node, readyz, "--to", "proxy") == 0
+    assert (node / "config.yaml").is_symlink()
+    assert f"containerRuntimeEndpoint: {PROXY_ENDPOINT}" in (node / "etc" / "kubelet.yaml").read_text()
+    assert _rollback(node) == 0
+    assert (node / "config.yaml").is_symlink() and (node / "etc" / "kubelet.yaml").read_text() == CONFIG
+
+
+def test_a_config_that_cannot_be_edited_exactly_exits_2_and_changes_nothing(
+        node: Path, readyz: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
+    broken = f"kind: KubeletConfiguration\ncontainerRuntimeEndpoint: a\ncontainerRuntimeEndpoint: {CONTAINERD}\n"
+    (node / "config.yaml").write_text(broken)
+    assert _switch(node, readyz, "--to", "proxy") == 2
+    assert (node / "config.yaml").read_text() == broken and (node / "kubeadm-flags.env").read_text() == FLAGS
+    assert not (node / "restarted").exists() and not (node / "config.yaml.rhp-backup").exists()
+    assert "appears twice" in capsys.readouterr().err
+    assert _rollback(node) == 2
+    assert (node / "config.yaml").read_text() == broken and (node / "kubeadm-flags.env").read_text() == FLAGS
+
+
+def test_the_written_file_is_read_back_and_checked(node: Path, readyz: dict[str, object],
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A write that lands differently (here: something else rewrites the file) is caught by the
+    re-parse after writing, and the files go back."""
+    real = kubelet._write_atomically
+
+    def lossy(path: Path, text: str) -> None:
+        real(path, text.replace("cgroupDriver: systemd", "cgroupDriver: cgroupfs"))
+
+    monkeypatch.setattr(kubelet, "_write_atomically", lossy)
+    assert _switch(node, readyz, "--to", "proxy") == 2
+    assert "read back after writing" in capsys.readouterr().err
+    monkeypatch.setattr(kubelet, "_write_atomically", real)
+    assert (node / "config.yaml").read_text().replace("cgroupfs", "systemd") == CONFIG
