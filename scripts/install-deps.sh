@@ -10,8 +10,14 @@
 #      A failed fetch is a warning: the tests for that version then skip and say why.
 #   3. The project's virtualenv in .venv with `pip install -e '.[dev]'` and the development
 #      harness (`pip install -e ./devenv`: private containerd, images, CRI client, demo).
+#   4. The one-node cluster's components (kube-apiserver, kube-controller-manager, kube-scheduler,
+#      kubelet, kubectl, etcd) built from devenv/kube's pinned Go modules by
+#      scripts/build-kube.sh into $RHP_KUBE_PREFIX (default /opt/runtime-hook-proxy/kube): about
+#      5 minutes the first time, nothing when go.mod, go.sum and main.go are unchanged. A failed
+#      build is a warning: the end-to-end tests then skip (or fail, with RHP_REQUIRE_KUBE=1).
 # Environment: RHP_CONTAINERD_PREFIX (see above), RHP_SKIP_EXTRA_CONTAINERD=1 (skip step 2),
-# RHP_DEBIAN_URI (mirror for step 2; default: the machine's own Debian URI from its apt sources).
+# RHP_DEBIAN_URI (mirror for step 2; default: the machine's own Debian URI from its apt sources),
+# RHP_KUBE_PREFIX (step 4), RHP_SKIP_KUBE=1 (skip step 4).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -157,6 +163,17 @@ else
   SUMMARY+=("critest: MISSING (scripts/build-critest.sh failed)")
 fi
 # --- end of critest -------------------------------------------------------------------------------
+
+# --- 4. Kubernetes components for the end-to-end tests (tests/e2e/) ------------------------------
+if [[ ${RHP_SKIP_KUBE:-0} == 1 ]]; then
+  log "RHP_SKIP_KUBE=1: not building the Kubernetes components"
+  SUMMARY+=("kube: not built (RHP_SKIP_KUBE=1)")
+elif kube_bin=$(bash scripts/build-kube.sh); then
+  SUMMARY+=("kube: $("$kube_bin" kubectl version --client 2>/dev/null | head -1) ($kube_bin)")
+else
+  warn "scripts/build-kube.sh failed; the end-to-end tests will skip (or fail with RHP_REQUIRE_KUBE=1)"
+  SUMMARY+=("kube: MISSING (scripts/build-kube.sh failed)")
+fi
 
 log "summary:"
 for line in "${SUMMARY[@]}"; do

@@ -2,6 +2,7 @@
 # Set up this machine and run every check: the one command to "set up and run the tests".
 #
 #   bash scripts/test.sh [PYTEST ARGS...]     (as root; CI runs it through .ci/run)
+#   bash scripts/test.sh tests/e2e            (the same set-up and checks, then only those tests)
 #
 # Steps: scripts/install-deps.sh (Debian packages, containerd 1.7/2.1, .venv), ruff, mypy on
 # the packages that exist, then pytest over tests/. Every step runs even when an earlier one
@@ -10,6 +11,8 @@
 #   RHP_PYTEST_TIMEOUT      per-test timeout in seconds (default 180)
 #   RHP_REQUIRE_CONTAINERD  versions that must not be skipped (default 1.6, the Debian package)
 #   RHP_REQUIRE_CRITEST     1 (default): the critest tests fail, not skip, without the binary
+#   RHP_REQUIRE_KUBE        1 (default): the end-to-end tests (tests/e2e/) fail instead of
+#                           skipping when the kube binary (scripts/build-kube.sh) is missing
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -54,7 +57,16 @@ fi
 
 export RHP_REQUIRE_CONTAINERD=${RHP_REQUIRE_CONTAINERD-1.6}
 export RHP_REQUIRE_CRITEST=${RHP_REQUIRE_CRITEST-1}
-step pytest .venv/bin/pytest -q -p no:cacheprovider --timeout="${RHP_PYTEST_TIMEOUT:-180}" tests/ "$@"
+export RHP_REQUIRE_KUBE=${RHP_REQUIRE_KUBE-1}
+# With a test path among the arguments (`bash scripts/test.sh tests/e2e`), pytest runs only what
+# the arguments name; otherwise everything under tests/.
+targets=(tests/)
+for arg in "$@"; do
+  if [[ $arg != -* && -e ${arg%%::*} ]]; then
+    targets=()
+  fi
+done
+step pytest .venv/bin/pytest -q -p no:cacheprovider --timeout="${RHP_PYTEST_TIMEOUT:-180}" "${targets[@]}" "$@"
 pytest_rc=$?
 if ((pytest_rc == 5)); then
   echo "test.sh: pytest collected no tests: that counts as a failure" >&2
