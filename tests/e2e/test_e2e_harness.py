@@ -1,0 +1,109 @@
+"""The cluster harness itself (``rhp_devenv.kube``), without starting a cluster: what it renders,
+the certificates it makes, and the clean-up after a run that died without stopping."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from rhp_devenv import kube
+
+# the machine-touching tests here take the cluster lock: they may wait for a running cluster
+pytestmark = pytest.mark.timeout(1900)
+
+
+def test_kubelet_config_listens_on_loopback_and_never_collects_or_evicts(tmp_path: Path) -> None:
+    pair = kube.TlsPair(tmp_path / "s.crt", tmp_path / "s.key")
+    config = kube.kubelet_config(cri_socket=Path("/run/x.sock"), port=1, healthz_port=2, client_ca=tmp_path / "ca",
+                                 serving=pair, pod_logs_dir=tmp_path / "logs",
+                                 extra={"featureGates": {"EventedPLEG": True}})  # fmt: skip
+    assert (config["address"], config["healthzBindAddress"], config["readOnlyPort"]) == ("127.0.0.1", "127.0.0.1", 0)
+    assert config["containerRuntimeEndpoint"] == "unix:///run/x.sock"
+    assert (config["cgroupDriver"], config["cgroupRoot"], config["failCgroupV1"]) == ("cgroupfs", "/", False)
+    assert (config["imageGCHighThresholdPercent"], config["imageGCLowThresholdPercent"]) == (100, 99)
+    assert all(v in ("1Mi", "1%") for v in config["evictionHard"].values())
+    assert config["authentication"]["anonymous"] == {"enabled": False}
+    assert config["featureGates"] == {"EventedPLEG": True}
+
+
+def test_scheduler_config_keeps_the_base_and_replaces_the_extenders(tmp_path: Path) -> None:
+    base = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "extenders": [{"urlPrefix": "https://elsewhere"}], "percentageOfNodesToScore": 50}  # fmt: skip
+    config = kube.scheduler_config(kubeconfig_path=tmp_path / "k", base=base, extenders=[{"urlPrefix": "x"}])
+    assert config["extenders"] == [{"urlPrefix": "x"}]
+    assert config["percentageOfNodesToScore"] == 50
+    assert config["leaderElection"] == {"leaderElect": False}
+    assert config["clientConnection"] == {"kubeconfig": str(tmp_path / "k")}
+    assert base["extenders"] == [{"urlPrefix": "https://elsewhere"}]  # the base is not changed
+
+
+def test_certificates_carry_the_identity_and_the_addresses(tmp_path: Path) -> None:
+    pki = kube.Pki(tmp_path)
+    ca = pki.ca("ca")
+    pair = pki.issue(ca, "node", cn="system:node:127.0.0.1", orgs=("system:nodes",), ips=("127.0.0.1",),
+                     dns=("localhost",), server=True)  # fmt: skip
+    text = subprocess.run(["openssl", "x509", "-in", str(pair.cert), "-noout", "-text"], capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    assert "O = system:nodes, CN = system:node:127.0.0.1" in text
+    assert "IP Address:127.0.0.1" in text and "DNS:localhost" in text
+    assert "TLS Web Server Authentication, TLS Web Client Authentication" in text
+    verify = subprocess.run(["openssl", "verify", "-CAfile", str(ca.cert), str(pair.cert)], capture_output=True,
+                            text=True, check=False)  # fmt: skip
+    assert verify.returncode == 0, verify.stderr
+    config = kube.kubeconfig("https://127.0.0.1:1", ca.cert, pair, "u")
+    assert config["users"][0]["user"] == {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
+
+
+def _blackhole_routes() -> str:
+    return subprocess.run(["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+
+
+@pytest.mark.requires_root
+def test_a_crashed_runs_processes_route_and_files_are_undone_at_the_next_start(tmp_path: Path) -> None:
+    """What a run that died left behind (recorded in its state file) is undone when the next
+    cluster takes the machine's lock: its processes (by PID and start time), the blackhole route,
+    kubelet's sysctl changes and the work directory. A PID now used by another process is spared."""
+    if kube.kube_binary() is None:
+        pytest.skip("no kube binary (the constructor needs one)")
+    cluster = kube.Cluster("/nonexistent.sock", lock_timeout=1800)
+    cluster._take_lock()
+    try:
+        leftover = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        work = Path(os.environ.get("TMPDIR", "/tmp")) / f"rhp-kube-crashtest-{os.getpid()}"
+        work.mkdir()
+        subprocess.run(["ip", "route", "replace", "blackhole", kube.SERVICE_CIDR], check=True)
+        tunable = "kernel/panic"
+        current = (Path("/proc/sys") / tunable).read_text().strip()
+        state = {
+            "owner": 1,
+            "work_dir": str(work),
+            "pids": [[leftover.pid, kube._proc_start_time(leftover.pid)], [bystander.pid, "1"]],
+            "tunables": {tunable: current},
+            "iptables": [],
+            "kubepods_created": False,
+        }
+        kube._STATE_PATH.write_text(json.dumps(state))
+        assert kube.SERVICE_CIDR.split("/")[0] in _blackhole_routes()
+        cluster._recover_crashed_run()
+        assert kube._proc_start_time(leftover.pid) is None  # killed (and reaped: it was our child)
+        assert bystander.poll() is None  # its recorded start time does not match: not ours
+        assert kube.SERVICE_CIDR.split("/")[0] not in _blackhole_routes()
+        assert not work.exists()
+        assert not kube._STATE_PATH.exists()
+        assert (Path("/proc/sys") / tunable).read_text().strip() == current
+    finally:
+        for proc in (leftover, bystander):
+            proc.kill()
+            proc.wait()
+        cluster.stop()  # releases the lock (nothing else was started)
+
+
+def test_the_cluster_refuses_to_start_without_the_binary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RHP_KUBE_BINARY", str(tmp_path / "missing"))
+    with pytest.raises(kube.KubeError, match=r"build-kube\.sh"):
+        kube.Cluster("/x.sock")
