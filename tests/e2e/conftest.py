@@ -1,0 +1,279 @@
+"""End-to-end fixtures: a real one-node Kubernetes (:class:`rhp_devenv.kube.Cluster`) whose
+kubelet runs pods through ``runtime-proxy serve`` in front of a private containerd 2.1, and whose
+kube-scheduler uses ``scheduler-ext serve`` over mutual TLS.
+
+- ``stack`` (session): everything above, started once for the whole session (about 30 s) and
+  shared by every test here; see :class:`Stack`.
+- ``ns`` (function): a fresh namespace for one test, deleted (with its pods) afterwards.
+
+The kube binary comes from ``scripts/build-kube.sh`` (``scripts/install-deps.sh`` runs it). When
+it is missing the tests skip and say so, unless ``RHP_REQUIRE_KUBE=1`` (``scripts/test.sh`` sets
+it), which turns the skip into a failure. Not root: skipped.
+
+Every test under ``tests/e2e/`` gets the ``e2e`` marker and a 600 s timeout (the session's first
+test also waits for the cluster, and for any other cluster on this machine to stop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rhp_devenv.containerd import PrivateContainerd, binaries_for, reap_stale_work_dirs
+from rhp_devenv.kube import NODE_NAME, Cluster, Pki, TlsPair, free_port, kube_binary
+
+from tests.integration import qos_helpers as q
+from tests.integration.harness import REPO, ProxyProcess
+
+E2E_DIR = Path(__file__).parent
+CONTAINERD_VERSION = "2.1"
+PROXY_PLUGINS = ("cpuset", "numa", "batch_resource")
+SCHEDULER_CONFIG = REPO / "packaging" / "scheduler" / "kube-scheduler-config.yaml"
+SCHEDULER_RBAC = REPO / "packaging" / "scheduler" / "rbac.yaml"
+NRT_CRD = REPO / "packaging" / "crds" / "noderesourcetopology.yaml"
+EXTENDER_USER = "system:serviceaccount:kube-system:scheduler-ext"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(600))
+
+
+def _require_kube() -> bool:
+    return os.environ.get("RHP_REQUIRE_KUBE", "") not in ("", "0")
+
+
+@dataclass
+class Stack:
+    """The running end-to-end stack."""
+
+    cluster: Cluster
+    """The one-node cluster (``kubectl``, ``apply``, ``get_json``, ``wait_pod_running``, ...)."""
+    ctrd: PrivateContainerd
+    """The containerd behind the proxy."""
+    proxy: ProxyProcess
+    """``runtime-proxy serve`` (its log: ``proxy_log``)."""
+    proxy_socket: Path
+    proxy_log: Path
+    extender_health: str
+    """``http://127.0.0.1:PORT`` of the extender's plain health port."""
+
+
+def _proxy_config(work: Path) -> Path:
+    node = q.write_node_config(work / "node.json", name=NODE_NAME)
+    hook_dir = work / "hookserver.d"
+    hook_dir.mkdir(mode=0o755)
+    config = {
+        "plugins": [{"name": name} for name in PROXY_PLUGINS],
+        "nodeConfigFile": str(node),
+        "hookServerDir": str(hook_dir),
+        "cgroupDriver": "cgroupfs",
+    }
+    path = work / "proxy-config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _scheduler_extender(ext_pki: Pki, ext_ca: TlsPair, port: int) -> dict[str, Any]:
+    """packaging/scheduler's extender entry, pointed at 127.0.0.1:PORT with the harness's
+    client certificate for kube-scheduler and the extender's CA."""
+    base = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    (extender,) = base["extenders"]
+    client = ext_pki.issue(ext_ca, "kube-scheduler-ext-client", cn="kube-scheduler")
+    extender["urlPrefix"] = f"https://127.0.0.1:{port}"
+    extender["tlsConfig"] = {"certFile": str(client.cert), "keyFile": str(client.key), "caFile": str(ext_ca.cert)}
+    return dict(extender)
+
+
+def _start_extender(cluster: Cluster) -> tuple[dict[str, Any], str]:
+    """RBAC and CRD from packaging/, the node's NodeResourceTopology, then ``scheduler-ext
+    serve`` with the ServiceAccount identity of packaging/scheduler/rbac.yaml; returns the
+    kube-scheduler extender entry and the health URL."""
+    cluster.apply(SCHEDULER_RBAC.read_text(), NRT_CRD.read_text())
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/noderesourcetopologies.topology.node.k8s.io")  # fmt: skip
+    cluster.apply(node_topology())
+    ext_pki = Pki(cluster.work_dir / "extender-pki")
+    ext_ca = ext_pki.ca("extender-ca")
+    serving = ext_pki.issue(ext_ca, "extender-serving", cn="scheduler-ext", ips=("127.0.0.1",), server=True,
+                            client=False)  # fmt: skip
+    port, health = free_port(), free_port()
+    kubeconfig = cluster.kubeconfig_for("scheduler-ext", user=EXTENDER_USER, groups=("system:serviceaccounts",))
+    cluster.spawn("scheduler-ext", [
+        sys.executable, "-m", "scheduler_ext.entry", "serve", f"--listen=127.0.0.1:{port}",
+        f"--tls-cert={serving.cert}", f"--tls-key={serving.key}", f"--tls-client-ca={ext_ca.cert}",
+        f"--health-listen=127.0.0.1:{health}", f"--kubeconfig={kubeconfig}",
+        "--ledger-namespace=kube-system", "--identity=scheduler-ext-e2e", "--log-format=json",
+    ], env={"PYTHONPATH": str(REPO)})  # fmt: skip
+    health_url = f"http://127.0.0.1:{health}"
+
+    def ready() -> bool:
+        try:
+            return http_get(f"{health_url}/readyz")[0] == 200
+        except OSError:
+            return False
+
+    cluster.wait_for(ready, what="scheduler-ext /readyz", timeout=90, log="scheduler-ext")
+    return _scheduler_extender(ext_pki, ext_ca, port), health_url
+
+
+def http_get(url: str) -> tuple[int, bytes]:
+    """A plain GET on 127.0.0.1 (never through a proxy)."""
+    import http.client
+
+    hostport, _, path = url.removeprefix("http://").partition("/")
+    host, _, port = hostport.partition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        conn.request("GET", "/" + path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def node_topology() -> dict[str, Any]:
+    """The NodeResourceTopology of node 127.0.0.1 as koordlet reports it: this machine's CPU
+    topology and kubelet's CPU manager policy ``none``."""
+    return {
+        "apiVersion": "topology.node.k8s.io/v1alpha1",
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": NODE_NAME, "annotations": q.node_topology_annotations()},
+        "topologyPolicies": ["None"],
+        "zones": [],
+    }
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    """The whole end-to-end stack (see the module docstring)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (kubelet, containerd, cgroups, routes)")
+    if kube_binary() is None:
+        reason = "the kube binary is missing: run scripts/build-kube.sh (scripts/install-deps.sh does)"
+        if _require_kube():
+            pytest.fail(reason + " (RHP_REQUIRE_KUBE is set)")
+        pytest.skip(reason)
+    missing = binaries_for(CONTAINERD_VERSION).missing()
+    if missing:
+        pytest.fail(f"containerd {CONTAINERD_VERSION} is not installed ({missing}); scripts/install-deps.sh does it")
+    work = Path(tempfile.mkdtemp(prefix="rhp-e2e-", dir="/tmp"))
+    reap_stale_work_dirs()
+    ctrd = PrivateContainerd(CONTAINERD_VERSION).start()
+    proxy: ProxyProcess | None = None
+    cluster: Cluster | None = None
+    try:
+        socket = work / "proxy.sock"
+        log = work / "proxy.log"
+        proxy = ProxyProcess(
+            ["--backend", str(ctrd.socket), "--config", str(_proxy_config(work)), "--no-entry-points"], log=log
+        ).start(str(socket))
+        cluster = Cluster(socket, scheduler=False).start()
+        extender, health = _start_extender(cluster)
+        cluster.start_scheduler(extenders=[extender])
+        yield Stack(cluster, ctrd, proxy, socket, log, health)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if proxy is not None:
+            proxy.terminate()
+        ctrd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def ns(stack: Stack) -> Iterator[str]:
+    """A fresh namespace (with its ``default`` ServiceAccount), deleted with its pods afterwards."""
+    name = f"e2e-{secrets.token_hex(3)}"
+    stack.cluster.kubectl("create", "namespace", name)
+    stack.cluster.wait_for(
+        lambda: stack.cluster.get_json("serviceaccount", "default", namespace=name) is not None,
+        what=f"ServiceAccount {name}/default",
+    )
+    try:
+        yield name
+    finally:
+        stack.cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force", "--wait=true",
+                              "--timeout=120s", check=False)  # fmt: skip
+        stack.cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def pod_manifest(
+    name: str,
+    namespace: str,
+    *,
+    qos: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+    requests: Mapping[str, str] | None = None,
+    limits: Mapping[str, str] | None = None,
+    node_name: str | None = None,
+    command: tuple[str, ...] = ("sleep", "3600"),
+) -> dict[str, Any]:
+    """A host-network busybox pod (the private containerd's image, never pulled)."""
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = dict(requests)
+    if limits:
+        resources["limits"] = dict(limits)
+    spec: dict[str, Any] = {
+        "hostNetwork": True,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{
+            "name": "app",
+            "image": "localhost/rhp-busybox:1",
+            "imagePullPolicy": "Never",
+            "command": list(command),
+            "resources": resources,
+        }],
+    }  # fmt: skip
+    if node_name:
+        spec["nodeName"] = node_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {q.LABEL_QOS: qos} if qos else {},
+            "annotations": dict(annotations or {}),
+        },
+        "spec": spec,
+    }
+
+
+def container_id(pod: Mapping[str, Any], name: str = "app") -> str:
+    """The container's ID from the pod's status (``containerd://<id>``)."""
+    for status in pod["status"]["containerStatuses"]:
+        if status["name"] == name:
+            return str(status["containerID"]).split("://", 1)[1]
+    raise AssertionError(f"no container {name} in {json.dumps(pod['status'])[:500]}")
+
+
+def pod_cgroup(pod: Mapping[str, Any]) -> str:
+    """kubelet's pod cgroup (cgroupfs driver, cgroup root ``/``) from its QoS class and UID."""
+    from rhp_devenv.cgroupfs import pod_cgroup_parent
+
+    return pod_cgroup_parent("/", pod["status"]["qosClass"], pod["metadata"]["uid"])
+
+
+def wait_deleted(cluster: Cluster, kind: str, name: str, namespace: str, timeout: float = 60.0) -> None:
+    """Wait until the object is gone from the API."""
+    deadline = time.monotonic() + timeout
+    while cluster.get_json(kind, name, namespace=namespace) is not None:
+        assert time.monotonic() < deadline, f"{kind} {namespace}/{name} still exists after {timeout} s"
+        time.sleep(0.2)
