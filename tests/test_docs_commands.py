@@ -43,6 +43,7 @@ REASONS = {
 SKIPPED: dict[tuple[str, str], str] = {
     ("README.md", "bash scripts/demo.sh"): "main",
     ("README.md", "bash scripts/test.sh"): "main",
+    ("README.md", "bash scripts/test.sh tests/e2e"): "main",
     ("README.md", "pip install runtime-hook-proxy"): "host",
     ("README.md", "docker build -f Containerfile -t registry.example.com/runtime-hook-proxy:0.1.0 ."): "builder",
     ("README.md", "kubectl apply -k packaging/kustomize/overlays/extender"): "cluster",
