@@ -71,6 +71,7 @@ __all__ = [
     "kubeconfig",
     "kubelet_config",
     "scheduler_config",
+    "take_kubepods_lock",
 ]
 
 T = TypeVar("T")
@@ -459,6 +460,30 @@ def _undo(state: Mapping[str, Any]) -> None:
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
+def take_kubepods_lock(timeout: float) -> IO[str] | None:
+    """Take the machine-wide lock on kubelet's ``/kubepods`` cgroup tree, waiting up to *timeout*
+    seconds (0: try once); None when someone else still holds it.
+
+    A :class:`Cluster` holds it while it runs. Anything else that creates pods under
+    ``/kubepods`` must hold it too: a running kubelet kills pod cgroups it does not know there.
+    Closing the returned file releases the lock (so does the process's death).
+    """
+    lock = open(_LOCK_PATH, "a+")  # noqa: SIM115 - the caller closes it
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                lock.close()
+                raise
+        if time.monotonic() >= deadline:
+            lock.close()
+            return None
+        time.sleep(0.5)
+
+
 # -- the cluster -------------------------------------------------------------------------------------
 
 
@@ -647,23 +672,9 @@ class Cluster:
         lock.close()
 
     def _take_lock(self) -> None:
-        lock = open(_LOCK_PATH, "a+")  # noqa: SIM115 - held until stop()
-        deadline = time.monotonic() + self.lock_timeout
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    lock.close()
-                    raise
-                if time.monotonic() > deadline:
-                    lock.close()
-                    raise KubeError(
-                        f"another cluster holds {_LOCK_PATH} for more than {self.lock_timeout:.0f} s"
-                    ) from None
-                time.sleep(0.5)
-        self._lock = lock
+        self._lock = take_kubepods_lock(self.lock_timeout)
+        if self._lock is None:
+            raise KubeError(f"another cluster held {_LOCK_PATH} for more than {self.lock_timeout:.0f} s")
 
     def _recover_crashed_run(self) -> None:
         """Undo what a run that died without :meth:`stop` left (we hold the lock: it is gone)."""

@@ -33,6 +33,7 @@ import pytest
 from prometheus_client import REGISTRY
 from rhp_devenv.cgroupfs import CGROUP_ROOT, cgroup_hierarchies, remove_cgroup_tree
 from rhp_devenv.cri import BURN_CPU_COMMAND, CriClient, PodHandle, linux_resources
+from rhp_devenv.kube import take_kubepods_lock
 
 from cri_protos import api_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, format_cpu_list, parse_cpu_list
@@ -79,20 +80,29 @@ def cgroup_file(path: str, file: str) -> str:
 def kubelet_tree(containerd: Any) -> Iterator[list[PodHandle]]:
     """Pods in kubelet's own cgroup layout (``/kubepods/...``), which the BE kube-QoS dir of
     CPU suppress is part of. Skipped when a ``kubepods`` tree exists already (a real kubelet or
-    another run owns it); afterwards the pods the test appended and the tree go away."""
+    another run owns it) or an end-to-end cluster runs (``rhp_devenv.kube``: its kubelet would
+    remove these pods' cgroups as orphans); afterwards the pods the test appended and the tree go
+    away."""
+    lock = take_kubepods_lock(0)
+    if lock is None:
+        pytest.skip("a one-node cluster (rhp_devenv.kube) runs on this machine and owns /kubepods")
     if any((h / "kubepods").exists() for h in cgroup_hierarchies()):
+        lock.close()
         pytest.skip("a kubepods cgroup tree exists on this machine; this test creates and removes its own")
     pods: list[PodHandle] = []
     try:
         yield pods
     finally:
-        with CriClient(containerd.socket) as client:
+        try:
+            with CriClient(containerd.socket) as client:
+                for pod in pods:
+                    client.remove_pod(pod)
             for pod in pods:
-                client.remove_pod(pod)
-        for pod in pods:
-            remove_cgroup_tree(pod.cgroup_parent, kill=True)
-        for qos in ("/kubepods/besteffort", "/kubepods/burstable", "/kubepods"):
-            remove_cgroup_tree(qos)
+                remove_cgroup_tree(pod.cgroup_parent, kill=True)
+            for qos in ("/kubepods/besteffort", "/kubepods/burstable", "/kubepods"):
+                remove_cgroup_tree(qos)
+        finally:
+            lock.close()
 
 
 def prepared_proc(base: Path) -> Path:
