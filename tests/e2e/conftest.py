@@ -16,6 +16,7 @@ test also waits for the cluster, and for any other cluster on this machine to st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -28,11 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from rhp_devenv.containerd import PrivateContainerd, binaries_for, reap_stale_work_dirs
+from rhp_devenv.cri import CriClient
 from rhp_devenv.kube import NODE_NAME, Cluster, Pki, TlsPair, free_port, kube_binary
 
+from cri_protos import api_pb2
 from tests.integration import qos_helpers as q
 from tests.integration.harness import REPO, ProxyProcess
 
@@ -209,7 +213,30 @@ def ns(stack: Stack) -> Iterator[str]:
     finally:
         stack.cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force", "--wait=true",
                               "--timeout=120s", check=False)  # fmt: skip
+        collect_sandboxes(stack, name)
         stack.cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def sandboxes(stack: Stack, namespace: str, *, direct: bool = True) -> list[api_pb2.PodSandbox]:
+    """The runtime's pod sandboxes of *namespace*'s pods (asked of containerd, or of the proxy)."""
+    with CriClient(stack.ctrd.socket if direct else stack.proxy_socket) as cri:
+        return cri.list_pod_sandboxes(labels={"io.kubernetes.pod.namespace": namespace})
+
+
+def collect_sandboxes(stack: Stack, namespace: str, timeout: float = 60.0) -> None:
+    """Do kubelet's garbage collection of deleted pods early: wait until kubelet stopped every
+    sandbox of *namespace*, then remove them through the proxy, as kubelet's collector would
+    (it runs once a minute). Until then the proxy counts a stopped sandbox's bound CPUs as held,
+    and the next test's LSR pod would not get them (``test_e2e_pods.py`` shows it)."""
+    deadline = time.monotonic() + timeout
+    with CriClient(stack.proxy_socket) as cri:
+        while boxes := cri.list_pod_sandboxes(labels={"io.kubernetes.pod.namespace": namespace}):
+            for box in boxes:
+                if box.state == api_pb2.SANDBOX_NOTREADY:
+                    with contextlib.suppress(grpc.RpcError):
+                        cri.remove_pod_sandbox(box.id)
+            assert time.monotonic() < deadline, f"sandboxes of {namespace} still there: {[b.id for b in boxes]}"
+            time.sleep(0.2)
 
 
 def pod_manifest(

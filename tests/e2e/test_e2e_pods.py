@@ -17,9 +17,10 @@ import json
 import pytest
 from rhp_devenv.kube import KUBE_VERSION, NODE_NAME
 
+from cri_protos import api_pb2
 from hooks.facts import format_cpu_list
 from runtime_proxy.state.sysfs import read_cpu_topology
-from tests.e2e.conftest import Stack, container_id, pod_cgroup, pod_manifest
+from tests.e2e.conftest import Stack, container_id, pod_cgroup, pod_manifest, sandboxes
 from tests.integration import qos_helpers as q
 
 TOPO = read_cpu_topology()
@@ -122,3 +123,29 @@ def test_logs_and_exec_through_the_proxy(stack: Stack, ns: str) -> None:
     assert allowed == [LSR_CPU]
     failed = cluster.kubectl("exec", "-n", ns, "talk", "--", "sh", "-c", "exit 3", check=False)
     assert failed.returncode == 3
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "product defect (runtime_proxy, bound cpusets): a stopped sandbox keeps its resource-status "
+    "CPUs until RemovePodSandbox, which kubelet's garbage collection sends up to a minute after the "
+    "pod was deleted; an LSR pod given those CPUs meanwhile runs on the share pool until then"))
+def test_an_lsr_pod_gets_the_cpus_of_a_deleted_lsr_pod_once_that_pod_stopped(stack: Stack, ns: str) -> None:
+    """The scheduler gives CPU 1 to a new LSR pod right after the LSR pod that held it was
+    deleted. Once kubelet has stopped the old pod's sandbox (its containers are dead), the new
+    pod's container is bound to CPU 1 within the reconciler's period."""
+    cluster = stack.cluster
+
+    def lsr(name: str) -> dict[str, object]:
+        return pod_manifest(name, ns, qos="LSR", node_name=NODE_NAME,
+                            annotations={q.RESOURCE_STATUS: q.resource_status(LSR_CPU)},
+                            requests={"cpu": "1", "memory": "32Mi"}, limits={"cpu": "1", "memory": "32Mi"})  # fmt: skip
+
+    cluster.apply(lsr("old"))
+    old = cluster.wait_pod_running(ns, "old")
+    assert _cgroup(old, "cpuset.cpus") == LSR_CPU
+    cluster.kubectl("delete", "pod", "old", "-n", ns, "--grace-period=0", "--force")
+    cluster.wait_for(lambda: all(b.state == api_pb2.SANDBOX_NOTREADY for b in sandboxes(stack, ns)),
+                     what="kubelet stopped the old pod's sandbox")  # fmt: skip
+    cluster.apply(lsr("new"))
+    new = cluster.wait_pod_running(ns, "new")
+    q.wait_for(lambda: _cgroup(new, "cpuset.cpus"), LSR_CPU, what="the new LSR pod's cpuset", timeout=20)
