@@ -5,11 +5,14 @@ Rules this class keeps:
 
 - The reader never waits for a handler or a reply: every request runs in its own task, so the
   runtime's Configure can arrive (and be answered) before the reply to our RegisterPlugin.
-- At most ``max_inflight`` requests (64) holding at most ``max_inflight_bytes`` (16 MiB: one
+- At most ``max_inflight`` requests (16) holding at most ``max_inflight_bytes`` (16 MiB: one
   request of the largest size and the events beside it) are handled at once. A request past
   either bound is dropped: no task, no reply (the runtime times it out), counted in
   ``rhp_nri_limit_hits_total{limit="requests_in_flight"}``. A runtime such as containerd sends
-  one call at a time per plugin and never comes near it.
+  one call at a time per plugin and never comes near it; the count is kept low because the
+  handlers that wake together run in one turn of the event loop.
+- ``limit_requests`` lowers the size of the requests accepted (the plugin does while a split
+  Synchronize is in progress); a header announcing more closes the session at once.
 - Every write (a message's frames, then the wait until the socket takes them) has
   ``write_timeout`` (2 s, NRI's default request timeout: the runtime has given up on a reply by
   then). A runtime that stops reading our replies has its session closed at the first write
@@ -61,7 +64,7 @@ __all__ = [
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
-MAX_INFLIGHT = 64
+MAX_INFLIGHT = 16
 MAX_INFLIGHT_BYTES = ttrpc.MAX_RECV_MESSAGE + (2 << 20)
 WRITE_TIMEOUT = 2.0
 
@@ -111,6 +114,7 @@ class NriConnection:
         self._handler = handler
         self._frames = mux.FrameDecoder(max_frame)
         self._server_in = ttrpc.MessageDecoder(max_request)
+        self._max_frame, self._max_request = max_frame, max_request
         self._client_in = ttrpc.MessageDecoder(max_message)
         self._max_inflight = max_inflight
         self._max_inflight_bytes = max_inflight_bytes
@@ -143,6 +147,7 @@ class NriConnection:
                     self._frame(conn_id, payload)
         except (mux.FrameTooLarge, ttrpc.MessageTooLarge) as exc:
             reason = f"protocol: {exc}"
+            metrics.NRI_LIMIT_HITS.labels("message_size").inc()
             log.warning("NRI peer sent an oversized frame or message; closing", reason=str(exc))
         except (ConnectionError, OSError) as exc:
             reason = f"connection: {exc}"
@@ -243,6 +248,16 @@ class NriConnection:
             payload = b""
         await self._send(mux.PLUGIN_CONN, stream_id, ttrpc.TYPE_RESPONSE,
                          ttrpc_pb2.Response(payload=payload).SerializeToString())
+
+    def limit_requests(self, max_bytes: int | None) -> None:
+        """Accept requests of at most ``max_bytes`` (``None``: the bound given at construction,
+        which it never exceeds) from now on: a frame or request whose header announces more
+        closes the session before its body is buffered (``rhp_nri_limit_hits_total{limit=
+        "message_size"}``). The plugin lowers it while a split Synchronize has used part of its
+        bytes."""
+        request = self._max_request if max_bytes is None else min(max_bytes, self._max_request)
+        self._server_in.max_message = request
+        self._frames.max_payload = min(self._max_frame, request + ttrpc.HEADER.size)
 
     def close_when_idle(self, reason: str) -> None:
         """Close once the requests in flight are answered."""

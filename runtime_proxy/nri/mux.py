@@ -68,15 +68,16 @@ class FrameDecoder:
         frames: list[tuple[int, bytes]] = []
         offset = 0
         buf = self._buf
-        while len(buf) - offset >= HEADER.size:
-            conn_id, length = HEADER.unpack_from(buf, offset)
-            if length > self.max_payload:
-                raise FrameTooLarge(f"frame of {length} bytes on connection {conn_id} (limit {self.max_payload})")
-            end = offset + HEADER.size + length
-            if len(buf) < end:
-                break
-            frames.append((conn_id, bytes(buf[offset + HEADER.size : end])))
-            offset = end
+        with memoryview(buf) as view:  # each frame is copied once, out of the buffer
+            while len(buf) - offset >= HEADER.size:
+                conn_id, length = HEADER.unpack_from(buf, offset)
+                if length > self.max_payload:
+                    raise FrameTooLarge(f"frame of {length} bytes on connection {conn_id} (limit {self.max_payload})")
+                end = offset + HEADER.size + length
+                if len(buf) < end:
+                    break
+                frames.append((conn_id, bytes(view[offset + HEADER.size : end])))
+                offset = end
         if offset:
             del buf[:offset]
         return frames

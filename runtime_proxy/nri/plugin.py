@@ -11,12 +11,16 @@ backoff and registers under the same name.
 Synchronize. The chunks of one Synchronize (containerd 2.x splits one over 4 MiB into messages
 with ``more``) are kept until the last one, bounded by ``MAX_SYNC_BYTES`` (16 MiB of payload
 across the chunks: what containerd 1.7 can send in its one message, ``MAX_RECV_MESSAGE``, and
-the envelopes of the split) and 100 000 pods and containers. A chunk that would pass either
-bound is refused before it is decoded: the chunks kept so far are dropped, the reply is
-RESOURCE_EXHAUSTED (containerd then closes the plugin, as it does on any failed Synchronize),
-the session is closed once that reply is sent, so the rest of the refused Synchronize is never
-read, and the plugin registers again (``rhp_nri_limit_hits_total{limit="synchronize_bytes"}``
-or ``"synchronize_objects"``). The next Synchronize, within the bounds, is served as usual.
+the envelopes of the split) and 100 000 pods and containers. While a split Synchronize is in
+progress the connection accepts requests of at most the bytes it has left (never less than an
+event's bound), so a chunk that would pass the bytes bound closes the session as soon as its
+header announces it, before its body is read (``rhp_nri_limit_hits_total{limit=
+"message_size"}``). A chunk that passes either bound anyway (the header check leaves room for
+the envelope and for one event) is refused before it is decoded: the reply is
+RESOURCE_EXHAUSTED (``limit="synchronize_bytes"`` or ``"synchronize_objects"``) and the session
+is closed once it is sent. Either way the chunks kept so far are dropped, containerd closes the
+plugin (as it does on any failed Synchronize), the plugin registers again, and the next
+Synchronize within the bounds is served as usual.
 
 Payloads. Each call's payload is decoded by the one protobuf parser of its message type, under
 a bound per method: the events of one pod or container (``MAX_EVENT_PAYLOAD``, 1 MiB: Kubernetes
@@ -65,6 +69,8 @@ MAX_EVENT_PAYLOAD = 1 << 20
 MAX_SYNC_BYTES = 16 << 20
 MAX_SYNC_OBJECTS = 100_000
 RESOURCE_EXHAUSTED = 8
+# What a ttrpc Request adds around its payload (service, method, timeout, metadata), with room.
+ENVELOPE = 64 << 10
 DECODE_ON_LOOP = 64 << 10
 INVALID_ARGUMENT = 3
 
@@ -253,6 +259,8 @@ class NriPlugin:
 
     def _reset_sync(self) -> None:
         self._sync_pods, self._sync_containers, self._sync_chunks, self.sync_bytes = [], [], 0, 0
+        if self.connection is not None:
+            self.connection.limit_requests(None)
 
     def _refuse_sync(self, limit: str, what: str) -> None:
         """Refuse the Synchronize in progress (see the module docstring); raises ``RpcError``."""
@@ -273,6 +281,9 @@ class NriPlugin:
         self._sync_pods.extend(request.pods)
         self._sync_containers.extend(request.containers)
         if request.more:
+            if self.connection is not None:
+                left = MAX_SYNC_BYTES - self.sync_bytes
+                self.connection.limit_requests(max(left, MAX_EVENT_PAYLOAD) + ENVELOPE)
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
         pods, containers, chunks, size = self._sync_pods, self._sync_containers, self._sync_chunks, self.sync_bytes
         self._reset_sync()

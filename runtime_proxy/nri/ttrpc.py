@@ -75,15 +75,17 @@ class MessageDecoder:
         out: list[Message] = []
         offset = 0
         buf = self._buf
-        while len(buf) - offset >= HEADER.size:
-            length, stream_id, msg_type, flags = HEADER.unpack_from(buf, offset)
-            if length > self.max_message:
-                raise MessageTooLarge(f"message of {length} bytes on stream {stream_id} (limit {self.max_message})")
-            end = offset + HEADER.size + length
-            if len(buf) < end:
-                break
-            out.append(Message(stream_id, msg_type, flags, bytes(buf[offset + HEADER.size : end])))
-            offset = end
+        with memoryview(buf) as view:  # each message is copied once, out of the buffer
+            while len(buf) - offset >= HEADER.size:
+                length, stream_id, msg_type, flags = HEADER.unpack_from(buf, offset)
+                if length > self.max_message:
+                    raise MessageTooLarge(f"message of {length} bytes on stream {stream_id} "
+                                          f"(limit {self.max_message})")
+                end = offset + HEADER.size + length
+                if len(buf) < end:
+                    break
+                out.append(Message(stream_id, msg_type, flags, bytes(view[offset + HEADER.size : end])))
+                offset = end
         if offset:
             del buf[:offset]
         return out

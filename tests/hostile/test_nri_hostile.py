@@ -298,40 +298,60 @@ async def plugin(runtime: FakeRuntime) -> AsyncIterator[NriPlugin]:
     await engine.close()
 
 
-async def test_a_synchronize_flood_is_refused_past_its_bytes_and_the_next_synchronize_works(
-    runtime: FakeRuntime, plugin: NriPlugin
-) -> None:
-    """Chunks of 6 MiB with ``more``, each under the 14 MiB request bound: the third passes the
-    16 MiB across the chunks, is refused without being decoded and what was kept is dropped; the
-    session closes, the plugin registers again and a well-formed Synchronize is served."""
-    refused = _limit_hits("synchronize_bytes")
+async def _configured(runtime: FakeRuntime) -> Session:
     session = await runtime.next_session()
     await asyncio.wait_for(session.registered.wait(), 5)
     await session.call("Configure", nri_pb2.ConfigureRequest(runtime_name="flood"))
-    replies = []
-    for index in range(40):
-        reply = await session.call("Synchronize", _sync_chunk(index, 6 << 20, more=True), timeout=30)
-        replies.append(reply)
-        assert plugin.sync_bytes <= MAX_SYNC_BYTES
-        if reply.HasField("status"):
-            break
-    assert [r.HasField("status") for r in replies] == [False, False, True]
-    assert replies[-1].status.code == 8 and "limit" in replies[-1].status.message
-    assert plugin.sync_bytes == 0  # the chunks kept so far are dropped
-    assert _limit_hits("synchronize_bytes") == refused + 1
-    await asyncio.wait_for(session.closed.wait(), 10)
-    again = await runtime.next_session()
-    await asyncio.wait_for(again.registered.wait(), 5)
-    await again.call("Configure", nri_pb2.ConfigureRequest(runtime_name="flood"))
+    return session
+
+
+async def _synchronizes_again(runtime: FakeRuntime, plugin: NriPlugin) -> None:
+    """The plugin registers again and a well-formed Synchronize is served."""
+    again = await _configured(runtime)
     last = await again.call("Synchronize", nri_pb2.SynchronizeRequest(pods=[_pod()], containers=[_container()]))
     assert not last.HasField("status") and plugin.synchronized.is_set()
     assert isinstance(plugin.events, NriEngine) and [p.sandbox_id for p in plugin.events.store.pods()] == ["sb1"]
 
 
+async def test_a_synchronize_flood_is_closed_at_the_chunk_past_its_bytes_and_the_next_synchronize_works(
+    runtime: FakeRuntime, plugin: NriPlugin
+) -> None:
+    """Chunks of 6 MiB with ``more``, each under the 14 MiB request bound: after two the
+    Synchronize has 4 MiB left, so the third one's header closes the session before its body is
+    read, and what was kept is dropped; the plugin registers again."""
+    closed = _limit_hits("message_size")
+    session = await _configured(runtime)
+    answered = 0
+    with pytest.raises(ConnectionError):
+        for index in range(40):
+            reply = await session.call("Synchronize", _sync_chunk(index, 6 << 20, more=True), timeout=30)
+            assert not reply.HasField("status"), reply.status
+            answered += 1
+            assert plugin.sync_bytes <= MAX_SYNC_BYTES
+    assert answered == 2 and session.closed.is_set()
+    assert _limit_hits("message_size") == closed + 1
+    await _synchronizes_again(runtime, plugin)
+
+
+async def test_a_chunk_past_the_synchronize_bytes_within_the_header_slack_is_refused_with_a_status(
+    runtime: FakeRuntime, plugin: NriPlugin
+) -> None:
+    """10 MiB, then 6 MiB and a little more: the header check leaves room for the envelope, the
+    bytes bound does not; RESOURCE_EXHAUSTED, the chunks kept are dropped, the session closes."""
+    refused = _limit_hits("synchronize_bytes")
+    session = await _configured(runtime)
+    first = await session.call("Synchronize", _sync_chunk(0, 10 << 20, more=True), timeout=30)
+    assert not first.HasField("status")
+    second = await session.call("Synchronize", _sync_chunk(1, (6 << 20) + (16 << 10), more=True), timeout=30)
+    assert second.status.code == 8 and "limit" in second.status.message
+    assert plugin.sync_bytes == 0
+    assert _limit_hits("synchronize_bytes") == refused + 1
+    await asyncio.wait_for(session.closed.wait(), 10)
+    await _synchronizes_again(runtime, plugin)
+
+
 async def test_a_synchronize_of_many_chunks_within_the_bound_is_served(runtime: FakeRuntime, plugin: NriPlugin) -> None:
-    session = await runtime.next_session()
-    await asyncio.wait_for(session.registered.wait(), 5)
-    await session.call("Configure", nri_pb2.ConfigureRequest(runtime_name="split"))
+    session = await _configured(runtime)
     for index in range(3):
         reply = await session.call("Synchronize", _sync_chunk(index, 4 << 20, more=True), timeout=30)
         assert nri_pb2.SynchronizeResponse.FromString(reply.payload).more

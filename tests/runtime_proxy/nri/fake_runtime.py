@@ -80,6 +80,9 @@ class Session:
             return
         finally:
             self.closed.set()
+            for future in self.replies.values():
+                if not future.done():
+                    future.set_exception(ConnectionError("the plugin closed the session"))
 
     async def _serve(self, msg: ttrpc.Message) -> None:
         request = ttrpc_pb2.Request.FromString(msg.payload)
