@@ -936,10 +936,7 @@ class Cluster:
 
         :raises KubeError: with *check*, on a non-zero exit (the message has stderr).
         """
-        cmd = [
-            str(self.binary), "kubectl", f"--kubeconfig={kubeconfig or self.admin_kubeconfig}",
-            f"--cache-dir={self.work_dir / 'kubectl-cache'}", *args,
-        ]  # fmt: skip
+        cmd = self.kubectl_command(*args, kubeconfig=kubeconfig)
         proc = subprocess.run(
             cmd, input=input, capture_output=True, text=True, timeout=timeout, env=_clean_env(), check=False,
             stdin=None if input is not None else subprocess.DEVNULL,
@@ -947,6 +944,19 @@ class Cluster:
         if check and proc.returncode != 0:
             raise KubeError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
         return proc
+
+    def kubectl_command(self, *args: str, kubeconfig: Path | None = None) -> list[str]:
+        """The command line of ``kubectl ARGS...`` as :meth:`kubectl` runs it (for a long-running
+        one such as ``port-forward``: run it with :meth:`kubectl_env`)."""
+        return [
+            str(self.binary), "kubectl", f"--kubeconfig={kubeconfig or self.admin_kubeconfig}",
+            f"--cache-dir={self.work_dir / 'kubectl-cache'}", *args,
+        ]  # fmt: skip
+
+    @staticmethod
+    def kubectl_env() -> dict[str, str]:
+        """The environment :meth:`kubectl` runs in (no proxy variables, no ``KUBECONFIG``)."""
+        return _clean_env()
 
     def apply(self, *objects: Mapping[str, Any] | str, server_side: bool = False) -> None:
         """``kubectl apply -f -`` each object (a dict, or YAML/JSON text)."""

@@ -1,9 +1,11 @@
 """End-to-end fixtures: a real one-node Kubernetes (:class:`rhp_devenv.kube.Cluster`) whose
-kubelet runs pods through ``runtime-proxy serve`` in front of a private containerd 2.1, and whose
-kube-scheduler uses ``scheduler-ext serve`` over mutual TLS.
+kubelet runs pods through ``runtime-proxy serve`` in front of a private containerd (2.1, then
+1.7), and whose kube-scheduler uses ``scheduler-ext serve`` over mutual TLS.
 
-- ``stack`` (session): everything above, started once for the whole session (about 30 s) and
-  shared by every test here; see :class:`Stack`.
+- ``stack`` (session, one per containerd version, ids ``containerd-2.1`` and ``containerd-1.7``):
+  everything above, started once per version (about 30 s) and shared by the tests; see
+  :class:`Stack`. A containerd version that is not installed is skipped with the reason
+  (``RHP_REQUIRE_CONTAINERD`` turns that into a failure, as for the integration tests).
 - ``ns`` (function): a fresh namespace for one test, deleted (with its pods) afterwards.
 
 The kube binary comes from ``scripts/build-kube.sh`` (``scripts/install-deps.sh`` runs it). When
@@ -38,10 +40,10 @@ from rhp_devenv.kube import NODE_NAME, Cluster, Pki, TlsPair, free_port, kube_bi
 
 from cri_protos import api_pb2
 from tests.integration import qos_helpers as q
-from tests.integration.harness import REPO, ProxyProcess
+from tests.integration.harness import REPO, ProxyProcess, required_versions
 
 E2E_DIR = Path(__file__).parent
-CONTAINERD_VERSION = "2.1"
+CONTAINERD_VERSIONS = ("2.1", "1.7")
 PROXY_PLUGINS = ("cpuset", "numa", "batch_resource")
 SCHEDULER_CONFIG = REPO / "packaging" / "scheduler" / "kube-scheduler-config.yaml"
 SCHEDULER_RBAC = REPO / "packaging" / "scheduler" / "rbac.yaml"
@@ -73,8 +75,19 @@ class Stack:
     """``runtime-proxy serve`` (its log: ``proxy_log``)."""
     proxy_socket: Path
     proxy_log: Path
+    proxy_args: list[str]
+    """``runtime-proxy serve``'s arguments but ``--listen`` (for :meth:`restart_proxy`)."""
     extender_health: str
     """``http://127.0.0.1:PORT`` of the extender's plain health port."""
+
+    def restart_proxy(self, *, kill9: bool) -> None:
+        """Stop ``runtime-proxy serve`` (SIGKILL with *kill9*, else SIGTERM) and start a new one
+        on the same socket, arguments and log; kubelet reconnects by itself."""
+        if kill9:
+            self.proxy.kill9()
+        else:
+            self.proxy.terminate()
+        self.proxy = ProxyProcess(self.proxy_args, log=self.proxy_log).start(str(self.proxy_socket))
 
 
 def _proxy_config(work: Path) -> Path:
@@ -162,9 +175,10 @@ def node_topology() -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="session")
-def stack() -> Iterator[Stack]:
-    """The whole end-to-end stack (see the module docstring)."""
+@pytest.fixture(scope="session", params=CONTAINERD_VERSIONS, ids=[f"containerd-{v}" for v in CONTAINERD_VERSIONS])
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """The whole end-to-end stack on one containerd version (see the module docstring)."""
+    version: str = request.param
     if os.geteuid() != 0:
         pytest.skip("needs root (kubelet, containerd, cgroups, routes)")
     if kube_binary() is None:
@@ -172,24 +186,28 @@ def stack() -> Iterator[Stack]:
         if _require_kube():
             pytest.fail(reason + " (RHP_REQUIRE_KUBE is set)")
         pytest.skip(reason)
-    missing = binaries_for(CONTAINERD_VERSION).missing()
+    missing = binaries_for(version).missing()
     if missing:
-        pytest.fail(f"containerd {CONTAINERD_VERSION} is not installed ({missing}); scripts/install-deps.sh does it")
+        reason = f"containerd {version} is not installed ({missing}); scripts/install-deps.sh installs it"
+        if version in required_versions():
+            pytest.fail(reason)
+        pytest.skip(reason)
     work = Path(tempfile.mkdtemp(prefix="rhp-e2e-", dir="/tmp"))
     reap_stale_work_dirs()
-    ctrd = PrivateContainerd(CONTAINERD_VERSION).start()
+    ctrd = PrivateContainerd(version).start()
     proxy: ProxyProcess | None = None
     cluster: Cluster | None = None
     try:
         socket = work / "proxy.sock"
         log = work / "proxy.log"
-        proxy = ProxyProcess(
-            ["--backend", str(ctrd.socket), "--config", str(_proxy_config(work)), "--no-entry-points"], log=log
-        ).start(str(socket))
+        args = ["--backend", str(ctrd.socket), "--config", str(_proxy_config(work)), "--no-entry-points"]
+        proxy = ProxyProcess(args, log=log).start(str(socket))
         cluster = Cluster(socket, scheduler=False).start()
         extender, health = _start_extender(cluster)
         cluster.start_scheduler(extenders=[extender])
-        yield Stack(cluster, ctrd, proxy, socket, log, health)
+        stack = Stack(cluster, ctrd, proxy, socket, log, args, health)
+        yield stack
+        proxy = stack.proxy  # a test may have restarted it
     finally:
         if cluster is not None:
             cluster.stop()

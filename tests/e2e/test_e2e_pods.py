@@ -1,7 +1,7 @@
-"""kubelet → ``runtime-proxy serve`` → containerd 2.1 in a real one-node cluster: the node is
-Ready through the proxy, LSR, LS and BE pods created through the API run, and their real cgroup
-files (and ``/proc`` inside the container) show what the proxy's plugins decided; ``kubectl
-logs`` and ``kubectl exec`` work through the proxy.
+"""kubelet → ``runtime-proxy serve`` → containerd (2.1 and 1.7) in a real one-node cluster: the
+node is Ready through the proxy, LSR, LS and BE pods created through the API run, and their real
+cgroup files (and ``/proc`` inside the container) show what the proxy's plugins decided;
+``kubectl logs``, ``exec``, ``attach`` and ``port-forward`` work through the proxy.
 
 The machine has CPUs 0-1 on NUMA node 0: the LSR pod is bound to the highest CPU, so the LS share
 pool is the others. The LSR pod carries the resource-status cpuset as the extender writes it and
@@ -13,14 +13,16 @@ pods go through kube-scheduler and the extender. BE pods request ``kubernetes.io
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
 
 import pytest
-from rhp_devenv.kube import KUBE_VERSION, NODE_NAME
+from rhp_devenv.kube import KUBE_VERSION, NODE_NAME, free_port
 
 from cri_protos import api_pb2
 from hooks.facts import format_cpu_list
 from runtime_proxy.state.sysfs import read_cpu_topology
-from tests.e2e.conftest import Stack, container_id, pod_cgroup, pod_manifest, sandboxes
+from tests.e2e.conftest import Stack, container_id, http_get, pod_cgroup, pod_manifest, sandboxes
 from tests.integration import qos_helpers as q
 
 TOPO = read_cpu_topology()
@@ -37,7 +39,7 @@ def _two_cpus_one_numa_node() -> None:
 
 
 def test_the_node_is_ready_through_the_proxy(stack: Stack) -> None:
-    """kubelet registered node 127.0.0.1 (InternalIP 127.0.0.1) and reports containerd 2.1's
+    """kubelet registered node 127.0.0.1 (InternalIP 127.0.0.1) and reports the containerd
     version, which it asked through the proxy's socket."""
     node = stack.cluster.get_json("node", NODE_NAME)
     assert node is not None
@@ -46,7 +48,7 @@ def test_the_node_is_ready_through_the_proxy(stack: Stack) -> None:
     assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
     info = node["status"]["nodeInfo"]
     assert info["kubeletVersion"] == KUBE_VERSION
-    assert info["containerRuntimeVersion"].startswith("containerd://2.1.")
+    assert info["containerRuntimeVersion"].startswith(f"containerd://{stack.ctrd.version}.")
     config = json.loads((stack.cluster.work_dir / "kubelet-config.json").read_text())
     assert config["containerRuntimeEndpoint"] == f"unix://{stack.proxy_socket}"
 
@@ -125,6 +127,59 @@ def test_logs_and_exec_through_the_proxy(stack: Stack, ns: str) -> None:
     assert failed.returncode == 3
 
 
+def test_attach_through_the_proxy(stack: Stack, ns: str) -> None:
+    """``kubectl attach -i`` sends stdin to the running container and shows what it prints
+    (Attach goes through the proxy; the stream through containerd's server on 127.0.0.1)."""
+    cluster = stack.cluster
+    pod = pod_manifest("echo", ns, command=("sh", "-c", "while read line; do echo got:$line; done"))
+    pod["spec"]["containers"][0].update({"stdin": True, "stdinOnce": True})
+    pod["spec"]["restartPolicy"] = "Never"
+    cluster.apply(pod)
+    cluster.wait_pod_running(ns, "echo")
+    out = cluster.kubectl("attach", "-i", "-n", ns, "echo", "-c", "app", input="hello\nworld\n").stdout
+    assert "got:hello" in out and "got:world" in out
+
+
+def test_port_forward_through_the_proxy(stack: Stack, ns: str) -> None:
+    """``kubectl port-forward`` to a host-network pod's port on 127.0.0.1: an HTTP request to
+    the forwarded local port reaches busybox httpd in the container (PortForward goes through
+    the proxy)."""
+    cluster = stack.cluster
+    port = free_port()
+    script = ("mkdir -p /tmp/www && echo served-by-e2e > /tmp/www/index.html && "
+              f"exec httpd -f -p 127.0.0.1:{port} -h /tmp/www")  # fmt: skip
+    cluster.apply(pod_manifest("web", ns, command=("sh", "-c", script)))
+    cluster.wait_pod_running(ns, "web")
+    forward = subprocess.Popen(
+        cluster.kubectl_command("port-forward", "-n", ns, "pod/web", f":{port}", "--address=127.0.0.1"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+        env=cluster.kubectl_env(),
+    )  # fmt: skip
+    try:
+        lines: list[str] = []
+        output = forward.stdout
+        assert output is not None
+
+        def read() -> None:
+            for line in output:
+                lines.append(line)
+
+        threading.Thread(target=read, daemon=True).start()
+
+        def local_port() -> int | None:
+            for line in list(lines):
+                if line.startswith("Forwarding from 127.0.0.1:"):
+                    return int(line.split("127.0.0.1:", 1)[1].split()[0])
+            assert forward.poll() is None, f"kubectl port-forward exited: {lines}"
+            return None
+
+        local = cluster.wait_for(local_port, what="kubectl port-forward to listen")
+        status, body = http_get(f"http://127.0.0.1:{local}/index.html")
+        assert (status, body.strip()) == (200, b"served-by-e2e")
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+
 @pytest.mark.xfail(strict=True, reason=(
     "product defect (runtime_proxy, bound cpusets): a stopped sandbox keeps its resource-status "
     "CPUs until RemovePodSandbox, which kubelet's garbage collection sends up to a minute after the "
@@ -132,7 +187,9 @@ def test_logs_and_exec_through_the_proxy(stack: Stack, ns: str) -> None:
 def test_an_lsr_pod_gets_the_cpus_of_a_deleted_lsr_pod_once_that_pod_stopped(stack: Stack, ns: str) -> None:
     """The scheduler gives CPU 1 to a new LSR pod right after the LSR pod that held it was
     deleted. Once kubelet has stopped the old pod's sandbox (its containers are dead), the new
-    pod's container is bound to CPU 1 within the reconciler's period."""
+    pod is bound to CPU 1 when it starts, though the stopped sandbox is not removed yet (kubelet's
+    garbage collection removes it within a minute; if it did before the check, the test has
+    nothing to show and skips)."""
     cluster = stack.cluster
 
     def lsr(name: str) -> dict[str, object]:
@@ -148,4 +205,7 @@ def test_an_lsr_pod_gets_the_cpus_of_a_deleted_lsr_pod_once_that_pod_stopped(sta
                      what="kubelet stopped the old pod's sandbox")  # fmt: skip
     cluster.apply(lsr("new"))
     new = cluster.wait_pod_running(ns, "new")
-    q.wait_for(lambda: _cgroup(new, "cpuset.cpus"), LSR_CPU, what="the new LSR pod's cpuset", timeout=20)
+    cpus = _cgroup(new, "cpuset.cpus")
+    if not [b for b in sandboxes(stack, ns) if b.metadata.name == "old"]:
+        pytest.skip("kubelet's garbage collection removed the old sandbox before the check")
+    assert cpus == LSR_CPU

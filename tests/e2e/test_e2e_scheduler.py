@@ -1,6 +1,6 @@
 """The real kube-scheduler with ``scheduler-ext`` (packaging/scheduler's configuration, mutual
 TLS with harness-made certificates, packaging/scheduler/rbac.yaml's ServiceAccount identity) in
-front of the real API server, and kubelet → ``runtime-proxy serve`` → containerd 2.1 behind it:
+front of the real API server, and kubelet → ``runtime-proxy serve`` → containerd behind it:
 scheduler to cgroup in one test."""
 
 from __future__ import annotations
