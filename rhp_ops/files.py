@@ -39,11 +39,14 @@ import os
 import stat
 from typing import Literal
 
-__all__ = ["FileRefused", "Reason", "describe_mode", "read_regular_file", "read_text_file"]
+__all__ = ["MAX_KUBECONFIG_BYTES", "FileRefused", "Reason", "check_kubeconfig", "describe_mode", "kubeconfig_files",
+           "read_regular_file", "read_text_file"]
 
 Reason = Literal["missing", "symlink", "not-regular-file", "too-large", "replaced", "unreadable", "not-utf8"]
 
 _CHUNK = 64 * 1024
+# A kubeconfig, certificates embedded in it included.
+MAX_KUBECONFIG_BYTES = 4 << 20
 
 
 class FileRefused(Exception):
@@ -152,3 +155,22 @@ def read_text_file(path: str | os.PathLike[str], *, limit: int, follow_symlinks:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FileRefused("not-utf8", f"not UTF-8 at byte {exc.start}") from None
+
+
+def kubeconfig_files(explicit: str | None = None) -> list[str]:
+    """The kubeconfig files the kubernetes client would read: ``explicit`` or else
+    ``KUBECONFIG`` (each of a ``:``-separated list), else ``~/.kube/config``; only those that
+    exist (the client reports a missing one in its own words)."""
+    listed = explicit or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    return [p for p in listed.split(os.pathsep) if p and os.path.lexists(p)]
+
+
+def check_kubeconfig(explicit: str | None = None) -> None:
+    """Read each of ``kubeconfig_files(explicit)`` once with ``read_regular_file``, so that a FIFO
+    or a huge file there is a ``FileRefused`` (its message names the file) instead of a hang or
+    a whole read in the kubernetes client's loader, which then reads the files again by path."""
+    for path in kubeconfig_files(explicit):
+        try:
+            read_regular_file(path, limit=MAX_KUBECONFIG_BYTES)
+        except FileRefused as exc:
+            raise FileRefused(exc.reason, f"kubeconfig {path}: {exc.message}") from None

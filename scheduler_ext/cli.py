@@ -34,7 +34,7 @@ from rhp_ops.cli import (
     add_version_flag,
     resolve_log_flags,
 )
-from rhp_ops.files import FileRefused, read_regular_file
+from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused, kubeconfig_files, read_regular_file
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import MAX_BODY_BYTES, decode_pod, describe
@@ -247,9 +247,8 @@ def tls_problem(args: argparse.Namespace, host: str) -> str:
     return ""
 
 
-# A PEM certificate chain, key or CA bundle; a kubeconfig (certificates may be embedded in it).
+# A PEM certificate chain, key or CA bundle.
 MAX_PEM_BYTES = 1 << 20
-MAX_KUBECONFIG_BYTES = 4 << 20
 
 
 def config_files_problem(args: argparse.Namespace) -> str:
@@ -264,12 +263,7 @@ def config_files_problem(args: argparse.Namespace) -> str:
              (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-client-ca", args.tls_client_ca))
              if path]
     if not args.api_server and not args.in_cluster:
-        if args.kubeconfig:
-            files += [("--kubeconfig", p, MAX_KUBECONFIG_BYTES) for p in args.kubeconfig.split(os.pathsep) if p]
-        else:
-            default = os.path.expanduser("~/.kube/config")
-            if os.path.lexists(default):
-                files.append(("the kubeconfig", default, MAX_KUBECONFIG_BYTES))
+        files += [("--kubeconfig", p, MAX_KUBECONFIG_BYTES) for p in kubeconfig_files(args.kubeconfig)]
     for flag, path, limit in files:
         try:
             read_regular_file(path, limit=limit)

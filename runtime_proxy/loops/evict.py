@@ -45,6 +45,7 @@ from cri_protos import api_pb2
 from hooks.plan import Eviction
 from hooks.usage import EVICTION_MEMORY_SECONDS
 from koord_formats import keys
+from rhp_ops.files import check_kubeconfig
 from runtime_proxy.loops.qos import EvictionResult
 
 __all__ = ["EVICTIONS", "ApiEvictor", "RuntimeEvictor", "event_message", "evictor_for"]
@@ -117,7 +118,9 @@ def _load_api_client() -> Any:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         k8s_config.load_incluster_config(client_configuration=cfg)
     else:
-        # KUBECONFIG is read now, not when the kubernetes package was first imported.
+        # KUBECONFIG is read now, not when the kubernetes package was first imported; a FIFO or
+        # a huge file there is refused (rhp_ops.files) instead of holding the eviction thread.
+        check_kubeconfig()
         k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, client_configuration=cfg)
     return client.ApiClient(cfg)
 

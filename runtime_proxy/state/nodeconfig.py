@@ -40,7 +40,7 @@ from koord_formats import FormatError
 from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
 from koord_formats.nodeslo import validate_node_slo
 from koord_formats.topology import parse_cpu_topology
-from rhp_ops.files import FileRefused, read_text_file
+from rhp_ops.files import FileRefused, check_kubeconfig, read_text_file
 
 __all__ = [
     "MAX_NODE_CONFIG_BYTES",
@@ -258,6 +258,7 @@ class ClusterWatch:
             if os.environ.get("KUBERNETES_SERVICE_HOST"):
                 k8s_config.load_incluster_config(client_configuration=cfg)
             else:
+                check_kubeconfig(self._kubeconfig)  # a FIFO or a huge file: refused, never read
                 k8s_config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
             self._api_client = client.ApiClient(cfg)
         return self._api_client
@@ -266,13 +267,13 @@ class ClusterWatch:
         from kubernetes import client, watch
 
         new_watch: Any = watch.Watch
-        api = self._client()
         group, version, plural = _KINDS[kind]
         selector = f"metadata.name={self.node_name}"
         while not self._stop.is_set():
             w = new_watch()
             self._watches.append(w)
             try:
+                api = self._client()  # unusable credentials are a failed watch: logged, retried
                 if group:
                     func: Any = client.CustomObjectsApi(api).list_cluster_custom_object
                     args: tuple[Any, ...] = (group, version, plural)

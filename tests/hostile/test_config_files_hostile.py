@@ -40,6 +40,7 @@ import pytest
 import structlog
 
 from cri_protos import nri_pb2
+from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused
 from tests.hostile_files import KINDS, plant, release_fifo_readers
 from tests.integration.harness import REPO, ProxyProcess
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime
@@ -222,6 +223,48 @@ def test_each_command_answers_with_a_clear_error(work: Path, name: str, kind: st
         for file, text in (("kubelet.yaml", KUBELET_CONFIG), ("flags.env", FLAGS)):
             assert file == case.path or (work / file).read_text() == text
         assert not (work / "flags.env.rhp-backup").exists()
+
+
+def _outcome(call: Callable[[], object], work: Path) -> BaseException | None:
+    """What ``call`` raised (None: it returned), failing the test when it does not end within
+    the hang guard (the FIFOs under ``work`` are then released)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True, name="reader-under-test")
+    thread.start()
+    thread.join(HANG_GUARD)
+    if thread.is_alive():
+        release_fifo_readers(work)
+        thread.join(5)
+        pytest.fail("did not return")
+    return outcome[0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("reader", ["evictions (KUBECONFIG)", "fromCluster (kubeconfig)"])
+def test_the_daemons_kubeconfig_is_refused_without_blocking(work: Path, reader: str, kind: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``usageLoop.evictBy: api`` and ``fromCluster`` load a kubeconfig in a worker thread; a FIFO
+    there held that thread (and every later eviction or watch) for good."""
+    from runtime_proxy.loops.evict import _load_api_client
+    from runtime_proxy.state.nodeconfig import ClusterWatch
+
+    path = work / "kubeconfig"
+    plant(kind, path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    call = _load_api_client if reader.startswith("evictions") else ClusterWatch("n1", kubeconfig=str(path))._client
+    error = _outcome(call, work)
+    assert isinstance(error, FileRefused), error
+    assert str(error) == f"kubeconfig {path}: " + (f"larger than {MAX_KUBECONFIG_BYTES} bytes"
+                                                   if kind == "sparse-5g" else SAYS[kind])
 
 
 # ---- the daemons -------------------------------------------------------------------------------

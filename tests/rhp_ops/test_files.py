@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rhp_ops.files import FileRefused, read_regular_file, read_text_file
+from rhp_ops.files import FileRefused, kubeconfig_files, read_regular_file, read_text_file
 from tests.hostile_files import KINDS, plant
 
 
@@ -100,3 +100,15 @@ def test_head_returns_the_first_bytes_of_a_larger_file(tmp_path: Path) -> None:
     (tmp_path / "big").write_bytes(b"0123456789")
     assert read_regular_file(tmp_path / "big", limit=4, head=True) == b"0123"
     assert read_regular_file("/proc/self/status", limit=5, head=True) == b"Name:"
+
+
+def test_kubeconfig_files_are_those_the_client_would_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).write_text("")
+    listed = f"{tmp_path / 'a'}:{tmp_path / 'missing'}:{tmp_path / 'b'}"
+    assert kubeconfig_files(listed) == [str(tmp_path / "a"), str(tmp_path / "b")]
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "b"))
+    assert kubeconfig_files(None) == [str(tmp_path / "b")]
+    monkeypatch.delenv("KUBECONFIG")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert kubeconfig_files(None) == []
