@@ -20,8 +20,11 @@ It speaks the real REST paths and semantics that client libraries depend on, so 
   replaced) and ``application/json-patch+json`` (add, remove, replace, test). A
   ``metadata.resourceVersion`` in a PUT body or a patch is a precondition: 409 Conflict if stale.
 - ``POST .../pods/{name}/binding`` sets ``spec.nodeName`` and the PodScheduled condition and
-  merges the Binding's ``metadata.annotations`` into the pod (as kube-apiserver does); 409 if
-  the pod is already bound or the Binding's ``metadata.uid`` does not match.
+  merges the Binding's ``metadata.annotations`` into the pod in the same write (as
+  kube-apiserver's BindingREST: set, never removed); 409 if the pod is already bound or the
+  Binding's ``metadata.uid`` or ``metadata.resourceVersion`` (preconditions) does not match.
+- ``freeze_watches(plural)``: the watch streams of that resource open now go silent for good
+  and never end, as a half-open connection looks to the client (streams opened later work).
 - ``POST .../pods/{name}/eviction`` (a policy/v1 ``Eviction``) as kube-apiserver's
   EvictionREST: 404 when the pod is gone; 409 when ``deleteOptions.preconditions.uid`` names
   another pod; for a running pod, the PodDisruptionBudgets of its namespace whose selector
@@ -384,6 +387,8 @@ class FakeAPIServer:
         self.counts: dict[str, int] = {}
         self.evictions: list[tuple[str, str, int]] = []  # (namespace, pod, HTTP code) per Eviction POST
         self.connections = 0  # TCP connections accepted so far
+        self._streams = 0  # watch streams opened so far (each gets the next number)
+        self._frozen: dict[str, int] = {}  # plural -> streams numbered up to this one are silent
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.api = self
         self._thread: threading.Thread | None = None
@@ -443,6 +448,17 @@ class FakeAPIServer:
                     f.times -= 1
                     return APIStatusError(f.code, f.reason, f.message), f.after
         return None
+
+    def freeze_watches(self, plural: str) -> None:
+        """Silence the open watch streams of ``plural`` for good, without ending them."""
+        with self.store.cond:
+            self._frozen[plural] = self._streams
+            self.store.notify_watchers()
+
+    def watch_streams(self) -> int:
+        """How many watch streams were opened so far."""
+        with self.store.cond:
+            return self._streams
 
     # -- direct access (no HTTP) --------------------------------------------------------------
     def resource(self, kind_or_plural: str) -> Resource:
@@ -601,6 +617,10 @@ class FakeAPIServer:
         if want_uid and want_uid != pod["metadata"].get("uid"):
             raise _conflict(res, name, f"Precondition failed: UID in precondition: {want_uid}, "
                             f"UID in object meta: {pod['metadata'].get('uid')}")
+        want_rv = (body.get("metadata") or {}).get("resourceVersion")
+        if want_rv and want_rv != pod["metadata"].get("resourceVersion"):
+            raise _conflict(res, name, "the object has been modified; please apply your changes "
+                            "to the latest version and try again")
         node = (body.get("target") or {}).get("name")
         if not node:
             raise APIStatusError(422, "Invalid", "target.name: Required value")
@@ -706,6 +726,9 @@ class FakeAPIServer:
         wakeup = store.watch_cond(res)
         rv_param = query.get("resourceVersion", "")
         with store.cond:
+            self._streams += 1
+            number = self._streams
+        with store.cond:
             if rv_param in ("", "0"):
                 initial = [
                     json.dumps({"type": "ADDED", "object": o}, separators=(",", ":")).encode() + b"\n"
@@ -726,7 +749,12 @@ class FakeAPIServer:
         yield from initial
         while True:
             with store.cond:
-                while not store.closed and (not store.events or store.events[-1].rv <= since):
+                while not store.closed and (
+                    number <= self._frozen.get(res.plural, 0) or not store.events or store.events[-1].rv <= since
+                ):
+                    if number <= self._frozen.get(res.plural, 0):
+                        wakeup.wait(1.0)  # half-open: nothing more, not even the end
+                        continue
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
