@@ -151,8 +151,10 @@ class Cluster:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.started = time.monotonic()
+        key = Path(self.tmp.name).with_suffix(".seal")
+        key.write_bytes(os.urandom(32).hex().encode())
         args = [sys.executable, "-m", "scheduler_ext.cli", "serve", "--api-server", self.api_url,
-                "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
+                "--listen", f"127.0.0.1:{port}", "--log-level", "warning", "--seal-key-file", str(key)]
         if not ledger:
             args.append("--no-ha-ledger")
         args += extra
@@ -221,6 +223,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
         os.unlink(self.tmp.name)
+        Path(self.tmp.name).with_suffix(".seal").unlink(missing_ok=True)
 
 
 def cycle(

@@ -39,6 +39,7 @@ from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import MAX_BODY_BYTES, decode_pod, describe
 from scheduler_ext.state import ClusterState, load_objects
+from scheduler_ext.trust import DEFAULT_TRUSTED_SCHEDULERS, Trust, read_key
 
 if TYPE_CHECKING:  # the [scheduler] extra: imported where serve runs, so --help and simulate need it not
     import uvicorn
@@ -50,6 +51,10 @@ EXIT_SERVE_FAILED = 1  # serve: the listener could not start (address in use)
 EXIT_INTERNAL = 1  # simulate: an unexpected failure (a bug); one line on stderr, no traceback
 EXIT_USAGE = 2  # bad flags or configuration, or an input that cannot be read; argparse uses 2 too
 EXIT_BAD_DOCUMENT = 3  # simulate: the document is not JSON/YAML or not of the documented shape
+# seconds past --watch-idle-timeout after which a silent kind is stale; the ledger's TTL must
+# exceed that staleness by as much again (watch lag)
+STALE_MARGIN = 15.0
+MAX_SEAL_KEY_FILE_BYTES = 64 * 1024
 
 EXIT_CODES = """exit codes (each command's --help has its own):
   0  done, or stopped by a signal
@@ -72,7 +77,8 @@ SERVE_EXIT_CODES = """exit codes:
   0  stopped by a signal
   1  the listener could not start (for example the address is in use)
   2  bad flags or configuration: a non-loopback --listen without --tls-cert, --tls-key and
-     --tls-client-ca (and without --insecure), unreadable TLS files, no API server configuration"""
+     --tls-client-ca (and without --insecure), unreadable TLS files, no API server configuration,
+     no --seal-key-file or an unreadable or short one"""
 
 
 def _fail(command: str, message: str, code: int) -> int:
@@ -329,6 +335,24 @@ async def _serve_all(main_server: uvicorn.Server, health: uvicorn.Server | None)
             await task
 
 
+def _trust(args: argparse.Namespace) -> Trust | str:
+    """The ``Trust`` from ``--seal-key-file`` and ``--trusted-scheduler-names``, or why not."""
+    if not args.seal_key_file:
+        return ("--seal-key-file is required: binds seal the annotations they write with it, and "
+                "only sealed allocations (or those of --trusted-scheduler-names) are counted, also "
+                "after a restart; every replica needs the same key (see scheduler_ext/README.md)")
+    found: list[bytes] = []
+    for path in args.seal_key_file:
+        try:
+            found.append(read_key(read_regular_file(path, limit=MAX_SEAL_KEY_FILE_BYTES), path))
+        except FileRefused as exc:
+            return f"cannot read --seal-key-file {path}: {exc.message}"
+        except ValueError as exc:
+            return f"cannot read --seal-key-file: {exc}"
+    names = [n.strip() for n in args.trusted_scheduler_names.split(",")]
+    return Trust.of(found, names)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from scheduler_ext.entry import EXIT_MISSING_EXTRA, missing
 
@@ -379,13 +403,26 @@ def _serve(args: argparse.Namespace) -> int:
             api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
         except Exception as exc:  # the kubernetes config loaders raise their own types
             return _fail("serve", f"cannot load the API server configuration: {exc}", EXIT_USAGE)
-    kube = KubeClient(api_client, watch_timeout=args.watch_timeout)
+    trust = _trust(args)
+    if isinstance(trust, str):
+        return _fail("serve", trust, EXIT_USAGE)
+    if args.watch_timeout < 1 or args.watch_idle_timeout <= args.watch_timeout:
+        return _fail("serve", "--watch-idle-timeout must be longer than --watch-timeout (at least 1 s)", EXIT_USAGE)
+    stale_after = args.watch_idle_timeout + STALE_MARGIN
+    if args.ha_ledger and args.ledger_ttl < stale_after + STALE_MARGIN:
+        # a replica binds only while its watch heard from the API server within ``stale_after``;
+        # an entry leaves the Lease no sooner than its TTL: the TTL must cover that plus watch lag
+        return _fail("serve", f"--ledger-ttl must be at least --watch-idle-timeout + {2 * STALE_MARGIN:g} s "
+                     f"({stale_after + STALE_MARGIN:g})", EXIT_USAGE)
+    kube = KubeClient(api_client, watch_timeout=args.watch_timeout, idle_timeout=args.watch_idle_timeout)
     try:
         bind_api = BindClient(api_client, timeout=args.api_timeout)
     except (ValueError, OSError) as exc:  # unsupported proxy, unreadable TLS files
         return _fail("serve", f"cannot talk to the API server: {exc}", EXIT_USAGE)
-    state = ClusterState()
-    watcher = Watcher(state, kube.list, kube.watch, GoneError)
+    state = ClusterState(trust)
+    # a kind whose watch said nothing for this long is stale: the idle timeout has cut the
+    # silent stream and a fresh list had time to answer
+    watcher = Watcher(state, kube.list, kube.watch, GoneError, stale_after=stale_after)
     watcher.start()
     ledger = None
     if args.ha_ledger:
@@ -395,6 +432,7 @@ def _serve(args: argparse.Namespace) -> int:
             identity=args.identity,
             ttl=args.ledger_ttl,
             is_deleted=state.recently_deleted,
+            settled=state.settled,
         )
     binder = Binder(state, bind_api, cfg, ledger)
     app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes)
@@ -467,9 +505,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ha-ledger", action=argparse.BooleanOptionalAction, default=True,
                        help="serialise binds per node across replicas through Leases (default on)")
     serve.add_argument("--ledger-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"))
-    serve.add_argument("--ledger-ttl", type=float, default=120.0, help="seconds a ledger entry lives")
+    serve.add_argument("--ledger-ttl", type=float, default=120.0,
+                       help="seconds a ledger entry lives at least (default %(default)s); past it, an entry stays "
+                            "until this replica's watch has settled it (the pod seen bound, deleted, or the watch "
+                            "alive after that time)")
     serve.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()))
-    serve.add_argument("--watch-timeout", type=int, default=300, help="seconds per watch request")
+    serve.add_argument("--watch-timeout", type=int, default=60,
+                       help="seconds after which the API server ends each watch stream (timeoutSeconds; "
+                            "default %(default)s)")
+    serve.add_argument("--watch-idle-timeout", type=float, default=90.0, metavar="SECONDS",
+                       help="a watch stream silent this long (no event, bookmark or end) is dropped and the "
+                            "kind listed again (default %(default)s); 15 s later a kind still without a word "
+                            "makes /readyz fail and binds refused")
+    serve.add_argument("--seal-key-file", action="append", default=[], metavar="PATH",
+                       help="secret key (at least 16 bytes) binds seal their annotations with; the same on every "
+                            "replica. Repeat to rotate: the first seals, each verifies. Required")
+    serve.add_argument("--trusted-scheduler-names", default=",".join(DEFAULT_TRUSTED_SCHEDULERS), metavar="NAMES",
+                       help="comma-separated spec.schedulerName values whose pods' allocation annotations count "
+                            "unsealed (default %(default)s; empty for none): a trust assumption, see "
+                            "scheduler_ext/README.md")
     serve.add_argument("--api-timeout", type=float, default=5.0, metavar="SECONDS",
                        help="limit of each API call a bind makes (default %(default)s); a call that "
                             "runs out fails the bind, which is rolled back")

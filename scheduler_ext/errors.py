@@ -6,7 +6,7 @@ in ``scheduler_ext.extender`` and the HA ledger in ``scheduler_ext.ledger`` catc
 
 from __future__ import annotations
 
-__all__ = ["APIError", "ConflictError", "GoneError", "NotFoundError"]
+__all__ = ["APIError", "ConflictError", "GoneError", "NotFoundError", "SilentError"]
 
 
 class APIError(Exception):
@@ -27,3 +27,8 @@ class NotFoundError(APIError):
 
 class GoneError(APIError):
     """410: the watch's resourceVersion is too old; relist."""
+
+
+class SilentError(GoneError):
+    """A watch stream that sent nothing (no event, no bookmark, no end) for longer than its read
+    timeout: the connection may be half-open. Handled like 410: list again."""

@@ -3,8 +3,10 @@
 Who calls this: ``scheduler_ext.server`` (HTTP verbs) and ``scheduler_ext.cli simulate``. The
 decision functions (``evaluate``, ``plan``, ``filter_nodes``, ``prioritize_nodes``,
 ``preempt_nodes``) read ``scheduler_ext.state`` and return values. ``Binder.bind`` is the
-imperative shell: hold the allocation, commit it to the HA ledger, PATCH the pod's annotations
-with a resourceVersion precondition, create the Binding, and roll every step back on failure.
+imperative shell: hold the allocation, commit it to the HA ledger, remove any scheduler-owned
+annotation the pending pod carries (``scheduler_ext.trust.OWNED``, forged or stale), and create
+the Binding carrying the new ones and their seal under the pod's resourceVersion (kube-apiserver
+sets them with ``spec.nodeName`` in one write); roll back the hold and the ledger on failure.
 It is a coroutine on the server's event loop: its API calls await, so the next pod's filter
 runs while a bind waits for the API server, and the cluster lock is only held around the
 (synchronous) planning, never across an await.
@@ -78,6 +80,7 @@ from scheduler_ext.guard import decode_pod
 from scheduler_ext.pods import GPURequest, PodRequest
 from scheduler_ext.reservations import NodeReservation, pod_may_use
 from scheduler_ext.state import ClusterState, NodeState
+from scheduler_ext.trust import OWNED, SEAL_ANNOTATION
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -817,7 +820,9 @@ class BindAPI(Protocol):
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str
     ) -> dict[str, Any]: ...
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    async def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str], resource_version: str
+    ) -> None: ...
 
     async def aclose(self) -> None: ...
 
@@ -832,9 +837,14 @@ class Ledger(Protocol):
     async def remove(self, node: str, uid: str) -> None: ...
 
 
+# every annotation a bind writes or removes: the scheduler-owned ones and the seal
+_CLEARED: Mapping[str, None] = dict.fromkeys((*OWNED, SEAL_ANNOTATION))
+
+
 @dataclass
 class Binder:
-    """Runs the bind verb: plan, hold, ledger commit, PATCH, Binding; undo on failure."""
+    """Runs the bind verb: plan, hold, ledger commit, clear stale owned annotations, Binding
+    carrying the new ones; undo on failure."""
 
     state: ClusterState
     api: BindAPI
@@ -860,7 +870,7 @@ class Binder:
 
         Runs to its end even when the caller goes away: an ASGI server does not cancel a
         request's task on disconnect, and ``shield`` keeps a cancelled caller from cutting a
-        bind between its PATCH and its Binding or rollback.
+        bind between its writes and its rollback.
         """
         return await asyncio.shield(self._guarded(namespace, name, uid, node))
 
@@ -870,10 +880,12 @@ class Binder:
         except APIError as exc:
             return f"bind {namespace}/{name} to {node}: API error {exc}"
 
-    async def _pod(self, namespace: str, name: str, uid: str) -> tuple[PodRequest, str, str, dict[str, str]]:
+    async def _pod(self, namespace: str, name: str, uid: str) -> tuple[PodRequest, str, str, bool]:
+        """(request, resourceVersion, node it is bound to or "", whether it carries any owned
+        annotation or a seal), from the cache when it knows the pending pod, else a GET."""
         entry = self.state.pending(uid)
         if entry is not None and entry.request is not None and entry.name == name:
-            return entry.request, entry.rv, "", {}
+            return entry.request, entry.rv, "", entry.owned
         pod = await self.api.get_pod(namespace, name)
         meta, spec = pod.get("metadata"), pod.get("spec")
         meta = meta if isinstance(meta, dict) else {}
@@ -885,7 +897,7 @@ class Binder:
             decode_pod(pod),
             str(meta.get("resourceVersion") or ""),
             str(spec.get("nodeName") or ""),
-            {k: v for k, v in annotations.items() if isinstance(v, str)} if isinstance(annotations, dict) else {},
+            isinstance(annotations, dict) and any(k in annotations for k in _CLEARED),
         )
 
     async def _place(self, req: PodRequest, uid: str, node: str) -> Placement:
@@ -932,10 +944,22 @@ class Binder:
                     continue  # our own hold or confirmed by the watch
                 self.state.hold(uid, node, alloc, foreign=True)
 
+    def _written(self, uid: str, node: str, placement: Placement) -> dict[str, str]:
+        """What the Binding carries: the owned annotations of this placement and their seal."""
+        annotations = dict(placement.annotations)
+        seal = self.state.trust.seal(uid, node, annotations)
+        if seal is not None:
+            annotations[SEAL_ANNOTATION] = seal
+        return annotations
+
     async def _bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         started = time.monotonic()
+        stale = self.state.stale_kinds()
+        if stale:
+            return (f"cannot bind {namespace}/{name}: the extender's cache of {', '.join(stale)} is stale "
+                    "(no word from the API server's watch); refusing to allocate from it")
         try:
-            req, rv, bound_to, old_ann = await self._pod(namespace, name, uid)
+            req, rv, bound_to, owned = await self._pod(namespace, name, uid)
         except AllocationError as exc:
             return str(exc)
         if bound_to:
@@ -946,21 +970,34 @@ class Binder:
             placement = await self._place(req, uid, node)
         except AllocationError as exc:
             return f"cannot allocate on {node}: {exc}"
-        patched_rv = ""
+        written = self._written(uid, node, placement)
+        step = "clear"
         try:
-            if placement.annotations:
-                patched_rv = await self._patch(namespace, name, uid, rv, placement.annotations, old_ann)
-            await self.api.bind_pod(namespace, name, uid, node)
+            for attempt in range(3):
+                if owned:
+                    step = "clear"
+                    rv = await self._clear(namespace, name, uid, rv)
+                step = "binding"
+                try:
+                    await self.api.bind_pod(namespace, name, uid, node, written, rv)
+                    break
+                except ConflictError:
+                    # the pod changed since ``rv`` (or was bound or replaced): read it again
+                    BIND_CONFLICTS.labels("binding").inc()
+                    if attempt == 2:
+                        raise
+                    rv, owned = await self._reread(namespace, name, uid, node, written)
+                    if not rv:
+                        return ""  # bound by this very bind (a retried Binding that had landed)
         except (APIError, AllocationError) as exc:
-            step = "binding" if patched_rv or not placement.annotations else "patch"
             if step == "binding" and isinstance(exc, APIError) and await self._landed(
-                namespace, name, uid, node, placement
+                namespace, name, uid, node, written
             ):
                 log.warning("binding reply lost, but the pod is bound with this allocation",
                             pod=f"{namespace}/{name}", node=node, error=str(exc))
                 return ""
             BIND_ROLLBACKS.inc()
-            await self._rollback(namespace, name, uid, node, patched_rv, placement, old_ann)
+            await self._rollback(uid, node, placement)
             log.warning("bind failed", pod=f"{namespace}/{name}", node=node, step=step, error=str(exc))
             return f"bind {namespace}/{name} to {node} failed at {step}, rolled back: {exc}"
         log.debug(
@@ -972,7 +1009,36 @@ class Binder:
         )
         return ""
 
-    async def _landed(self, namespace: str, name: str, uid: str, node: str, placement: Placement) -> bool:
+    async def _reread(
+        self, namespace: str, name: str, uid: str, node: str, written: Mapping[str, str]
+    ) -> tuple[str, bool]:
+        """After a Binding conflict: the pod's current (resourceVersion, carries owned
+        annotations), or ("", False) when this bind's Binding is what bound it; raises
+        ``AllocationError`` when it was replaced or bound otherwise."""
+        fresh = await self.api.get_pod(namespace, name)
+        meta = fresh.get("metadata") or {}
+        if uid and meta.get("uid") != uid:
+            raise AllocationError(f"pod {namespace}/{name} was replaced")
+        if (fresh.get("spec") or {}).get("nodeName"):
+            if self._is_ours(fresh, uid, node, written):
+                return "", False
+            raise AllocationError(f"pod {namespace}/{name} was bound meanwhile")
+        annotations = meta.get("annotations")
+        owned = isinstance(annotations, dict) and any(k in annotations for k in _CLEARED)
+        return str(meta.get("resourceVersion") or ""), owned
+
+    @staticmethod
+    def _is_ours(pod: Mapping[str, Any], uid: str, node: str, written: Mapping[str, str]) -> bool:
+        """Bound to ``node`` with exactly this bind's annotations (and nothing owned besides)."""
+        meta = pod.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        return (
+            (pod.get("spec") or {}).get("nodeName") == node
+            and (not uid or meta.get("uid") == uid)
+            and all(ann.get(k) == written.get(k) for k in _CLEARED)
+        )
+
+    async def _landed(self, namespace: str, name: str, uid: str, node: str, written: Mapping[str, str]) -> bool:
         """After a failed Binding call, did it land anyway (a reply lost to a timeout or a reset)?
 
         Only when the pod is bound to ``node`` and carries exactly this bind's annotations: then
@@ -983,27 +1049,19 @@ class Binder:
             pod = await self.api.get_pod(namespace, name)
         except APIError:
             return False
-        meta = pod.get("metadata") or {}
-        ann = meta.get("annotations") or {}
-        return (
-            (pod.get("spec") or {}).get("nodeName") == node
-            and (not uid or meta.get("uid") == uid)
-            and all(ann.get(k) == v for k, v in placement.annotations.items())
-        )
+        return self._is_ours(pod, uid, node, written)
 
-    async def _patch(
-        self,
-        namespace: str,
-        name: str,
-        uid: str,
-        rv: str,
-        annotations: Mapping[str, str],
-        old_ann: dict[str, str],
-    ) -> str:
-        """PATCH with a resourceVersion precondition; on a stale version, re-read once."""
+    async def _clear(self, namespace: str, name: str, uid: str, rv: str) -> str:
+        """Remove every owned annotation and any seal from the unbound pod (a merge patch with
+        the resourceVersion precondition; on a stale version, re-read once); returns the new
+        resourceVersion, the precondition of the Binding that follows.
+
+        Harmless when the bind fails later: an unbound pod's owned annotations count nowhere,
+        and whoever binds it next clears or writes them again.
+        """
         for attempt in range(2):
             try:
-                pod = await self.api.patch_pod_annotations(namespace, name, annotations, rv)
+                pod = await self.api.patch_pod_annotations(namespace, name, _CLEARED, rv)
                 return str((pod.get("metadata") or {}).get("resourceVersion") or "")
             except ConflictError:
                 BIND_CONFLICTS.labels("patch").inc()
@@ -1016,39 +1074,11 @@ class Binder:
                 if (fresh.get("spec") or {}).get("nodeName"):
                     raise AllocationError(f"pod {namespace}/{name} was bound meanwhile") from None
                 rv = str(meta.get("resourceVersion") or "")
-                old_ann.clear()
-                old_ann.update(meta.get("annotations") or {})
         raise AssertionError("unreachable")
 
-    async def _rollback(
-        self,
-        namespace: str,
-        name: str,
-        uid: str,
-        node: str,
-        patched_rv: str,
-        placement: Placement,
-        old_ann: Mapping[str, str],
-    ) -> None:
-        if patched_rv:
-            restore: dict[str, str | None] = {k: old_ann.get(k) for k in placement.annotations}
-            rv = patched_rv
-            for _ in range(3):
-                try:
-                    await self.api.patch_pod_annotations(namespace, name, restore, rv)
-                    break
-                except ConflictError:
-                    try:
-                        fresh = await self.api.get_pod(namespace, name)
-                    except APIError:
-                        break
-                    if (fresh.get("spec") or {}).get("nodeName"):
-                        break  # someone bound it after all: its annotations are not ours to undo
-                    rv = str((fresh.get("metadata") or {}).get("resourceVersion") or "")
-                except APIError as exc:
-                    # an unbound pod's annotations are ignored by every replica, so this is safe
-                    log.warning("rollback patch failed", pod=f"{namespace}/{name}", error=str(exc))
-                    break
+    async def _rollback(self, uid: str, node: str, placement: Placement) -> None:
+        """Undo a failed bind: the ledger entry and the hold. The pod carries nothing to undo:
+        the new annotations travel only in the Binding, which did not land."""
         if self.ledger is not None and not placement.allocation.empty:
             try:
                 await self.ledger.remove(node, uid)

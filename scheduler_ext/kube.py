@@ -6,11 +6,14 @@ Who calls this: ``scheduler_ext.cli serve`` builds a ``KubeClient`` (informer si
 calls) and ``ledger.LeaseLedger`` (Lease calls).
 
 Informer side (``KubeClient``): lists and watches through the official client's generated
-methods with ``_preload_content=False``, decoded by orjson; the client's model objects are
+methods with ``_preload_content=False``, decoded by orjson; each watch asks for bookmarks, ends
+after ``watch_timeout`` (``timeoutSeconds``) and gives up on a stream silent for ``idle_timeout``
+(a read timeout: ``SilentError``, which the ``Watcher`` answers with a fresh list); the client's model objects are
 never built (50,000 pods as models would cost seconds and hundreds of MiB), and unknown fields
 survive.
 
-Bind side (``BindClient``): pod GET/PATCH, Binding, Lease GET/POST/PUT, three calls per bind.
+Bind side (``BindClient``): pod GET/PATCH, Binding, Lease GET/POST/PUT; a bind is usually the
+Binding (which carries the annotations) and one Lease write.
 They run as coroutines on the server's event loop over aiohttp, not on the ``ApiClient``'s
 urllib3 pool from worker threads. Measured in ``benchmarks/extender_scale.py``: a call from a
 bind thread cost the extender about 1 ms of CPU, most of it ``http.client``'s header parsing
@@ -40,7 +43,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from yarl import URL
 
 from koord_formats import keys
-from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError
+from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError, SilentError
 from scheduler_ext.guard import bad_object
 
 __all__ = ["BindClient", "KubeClient", "api_client_from_flags"]
@@ -100,11 +103,22 @@ def _seg(value: str) -> str:
 class KubeClient:
     """Lists and watches over one ``ApiClient`` (thread-safe: urllib3 pools connections)."""
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, *, watch_timeout: int = 300) -> None:
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient,
+        *,
+        watch_timeout: int = 60,
+        idle_timeout: float | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
         self.api_client = api_client
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
-        self.watch_timeout = watch_timeout
+        self.watch_timeout = watch_timeout  # timeoutSeconds: the server ends each stream by then
+        # a stream silent for this long is dead (a half-open connection never ends): past the
+        # server's own end of the stream plus a margin
+        self.idle_timeout = idle_timeout if idle_timeout is not None else watch_timeout + 30.0
+        self.connect_timeout = connect_timeout
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The raw urllib3 response (streams: the caller closes it and releases the connection)."""
@@ -164,9 +178,10 @@ class KubeClient:
             resource_version=resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=self.watch_timeout,
+            _request_timeout=(self.connect_timeout, self.idle_timeout),  # each read, not the stream
         )
         try:
-            for line in iter_resp_lines(resp):  # type: ignore[no-untyped-call]
+            for line in _lines(resp, kind, self.idle_timeout):
                 if not line.strip():
                     continue
                 try:
@@ -189,6 +204,18 @@ class KubeClient:
         finally:
             resp.close()
             resp.release_conn()
+
+
+def _lines(resp: Any, kind: str, idle: float) -> Iterator[str]:
+    """The stream's lines; ``SilentError`` when a read waited longer than ``idle`` seconds."""
+    try:
+        yield from iter_resp_lines(resp)  # type: ignore[no-untyped-call]
+    except (urllib3.exceptions.ReadTimeoutError, TimeoutError) as exc:
+        raise SilentError(0, f"{kind} watch silent for {idle:g} s: {exc}") from None
+    except urllib3.exceptions.ProtocolError as exc:
+        if isinstance(exc.__context__, TimeoutError) or "timed out" in str(exc):
+            raise SilentError(0, f"{kind} watch silent for {idle:g} s: {exc}") from None
+        raise APIError(0, f"{kind} watch stream broke: {exc}") from None
 
 
 def _pod_path(namespace: str, name: str) -> str:
@@ -300,16 +327,26 @@ class BindClient:
             await self._request("PATCH", _pod_path(namespace, name), {"metadata": meta}, MERGE_PATCH)
         )
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST the ``pods/binding`` subresource; the UID precondition guards a replaced pod."""
+    async def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str], resource_version: str
+    ) -> None:
+        """POST the ``pods/binding`` subresource. kube-apiserver's BindingREST copies the
+        Binding's ``metadata.annotations`` onto the pod in the same storage update that sets
+        ``spec.nodeName``, and takes its ``metadata.uid`` and ``metadata.resourceVersion`` as
+        preconditions (409 when the pod was replaced, changed since that version, or bound)."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        if annotations:
+            meta["annotations"] = dict(annotations)
         body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        if uid:
-            body["metadata"]["uid"] = uid
         await self._request("POST", _pod_path(namespace, name) + "/binding", body)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:

@@ -20,9 +20,13 @@ Design:
   API server answers 409 and the bind re-reads the ledger, re-plans and tries again. So the
   commits on one node are serialised and each one saw every allocation committed before it,
   either in its cache or in the ledger.
-- Entries expire after ``ttl`` (default 120 s), far longer than any healthy watch lag, so by
-  then every replica's cache holds the pod from its annotations. Entries whose pod this replica
-  saw deleted are dropped at the next write.
+- Entries expire after ``ttl`` (default 120 s), far longer than any healthy watch lag, but an
+  expired entry is dropped (from what a replica reads, and from the Lease at its next write)
+  only once that replica's cache has *settled* it (``ClusterState.settled``): the watch showed
+  the pod bound to the node (its own annotations count from then on) or deleted, or the pod
+  watch heard from the API server after the entry's time plus ``ttl``. A replica whose watch
+  stalls therefore keeps every entry it has not seen confirmed, however old. Entries whose pod
+  this replica saw deleted are dropped at the next write.
 - Single-replica fast path: the last written version is cached, so an uncontended commit is
   one PUT; only a 409 costs a GET. A node whose Lease this process has never seen is assumed
   to have none: the commit creates it (one POST), and 409 AlreadyExists is handled like any
@@ -116,6 +120,7 @@ class LeaseLedger:
         prefix: str = "scheduler-ext-",
         ttl: float = 120.0,
         is_deleted: Callable[[str], bool] = lambda uid: False,
+        settled: Callable[[str, str, float], bool] = lambda uid, node, since: True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.api = api
@@ -124,6 +129,7 @@ class LeaseLedger:
         self.prefix = prefix
         self.ttl = ttl
         self.is_deleted = is_deleted
+        self.settled = settled  # (uid, node, entry time + ttl) -> may the expired entry go
         self.clock = clock
         self._cache: dict[str, dict[str, Any] | None] = {}  # node -> last Lease read or written (None: none)
 
@@ -158,7 +164,9 @@ class LeaseLedger:
         now = self.clock()
         text = ((lease.get("metadata") or {}).get("annotations") or {}).get(LEDGER_ANNOTATION)
         return {
-            uid: alloc for uid, (alloc, ts) in decode_entries(text).items() if now - ts <= self.ttl
+            uid: alloc
+            for uid, (alloc, ts) in decode_entries(text).items()
+            if now - ts <= self.ttl or not self.settled(uid, node, ts + self.ttl)
         }
 
     async def _write(self, node: str, lease: dict[str, Any] | None, entries: dict[str, Any]) -> None:
@@ -183,7 +191,8 @@ class LeaseLedger:
             new = await self.api.replace_lease(self.namespace, str(meta["name"]), body)
         self._cache[node] = new
 
-    def _live(self, lease: Mapping[str, Any] | None) -> dict[str, Any]:
+    def _live(self, node: str, lease: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The entries a write keeps: not deleted, and not expired unless still unsettled."""
         if lease is None:
             return {}
         text = ((lease.get("metadata") or {}).get("annotations") or {}).get(LEDGER_ANNOTATION)
@@ -192,13 +201,17 @@ class LeaseLedger:
         except ValueError:
             doc = {}
         now = self.clock()
-        return {
-            uid: e
-            for uid, e in (doc.items() if isinstance(doc, dict) else ())
-            if isinstance(e, dict)
-            and now - float(e.get("ts") or 0) <= self.ttl
-            and not self.is_deleted(uid)
-        }
+        out: dict[str, Any] = {}
+        for uid, e in doc.items() if isinstance(doc, dict) else ():
+            if not isinstance(e, dict) or self.is_deleted(uid):
+                continue
+            try:
+                ts = float(e.get("ts") or 0)
+            except (TypeError, ValueError):
+                continue
+            if now - ts <= self.ttl or not self.settled(uid, node, ts + self.ttl):
+                out[uid] = e
+        return out
 
     async def commit(self, node: str, uid: str, alloc: Allocation) -> None:
         """Add ``uid``'s allocation; ``ConflictError`` if the ledger moved since it was read
@@ -208,7 +221,7 @@ class LeaseLedger:
         and plan again, which is what makes concurrent replicas safe.
         """
         lease = self._cache.get(node)
-        live = self._live(lease)
+        live = self._live(node, lease)
         live[uid] = encode_entry(alloc, self.clock())
         try:
             await self._write(node, lease, live)
@@ -225,7 +238,7 @@ class LeaseLedger:
             lease = await self._current(node, attempt > 0)
             if lease is None and attempt == 0:
                 lease = await self._read(node)  # never seen here: look before concluding "nothing"
-            live = self._live(lease)
+            live = self._live(node, lease)
             if uid not in live:
                 return
             del live[uid]

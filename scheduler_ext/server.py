@@ -114,13 +114,20 @@ class StateCollector(Collector):
             "Allocations held by binds that the watch has not confirmed yet.",
             value=counts["held"],
         )
+        stale = GaugeMetricFamily(
+            "scheduler_ext_cache_stale", "1 for a kind whose cache is not listed or whose watch went silent.",
+            labels=["kind"],
+        )
+        for kind, text in self.state.health().items():
+            stale.add_metric([kind], 0.0 if text in ("ok", "not installed") else 1.0)
+        yield stale
         yield GaugeMetricFamily(
             "scheduler_ext_gpu_fragmentation_ratio",
             "Share of free GPU core that sits on partially used GPUs (0 = every free GPU is whole).",
             value=self.state.gpu_fragmentation(),
         )
         yield GaugeMetricFamily(
-            "scheduler_ext_ready", "1 when the first list of every kind is in the cache.",
+            "scheduler_ext_ready", "1 when every kind is listed and none is stale (its watch silent too long).",
             value=1.0 if self.state.ready else 0.0,
         )
 
@@ -420,10 +427,15 @@ def _probe_endpoints(state: ClusterState) -> tuple[Endpoint, Endpoint, Endpoint]
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
-        if state.ready:
-            return PlainTextResponse("ok")
-        missing = sorted({"nodes", "pods", "noderesourcetopologies", "devices"} - state.synced)
-        return PlainTextResponse(f"cache not synced: {', '.join(missing)}", status_code=503)
+        """200 when every kind is listed and none is stale; the body says each kind's state, so
+        a missing optional CRD (Device, Reservation, NodeResourceTopology: "not installed") is
+        reported without making the extender unready (the cluster simply has none)."""
+        health = state.health()
+        bad = {k: v for k, v in health.items() if v not in ("ok", "not installed")}
+        lines = "".join(f"{k}: {v}\n" for k, v in health.items() if v != "ok")
+        if not bad:
+            return PlainTextResponse("ok\n" + lines if lines else "ok")
+        return PlainTextResponse("cache not ready\n" + lines, status_code=503)
 
     async def metrics(request: Request) -> Response:
         body = generate_latest(REGISTRY) + generate_latest(registry)

@@ -12,7 +12,13 @@ Rules:
 - A hold lives from the start of a bind until the watch shows the pod bound to that node
   (then the pod's own annotations are the record) or until the bind rolls back.
 - The cache has no other memory: a fresh process rebuilds it completely from the
-  ``resource-status`` and ``device-allocated`` annotations of placed pods.
+  ``resource-status``, ``device-allocated`` and ``reservation-allocated`` annotations of placed
+  pods whose writer it trusts (``scheduler_ext.trust``: sealed by a bind of this extender, or
+  placed by a trusted scheduler); any other pod holds nothing, and a trusted pod whose
+  annotations stop verifying keeps the allocation last proven on its node.
+- Each kind records when the API server last answered for it (``heard``); with
+  ``stale_after`` a kind silent for longer is stale (``stale_kinds``: readiness fails, binds are
+  refused).
 - Derived per-node values (free CPUs, per-NUMA counts, GPU usage) are recomputed lazily once
   per change (``NodeState.version``), never per request; unchanged annotations are not
   parsed again (``PodEntry.ann``). Filter verdicts are memoised per pod kind and node
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from prometheus_client import Counter
 
 from koord_formats import keys
 from koord_formats.errors import FormatError
@@ -42,10 +49,18 @@ from scheduler_ext.guard import bad_object, decode_pod, describe
 from scheduler_ext.pods import PodRequest, exclusive_policy_of
 from scheduler_ext.reservations import NodeReservation, fold
 from scheduler_ext.topology import GPUDevice, cpu_topology, parse_gpu_devices, unbindable_cpus
+from scheduler_ext.trust import SEAL_ANNOTATION, TRUST_ALL, Trust
 
 __all__ = ["KINDS", "ClusterState", "NodeState", "PodEntry"]
 
 log = structlog.get_logger("scheduler_ext.state")
+
+UNTRUSTED = Counter(
+    "scheduler_ext_untrusted_allocations_total",
+    "Bound pods whose scheduler-owned annotations were not counted: no valid seal and not placed "
+    "by a trusted scheduler (reason: unsealed, seal).",
+    ["reason"],
+)
 
 KINDS = ("nodes", "pods", "noderesourcetopologies", "devices", "reservations")
 
@@ -212,7 +227,10 @@ class PodEntry:
     ann: tuple[str | None, str | None, str, str | None] = (None, None, "None", None)
     alloc: Allocation = EMPTY
     request: PodRequest | None = None  # decoded spec, kept only while pending
-    bad: str = ""  # why the annotations could not be parsed
+    bad: str = ""  # why the annotations could not be parsed, or why they are not trusted
+    # (seal annotation, spec.schedulerName) last judged; with ``ann`` and ``node`` it decides trust
+    proof: tuple[str | None, str] = (None, "")
+    owned: bool = False  # pending: the pod carries a scheduler-owned annotation or a seal
 
 
 def _is_terminal(pod: Mapping[str, Any]) -> bool:
@@ -234,6 +252,10 @@ class _PodUpdate:
     ann: tuple[str | None, str | None, str, str | None] | None = None  # bound pods: the raw annotations
     alloc: Allocation | None = None  # parsed from ``ann``; None when not parsed or unreadable
     error: str | None = None  # why ``ann`` could not be read
+    proof: tuple[str | None, str] = (None, "")  # (seal annotation, spec.schedulerName)
+    trust: str | None = None  # ``Trust.judge`` of ``ann`` ("" untrusted); None when not judged
+    owned: bool = False  # the pod carries a scheduler-owned annotation or a seal
+    annotations: Mapping[str, str] = field(default_factory=dict)  # bound pods: all of them, for ``trust``
 
 
 _NO_ANN: tuple[str | None, str | None, str, str | None] = (None, None, "None", None)
@@ -333,7 +355,8 @@ class ClusterState:
     """All nodes and pods. Every public method takes ``lock`` itself; callers that combine
     several reads and a hold (bind) take it around the whole sequence (it is re-entrant)."""
 
-    def __init__(self) -> None:
+    def __init__(self, trust: Trust = TRUST_ALL) -> None:
+        self.trust = trust  # whose allocation annotations count (``scheduler_ext.trust``)
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodEntry] = {}  # uid -> entry
@@ -346,11 +369,70 @@ class ClusterState:
         # chasing five pointers into 500 scattered NodeState objects
         self.memo: dict[int, dict[str, Any]] = {}
         self.events = 0  # watch events applied (metrics)
+        # liveness of the watches (``Watcher``): when the API server last answered for each kind
+        # (a list, an event, a bookmark, a watch it ended, a 404 for a missing CRD), monotonic
+        # and wall-clock; kinds whose CRD is not installed; after how many seconds of silence a
+        # kind's cache is stale (None: never, for caches fed without a watch)
+        self.contact: dict[str, float] = {}
+        self.contact_wall: dict[str, float] = {}
+        self.absent: set[str] = set()
+        self.stale_after: float | None = None
+        self.monotonic: Callable[[], float] = time.monotonic  # the clocks of the above (tests replace them)
+        self.wall: Callable[[], float] = time.time
 
     # -- reads --------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.synced >= set(KINDS)
+        """Every kind listed once and none stale (``stale_kinds``)."""
+        return self.synced >= set(KINDS) and not self.stale_kinds()
+
+    def heard(self, kind: str, *, absent: bool | None = None) -> None:
+        """The API server answered for ``kind`` (``absent``: whether its CRD is missing)."""
+        self.contact[kind] = self.monotonic()
+        self.contact_wall[kind] = self.wall()
+        if absent is True:
+            self.absent.add(kind)
+        elif absent is False:
+            self.absent.discard(kind)
+
+    def stale_kinds(self) -> list[str]:
+        """Kinds whose cache cannot be vouched for: never listed, or (with ``stale_after``) no
+        word from the API server for longer than that. Always empty without ``stale_after``."""
+        if self.stale_after is None:
+            return []
+        now = self.monotonic()
+        return [k for k in KINDS if k not in self.synced or now - self.contact.get(k, 0.0) > self.stale_after]
+
+    def health(self) -> dict[str, str]:
+        """Each kind's state for ``/readyz``: ok, not synced, stale (N s without a word), or
+        not installed (a missing optional CRD: the cluster has none of them, not a fault)."""
+        now = self.monotonic()
+        out: dict[str, str] = {}
+        for kind in KINDS:
+            if kind not in self.synced:
+                out[kind] = "not synced"
+            elif self.stale_after is not None and now - self.contact.get(kind, 0.0) > self.stale_after:
+                out[kind] = f"stale ({now - self.contact.get(kind, 0.0):.0f} s without a word from its watch)"
+            elif kind in self.absent:
+                out[kind] = "not installed"
+            else:
+                out[kind] = "ok"
+        return out
+
+    def settled(self, uid: str, node: str, since: float) -> bool:
+        """Whether an expired HA-ledger entry of ``uid`` on ``node`` may be dropped: this cache
+        shows the pod bound to that node (its own annotations count from then on), or saw it
+        deleted, or the pod watch has heard from the API server after ``since`` (wall-clock
+        seconds; the ledger passes the entry's time plus its TTL): by then every bind of the pod
+        that could land has landed and is in the cache. A stalled watch hears nothing, so its
+        replica keeps the entry for as long as it stalls."""
+        with self.lock:
+            if uid in self.deleted:
+                return True
+            entry = self.pods.get(uid)
+            if entry is not None and entry.node == node:
+                return True
+            return self.contact_wall.get("pods", 0.0) >= since
 
     def node(self, name: str) -> NodeState | None:
         return self.nodes.get(name)
@@ -527,7 +609,8 @@ class ClusterState:
             return None
         if event == "DELETED" or _is_terminal(pod):
             return _PodUpdate(uid, gone=True)
-        node = _text(_mapping(pod.get("spec"), "spec").get("nodeName"), "spec.nodeName")
+        spec = _mapping(pod.get("spec"), "spec")
+        node = _text(spec.get("nodeName"), "spec.nodeName")
         annotations = _strings(meta.get("annotations"), "metadata.annotations")
         update = _PodUpdate(
             uid,
@@ -536,6 +619,7 @@ class ClusterState:
             name=_text(meta.get("name"), "metadata.name"),
             node=node,
             rv=_text(meta.get("resourceVersion"), "metadata.resourceVersion"),
+            owned=Trust.carries_any(annotations),
         )
         if not node:
             update.request = decode_pod(pod)
@@ -546,9 +630,13 @@ class ClusterState:
             exclusive_policy_of(annotations),
             annotations.get(keys.ANNOTATION_RESERVATION_ALLOCATED),
         )
+        update.proof = (annotations.get(SEAL_ANNOTATION), _text(spec.get("schedulerName"), "spec.schedulerName"))
+        update.annotations = annotations
         entry = self.pods.get(uid)  # read without the lock: only this watch thread writes entries
-        if entry is None or entry.ann != update.ann or entry.node != node:
-            update.alloc, update.error = _parse_allocation(update.namespace, update.name, update.ann)
+        if entry is None or entry.ann != update.ann or entry.node != node or entry.proof != update.proof:
+            update.trust = self.trust.judge(uid, node, update.proof[1], annotations)
+            if update.trust:
+                update.alloc, update.error = _parse_allocation(update.namespace, update.name, update.ann)
         return update
 
     def _commit_pod(self, update: _PodUpdate) -> None:
@@ -563,21 +651,40 @@ class ClusterState:
         if entry is None:
             entry = self.pods[uid] = PodEntry(namespace=update.namespace, name=update.name, node="", rv="")
         entry.rv = update.rv
+        entry.owned = update.owned
         if not node:
             entry.request = update.request
             return
         entry.request = None
-        if update.ann != entry.ann or entry.node != node:
-            alloc, error = update.alloc, update.error
-            if alloc is None and error is None:  # the entry changed since the read: parse again
-                alloc, error = _parse_allocation(entry.namespace, entry.name, update.ann or _NO_ANN)
-            if alloc is not None:
+        if update.ann != entry.ann or entry.node != node or update.proof != entry.proof:
+            alloc, error, trust = update.alloc, update.error, update.trust
+            if trust is None:  # the entry changed since the read: judge and parse again
+                trust, alloc, error = "", None, None
+                if update.ann is not None:
+                    trust = self.trust.judge(uid, node, update.proof[1], update.annotations)
+                if trust:
+                    alloc, error = _parse_allocation(entry.namespace, entry.name, update.ann or _NO_ANN)
+            if not trust:
+                # written by someone the extender cannot vouch for: it proves nothing; the CPUs
+                # last proven on this node (by a sealed or trusted write) stay counted
+                if entry.node != node:
+                    entry.alloc = EMPTY
+                if update.owned or not entry.alloc.empty:
+                    reason = "seal" if update.proof[0] else "unsealed"
+                    UNTRUSTED.labels(reason).inc()
+                    log.warning("allocation annotations not trusted: not counted",
+                                pod=f"{entry.namespace}/{entry.name}", node=node, reason=reason,
+                                scheduler=update.proof[1][:64], kept_cpus=len(entry.alloc.cpus))
+                entry.bad = (f"untrusted ({'seal does not verify' if update.proof[0] else 'unsealed'})"
+                             if update.owned else "")
+            elif alloc is not None:
                 entry.alloc, entry.bad = alloc, ""
             else:
                 if entry.node != node:
                     entry.alloc = EMPTY  # nothing was ever proven on this node
                 entry.bad = error or "unreadable"
             entry.ann = update.ann or _NO_ANN
+            entry.proof = update.proof
         if entry.node and entry.node != node:
             old = self.nodes.get(entry.node)
             if old is not None:
@@ -681,8 +788,16 @@ class Watcher:
     """Keeps ``state`` in sync with the API server: list, then watch, relist on 410 Gone.
 
     ``list_fn(kind, continue_token)`` returns (items, resourceVersion, continue_token);
-    ``watch_fn(kind, resource_version)`` yields event dicts and raises ``GoneError`` when the
-    version is too old. Both come from ``scheduler_ext.kube``.
+    ``watch_fn(kind, resource_version)`` yields event dicts (bookmarks included) and raises
+    ``gone`` when the version is too old, or when the stream stayed silent past its read
+    timeout (``scheduler_ext.kube.KubeClient.watch``, which asks for bookmarks and bounds each
+    stream with ``timeoutSeconds``). Both come from ``scheduler_ext.kube``.
+
+    Liveness: every answer of the API server for a kind (a list, an event or bookmark, a stream
+    it ended, a 404 for a CRD that is not installed) is recorded in ``ClusterState.heard``; a
+    silent stream is abandoned and the kind listed again. With ``stale_after`` the cache of a
+    kind without a word for that long is stale: ``/readyz`` fails and binds are refused
+    (``ClusterState.stale_kinds``) until the API server answers again.
     """
 
     state: ClusterState
@@ -692,6 +807,11 @@ class Watcher:
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     backoff: float = 0.5
+    stale_after: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.stale_after is not None:
+            self.state.stale_after = self.stale_after
 
     def start(self) -> None:
         for kind in KINDS:
@@ -720,6 +840,7 @@ class Watcher:
             if not token:
                 break
         self.state.replace(kind, items)
+        self.state.heard(kind, absent=False)
         return rv
 
     def _event(self, kind: str, event: Any) -> str:
@@ -746,18 +867,23 @@ class Watcher:
                 for event in self.watch_fn(kind, rv):
                     if self.stop.is_set():
                         return
+                    self.state.heard(kind)
                     rv = self._event(kind, event) or rv
+                self.state.heard(kind)  # the server ended the stream (timeoutSeconds)
                 delay = self.backoff
-            except self.gone:
+            except self.gone as exc:
                 if self.stop.is_set():
                     return
-                log.info("watch expired, relisting", kind=kind)
+                log.info("watch expired or went silent, relisting", kind=kind, reason=str(exc))
                 rv = ""
             except Exception as exc:  # the API may be down; keep trying with backoff
                 if self.stop.is_set():
                     return
-                if _is_not_found(exc) and kind not in self.state.synced:
-                    self.state.replace(kind, [])  # the CRD is not installed: nothing to know
+                if _is_not_found(exc):
+                    if kind not in self.state.synced:
+                        self.state.replace(kind, [])  # the CRD is not installed: nothing to know
+                    self.state.heard(kind, absent=True)
+                    rv = ""  # once installed, start from a list
                 log.warning("watch failed", kind=kind, error=str(exc))
                 self.stop.wait(delay)
                 delay = min(delay * 2, 10.0)

@@ -8,6 +8,10 @@
 - Hostile Reservations (wrong types, huge lists and maps, deep or bombed annotations, CPUs
   outside the node) and hostile ``reservation-affinity`` / ``reservation-allocated`` pod
   annotations: refused by their one parser, costing only their own object or pod.
+- Forged allocations: hostile seal annotations (garbage, over its bound, another version, a
+  seal of other values) verify nothing and cost only their pod; a hostile ``--seal-key-file``
+  (FIFO, directory, device, 5 GB sparse file, a key too short) is refused at start with one
+  line, at once.
 - ``scheduler-ext simulate`` on hostile documents: no traceback, a documented exit code, the
   result alone on stdout and every log line on stderr.
 - A 500-byte filter body whose memory request is ``1e500000``: answered at once, while a
@@ -38,9 +42,10 @@ from koord_formats.reservation import parse_reservation, parse_reservation_affin
 from scheduler_ext.extender import ExtenderConfig, evaluate, plan
 from scheduler_ext.pods import parse_pod
 from scheduler_ext.state import ClusterState, load_objects
+from scheduler_ext.trust import MAX_SEAL_CHARS, SEAL_ANNOTATION
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import cluster, cpus, device, node, nrt, pod, reservation
-from tests.scheduler_ext.conftest import Extender, start_extender
+from tests.scheduler_ext.conftest import TRUST, Extender, start_extender
 
 RS = "scheduling.koordinator.sh/resource-status"
 DA = "scheduling.koordinator.sh/device-allocated"
@@ -178,11 +183,12 @@ class HealthProbe:
 
     def __enter__(self) -> HealthProbe:
         self.thread.start()
-        time.sleep(0.1)
+        wait_for(lambda: self.calls > 0, 60)  # probing before the work starts (a loaded host is slow)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        time.sleep(0.1)
+        seen = self.calls
+        wait_for(lambda: self.calls > seen + 1, 60)  # and answered after it ended
         self.stop.set()
         self.thread.join(60)
 
@@ -271,6 +277,66 @@ def test_a_reachable_listener_without_mutual_tls_is_refused_at_start() -> None:
     assert "served" not in done.stdout
     assert done.returncode == 2
     assert "--tls-client-ca" in done.stderr and "Traceback" not in done.stderr
+
+
+# -- forged allocations ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "seal",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("v1.", id="the version alone"),
+        pytest.param("v1." + "A" * (MAX_SEAL_CHARS * 100), id="over its bound"),
+        pytest.param("v2.c2VhbA", id="another version"),
+        pytest.param("v1.\u0000\uffff" * 8, id="control and odd characters"),
+        pytest.param(TRUST.seal("uid-p", "a", {RS: json.dumps({"cpuset": "0-1"})}), id="a seal of other values"),
+        pytest.param(TRUST.seal("uid-other", "a", {RS: json.dumps({"cpuset": "0-15"})}), id="another pod's seal"),
+    ],
+)
+def test_a_hostile_seal_verifies_nothing_and_costs_only_its_pod(seal: str | None) -> None:
+    assert seal is not None
+    state = ClusterState(TRUST)
+    forged = pod("p", cpu="1", qos="LS", node_name="a", scheduler_name="default-scheduler", uid="uid-p",
+                 annotations={RS: json.dumps({"cpuset": "0-15"}), SEAL_ANNOTATION: seal})
+    assert load_objects(state, [*cluster(["a"]), forged]) == []
+    assert state.nodes["a"].allocs == {}
+    ns = state.nodes["a"]
+    assert plan(ns, parse_pod(pod("next", cpu="16")), ExtenderConfig()).allocation.cpus == cpus("0-15")
+
+
+def _key_case(kind: str, tmp: Path) -> str:
+    import os
+
+    path = tmp / kind
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "device":
+        return "/dev/zero"
+    elif kind == "sparse":
+        with open(path, "wb") as fh:
+            fh.truncate(5 << 30)
+    elif kind == "short":
+        path.write_bytes(b"tooshort\n")
+    elif kind == "symlink-to-fifo":
+        os.mkfifo(tmp / "target")
+        path.symlink_to(tmp / "target")
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device", "sparse", "short", "symlink-to-fifo", "missing"])
+def test_a_hostile_seal_key_file_is_refused_at_start(tmp_path: Path, kind: str) -> None:
+    path = _key_case(kind, tmp_path)
+    done = subprocess.run(  # a read that blocked on the FIFO would run into the timeout
+        [sys.executable, "-m", "scheduler_ext.cli", "serve", "--api-server", "http://127.0.0.1:9",
+         "--listen", "127.0.0.1:0", "--no-ha-ledger", "--seal-key-file", path],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--seal-key-file" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 # -- the simulate CLI ------------------------------------------------------------------------

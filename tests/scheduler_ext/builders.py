@@ -119,7 +119,10 @@ def pod(
     annotations: Mapping[str, str] | None = None,
     node_name: str | None = None,
     uid: str | None = None,
+    scheduler_name: str | None = None,
 ) -> dict[str, Any]:
+    """A pod; one given a ``node_name`` was placed by koord-scheduler (a trusted scheduler, whose
+    allocation annotations the extender counts) unless ``scheduler_name`` says otherwise."""
     requests: dict[str, str] = {}
     if cpu is not None:
         requests["cpu"] = cpu
@@ -135,7 +138,7 @@ def pod(
         "containers": [
             {"name": "main", "image": "busybox", "resources": {"requests": requests, "limits": dict(requests)}}
         ],
-        "schedulerName": "default-scheduler",
+        "schedulerName": scheduler_name or ("koord-scheduler" if node_name else "default-scheduler"),
     }
     if priority is not None:
         spec["priority"] = priority

@@ -26,7 +26,19 @@ from scheduler_ext.kube import BindClient, KubeClient  # noqa: E402
 from scheduler_ext.ledger import LeaseLedger  # noqa: E402
 from scheduler_ext.server import create_app  # noqa: E402
 from scheduler_ext.state import ClusterState, Watcher  # noqa: E402
+from scheduler_ext.trust import Trust  # noqa: E402
 from tests.fakeapi import FakeAPIServer  # noqa: E402
+
+# the seal key every test extender shares, as the replicas of one deployment do
+SEAL_KEY = b"test-seal-key-not-a-secret-0123456789"
+TRUST = Trust.of([SEAL_KEY], ["koord-scheduler"])
+
+
+def seal_key_file(directory: Path) -> Path:
+    """``SEAL_KEY`` in a file under ``directory`` (for ``scheduler-ext serve --seal-key-file``)."""
+    path = directory / "seal.key"
+    path.write_bytes(SEAL_KEY + b"\n")
+    return path
 
 
 @pytest.fixture
@@ -85,16 +97,27 @@ class Extender:
 
 
 def start_extender(
-    api_url: str, *, ledger: bool = False, identity: str = "test", cfg: ExtenderConfig | None = None
+    api_url: str,
+    *,
+    ledger: bool = False,
+    identity: str = "test",
+    cfg: ExtenderConfig | None = None,
+    trust: Trust = TRUST,
+    watch_timeout: int = 30,
+    idle_timeout: float | None = None,
+    stale_after: float | None = None,
+    ledger_ttl: float = 120.0,
+    wait: bool = True,
 ) -> Extender:
     client = api_client(api_url)
-    kube = KubeClient(client, watch_timeout=30)
+    kube = KubeClient(client, watch_timeout=watch_timeout, idle_timeout=idle_timeout)
     bind_api = BindClient(client, timeout=10)
-    state = ClusterState()
-    watcher = Watcher(state, kube.list, kube.watch, GoneError, backoff=0.05)
+    state = ClusterState(trust)
+    watcher = Watcher(state, kube.list, kube.watch, GoneError, backoff=0.05, stale_after=stale_after)
     watcher.start()
     lease = (
-        LeaseLedger(bind_api, "kube-system", identity=identity, is_deleted=state.recently_deleted)
+        LeaseLedger(bind_api, "kube-system", identity=identity, ttl=ledger_ttl,
+                    is_deleted=state.recently_deleted, settled=state.settled)
         if ledger
         else None
     )
@@ -113,7 +136,8 @@ def start_extender(
             raise TimeoutError("uvicorn did not start")
         time.sleep(0.01)
     ext = Extender(f"http://127.0.0.1:{port}", state, binder, watcher, server, thread)
-    ext.wait_ready()
+    if wait:
+        ext.wait_ready()
     return ext
 
 

@@ -56,7 +56,7 @@ async def test_requests_carry_the_api_clients_auth_and_headers() -> None:
     client = BindClient(api_client, timeout=5)
     try:
         await client.patch_pod_annotations("ns", "p/x", {"a": "1", "b": None}, "7")
-        await client.bind_pod("ns", "p", "uid-1", "n1")
+        await client.bind_pod("ns", "p", "uid-1", "n1", {"k": "v"}, "8")
     finally:
         await client.aclose()
         await runner.cleanup()
@@ -68,7 +68,8 @@ async def test_requests_carry_the_api_clients_auth_and_headers() -> None:
     assert b'"resourceVersion":"7"' in patch["body"] and b'"b":null' in patch["body"]
     assert binding["headers"]["Authorization"] == "Bearer second"  # the hook ran again
     assert binding["path"] == "/api/v1/namespaces/ns/pods/p/binding"
-    assert b'"uid":"uid-1"' in binding["body"]
+    assert b'"uid":"uid-1"' in binding["body"] and b'"resourceVersion":"8"' in binding["body"]
+    assert b'"annotations":{"k":"v"}' in binding["body"]
 
 
 async def test_status_objects_become_typed_errors() -> None:

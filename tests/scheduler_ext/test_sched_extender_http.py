@@ -106,7 +106,7 @@ def test_prioritize_scores_by_strategy(
     assert max(reply, key=lambda r: r["Score"])["Host"] == winner
 
 
-def test_bind_patches_annotations_then_binds(api: FakeAPIServer, serve: Callable[..., Extender]) -> None:
+def test_bind_writes_the_annotations_in_the_binding(api: FakeAPIServer, serve: Callable[..., Extender]) -> None:
     p = pod("web", cpu="4", numa_policy="SingleNUMANode")
     ext = serve([*cluster(["n1"]), p])
     wait_for(lambda: ext.state.pending(p["metadata"]["uid"]) is not None)
@@ -159,21 +159,22 @@ def test_bind_retries_a_stale_resource_version(api: FakeAPIServer, serve: Callab
     p = pod("web", cpu="2")
     ext = serve([*cluster(["n1"]), p])
     wait_for(lambda: ext.state.pending(p["metadata"]["uid"]) is not None)
-    api.inject("PATCH", r"/pods/web$", 409, reason="Conflict", message="the object has been modified")
+    api.inject("POST", r"/pods/web/binding$", 409, reason="Conflict", message="the object has been modified")
     assert bind(ext, p, "n1") == ""
     got = api.get("pods", "web", "default")
     assert got is not None and got["spec"]["nodeName"] == "n1" and RS in got["metadata"]["annotations"]
 
 
-def test_gpu_bind_writes_device_and_cpu_annotations_in_one_patch(
+def test_gpu_bind_writes_device_and_cpu_annotations_in_the_binding_alone(
     api: FakeAPIServer, serve: Callable[..., Extender]
 ) -> None:
     p = pod("train", cpu="4", numa_policy="SingleNUMANode", extra={"nvidia.com/gpu": "2"})
     ext = serve([*cluster(["g1"], format_cpu_topology(TOPO_SMALL), gpus=4), p])
     wait_for(lambda: ext.state.pending(p["metadata"]["uid"]) is not None)
-    patches = api.counts.get("PATCH", 0)
+    patches, posts = api.counts.get("PATCH", 0), api.counts.get("POST", 0)
     assert bind(ext, p, "g1") == ""
-    assert api.counts.get("PATCH", 0) == patches + 1
+    assert api.counts.get("PATCH", 0) == patches  # nothing stale to clear: the Binding is the one write
+    assert api.counts.get("POST", 0) == posts + 1
     ann = (api.get("pods", "train", "default") or {})["metadata"]["annotations"]
     gpus = json.loads(ann[DA])["gpu"]
     assert [(g["minor"], g["id"], g["resources"]["koordinator.sh/gpu-core"]) for g in gpus] == [

@@ -11,6 +11,8 @@ import kubernetes
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from scheduler_ext.errors import SilentError
+from scheduler_ext.kube import KubeClient
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import device, node, nrt, pod
 
@@ -82,6 +84,53 @@ def test_binding_with_wrong_uid_is_refused(api: FakeAPIServer, official: kuberne
     with pytest.raises(ApiException) as err:
         v1.create_namespaced_pod_binding("p", "ns", body, _preload_content=False)
     assert err.value.status == 409
+
+
+def test_binding_copies_its_annotations_onto_the_pod_in_the_same_write(
+    api: FakeAPIServer, official: kubernetes.client.ApiClient
+) -> None:
+    created = _pod_on_server(api)
+    v1 = kubernetes.client.CoreV1Api(official)
+    body = {"metadata": {"name": "p", "uid": created["metadata"]["uid"],
+                         "resourceVersion": created["metadata"]["resourceVersion"],
+                         "annotations": {"a": "from-binding"}},
+            "target": {"kind": "Node", "name": "n1"}}
+    before = api.store.rv
+    v1.create_namespaced_pod_binding("p", "ns", body, _preload_content=False)
+    got = api.get("pods", "p", "ns")
+    assert got is not None and got["spec"]["nodeName"] == "n1" and got["metadata"]["annotations"]["a"] == "from-binding"
+    assert api.store.rv == before + 1  # one write: node and annotations together
+
+
+def test_binding_with_a_stale_resource_version_is_refused(
+    api: FakeAPIServer, official: kubernetes.client.ApiClient
+) -> None:
+    created = _pod_on_server(api)
+    api.patch_direct("pods", "p", {"metadata": {"annotations": {"late": "1"}}}, "ns")
+    v1 = kubernetes.client.CoreV1Api(official)
+    body = {"metadata": {"name": "p", "resourceVersion": created["metadata"]["resourceVersion"],
+                         "annotations": {"a": "x"}}, "target": {"kind": "Node", "name": "n1"}}
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_pod_binding("p", "ns", body, _preload_content=False)
+    assert err.value.status == 409
+    got = api.get("pods", "p", "ns")
+    assert got is not None and "nodeName" not in got["spec"] and "a" not in got["metadata"]["annotations"]
+
+
+def test_a_frozen_watch_sends_nothing_and_never_ends(api: FakeAPIServer) -> None:
+    from tests.scheduler_ext.conftest import api_client
+
+    kube = KubeClient(api_client(api.url), watch_timeout=1, idle_timeout=0.5)
+    _pod_on_server(api)
+    _, rv, _ = kube.list("pods", "")
+    api.freeze_watches("pods")  # streams open now stay silent; this one opens after
+    events = kube.watch("pods", rv)
+    api.create({"kind": "Pod", "metadata": {"name": "q", "namespace": "ns"}, "spec": {}})
+    assert next(events)["object"]["metadata"]["name"] == "q"
+    api.freeze_watches("pods")
+    api.create({"kind": "Pod", "metadata": {"name": "r", "namespace": "ns"}, "spec": {}})
+    with pytest.raises(SilentError):  # neither the event nor the end at timeoutSeconds comes
+        next(events)
 
 
 def test_list_pages_and_watch_from_resource_version(

@@ -73,7 +73,7 @@ async def test_bind_path_calls_share_one_keep_alive_connection(api: FakeAPIServe
     before = api.connections
     for i in range(5):
         api.create(pod(f"p{i}", namespace="ns"))
-        await client.bind_pod("ns", f"p{i}", "", "n1")  # the Binding reply is never decoded
+        await client.bind_pod("ns", f"p{i}", "", "n1", {}, "")  # the Binding reply is never decoded
         await client.get_pod("ns", f"p{i}")
     assert api.connections == before + 1
     await client.aclose()
@@ -84,9 +84,9 @@ async def test_bind_path_errors_are_typed(api: FakeAPIServer) -> None:
     with pytest.raises(NotFoundError):
         await client.get_pod("ns", "missing")
     api.create(pod("p", namespace="ns"))
-    await client.bind_pod("ns", "p", "", "n1")
+    await client.bind_pod("ns", "p", "", "n1", {}, "")
     with pytest.raises(ConflictError):
-        await client.bind_pod("ns", "p", "", "n2")  # already bound
+        await client.bind_pod("ns", "p", "", "n2", {}, "")  # already bound
     await client.aclose()
     dead = bind_client("http://127.0.0.1:9")  # nothing listens on the discard port
     with pytest.raises(APIError) as info:

@@ -15,7 +15,7 @@ async def test_probes_and_build_info() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ext") as client:
         assert (await client.get("/healthz")).text == "ok"
         ready = await client.get("/readyz")
-        assert ready.status_code == 503 and "cache not synced" in ready.text
+        assert ready.status_code == 503 and "pods: not synced" in ready.text
         assert (await client.get("/elsewhere")).status_code == 404
         text = (await client.get("/metrics")).text
         line = next(ln for ln in text.splitlines() if ln.startswith("rhp_build_info{"))

@@ -58,12 +58,14 @@ from koord_formats.pod import parse_resource_status
 from koord_formats.quantity import parse_cpu_milli
 from koord_formats.reservation import ReservationAllocated, parse_reservation_allocated
 from koord_formats.topology import CPUTopology, format_cpu_topology
-from scheduler_ext.errors import NotFoundError
+from scheduler_ext.errors import ConflictError, NotFoundError
 from scheduler_ext.extender import Binder, ExtenderConfig
+from scheduler_ext.ledger import LeaseLedger
 from scheduler_ext.numa import numa_node_states
 from scheduler_ext.server import create_app
-from scheduler_ext.state import ClusterState, load_objects
+from scheduler_ext.state import KINDS, ClusterState, load_objects
 from scheduler_ext.topology import synthetic_topology
+from scheduler_ext.trust import TRUST_ALL, Trust
 from tests.scheduler_ext.builders import GiB, node, nrt, pod, reservation
 
 SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,10 +124,18 @@ class FakeBindAPI:
         meta["resourceVersion"] = str(self.rv)
         return obj
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str], resource_version: str
+    ) -> None:
+        """As kube-apiserver's BindingREST: UID and resourceVersion preconditions, then the node
+        and the Binding's annotations in one write."""
         obj = await self.get_pod(namespace, name)
         assert obj["metadata"]["uid"] == uid
+        if resource_version and resource_version != obj["metadata"]["resourceVersion"]:
+            raise ConflictError(409, "the object has been modified")
+        assert not obj["spec"].get("nodeName")
         obj["spec"]["nodeName"] = node
+        obj["metadata"]["annotations"] = {**(obj["metadata"].get("annotations") or {}), **annotations}
         obj["status"]["phase"] = "Running"
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
@@ -151,32 +161,15 @@ def _milli(value: Fraction) -> int:
 class Cluster:
     """One node served by the extender's ASGI app; ``schedule`` runs a pod through the verbs."""
 
-    def __init__(self, objects: list[dict[str, Any]]) -> None:
-        self.state = ClusterState()
+    def __init__(self, objects: list[dict[str, Any]], trust: Trust = TRUST_ALL) -> None:
+        self.state = ClusterState(trust)
         assert load_objects(self.state, objects) == []
         self.api = FakeBindAPI()
         self.app = create_app(self.state, Binder(self.state, self.api, CFG), CFG)
         self.bound: list[Bound] = []
 
     async def post(self, path: str, body: Mapping[str, Any]) -> Any:
-        raw = orjson.dumps(body)
-        sent: list[Mapping[str, Any]] = []
-
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": raw, "more_body": False}
-
-        async def send(message: Mapping[str, Any]) -> None:
-            sent.append(message)
-
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": path,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
-        }
-        await self.app(scope, receive, send)
-        assert sent[0]["status"] == 200, sent[1]["body"]
-        return orjson.loads(sent[1]["body"])
+        return await _post(self.app, path, body)
 
     async def schedule(self, obj: dict[str, Any]) -> Bound | None:
         """filter, prioritize and (when the node passed) bind; ``None`` when filtered out."""
@@ -623,3 +616,192 @@ def test_verbs_never_book_a_numa_zone_past_its_allocatable_with_a_reservation(
             assert out_mem + max(in_mem, r_mem) <= mem_limit, (n, out_mem, in_mem, r_mem, mem_limit)
 
     run(cluster, _reservation_pods(plan, tied), check)
+
+
+# -- forged and stale allocation annotations (issue 23) ----------------------------------------------
+
+TRUST = Trust.of([b"property-seal-key-0123456789"], ["koord-scheduler"])
+OWNED_KEYS = (keys.ANNOTATION_RESOURCE_STATUS, keys.ANNOTATION_DEVICE_ALLOCATED, keys.ANNOTATION_RESERVATION_ALLOCATED)
+
+
+def _forged_annotations(data: st.DataObject, topo: CPUTopology, label: str) -> dict[str, str]:
+    """Any subset of the owned annotations with content the extender never gave: a cpuset of
+    the node's CPUs, GPUs, a reservation."""
+    out: dict[str, str] = {}
+    ids = sorted(topo.cpus)
+    if data.draw(BOOLS, label=f"{label}: resource-status"):
+        cpuset = data.draw(st.sets(st.sampled_from(ids), min_size=1), label=f"{label}: cpuset")
+        out[keys.ANNOTATION_RESOURCE_STATUS] = json.dumps({"cpuset": format_cpu_list(frozenset(cpuset))})
+    if data.draw(RARELY, label=f"{label}: device-allocated"):
+        out[keys.ANNOTATION_DEVICE_ALLOCATED] = json.dumps(
+            {"gpu": [{"minor": 0, "resources": {"koordinator.sh/gpu-core": "100"}}]})
+    if data.draw(RARELY, label=f"{label}: reservation-allocated"):
+        out[keys.ANNOTATION_RESERVATION_ALLOCATED] = json.dumps({"name": "r", "uid": "uid-r"})
+    if data.draw(RARELY, label=f"{label}: a seal of nothing"):
+        out["scheduler-ext.runtime-hook-proxy.io/seal"] = "v1.AAAA"
+    return out
+
+
+@SETTINGS
+@given(shape=shapes, data=st.data(), plan=ops(max_size=5))
+def test_verbs_never_count_or_apply_a_forged_or_stale_allocation(
+    shape: tuple[int, int, int, int], data: st.DataObject, plan: list[Op]
+) -> None:
+    """The cluster holds pods placed with ``spec.nodeName`` by no scheduler and forged allocation
+    annotations, and every pending pod carries forged or stale ones (a replica that died
+    mid-bind). After each bind the pod carries exactly what the bind wrote (its seal verifies: no
+    pod pinned to CPUs the extender did not give it), the CPUs given are disjoint and bindable,
+    and a restarted extender counts exactly the CPUs it gave, none of the forged ones."""
+    topo, text = machine(shape)
+    reserved = _reserved(data, topo)
+    bindable = topo.cpus - reserved
+    objects = [node(NODE), nrt(NODE, text, annotations=_kubelet_reserved(reserved))]
+    bypass = [
+        pod(f"forged{i}", cpu="1", qos=data.draw(st.sampled_from(["LSR", "LS", "BE"]), label=f"forged{i} qos"),
+            node_name=NODE, scheduler_name="default-scheduler",
+            annotations=_forged_annotations(data, topo, f"forged{i}"))
+        for i in range(data.draw(st.integers(0, 3), label="forged pods"))
+    ]
+    cluster = Cluster(objects + bypass, trust=TRUST)
+    pending = []
+    for i, op in enumerate(plan):
+        obj = op.pod(i)
+        obj["metadata"]["annotations"].update(_forged_annotations(data, topo, f"p{i}"))
+        pending.append(obj)
+
+    def check(obj: dict[str, Any], before: frozenset[int], got: Bound) -> None:
+        assert not got.cpus & before, "two pods share a CPU"
+        assert got.cpus <= bindable
+        written = obj["metadata"]["annotations"]
+        assert TRUST.judge(obj["metadata"]["uid"], NODE, "default-scheduler", written) == "sealed"
+        assert keys.ANNOTATION_DEVICE_ALLOCATED not in written and keys.ANNOTATION_RESERVATION_ALLOCATED not in written
+        if not got.cpus:
+            event("bound without a cpuset")
+            assert not got.numa_cpu or keys.ANNOTATION_RESOURCE_STATUS in written
+
+    run(cluster, pending, check)
+    restarted = ClusterState(TRUST)
+    bound = [p for p in pending if p["spec"].get("nodeName")]
+    assert load_objects(restarted, objects + bypass + bound) == []
+    ns = restarted.nodes[NODE]
+    ns.refresh()
+    assert ns.free == bindable - cluster.taken()
+
+
+class Leases:
+    """Leases in memory with the API server's compare-and-swap (``ledger.LeaseAPI``)."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, str], dict[str, Any]] = {}
+        self.rv = 0
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        found = self.items.get((namespace, name))
+        if found is None:
+            raise NotFoundError(404, f"lease {name} not found")
+        return json.loads(json.dumps(found))
+
+    def _store(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        obj = json.loads(json.dumps(body))
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.items[(namespace, name)] = obj
+        return json.loads(json.dumps(obj))
+
+    async def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        if (namespace, name) in self.items:
+            raise ConflictError(409, "already exists")
+        return self._store(namespace, name, body)
+
+    async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        found = self.items.get((namespace, name))
+        if found is None:
+            raise NotFoundError(404, f"lease {name} not found")
+        if body["metadata"].get("resourceVersion") != found["metadata"]["resourceVersion"]:
+            raise ConflictError(409, "the object has been modified")
+        return self._store(namespace, name, body)
+
+
+@dataclass(frozen=True)
+class Step:
+    replica: int  # 0 or 1: which replica kube-scheduler's call reaches
+    wait: int  # seconds that pass before the pod is scheduled
+    stall: bool  # replica 1's watch goes silent for good before this step
+
+
+@SETTINGS
+@given(shape=small_shapes, plan=ops(max_size=6),
+       steps=st.lists(st.builds(Step, st.integers(0, 1), st.sampled_from([0, 1, 30, 119, 121, 300]), RARELY),
+                      min_size=6, max_size=6))
+def test_two_replicas_never_give_a_cpu_twice_while_one_watch_stalls_past_the_ledger_ttl(
+    shape: tuple[int, int, int, int], plan: list[Op], steps: list[Step]
+) -> None:
+    """Two replicas share the HA ledger (TTL 120 s) and the pods; replica 0's watch confirms
+    every bind, replica 1's stops for good at some step, with minutes passing between pods. A
+    replica whose watch said nothing for longer than its staleness bound (105 s) refuses; the
+    other binds, and no CPU is ever written into two pods' cpusets."""
+    _, text = machine(shape)
+    objects = [node(NODE), nrt(NODE, text)]
+    now = [1000.0]
+    api, leases = FakeBindAPI(), Leases()
+    replicas: list[tuple[ClusterState, Any]] = []
+    for i in range(2):
+        state = ClusterState(TRUST)
+        state.monotonic = state.wall = lambda: now[0]
+        assert load_objects(state, objects) == []
+        state.stale_after = 105.0
+        state.heard("pods")
+        for kind in ("nodes", "noderesourcetopologies", "devices", "reservations"):
+            state.heard(kind)
+        ledger = LeaseLedger(leases, "kube-system", identity=f"r{i}", ttl=120.0, settled=state.settled,
+                             clock=lambda: now[0])
+        replicas.append((state, create_app(state, Binder(state, api, CFG, ledger), CFG)))
+    given: list[frozenset[int]] = []
+    stalled = False
+
+    async def scenario() -> None:
+        nonlocal stalled
+        for i, (op, step) in enumerate(zip(plan, steps, strict=False)):
+            now[0] += step.wait
+            stalled = stalled or step.stall
+            for r, (state, _) in enumerate(replicas):
+                if r == 0 or not stalled:  # a live watch hears the API server (streams end, bookmarks)
+                    for kind in KINDS:
+                        state.heard(kind)
+            obj = op.pod(i)
+            api.add(obj)
+            state, app = replicas[step.replica]
+            meta = obj["metadata"]
+            reply = await _post(app, "/bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                                               "PodUID": meta["uid"], "Node": NODE})
+            if reply["Error"]:
+                event("refused: stale" if "stale" in reply["Error"] else "refused")
+                continue
+            event(f"bound by replica {step.replica}{' while 1 stalls' if stalled else ''}")
+            for r, (other, _) in enumerate(replicas):
+                if r == 0 or not stalled:
+                    assert other.apply("pods", "MODIFIED", obj)  # the watch confirms the bind
+            text_ = obj["metadata"]["annotations"].get(keys.ANNOTATION_RESOURCE_STATUS)
+            cpuset = parse_resource_status(text_).cpuset if text_ else frozenset()
+            assert not any(cpuset & g for g in given), "two pods share a CPU"
+            given.append(cpuset)
+
+    asyncio.run(scenario())
+
+
+async def _post(app: Any, path: str, body: Mapping[str, Any]) -> Any:
+    raw = orjson.dumps(body)
+    sent: list[Mapping[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    async def send(message: Mapping[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path,
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 200, sent[1]["body"]
+    return orjson.loads(sent[1]["body"])
