@@ -44,12 +44,12 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("README.md", "bash scripts/demo.sh"): "main",
     ("README.md", "bash scripts/test.sh"): "main",
     ("README.md", "bash scripts/test.sh tests/e2e"): "main",
-    ("README.md", "pip install runtime-hook-proxy"): "host",
+    ("README.md", "bash packaging/deb/build.sh"): "host",
     ("README.md", "docker build -f Containerfile -t registry.example.com/runtime-hook-proxy:0.1.0 ."): "builder",
     ("README.md", "kubectl apply -k packaging/kustomize/overlays/extender"): "cluster",
     ("README.md", ".venv/bin/python benchmarks/proxy_overhead.py"): "slow",
     ("docs/nri.md", "runtime-proxy nri --nri-socket /var/run/nri/nri.sock \\"): "node",
-    ("packaging/kubelet.md", "install -D packaging/proxy-config.yaml /etc/runtime-hook-proxy/config.yaml"): "host",
+    ("packaging/kubelet.md", "apt-get install ./dist/runtime-hook-proxy_0.1.0_amd64.deb"): "host",
 }
 
 # First words that make a line a command, to find commands outside shell blocks.

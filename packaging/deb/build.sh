@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Build the Debian 12 node package: dist/runtime-hook-proxy_<version>_amd64.deb
+#
+#   bash packaging/deb/build.sh
+#
+# What it holds:
+#   /opt/runtime-hook-proxy/venv/         a venv of Debian's /usr/bin/python3 (3.11) with our wheel
+#                                         and packaging/deb/requirements.txt (pinned, hashed), no pip
+#   /usr/bin/runtime-proxy                -> the venv's runtime-proxy
+#   /lib/systemd/system/runtime-proxy.service     packaging/runtime-proxy.service
+#   /usr/lib/tmpfiles.d/runtime-hook-proxy.conf   the listen directory at boot
+#   /etc/runtime-hook-proxy/config.yaml   packaging/proxy-config.yaml   (conffiles: an upgrade keeps
+#   /etc/runtime-hook-proxy/node.yaml     packaging/node.yaml            the admin's edits)
+# and the maintainer scripts beside this file (postinst, prerm, postrm). The venv is made here, at
+# its final path's interpreter (/usr/bin/python3, which the package depends on) and moved into the
+# package tree; nothing is downloaded on the node. The node package leaves out the [scheduler] and
+# [cluster] extras: the extender runs in the cluster, and fromCluster is for the DaemonSet.
+#
+# Needs: Debian 12 amd64 with python3 (3.11), python3-venv, python3-pip and dpkg-deb. The wheels
+# come from PyPI once and are kept in the cache directory (hashes checked on every use).
+# Environment:
+#   RHP_DEB_OUT             output directory (default: dist/ in this checkout)
+#   RHP_DEB_VERSION_SUFFIX  appended to the project's version (pyproject.toml), e.g. +1 or ~rc1
+#   RHP_DEB_WHEEL_CACHE     wheel cache (default ${XDG_CACHE_HOME:-$HOME/.cache}/runtime-hook-proxy/deb-wheels)
+#   RHP_DEB_COMPRESSION     dpkg-deb's -Z (default xz)
+set -euo pipefail
+exec </dev/null
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+PY=/usr/bin/python3
+PKG=runtime-hook-proxy
+VENV=/opt/runtime-hook-proxy/venv
+
+die() { echo "build.sh: $*" >&2; exit 1; }
+
+[[ -x $PY ]] || die "$PY is missing: apt-get install python3 python3-venv python3-pip"
+pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+[[ $pyver == 3.11 ]] || die "$PY is Python $pyver; the package is for Debian 12's Python 3.11"
+"$PY" -c 'import ensurepip, venv' 2>/dev/null || die "python3-venv is missing: apt-get install python3-venv"
+"$PY" -m pip --version >/dev/null 2>&1 || die "python3-pip is missing: apt-get install python3-pip"
+arch=$(dpkg --print-architecture)
+[[ $arch == amd64 ]] || die "the pinned wheels are for amd64, not $arch"
+
+version=$("$PY" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
+  "$repo/pyproject.toml")
+debver=$version${RHP_DEB_VERSION_SUFFIX:-}
+[[ $debver =~ ^[0-9][A-Za-z0-9.+~-]*$ ]] || die "not a Debian version: $debver"
+out=${RHP_DEB_OUT:-$repo/dist}
+cache=${RHP_DEB_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/runtime-hook-proxy/deb-wheels}
+mkdir -p "$out" "$cache"
+
+work=$(mktemp -d /tmp/rhp-deb.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+root=$work/root
+
+pip() { "$PY" -m pip --disable-pip-version-check --no-input "$@"; }
+
+# Wheels: from the cache when every pinned one is there, else fetched (binary only) into it.
+fetch() {
+  local req=$1
+  if ! pip download -q --no-index --find-links "$cache" --only-binary=:all: --require-hashes \
+      -d "$work/check" -r "$req" >/dev/null 2>&1; then
+    echo "build.sh: fetching the wheels of $(basename "$req") into $cache" >&2
+    pip download -q --only-binary=:all: --require-hashes -d "$cache" -r "$req"
+  fi
+}
+fetch "$here/requirements.txt"
+fetch "$here/build-requirements.txt"
+
+# Our wheel, built from a copy of the shipped packages so the checkout is left as it was.
+src=$work/src
+mkdir -p "$src"
+cp "$repo/pyproject.toml" "$repo/README.md" "$src/"
+for name in runtime_proxy hooks scheduler_ext cri_protos koord_formats rhp_ops; do
+  [[ -d $repo/$name ]] && cp -r "$repo/$name" "$src/$name"
+done
+find "$src" -name __pycache__ -prune -exec rm -rf {} +
+"$PY" -m venv --without-pip "$work/build"
+pip --python "$work/build/bin/python" install -q --no-index --find-links "$cache" --require-hashes \
+  -r "$here/build-requirements.txt"
+pip --python "$work/build/bin/python" wheel -q --no-deps --no-build-isolation --no-index -w "$work/wheel" "$src"
+wheel=$(echo "$work"/wheel/runtime_hook_proxy-"$version"-*.whl)
+[[ -f $wheel ]] || die "no wheel for version $version in $work/wheel"
+
+# The venv, made by the interpreter it will run on, then moved to its place in the package tree.
+stage=$root$VENV
+mkdir -p "$(dirname "$stage")"
+"$PY" -m venv --without-pip "$stage"
+pip --python "$stage/bin/python" install -q --no-compile --no-index --find-links "$cache" --require-hashes \
+  -r "$here/requirements.txt"
+pip --python "$stage/bin/python" install -q --no-compile --no-index --no-deps "$wheel"
+rm -f "$stage"/bin/activate* "$stage"/bin/Activate.ps1
+rm -f "$stage"/lib/python3.11/site-packages/*.dist-info/direct_url.json
+# Console scripts name the staging interpreter; they run from the final one.
+for f in "$stage"/bin/*; do
+  [[ -f $f && ! -L $f ]] || continue
+  if head -n1 "$f" | grep -qx "#!$stage/bin/python3\?"; then
+    sed -i "1s|.*|#!$VENV/bin/python3|" "$f"
+  fi
+done
+sed -i "s|^command = .*|command = $PY -m venv $VENV|" "$stage/pyvenv.cfg"
+if grep -rlF "$work" "$root" >/dev/null; then
+  die "build paths left in the package: $(grep -rlF "$work" "$root" | head -5 | tr '\n' ' ')"
+fi
+# Byte code for the final paths, so the node's first start writes nothing under /opt.
+"$PY" -m compileall -q -j 0 -s "$root" -p / "$stage/lib" >/dev/null
+
+install -D -m 0644 "$repo/packaging/runtime-proxy.service" "$root/lib/systemd/system/runtime-proxy.service"
+install -D -m 0644 "$here/tmpfiles.conf" "$root/usr/lib/tmpfiles.d/runtime-hook-proxy.conf"
+install -D -m 0644 "$repo/packaging/proxy-config.yaml" "$root/etc/runtime-hook-proxy/config.yaml"
+install -D -m 0644 "$repo/packaging/node.yaml" "$root/etc/runtime-hook-proxy/node.yaml"
+install -D -m 0644 "$here/copyright" "$root/usr/share/doc/$PKG/copyright"
+mkdir -p "$root/usr/bin"
+ln -s "$VENV/bin/runtime-proxy" "$root/usr/bin/runtime-proxy"
+
+mkdir -p "$root/DEBIAN"
+for script in postinst prerm postrm; do
+  install -m 0755 "$here/$script" "$root/DEBIAN/$script"
+done
+printf '%s\n' /etc/runtime-hook-proxy/config.yaml /etc/runtime-hook-proxy/node.yaml >"$root/DEBIAN/conffiles"
+(cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
+  >"$root/DEBIAN/md5sums"
+size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
+cat >"$root/DEBIAN/control" <<EOF
+Package: $PKG
+Version: $debver
+Architecture: amd64
+Maintainer: runtime-hook-proxy developers <runtime-hook-proxy@localhost>
+Installed-Size: $size
+Depends: python3 (>= 3.11~), python3 (<< 3.12), curl
+Section: admin
+Priority: optional
+Description: CRI hook proxy for Kubernetes nodes, compatible with Koordinator
+ runtime-proxy sits between kubelet and containerd and runs QoS hooks (cpuset, CPU burst,
+ group identity, suppress, RDT...) on pod and container lifecycle calls. This package holds
+ the node part in a private venv under $VENV, the systemd unit runtime-proxy.service and
+ its config in /etc/runtime-hook-proxy/. The scheduler extender is not included.
+EOF
+
+deb=$out/${PKG}_${debver}_amd64.deb
+dpkg-deb --root-owner-group -Z"${RHP_DEB_COMPRESSION:-xz}" --build "$root" "$deb" >/dev/null
+echo "$deb"
