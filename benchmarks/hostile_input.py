@@ -20,6 +20,22 @@ baseline phase does only that, each other phase adds attacks:
 The proxy runs in a child process (this file with ``--child``) next to a loop-lag probe: a task
 that sleeps 5 ms and records how late it wakes up. Peak RSS is the child's ``VmHWM``. Targets:
 worst stall <= 50 ms, peak RSS <= 96 MiB. Nothing here is a test.
+
+NRI phases (``--only nri``, or ``nri-slow`` / ``nri-sync`` for one attack; they need no
+containerd): ``runtime-proxy nri`` (every built-in plugin, the loops, as ``runtime_proxy.nri.cli``
+runs it) in a child with the same probe, registered with a runtime played by this process.
+Sessions alternate: a healthy one (Configure, a small Synchronize, then 2 s of LS and LSR pod
+lifecycles, each event waiting for its reply, then the socket closes as when containerd
+restarts) and, except in the baseline, an attacked one:
+
+- never-reading runtime: after a small Synchronize, UpdateContainer requests for its one
+  container as fast as the plugin takes them, never reading a reply, until the plugin closes the
+  session (at most 20 s);
+- Synchronize flood: 40 chunks of 12 MiB with ``more`` (48 pods with 256 KiB of annotations
+  each), each sent when the previous one is answered, until the plugin refuses one.
+
+The NRI table also shows how much of the worst stall the loop's thread spent on the CPU: on a
+shared machine most of a wall-clock stall can be time spent waiting for a CPU.
 """
 
 from __future__ import annotations
@@ -41,13 +57,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import hpack
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-import grpc  # noqa: E402
-import hpack  # noqa: E402
 
 from koord_formats.keys import ANNOTATION_RESOURCE_SPEC, ANNOTATION_RESOURCE_STATUS, LABEL_QOS_CLASS  # noqa: E402
 
@@ -75,11 +91,15 @@ POISONS: dict[str, dict[str, str]] = {
 class LagStats:
     lags: list[float] = field(default_factory=list)
     worst: float = 0.0
+    # The largest part of a lag the loop's thread spent on the CPU (the rest it waited for a CPU,
+    # which on a shared machine is other processes' doing).
+    worst_on_cpu: float = 0.0
 
     def report(self) -> dict[str, float]:
         lags = sorted(self.lags) or [0.0]
         return {
             "worst_ms": self.worst * 1e3,
+            "worst_on_cpu_ms": self.worst_on_cpu * 1e3,
             "p99_ms": lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3,
             "over_50ms": float(sum(1 for x in lags if x > 0.05)),
             "samples": float(len(self.lags)),
@@ -98,11 +118,12 @@ def _status_kib(key: str, pid: int | str = "self") -> int:
 async def _probe(stats: LagStats) -> None:
     loop = asyncio.get_running_loop()
     while True:
-        start = loop.time()
+        start, cpu = loop.time(), time.thread_time()
         await asyncio.sleep(PROBE_INTERVAL)
         lag = max(0.0, loop.time() - start - PROBE_INTERVAL)
         stats.lags.append(lag)
         stats.worst = max(stats.worst, lag)
+        stats.worst_on_cpu = max(stats.worst_on_cpu, min(lag, time.thread_time() - cpu))
 
 
 def _control(stats: LagStats) -> None:
@@ -110,7 +131,7 @@ def _control(stats: LagStats) -> None:
     for line in sys.stdin:
         command = line.strip()
         if command == "reset":
-            stats.lags, stats.worst = [], 0.0
+            stats.lags, stats.worst, stats.worst_on_cpu = [], 0.0, 0.0
             print("ok", flush=True)
         elif command == "report":
             print(json.dumps(stats.report()), flush=True)
@@ -174,6 +195,8 @@ class Child:
 
 
 def wait_ready(path: str, timeout: float = 30.0) -> None:
+    import grpc
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if os.path.exists(path):
@@ -195,6 +218,8 @@ class Outcomes:
     latencies: list[float] = field(default_factory=list)
 
     def add(self, fn: Callable[[], Any]) -> None:
+        import grpc
+
         start = time.perf_counter()
         try:
             fn()
@@ -208,6 +233,8 @@ class Outcomes:
 
 
 def pass_through(listen: str, stop: threading.Event, out: Outcomes) -> None:
+    import grpc
+
     with grpc.insecure_channel(f"unix://{listen}") as ch:
         version = ch.unary_unary(VERSION)
         while not stop.is_set():
@@ -219,6 +246,7 @@ def pods(env: Any, listen: str, stop: threading.Event, out: Outcomes,
          annotations: list[dict[str, str]], labels: dict[str, str], pause: float = 0.0) -> None:
     """Create a pod with one running container through the proxy, remove it, repeat (waiting
     ``pause`` seconds between pods)."""
+    import grpc
     from rhp_devenv.cri import CriClient
 
     i = 0
@@ -265,6 +293,8 @@ class AttackCounts:
 
 
 def continuation_flood(listen: str, stop: threading.Event, out: AttackCounts) -> None:
+    import hpack
+
     chunk = _frame(CONTINUATION, 0, 1, b"\x00" * 16384)
     while not stop.is_set():
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -290,6 +320,8 @@ def continuation_flood(listen: str, stop: threading.Event, out: AttackCounts) ->
 
 
 def never_reads(listen: str, stop: threading.Event, out: AttackCounts) -> None:
+    import hpack
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(1.0)
@@ -316,6 +348,367 @@ def never_reads(listen: str, stop: threading.Event, out: AttackCounts) -> None:
     finally:
         stop.wait()
         sock.close()
+
+
+# ---- NRI: the plugin as a child, the runtime played here -----------------------------------------
+
+
+def nri_child(args: argparse.Namespace) -> None:
+    """``runtime-proxy nri`` as the CLI runs it, next to the loop-lag probe (no gRPC is loaded)."""
+    from runtime_proxy import logs
+    from runtime_proxy.config import ProxyConfig
+    from runtime_proxy.nri.cli import NriOptions, run
+
+    logs.configure("json", "warning")
+    tmp = Path(args.tmp)
+    cfg = ProxyConfig(hookServerDir=str(tmp / "hs.d"), cgroupRoot=str(tmp / "cgroup"),
+                      resctrlRoot=str(tmp / "resctrl"))
+    opts = NriOptions(socket=args.nri_socket, config=cfg, entry_points=False)
+    stats = LagStats()
+    threading.Thread(target=_control, args=(stats,), daemon=True).start()
+
+    async def main() -> None:
+        probe = asyncio.create_task(_probe(stats))
+        try:
+            await run(opts)
+        finally:
+            probe.cancel()
+
+    asyncio.run(main())
+
+
+NRI_HEALTHY_SECONDS = 2.0
+NRI_SLOW_LIMIT = 20.0  # seconds an attacked session may last before this side gives up
+SYNC_CHUNKS = 40
+SYNC_PODS_PER_CHUNK = 48
+SYNC_ANNOTATION = 256 << 10
+
+
+class NriWire:
+    """The runtime's end of one NRI session on a blocking socket: requests on connection 1,
+    RegisterPlugin (and any other call of the plugin's) served on connection 2."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        from runtime_proxy.nri import mux, ttrpc
+
+        self.mux, self.ttrpc = mux, ttrpc
+        self.sock = sock
+        self.frames = mux.FrameDecoder()
+        self.replies = ttrpc.MessageDecoder(ttrpc.MAX_RECV_MESSAGE)
+        self.calls = ttrpc.MessageDecoder(ttrpc.MAX_RECV_MESSAGE)
+        self.next_stream = 1
+        self.answered: dict[int, Any] = {}
+
+    def _read(self) -> None:
+        from cri_protos import ttrpc_pb2
+
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise ConnectionResetError("the plugin closed the session")
+        for conn_id, payload in self.frames.feed(data):
+            if conn_id == self.mux.PLUGIN_CONN:
+                for msg in self.replies.feed(payload):
+                    self.answered[msg.stream_id] = ttrpc_pb2.Response.FromString(msg.payload)
+            elif conn_id == self.mux.RUNTIME_CONN:
+                for msg in self.calls.feed(payload):
+                    request = ttrpc_pb2.Request.FromString(msg.payload)
+                    if request.method == "RegisterPlugin":
+                        self.registered = True
+                    reply = ttrpc_pb2.Response().SerializeToString()
+                    self.sock.sendall(self.mux.encode(self.mux.RUNTIME_CONN, self.ttrpc.encode_message(
+                        msg.stream_id, self.ttrpc.TYPE_RESPONSE, reply)))
+
+    def register(self, timeout: float = 10.0) -> None:
+        self.registered = False
+        self.sock.settimeout(timeout)
+        while not self.registered:
+            self._read()
+
+    def send(self, method: str, payload: bytes) -> int:
+        """Send a request (whatever its size) without waiting; its stream id."""
+        from cri_protos import ttrpc_pb2
+
+        stream_id = self.next_stream
+        self.next_stream += 2
+        request = ttrpc_pb2.Request(service="nri.pkg.api.v1alpha1.Plugin", method=method, payload=payload,
+                                    timeout_nano=2_000_000_000).SerializeToString()
+        message = self.ttrpc.HEADER.pack(len(request), stream_id, self.ttrpc.TYPE_REQUEST, 0) + request
+        self.sock.sendall(self.mux.encode(self.mux.PLUGIN_CONN, message, 1 << 20))
+        return stream_id
+
+    def call(self, method: str, payload: bytes, timeout: float = 10.0) -> Any:
+        stream_id = self.send(method, payload)
+        self.sock.settimeout(timeout)
+        while stream_id not in self.answered:
+            self._read()
+        return self.answered.pop(stream_id)
+
+
+@dataclass
+class NriCounts:
+    sessions: int = 0
+    healthy_sessions: int = 0
+    attacked: int = 0
+    closed_by_plugin: int = 0
+    left_open: int = 0
+    healthy_cut: int = 0
+    lifecycles: Outcomes = field(default_factory=Outcomes)
+    requests_sent: int = 0
+    close_after: list[float] = field(default_factory=list)
+    chunks_before_refusal: list[int] = field(default_factory=list)
+    refusals: dict[str, int] = field(default_factory=dict)
+
+
+def _nri_pod(pod_id: str, qos: str, cpuset: str = "") -> Any:
+    from cri_protos import nri_pb2
+
+    annotations = {ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": cpuset})} if cpuset else {}
+    pod = nri_pb2.PodSandbox(id=pod_id, name=pod_id, uid=f"uid-{pod_id}", namespace="bench",
+                             labels={LABEL_QOS_CLASS: qos}, annotations=annotations)
+    pod.linux.cgroup_parent = f"/kubepods/burstable/pod{pod_id}"
+    return pod
+
+
+def _nri_container(cid: str, pod_id: str) -> Any:
+    from cri_protos import nri_pb2
+
+    container = nri_pb2.Container(id=cid, pod_sandbox_id=pod_id, name="app", state=nri_pb2.CONTAINER_RUNNING)
+    container.linux.resources.cpu.shares.value = 1024
+    container.linux.resources.cpu.quota.value = 100_000
+    container.linux.resources.cpu.period.value = 100_000
+    return container
+
+
+def _lifecycle(wire: NriWire, index: int) -> None:
+    """One pod's life as containerd reports it, each event waiting for its reply; raises on an
+    error status."""
+    from cri_protos import nri_pb2
+
+    E = nri_pb2.Event
+    qos, cpuset = ("LSR", "0") if index % 2 else ("LS", "")
+    pod = _nri_pod(f"p{index}", qos, cpuset)
+    container = _nri_container(f"c{index}", pod.id)
+    steps: list[tuple[str, Any]] = [
+        ("StateChange", nri_pb2.StateChangeEvent(event=E.RUN_POD_SANDBOX, pod=pod)),
+        ("CreateContainer", nri_pb2.CreateContainerRequest(pod=pod, container=container)),
+        ("StateChange", nri_pb2.StateChangeEvent(event=E.START_CONTAINER, pod=pod, container=container)),
+        ("StateChange", nri_pb2.StateChangeEvent(event=E.POST_START_CONTAINER, pod=pod, container=container)),
+        ("StopContainer", nri_pb2.StopContainerRequest(pod=pod, container=container)),
+        ("StateChange", nri_pb2.StateChangeEvent(event=E.REMOVE_CONTAINER, pod=pod, container=container)),
+        ("StateChange", nri_pb2.StateChangeEvent(event=E.STOP_POD_SANDBOX, pod=pod)),
+        ("StateChange", nri_pb2.StateChangeEvent(event=E.REMOVE_POD_SANDBOX, pod=pod)),
+    ]
+    for method, message in steps:
+        reply = wire.call(method, message.SerializeToString())
+        if reply.HasField("status") and reply.status.code:
+            raise RuntimeError(f"{method}: status {reply.status.code} {reply.status.message}")
+
+
+def _timed(out: Outcomes, fn: Callable[[], Any]) -> None:
+    """Run ``fn``, counting an error status (``RuntimeError``) as a failure."""
+    start = time.perf_counter()
+    try:
+        fn()
+    except RuntimeError as exc:
+        out.failed += 1
+        key = str(exc).split(":")[0]
+        out.errors[key] = out.errors.get(key, 0) + 1
+    else:
+        out.ok += 1
+    out.latencies.append(time.perf_counter() - start)
+
+
+def _sync_flood_chunk() -> bytes:
+    from cri_protos import nri_pb2
+
+    pods = [nri_pb2.PodSandbox(id=f"flood{i}", name=f"flood{i}", uid=f"uid-flood{i}", namespace="bench",
+                               annotations={"example.com/filler": "x" * SYNC_ANNOTATION})
+            for i in range(SYNC_PODS_PER_CHUNK)]
+    return nri_pb2.SynchronizeRequest(pods=pods, more=True).SerializeToString()
+
+
+def nri_runtime(path: str, stop: threading.Event, attacks: frozenset[str], out: NriCounts) -> None:
+    """Accept the plugin's sessions until ``stop``; alternate healthy and attacked ones."""
+    from cri_protos import nri_pb2
+
+    chunk = _sync_flood_chunk() if "nri-sync" in attacks else b""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(4)
+    server.settimeout(0.5)
+    index = 0
+    try:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            out.sessions += 1
+            attacked = bool(attacks) and out.sessions % 2 == 0
+            try:
+                wire = NriWire(conn)
+                wire.register()
+                wire.call("Configure", nri_pb2.ConfigureRequest(
+                    runtime_name="hostile-bench", runtime_version="1", request_timeout=2000).SerializeToString())
+                if attacked and "nri-sync" in attacks:
+                    out.attacked += 1
+                    sync_flood(wire, chunk, stop, out)
+                    continue
+                wire.call("Synchronize", nri_pb2.SynchronizeRequest(
+                    pods=[_nri_pod("resident", "LS")],
+                    containers=[_nri_container("resident-c", "resident")]).SerializeToString())
+                if attacked:
+                    out.attacked += 1
+                    never_reading_runtime(wire, stop, out)
+                    continue
+                deadline = time.monotonic() + NRI_HEALTHY_SECONDS
+                while time.monotonic() < deadline and not stop.is_set():
+                    index += 1
+                    _timed(out.lifecycles, lambda i=index, w=wire: _lifecycle(w, i))
+                out.healthy_sessions += 1
+            except OSError:
+                out.healthy_cut += 1  # the plugin went away (the phase ends) in a healthy session
+            finally:
+                conn.close()
+    finally:
+        server.close()
+
+
+def never_reading_runtime(wire: NriWire, stop: threading.Event, out: NriCounts) -> None:
+    from cri_protos import nri_pb2
+
+    request = nri_pb2.UpdateContainerRequest(pod=_nri_pod("resident", "LS"),
+                                             container=_nri_container("resident-c", "resident"))
+    request.linux_resources.cpu.shares.value = 512
+    payload = request.SerializeToString()
+    started = time.monotonic()
+    wire.sock.settimeout(None)  # a request is never cut short: the plugin reads on, or closes
+    try:
+        while not stop.is_set() and time.monotonic() - started < NRI_SLOW_LIMIT:
+            wire.send("UpdateContainer", payload)
+            out.requests_sent += 1
+        out.left_open += 1
+    except OSError:
+        out.closed_by_plugin += 1
+        out.close_after.append(time.monotonic() - started)
+
+
+def sync_flood(wire: NriWire, chunk: bytes, stop: threading.Event, out: NriCounts) -> None:
+    """Send the chunks, each once the previous one is answered, until the plugin refuses one:
+    with an error status (then it closes the session) or by closing the session."""
+    taken, how = 0, "session closed at a chunk"
+    try:
+        for _ in range(SYNC_CHUNKS):
+            if stop.is_set():
+                return
+            reply = wire.call("Synchronize", chunk, timeout=30)
+            if reply.HasField("status") and reply.status.code:
+                how = f"status {reply.status.code}, then closed"
+                wire.sock.settimeout(10)
+                while True:
+                    wire._read()  # until the plugin closes the session
+            taken += 1
+        out.left_open += 1
+    except TimeoutError:
+        out.left_open += 1
+    except OSError:
+        out.closed_by_plugin += 1
+        out.refusals[how] = out.refusals.get(how, 0) + 1
+    finally:
+        out.chunks_before_refusal.append(taken)
+
+
+class NriChild(Child):
+    def __init__(self, nri_socket: str, tmp: Path, log: Path) -> None:
+        self.log = open(log, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--child-nri", "--nri-socket", nri_socket, "--tmp", str(tmp)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+
+
+@dataclass
+class NriPhase:
+    name: str
+    lag: dict[str, float]
+    counts: NriCounts
+
+
+NRI_ATTACKS = ("nri-slow", "nri-sync")
+NRI_PHASES: list[tuple[str, frozenset[str]]] = [
+    ("NRI baseline", frozenset()),
+    ("never-reading runtime", frozenset({"nri-slow"})),
+    ("Synchronize flood", frozenset({"nri-sync"})),
+]
+
+
+def run_nri_phase(name: str, seconds: float, attacks: frozenset[str], tmp: Path) -> NriPhase:
+    tag = "-".join(name.split()[:2]).lower()
+    path = str(tmp / f"{tag}.sock")
+    work = tmp / tag
+    work.mkdir()
+    stop = threading.Event()
+    counts = NriCounts()
+    runtime = threading.Thread(target=nri_runtime, args=(path, stop, attacks, counts))
+    runtime.start()
+    child_proc = NriChild(path, work, tmp / f"{tag}.log")
+    try:
+        deadline = time.monotonic() + 60
+        while counts.healthy_sessions < 1:  # warm up: a whole healthy session
+            if time.monotonic() > deadline or child_proc.proc.poll() is not None:
+                raise RuntimeError(f"the NRI plugin did not complete a healthy session in {name}")
+            time.sleep(0.1)
+        assert child_proc.ask("reset") == "ok"
+        time.sleep(seconds)
+        lag = json.loads(child_proc.ask("report"))
+        if child_proc.proc.poll() is not None:
+            raise RuntimeError(f"the NRI plugin exited during {name} (code {child_proc.proc.returncode})")
+        return NriPhase(name, lag, counts)
+    finally:
+        stop.set()
+        child_proc.stop()
+        runtime.join(60)
+
+
+def report_nri(phases: list[NriPhase], seconds: float) -> None:
+    base = phases[0]
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}x" if b > 0 else "-"
+
+    print(f"\nNRI plugin (every built-in, loops on), {seconds:g} s per phase, probe every "
+          f"{PROBE_INTERVAL * 1e3:g} ms; healthy sessions of {NRI_HEALTHY_SECONDS:g} s alternate with "
+          "attacked ones; ratios against the NRI baseline row\n")
+    head = (f"{'phase':<22} {'worst stall':>11} {'on CPU':>9} {'ratio':>7} {'p99 stall':>9} {'>50ms':>5} "
+            f"{'peak RSS':>9} {'ratio':>6} {'lifecycle p50':>13} {'p99':>8} {'lifecycles ok':>13} {'sessions':>8}")
+    print(head)
+    print("-" * len(head))
+    for ph in phases:
+        lat = ph.counts.lifecycles.latencies
+        life = f"{ph.counts.lifecycles.ok}/{ph.counts.lifecycles.ok + ph.counts.lifecycles.failed}"
+        print(f"{ph.name:<22} {ph.lag['worst_ms']:>8.1f} ms {ph.lag['worst_on_cpu_ms']:>6.1f} ms "
+              f"{ratio(ph.lag['worst_ms'], base.lag['worst_ms']):>7} "
+              f"{ph.lag['p99_ms']:>6.1f} ms {ph.lag['over_50ms']:>5.0f} {ph.lag['hwm_mib']:>5.1f} MiB "
+              f"{ratio(ph.lag['hwm_mib'], base.lag['hwm_mib']):>6} {_pct(lat, 0.5) * 1e3:>10.1f} ms "
+              f"{_pct(lat, 0.99) * 1e3:>5.1f} ms {life:>13} {ph.counts.sessions:>8}")
+    print(f"\ntargets: worst stall <= {STALL_TARGET_MS:g} ms, peak RSS <= {RSS_TARGET_MIB:g} MiB")
+    print("(on CPU: the largest part of a stall the loop's thread spent running; the rest it waited for a CPU)")
+    for ph in phases[1:]:
+        c = ph.counts
+        notes = [f"stall {'met' if ph.lag['worst_ms'] <= STALL_TARGET_MS else 'MISSED'} "
+                 f"({ph.lag['worst_on_cpu_ms']:.1f} ms of it on the CPU)",
+                 f"RSS {'met' if ph.lag['hwm_mib'] <= RSS_TARGET_MIB else 'MISSED'}",
+                 f"{c.attacked} attacked sessions, {c.closed_by_plugin} closed by the plugin, {c.left_open} left open"]
+        if c.lifecycles.failed:
+            notes.append(f"healthy lifecycle failures {c.lifecycles.errors}")
+        if c.close_after:
+            notes.append(f"{c.requests_sent} requests sent unread, session closed after "
+                         f"{statistics.median(c.close_after):.1f} s (median)")
+        if c.chunks_before_refusal:
+            notes.append(f"chunks of {SYNC_PODS_PER_CHUNK * SYNC_ANNOTATION / (1 << 20):.0f} MiB taken before the "
+                         f"refusal {sorted(set(c.chunks_before_refusal))}, refusals {c.refusals}")
+        print(f"  {ph.name}: " + "; ".join(notes))
 
 
 @dataclass
@@ -445,25 +838,39 @@ def main() -> None:
     parser.add_argument("--containerd", default="1.6")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--quick", action="store_true", help="8 s per phase")
-    parser.add_argument("--only", help="baseline and one attack phase: poison, flood, slow or poison,flood,slow")
+    parser.add_argument("--only", help="baseline and one attack phase: poison, flood, slow or poison,flood,slow; "
+                        "nri-slow or nri-sync (the NRI baseline and that attack), nri (both)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the proxies' logs")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--listen", help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--hook-server-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--child-nri", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nri-socket", help=argparse.SUPPRESS)
+    parser.add_argument("--tmp", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
+    if args.child_nri:
+        nri_child(args)
+        return
     if args.quick:
         args.seconds = 8.0
-    from rhp_devenv.env import ContainerdEnv
+    only = None if args.only is None else frozenset(args.only.split(","))
+    nri_only = None if only is None else (frozenset(NRI_ATTACKS) if only == {"nri"} else only & set(NRI_ATTACKS))
+    with tempfile.TemporaryDirectory(prefix="rhp-hostile-") as tmp:
+        if only is None or not nri_only:
+            from rhp_devenv.env import ContainerdEnv
 
-    with ContainerdEnv.start(args.containerd) as env, tempfile.TemporaryDirectory(prefix="rhp-hostile-") as tmp:
-        phases = [run_phase(env, name, args.seconds, attacks, Path(tmp))
-                  for name, attacks in PHASES if args.only is None or name == "baseline"
-                  or attacks == frozenset(args.only.split(","))]
-        report(phases, args)
+            with ContainerdEnv.start(args.containerd) as env:
+                phases = [run_phase(env, name, args.seconds, attacks, Path(tmp))
+                          for name, attacks in PHASES if only is None or name == "baseline" or attacks == only]
+            report(phases, args)
+        if only is None or nri_only:
+            nri_phases = [run_nri_phase(name, args.seconds, attacks, Path(tmp)) for name, attacks in NRI_PHASES
+                          if nri_only is None or not attacks or attacks <= nri_only]
+            report_nri(nri_phases, args.seconds)
         if args.keep_logs:
             kept = Path(tempfile.mkdtemp(prefix="rhp-hostile-logs-"))
             for log in Path(tmp).glob("*.log"):
