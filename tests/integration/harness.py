@@ -95,8 +95,12 @@ class ProxyThread:
 class ProxyProcess:
     """``runtime-proxy serve`` as a child process."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> None:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | None = None,
+                 wrapper: list[str] | None = None) -> None:
+        """*wrapper*: a command prefix for the child, e.g. ``PrivateNetns.command([])`` to run it in a
+        network namespace."""
         self.args = args
+        self.wrapper = wrapper or []
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
@@ -104,7 +108,7 @@ class ProxyProcess:
     def start(self, listen: str) -> ProxyProcess:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level",
+            [*self.wrapper, sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level",
              os.environ.get("RHP_LOG_LEVEL", "info"), "serve", "--listen", listen, *self.args],
             env=self.env,
             stdout=out,
