@@ -637,6 +637,7 @@ class Cluster:
             self._start_etcd(deadline)
             self._start_apiserver(deadline)
             self._start_controller_manager()
+            self.write_kubelet_config()
             self._start_kubelet()
             if self.start_scheduler_at_start:
                 self.start_scheduler(deadline=deadline)
@@ -859,7 +860,13 @@ class Cluster:
             f"--cluster-signing-cert-file={self.ca.cert}", f"--cluster-signing-key-file={self.ca.key}",
         ])  # fmt: skip
 
-    def _start_kubelet(self) -> None:
+    @property
+    def kubelet_config_path(self) -> Path:
+        """kubelet's ``KubeletConfiguration`` file (JSON), as :meth:`start` wrote it."""
+        return self.work_dir / "kubelet-config.json"
+
+    def write_kubelet_config(self) -> None:
+        """(Re)write :attr:`kubelet_config_path` from :attr:`cri_socket` and the settings."""
         assert self.ca is not None
         config = kubelet_config(
             cri_socket=self.cri_socket,
@@ -870,16 +877,22 @@ class Cluster:
             pod_logs_dir=self.work_dir / "pod-logs",
             extra=self.kubelet_extra,
         )
-        config_path = self.work_dir / "kubelet-config.json"
-        config_path.write_text(json.dumps(config, indent=1))
+        self.kubelet_config_path.write_text(json.dumps(config, indent=1))
+
+    def _start_kubelet(self) -> None:
         self._component("kubelet", [
-            f"--config={config_path}", f"--kubeconfig={self._kubeconfigs['kubelet']}",
+            f"--config={self.kubelet_config_path}", f"--kubeconfig={self._kubeconfigs['kubelet']}",
             f"--root-dir={self.work_dir / 'kubelet'}", f"--hostname-override={NODE_NAME}",
         ])  # fmt: skip
 
-    def restart_kubelet(self, *, timeout: float = 60.0) -> None:
-        """Stop kubelet (SIGTERM, by PID) and start it again on the same config; wait for Ready."""
+    def restart_kubelet(self, *, rewrite_config: bool = False, timeout: float = 60.0) -> None:
+        """Stop kubelet (SIGTERM, by PID) and start it again, as ``systemctl restart kubelet``
+        would: on its config file as it is now (edited by ``runtime-proxy kubelet-switch``, say),
+        or, with *rewrite_config*, rewritten first (after a change of :attr:`cri_socket`). Waits
+        until the node is Ready."""
         self.stop_process("kubelet")
+        if rewrite_config:
+            self.write_kubelet_config()
         self._start_kubelet()
         self._wait_node_ready(time.monotonic() + timeout)
 

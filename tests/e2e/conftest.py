@@ -77,6 +77,8 @@ class Stack:
     proxy_log: Path
     proxy_args: list[str]
     """``runtime-proxy serve``'s arguments but ``--listen`` (for :meth:`restart_proxy`)."""
+    proxy_readyz: str
+    """The proxy's ``/readyz`` URL (on its ``--metrics-addr``)."""
     extender_health: str
     """``http://127.0.0.1:PORT`` of the extender's plain health port."""
 
@@ -200,12 +202,14 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     try:
         socket = work / "proxy.sock"
         log = work / "proxy.log"
-        args = ["--backend", str(ctrd.socket), "--config", str(_proxy_config(work)), "--no-entry-points"]
+        metrics = free_port()
+        args = ["--backend", str(ctrd.socket), "--config", str(_proxy_config(work)), "--no-entry-points",
+                f"--metrics-addr=127.0.0.1:{metrics}"]  # fmt: skip
         proxy = ProxyProcess(args, log=log).start(str(socket))
         cluster = Cluster(socket, scheduler=False).start()
         extender, health = _start_extender(cluster)
         cluster.start_scheduler(extenders=[extender])
-        stack = Stack(cluster, ctrd, proxy, socket, log, args, health)
+        stack = Stack(cluster, ctrd, proxy, socket, log, args, f"http://127.0.0.1:{metrics}/readyz", health)
         yield stack
         proxy = stack.proxy  # a test may have restarted it
     finally:

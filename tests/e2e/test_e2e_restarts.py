@@ -1,10 +1,15 @@
-"""Pods outlive their node agents: kubelet restarted, and ``runtime-proxy serve`` killed with
-SIGKILL and started again, leave every pod running (same containers, no restarts) with the cgroup
-values the plugins gave them, and the node keeps working: a pod created afterwards is configured
-like the first ones."""
+"""Pods outlive their node agents: kubelet restarted, ``runtime-proxy serve`` killed with SIGKILL
+and started again, and ``runtime-proxy kubelet-switch`` moving the live kubelet to containerd and
+back leave every pod running (same containers, no restarts) with the cgroup values the plugins
+gave them, and the node keeps working: a pod created afterwards is configured like the first
+ones."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -14,6 +19,7 @@ from hooks.facts import format_cpu_list
 from runtime_proxy.state.sysfs import read_cpu_topology
 from tests.e2e.conftest import Stack, container_id, pod_cgroup, pod_manifest
 from tests.integration import qos_helpers as q
+from tests.integration.harness import REPO
 
 TOPO = read_cpu_topology()
 LSR_CPU = str(max(TOPO.cpus))
@@ -82,3 +88,52 @@ def test_pods_survive_the_proxy_killed_and_started_again(stack: Stack, ns: str) 
     node = stack.cluster.get_json("node", NODE_NAME)
     assert node is not None
     assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
+
+
+def _kubelet_switch(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """``runtime-proxy kubelet-switch --kubelet-config <kubelet's file> --no-restart ARGS...``
+    (the test restarts kubelet itself: it is this process's child, not a systemd unit)."""
+    return subprocess.run(
+        [sys.executable, "-m", "runtime_proxy.cli", "kubelet-switch", "--kubelet-config",
+         str(stack.cluster.kubelet_config_path), "--no-restart", *args],
+        capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+
+
+def _endpoint(stack: Stack) -> str:
+    return str(json.loads(stack.cluster.kubelet_config_path.read_text())["containerRuntimeEndpoint"])
+
+
+def test_kubelet_switch_moves_a_live_kubelet_to_containerd_and_back(stack: Stack, ns: str) -> None:
+    """``runtime-proxy kubelet-switch --to containerd`` edits the live kubelet's config to name
+    containerd's socket; after the restart the pods run on, and a new pod starts without the
+    plugins (its cpuset is kubelet's, the whole machine). ``--to proxy`` passes doctor and the
+    proxy's /readyz, names the proxy again; after the restart the pods still run and a new pod
+    gets the plugins' cpuset again."""
+    cluster = stack.cluster
+    before = _pods(stack, ns)
+    try:
+        done = _kubelet_switch(stack, "--to", "containerd", f"--containerd-endpoint=unix://{stack.ctrd.socket}")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert _endpoint(stack) == f"unix://{stack.ctrd.socket}"
+        cluster.restart_kubelet()
+        _still_running_and_configured(stack, ns, before)
+        cluster.apply(pod_manifest("direct", ns, qos="LS", requests={"cpu": "100m"}, limits={"cpu": "1"}))
+        cluster.wait_pod_running(ns, "direct")
+        assert _state(stack, ns, "direct")[3] == format_cpu_list(TOPO.cpus)
+
+        done = _kubelet_switch(
+            stack, "--to", "proxy", f"--proxy-endpoint=unix://{stack.proxy_socket}", f"--readyz={stack.proxy_readyz}",
+            f"--listen={stack.proxy_socket}", f"--backend={stack.ctrd.socket}",
+            "--config", stack.proxy_args[stack.proxy_args.index("--config") + 1],
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert _endpoint(stack) == f"unix://{stack.proxy_socket}"
+        cluster.restart_kubelet()
+        _still_running_and_configured(stack, ns, before)
+        _a_new_pod_is_configured(stack, ns)
+    finally:
+        if _endpoint(stack) != f"unix://{stack.proxy_socket}":  # leave the session's kubelet on the proxy
+            cluster.cri_socket = stack.proxy_socket
+            cluster.restart_kubelet(rewrite_config=True)
