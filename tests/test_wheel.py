@@ -278,7 +278,10 @@ def test_the_base_install_runs_the_node_part(layouts: dict[str, Path], wheel: Pa
 
 
 def test_scheduler_ext_without_its_extra_names_the_extra(layouts: dict[str, Path], wheel: Path) -> None:
+    """On a node install ``--help`` answers and ``serve`` names the extra in one line."""
     proc = _script(layouts["base"], wheel, "scheduler-ext", "--help")
+    assert proc.returncode == 0 and "usage: scheduler-ext" in proc.stdout, proc.stderr
+    proc = _script(layouts["base"], wheel, "scheduler-ext", "serve")
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "pip install 'runtime-hook-proxy[scheduler]'" in proc.stderr
