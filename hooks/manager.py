@@ -9,6 +9,7 @@ its first call.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from collections.abc import Iterable
 from types import ModuleType
 
@@ -19,7 +20,7 @@ from hooks.plugins import BUILTIN_PLUGINS
 
 ENTRY_POINT_GROUP = "runtime_hook_proxy.plugins"
 
-__all__ = ["ENTRY_POINT_GROUP", "builtin_plugin", "make_plugin_manager", "plugin_order"]
+__all__ = ["ENTRY_POINT_GROUP", "builtin_plugin", "installed_entry_points", "make_plugin_manager", "plugin_order"]
 
 
 def builtin_plugin(name: str) -> ModuleType:
@@ -48,6 +49,12 @@ def make_plugin_manager(
         pm.register(plugin)
     pm.check_pending()
     return pm
+
+
+def installed_entry_points() -> list[str]:
+    """The names of the plugins installed under ``runtime_hook_proxy.plugins``, sorted; read
+    from the distributions' metadata, nothing imported."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
 
 
 def plugin_order(pm: pluggy.PluginManager, configured: Iterable[str] | None = None) -> list[str]:

@@ -82,8 +82,11 @@ class UsageLoopConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enable: bool = Field(default=False, description="Run the usage loop: sample node, pod and BE usage every "
-                         "`intervalSeconds` and run the `ReconcileUsage` plugins (CPU suppress, evictions).")
+    enable: bool | None = Field(default=None, description="Run the usage loop (sample node, pod and BE usage "
+                                "every `intervalSeconds` and run the `ReconcileUsage` plugins: CPU suppress, "
+                                "evictions): `true` always, `false` never; unset: whenever an enabled plugin "
+                                "implements `ReconcileUsage` (`cpu_suppress`, `memory_evict`, `cpu_evict`). "
+                                "The start logs whether it runs and why.")
     intervalSeconds: float = Field(default=1.0, gt=0, le=60, description="Seconds between usage-loop rounds, "
                                    "in (0, 60] (Koordinator: 1).")
     procRoot: str = Field(default="/proc", description="Where the usage loop reads `stat` and `meminfo`.")
@@ -120,8 +123,12 @@ class ProxyConfig(BaseModel):
     dryRun: bool = Field(default=False, description="Compute and log plans, change nothing "
                          "(as `serve --dry-run`).")
     cgroupRoot: str = Field(default="/sys/fs/cgroup", description="The cgroup filesystem root.")
-    cgroupDriver: Literal["cgroupfs", "systemd"] = Field(default="cgroupfs", description="kubelet's "
-                                                          "cgroup driver (`cgroupDriver` in its config).")
+    cgroupDriver: Literal["cgroupfs", "systemd"] | None = Field(default=None, description="kubelet's cgroup "
+                                                                 "driver (`cgroupDriver` in its config). Unset: "
+                                                                 "detected at start from kubelet's cgroups "
+                                                                 "(`kubepods.slice`: systemd, `kubepods`: "
+                                                                 "cgroupfs; neither yet: cgroupfs, with a "
+                                                                 "warning) and logged.")
     kubeletCgroupRoot: str = Field(default="", description="kubelet's cgroup root (`cgroupRoot` in its "
                                    "config, `--cgroup-root`), in kubelet's form (`/custom`, for either "
                                    "driver): the QoS-level cgroups (`kubepods`, `kubepods/besteffort`...) "

@@ -46,7 +46,9 @@ from runtime_proxy.config import (
     check_usable,
     load_config,
 )
+from runtime_proxy.host.cgroups import detect_cgroup_driver
 from runtime_proxy.host.mounts import is_mount_of, read_mounts
+from runtime_proxy.host.resctrl import RESCTRL_PLUGINS
 
 __all__ = [
     "EXIT_FAILED",
@@ -92,7 +94,8 @@ class Check:
 @dataclass(frozen=True)
 class DoctorOptions:
     cgroup_root: str = "/sys/fs/cgroup"
-    cgroup_driver: str = "cgroupfs"
+    # kubelet's cgroup driver as configured; "" when the proxy detects it (``cgroupDriver`` unset).
+    cgroup_driver: str = ""
     # kubelet's cgroup root (``kubeletCgroupRoot``); "" when the proxy learns it (looked for at "/").
     kubelet_cgroup_root: str = ""
     resctrl_root: str = "/sys/fs/resctrl"
@@ -135,7 +138,6 @@ INTERFACES: tuple[Interface, ...] = (
     Interface("memory limit", "memory.limit_in_bytes", "memory.max", ("batch_resource",)),
 )
 GROUP_IDENTITY_PLUGINS = ("group_identity", "host_app_qos")
-RESCTRL_PLUGINS = ("rdt",)
 
 
 def _v1_controller(file: str) -> str:
@@ -188,13 +190,19 @@ def check_cgroup(opts: DoctorOptions) -> list[Check]:
         return [Check("cgroup", "fail", f"{root} is not a directory: no cgroup filesystem")]
     version = cgroup_version(root)
     checks = [Check("cgroup version", "ok", f"v{version} at {root}")]
-    base = root if version == 2 else root / "cpu"
     kroot = opts.kubelet_cgroup_root
-    slice_ = (base / _kubepods(kroot, "systemd")).is_dir()
-    plain = (base / _kubepods(kroot, "cgroupfs")).is_dir()
-    seen = "systemd" if slice_ and not plain else "cgroupfs" if plain and not slice_ else ""
+    seen = detect_cgroup_driver(root, kroot)
     where = f" under kubelet cgroup root {kroot}" if kroot else ""
-    if not seen:
+    if not opts.cgroup_driver:
+        if seen:
+            checks.append(Check("cgroup driver", "ok", f"{seen}, detected from kubelet's cgroups{where} "
+                                                       "(cgroupDriver unset)"))
+        else:
+            hint = "" if kroot else "; if kubelet runs with --cgroup-root, set kubeletCgroupRoot"
+            checks.append(Check("cgroup driver", "warn", f"cgroupDriver unset and no kubepods cgroup{where} yet "
+                                                         "to detect it from: the proxy will use cgroupfs; set "
+                                                         f"cgroupDriver: systemd if kubelet uses systemd{hint}"))
+    elif not seen:
         hint = "" if kroot else " (if kubelet runs with --cgroup-root, set kubeletCgroupRoot)"
         checks.append(Check("cgroup driver", "ok", f"{opts.cgroup_driver} configured; no kubepods cgroup{where} "
                                                    f"yet to compare with kubelet's{hint}"))
@@ -276,8 +284,10 @@ def check_resctrl(opts: DoctorOptions) -> list[Check]:
     if not info.is_dir():
         mounted = _mounted(Path(opts.proc_root), "resctrl", root)
         why = "not mounted" if mounted is False else "no info directory"
-        return [_missing("resctrl", f"{why} at {root} (mount -t resctrl resctrl {root}, on a CPU with RDT)",
-                         needed)]
+        what = f"{why} at {root} (mount -t resctrl resctrl {root}, on a CPU with RDT)"
+        if needed:  # the proxy leaves these plugins out at start (runtime_proxy.wiring.HARDWARE)
+            return [Check("resctrl", "warn", f"{what}; {', '.join(needed)} will be skipped", needed)]
+        return [_missing("resctrl", what, needed)]
     checks = [Check("resctrl", "ok", f"mounted at {root}", needed)]
     try:
         cbm_mask: str | None = read_text_file(info / "L3" / "cbm_mask", limit=KERNEL_FILE_BYTES).strip()
@@ -546,7 +556,7 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
         plugins = tuple(BUILTIN_PLUGINS)
     opts = DoctorOptions(
         cgroup_root=args.cgroup_root or cfg.cgroupRoot,
-        cgroup_driver=args.cgroup_driver or cfg.cgroupDriver,
+        cgroup_driver=args.cgroup_driver or cfg.cgroupDriver or "",
         kubelet_cgroup_root=cfg.kubeletCgroupRoot,
         resctrl_root=args.resctrl_root or cfg.resctrlRoot,
         proc_root=args.proc_root,

@@ -22,7 +22,7 @@ import structlog
 
 from cri_protos import api_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
-from hooks.manager import make_plugin_manager, plugin_order
+from hooks.manager import make_plugin_manager
 from runtime_proxy import memory, metrics, wiring
 from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ProxyConfig
 from runtime_proxy.cri.grpc_transport import GrpcTransport
@@ -110,8 +110,8 @@ class Proxy:
         self.pm = make_plugin_manager(
             builtins=opts.builtins, entry_points=opts.entry_points, extra=[*modules, *opts.extra_plugins]
         )
-        names = plugin_order(self.pm, [p.name for p in cfg.plugins] if cfg.plugins else None)
-        self.pipeline = Pipeline(plugin_steps(self.pm, cfg.plugin_settings(names)))
+        self.pipeline = Pipeline(plugin_steps(self.pm, wiring.plugin_settings(cfg, self.pm,
+                                                                             entry_points=opts.entry_points)))
         self.store = Store()
         self.client = RuntimeClient(opts.backend)
         self.node_source: NodeConfig

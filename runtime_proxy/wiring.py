@@ -1,7 +1,10 @@
-"""Builders of the node-side parts every entry point shares: the node config source, kubelet's
-cgroup root (``kubelet_root``), the file applier and the periodic loops (``Loops``: the
-reconciler, the cfsQuotaBurst loop and, with ``usageLoop.enable``, the usage loop), from a
-``ProxyConfig``.
+"""Builders of the node-side parts every entry point shares, from a ``ProxyConfig``: the plugin
+settings (``plugin_settings``: the configured plugins, less those whose hardware this node lacks,
+with a warning naming installed entry-point plugins that will not run), kubelet's cgroup driver
+(``cgroup_driver``: configured or detected), the node config source, kubelet's cgroup root
+(``kubelet_root``), the file applier and the periodic loops (``Loops``: the reconciler, the
+cfsQuotaBurst loop and, when ``usage_loop_decision`` says so, the usage loop; ``loops`` logs
+which run and why).
 
 Used by the composition roots: ``runtime_proxy.server`` (``runtime-proxy serve``),
 ``runtime_proxy.engine.hook_service`` (``runtime-proxy hook-server``) and
@@ -11,20 +14,22 @@ Used by the composition roots: ``runtime_proxy.server`` (``runtime-proxy serve``
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import pluggy
 import structlog
 
 from hooks.facts import CgroupInfo
-from hooks.manager import plugin_order
-from runtime_proxy.config import ProxyConfig
+from hooks.manager import installed_entry_points, plugin_order
+from runtime_proxy.config import Policy, ProxyConfig
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.host.apply import FileApplier
-from runtime_proxy.host.cgroups import Cgroups, detect_cgroup_version
-from runtime_proxy.host.resctrl import Resctrl
+from runtime_proxy.host.cgroups import Cgroups, detect_cgroup_driver, detect_cgroup_version
+from runtime_proxy.host.resctrl import RESCTRL_PLUGINS, Resctrl
 from runtime_proxy.loops.burst import CPUBurstLoop
 from runtime_proxy.loops.evict import evictor_for
 from runtime_proxy.loops.qos import Evictor, UsageLoop
@@ -33,9 +38,103 @@ from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig
 from runtime_proxy.state.sysfs import read_cpu_topology
 
-__all__ = ["Loops", "applier", "kubelet_root", "loops", "node_source"]
+__all__ = [
+    "HARDWARE",
+    "Loops",
+    "applier",
+    "cgroup_driver",
+    "kubelet_root",
+    "loops",
+    "missing_hardware",
+    "node_source",
+    "plugin_settings",
+    "usage_loop_decision",
+]
 
 log = structlog.get_logger(__name__)
+
+# Built-in plugins that need hardware a node may lack: the name, what is missing (a format
+# string over the config's keys) and the test that it is there. Such a plugin, configured on a
+# node without it, is left out at start with a warning (``plugin_settings``) and doctor warns.
+HARDWARE: dict[str, tuple[str, Callable[[ProxyConfig], bool]]] = {
+    name: ("no resctrl at {resctrlRoot} (Intel RDT or AMD PQoS, mounted with mount -t resctrl resctrl "
+           "{resctrlRoot})", lambda config: Resctrl(config.resctrlRoot).available)
+    for name in RESCTRL_PLUGINS
+}
+
+
+def missing_hardware(name: str, config: ProxyConfig) -> str:
+    """Why plugin ``name`` cannot work on this node ("" when it can, or needs nothing)."""
+    need = HARDWARE.get(name)
+    if need is None or need[1](config):
+        return ""
+    return need[0].format(**config.model_dump())
+
+
+def plugin_settings(config: ProxyConfig, pm: pluggy.PluginManager, *,
+                    entry_points: bool = True) -> list[tuple[str, Policy, float]]:
+    """``(name, policy, timeout)`` of each plugin to run, in calling order: the config's
+    (``ProxyConfig.plugin_settings``, which raises ``ValueError`` for a configured plugin that is
+    not installed), less those whose hardware this node lacks (``HARDWARE``), each left out with
+    a warning. Installed entry-point plugins that will not run because the config leaves them
+    out, or because ``entry_points`` is false (``--no-entry-points``), are named in one warning.
+    The composition roots of ``serve``, ``hook-server`` and ``nri`` call it once at start."""
+    names = plugin_order(pm, [p.name for p in config.plugins] if config.plugins else None)
+    out: list[tuple[str, Policy, float]] = []
+    for name, policy, timeout in config.plugin_settings(names):
+        why = missing_hardware(name, config)
+        if why:
+            log.warning("plugin skipped: this node lacks what it needs", plugin=name, reason=why)
+            continue
+        out.append((name, policy, timeout))
+    named = {p.name for p in config.plugins or ()}  # `enabled: false` is a choice: not warned about
+    unused = {
+        name: "not in the config's plugins" if entry_points else "--no-entry-points"
+        for name in installed_entry_points()
+        if name not in names or (name not in named and config.plugins is not None)
+    }
+    if unused:
+        log.warning("installed entry-point plugins will not run; name them in the config's plugins "
+                    "(and drop --no-entry-points) to run them", plugins=unused)
+    return out
+
+
+@functools.cache
+def _detected_driver(cgroup_root: str, kubelet_cgroup_root: str) -> Literal["cgroupfs", "systemd"]:
+    seen = detect_cgroup_driver(cgroup_root, kubelet_cgroup_root)
+    if seen == "systemd":
+        log.info("cgroup driver detected", driver="systemd", cgroup_root=cgroup_root, found="kubepods.slice")
+        return "systemd"
+    if seen == "cgroupfs":
+        log.info("cgroup driver detected", driver="cgroupfs", cgroup_root=cgroup_root, found="kubepods")
+        return "cgroupfs"
+    log.warning("cgroup driver cannot be detected (no kubepods cgroup of kubelet's yet); using cgroupfs. "
+                "Set cgroupDriver in the config when kubelet uses systemd", cgroup_root=cgroup_root)
+    return "cgroupfs"
+
+
+def cgroup_driver(config: ProxyConfig) -> Literal["cgroupfs", "systemd"]:
+    """kubelet's cgroup driver: ``cgroupDriver`` when set, else detected once per process from
+    kubelet's cgroups (``runtime_proxy.host.cgroups.detect_cgroup_driver``) and logged;
+    ``cgroupfs`` when they do not tell (kubelet has not started yet), with a warning."""
+    if config.cgroupDriver is not None:
+        return config.cgroupDriver
+    return _detected_driver(config.cgroupRoot, config.kubeletCgroupRoot)
+
+
+def usage_loop_decision(config: ProxyConfig, pm: pluggy.PluginManager, pipeline: Pipeline) -> tuple[bool, str]:
+    """Whether the usage loop runs, and why: ``usageLoop.enable`` when set, else whether an
+    enabled plugin of ``pipeline`` implements ``ReconcileUsage``."""
+    implementing = {impl.plugin_name for impl in pm.hook.rhp_reconcile_usage.get_hookimpls()}
+    users = [step.name for step in pipeline.steps if step.name in implementing]
+    if config.usageLoop.enable is False:
+        return False, "usageLoop.enable is false" + (f"; ReconcileUsage of {', '.join(users)} will not run"
+                                                     if users else "")
+    if config.usageLoop.enable:
+        return True, "usageLoop.enable is true"
+    if users:
+        return True, f"enabled plugins implement ReconcileUsage: {', '.join(users)}"
+    return False, "no enabled plugin implements ReconcileUsage"
 
 
 def node_source(config: ProxyConfig) -> tuple[NodeConfig, NodeConfig]:
@@ -49,7 +148,7 @@ def node_source(config: ProxyConfig) -> tuple[NodeConfig, NodeConfig]:
         node_name=node_name,
         topology=read_cpu_topology(),
         resctrl=Resctrl(config.resctrlRoot).facts(),
-        cgroup=CgroupInfo(version=detect_cgroup_version(config.cgroupRoot), driver=config.cgroupDriver,
+        cgroup=CgroupInfo(version=detect_cgroup_version(config.cgroupRoot), driver=cgroup_driver(config),
                           kubelet_root=config.kubeletCgroupRoot or "/"),
     )
     return source, source
@@ -64,7 +163,7 @@ def kubelet_root(config: ProxyConfig) -> KubeletRoot:
 def applier(config: ProxyConfig, *, dry_run: bool = False) -> FileApplier:
     """The single file applier over the configured cgroup and resctrl roots."""
     return FileApplier(
-        cgroups=Cgroups(config.cgroupRoot, driver=config.cgroupDriver),
+        cgroups=Cgroups(config.cgroupRoot, driver=cgroup_driver(config)),
         resctrl=Resctrl(config.resctrlRoot),
         dry_run=dry_run or config.dryRun,
     )
@@ -119,14 +218,14 @@ def loops(
 ) -> Loops:
     """The reconciler (at start, on node-config changes, on store changes, every
     ``reconcilePeriodSeconds``; through the entry point's own hook runner, so plugin policies and
-    timeouts are the configured ones), the CPU burst loop and, with ``usageLoop.enable``, the
-    usage loop (``runtime_proxy.loops.qos``: the ``ReconcileUsage`` stage through the same hook
+    timeouts are the configured ones), the CPU burst loop and, when ``usage_loop_decision`` says
+    so, the usage loop (``runtime_proxy.loops.qos``: the ``ReconcileUsage`` stage through the same hook
     runner, writes through the applier's cgroup tree), over ``backend``'s pods, containers and
     container updates. The usage loop's evictor follows ``usageLoop.evictBy``
     (``runtime_proxy.loops.evict``): ``api`` evicts through the Kubernetes Eviction API,
     ``runtime`` stops the pod's containers through ``runtime`` (the proxy's
-    ``RuntimeClient``; without one, evictions are only logged). Call it on the running event
-    loop."""
+    ``RuntimeClient``; without one, evictions are only logged). Which loops run, and why, is
+    logged once. Call it on the running event loop."""
     dry_run = dry_run or config.dryRun
     in_process = set(plugin_order(pm))
     reconciler = Reconciler(
@@ -142,7 +241,10 @@ def loops(
     )
     burst = CPUBurstLoop(backend, cgroups=applier.cgroups, dry_run=dry_run)
     usage: UsageLoop | None = None
-    if config.usageLoop.enable:
+    run_usage, why = usage_loop_decision(config, pm, pipeline)
+    log.info("periodic loops", reconciler=f"every {config.reconcilePeriodSeconds:g} s and on changes",
+             cpu_burst="always (acts where cpuBurstStrategy asks)", usage_loop=run_usage, usage_loop_why=why)
+    if run_usage:
         usage = UsageLoop(
             backend,
             pipeline=pipeline,

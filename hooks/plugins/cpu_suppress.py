@@ -2,7 +2,7 @@
 
 Stage
     ``reconcile_usage`` (run by the usage loop, ``runtime_proxy/loops/qos.py``, after each
-    sampling round, when ``usageLoop.enable`` is set). Everything here is a pure function of
+    sampling round; the loop runs whenever this plugin is enabled). Everything here is a pure function of
     the facts and the sampled window.
 Inputs
     NodeSLO ``resourceUsedThresholdWithBE``: ``enable`` (false), ``cpuSuppressThresholdPercent``

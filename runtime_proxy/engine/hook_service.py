@@ -53,7 +53,7 @@ import pluggy
 import structlog
 
 from hooks.facts import ContainerFacts, PodFacts
-from hooks.manager import make_plugin_manager, plugin_order
+from hooks.manager import make_plugin_manager
 from hooks.plan import CgroupWrite, Plan
 from hooks.spec import KOORD_HOOK_POINTS
 from runtime_proxy.config import ProxyConfig, check_usable, load_config
@@ -270,6 +270,8 @@ def build_pipeline(opts: HookServerOptions) -> tuple[pluggy.PluginManager, Pipel
     plugin cannot be imported, registered or configured, and ``ConfigError`` when the config
     names a missing node config file or needs a client that is not installed
     (``runtime_proxy.config.check_usable``)."""
+    from runtime_proxy import wiring
+
     cfg = opts.config
     check_usable(cfg)
     modules = [_import("pluginModules entry", name, importlib.import_module) for name in cfg.pluginModules]
@@ -284,9 +286,8 @@ def build_pipeline(opts: HookServerOptions) -> tuple[pluggy.PluginManager, Pipel
             pm.check_pending()
         except Exception as exc:
             raise PluginLoadError(f"--plugin-module {spec!r}: {type(exc).__name__}: {exc}") from exc
-    names = plugin_order(pm, [p.name for p in cfg.plugins] if cfg.plugins else None)
     try:
-        settings = cfg.plugin_settings(names)
+        settings = wiring.plugin_settings(cfg, pm, entry_points=opts.entry_points)
     except ValueError as exc:
         raise PluginLoadError(str(exc)) from exc
     return pm, Pipeline(plugin_steps(pm, settings))
@@ -327,11 +328,9 @@ def prepare_listen_path(path: str) -> None:
 
 
 def make_applier(cfg: ProxyConfig) -> Any:
-    from runtime_proxy.host.apply import FileApplier
-    from runtime_proxy.host.cgroups import Cgroups
-    from runtime_proxy.host.resctrl import Resctrl
+    from runtime_proxy import wiring
 
-    return FileApplier(cgroups=Cgroups(cfg.cgroupRoot, driver=cfg.cgroupDriver), resctrl=Resctrl(cfg.resctrlRoot))
+    return wiring.applier(cfg)
 
 
 async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, pipeline: Pipeline | None = None) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import structlog
 from prometheus_client import Counter
 
+from hooks.facts import CgroupInfo, kube_qos_cgroup_path
 from koord_formats.cpulist import parse_cpu_list
 from runtime_proxy.host.mounts import fstype_at, read_mounts
 
@@ -36,6 +37,7 @@ __all__ = [
     "UnsafePathError",
     "UnsupportedFileError",
     "WriteResult",
+    "detect_cgroup_driver",
     "detect_cgroup_version",
     "v1_controller",
 ]
@@ -97,6 +99,19 @@ def v1_controller(file: str) -> str:
 def detect_cgroup_version(root: str | os.PathLike[str] = DEFAULT_ROOT) -> int:
     """2 when ``root`` is a unified (cgroup2) hierarchy, else 1."""
     return 2 if (Path(root) / "cgroup.controllers").exists() else 1
+
+
+def detect_cgroup_driver(root: str | os.PathLike[str] = DEFAULT_ROOT, kubelet_root: str = "") -> str:
+    """kubelet's cgroup driver as its cgroups show it: ``systemd`` when only its
+    ``kubepods.slice`` exists below ``kubelet_root`` ("" is "/"; in the ``cpu`` hierarchy on
+    v1), ``cgroupfs`` when only ``kubepods`` does, "" when neither or both (kubelet has not
+    started yet, or it cannot be told). Used by ``runtime_proxy.wiring.cgroup_driver`` and
+    ``runtime-proxy doctor``."""
+    base = Path(root) if detect_cgroup_version(root) == 2 else Path(root) / "cpu"
+    found = [driver for driver in ("systemd", "cgroupfs")
+             if (base / kube_qos_cgroup_path("Guaranteed", CgroupInfo(driver=driver,
+                                                                      kubelet_root=kubelet_root or "/"))).is_dir()]
+    return found[0] if len(found) == 1 else ""
 
 
 def _shares_to_weight(shares: int) -> int:

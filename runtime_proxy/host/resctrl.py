@@ -25,11 +25,14 @@ from hooks.facts import ResctrlFacts
 from runtime_proxy.host.cgroups import CgroupError, UnsafePathError, WriteResult
 from runtime_proxy.host.mounts import is_mount_of, read_mounts
 
-__all__ = ["DEFAULT_ROOT", "Resctrl", "ResctrlError", "parse_schemata"]
+__all__ = ["DEFAULT_ROOT", "RESCTRL_PLUGINS", "Resctrl", "ResctrlError", "parse_schemata"]
 
 log = structlog.get_logger("runtime_proxy.host.resctrl")
 
 DEFAULT_ROOT = "/sys/fs/resctrl"
+# The built-in plugins that need resctrl: left out at start where it is absent
+# (``runtime_proxy.wiring.HARDWARE``), a warning in ``runtime-proxy doctor``.
+RESCTRL_PLUGINS = ("rdt",)
 RESCTRL_SUPPORTED = Gauge("rhp_resctrl_supported", "1 when the node offers resctrl (RDT) under the configured root")
 RESCTRL_TASKS_MOVED = Counter("rhp_resctrl_tasks_moved", "thread ids moved into resctrl groups")
 _RESERVED = {"info", "mon_groups", "mon_data", "tasks", "schemata", "cpus", "cpus_list", "mode", "size"}

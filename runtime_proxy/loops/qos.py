@@ -1,8 +1,9 @@
 """The usage loop: sample usage, run the ``ReconcileUsage`` stage, apply its writes in plan order
 and hand its evictions to an ``Evictor``.
 
-Started by the proxy's composition root (``runtime_proxy.server``) when ``usageLoop.enable`` is
-set, with the store as ``UsageBackend``, the proxy's hook runner
+Started by ``runtime_proxy.wiring.loops`` (for ``serve``, ``hook-server`` and ``nri``) when
+``wiring.usage_loop_decision`` says so (an enabled plugin implements ``ReconcileUsage``, or
+``usageLoop.enable`` is true), with the store as ``UsageBackend``, the proxy's hook runner
 (``runtime_proxy.engine.pipeline.Pipeline``) and the cgroup tree of its applier. Every
 ``interval`` seconds (Koordinator: 1 s for CPU suppress and both evictions) one round:
 

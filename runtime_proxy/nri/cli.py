@@ -128,7 +128,7 @@ def main_from_args(args: argparse.Namespace) -> int:
 
 def build(opts: NriOptions) -> NriParts:
     """The plugin, its engine and the parts the loops share with it, for ``opts``."""
-    from hooks.manager import make_plugin_manager, plugin_order
+    from hooks.manager import make_plugin_manager
     from runtime_proxy import wiring
     from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
     from runtime_proxy.nri.adapter import NriEngine
@@ -138,8 +138,7 @@ def build(opts: NriOptions) -> NriParts:
     modules = [importlib.import_module(name) for name in cfg.pluginModules]
     pm = make_plugin_manager(builtins=opts.builtins, entry_points=opts.entry_points,
                              extra=[*modules, *opts.extra_plugins])
-    names = plugin_order(pm, [p.name for p in cfg.plugins] if cfg.plugins else None)
-    pipeline = Pipeline(plugin_steps(pm, cfg.plugin_settings(names)))
+    pipeline = Pipeline(plugin_steps(pm, wiring.plugin_settings(cfg, pm, entry_points=opts.entry_points)))
     node_source, node_watch = wiring.node_source(cfg)
     dry_run = opts.dry_run or cfg.dryRun
     applier = wiring.applier(cfg, dry_run=dry_run)
@@ -184,7 +183,8 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     if opts.reconcile:
         # The loops start once the first Synchronize has filled the store.
         backend = NriBackend(engine, plugin, unsolicited=opts.unsolicited_updates)
-        if opts.backend and opts.config.usageLoop.enable and opts.config.usageLoop.evictBy == "runtime":
+        usage_loop, _ = wiring.usage_loop_decision(opts.config, parts.pm, parts.pipeline)
+        if opts.backend and usage_loop and opts.config.usageLoop.evictBy == "runtime":
             from runtime_proxy.state.store import RuntimeClient
 
             runtime = RuntimeClient(opts.backend)

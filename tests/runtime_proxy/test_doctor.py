@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hooks.plugins import BUILTIN_PLUGINS
 from runtime_proxy import doctor
 from runtime_proxy.doctor import Check, DoctorOptions
 
@@ -80,8 +81,15 @@ def test_this_machine_reports_what_is_here() -> None:
     bvt = checks["group identity (cpu.bvt_warp_ns)"]
     assert bvt.status == "warn" and "cpuPolicy: coreSched" in bvt.detail
     resctrl = checks["resctrl"]
-    assert resctrl.status == "fail" and resctrl.needed_by == ("rdt",) and "not mounted" in resctrl.detail
-    assert [c.name for c in checks.values() if c.status == "fail"] == ["resctrl"]
+    assert resctrl.status == "warn" and resctrl.needed_by == ("rdt",) and "not mounted" in resctrl.detail
+    assert "rdt will be skipped" in resctrl.detail
+    assert [c.name for c in checks.values() if c.status == "fail"] == []
+
+
+def test_this_machine_passes_with_every_plugin_rdt_skipped() -> None:
+    """RDT configured on a node without resctrl is a warning (the proxy leaves it out at start),
+    not a failed doctor."""
+    assert doctor.passed(doctor.run(DoctorOptions(skip=NOT_HERE, plugins=tuple(BUILTIN_PLUGINS))))
 
 
 def test_this_machine_passes_without_rdt() -> None:
@@ -170,7 +178,7 @@ def test_cgroup_v2_tree_uses_v2_names_and_looks_below_the_root(tmp_path: Path) -
     assert checks["cfs burst (cpu.max.burst)"].status == "ok"
     assert checks["cfs quota (cpu.max)"].detail == str(tmp_path / "cg" / "kubepods" / "cpu.max")
     assert checks["controller cpu"].status == "ok"
-    assert checks["cgroup driver"].detail == "cgroupfs, as kubelet's cgroups show"
+    assert checks["cgroup driver"].detail == "cgroupfs, detected from kubelet's cgroups (cgroupDriver unset)"
     assert all(c.status != "fail" for c in checks.values())
 
 
@@ -191,8 +199,25 @@ def test_cgroup_v2_missing_parts(tmp_path: Path, drop: str, controllers: str, fa
 def test_driver_mismatch_fails(tmp_path: Path) -> None:
     _v1_tree(tmp_path / "cg")
     (tmp_path / "cg" / "cpu" / "kubepods.slice").mkdir()
+    check = _by_name(doctor.run(_opts(tmp_path, skip=NOT_HERE | {"resctrl"}, cgroup_driver="cgroupfs")))
+    assert check["cgroup driver"].status == "fail" and "set cgroupDriver: systemd" in check["cgroup driver"].detail
+
+
+@pytest.mark.parametrize(
+    ("kubepods", "status", "detail"),
+    [
+        pytest.param("kubepods.slice", "ok", "systemd, detected from kubelet's cgroups", id="a slice is systemd"),
+        pytest.param("kubepods", "ok", "cgroupfs, detected from kubelet's cgroups", id="a plain dir is cgroupfs"),
+        pytest.param("", "warn", "cgroupDriver unset and no kubepods cgroup yet",
+                     id="nothing to detect from yet warns"),
+    ],
+)
+def test_an_unset_driver_is_detected(tmp_path: Path, kubepods: str, status: str, detail: str) -> None:
+    _v1_tree(tmp_path / "cg")
+    if kubepods:
+        (tmp_path / "cg" / "cpu" / kubepods).mkdir()
     check = _by_name(doctor.run(_opts(tmp_path, skip=NOT_HERE | {"resctrl"})))["cgroup driver"]
-    assert check.status == "fail" and "set cgroupDriver: systemd" in check.detail
+    assert (check.status, check.detail.startswith(detail)) == (status, True), check.detail
 
 
 def test_no_cgroup_filesystem_fails(tmp_path: Path) -> None:
@@ -218,7 +243,8 @@ def test_resctrl_not_mounted_is_read_from_proc_mounts(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "mounts").write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
     (check,) = doctor.run(_opts(tmp_path, skip=frozenset(doctor.CHECKS) - {"resctrl"}))
-    assert check.status == "fail" and check.detail.startswith("not mounted at ")
+    assert check.status == "warn" and check.detail.startswith("not mounted at ")
+    assert check.detail.endswith("; rdt will be skipped") and check.needed_by == ("rdt",)
 
 
 @pytest.fixture
@@ -330,14 +356,14 @@ def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
-    _v1_tree(tmp_path / "cg")
+    _v1_tree(tmp_path / "cg", "cpu.cfs_burst_us")
     skips = [a for g in sorted(NOT_HERE) for a in ("--skip", g)]
     done = _cli("--cgroup-root", str(tmp_path / "cg"), "--resctrl-root", str(tmp_path / "no"), "-o", "json", *skips)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     assert report["ready"] is False
-    assert [c["check"] for c in report["checks"] if c["status"] == "fail"] == ["resctrl"]
-    done = _cli("--cgroup-root", str(tmp_path / "cg"), "--plugins", "cpuset,cpu_burst", *skips)
+    assert [c["check"] for c in report["checks"] if c["status"] == "fail"] == ["cfs burst (cpu.cfs_burst_us)"]
+    done = _cli("--cgroup-root", str(tmp_path / "cg"), "--plugins", "cpuset,group_identity", *skips)
     assert done.returncode == 0, done.stdout
     assert done.stdout.startswith("CHECK ") and done.stdout.rstrip().endswith("ready for runtime-proxy")
     assert _cli("--skip", "everything").returncode == 2

@@ -64,8 +64,13 @@ async def test_run_registers_and_stops_on_request(tmp_path: Path) -> None:
                      id="a file that is no socket is named"),
     ],
 )
-async def test_a_socket_that_cannot_be_dialled_is_named(tmp_path: Path, make: object, said: str) -> None:
+async def test_a_socket_that_cannot_be_dialled_is_named(tmp_path: Path, make: object, said: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The reconnect warning says which socket failed and, when it is missing, what to check."""
+    from runtime_proxy.nri import plugin as plugin_module
+
+    # A logger proxy not yet bound, so capture_logs sees its lines whatever ran before.
+    monkeypatch.setattr(plugin_module, "log", structlog.get_logger(plugin_module.__name__))
     path = tmp_path / "nri.sock"
     make(path)  # type: ignore[operator]
     build_parts = build(NriOptions(socket=str(path), config=ProxyConfig(cgroupRoot=str(tmp_path)), entry_points=False))
