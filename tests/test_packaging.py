@@ -188,3 +188,111 @@ def test_the_containerfile_copies_every_shipped_package_and_installs_existing_ex
     assert set(extras.split(",")) <= set(PYPROJECT["project"]["optional-dependencies"])
     (cmd,) = [line for line in (REPO / "Containerfile").read_text().splitlines() if line.startswith("CMD ")]
     assert json.loads(cmd.removeprefix("CMD "))[0] in PYPROJECT["project"]["scripts"]
+
+
+# ---- the packaged defaults do what they say ------------------------------------------------------
+
+HOST_CONFIG = REPO / "packaging" / "proxy-config.yaml"
+EVICTION_PLUGINS = {"memory_evict", "cpu_evict"}
+
+
+def _node_config(overlay: str) -> dict[str, Any]:
+    (config_map,) = _kinds(overlay)["ConfigMap"]
+    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
+    return config
+
+
+def _policies(config: dict[str, Any]) -> dict[str, Any]:
+    """What decides which plugins run and how a fault counts: the same on the host and in pods."""
+    from runtime_proxy.config import ProxyConfig
+
+    model = ProxyConfig.model_validate(config)
+    return {
+        "plugins": [p.model_dump() for p in model.plugins or ()],
+        "defaultPolicy": model.defaultPolicy,
+        "defaultTimeout": model.defaultTimeout,
+        "hookServerTimeout": model.hookServerTimeout,
+        "usageLoop.enable": model.usageLoop.enable,
+    }
+
+
+@pytest.mark.parametrize("overlay", ["node", "node-hook-server"])
+def test_the_host_config_and_the_node_config_map_run_the_same_plugins_with_the_same_policies(overlay: str) -> None:
+    from hooks.plugins import BUILTIN_PLUGINS
+
+    host = yaml.safe_load(HOST_CONFIG.read_text())
+    assert _policies(_node_config(overlay)) == _policies(host)
+    assert [p["name"] for p in host["plugins"]] == list(BUILTIN_PLUGINS), "every built-in, eviction included"
+
+
+@pytest.mark.parametrize("overlay", ["node", "node-hook-server"])
+def test_the_eviction_grant_goes_with_the_eviction_plugins(overlay: str) -> None:
+    """`create pods/eviction` is granted exactly where the config enables an eviction plugin that
+    evicts through the API."""
+    config = _node_config(overlay)
+    evicts = bool({p["name"] for p in config["plugins"] if p.get("enabled", True)} & EVICTION_PLUGINS) and \
+        config.get("usageLoop", {}).get("evictBy", "api") == "api"
+    granted = any("pods/eviction" in rule["resources"] and "create" in rule["verbs"]
+                  for role in _kinds(overlay).get("ClusterRole", []) for rule in role["rules"])
+    assert granted == evicts
+    assert evicts, "the packaged node overlays enable evictions"
+
+
+def test_the_eviction_rights_are_a_component_of_their_own() -> None:
+    base = (KUSTOMIZE / "base" / "node" / "rbac.yaml").read_text()
+    assert "pods/eviction" not in base
+    component = yaml.safe_load((KUSTOMIZE / "components" / "eviction" / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+
+
+def test_no_packaged_config_pins_the_cgroup_driver() -> None:
+    """kubelet's driver is detected at start (runtime_proxy.wiring.cgroup_driver) unless set."""
+    assert "cgroupDriver" not in yaml.safe_load(HOST_CONFIG.read_text())
+    assert "cgroupDriver" not in _node_config("node")
+
+
+def test_the_usage_loop_runs_with_the_packaged_plugins_and_no_enable_key(tmp_path: Path) -> None:
+    from hooks.manager import make_plugin_manager
+    from runtime_proxy import wiring
+    from runtime_proxy.config import load_config
+    from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+
+    config = load_config(str(HOST_CONFIG)).model_copy(update={"resctrlRoot": str(tmp_path)})
+    assert config.usageLoop.enable is None
+    pm = make_plugin_manager(entry_points=False)
+    pipeline = Pipeline(plugin_steps(pm, wiring.plugin_settings(config, pm, entry_points=False)))
+    assert wiring.usage_loop_decision(config, pm, pipeline) == (
+        True, "enabled plugins implement ReconcileUsage: cpu_suppress, memory_evict, cpu_evict")
+    assert "rdt" not in [step.name for step in pipeline.steps], "rdt is left out where resctrl is absent"
+
+
+def test_the_packaged_node_config_is_neutral_and_the_install_steps_use_it() -> None:
+    from runtime_proxy.state.nodeconfig import load_document
+
+    packaged = REPO / "packaging" / "node.yaml"
+    doc = load_document(packaged.read_text())
+    assert doc.model_dump(exclude_defaults=True) in ({}, {"labels": {}, "annotations": {}, "nodeSLO": {},
+                                                          "nodeResourceTopology": {"annotations": {}}})
+    assert not doc.labels and not doc.annotations and not doc.nodeSLO
+    node_config = yaml.safe_load(HOST_CONFIG.read_text())["nodeConfigFile"]
+    build = (REPO / "packaging" / "deb" / "build.sh").read_text()
+    assert f'"$repo/packaging/node.yaml" "$root{node_config}"' in build
+    for doc_file in ("README.md", "packaging/kubelet.md", "packaging/deb/build.sh"):
+        assert "packaging/examples/nodeslo.yaml /" not in (REPO / doc_file).read_text(), doc_file
+
+
+def test_the_unit_wants_containerd_without_requiring_it() -> None:
+    """Requires= would restart the proxy with every containerd restart."""
+    unit = (REPO / "packaging" / "runtime-proxy.service").read_text()
+    directives = [line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#")]
+    assert ["After", "containerd.service"] in directives and ["Wants", "containerd.service"] in directives
+    assert not [d for d in directives if d[0] in ("Requires", "BindsTo", "PartOf")]
+
+
+@pytest.mark.parametrize("overlay", ["node", "node-hook-server"])
+def test_the_node_daemonsets_load_entry_point_plugins(overlay: str) -> None:
+    """The config's plugin list is the one switch; an installed plugin it leaves out is named in a
+    warning at start (runtime_proxy.wiring.plugin_settings)."""
+    (daemonset,) = _kinds(overlay)["DaemonSet"]
+    (container,) = _pod_spec(daemonset)["containers"]
+    assert "--no-entry-points" not in container["command"]
