@@ -204,8 +204,9 @@ def _serve_from_the_unit(backend: Path, tmp: Path) -> None:
         log.close()
 
 
-def _install(deb: Path, *flags: str) -> None:
-    _run([*APT, "install", *flags, str(deb)])
+def _install(deb: Path, *flags: str) -> str:
+    proc = _run([*APT, "install", *flags, str(deb)])
+    return proc.stdout + proc.stderr
 
 
 def _edits_kept(edits: dict[Path, str]) -> None:
@@ -270,8 +271,11 @@ def test_readme_shows_the_commands_this_test_runs() -> None:
 @pytest.mark.timeout(900)
 def test_install_start_upgrade_rollback_purge(debs: dict[str, Path], machine: set[str], tmp_path: Path) -> None:
     # install
-    _install(debs[VERSION])
+    said = _install(debs[VERSION])
     assert _installed_version() == VERSION
+    # No systemd here: enabled (below), not started.
+    assert f"systemd is not running: {UNIT} is enabled, not started" in said
+    assert not (RUNDIR / "runtimeproxy.sock").exists()
     conffiles = _run(["dpkg-query", "-W", "-f=${Conffiles}", PKG]).stdout.split()
     assert {str(ETC / "config.yaml"), str(ETC / "node.yaml")} <= set(conffiles)
     assert os.path.realpath("/usr/bin/runtime-proxy") == str(VENV / "bin/runtime-proxy")
@@ -293,8 +297,8 @@ def test_install_start_upgrade_rollback_purge(debs: dict[str, Path], machine: se
     try:
         rc, checks = _doctor(ctrd.socket)
         failed = {name: c["detail"] for name, c in checks.items() if c["status"] == "fail"}
-        assert checks["resctrl"]["status"] in ("fail", "warn") and "not mounted" in checks["resctrl"]["detail"]
-        # RDT is absent here: the only check allowed to fail (doctor is to warn instead).
+        # RDT is absent here: reported, and the only check allowed to fail (doctor is to warn instead).
+        assert checks["resctrl"]["status"] in ("fail", "warn"), checks["resctrl"]
         assert set(failed) <= {"resctrl"}, failed
         assert rc == (1 if failed else 0)
         assert checks["containerd (CRI)"]["status"] == "ok"

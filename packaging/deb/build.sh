@@ -73,7 +73,9 @@ src=$work/src
 mkdir -p "$src"
 cp "$repo/pyproject.toml" "$repo/README.md" "$src/"
 for name in runtime_proxy hooks scheduler_ext cri_protos koord_formats rhp_ops; do
-  [[ -d $repo/$name ]] && cp -r "$repo/$name" "$src/$name"
+  if [[ -d $repo/$name ]]; then
+    cp -r "$repo/$name" "$src/$name"
+  fi
 done
 find "$src" -name __pycache__ -prune -exec rm -rf {} +
 "$PY" -m venv --without-pip "$work/build"
