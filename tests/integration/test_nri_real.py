@@ -238,12 +238,14 @@ def test_pods_keep_starting_while_the_plugin_hangs(containerd: ContainerdEnv, nr
     os.kill(nri_plugin.proc.pid, signal.SIGSTOP)
     try:
         # containerd waits its request timeout (2 s) for the stopped plugin, drops it, and goes on.
-        parent, _, cid = _lsr_pod(containerd, _a_cpu())
+        parent, unhooked, cid = _lsr_pod(containerd, _a_cpu())
         assert q.read_container_file(parent, cid, "cpuset.cpus") == "0"
     finally:
         os.kill(nri_plugin.proc.pid, signal.SIGCONT)
-    # Woken up, the plugin finds its session closed, dials again and hooks the next pod.
+    # Woken up, the plugin finds its session closed, dials again and hooks the next pod. (The
+    # unhooked pod goes first: as the older pod it would keep the CPU both claim.)
     nri_plugin.wait_synchronized(2)
+    containerd.cri_client().remove_pod(unhooked)
     cpu = _a_cpu()
     parent, _, cid = _lsr_pod(containerd, cpu)
     assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
