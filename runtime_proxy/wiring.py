@@ -71,20 +71,22 @@ def missing_hardware(name: str, config: ProxyConfig) -> str:
     return need[0].format(**config.model_dump())
 
 
-def plugin_settings(config: ProxyConfig, pm: pluggy.PluginManager, *,
-                    entry_points: bool = True) -> list[tuple[str, Policy, float]]:
+def plugin_settings(config: ProxyConfig, pm: pluggy.PluginManager, *, entry_points: bool = True,
+                    announce: bool = True) -> list[tuple[str, Policy, float]]:
     """``(name, policy, timeout)`` of each plugin to run, in calling order: the config's
     (``ProxyConfig.plugin_settings``, which raises ``ValueError`` for a configured plugin that is
     not installed), less those whose hardware this node lacks (``HARDWARE``), each left out with
     a warning. Installed entry-point plugins that will not run because the config leaves them
     out, or because ``entry_points`` is false (``--no-entry-points``), are named in one warning.
-    The composition roots of ``serve``, ``hook-server`` and ``nri`` call it once at start."""
+    The composition roots of ``serve``, ``hook-server`` and ``nri`` call it once at start;
+    ``announce`` false (``serve``'s check of the config before it starts) logs nothing."""
     names = plugin_order(pm, [p.name for p in config.plugins] if config.plugins else None)
     out: list[tuple[str, Policy, float]] = []
     for name, policy, timeout in config.plugin_settings(names):
         why = missing_hardware(name, config)
         if why:
-            log.warning("plugin skipped: this node lacks what it needs", plugin=name, reason=why)
+            if announce:
+                log.warning("plugin skipped: this node lacks what it needs", plugin=name, reason=why)
             continue
         out.append((name, policy, timeout))
     named = {p.name for p in config.plugins or ()}  # `enabled: false` is a choice: not warned about
@@ -93,7 +95,7 @@ def plugin_settings(config: ProxyConfig, pm: pluggy.PluginManager, *,
         for name in installed_entry_points()
         if name not in names or (name not in named and config.plugins is not None)
     }
-    if unused:
+    if unused and announce:
         log.warning("installed entry-point plugins will not run; name them in the config's plugins "
                     "(and drop --no-entry-points) to run them", plugins=unused)
     return out

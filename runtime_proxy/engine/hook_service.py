@@ -265,7 +265,7 @@ def _import(kind: str, spec: str, load: Any) -> Any:
         raise PluginLoadError(f"{kind} {spec!r} cannot be loaded: {type(exc).__name__}: {exc}") from exc
 
 
-def build_pipeline(opts: HookServerOptions) -> tuple[pluggy.PluginManager, Pipeline]:
+def build_pipeline(opts: HookServerOptions, *, announce: bool = True) -> tuple[pluggy.PluginManager, Pipeline]:
     """The plugin manager and pipeline ``opts`` describe. Raises ``PluginLoadError`` when a
     plugin cannot be imported, registered or configured, and ``ConfigError`` when the config
     names a missing node config file or needs a client that is not installed
@@ -287,7 +287,7 @@ def build_pipeline(opts: HookServerOptions) -> tuple[pluggy.PluginManager, Pipel
         except Exception as exc:
             raise PluginLoadError(f"--plugin-module {spec!r}: {type(exc).__name__}: {exc}") from exc
     try:
-        settings = wiring.plugin_settings(cfg, pm, entry_points=opts.entry_points)
+        settings = wiring.plugin_settings(cfg, pm, entry_points=opts.entry_points, announce=announce)
     except ValueError as exc:
         raise PluginLoadError(str(exc)) from exc
     return pm, Pipeline(plugin_steps(pm, settings))
@@ -295,8 +295,9 @@ def build_pipeline(opts: HookServerOptions) -> tuple[pluggy.PluginManager, Pipel
 
 def check_plugins(cfg: ProxyConfig, *, entry_points: bool = True) -> None:
     """Load the plugins ``cfg`` names as ``runtime-proxy serve`` will, so that a bad plugin
-    config fails before anything starts. Raises ``PluginLoadError``."""
-    build_pipeline(HookServerOptions(listen="", config=cfg, entry_points=entry_points))
+    config fails before anything starts (logging nothing: the start that follows logs what it
+    leaves out). Raises ``PluginLoadError``."""
+    build_pipeline(HookServerOptions(listen="", config=cfg, entry_points=entry_points), announce=False)
 
 
 def prepare_listen_path(path: str) -> None:
