@@ -271,7 +271,8 @@ async def test_a_runtime_that_never_reads_costs_bounded_memory_and_its_session_i
         await server.wait_closed()
     assert first.close_reason == "write stalled for 2 s"
     assert first.dropped_requests > 10 * MAX_INFLIGHT  # far more requests than are handled at once ...
-    assert most <= before + MAX_INFLIGHT + 10  # ... yet never more tasks than that bound and a few
+    # ... yet never more tasks than that bound (a handler may run one of its own) and the session's.
+    assert most <= before + 2 * MAX_INFLIGHT + 10
     assert _limit_hits("requests_in_flight") >= dropped + first.dropped_requests
     assert _limit_hits("write_timeout") >= stalled + 1
 
