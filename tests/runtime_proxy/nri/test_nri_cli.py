@@ -56,6 +56,38 @@ async def test_run_registers_and_stops_on_request(tmp_path: Path) -> None:
         await runtime.stop()
 
 
+async def test_run_with_the_packaged_plugins_logs_that_the_usage_loop_runs(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """nri with the ConfigMap's plugins (no usageLoop.enable) starts the usage loop and says why."""
+    import yaml
+
+    from runtime_proxy import wiring
+
+    monkeypatch.setattr(wiring, "log", structlog.get_logger(wiring.__name__))
+    configmap = Path(__file__).resolve().parents[3] / "packaging/kustomize/base/node/configmap.yaml"
+    packaged = yaml.safe_load(yaml.safe_load(configmap.read_text())["data"]["config.yaml"])
+    config = ProxyConfig.model_validate({**packaged, "fromCluster": False, "cgroupRoot": str(tmp_path),
+                                         "hookServerDir": str(tmp_path / "hooks")})
+    runtime = await FakeRuntime(tmp_path / "nri.sock").start()
+    stop = asyncio.Event()
+    saved = structlog.get_config()
+    structlog.reset_defaults()  # whatever level an earlier test's command line set
+    try:
+        with structlog.testing.capture_logs() as logs:
+            task = asyncio.create_task(run(NriOptions(socket=str(runtime.path), config=config, entry_points=False),
+                                           stop))
+            session = await runtime.next_session()
+            await asyncio.wait_for(session.registered.wait(), 5)
+            stop.set()
+            await asyncio.wait_for(task, 5)
+    finally:
+        structlog.configure(**saved)
+        await runtime.stop()
+    (line,) = [e for e in logs if e["event"] == "periodic loops"]
+    assert line["usage_loop"] is True
+    assert line["usage_loop_why"] == "enabled plugins implement ReconcileUsage: cpu_suppress, memory_evict, cpu_evict"
+
+
 @pytest.mark.parametrize(
     ("make", "said"),
     [
