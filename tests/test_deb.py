@@ -14,6 +14,7 @@ another dpkg run's lock) in one test, step by step:
 - upgrade to the later version and rollback to the first (the later one's extra file goes): the
   admin's edits to both conffiles are kept, silently (no ``.dpkg-*`` files), and the command runs
   after each;
+- remove: the program and its venv go, the edited config stays;
 - purge: nothing of the package is left (venv, config, unit, its enablement, runtime directory),
   and every path it touched is as before the test. ``/opt/runtime-hook-proxy/`` itself stays when
   ``scripts/install-deps.sh`` keeps containerd there.
@@ -329,8 +330,15 @@ def test_install_start_upgrade_rollback_purge(debs: dict[str, Path], machine: se
     assert not MARKER.exists()
     _run(["/usr/bin/runtime-proxy", "plan", "--help"])
 
+    # remove: the program goes, the admin's config stays
+    _run([*APT, "remove", PKG])
+    assert _installed_version() == "" and _known_to_dpkg()
+    assert not os.path.lexists("/usr/bin/runtime-proxy") and not VENV.exists()
+    _edits_kept(edits)
+
     # purge
     _run([*APT, "purge", PKG])
+    assert not _known_to_dpkg()
     assert _installed_version() == ""
     left = [str(p) for p in OURS if os.path.lexists(p)]
     assert left == []
