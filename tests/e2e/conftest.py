@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,15 +81,22 @@ class Stack:
     """The proxy's ``/readyz`` URL (on its ``--metrics-addr``)."""
     extender_health: str
     """``http://127.0.0.1:PORT`` of the extender's plain health port."""
+    work: Path
+    """The stack's own directory (the proxy's config ``proxy-config.yaml``, node config and log)."""
 
-    def restart_proxy(self, *, kill9: bool) -> None:
+    def restart_proxy(
+        self, *, kill9: bool = False, args: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         """Stop ``runtime-proxy serve`` (SIGKILL with *kill9*, else SIGTERM) and start a new one
-        on the same socket, arguments and log; kubelet reconnects by itself."""
+        on the same socket and log, with the session's arguments (or *args*, e.g. another
+        config; the next call without them restores the session's) and *env* added; kubelet
+        reconnects by itself."""
         if kill9:
             self.proxy.kill9()
         else:
             self.proxy.terminate()
-        self.proxy = ProxyProcess(self.proxy_args, log=self.proxy_log).start(str(self.proxy_socket))
+        argv = list(args) if args is not None else self.proxy_args
+        self.proxy = ProxyProcess(argv, env=dict(env or {}), log=self.proxy_log).start(str(self.proxy_socket))
 
 
 def _proxy_config(work: Path) -> Path:
@@ -196,7 +203,7 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
         pytest.skip(reason)
     work = Path(tempfile.mkdtemp(prefix="rhp-e2e-", dir="/tmp"))
     reap_stale_work_dirs()
-    ctrd = PrivateContainerd(version).start()
+    ctrd = PrivateContainerd(version, nri=True).start()  # no NRI plugin until a test starts one
     proxy: ProxyProcess | None = None
     cluster: Cluster | None = None
     try:
@@ -209,7 +216,7 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
         cluster = Cluster(socket, scheduler=False).start()
         extender, health = _start_extender(cluster)
         cluster.start_scheduler(extenders=[extender])
-        stack = Stack(cluster, ctrd, proxy, socket, log, args, f"http://127.0.0.1:{metrics}/readyz", health)
+        stack = Stack(cluster, ctrd, proxy, socket, log, args, f"http://127.0.0.1:{metrics}/readyz", health, work)
         yield stack
         proxy = stack.proxy  # a test may have restarted it
     finally:
