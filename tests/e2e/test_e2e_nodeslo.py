@@ -1,0 +1,167 @@
+"""The node config from the cluster: NodeSLO (packaging/crds/nodeslo.yaml) and
+NodeResourceTopology (packaging/crds/noderesourcetopology.yaml) as real custom resources, read
+by ``runtime-proxy serve`` with ``fromCluster: true`` under the identity and RBAC of
+packaging/kustomize/base/node/rbac.yaml and packaging/kustomize/components/eviction/rbac.yaml;
+a NodeSLO change changes the node's cgroups; the usage loop's evictions go through the real
+Eviction API, where a real PodDisruptionBudget holds. Nothing here depends on the runtime: it
+runs on the containerd 2.1 stack only.
+
+For this module the session's proxy is restarted with no node config file: everything it knows
+of the node comes from the API server (the NodeResourceTopology the extender fixture created,
+and the NodeSLO made here). The session's proxy comes back afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+import yaml
+from rhp_devenv.kube import NODE_NAME, Cluster
+
+from tests.e2e.conftest import REPO, Stack, container_id, pod_cgroup, pod_manifest, wait_deleted
+from tests.integration import qos_helpers as q
+
+NODESLO_CRD = REPO / "packaging" / "crds" / "nodeslo.yaml"
+NODE_RBAC = REPO / "packaging" / "kustomize" / "base" / "node" / "rbac.yaml"
+EVICT_RBAC = REPO / "packaging" / "kustomize" / "components" / "eviction" / "rbac.yaml"
+NODESLO_EXAMPLE = REPO / "packaging" / "examples" / "nodeslo.yaml"
+NODE_USER = "system:serviceaccount:kube-system:runtime-hook-proxy-node"
+PLUGINS = ("cpuset", "numa", "batch_resource", "cpu_burst", "memory_evict")
+BURST = {"policy": "cpuBurstOnly", "cpuBurstPercent": 50}
+EVICT_OFF = {"enable": False}
+# Acts whenever node memory use is at least 1 % and wants it at 0 %: every BE pod is a victim.
+EVICT_ALL = {"enable": True, "memoryEvictThresholdPercent": 1, "memoryEvictLowerPercent": 0}
+
+
+def node_slo(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO", "metadata": {"name": NODE_NAME},
+            "spec": dict(spec)}  # fmt: skip
+
+
+def patch_slo(cluster: Cluster, spec: Mapping[str, Any]) -> None:
+    cluster.kubectl("patch", "nodeslo", NODE_NAME, "--type=merge", "-p", json.dumps({"spec": spec}))
+
+
+@pytest.fixture(scope="module")
+def from_cluster(stack: Stack) -> Iterator[Stack]:
+    """The CRD, the node part's RBAC and this node's NodeSLO in the cluster, and the proxy
+    restarted with ``fromCluster: true`` as the ``runtime-hook-proxy-node`` ServiceAccount."""
+    if stack.ctrd.version != "2.1":
+        pytest.skip("the node config from the cluster does not depend on the runtime: checked on containerd 2.1")
+    cluster = stack.cluster
+    cluster.apply(NODESLO_CRD.read_text(), NODE_RBAC.read_text(), EVICT_RBAC.read_text())
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/nodeslos.slo.koordinator.sh")
+    cluster.apply(node_slo({"cpuBurstStrategy": BURST, "resourceUsedThresholdWithBE": EVICT_OFF}))
+    groups = ("system:serviceaccounts", "system:serviceaccounts:kube-system")
+    kubeconfig = cluster.kubeconfig_for("runtime-hook-proxy-node", user=NODE_USER, groups=groups)
+    hooks = stack.work / "hookserver-from-cluster.d"
+    hooks.mkdir(exist_ok=True)
+    config = {
+        "plugins": [{"name": name} for name in PLUGINS],
+        "fromCluster": True,
+        "nodeName": NODE_NAME,
+        "hookServerDir": str(hooks),
+        "cgroupDriver": "cgroupfs",
+        "reconcilePeriodSeconds": 2,
+        "usageLoop": {"enable": True, "intervalSeconds": 1, "evictBy": "api"},
+    }
+    path = stack.work / "proxy-config-from-cluster.yaml"
+    path.write_text(yaml.safe_dump(config))
+    stack.restart_proxy(args=("--backend", str(stack.ctrd.socket), "--config", str(path), "--no-entry-points"),
+                        env={"KUBECONFIG": str(kubeconfig)})  # fmt: skip
+    try:
+        yield stack
+    finally:
+        stack.restart_proxy()
+        cluster.kubectl("delete", "nodeslo", NODE_NAME, "--ignore-not-found", check=False)
+
+
+def test_the_api_server_keeps_a_koordinator_nodeslo_as_written(from_cluster: Stack) -> None:
+    """packaging/examples/nodeslo.yaml's spec, written through our CRD, reads back unchanged:
+    nothing the parser reads (or Koordinator defines) is pruned or converted."""
+    cluster = from_cluster.cluster
+    spec = yaml.safe_load(NODESLO_EXAMPLE.read_text())["nodeSLO"]
+    obj = node_slo(spec)
+    obj["metadata"]["name"] = "example-node"
+    cluster.apply(obj)
+    try:
+        got = cluster.get_json("nodeslo", "example-node")
+        assert got is not None and got["spec"] == spec
+    finally:
+        cluster.kubectl("delete", "nodeslo", "example-node", check=False)
+
+
+def _burst(pod: Mapping[str, Any]) -> str:
+    return q.read_container_file(pod_cgroup(pod), container_id(pod), "cpu.cfs_burst_us")
+
+
+def test_a_nodeslo_change_changes_the_cgroups_on_the_node(from_cluster: Stack, ns: str) -> None:
+    """An LS pod of 1 CPU gets ``cpu.cfs_burst_us`` from the cluster's NodeSLO
+    (cpuBurstPercent 50: half its quota); patching cpuBurstPercent to 80 rewrites it, and
+    turning the policy off writes 0."""
+    cluster = from_cluster.cluster
+    cluster.apply(pod_manifest("ls", ns, qos="LS", requests={"cpu": "100m", "memory": "32Mi"}, limits={"cpu": "1"}))
+    pod = cluster.wait_pod_running(ns, "ls")
+    q.wait_for(lambda: _burst(pod), "50000", what="cpu.cfs_burst_us from cpuBurstPercent 50", timeout=60)
+    try:
+        patch_slo(cluster, {"cpuBurstStrategy": {"cpuBurstPercent": 80}})
+        q.wait_for(lambda: _burst(pod), "80000", what="cpu.cfs_burst_us from cpuBurstPercent 80", timeout=60)
+        patch_slo(cluster, {"cpuBurstStrategy": {"policy": "none"}})
+        q.wait_for(lambda: _burst(pod), "0", what="cpu.cfs_burst_us with the policy off", timeout=60)
+    finally:
+        patch_slo(cluster, {"cpuBurstStrategy": BURST})
+
+
+def _events(cluster: Cluster, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "events", "-n", ns, "-o", "json", "--field-selector",
+                          f"involvedObject.name={name},reason={reason}").stdout  # fmt: skip
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+def test_usage_loop_evictions_go_through_the_eviction_api_and_a_pdb_holds(from_cluster: Stack, ns: str) -> None:
+    """Two BE pods; a PodDisruptionBudget with minAvailable 1 covers one of them. With
+    memory_evict acting at 1 % node memory, the uncovered pod is evicted (gone from the API,
+    with an ``evictPodSuccess`` Event), while the covered pod's eviction is refused by the API
+    server (an ``evictPodFail`` Event) and the pod keeps running: same UID, Running, not being
+    deleted, and the budget still at its minimum."""
+    cluster = from_cluster.cluster
+    guarded = pod_manifest("guarded", ns, qos="BE", node_name=NODE_NAME)
+    guarded["metadata"]["labels"]["app"] = "guarded"
+    cluster.apply(guarded, pod_manifest("free", ns, qos="BE", node_name=NODE_NAME))
+    guarded_uid = cluster.wait_pod_running(ns, "guarded")["metadata"]["uid"]
+    cluster.wait_pod_running(ns, "free")
+    cluster.apply({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guarded", "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+    })  # fmt: skip
+
+    def budget_observed() -> dict[str, Any] | None:
+        pdb = cluster.get_json("pdb", "guarded", namespace=ns) or {}
+        status = pdb.get("status", {})
+        done = status.get("observedGeneration") == pdb.get("metadata", {}).get("generation")
+        return status if done and status.get("currentHealthy") == 1 else None
+
+    cluster.wait_for(budget_observed, what="the disruption controller's PDB status", timeout=120)
+    try:
+        patch_slo(cluster, {"resourceUsedThresholdWithBE": EVICT_ALL})
+        wait_deleted(cluster, "pod", "free", ns, timeout=120)
+        cluster.wait_for(lambda: _events(cluster, ns, "guarded", "evictPodFail"),
+                         what="the refused eviction's Event", timeout=120)  # fmt: skip
+        assert _events(cluster, ns, "free", "evictPodSuccess")
+        deadline = time.monotonic() + 5  # rounds go on every second: the refusal stays a refusal
+        while time.monotonic() < deadline:
+            pod = cluster.get_json("pod", "guarded", namespace=ns)
+            assert pod is not None and pod["metadata"]["uid"] == guarded_uid
+            assert "deletionTimestamp" not in pod["metadata"]
+            assert pod["status"]["phase"] == "Running"
+            time.sleep(0.5)
+        pdb = cluster.get_json("pdb", "guarded", namespace=ns)
+        assert pdb is not None
+        assert (pdb["status"]["currentHealthy"], pdb["status"]["disruptionsAllowed"]) == (1, 0)
+    finally:
+        patch_slo(cluster, {"resourceUsedThresholdWithBE": EVICT_OFF})
