@@ -368,6 +368,7 @@ def _serve(args: argparse.Namespace) -> int:
     from scheduler_ext.extender import Binder
     from scheduler_ext.kube import BindClient, KubeClient, api_client_from_flags
     from scheduler_ext.ledger import LeaseLedger
+    from scheduler_ext.requeue import Requeuer
     from scheduler_ext.server import create_app, create_health_app
     from scheduler_ext.state import Watcher
 
@@ -435,7 +436,10 @@ def _serve(args: argparse.Namespace) -> int:
             settled=state.settled,
         )
     binder = Binder(state, bind_api, cfg, ledger)
-    app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes)
+    requeuer = None
+    if args.topology_requeue_rate > 0:
+        requeuer = Requeuer(bind_api, state.with_topology, rate=args.topology_requeue_rate)
+    app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes, requeuer=requeuer)
     log.info("serving", listen=args.listen, ha_ledger=bool(ledger), tls=bool(args.tls_cert),
              client_certificates=bool(args.tls_client_ca), health_listen=args.health_listen or None)
     ssl_kwargs: dict[str, Any] = {}
@@ -524,6 +528,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated spec.schedulerName values whose pods' allocation annotations count "
                             "unsealed (default %(default)s; empty for none): a trust assumption, see "
                             "scheduler_ext/README.md")
+    serve.add_argument("--topology-requeue-rate", type=float, default=20.0, metavar="PODS_PER_SECOND",
+                       help="at most this many pods a second refused for a node's missing CPU topology get the "
+                            "annotation that makes kube-scheduler retry them once the topology appears "
+                            "(default %(default)s; 0 turns it off)")
     serve.add_argument("--api-timeout", type=float, default=5.0, metavar="SECONDS",
                        help="limit of each API call a bind makes (default %(default)s); a call that "
                             "runs out fails the bind, which is rolled back")

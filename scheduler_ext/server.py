@@ -41,6 +41,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from rhp_ops.build import export_build_info
+from scheduler_ext.admission import ERR_INVALID_CPU_TOPOLOGY
 from scheduler_ext.extender import (
     DEFAULT_CONFIG,
     Binder,
@@ -52,6 +53,7 @@ from scheduler_ext.extender import (
 )
 from scheduler_ext.guard import BAD_OBJECTS, MAX_BODY_BYTES, decode_pod, describe
 from scheduler_ext.pods import PodRequest
+from scheduler_ext.requeue import Requeuer, topology_refusals
 from scheduler_ext.state import ClusterState
 
 __all__ = [
@@ -464,8 +466,11 @@ def create_app(
     *,
     prefix: str = "",
     max_body: int = MAX_BODY_BYTES,
+    requeuer: Requeuer | None = None,
 ) -> ExtenderApp:
-    """The ASGI app. ``binder`` is ``None`` when no API server is configured."""
+    """The ASGI app. ``binder`` is ``None`` when no API server is configured; ``requeuer``
+    (started and stopped with the app) is told of every pod filter refuses for a node's missing
+    CPU topology (``scheduler_ext.requeue``)."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     async def filter_verb(raw: bytes) -> Reply:
@@ -478,6 +483,8 @@ def create_app(
             NODES_FAILED.labels("failed").inc(len(result.failed))
         if result.unresolvable:
             NODES_FAILED.labels("unresolvable").inc(len(result.unresolvable))
+            if requeuer is not None:
+                requeuer.refused(pod_json, topology_refusals(result.unresolvable, ERR_INVALID_CPU_TOPOLOGY))
         reply: dict[str, Any] = {
             "FailedNodes": result.failed,
             "FailedAndUnresolvableNodes": result.unresolvable,
@@ -552,9 +559,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if requeuer is not None:
+            requeuer.start()
         try:
             yield
         finally:
+            if requeuer is not None:
+                await requeuer.stop()
             if binder is not None:
                 await binder.aclose()  # the bind path's HTTP session lives on this loop
 

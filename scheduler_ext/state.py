@@ -419,6 +419,12 @@ class ClusterState:
                 out[kind] = "ok"
         return out
 
+    def with_topology(self, nodes: Iterable[str]) -> list[str]:
+        """Those of ``nodes`` the cache knows with a readable CPU topology now."""
+        with self.lock:
+            get = self.nodes.get
+            return [n for n in nodes if (ns := get(n)) is not None and ns.topo is not None]
+
     def settled(self, uid: str, node: str, since: float) -> bool:
         """Whether an expired HA-ledger entry of ``uid`` on ``node`` may be dropped: this cache
         shows the pod bound to that node (its own annotations count from then on), or saw it

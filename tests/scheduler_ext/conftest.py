@@ -24,6 +24,7 @@ from scheduler_ext.errors import GoneError  # noqa: E402
 from scheduler_ext.extender import Binder, ExtenderConfig  # noqa: E402
 from scheduler_ext.kube import BindClient, KubeClient  # noqa: E402
 from scheduler_ext.ledger import LeaseLedger  # noqa: E402
+from scheduler_ext.requeue import Requeuer  # noqa: E402
 from scheduler_ext.server import create_app  # noqa: E402
 from scheduler_ext.state import ClusterState, Watcher  # noqa: E402
 from scheduler_ext.trust import Trust  # noqa: E402
@@ -108,6 +109,7 @@ def start_extender(
     stale_after: float | None = None,
     ledger_ttl: float = 120.0,
     wait: bool = True,
+    requeue_rate: float = 0.0,
 ) -> Extender:
     client = api_client(api_url)
     kube = KubeClient(client, watch_timeout=watch_timeout, idle_timeout=idle_timeout)
@@ -122,7 +124,8 @@ def start_extender(
         else None
     )
     binder = Binder(state, bind_api, cfg or ExtenderConfig(), lease)
-    app = create_app(state, binder, cfg or ExtenderConfig())
+    requeuer = Requeuer(bind_api, state.with_topology, rate=requeue_rate, interval=0.05) if requeue_rate else None
+    app = create_app(state, binder, cfg or ExtenderConfig(), requeuer=requeuer)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

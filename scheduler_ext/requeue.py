@@ -1,0 +1,253 @@
+"""Make kube-scheduler retry the pods the extender refused for a node's missing CPU topology.
+
+kube-scheduler watches no custom resource, so a pod refused with "node(s) invalid CPU
+Topology" before its node's NodeResourceTopology existed stays in its unschedulable pool until
+the periodic flush (up to 5 minutes). Any update of the pending pod itself moves it back: the
+scheduler records a pod refused by an extender under the pseudo-plugin ``Extender``, which is
+registered for every cluster event with a hint that always queues (kube-scheduler 1.34,
+``framework/runtime/framework.go`` and ``schedule_one.go``), and ``PriorityQueue.Update`` of an
+unschedulable pod runs those hints for the pod's own update.
+
+So filter records each pod refused for a node without topology (``TopologyWaiters``, bounded),
+and :class:`Requeuer` checks the cache twice a second: once such a node has a topology, each pod
+waiting for it gets one merge patch of :data:`REQUEUE_ANNOTATION` (guarded by the
+resourceVersion it just read; only a pod that is still unbound and still the same pod), at most
+``rate`` patches a second. The annotation is the extender's (any replica); it carries the node
+and the time and means nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+from prometheus_client import Counter, Gauge
+
+from scheduler_ext.errors import APIError, ConflictError, NotFoundError
+
+__all__ = ["REQUEUE_ANNOTATION", "Requeuer", "TopologyWaiters", "Waiter"]
+
+log = structlog.get_logger("scheduler_ext.requeue")
+
+REQUEUE_ANNOTATION = "scheduler-ext.runtime-hook-proxy.io/topology-requeue"
+"""Written by the extender on a pending pod it refused for a node's missing CPU topology, once
+that node has one: ``<node> <unix milliseconds>``. Its only purpose is to be a change."""
+
+REQUEUES = Counter(
+    "scheduler_ext_topology_requeues_total",
+    "Pending pods refused for a node's missing CPU topology, by what happened once the node had "
+    "one: patched (kube-scheduler retries it), bound, gone, conflict (changed meanwhile, so "
+    "retried anyway), error, dropped (over the waiting or queue bound)",
+    ["result"],
+)
+WAITING = Gauge(
+    "scheduler_ext_topology_waiters",
+    "Pending pods the extender refused for a node's missing CPU topology and will requeue",
+)
+
+MAX_WAITERS = 10_000
+"""(pod, node) pairs remembered at most; past it new refusals are not remembered."""
+MAX_NODES_PER_POD = 64
+"""Nodes remembered per pod: the first topology that appears requeues the pod anyway."""
+MAX_NAME = 253
+"""Longest namespace, name or UID remembered (longer ones are not Kubernetes names)."""
+WAIT_TTL = 600.0
+"""Seconds a refusal is remembered (kube-scheduler's own flush retries the pod after 5 minutes)."""
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A pending pod refused on a node for its missing topology."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class TopologyWaiters:
+    """Pods refused for a node's missing topology, by node: bounded in pairs, nodes per pod and
+    age. Pure bookkeeping; the clock is passed in."""
+
+    def __init__(self, limit: int = MAX_WAITERS, per_pod: int = MAX_NODES_PER_POD, ttl: float = WAIT_TTL) -> None:
+        self.limit, self.per_pod, self.ttl = limit, per_pod, ttl
+        self._by_node: dict[str, dict[str, tuple[Waiter, float]]] = {}
+        self._nodes_of: dict[str, set[str]] = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def nodes(self) -> list[str]:
+        """Nodes some pod waits for."""
+        return list(self._by_node)
+
+    def add(self, waiter: Waiter, nodes: Iterable[str], now: float) -> int:
+        """Remember that ``waiter`` was refused on ``nodes``; returns how many pairs did not fit."""
+        mine = self._nodes_of.setdefault(waiter.uid, set())
+        dropped = 0
+        for node in nodes:
+            pods = self._by_node.get(node)
+            if pods is not None and waiter.uid in pods:
+                pods[waiter.uid] = (waiter, now)  # refreshed
+                continue
+            if self._size >= self.limit or len(mine) >= self.per_pod:
+                dropped += 1
+                continue
+            self._by_node.setdefault(node, {})[waiter.uid] = (waiter, now)
+            mine.add(node)
+            self._size += 1
+        if not mine:
+            del self._nodes_of[waiter.uid]
+        return dropped
+
+    def _forget(self, uid: str) -> None:
+        for node in self._nodes_of.pop(uid, ()):
+            pods = self._by_node.get(node)
+            if pods is not None and pods.pop(uid, None) is not None:
+                self._size -= 1
+                if not pods:
+                    del self._by_node[node]
+
+    def take(self, ready: Iterable[str], now: float) -> list[tuple[str, Waiter]]:
+        """Remove and return the pods waiting for a node of ``ready`` (each pod once, with the
+        first such node), and forget refusals older than the TTL."""
+        out: list[tuple[str, Waiter]] = []
+        for node in ready:
+            for uid, (waiter, _) in list(self._by_node.get(node, {}).items()):
+                self._forget(uid)
+                out.append((node, waiter))
+        expired = {uid for pods in self._by_node.values() for uid, (_, at) in pods.items() if now - at > self.ttl}
+        for uid in expired:
+            self._forget(uid)
+        return out
+
+
+def topology_refusals(unresolvable: Mapping[str, str], reason: str) -> list[str]:
+    """The nodes of a filter reply refused for ``reason`` (the missing-topology one; alone or
+    among several reasons joined with "; ")."""
+    return [node for node, why in unresolvable.items() if why == reason or reason in why.split("; ")]
+
+
+class PodAPI(Protocol):
+    """The two calls a requeue makes (``scheduler_ext.kube.BindClient`` has them)."""
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str
+    ) -> dict[str, Any]: ...
+
+
+class Requeuer:
+    """The imperative shell around :class:`TopologyWaiters` (see the module docstring).
+
+    ``has_topology(nodes)`` returns those of ``nodes`` the cache has a CPU topology for now.
+    """
+
+    def __init__(
+        self,
+        api: PodAPI,
+        has_topology: Callable[[Iterable[str]], list[str]],
+        *,
+        rate: float = 20.0,
+        interval: float = 0.5,
+        queue_limit: int = MAX_WAITERS,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.has_topology = has_topology
+        self.rate, self.interval = rate, interval
+        self.waiters = TopologyWaiters()
+        self.queue: deque[tuple[str, Waiter]] = deque()
+        self.queue_limit = queue_limit
+        self.clock, self.wall = clock, wall
+        self._task: asyncio.Task[None] | None = None
+
+    def refused(self, pod: Mapping[str, Any], nodes: list[str]) -> None:
+        """Filter refused ``pod`` (its JSON) on ``nodes`` for their missing topology."""
+        if not nodes:
+            return
+        meta = pod.get("metadata")
+        if not isinstance(meta, dict):
+            return
+        namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
+        if not (isinstance(namespace, str) and isinstance(name, str) and isinstance(uid, str) and name and uid):
+            return
+        if max(len(namespace), len(name), len(uid)) > MAX_NAME:
+            return
+        dropped = self.waiters.add(Waiter(namespace or "default", name, uid), nodes, self.clock())
+        if dropped:
+            REQUEUES.labels("dropped").inc(dropped)
+        WAITING.set(len(self.waiters))
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def due(self) -> None:
+        """Move the pods whose node has a topology now into the patch queue (bounded)."""
+        nodes = self.waiters.nodes()
+        ready = self.has_topology(nodes) if nodes else []
+        for item in self.waiters.take(ready, self.clock()):
+            if len(self.queue) >= self.queue_limit:
+                REQUEUES.labels("dropped").inc()
+                continue
+            self.queue.append(item)
+        WAITING.set(len(self.waiters))
+
+    async def run(self) -> None:
+        """Every ``interval``: one :meth:`tick`."""
+        budget = 0.0
+        while True:
+            await asyncio.sleep(self.interval)
+            budget = await self.tick(budget)
+
+    async def tick(self, budget: float) -> float:
+        """Collect what is due, then patch as many queued pods as the budget allows (it grows by
+        ``rate * interval`` a tick, up to one second's worth); returns the budget left."""
+        self.due()
+        budget = min(max(self.rate, 1.0), budget + self.rate * self.interval)
+        while self.queue and budget >= 1:
+            node, waiter = self.queue.popleft()
+            budget -= 1
+            REQUEUES.labels(await self.nudge(node, waiter)).inc()
+        return budget
+
+    async def nudge(self, node: str, waiter: Waiter) -> str:
+        """Patch the requeue annotation on the pod if it is still the same unbound pod; returns
+        the result label."""
+        who = {"pod": f"{waiter.namespace}/{waiter.name}", "uid": waiter.uid, "node": node}
+        try:
+            pod = await self.api.get_pod(waiter.namespace, waiter.name)
+            meta = pod.get("metadata") or {}
+            if not isinstance(meta, dict) or meta.get("uid") != waiter.uid or meta.get("deletionTimestamp"):
+                return "gone"
+            if (pod.get("spec") or {}).get("nodeName"):
+                return "bound"
+            value = f"{node} {int(self.wall() * 1000)}"
+            await self.api.patch_pod_annotations(
+                waiter.namespace, waiter.name, {REQUEUE_ANNOTATION: value}, str(meta.get("resourceVersion") or "")
+            )
+        except NotFoundError:
+            return "gone"
+        except ConflictError:
+            return "conflict"  # the pod changed: kube-scheduler saw that update already
+        except APIError as exc:
+            log.warning("requeue after topology failed", error=str(exc), **who)
+            return "error"
+        log.info("requeued pod: its node's CPU topology appeared", **who)
+        return "patched"
