@@ -138,19 +138,15 @@ def _start_extender(cluster: Cluster) -> tuple[dict[str, Any], str]:
     serving = ext_pki.issue(ext_ca, "extender-serving", cn="scheduler-ext", ips=("127.0.0.1",), server=True,
                             client=False)  # fmt: skip
     port, health = free_port(), free_port()
-    seal_key = cluster.work_dir / "extender-pki" / "seal.key"  # what binds seal their annotations with
+    seal_key = seal_key_path(cluster)  # what binds seal their annotations with
     seal_key.write_text(secrets.token_hex(32) + "\n")
     seal_key.chmod(0o600)
     kubeconfig = cluster.kubeconfig_for("scheduler-ext", user=EXTENDER_USER, groups=("system:serviceaccounts",))
-    seal = seal_key_path(cluster)
-    seal.write_bytes(secrets.token_bytes(32))
-    seal.chmod(0o600)
     cluster.spawn("scheduler-ext", [
         sys.executable, "-m", "scheduler_ext.entry", "serve", f"--listen=127.0.0.1:{port}",
         f"--tls-cert={serving.cert}", f"--tls-key={serving.key}", f"--tls-client-ca={ext_ca.cert}",
         f"--health-listen=127.0.0.1:{health}", f"--kubeconfig={kubeconfig}", f"--seal-key-file={seal_key}",
         "--ledger-namespace=kube-system", "--identity=scheduler-ext-e2e", "--log-format=json",
-        f"--seal-key-file={seal}",
     ], env={"PYTHONPATH": str(REPO)})  # fmt: skip
     health_url = f"http://127.0.0.1:{health}"
 
@@ -165,8 +161,8 @@ def _start_extender(cluster: Cluster) -> tuple[dict[str, Any], str]:
 
 
 def seal_key_path(cluster: Cluster) -> Path:
-    """The extender's ``--seal-key-file`` (32 random bytes, made when the stack starts)."""
-    return cluster.work_dir / "scheduler-ext-seal.key"
+    """The extender's ``--seal-key-file`` (a fresh key made when the stack starts)."""
+    return cluster.work_dir / "extender-pki" / "seal.key"
 
 
 def http_get(url: str) -> tuple[int, bytes]:
