@@ -113,11 +113,27 @@ def _raw(socket: str, method: str, request: bytes, timeout: float | None = None)
             return err.code(), b""
 
 
-def _exec(socket: str, cid: str, cmd: list[str], timeout: float | None) -> tuple[grpc.StatusCode, float]:
+def _exec(socket: str, cid: str, cmd: list[str], timeout: float | None) -> tuple[grpc.StatusCode, str, float]:
+    """The exec's status code, its details and how long the call took."""
     req = api_pb2.ExecSyncRequest(container_id=cid, cmd=cmd).SerializeToString()
     started = time.monotonic()
-    code, _ = _raw(socket, "/runtime.v1.RuntimeService/ExecSync", req, timeout)
-    return code, time.monotonic() - started
+    with grpc.insecure_channel(f"unix://{socket}") as ch:
+        try:
+            ch.unary_unary("/runtime.v1.RuntimeService/ExecSync")(req, timeout=timeout)
+            code, details = grpc.StatusCode.OK, ""
+        except grpc.RpcError as err:
+            code, details = err.code(), str(err.details() or "")
+    return code, details, time.monotonic() - started
+
+
+def _expired(code: grpc.StatusCode, details: str) -> bool:
+    """Whether a call ended because its deadline passed, as the runtime says it: the caller's own
+    DEADLINE_EXCEEDED; CANCELLED when containerd 2.1 answers its expired context before the
+    caller's timer fires; UNKNOWN naming the expired context when containerd, slowed by a loaded
+    machine, wraps its exec's context error (seen directly against containerd 1.6 and 1.7)."""
+    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        return True
+    return code == grpc.StatusCode.UNKNOWN and ("deadline exceeded" in details or "context canceled" in details)
 
 
 def test_deadlines_behave_as_direct(pin_proxy: ProxyThread, containerd: Any, cri_client: Any) -> None:
@@ -126,13 +142,12 @@ def test_deadlines_behave_as_direct(pin_proxy: ProxyThread, containerd: Any, cri
     cid = direct.run_container(pod)
     for socket in (pin_proxy.opts.listen, str(containerd.socket)):
         # No deadline: a 1.5 s exec completes (nothing imposed a deadline on the way).
-        code, took = _exec(socket, cid, ["sleep", "1.5"], None)
-        assert code == grpc.StatusCode.OK and took >= 1.4, socket
-        # A short deadline expires at about the same time both ways. containerd 2.1 sometimes
-        # answers its own expired context with CANCELLED before the caller's timer fires,
-        # direct as well as through the proxy, so either code is the runtime's answer.
-        code, took = _exec(socket, cid, ["sleep", "3"], 0.5)
-        assert code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED) and took < 1.5, socket
+        code, details, took = _exec(socket, cid, ["sleep", "1.5"], None)
+        assert code == grpc.StatusCode.OK and took >= 1.4, (socket, details)
+        # A short deadline expires both ways, in the runtime's words (``_expired``), long
+        # before the 3 s command would have ended.
+        code, details, took = _exec(socket, cid, ["sleep", "3"], 0.5)
+        assert _expired(code, details) and took < 2.5, (socket, code, details)
 
 
 def test_image_service_passes(pin_proxy: ProxyThread, containerd: Any) -> None:
@@ -249,7 +264,7 @@ def _with_named_plugin(opts: ProxyOptions, name: str, plugin: object) -> ProxyOp
     import types
 
     module = types.ModuleType(name)
-    module.rhp_pre_create_container = plugin.rhp_pre_create_container  # type: ignore[attr-defined]
+    module.rhp_pre_create_container = plugin.rhp_pre_create_container
     opts.extra_plugins = (module,)
     return opts
 
