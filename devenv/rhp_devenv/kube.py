@@ -787,7 +787,8 @@ class Cluster:
     def _component(self, name: str, args: Sequence[str]) -> None:
         self.spawn(name, [str(self.binary), name, *args])
 
-    def _check_alive(self, name: str) -> None:
+    def check_alive(self, name: str) -> None:
+        """Raise :class:`KubeError` with its log tail when the process *name* started and exited."""
         proc = self._procs.get(name)
         if proc is not None and proc.popen.poll() is not None:
             raise KubeError(f"{name} exited with code {proc.popen.returncode}; log {proc.log}:\n{self.log_tail(name)}")
@@ -795,7 +796,7 @@ class Cluster:
     def _wait_http(self, name: str, url: str, deadline: float, *, tls: ssl.SSLContext | None = None) -> None:
         last = "no answer"
         while True:
-            self._check_alive(name)
+            self.check_alive(name)
             try:
                 status, body = _http_get(url, tls)
                 if status == 200:
@@ -925,7 +926,7 @@ class Cluster:
 
     def _wait_node_ready(self, deadline: float) -> None:
         def ready() -> bool:
-            self._check_alive("kubelet")
+            self.check_alive("kubelet")
             node = self.get_json("node", NODE_NAME)
             if node is None:
                 return False

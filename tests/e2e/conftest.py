@@ -151,6 +151,7 @@ def _start_extender(cluster: Cluster) -> tuple[dict[str, Any], str]:
     health_url = f"http://127.0.0.1:{health}"
 
     def ready() -> bool:
+        cluster.check_alive("scheduler-ext")  # one that exited says why at once
         try:
             return http_get(f"{health_url}/readyz")[0] == 200
         except OSError:
