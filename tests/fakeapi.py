@@ -30,8 +30,9 @@ It speaks the real REST paths and semantics that client libraries depend on, so 
   another pod; for a running pod, the PodDisruptionBudgets of its namespace whose selector
   matches its labels decide: none, or one with ``status.disruptionsAllowed`` above 0 (then
   decremented), lets it go (201, the pod deleted); 0 gives 429 TooManyRequests with the
-  ``DisruptionBudget`` cause; more than one gives 500. Terminal pods (Succeeded, Failed) are
-  deleted without a budget check.
+  ``DisruptionBudget`` cause; more than one gives 500. Pods that are Pending, terminal
+  (Succeeded, Failed) or already being deleted are deleted without a budget check, as
+  kube-apiserver does (``tests/e2e/test_e2e_nodeslo.py`` compares the two).
 - Watches wake only for events of their own resource; stored objects are never mutated in
   place, so successive versions share unchanged parts (cheap writes on the benchmark path).
 - Errors are ``Status`` objects with the real ``reason`` values.
@@ -655,7 +656,8 @@ class FakeAPIServer:
         if want_uid and want_uid != have_uid:
             raise _conflict(res, name, f"Precondition failed: UID in precondition: {want_uid}, "
                             f"UID in object meta: {have_uid}")
-        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+        phase = (pod.get("status") or {}).get("phase")
+        if phase not in ("Pending", "Succeeded", "Failed") and not pod["metadata"].get("deletionTimestamp"):
             pdb_res = self.resource("PodDisruptionBudget")
             labels = (pod["metadata"].get("labels") or {})
             budgets = [

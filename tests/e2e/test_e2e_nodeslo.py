@@ -165,3 +165,98 @@ def test_usage_loop_evictions_go_through_the_eviction_api_and_a_pdb_holds(from_c
         assert (pdb["status"]["currentHealthy"], pdb["status"]["disruptionsAllowed"]) == (1, 0)
     finally:
         patch_slo(cluster, {"resourceUsedThresholdWithBE": EVICT_OFF})
+
+
+# ---- the Eviction API: the real one and tests/fakeapi.py answer alike ------------------------------
+
+
+def _evict_codes(api_client: Any, ns: str, cases: Mapping[str, str | None]) -> dict[str, int]:
+    """POST an Eviction (with the UID precondition given, as ApiEvictor does) for each pod of
+    *cases* through the official client; the HTTP code of each answer."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api_client)
+    codes: dict[str, int] = {}
+    for name, uid in cases.items():
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=ns),
+            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+        )
+        try:
+            core.create_namespaced_pod_eviction(name, ns, body, _request_timeout=30)
+            codes[name] = 201
+        except ApiException as exc:
+            codes[name] = int(exc.status or 0)
+    return codes
+
+
+EVICTION_CASES = {
+    "pending": "a Pending pod under a budget that allows no disruption: deleted without a budget check",
+    "running": "a Running pod under that budget: 429",
+    "other-uid": "a UID precondition naming another pod: 409",
+    "missing": "no such pod: 404",
+}
+
+
+def test_the_fake_api_servers_eviction_answers_as_the_real_one(from_cluster: Stack, ns: str) -> None:
+    """The same pods, budget and Evictions against kube-apiserver and tests/fakeapi.py give the
+    same HTTP codes and leave the same pods (see ``EVICTION_CASES``)."""
+    from kubernetes import client, config
+
+    from tests.fakeapi import FakeAPIServer
+
+    cluster = from_cluster.cluster
+    held = {"app": "held"}
+    pending = pod_manifest("pending", ns, node_name="rhp-no-such-node")  # no kubelet: Pending for good
+    running = pod_manifest("running", ns, node_name=NODE_NAME)
+    for pod in (pending, running):
+        pod["metadata"]["labels"].update(held)
+    cluster.apply(pending, running, pod_manifest("other-uid", ns, node_name=NODE_NAME))
+    cluster.wait_pod_running(ns, "running")
+    cluster.wait_pod_running(ns, "other-uid")
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "held", "namespace": ns},
+           "spec": {"minAvailable": 2, "selector": {"matchLabels": held}}}  # fmt: skip
+    cluster.apply(pdb)
+
+    def observed() -> dict[str, Any] | None:
+        got = cluster.get_json("pdb", "held", namespace=ns) or {}
+        status = got.get("status", {})
+        ok = status.get("observedGeneration") == got.get("metadata", {}).get("generation")
+        return status if ok and status.get("currentHealthy") == 1 else None
+
+    status = cluster.wait_for(observed, what="the budget's status", timeout=120)
+    assert status["disruptionsAllowed"] == 0
+    objects = {name: cluster.get_json("pod", name, namespace=ns) for name in ("pending", "running", "other-uid")}
+    assert objects["pending"] is not None and objects["pending"]["status"]["phase"] == "Pending"
+    uids: dict[str, str | None] = {name: obj["metadata"]["uid"] for name, obj in objects.items() if obj}
+    cases: dict[str, str | None] = {"pending": uids["pending"], "running": uids["running"],
+                                    "other-uid": "00000000-0000-0000-0000-000000000000", "missing": None}  # fmt: skip
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cluster.admin_kubeconfig), client_configuration=cfg)
+    real = _evict_codes(client.ApiClient(cfg), ns, cases)
+
+    def kept(get: Any) -> list[str]:
+        """The pods still there and not being deleted (a bound pod evicted on the real server
+        may wait for its kubelet with a deletionTimestamp; 'rhp-no-such-node' has none)."""
+        return sorted(n for n in cases if (pod := get(n)) is not None and "deletionTimestamp" not in pod["metadata"])
+
+    real_kept = kept(lambda n: cluster.get_json("pod", n, namespace=ns))
+
+    with FakeAPIServer() as fake:
+        for name in ("pending", "running", "other-uid"):
+            obj = objects[name]
+            assert obj is not None
+            fake.create({"kind": "Pod", "metadata": {"name": name, "namespace": ns, "uid": obj["metadata"]["uid"],
+                                                     "labels": obj["metadata"].get("labels", {})},
+                         "spec": obj["spec"], "status": {"phase": obj["status"]["phase"]}})  # fmt: skip
+        fake.create({**pdb, "status": status})
+        fake_cfg = client.Configuration()
+        fake_cfg.host = fake.url
+        faked = _evict_codes(client.ApiClient(fake_cfg), ns, cases)
+        fake_kept = kept(lambda n: fake.get("Pod", n, ns))
+
+    assert (real, real_kept) == ({"pending": 201, "running": 429, "other-uid": 409, "missing": 404},
+                                 ["other-uid", "running"]), EVICTION_CASES  # fmt: skip
+    assert (faked, fake_kept) == (real, real_kept)

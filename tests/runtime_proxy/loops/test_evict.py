@@ -87,6 +87,8 @@ def _evict_raw(api: FakeAPIServer, name: str, uid: str | None) -> int:
                      {"app": "x"}, "Running", "uid", 201, True, id="a matching budget that allows one: evicted"),
         pytest.param([("pdb", 0, {})], {"app": "x"}, "Succeeded", "uid", 201, True,
                      id="a finished pod is evicted without a budget check"),
+        pytest.param([("pdb", 0, {})], {"app": "x"}, "Pending", "uid", 201, True,
+                     id="a Pending pod is evicted without a budget check, as kube-apiserver"),
         pytest.param([("a", 1, {}), ("b", 1, {})], {"app": "x"}, "Running", "uid", 500, False,
                      id="two matching budgets: 500 as kube-apiserver"),
     ],
@@ -100,6 +102,16 @@ def test_fake_eviction_subresource(api: FakeAPIServer, pdbs: list[tuple[str, int
     want = {"uid": uid, "other": "someone-else", None: None}[precondition]
     assert _evict_raw(api, "p", want) == code
     assert (api.get("Pod", "p", "ns") is None) is deleted
+
+
+def test_fake_eviction_of_a_pod_being_deleted_skips_the_budget(api: FakeAPIServer) -> None:
+    """As kube-apiserver: a pod that already has a deletionTimestamp is deleted without a budget check."""
+    api.create({"kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "x"},
+                                            "deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"nodeName": "node-1"}, "status": {"phase": "Running"}})
+    add_pdb(api, "pdb", 0, {"matchLabels": {"app": "x"}})
+    assert _evict_raw(api, "p", None) == 201
+    assert api.get("Pod", "p", "ns") is None
 
 
 def test_fake_eviction_spends_the_budget(api: FakeAPIServer) -> None:
