@@ -141,7 +141,7 @@ class ProxyConfig(BaseModel):
                                        "node labels and annotations; example "
                                        "`packaging/examples/nodeslo.yaml`), re-read when it changes. When the "
                                        "command starts it must be a readable regular file (or a symlink to "
-                                       "one) of at most 4 MiB (exit code 2 otherwise); if it is removed or "
+                                       "one) of at most 1 MiB (exit code 2 otherwise); if it is removed or "
                                        "becomes unreadable later the last config stays.")
     nodeName: str | None = Field(default=None, description="This node's name, for `fromCluster`; default "
                                  "the `NODE_NAME` environment variable, else the host name.")

@@ -5,17 +5,22 @@ Built by ``runtime_proxy.wiring.node_source``; the proxy (``runtime_proxy.server
 it, hands ``current`` to the interceptor (``runtime_proxy.engine.intercept.NodeSource``) and
 ``changes()`` to the reconciler. Two sources, usable together (the cluster's values win once they arrive):
 
-- a local YAML or JSON file (``NodeConfigDocument``; example ``packaging/examples/nodeslo.yaml``),
-  polled for a new inode, mtime or size about every second, so edits apply without a restart;
-  read by the one reader of configured files (``rhp_ops.files``: regular files only, never
-  blocking, bounded) and parsed in a worker thread, off the event loop;
+- a local YAML or JSON file (``runtime_proxy.state.nodedoc``: its format, its bound of
+  ``MAX_NODE_CONFIG_BYTES`` and its parser; example ``packaging/examples/nodeslo.yaml``), polled
+  for a new inode, mtime or size about every second, so edits apply without a restart. A worker
+  thread reads it with the one reader of configured files (``rhp_ops.files``: regular files only,
+  never blocking, bounded) and has it parsed and validated in a short-lived child process
+  (``nodedoc.parse_in_worker``, one per changed file, killed past its deadline);
 - the cluster, with the official ``kubernetes`` client (in-cluster or kubeconfig credentials):
   this node's ``Node``, its ``NodeSLO`` (``slo.koordinator.sh/v1alpha1`` ``nodeslos``) and its
   ``NodeResourceTopology`` (``topology.node.k8s.io/v1alpha1`` ``noderesourcetopologies``), each
   list-watched in a worker thread with reconnects.
 
-Every new NodeSLO spec is validated by ``koord_formats.nodeslo.validate_node_slo`` (the fields
-we read; unknown keys are kept). A config that does not validate is logged and counted, and the previous one stays.
+``NodeFacts`` are built from both in the thread that saw the change (the file's worker thread, a
+watch thread); the event loop only swaps the finished value in and tells the subscribers, so no
+size of either source holds it. Every new NodeSLO spec is validated by
+``koord_formats.nodeslo.validate_node_slo`` (the fields we read; unknown keys are kept). A config
+that cannot be read or does not validate is logged and counted, and the previous one stays.
 """
 
 from __future__ import annotations
@@ -23,17 +28,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 import structlog
-import yaml
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from hooks.facts import CgroupInfo, CPUTopology, NodeFacts, ResctrlFacts
 from koord_formats import FormatError
@@ -41,12 +45,22 @@ from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
 from koord_formats.nodeslo import validate_node_slo
 from koord_formats.topology import parse_cpu_topology
 from rhp_ops.files import FileRefused, check_kubeconfig, read_text_file
+from runtime_proxy.state.nodedoc import (
+    MAX_NODE_CONFIG_BYTES,
+    PARSE_DEADLINE_SECONDS,
+    NodeConfigDocument,
+    NodeConfigRejected,
+    NodeDocument,
+    load_document,
+    parse_in_worker,
+)
 
 __all__ = [
     "MAX_NODE_CONFIG_BYTES",
     "ClusterWatch",
     "NodeConfig",
     "NodeConfigDocument",
+    "NodeDocument",
     "load_document",
     "node_facts_from_document",
     "read_document_text",
@@ -55,43 +69,12 @@ __all__ = [
 log = structlog.get_logger("runtime_proxy.state.nodeconfig")
 CONFIG_RELOADS = Counter("rhp_node_config_reloads", "node config changes taken", ["source"])
 CONFIG_REJECTED = Counter("rhp_node_config_rejected",
-                          "node configs refused: unreadable (reason: not-regular-file, too-large, ...) or invalid; "
-                          "the previous one kept", ["source", "reason"])
+                          "node configs refused: unreadable (reason: not-regular-file, too-large, ...), invalid, "
+                          "or not parsed (timeout, worker-failed); the previous one kept", ["source", "reason"])
 CONFIG_GENERATION = Gauge("rhp_node_config_generation", "generation of the node config in use")
 
 
-# ---- the local document (NodeSLO validation itself is koord_formats.nodeslo.validate_node_slo) ----
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _NRTModel(_Model):
-    annotations: dict[str, StrictStr] = Field(default_factory=dict)
-
-
-class _CgroupModel(_Model):
-    version: Literal[1, 2] | None = None
-    driver: Literal["cgroupfs", "systemd"] | None = None
-
-
-class NodeConfigDocument(BaseModel):
-    """The local node config file: ``name``, ``labels``, ``annotations`` (node annotations),
-    ``nodeResourceTopology.annotations``, ``nodeSLO`` (the NodeSLO spec), optional ``cgroup``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: StrictStr = ""
-    labels: dict[str, StrictStr] = Field(default_factory=dict)
-    annotations: dict[str, StrictStr] = Field(default_factory=dict)
-    nodeResourceTopology: _NRTModel = Field(default_factory=_NRTModel)
-    nodeSLO: dict[str, Any] = Field(default_factory=dict)
-    cgroup: _CgroupModel | None = None
-
-
-# The node config file holds one node's objects; a topology of 4096 CPUs is far below this.
-MAX_NODE_CONFIG_BYTES = 4 << 20
+# ---- the local document (its format, bound and parser: runtime_proxy.state.nodedoc) ---------------
 
 
 def read_document_text(path: Path) -> str:
@@ -102,31 +85,8 @@ def read_document_text(path: Path) -> str:
     return read_text_file(path, limit=MAX_NODE_CONFIG_BYTES)
 
 
-def load_document(text: str) -> NodeConfigDocument:
-    """Parse (YAML or JSON) and validate a node config file; ``ValueError`` when bad (larger
-    than ``MAX_NODE_CONFIG_BYTES``, not YAML, nested too deeply, wrong shape)."""
-    if len(text) > MAX_NODE_CONFIG_BYTES:
-        raise ValueError(f"larger than {MAX_NODE_CONFIG_BYTES} bytes")
-    try:
-        data = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"not YAML/JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise ValueError("nested too deeply") from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ValueError("the node config must be a mapping")
-    try:
-        doc = NodeConfigDocument.model_validate(dict(data))
-        validate_node_slo(doc.nodeSLO)
-    except RecursionError as exc:
-        raise ValueError("nested too deeply") from exc
-    return doc
-
-
 def node_facts_from_document(
-    doc: NodeConfigDocument,
+    doc: NodeDocument,
     *,
     topology: CPUTopology | None = None,
     resctrl: ResctrlFacts | None = None,
@@ -135,8 +95,9 @@ def node_facts_from_document(
 ) -> NodeFacts:
     """``NodeFacts`` from a document: node annotations overlaid by NRT annotations; the CPU
     topology from sysfs (``topology``) or else from the ``node.koordinator.sh/cpu-topology``
-    annotation."""
-    annotations = {**doc.annotations, **doc.nodeResourceTopology.annotations}
+    annotation. Up to a whole file of ``MAX_NODE_CONFIG_BYTES`` goes through here: ``NodeConfig``
+    calls it in worker threads, never on the event loop."""
+    annotations = {**doc.annotations, **doc.nrt_annotations}
     topo = topology
     raw = annotations.get(NODE_ANNOTATION_CPU_TOPOLOGY)
     if topo is None and raw:
@@ -145,13 +106,13 @@ def node_facts_from_document(
         except FormatError as exc:
             log.warning("bad cpu-topology annotation ignored", error=str(exc))
     cg = cgroup or CgroupInfo()
-    if doc.cgroup is not None:
-        cg = replace(cg, version=doc.cgroup.version or cg.version, driver=doc.cgroup.driver or cg.driver)
+    if doc.cgroup_version is not None or doc.cgroup_driver is not None:
+        cg = replace(cg, version=doc.cgroup_version or cg.version, driver=doc.cgroup_driver or cg.driver)
     return NodeFacts(
         name=doc.name or name,
         labels=MappingProxyType(dict(doc.labels)),
         annotations=MappingProxyType(annotations),
-        node_slo=MappingProxyType(dict(doc.nodeSLO)),
+        node_slo=MappingProxyType(dict(doc.node_slo)),
         cpu_topology=topo,
         resctrl=resctrl or ResctrlFacts(),
         cgroup=cg,
@@ -207,6 +168,11 @@ class ClusterWatch:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watches: list[Any] = []
+
+    def snapshot(self) -> ClusterObjects:
+        """The state as one consistent value (the watch threads replace its dicts, never edit them)."""
+        with self._lock:
+            return replace(self.state, resource_versions=dict(self.state.resource_versions))
 
     # Pure part: one watch event in, state updated, "changed?" out.
     def handle_event(self, kind: str, event: Mapping[str, Any]) -> bool:
@@ -315,12 +281,22 @@ class ClusterWatch:
 
 
 @dataclass(frozen=True)
+class _Built:
+    """``NodeFacts`` built off the event loop; ``seq`` orders builds from different threads."""
+
+    seq: int
+    facts: NodeFacts
+
+
+@dataclass(frozen=True)
 class _FileRead:
     """One look at the node config file: ``stamp`` (device, inode, mtime, size; None: the file
-    is gone), and the document or why there is none (``reason`` is the metric label)."""
+    is gone), and what it gave: ``valid`` with the facts built from it (``built`` is None when
+    they did not change), or why not (``reason`` is the metric label)."""
 
     stamp: tuple[int, int, int, int] | None
-    doc: NodeConfigDocument | None = None
+    valid: bool = False
+    built: _Built | None = None
     error: str = ""
     reason: str = ""
 
@@ -334,6 +310,7 @@ class NodeConfig:
         ``None`` the ``node.koordinator.sh/cpu-topology`` annotation is used.
     :param resctrl: resctrl facts (``runtime_proxy.host.resctrl.Resctrl(root).facts()``).
     :param cgroup: the cgroup layout (version, driver).
+    :param parse_deadline: seconds the parser process of one file may take before it is killed.
     """
 
     def __init__(
@@ -346,6 +323,7 @@ class NodeConfig:
         resctrl: ResctrlFacts | None = None,
         cgroup: CgroupInfo | None = None,
         poll_interval: float = 1.0,
+        parse_deadline: float = PARSE_DEADLINE_SECONDS,
     ) -> None:
         self.path = Path(path) if path is not None else None
         self.cluster = cluster
@@ -354,13 +332,22 @@ class NodeConfig:
         self.resctrl = resctrl or ResctrlFacts()
         self.cgroup = cgroup or CgroupInfo()
         self.poll_interval = poll_interval
+        self.parse_deadline = parse_deadline
         self.generation = 0
-        self._doc = NodeConfigDocument(name=node_name)
-        self._stamp: tuple[int, int, int, int] | None = None
+        # Built in worker and watch threads under _lock: the document, the last facts built.
+        self._lock = threading.Lock()
+        self._doc = NodeDocument(name=node_name)
         self._facts = self._build()
+        self._last_built = self._facts
+        self._seq = 0
+        # On the event loop (or the caller's thread without one): what is in use.
+        self._installed = 0
+        self._stamp: tuple[int, int, int, int] | None = None
         self._subscribers: list[asyncio.Queue[NodeFacts]] = []
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._parser: subprocess.Popen[bytes] | None = None
+        self._stopping = False
         if self.path is not None:
             self.reload()
 
@@ -370,52 +357,68 @@ class NodeConfig:
 
     def _build(self) -> NodeFacts:
         doc = self._doc
-        state = self.cluster.state if self.cluster is not None else None
-        if state is not None:
-            doc = doc.model_copy(
-                update={
-                    "labels": state.labels if state.labels is not None else doc.labels,
-                    "annotations": state.annotations if state.annotations is not None else doc.annotations,
-                    "nodeResourceTopology": _NRTModel(
-                        annotations=state.nrt_annotations
-                        if state.nrt_annotations is not None
-                        else doc.nodeResourceTopology.annotations
-                    ),
-                    "nodeSLO": state.node_slo if state.node_slo is not None else doc.nodeSLO,
-                }
+        if self.cluster is not None:
+            state = self.cluster.snapshot()
+            doc = replace(
+                doc,
+                labels=state.labels if state.labels is not None else doc.labels,
+                annotations=state.annotations if state.annotations is not None else doc.annotations,
+                nrt_annotations=state.nrt_annotations if state.nrt_annotations is not None else doc.nrt_annotations,
+                node_slo=state.node_slo if state.node_slo is not None else doc.node_slo,
             )
         return node_facts_from_document(
             doc, topology=self.topology, resctrl=self.resctrl, cgroup=self.cgroup, name=self.node_name
         )
 
-    def _publish(self, source: str) -> bool:
-        facts = self._build()
-        if facts == self._facts:
+    def _rebuild(self, doc: NodeDocument | None = None) -> _Built | None:
+        """Build the facts from the document (``doc`` when given, which then becomes the
+        document) and the cluster's objects, off the event loop; None when they did not change."""
+        with self._lock:
+            if doc is not None:
+                self._doc = doc
+            facts = self._build()
+            if facts == self._last_built:
+                return None
+            self._last_built = facts
+            self._seq += 1
+            return _Built(self._seq, facts)
+
+    def _install(self, built: _Built | None, source: str) -> bool:
+        """Put facts built by ``_rebuild`` in use (on the event loop: O(1) whatever their size)."""
+        if built is None or built.seq <= self._installed:
             return False
-        self._facts = facts
+        self._installed = built.seq
+        self._facts = built.facts
         self.generation += 1
         CONFIG_GENERATION.set(self.generation)
         CONFIG_RELOADS.labels(source).inc()
         log.info("node config changed", source=source, generation=self.generation)
         for q in list(self._subscribers):
-            q.put_nowait(facts)
+            q.put_nowait(built.facts)
         return True
 
     def reload(self) -> bool:
         """Re-read the file if it changed (another inode, mtime or size). Returns True when the
-        config changed. A file that cannot be read (``read_document_text``) or does not validate
-        is logged and counted (``rhp_node_config_rejected``); the previous config stays. Blocking
-        I/O and parsing: on an event loop use ``reload_async``."""
+        config changed. A file that cannot be read (``read_document_text``), does not validate or
+        is not parsed in time is logged and counted (``rhp_node_config_rejected``); the previous
+        config stays. Blocks while the file is parsed in its child process: on an event loop use
+        ``reload_async``."""
         return self._take(self._load())
 
     async def reload_async(self) -> bool:
-        """``reload`` with the reading and parsing in a worker thread, so that neither a file
-        of ``MAX_NODE_CONFIG_BYTES`` nor a slow filesystem holds the event loop."""
+        """``reload`` with the reading, the waiting for the parser process and the building of
+        ``NodeFacts`` in a worker thread: the event loop only installs the result."""
         return self._take(await asyncio.to_thread(self._load))
 
+    def _started(self, proc: subprocess.Popen[bytes]) -> None:
+        self._parser = proc
+        if self._stopping:
+            proc.kill()
+
     def _load(self) -> _FileRead | None:
-        """The file read and parsed, or None when it did not change since the last read. Runs in
-        a worker thread; reads only ``path`` and ``_stamp``."""
+        """The file read, parsed (in a child process) and built into facts, or None when it did
+        not change since the last read. Runs in a worker thread; of what the event loop owns it
+        reads only ``path`` and ``_stamp``."""
         if self.path is None:
             return None
         try:
@@ -428,11 +431,15 @@ class NodeConfig:
         if stamp == self._stamp:
             return None
         try:
-            return _FileRead(stamp, doc=load_document(read_document_text(self.path)))
+            text = read_document_text(self.path)
+            doc = parse_in_worker(text, deadline=self.parse_deadline, started=self._started)
         except FileRefused as exc:
             return _FileRead(stamp, error=exc.message, reason=exc.reason)
-        except ValueError as exc:
-            return _FileRead(stamp, error=str(exc), reason="invalid")
+        except NodeConfigRejected as exc:
+            return _FileRead(stamp, error=exc.message, reason=exc.reason)
+        finally:
+            self._parser = None
+        return _FileRead(stamp, valid=True, built=self._rebuild(doc))
 
     def _take(self, read: _FileRead | None) -> bool:
         """Use what ``_load`` found (on the event loop, when there is one)."""
@@ -444,18 +451,26 @@ class NodeConfig:
                 self._stamp = None
             return False
         self._stamp = read.stamp
-        if read.doc is None:
+        if not read.valid:
             CONFIG_REJECTED.labels("file", read.reason).inc()
             log.warning("node config rejected; keeping the previous one", path=str(self.path), reason=read.reason,
                         error=read.error)
             return False
-        self._doc = read.doc
-        return self._publish("file")
+        return self._install(read.built, "file")
 
     def _cluster_changed(self) -> None:
+        """Called by a watch thread after its object changed: build there, install on the loop."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._publish, "cluster")
+        if loop is None or loop.is_closed():
+            return
+        try:
+            built = self._rebuild()
+        except Exception:
+            log.exception("node config from the cluster could not be built; keeping the previous one")
+            return
+        if built is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._install, built, "cluster")
 
     async def changes(self) -> AsyncGenerator[NodeFacts, None]:
         """Yield every new node config (the latest first when several piled up)."""
@@ -481,12 +496,17 @@ class NodeConfig:
     async def start(self) -> None:
         """Start polling the file and watching the cluster (when configured)."""
         self._loop = asyncio.get_running_loop()
+        self._stopping = False
         if self.cluster is not None:
             self.cluster.start(self._cluster_changed)
         if self.path is not None and self._task is None:
             self._task = asyncio.create_task(self._poll(), name="node-config-poll")
 
     async def stop(self) -> None:
+        self._stopping = True
+        parser = self._parser
+        if parser is not None:
+            parser.kill()  # its worker thread then returns at once
         if self.cluster is not None:
             self.cluster.stop()
         if self._task is not None:
@@ -494,4 +514,3 @@ class NodeConfig:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-

@@ -24,7 +24,7 @@ from runtime_proxy.engine.planner import PlanInputError, node_facts_from_json
 from runtime_proxy.loops.usage import UsageSampler
 from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.state.kubelet_root import KubeletRoot
-from runtime_proxy.state.nodeconfig import NodeConfigDocument, node_facts_from_document
+from runtime_proxy.state.nodeconfig import NodeConfigDocument, NodeDocument, node_facts_from_document
 from runtime_proxy.state.store import RuntimeClient, Store
 from tests.runtime_proxy.test_doctor import NOT_HERE, _by_name, _opts, _v1_tree
 from tests.usage_tree import Tree
@@ -125,7 +125,7 @@ def test_wiring_puts_the_configured_root_in_the_node_facts() -> None:
 
 
 def test_the_node_config_file_cgroup_section_keeps_the_configured_root() -> None:
-    doc = NodeConfigDocument.model_validate({"cgroup": {"driver": "systemd"}})
+    doc = NodeDocument.from_model(NodeConfigDocument.model_validate({"cgroup": {"driver": "systemd"}}))
     facts = node_facts_from_document(doc, cgroup=CgroupInfo(kubelet_root="/custom"))
     assert (facts.cgroup.driver, facts.cgroup.kubelet_root) == ("systemd", "/custom")
 

@@ -4,16 +4,22 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from hooks.facts import CPUInfo, CPUTopology
-from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig, load_document
+from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
+from koord_formats.topology import MAX_TOPOLOGY_CPUS, format_cpu_topology
+from runtime_proxy.state import nodeconfig, nodedoc
+from runtime_proxy.state.nodeconfig import MAX_NODE_CONFIG_BYTES, ClusterWatch, NodeConfig, load_document
 
 ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
@@ -60,7 +66,13 @@ def test_file_is_read_and_nrt_annotations_win(tmp_path: Path) -> None:
         pytest.param("labels: [1, 2]", id="labels of the wrong type"),
         pytest.param("unknownTopKey: 1", id="unknown top-level key"),
         pytest.param("{not yaml", id="not YAML"),
-        pytest.param("annotations: {a: '" + "x" * (4 << 20) + "'}", id="a file past the 4 MiB bound"),
+        pytest.param("annotations: {a: '" + "x" * (1 << 20) + "'}", id="a file past the 1 MiB bound"),
+        pytest.param("annotations: {a: '" + "x" * (257 << 10) + "'}", id="node annotations over 256 KiB"),
+        pytest.param("nodeResourceTopology: {annotations: {a: '" + "x" * (257 << 10) + "'}}",
+                     id="NRT annotations over the API server's 256 KiB"),
+        pytest.param("nodeSLO: {extensions: {at: 2024-01-01}}", id="a YAML timestamp in the NodeSLO"),
+        pytest.param("nodeSLO: {extensions: {x: .nan}}", id="NaN in the NodeSLO"),
+        pytest.param("nodeSLO: {extensions: {x: '" + "y" * (257 << 10) + "'}}", id="a NodeSLO over 256 KiB"),
         pytest.param("nodeSLO: " + "[" * 3000 + "]" * 3000, id="a node config nested three thousand deep"),
         pytest.param("a: &a [1, 1]\nb: &b [*a, *a]\nnodeSLO: [*b, *b]", id="YAML aliases where the NodeSLO belongs"),
     ],
@@ -101,6 +113,118 @@ async def test_changes_are_published_without_restart(tmp_path: Path) -> None:
     finally:
         await changes.aclose()
         await cfg.stop()
+
+
+def rejected(reason: str) -> float:
+    return REGISTRY.get_sample_value("rhp_node_config_rejected_total", {"source": "file", "reason": reason}) or 0.0
+
+
+def test_a_file_over_the_bound_is_refused_with_its_reason_and_the_last_config_stays(tmp_path: Path) -> None:
+    f = tmp_path / "node.yaml"
+    write(f, GOOD)
+    cfg = NodeConfig(path=f)
+    before, refused = cfg.current(), rejected("too-large")
+    text = "labels:\n" + "".join(f"  l{i:06d}: v\n" for i in range(MAX_NODE_CONFIG_BYTES // 12))
+    write(f, text[: MAX_NODE_CONFIG_BYTES - 1] + "\n" * 2)  # one byte over the bound, otherwise valid YAML
+    assert f.stat().st_size == MAX_NODE_CONFIG_BYTES + 1
+    assert cfg.reload() is False
+    assert cfg.current() is before
+    assert rejected("too-large") == refused + 1
+
+
+def test_the_bound_holds_a_4096_cpu_topology_in_both_annotation_sets() -> None:
+    """The largest legitimate part of a node config, the cpu-topology annotation of a machine
+    with ``MAX_TOPOLOGY_CPUS`` and the largest ids the format takes, in node and NRT annotations
+    of a JSON file (its quotes escaped), with a real node's labels and the example NodeSLO."""
+    topo = format_cpu_topology(CPUTopology(tuple(
+        CPUInfo(cpu, 4096 + cpu, 1000 + cpu % 24, 1000 + cpu % 23) for cpu in range(MAX_TOPOLOGY_CPUS))))
+    example = load_document((ROOT / "packaging/examples/nodeslo.yaml").read_text())
+    text = json.dumps({
+        "name": "a-node-name-of-the-longest-kind." + "x" * 200,
+        "labels": {f"example.com/label-{i}": "v" * 63 for i in range(100)},
+        "annotations": {NODE_ANNOTATION_CPU_TOPOLOGY: topo},
+        "nodeResourceTopology": {"annotations": {NODE_ANNOTATION_CPU_TOPOLOGY: topo}},
+        "nodeSLO": example.nodeSLO,
+    }, indent=2)
+    assert len(text.encode()) < MAX_NODE_CONFIG_BYTES
+    assert load_document(text).annotations[NODE_ANNOTATION_CPU_TOPOLOGY] == topo
+
+
+async def test_the_file_is_parsed_in_another_process_and_built_off_the_event_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a reload costs runs off the event loop: YAML and pydantic in the parser process
+    (never in this one), ``NodeFacts`` in a worker thread."""
+    f = tmp_path / "node.yaml"
+    write(f, GOOD)
+    cfg = NodeConfig(path=f)
+    here: list[str] = []
+    built_in: list[int] = []
+    real_safe_load, real_validate, real_build = nodedoc.yaml.safe_load, nodedoc.NodeConfigDocument.model_validate, \
+        nodeconfig.node_facts_from_document
+    monkeypatch.setattr(nodedoc.yaml, "safe_load", lambda *a, **k: here.append("yaml") or real_safe_load(*a, **k))
+    monkeypatch.setattr(nodedoc.NodeConfigDocument, "model_validate",
+                        lambda *a, **k: here.append("pydantic") or real_validate(*a, **k))
+    monkeypatch.setattr(nodeconfig, "node_facts_from_document",
+                        lambda *a, **k: built_in.append(threading.get_ident()) or real_build(*a, **k))
+    write(f, GOOD.replace("groupIdentity: 1", "groupIdentity: 2"))
+    assert await cfg.reload_async() is True
+    assert cfg.current().node_slo["resourceQOSStrategy"]["lsClass"]["cpuQOS"]["groupIdentity"] == 2
+    assert here == []
+    assert built_in and threading.get_ident() not in built_in
+
+
+async def test_cluster_changes_are_built_in_the_watch_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    watch = ClusterWatch("n1", api_client=object())
+    callbacks: list[Any] = []
+    monkeypatch.setattr(watch, "start", callbacks.append)
+    cfg = NodeConfig(cluster=watch, node_name="n1")
+    built_in: list[int] = []
+    real_build = nodeconfig.node_facts_from_document
+    monkeypatch.setattr(nodeconfig, "node_facts_from_document",
+                        lambda *a, **k: built_in.append(threading.get_ident()) or real_build(*a, **k))
+    await cfg.start()
+    try:
+        def watch_thread() -> None:  # what ClusterWatch._watch_loop does with an event
+            if watch.handle_event("Node", NODE_EVENT):
+                callbacks[0]()
+
+        thread = threading.Thread(target=watch_thread)
+        thread.start()
+        thread.join()
+        await wait_for(lambda: cfg.current().labels == {"l": "v"})
+        assert built_in == [thread.ident]
+    finally:
+        await cfg.stop()
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        pytest.param("import time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)", "timeout",
+                     id="a parser past its deadline is killed"),
+        pytest.param("os.kill(os.getpid(), signal.SIGXCPU)", "timeout", id="a parser past its CPU limit"),
+        pytest.param("sys.exit(3)", "worker-failed", id="a parser that fails"),
+        pytest.param("sys.stdout.buffer.write(b'garbage')", "worker-failed", id="a parser that answers garbage"),
+        pytest.param("import datetime, pickle; sys.stdout.buffer.write(pickle.dumps(('ok', datetime.date.today())))",
+                     "worker-failed", id="an answer that names a class"),
+    ],
+)
+def test_a_parser_that_does_not_answer_properly_keeps_the_last_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, reason: str) -> None:
+    f = tmp_path / "node.yaml"
+    write(f, GOOD)
+    cfg = NodeConfig(path=f, parse_deadline=1.0)
+    before, refused = cfg.current(), rejected(reason)
+    pid_file = tmp_path / "pid"
+    monkeypatch.setattr(nodedoc, "worker_command", lambda cpu_seconds: [
+        sys.executable, "-c", "import os, signal, sys\n" + command, str(pid_file)])
+    write(f, GOOD.replace("groupIdentity: 1", "groupIdentity: 2"))
+    assert cfg.reload() is False
+    assert cfg.current() is before
+    assert rejected(reason) == refused + 1
+    if pid_file.exists():  # the parser that slept was killed and reaped
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), 0)
 
 
 NODE_EVENT = {"type": "ADDED", "object": {"metadata": {"name": "n1", "labels": {"l": "v"}, "annotations": {"a": "1"}}}}
