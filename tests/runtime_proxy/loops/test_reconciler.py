@@ -215,7 +215,14 @@ async def test_nodeslo_change_converges_within_one_period(tmp_path: Path) -> Non
     await r.start()
     try:
         await asyncio.sleep(0.1)
+        generation = node_config.generation
         cfg_file.write_text(json.dumps({"nodeSLO": GI_ON}))
+        # The file is parsed in a child process, which takes its own time; the clock starts when
+        # the new config is in use.
+        deadline = time.monotonic() + 60
+        while node_config.generation == generation:
+            assert time.monotonic() < deadline, "the node config file was not taken"
+            await asyncio.sleep(0.01)
         changed_at = time.monotonic()
         want = {p.uid: "-1" if p.uid == "b" else "2" for p in pods}
         while not all(read_file(tmp_path, p.cgroup_parent.strip("/"), "cpu.bvt_warp_ns") == want[p.uid] for p in pods):
