@@ -24,15 +24,17 @@ What :meth:`Cluster.start` does, in order:
   listening on 127.0.0.1 only (ports picked free at start), and waits until the node
   ``127.0.0.1`` is Ready and the ``default`` ServiceAccount exists.
 
-kubelet runs with the cgroupfs driver and cgroup root ``/`` (pods under ``/kubepods``), a
+kubelet runs with the cgroupfs driver and cgroup root ``/`` (pods under ``/kubepods``; another
+root with *cgroup_root*, made in every hierarchy before kubelet starts, as kubelet requires), a
 private ``--root-dir`` and pod log directory, image garbage collection that never triggers
 (thresholds 100/99) and hard-eviction thresholds that never trigger on a working machine.
 kubelet raises a few kernel sysctls and adds iptables chains when it starts; :meth:`stop`
 restores the sysctls' values and removes the chains it added.
 
 :meth:`Cluster.stop` kills every process it started (by PID), removes the route, the
-``/kubepods`` tree when the cluster created it, kubelet's ``/var/log/containers`` links and the
-work directory. Pods go with the runtime: stop the private containerd after the cluster.
+``/kubepods`` tree when the cluster created it, the cgroup roots it made (with everything below
+them), kubelet's ``/var/log/containers`` links and the work directory. Pods go with the
+runtime: stop the private containerd after the cluster.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
-from rhp_devenv.cgroupfs import cgroup_hierarchies, remove_cgroup_tree
+from rhp_devenv.cgroupfs import cgroup_hierarchies, relative_cgroup_path, remove_cgroup_tree
 
 __all__ = [
     "KUBE_VERSION",
@@ -242,9 +244,13 @@ def kubelet_config(
     client_ca: Path,
     serving: TlsPair,
     pod_logs_dir: Path,
+    cgroup_root: str = "/",
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """kubelet's ``KubeletConfiguration`` for the one-node cluster (see the module docstring).
+
+    *cgroup_root* is kubelet's ``cgroupRoot`` (``--cgroup-root``): pods go under
+    ``<cgroup_root>/kubepods``; it must exist in every hierarchy kubelet uses.
 
     *extra* is merged on top (shallow), e.g. ``{"featureGates": {"EventedPLEG": True}}``.
     """
@@ -266,7 +272,7 @@ def kubelet_config(
         "tlsPrivateKeyFile": str(serving.key),
         "containerRuntimeEndpoint": f"unix://{cri_socket}",
         "cgroupDriver": "cgroupfs",
-        "cgroupRoot": "/",
+        "cgroupRoot": cgroup_root,
         "failCgroupV1": False,
         "failSwapOn": False,
         "resolvConf": "",
@@ -434,6 +440,28 @@ def _kubepods_exists() -> bool:
     return any((h / KUBEPODS.lstrip("/")).exists() for h in cgroup_hierarchies())
 
 
+def _cgroup_root_exists(root: str) -> bool:
+    rel = relative_cgroup_path(root)
+    return any((h / rel).exists() for h in cgroup_hierarchies())
+
+
+def _make_cgroup_root(root: str) -> None:
+    """Create kubelet's cgroup root *root* (and its parents) in every hierarchy: kubelet refuses
+    to start when it is missing in one of those it uses. New cpuset dirs (v1) get their parent's
+    CPUs and memory nodes, or no task could join them."""
+    rel = relative_cgroup_path(root)
+    for hierarchy in cgroup_hierarchies():
+        directory = hierarchy
+        for part in rel.parts:
+            directory = directory / part
+            directory.mkdir(exist_ok=True)
+            if hierarchy.name == "cpuset":
+                for file in ("cpuset.cpus", "cpuset.mems"):
+                    with contextlib.suppress(FileNotFoundError):
+                        if not (directory / file).read_text().strip():
+                            (directory / file).write_text((directory.parent / file).read_text())
+
+
 def _undo(state: Mapping[str, Any]) -> None:
     """Undo what the cluster described by *state* changed on the machine (stop or crash recovery).
 
@@ -450,6 +478,9 @@ def _undo(state: Mapping[str, Any]) -> None:
     _remove_iptables_chains(state.get("iptables", []))
     if state.get("kubepods_created"):
         remove_cgroup_tree(KUBEPODS, kill=True, timeout=10.0)
+    for root in state.get("cgroup_roots", []):  # made by the run: only its kubelet's pods live there
+        with contextlib.suppress(ValueError):
+            remove_cgroup_tree(str(root), kill=True, timeout=10.0)
     work_dir = Path(work)
     _unmount_under(work_dir)
     _remove_log_links(work_dir)
@@ -512,6 +543,7 @@ class Cluster:
         scheduler_base: Mapping[str, Any] | None = None,
         extenders: Sequence[Mapping[str, Any]] = (),
         kubelet_extra: Mapping[str, Any] | None = None,
+        cgroup_root: str = "/",
         start_timeout: float = 180.0,
         lock_timeout: float = 1800.0,
         keep_work_dir: bool = False,
@@ -526,6 +558,10 @@ class Cluster:
         :param scheduler_base: the ``KubeSchedulerConfiguration`` to start from.
         :param extenders: extenders for kube-scheduler (replace *scheduler_base*'s).
         :param kubelet_extra: merged into kubelet's configuration (see :func:`kubelet_config`).
+        :param cgroup_root: kubelet's ``cgroupRoot`` (e.g. ``/rhp-e2e-root``); made in every
+            hierarchy when missing, and then removed with everything below it by :meth:`stop`
+            (and by the next start after a crash). Change :attr:`cgroup_root` and call
+            :meth:`restart_kubelet` with ``rewrite_config=True`` to move a live kubelet.
         :param start_timeout: seconds for everything to come up.
         :param lock_timeout: seconds to wait for another cluster on this machine to stop.
         """
@@ -538,6 +574,9 @@ class Cluster:
         self.scheduler_base = dict(scheduler_base or {})
         self.extenders = [dict(e) for e in extenders]
         self.kubelet_extra = dict(kubelet_extra or {})
+        if cgroup_root.strip("/"):
+            relative_cgroup_path(cgroup_root)  # ValueError on '..', '.' or a systemd slice
+        self.cgroup_root = cgroup_root
         self.start_timeout = start_timeout
         self.lock_timeout = lock_timeout
         self.keep_work_dir = keep_work_dir
@@ -867,8 +906,16 @@ class Cluster:
         return self.work_dir / "kubelet-config.json"
 
     def write_kubelet_config(self) -> None:
-        """(Re)write :attr:`kubelet_config_path` from :attr:`cri_socket` and the settings."""
+        """(Re)write :attr:`kubelet_config_path` from :attr:`cri_socket` and the settings; make
+        :attr:`cgroup_root` when it is missing (recorded for :meth:`stop` and crash recovery)."""
         assert self.ca is not None
+        root = self.cgroup_root
+        if root.strip("/") and not _cgroup_root_exists(root):
+            roots = self._state.setdefault("cgroup_roots", [])
+            if root not in roots:
+                roots.append(root)
+                self._save_state()  # recorded before it exists: a crash in between leaves nothing
+            _make_cgroup_root(root)
         config = kubelet_config(
             cri_socket=self.cri_socket,
             port=self.ports["kubelet"],
@@ -876,6 +923,7 @@ class Cluster:
             client_ca=self.ca.cert,
             serving=self.kubelet_serving,
             pod_logs_dir=self.work_dir / "pod-logs",
+            cgroup_root=root,
             extra=self.kubelet_extra,
         )
         self.kubelet_config_path.write_text(json.dumps(config, indent=1))

@@ -27,6 +27,17 @@ def test_kubelet_config_listens_on_loopback_and_never_collects_or_evicts(tmp_pat
     assert all(v in ("1Mi", "1%") for v in config["evictionHard"].values())
     assert config["authentication"]["anonymous"] == {"enabled": False}
     assert config["featureGates"] == {"EventedPLEG": True}
+    other = kube.kubelet_config(cri_socket=Path("/run/x.sock"), port=1, healthz_port=2, client_ca=tmp_path / "ca",
+                                serving=pair, pod_logs_dir=tmp_path / "logs", cgroup_root="/rhp-other")  # fmt: skip
+    assert other["cgroupRoot"] == "/rhp-other"
+
+
+@pytest.mark.parametrize("root", ["/a/../b", "/kubelet.slice"])
+def test_a_cgroup_root_leaving_the_hierarchy_is_refused(root: str) -> None:
+    if kube.kube_binary() is None:
+        pytest.skip("no kube binary (the constructor needs one)")
+    with pytest.raises(ValueError):
+        kube.Cluster("/x.sock", cgroup_root=root)
 
 
 def test_scheduler_config_keeps_the_base_and_replaces_the_extenders(tmp_path: Path) -> None:
@@ -66,7 +77,8 @@ def _blackhole_routes() -> str:
 def test_a_crashed_runs_processes_route_and_files_are_undone_at_the_next_start(tmp_path: Path) -> None:
     """What a run that died left behind (recorded in its state file) is undone when the next
     cluster takes the machine's lock: its processes (by PID and start time), the blackhole route,
-    kubelet's sysctl changes and the work directory. A PID now used by another process is spared."""
+    kubelet's sysctl changes, the cgroup root it made (with what is below it) and the work
+    directory. A PID now used by another process is spared."""
     if kube.kube_binary() is None:
         pytest.skip("no kube binary (the constructor needs one)")
     cluster = kube.Cluster("/nonexistent.sock", lock_timeout=1800)
@@ -78,6 +90,9 @@ def test_a_crashed_runs_processes_route_and_files_are_undone_at_the_next_start(t
         work.mkdir()
         subprocess.run(["ip", "route", "replace", "blackhole", kube.SERVICE_CIDR], check=True)
         tunable = "kernel/panic"
+        root = f"/rhp-crashtest-root-{os.getpid()}"
+        kube._make_cgroup_root(f"{root}/kubepods")
+        assert kube._cgroup_root_exists(root)
         current = (Path("/proc/sys") / tunable).read_text().strip()
         state = {
             "owner": 1,
@@ -86,6 +101,7 @@ def test_a_crashed_runs_processes_route_and_files_are_undone_at_the_next_start(t
             "tunables": {tunable: current},
             "iptables": [],
             "kubepods_created": False,
+            "cgroup_roots": [root],
         }
         kube._STATE_PATH.write_text(json.dumps(state))
         assert kube.SERVICE_CIDR.split("/")[0] in _blackhole_routes()
@@ -94,6 +110,7 @@ def test_a_crashed_runs_processes_route_and_files_are_undone_at_the_next_start(t
         assert bystander.poll() is None  # its recorded start time does not match: not ours
         assert kube.SERVICE_CIDR.split("/")[0] not in _blackhole_routes()
         assert not work.exists()
+        assert not kube._cgroup_root_exists(root)
         assert not kube._STATE_PATH.exists()
         assert (Path("/proc/sys") / tunable).read_text().strip() == current
     finally:
