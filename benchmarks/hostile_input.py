@@ -21,7 +21,7 @@ The proxy runs in a child process (this file with ``--child``) next to a loop-la
 that sleeps 5 ms and records how late it wakes up. Peak RSS is the child's ``VmHWM``. Targets:
 worst stall <= 50 ms, peak RSS <= 96 MiB. Nothing here is a test.
 
-NRI phases (``--only nri``, or ``nri-slow`` / ``nri-sync`` for one attack; they need no
+NRI phases (``--only nri``, or ``nri-slow`` / ``nri-sync`` / ``nri-nodecfg`` for one attack; they need no
 containerd): ``runtime-proxy nri`` (every built-in plugin, the loops, as ``runtime_proxy.nri.cli``
 runs it) in a child with the same probe, registered with a runtime played by this process.
 Sessions alternate: a healthy one (Configure, a small Synchronize, then 2 s of LS and LSR pod
@@ -32,7 +32,14 @@ restarts) and, except in the baseline, an attacked one:
   container as fast as the plugin takes them, never reading a reply, until the plugin closes the
   session (at most 20 s);
 - Synchronize flood: 40 chunks of 12 MiB with ``more`` (48 pods with 256 KiB of annotations
-  each), each sent when the previous one is answered, until the plugin refuses one.
+  each), each sent when the previous one is answered, until the plugin refuses one;
+- node config reloads (``nri-nodecfg``): the plugin's node config file is replaced every 3 s by
+  a valid one just under ``MAX_NODE_CONFIG_BYTES`` (a 4096-CPU cpu-topology in the node and NRT
+  annotations, the example NodeSLO, labels for the rest), its labels alternating, while healthy
+  sessions run.
+
+``--baseline-repo DIR`` runs each NRI phase twice, interleaved: first with the plugin imported
+from another checkout (DIR, e.g. a worktree of an older commit), then with this one's.
 
 The NRI table also shows how much of the worst stall the loop's thread spent on the CPU: on a
 shared machine most of a wall-clock stall can be time spent waiting for a CPU.
@@ -63,7 +70,9 @@ if TYPE_CHECKING:
     import hpack
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+# The code under test: this checkout, or (children of --baseline-repo rows) another one.
+CODE = Path(os.environ.get("RHP_BENCH_CODE") or REPO)
+sys.path.insert(0, str(CODE))
 
 from koord_formats.keys import ANNOTATION_RESOURCE_SPEC, ANNOTATION_RESOURCE_STATUS, LABEL_QOS_CLASS  # noqa: E402
 
@@ -105,6 +114,7 @@ class LagStats:
             "samples": float(len(self.lags)),
             "hwm_mib": _status_kib("VmHWM") / 1024,
             "rss_mib": _status_kib("VmRSS") / 1024,
+            "node_config_generation": _sample("rhp_node_config_generation"),
         }
 
 
@@ -113,6 +123,12 @@ def _status_kib(key: str, pid: int | str = "self") -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     return 0
+
+
+def _sample(name: str, labels: dict[str, str] | None = None) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
 
 async def _probe(stats: LagStats) -> None:
@@ -361,7 +377,7 @@ def nri_child(args: argparse.Namespace) -> None:
 
     logs.configure("json", "warning")
     tmp = Path(args.tmp)
-    cfg = ProxyConfig(hookServerDir=str(tmp / "hs.d"), cgroupRoot=str(tmp / "cgroup"),
+    cfg = ProxyConfig(hookServerDir=str(tmp / "hs.d"), cgroupRoot=str(tmp / "cgroup"), nodeConfigFile=args.node_config,
                       resctrlRoot=str(tmp / "resctrl"))
     opts = NriOptions(socket=args.nri_socket, config=cfg, entry_points=False)
     stats = LagStats()
@@ -457,6 +473,7 @@ class NriCounts:
     close_after: list[float] = field(default_factory=list)
     chunks_before_refusal: list[int] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)
+    config_writes: int = 0
 
 
 def _nri_pod(pod_id: str, qos: str, cpuset: str = "") -> Any:
@@ -544,7 +561,7 @@ def nri_runtime(path: str, stop: threading.Event, attacks: frozenset[str], out: 
             except TimeoutError:
                 continue
             out.sessions += 1
-            attacked = bool(attacks) and out.sessions % 2 == 0
+            attacked = bool(attacks & {"nri-slow", "nri-sync"}) and out.sessions % 2 == 0
             try:
                 wire = NriWire(conn)
                 wire.register()
@@ -619,13 +636,50 @@ def sync_flood(wire: NriWire, chunk: bytes, stop: threading.Event, out: NriCount
 
 
 class NriChild(Child):
-    def __init__(self, nri_socket: str, tmp: Path, log: Path) -> None:
+    def __init__(self, nri_socket: str, tmp: Path, log: Path, node_config: Path, code: Path = REPO) -> None:
         self.log = open(log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--child-nri", "--nri-socket", nri_socket, "--tmp", str(tmp)],
+            [sys.executable, __file__, "--child-nri", "--nri-socket", nri_socket, "--tmp", str(tmp),
+             "--node-config", str(node_config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": str(code), "RHP_BENCH_CODE": str(code)},
         )
+
+
+NODE_CONFIG_PAUSE = 3.0  # seconds between two rewrites of the node config file
+
+
+def maximal_node_config(tag: str) -> str:
+    """A valid node config file just under ``MAX_NODE_CONFIG_BYTES``: a 4096-CPU cpu-topology in
+    the node and the NRT annotations, the example NodeSLO, and labels (the most objects per byte)
+    for the rest; ``tag`` is every label's value."""
+    from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
+    from koord_formats.topology import CPUInfo, CPUTopology, format_cpu_topology
+    from runtime_proxy.state.nodedoc import MAX_NODE_CONFIG_BYTES, load_document
+
+    topo = format_cpu_topology(CPUTopology(tuple(
+        CPUInfo(cpu, cpu % 2048, (cpu % 2048) // 128, (cpu % 2048) // 64) for cpu in range(4096))))
+    slo = load_document((REPO / "packaging/examples/nodeslo.yaml").read_text()).nodeSLO
+    parts = [f"name: bench-node\nannotations:\n  {NODE_ANNOTATION_CPU_TOPOLOGY}: '{topo}'\n"
+             f"nodeResourceTopology:\n  annotations:\n    {NODE_ANNOTATION_CPU_TOPOLOGY}: '{topo}'\n"
+             f"nodeSLO: {json.dumps(slo)}\nlabels:\n"]
+    size, i = len(parts[0]), 0
+    while size + 16 < MAX_NODE_CONFIG_BYTES:
+        parts.append(f"  l{i:06d}: {tag}\n")
+        size += len(parts[-1])
+        i += 1
+    text = "".join(parts)
+    load_document(text)
+    return text
+
+
+def node_config_rewrites(path: Path, texts: list[str], stop: threading.Event, out: NriCounts) -> None:
+    """Replace the node config file with the next of ``texts`` every ``NODE_CONFIG_PAUSE`` s."""
+    while not stop.wait(NODE_CONFIG_PAUSE):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(texts[out.config_writes % len(texts)])
+        os.replace(tmp, path)
+        out.config_writes += 1
 
 
 @dataclass
@@ -635,24 +689,37 @@ class NriPhase:
     counts: NriCounts
 
 
-NRI_ATTACKS = ("nri-slow", "nri-sync")
+NRI_ATTACKS = ("nri-slow", "nri-sync", "nri-nodecfg")
 NRI_PHASES: list[tuple[str, frozenset[str]]] = [
     ("NRI baseline", frozenset()),
     ("never-reading runtime", frozenset({"nri-slow"})),
     ("Synchronize flood", frozenset({"nri-sync"})),
+    ("node config reloads", frozenset({"nri-nodecfg"})),
 ]
 
 
-def run_nri_phase(name: str, seconds: float, attacks: frozenset[str], tmp: Path) -> NriPhase:
-    tag = "-".join(name.split()[:2]).lower()
+_MAXIMAL_CONFIGS: list[str] = []
+
+
+def run_nri_phase(name: str, seconds: float, attacks: frozenset[str], tmp: Path, code: Path = REPO) -> NriPhase:
+    if code != REPO:
+        name = f"{name} (baseline code)"
+    tag = "-".join(name.split()[:2]).lower() + ("-baseline" if code != REPO else "")
     path = str(tmp / f"{tag}.sock")
     work = tmp / tag
     work.mkdir()
+    node_config = work / "node.yaml"
+    node_config.write_text("name: bench-node\n")
     stop = threading.Event()
     counts = NriCounts()
-    runtime = threading.Thread(target=nri_runtime, args=(path, stop, attacks, counts))
-    runtime.start()
-    child_proc = NriChild(path, work, tmp / f"{tag}.log")
+    threads = [threading.Thread(target=nri_runtime, args=(path, stop, attacks, counts))]
+    if "nri-nodecfg" in attacks:
+        if not _MAXIMAL_CONFIGS:
+            _MAXIMAL_CONFIGS.extend(maximal_node_config(t) for t in "ab")
+        threads.append(threading.Thread(target=node_config_rewrites,
+                                        args=(node_config, _MAXIMAL_CONFIGS, stop, counts)))
+    threads[0].start()
+    child_proc = NriChild(path, work, tmp / f"{tag}.log", node_config, code)
     try:
         deadline = time.monotonic() + 60
         while counts.healthy_sessions < 1:  # warm up: a whole healthy session
@@ -660,6 +727,8 @@ def run_nri_phase(name: str, seconds: float, attacks: frozenset[str], tmp: Path)
                 raise RuntimeError(f"the NRI plugin did not complete a healthy session in {name}")
             time.sleep(0.1)
         assert child_proc.ask("reset") == "ok"
+        for t in threads[1:]:
+            t.start()
         time.sleep(seconds)
         lag = json.loads(child_proc.ask("report"))
         if child_proc.proc.poll() is not None:
@@ -668,7 +737,9 @@ def run_nri_phase(name: str, seconds: float, attacks: frozenset[str], tmp: Path)
     finally:
         stop.set()
         child_proc.stop()
-        runtime.join(60)
+        for t in threads:
+            if t.is_alive():
+                t.join(60)
 
 
 def report_nri(phases: list[NriPhase], seconds: float) -> None:
@@ -680,14 +751,14 @@ def report_nri(phases: list[NriPhase], seconds: float) -> None:
     print(f"\nNRI plugin (every built-in, loops on), {seconds:g} s per phase, probe every "
           f"{PROBE_INTERVAL * 1e3:g} ms; healthy sessions of {NRI_HEALTHY_SECONDS:g} s alternate with "
           "attacked ones; ratios against the NRI baseline row\n")
-    head = (f"{'phase':<22} {'worst stall':>11} {'on CPU':>9} {'ratio':>7} {'p99 stall':>9} {'>50ms':>5} "
+    head = (f"{'phase':<36} {'worst stall':>11} {'on CPU':>9} {'ratio':>7} {'p99 stall':>9} {'>50ms':>5} "
             f"{'peak RSS':>9} {'ratio':>6} {'lifecycle p50':>13} {'p99':>8} {'lifecycles ok':>13} {'sessions':>8}")
     print(head)
     print("-" * len(head))
     for ph in phases:
         lat = ph.counts.lifecycles.latencies
         life = f"{ph.counts.lifecycles.ok}/{ph.counts.lifecycles.ok + ph.counts.lifecycles.failed}"
-        print(f"{ph.name:<22} {ph.lag['worst_ms']:>8.1f} ms {ph.lag['worst_on_cpu_ms']:>6.1f} ms "
+        print(f"{ph.name:<36} {ph.lag['worst_ms']:>8.1f} ms {ph.lag['worst_on_cpu_ms']:>6.1f} ms "
               f"{ratio(ph.lag['worst_ms'], base.lag['worst_ms']):>7} "
               f"{ph.lag['p99_ms']:>6.1f} ms {ph.lag['over_50ms']:>5.0f} {ph.lag['hwm_mib']:>5.1f} MiB "
               f"{ratio(ph.lag['hwm_mib'], base.lag['hwm_mib']):>6} {_pct(lat, 0.5) * 1e3:>10.1f} ms "
@@ -705,6 +776,10 @@ def report_nri(phases: list[NriPhase], seconds: float) -> None:
         if c.close_after:
             notes.append(f"{c.requests_sent} requests sent unread, session closed after "
                          f"{statistics.median(c.close_after):.1f} s (median)")
+        if c.config_writes:
+            size = len(_MAXIMAL_CONFIGS[0].encode()) / 1024
+            notes.append(f"{c.config_writes} rewrites of a valid {size:.0f} KiB node config (every "
+                         f"{NODE_CONFIG_PAUSE:g} s), {ph.lag['node_config_generation'] - 1:.0f} taken")
         if c.chunks_before_refusal:
             notes.append(f"chunks of {SYNC_PODS_PER_CHUNK * SYNC_ANNOTATION / (1 << 20):.0f} MiB taken before the "
                          f"refusal {sorted(set(c.chunks_before_refusal))}, refusals {c.refusals}")
@@ -839,7 +914,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--quick", action="store_true", help="8 s per phase")
     parser.add_argument("--only", help="baseline and one attack phase: poison, flood, slow or poison,flood,slow; "
-                        "nri-slow or nri-sync (the NRI baseline and that attack), nri (both)")
+                        "nri-slow, nri-sync or nri-nodecfg (the NRI baseline and that attack), nri (all three)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the proxies' logs")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--listen", help=argparse.SUPPRESS)
@@ -848,6 +923,10 @@ def main() -> None:
     parser.add_argument("--child-nri", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nri-socket", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
+    parser.add_argument("--node-config", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline-repo", type=Path,
+                        help="NRI phases: run each phase first with the plugin of this checkout (rows marked "
+                             "'baseline code'), then with this one's, interleaved in one run")
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -868,8 +947,10 @@ def main() -> None:
                           for name, attacks in PHASES if only is None or name == "baseline" or attacks == only]
             report(phases, args)
         if only is None or nri_only:
-            nri_phases = [run_nri_phase(name, args.seconds, attacks, Path(tmp)) for name, attacks in NRI_PHASES
-                          if nri_only is None or not attacks or attacks <= nri_only]
+            codes = [args.baseline_repo.resolve(), REPO] if args.baseline_repo else [REPO]
+            nri_phases = [run_nri_phase(name, args.seconds, attacks, Path(tmp), code)
+                          for name, attacks in NRI_PHASES if nri_only is None or not attacks or attacks <= nri_only
+                          for code in codes]
             report_nri(nri_phases, args.seconds)
         if args.keep_logs:
             kept = Path(tempfile.mkdtemp(prefix="rhp-hostile-logs-"))
