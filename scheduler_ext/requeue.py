@@ -233,10 +233,13 @@ class Requeuer:
         who = {"pod": f"{waiter.namespace}/{waiter.name}", "uid": waiter.uid, "node": node}
         try:
             pod = await self.api.get_pod(waiter.namespace, waiter.name)
-            meta = pod.get("metadata") or {}
-            if not isinstance(meta, dict) or meta.get("uid") != waiter.uid or meta.get("deletionTimestamp"):
+            meta = pod.get("metadata") if isinstance(pod, dict) else None
+            spec = pod.get("spec") if isinstance(pod, dict) else None
+            if not isinstance(meta, dict) or not isinstance(spec, dict):
+                return "gone"  # not a pod we can judge
+            if meta.get("uid") != waiter.uid or meta.get("deletionTimestamp"):
                 return "gone"
-            if (pod.get("spec") or {}).get("nodeName"):
+            if spec.get("nodeName"):
                 return "bound"
             value = f"{node} {int(self.wall() * 1000)}"
             await self.api.patch_pod_annotations(
@@ -248,6 +251,9 @@ class Requeuer:
             return "conflict"  # the pod changed: kube-scheduler saw that update already
         except APIError as exc:
             log.warning("requeue after topology failed", error=str(exc), **who)
+            return "error"
+        except Exception as exc:  # whatever the API answered, the loop goes on for the other pods
+            log.warning("requeue after topology failed", error=repr(exc)[:300], **who)
             return "error"
         log.info("requeued pod: its node's CPU topology appeared", **who)
         return "patched"

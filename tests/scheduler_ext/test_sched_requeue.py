@@ -135,9 +135,12 @@ def test_a_tick_patches_at_most_its_budget_and_keeps_the_rest_queued() -> None:
         (pending("p"), ConflictError(409, "changed"), "conflict"),
         (pending("p"), NotFoundError(404, "deleted meanwhile"), "gone"),
         (pending("p"), TimeoutError(), "error"),
+        (pending("p"), RuntimeError("a bug of ours"), "error"),
+        ({"metadata": ["not", "a", "map"], "spec": {}}, None, "gone"),
+        ({"metadata": {"uid": "uid-p"}, "spec": "not a map"}, None, "gone"),
     ],
     ids=["pending", "bound-meanwhile", "replaced", "deleted", "changed-meanwhile", "deleted-meanwhile",
-         "api-unreachable"],
+         "api-unreachable", "unexpected-error", "hostile-metadata", "hostile-spec"],
 )
 def test_nudge_patches_only_the_same_unbound_pod(
     stored: dict[str, Any] | None, fail: Exception | None, result: str
