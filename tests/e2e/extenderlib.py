@@ -4,9 +4,11 @@ can be checked past this machine's 2 CPUs), raw API calls, events, and the exten
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import json
 import secrets
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -49,8 +51,10 @@ def nrt_of(name: str, *, cores: int, threads: int = 2) -> dict[str, Any]:
 def api_only_node(cluster: Cluster, *, cores: int | None, threads: int = 2) -> Iterator[str]:
     """A Node object with no kubelet (64 CPUs allocatable to kube-scheduler) and, unless
     ``cores`` is None, its NodeResourceTopology; both deleted afterwards. Pods reach it with
-    :func:`on_node` (a node selector and a toleration of every taint: the node gets the
-    not-ready and unreachable taints, having no kubelet)."""
+    :func:`on_node` (a node selector and a toleration of every taint). A thread renews the
+    node's Lease in ``kube-node-lease`` as kubelet would, so kube-controller-manager keeps it
+    Ready and changes nothing on it: a Node change would requeue every pod the extender
+    refused, which tests of requeueing must not depend on."""
     name = f"rhp-api-{secrets.token_hex(3)}"
     capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
     cluster.kubectl("create", "-f", "-", input=json.dumps({
@@ -60,13 +64,40 @@ def api_only_node(cluster: Cluster, *, cores: int | None, threads: int = 2) -> I
         "status": {"capacity": capacity, "allocatable": capacity,
                    "conditions": [{"type": "Ready", "status": "True", "reason": "ApiOnly", "message": "no kubelet"}]},
     }))  # fmt: skip
+    stop = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(cluster, name, stop), name=f"lease-{name}", daemon=True)
+    beat.start()
     try:
         if cores is not None:
             cluster.apply(nrt_of(name, cores=cores, threads=threads))
         yield name
     finally:
+        stop.set()
+        beat.join(30)
+        api_call(cluster, "DELETE", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}")
         cluster.kubectl("delete", "noderesourcetopology", name, "--ignore-not-found", "--wait=false", check=False)
         cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def _heartbeat(cluster: Cluster, node: str, stop: threading.Event, every: float = 5.0) -> None:
+    """Renew ``node``'s Lease every ``every`` seconds until ``stop`` (kubelet's heartbeat)."""
+    path = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+
+    def now() -> str:
+        return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": node, "namespace": "kube-node-lease"},
+             "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": now()}}  # fmt: skip
+    while not stop.is_set():
+        try:
+            status, _ = api_call(cluster, "PATCH", f"{path}/{node}", {"spec": {"renewTime": now()}},
+                                 content_type="application/merge-patch+json")  # fmt: skip
+            if status == 404:
+                api_call(cluster, "POST", path, lease)
+        except OSError:
+            pass  # the next beat tries again
+        stop.wait(every)
 
 
 def on_node(manifest: dict[str, Any], node: str) -> dict[str, Any]:
@@ -138,14 +169,15 @@ def assert_sealed_by_extender(cluster: Cluster, pod: Mapping[str, Any]) -> None:
     assert verdict == SEALED, f"the seal does not verify for {pod['spec']['nodeName']}: {ann}"
 
 
-def api_call(cluster: Cluster, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
+def api_call(
+    cluster: Cluster, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
+) -> tuple[int, dict[str, Any]]:
     """One call to kube-apiserver as the admin user: (status, JSON body)."""
     port = int(cluster.server.rsplit(":", 1)[1])
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=cluster.admin_tls())
     try:
         data = json.dumps(body).encode() if body is not None else None
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json",
-                                                       "Accept": "application/json"})  # fmt: skip
+        conn.request(method, path, body=data, headers={"Content-Type": content_type, "Accept": "application/json"})
         resp = conn.getresponse()
         raw = resp.read()
         return resp.status, (json.loads(raw) if raw else {})
