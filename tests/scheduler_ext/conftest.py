@@ -7,9 +7,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,4 +151,30 @@ def extender(api: FakeAPIServer) -> Iterator[Extender]:
     try:
         yield ext
     finally:
+        ext.stop()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``cond`` every 10 ms until it holds; ``TimeoutError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def serve(api: FakeAPIServer) -> Iterator[Callable[..., Extender]]:
+    """Start extenders against ``api`` (after creating ``objects`` there); all stopped at the end."""
+    started: list[Extender] = []
+
+    def _serve(objects: list[dict[str, Any]] = (), **kwargs: Any) -> Extender:  # type: ignore[assignment]
+        for obj in objects:
+            api.create(obj)
+        ext = start_extender(api.url, **kwargs)
+        started.append(ext)
+        return ext
+
+    yield _serve
+    for ext in started:
         ext.stop()

@@ -4,8 +4,7 @@ API server through the official client."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,34 +14,10 @@ import pytest
 from koord_formats.topology import format_cpu_topology
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import TOPO_QUAD_NUMA, TOPO_SMALL, cluster, cpus, device, node, pod
-from tests.scheduler_ext.conftest import Extender, start_extender
+from tests.scheduler_ext.conftest import Extender, start_extender, wait_for
 
 RS = "scheduling.koordinator.sh/resource-status"
 DA = "scheduling.koordinator.sh/device-allocated"
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        time.sleep(0.01)
-
-
-@pytest.fixture
-def serve(api: FakeAPIServer) -> Iterator[Callable[..., Extender]]:
-    started: list[Extender] = []
-
-    def _serve(objects: list[dict[str, Any]] = (), **kwargs: Any) -> Extender:  # type: ignore[assignment]
-        for obj in objects:
-            api.create(obj)
-        ext = start_extender(api.url, **kwargs)
-        started.append(ext)
-        return ext
-
-    yield _serve
-    for ext in started:
-        ext.stop()
 
 
 def bind(ext: Extender, p: dict[str, Any], node_name: str) -> str:

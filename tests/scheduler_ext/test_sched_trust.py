@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -26,7 +25,7 @@ from scheduler_ext.state import ClusterState, load_objects
 from scheduler_ext.trust import SEAL_ANNOTATION, Trust
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import TOPO_QUAD_NUMA, cluster, cpus, pod
-from tests.scheduler_ext.conftest import SEAL_KEY, TRUST, Extender, bind_client, start_extender
+from tests.scheduler_ext.conftest import SEAL_KEY, TRUST, Extender, bind_client, start_extender, wait_for
 
 RS = "scheduling.koordinator.sh/resource-status"
 DA = "scheduling.koordinator.sh/device-allocated"
@@ -34,30 +33,6 @@ RA = "scheduling.koordinator.sh/reservation-allocated"
 FORGED = {RS: json.dumps({"cpuset": "0-15"}),
           DA: json.dumps({"gpu": [{"minor": 0, "resources": {"koordinator.sh/gpu-core": "100"}}]}),
           RA: json.dumps({"name": "r", "uid": "uid-r"})}
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        time.sleep(0.01)
-
-
-@pytest.fixture
-def serve(api: FakeAPIServer) -> Iterator[Callable[..., Extender]]:
-    started: list[Extender] = []
-
-    def _serve(objects: list[dict[str, Any]] = (), **kwargs: Any) -> Extender:  # type: ignore[assignment]
-        for obj in objects:
-            api.create(obj)
-        ext = start_extender(api.url, **kwargs)
-        started.append(ext)
-        return ext
-
-    yield _serve
-    for ext in started:
-        ext.stop()
 
 
 def bind(ext: Extender, p: Mapping[str, Any], node_name: str) -> str:
