@@ -82,10 +82,16 @@ class StoreBackend:
         return self.interceptor.node()
 
     def pods(self) -> list[PodFacts]:
-        return self.store.pods()
+        """The pods whose sandbox did not stop (``Store.live_pods``)."""
+        return self.store.live_pods()
+
+    def bound_pods(self) -> list[PodFacts]:
+        """The pods whose bound CPUs count for the share pools (``Store.holding_pods``)."""
+        return self.store.holding_pods()
 
     def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
-        return list(self.store.containers())
+        """The containers the runtime has not stopped."""
+        return self.store.running_containers()
 
     async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
         """Send only the changed fields (the runtime keeps the rest), then record them."""

@@ -14,6 +14,12 @@ the eight intercepted CRI calls. For each call:
 
 Calls for pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` skip every hook but
 are still recorded in the store.
+
+Bound CPUs follow the store's rule (``runtime_proxy.state.store``, released pods): StopPodSandbox
+and the StopContainer of a pod's last running container release the CPUs of its resource-status
+cpuset, a new container takes them back. A release changes the node facts hooks see at once (a
+new LSR pod given those CPUs is bound to them), and ``on_store_change`` hears that the share
+pools moved, so the reconciler gives the running LS containers the CPUs back.
 """
 
 from __future__ import annotations
@@ -266,21 +272,20 @@ class CriInterceptor:
         arrived or changed since the last call (see ``runtime_proxy.engine.bound``)."""
         version = self.store.version
         if version != self._refreshed_version:
-            await self._bound.refresh(self.store.pods())
+            await self._bound.refresh(self.store.holding_pods())
             self._refreshed_version = version
 
     def node(self) -> NodeFacts:
         """The node facts hooks see: the node config with kubelet's cgroup root
-        (``runtime_proxy.state.kubelet_root``) plus the CPUs bound to the stored pods under the
-        node's trust rules, in the store's order (oldest first; cached per store version; a pod
-        whose annotation does not parse is left out)."""
+        (``runtime_proxy.state.kubelet_root``) plus the CPUs bound to the stored pods that hold
+        them (``Store.holding_pods``) under the node's trust rules, in the store's order (oldest
+        first; cached per store version; a pod whose annotation does not parse is left out)."""
         base = self.node_source.current()
         cache = self._node_cache
         if cache is not None and cache[0] == self.store.version and cache[1] == id(base):
             return cache[2]
-        pods = self.store.pods()
-        node = self.kubelet_root.node(base, pods)
-        bound, lse = self._bound.bound(pods, node)
+        node = self.kubelet_root.node(base, self.store.pods())
+        bound, lse = self._bound.bound(self.store.holding_pods(), node)
         node = node.replace(bound_cpusets=bound, lse_pods=lse) if (bound or node.bound_cpusets) else node
         self._node_cache = (self.store.version, id(base), node)
         return node
@@ -353,6 +358,7 @@ class CriInterceptor:
     async def _after_stop_pod_sandbox(
         self, msg: api_pb2.StopPodSandboxRequest, response: bytes, result: StageResult | None
     ) -> None:
+        self.store.stop_pod(msg.pod_sandbox_id)
         if result is not None:
             await self._apply(result.plan, "PreStopPodSandbox")
         await self._post("PostStopPodSandbox", self.store.pod(msg.pod_sandbox_id), None)
@@ -394,7 +400,7 @@ class CriInterceptor:
     ) -> None:
         container_id = api_pb2.CreateContainerResponse.FromString(response).container_id
         container = container_facts_from_config(msg.config, container_id=container_id)
-        self.store.put_container(msg.pod_sandbox_id, container)
+        self.store.add_container(msg.pod_sandbox_id, container)
         pod = self.store.pod(msg.pod_sandbox_id)
         if result is not None:
             await self._apply(_bind_container_id(result.plan, container_id), "PreCreateContainer")
@@ -453,6 +459,7 @@ class CriInterceptor:
     async def _after_stop_container(
         self, msg: api_pb2.StopContainerRequest, response: bytes, result: StageResult | None
     ) -> None:
+        self.store.stop_container(msg.container_id)
         await self._after_container("StopContainer", msg.container_id, result)
 
     async def _before_remove_container(self, msg: api_pb2.RemoveContainerRequest) -> StageResult | None:

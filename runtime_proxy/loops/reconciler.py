@@ -89,7 +89,7 @@ class ReconcileBackend(Protocol):
         ...
 
     def pods(self) -> list[PodFacts]:
-        """Every running pod sandbox the proxy knows (with ``sandbox_id``)."""
+        """Every pod the proxy knows whose sandbox did not stop (with ``sandbox_id``)."""
         ...
 
     def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
@@ -307,8 +307,8 @@ class Reconciler:
             by_pod: dict[str, list[ContainerFacts]] = {}
             for p, c in containers:
                 by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
-            # A backend may name the pods that still hold their bound CPUs (``bound_pods``:
-            # NRI mode leaves out pods whose containers the runtime all stopped).
+            # A backend may name the pods that still hold their bound CPUs (``bound_pods``: both
+            # doors leave out the pods the store calls released, ``runtime_proxy.state.store``).
             holding = getattr(self.backend, "bound_pods", None)
             bound_from = pods if holding is None else [p for p in holding() if not p.skips_hooks]
             await self._bound.refresh(bound_from)

@@ -19,16 +19,21 @@ Mapping (stage names from ``hooks.spec.STAGES``):
   containers' resource changes go back in the Synchronize reply.
 
 Bound CPUs. A pod holds the CPUs of its resource-status cpuset (the share pools' input, see
-``runtime_proxy.engine.bound``) from RunPodSandbox until the runtime stopped every container it
-had (``holding_pods``; removing those containers does not make it hold them again, a new
-container does); a pod with no container yet holds them, so its first CreateContainer reply can
-move the LS containers off them. Synchronize cannot tell a pod whose stopped containers were all
-removed from one that has none yet, so after a plugin restart such a pod holds its CPUs again
-until it is removed or gets a container. When the StopContainer of the last running container
-of a pod that holds CPUs arrives, it is processed before the reply, the reconciler's round
-runs, and the grown share pool goes back to the running LS containers in that StopContainer
-reply (containerd sends StopContainer for kubelet's StopContainer, for a container still
-running at StopPodSandbox, and when a container exits on its own). A change of the bound CPUs
+``runtime_proxy.engine.bound``) under the store's rule, the same as in proxy mode
+(``runtime_proxy.state.store``, released pods): from RunPodSandbox until StopPodSandbox or until
+the runtime stopped every container it had (removing those containers does not make it hold
+them again, a new container does); a pod with no container yet holds them, so its first
+CreateContainer reply can move the LS containers off them. At Synchronize a sandbox without a
+pid and without a running container is stopped (containerd reports a NotReady sandbox so, and
+keeps it until kubelet's garbage collection removes it), when the runtime reports the pid of
+any other sandbox (a runtime that reports none cannot be read so); such a pod is not planned
+(its cgroups are gone). Synchronize lists no exited container, so it cannot tell a pod whose
+containers all exited from one that has none yet: after a plugin restart such a pod holds its
+CPUs again until it is stopped, removed or gets a container. When the StopContainer of the last
+running container of a pod that holds CPUs arrives, it is processed before the reply, the
+reconciler's round runs, and the grown share pool goes back to the running LS containers in that
+StopContainer reply (containerd sends StopContainer for kubelet's StopContainer, for a container
+still running at StopPodSandbox, and when a container exits on its own). A change of the bound CPUs
 that no reply can carry yet (no other container runs) is left to the reconciler's routine round
 and to the next reply that can carry updates; so a pod's whole lifecycle on an otherwise idle
 node costs no extra round.
@@ -89,12 +94,12 @@ SETTLE_WAIT = 0.5
 E = nri_pb2.Event
 
 # Events the store needs whatever the plugins do: pods and containers arriving, changing,
-# stopping (the loops leave stopped containers alone) and leaving.
-ALWAYS: tuple[int, ...] = (E.RUN_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CONTAINER, E.UPDATE_CONTAINER,
-                           E.STOP_CONTAINER, E.REMOVE_CONTAINER)
+# stopping (a stopped sandbox releases its pod's bound CPUs; the loops leave stopped containers
+# alone) and leaving.
+ALWAYS: tuple[int, ...] = (E.RUN_POD_SANDBOX, E.STOP_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CONTAINER,
+                           E.UPDATE_CONTAINER, E.STOP_CONTAINER, E.REMOVE_CONTAINER)
 # Further events, each wanted when one of its stages has work.
 WHEN_STAGES: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (E.STOP_POD_SANDBOX, ("PostStopPodSandbox",)),
     (E.POST_CREATE_CONTAINER, ("PostCreateContainer",)),
     (E.START_CONTAINER, ("PreStartContainer",)),
     (E.POST_START_CONTAINER, ("PostStartContainer",)),
@@ -220,6 +225,16 @@ def _as_carried(container: ContainerFacts, plan: Plan, skipped: list[str]) -> Co
     return container
 
 
+def stopped_sandboxes(pods: list[Any], containers: list[Any]) -> list[str]:
+    """The ids of the sandboxes a Synchronize reports stopped: no pid and no running container,
+    when the runtime reports the pid of some sandbox (containerd reports none for a NotReady
+    sandbox, whose task is gone; a runtime that reports no pid at all cannot be read so)."""
+    if not any(pod.pid for pod in pods):
+        return []
+    running = {c.pod_sandbox_id for c in containers if c.state == nri_pb2.CONTAINER_RUNNING}
+    return [pod.id for pod in pods if not pod.pid and pod.id not in running]
+
+
 def _files_only(plan: Plan) -> Plan:
     return Plan(writes=list(plan.writes), moves=list(plan.moves), removals=list(plan.removals))
 
@@ -259,18 +274,10 @@ class NriEngine:
         # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
         self._deferred: OrderedDict[str, Plan] = OrderedDict()
         self.runtime = ""
-        # Ids of containers the runtime stopped (still in the store until removed): the loops
-        # leave them alone.
-        self.stopped: set[str] = set()
-        # Sandbox ids of pods whose containers the runtime all stopped: they stay released when
-        # those containers are removed, until the pod gets a new container.
-        self.released: set[str] = set()
-        # Bumped when a container is stopped (the store itself does not change then).
-        self._stops = 0
         # Called after an event changed the store with "did the bound cpusets (the share pools'
         # input) change?", so the reconciler pushes new pools to running containers at once.
         self.on_store_change = on_store_change
-        self._notified_version: tuple[int, int] = (-1, -1)
+        self._notified_version = -1
         self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] = ({}, frozenset())
         # Set when the share pools' input changed; ``settle`` (the reconciler's round, set by
         # the composition root) then runs before the next reply that can carry updates.
@@ -292,8 +299,8 @@ class NriEngine:
             self._refreshed_version = version
 
     async def _notify(self) -> None:
-        """Tell ``on_store_change`` about a store change (once per store version and stop)."""
-        version = (self.store.version, self._stops)
+        """Tell ``on_store_change`` about a store change (once per store version)."""
+        version = self.store.version
         if self.on_store_change is None or version == self._notified_version:
             return
         self._notified_version = version
@@ -310,18 +317,19 @@ class NriEngine:
         # carry them, so the reconciler only needs its routine round (for the files) here.
         self.on_store_change(changed and self.settle is None)
 
-    def holding_pods(self) -> list[PodFacts]:
-        """The stored pods that hold their bound CPUs: all but those whose containers the
-        runtime all stopped, also once those are removed (``released``); a pod with no container
-        yet holds them."""
-        pods = self.store.pods()
-        return [pod for pod in pods if pod.sandbox_id not in self.released] if self.released else pods
+    @property
+    def stopped(self) -> frozenset[str]:
+        """Ids of the stored containers the runtime stopped (``Store.stopped``)."""
+        return self.store.stopped
 
-    def _release_if_all_stopped(self, sandbox_id: str) -> None:
-        """Mark the pod released when it has containers and the runtime stopped all of them."""
-        mine = [c.id for owner, c in self.store.containers() if owner.sandbox_id == sandbox_id]
-        if mine and all(cid in self.stopped for cid in mine):
-            self.released.add(sandbox_id)
+    @property
+    def released(self) -> frozenset[str]:
+        """Sandbox ids of the stored pods that do not hold their CPUs (``Store.released``)."""
+        return self.store.released
+
+    def holding_pods(self) -> list[PodFacts]:
+        """The stored pods that hold their bound CPUs (``Store.holding_pods``)."""
+        return self.store.holding_pods()
 
     def _frees_bound_cpus(self, sandbox_id: str, uid: str, container_id: str) -> bool:
         """Whether stopping ``container_id`` releases CPUs bound to its pod: the pod holds bound
@@ -329,7 +337,8 @@ class NriEngine:
         if uid not in self._pools[0]:
             return False
         for owner, container in self.store.containers():
-            if owner.sandbox_id == sandbox_id and container.id != container_id and container.id not in self.stopped:
+            if (owner.sandbox_id == sandbox_id and container.id != container_id
+                    and not self.store.is_stopped(container.id)):
                 return False
         return True
 
@@ -448,7 +457,7 @@ class NriEngine:
     def _others_running(self, exclude: str) -> bool:
         """True when a container other than ``exclude`` is running: only those can receive
         updates in this reply."""
-        return any(c.id != exclude and c.id not in self.stopped for _, c in self.store.containers())
+        return any(c.id != exclude for _, c in self.store.running_containers())
 
     async def _settled(self, exclude: str = "") -> None:
         """Run ``settle`` when the share pools' input changed since it last ran, waiting for it
@@ -470,7 +479,7 @@ class NriEngine:
         updates: list[Any] = []
         pending, self.pending_updates = self.pending_updates, OrderedDict()
         for container_id, changes in pending.items():
-            if container_id == skip or container_id in self.stopped:
+            if container_id == skip or self.store.is_stopped(container_id):
                 continue
             res, skipped = linux_resources(changes)
             if not res.ListFields():
@@ -510,21 +519,19 @@ class NriEngine:
         for pod in pods:
             store.put_pod(pod_facts(pod))
         running: list[tuple[str, ContainerFacts]] = []
-        stopped: set[str] = set()
         for container in containers:
             facts = container_facts(container)
             store.put_container(container.pod_sandbox_id, facts)
             if container.state == nri_pb2.CONTAINER_RUNNING:
                 running.append((container.pod_sandbox_id, facts))
             elif container.state == nri_pb2.CONTAINER_STOPPED:
-                stopped.add(container.id)
+                store.stop_container(container.id)
+        for sandbox_id in stopped_sandboxes(pods, containers):
+            store.stop_pod(sandbox_id)
         self.store = store
-        self.stopped = stopped
-        with_containers = {c.pod_sandbox_id for c in containers}
-        self.released = with_containers - {c.pod_sandbox_id for c in containers if c.id not in stopped}
         self._refreshed_version = -1
-        self._notified_version = (-1, -1)
-        for each_pod in store.pods():
+        self._notified_version = -1
+        for each_pod in store.live_pods():
             await self._stage_and_apply("ReconcilePod", each_pod, None)
         updates: list[Any] = []
         for sandbox_id, container_f in running:
@@ -562,19 +569,18 @@ class NriEngine:
         pod_f, container_f = pod_facts(pod), container_facts(container)
         if self.store.pod(pod_f.sandbox_id) is None:
             self.store.put_pod(pod_f)
-        self.released.discard(pod_f.sandbox_id)
         reply = nri_pb2.CreateContainerResponse()
         result = await self._run("PreCreateContainer", pod_f, container_f)
         if result is None:
-            self.store.put_container(pod_f.sandbox_id, container_f)
+            self.store.add_container(pod_f.sandbox_id, container_f)
             return reply
         plan = result.plan
         stored = result.container or container_f
         if self.dry_run:
-            self.store.put_container(pod_f.sandbox_id, stored)
+            self.store.add_container(pod_f.sandbox_id, stored)
             return reply
         adjust, skipped = adjustment(plan)
-        self.store.put_container(pod_f.sandbox_id, _as_carried(stored, plan, skipped))
+        self.store.add_container(pod_f.sandbox_id, _as_carried(stored, plan, skipped))
         if skipped:
             log.info("plan fields NRI cannot carry at create; dropped", fields=skipped, container=container.id)
         if adjust.ListFields():
@@ -665,11 +671,10 @@ class NriEngine:
                 await self._apply(plan, "PreRunPodSandbox")
             await self._stage_and_apply("PostRunPodSandbox", pod_f, None)
         elif event == E.STOP_POD_SANDBOX:
+            self.store.stop_pod(pod_f.sandbox_id)
             await self._stage_and_apply("PostStopPodSandbox", pod_f, None)
         elif event == E.REMOVE_POD_SANDBOX:
             self.store.drop_pod(pod_f.sandbox_id)
-            self.stopped &= {c.id for _, c in self.store.containers()}
-            self.released.discard(pod_f.sandbox_id)
             await self._stage_and_apply("PostRemovePodSandbox", pod_f, None)
         elif container_f is None:
             return
@@ -688,14 +693,9 @@ class NriEngine:
         elif event == E.POST_UPDATE_CONTAINER:
             await self._stage_and_apply("PostUpdateContainerResources", pod_f, container_f)
         elif event == E.STOP_CONTAINER:
-            if container_f.id not in self.stopped and self.store.container(container_f.id) is not None:
-                self.stopped.add(container_f.id)
-                self._stops += 1
-                self._release_if_all_stopped(pod_f.sandbox_id)
+            self.store.stop_container(container_f.id)
             await self._stage_and_apply("PostStopContainer", pod_f, container_f)
         elif event == E.REMOVE_CONTAINER:
             self._deferred.pop(container_f.id, None)
             self.store.drop_container(container_f.id)
-            self.stopped.discard(container_f.id)
-            self._release_if_all_stopped(pod_f.sandbox_id)
             await self._stage_and_apply("PostRemoveContainer", pod_f, container_f)

@@ -5,8 +5,8 @@ Container updates are kept by the engine and sent in the next reply that can car
 (CreateContainer, UpdateContainer, StopContainer; ``NriEngine.queue_update``); when the share
 pools' input changed, the reconciler runs before that reply, so an LSR pod's own
 CreateContainer reply moves the running LS containers off its CPUs, and the StopContainer reply
-of its last container gives them back (``bound_pods``: a pod whose containers were all stopped
-no longer holds its CPUs).
+of its last container gives them back (``bound_pods``: a released pod no longer holds its
+CPUs, ``runtime_proxy.state.store``).
 
 With ``unsolicited`` they are sent at once as unsolicited ``UpdateContainers`` calls instead.
 containerd 2.1 and 1.7 take their NRI lock and the NRI adaptation's lock in opposite orders for
@@ -53,16 +53,16 @@ class NriBackend:
         return self.engine.node()
 
     def pods(self) -> list[PodFacts]:
-        return self.engine.store.pods()
+        """The pods whose sandbox did not stop (``Store.live_pods``)."""
+        return self.engine.store.live_pods()
 
     def bound_pods(self) -> list[PodFacts]:
-        """The pods whose bound CPUs count for the share pools (``NriEngine.holding_pods``)."""
-        return self.engine.holding_pods()
+        """The pods whose bound CPUs count for the share pools (``Store.holding_pods``)."""
+        return self.engine.store.holding_pods()
 
     def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
         """The containers the runtime has not stopped."""
-        stopped = self.engine.stopped
-        return [(pod, c) for pod, c in self.engine.store.containers() if c.id not in stopped]
+        return self.engine.store.running_containers()
 
     async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
         """Keep ``changes`` (CRI field names) for the engine's next reply; with ``unsolicited``,

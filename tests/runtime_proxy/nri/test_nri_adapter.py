@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from cri_protos import nri_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
@@ -16,8 +18,11 @@ from hooks.plan import Plan
 from hooks.spec import hookimpl
 from runtime_proxy.engine.intercept import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.host.apply import FileApplier
+from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.nri.adapter import NriEngine, adjustment, container_facts, linux_resources, pod_facts
 from runtime_proxy.nri.connection import RpcError
+from tests.cgroup_files import make_files, read_file
 from tests.hooks.plugins.factories import node
 from tests.topologies import DUAL_SOCKET_HT
 
@@ -226,6 +231,67 @@ async def test_synchronize_rebuilds_the_store_and_bound_cpusets_reach_the_node()
     assert engine.store.pods() == []
 
 
+def _lsr_pod(sandbox_id: str, uid: str, cpuset: str, *, pid: int) -> Any:
+    pod = nri_pb2.PodSandbox(id=sandbox_id, name=sandbox_id, uid=uid, namespace="default", labels=LSR_LABELS,
+                             annotations={"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": cpuset})},
+                             pid=pid)
+    pod.linux.cgroup_parent = f"/kubepods/pod{uid}"
+    return pod
+
+
+async def test_a_notready_sandbox_at_synchronize_is_not_planned_and_holds_no_cpus(tmp_path: Path) -> None:
+    """After a plugin restart, containerd's Synchronize lists the NotReady sandboxes of pods
+    deleted meanwhile (kept until kubelet's garbage collection removes them), with no pid, no
+    container and no cgroup left: they are neither planned nor applied (no "applying plan
+    failed") and their CPUs go back to the share pools."""
+    make_files(tmp_path, "kubepods/podlive", {"cpu.cfs_quota_us": "100000"})
+    make_files(tmp_path, "kubepods/podlive/live", {"cpuset.cpus": "0-3"})  # its sandbox's cgroup
+    pm = make_plugin_manager(builtins=("cpuset",), entry_points=False)
+    applier = FileApplier(cgroups=Cgroups(str(tmp_path), version=1))
+    engine = NriEngine(Pipeline(plugin_steps(pm, [("cpuset", "Ignore", 2.0)])), applier=applier,
+                       node_source=StaticNode(node(DUAL_SOCKET_HT)))
+    live, gone = _lsr_pod("live", "live", "2", pid=4242), _lsr_pod("gone", "gone", "3", pid=0)
+    with capture_logs() as logs:
+        await engine.synchronize([gone, live], [])
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == []
+    assert read_file(tmp_path, "kubepods/podlive", "cpu.cfs_quota_us") == "-1"
+    assert read_file(tmp_path, "kubepods/podlive/live", "cpuset.cpus") == "2"
+    assert not (tmp_path / "cpu" / "kubepods" / "podgone").exists()
+    assert dict(engine.node().bound_cpusets) == {"live": frozenset({2})}
+    assert [p.sandbox_id for p in engine.holding_pods()] == ["live"]
+
+
+async def test_without_any_pid_at_synchronize_no_sandbox_counts_as_stopped() -> None:
+    """A runtime that reports no sandbox pid at all cannot be read for stopped sandboxes: every
+    pod keeps its CPUs, as before."""
+    engine, _ = _engine()
+    await engine.synchronize([_lsr_pod("a", "a", "2", pid=0), _lsr_pod("b", "b", "3", pid=0)], [])
+    assert dict(engine.node().bound_cpusets) == {"a": frozenset({2}), "b": frozenset({3})}
+
+
+async def test_a_sandbox_with_a_running_container_is_not_stopped_whatever_its_pid() -> None:
+    engine, _ = _engine()
+    running = _container("c1")
+    running.state = nri_pb2.CONTAINER_RUNNING
+    await engine.synchronize([_lsr_pod("sb1", "a", "2", pid=0), _lsr_pod("b", "b", "3", pid=7)], [running])
+    assert dict(engine.node().bound_cpusets) == {"a": frozenset({2}), "b": frozenset({3})}
+
+
+async def test_stop_pod_sandbox_releases_the_cpus_of_a_pod_without_containers_for_good() -> None:
+    """StopPodSandbox releases the pod's CPUs, also when it never had a container; a late
+    CreateContainer for the stopped sandbox (containerd refuses one) does not bind them again."""
+    engine, _ = _engine()
+    lsr = _lsr_pod("lsr", "lsr", "2", pid=7)
+    await engine.state_change(E.RUN_POD_SANDBOX, lsr, None)
+    assert dict(engine.node().bound_cpusets) == {"lsr": frozenset({2})}
+    await engine.state_change(E.STOP_POD_SANDBOX, lsr, None)
+    assert engine.node().bound_cpusets == {} and engine.holding_pods() == []
+    late = _container("late")
+    late.pod_sandbox_id = "lsr"
+    await engine.create_container(lsr, late)
+    assert engine.node().bound_cpusets == {} and engine.holding_pods() == []
+
+
 # -- subscribed events and background processing ---------------------------------------------------
 
 
@@ -248,8 +314,8 @@ class PostStart:
 )
 def test_wanted_events_follow_the_pipeline(plugins: tuple[object, ...], more: set[int]) -> None:
     engine, _ = _engine(*plugins)
-    always = {E.RUN_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CONTAINER, E.UPDATE_CONTAINER, E.STOP_CONTAINER,
-              E.REMOVE_CONTAINER}
+    always = {E.RUN_POD_SANDBOX, E.STOP_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CONTAINER, E.UPDATE_CONTAINER,
+              E.STOP_CONTAINER, E.REMOVE_CONTAINER}
     assert set(engine.wanted_events()) == always | more
 
 

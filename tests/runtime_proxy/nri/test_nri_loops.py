@@ -379,8 +379,8 @@ async def test_a_whole_lsr_pod_lifecycle_changes_the_share_pools_input_twice() -
     await engine.state_change(E.REMOVE_CONTAINER, lsr, _container("a", "lsr", "0"))
     await engine.state_change(E.STOP_POD_SANDBOX, lsr, None)
     await engine.state_change(E.REMOVE_POD_SANDBOX, lsr, None)
-    # arrives (holds), container created (same), stopped (releases), removed, pod removed
-    assert seen == [True, False, True, False, False]
+    # arrives (holds), container created (same), stopped (releases), removed, sandbox stopped, pod removed
+    assert seen == [True, False, True, False, False, False]
 
 
 async def test_with_settle_a_pools_change_asks_only_for_the_routine_round_and_settles_in_a_reply() -> None:
