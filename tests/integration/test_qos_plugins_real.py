@@ -326,3 +326,31 @@ def test_proxy_restart_keeps_the_lsr_cpus_out_of_the_share_pool(qos_proxy: Proxy
     client.remove_pod(lsr)
     q.wait_for(lambda: q.read_container_file(ls.cgroup_parent, ls_cid, "cpuset.cpus"), ALL_CPUS,
                what="LS cpuset after the LSR pod left")
+
+
+def test_ls_cpuset_grows_when_an_lsr_pod_is_stopped_before_it_is_removed(
+    qos_proxy: ProxyFactory, containerd: Any
+) -> None:
+    """kubelet stops a deleted pod at once but removes its sandbox only at its garbage
+    collection, up to a minute later: the LS container grows onto the stopped LSR pod's CPU as
+    soon as StopPodSandbox returned (through containerd's UpdateContainerResources), and a new
+    LSR pod given that CPU is bound to it while the stopped sandbox still exists."""
+    proxy, client = qos_proxy(reconcile=True)
+    direct = containerd.cri_client()
+    ls, ls_cid = run_ls_pod(containerd, client)
+
+    def ls_cpus() -> str:
+        return q.read_container_file(ls.cgroup_parent, ls_cid, "cpuset.cpus")
+
+    old, old_cid = run_lsr_pod(containerd, client)
+    q.wait_for(ls_cpus, LS_POOL_WITH_LSR, what="LS cpuset after the LSR pod arrived")
+    client.stop_container(old_cid)
+    client.stop_pod_sandbox(old.pod_id)
+    q.wait_for(ls_cpus, ALL_CPUS, what="LS cpuset after the LSR pod was stopped")
+    assert _status_linux(direct, ls_cid).cpuset_cpus == ALL_CPUS
+    # Stopped, not removed (containerd may set the state a moment after StopPodSandbox returns).
+    q.wait_for(lambda: [s.state for s in direct.list_pod_sandboxes() if s.id == old.pod_id],
+               [api_pb2.SANDBOX_NOTREADY], what="the old sandbox's state")
+    new, new_cid = run_lsr_pod(containerd, client)
+    assert q.read_container_file(new.cgroup_parent, new_cid, "cpuset.cpus") == LSR_CPU
+    q.wait_for(ls_cpus, LS_POOL_WITH_LSR, what="LS cpuset after the new LSR pod arrived")
