@@ -335,7 +335,7 @@ def test_ls_cpuset_grows_when_an_lsr_pod_is_stopped_before_it_is_removed(
     collection, up to a minute later: the LS container grows onto the stopped LSR pod's CPU as
     soon as StopPodSandbox returned (through containerd's UpdateContainerResources), and a new
     LSR pod given that CPU is bound to it while the stopped sandbox still exists."""
-    proxy, client = qos_proxy(reconcile=True)
+    _, client = qos_proxy(reconcile=True)
     direct = containerd.cri_client()
     ls, ls_cid = run_ls_pod(containerd, client)
 
