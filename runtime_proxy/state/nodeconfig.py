@@ -133,6 +133,32 @@ class ClusterObjects:
     resource_versions: dict[str, str] = field(default_factory=dict)
 
 
+# A watch event larger than this is refused before it is parsed. What we read of the three objects
+# is what a node config file holds (runtime_proxy.state.nodedoc.MAX_NODE_CONFIG_BYTES says why
+# 1 MiB holds it); a Node's status (conditions, addresses, up to 50 images) adds tens of KiB.
+MAX_WATCH_EVENT_CHARS = 1 << 20
+_TOO_LARGE = "TOO_LARGE"
+_BOUNDED_WATCH: list[Any] = []
+
+
+def _bounded_watch() -> Any:
+    """The client's ``Watch``, with each event bounded (``MAX_WATCH_EVENT_CHARS``; a larger one
+    becomes a ``TOO_LARGE`` event) and parsed once into plain dicts: the client otherwise parses a
+    Node's event, serializes it again, parses it into model objects, and we serialized those back;
+    each JSON pass is one call that holds the GIL for the whole object."""
+    if not _BOUNDED_WATCH:
+        from kubernetes import watch
+
+        class BoundedWatch(watch.Watch):
+            def unmarshal_event(self, data: str, return_type: Any) -> Any:
+                if len(data) > MAX_WATCH_EVENT_CHARS:
+                    return {"type": _TOO_LARGE, "object": None, "raw_object": None, "size": len(data)}
+                return super().unmarshal_event(data, None)  # type: ignore[no-untyped-call]
+
+        _BOUNDED_WATCH.append(BoundedWatch)
+    return _BOUNDED_WATCH[0]
+
+
 _KINDS: dict[str, tuple[str, str, str]] = {
     # kind -> (group, version, plural); "" group = core API
     "Node": ("", "v1", "nodes"),
@@ -230,9 +256,9 @@ class ClusterWatch:
         return self._api_client
 
     def _watch_loop(self, kind: str, on_change: Callable[[], None]) -> None:
-        from kubernetes import client, watch
+        from kubernetes import client
 
-        new_watch: Any = watch.Watch
+        new_watch = _bounded_watch()
         group, version, plural = _KINDS[kind]
         selector = f"metadata.name={self.node_name}"
         while not self._stop.is_set():
@@ -248,6 +274,11 @@ class ClusterWatch:
                 for event in w.stream(func, *args, field_selector=selector, timeout_seconds=self.watch_timeout):
                     if self._stop.is_set():
                         break
+                    if event.get("type") == _TOO_LARGE:
+                        CONFIG_REJECTED.labels("cluster", "too-large").inc()
+                        log.warning("watch event refused unparsed; keeping the previous object", kind=kind,
+                                    chars=event.get("size"), limit=MAX_WATCH_EVENT_CHARS)
+                        continue
                     obj = event.get("object")
                     if not isinstance(obj, Mapping):
                         obj = api.sanitize_for_serialization(obj)

@@ -295,6 +295,40 @@ async def test_cluster_mode_against_the_fake_api_server(tmp_path: Path) -> None:
             await cfg.stop()
 
 
+async def test_a_watch_event_over_the_bound_is_refused_unparsed_and_the_last_object_stays(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import kubernetes
+
+    from tests.fakeapi import FakeAPIServer
+
+    parsed: list[int] = []
+    real_loads = kubernetes.watch.watch.json.loads
+    monkeypatch.setattr(kubernetes.watch.watch.json, "loads", lambda s, *a, **k: parsed.append(len(s)) or
+                        real_loads(s, *a, **k))
+    refused = REGISTRY.get_sample_value("rhp_node_config_rejected_total",
+                                        {"source": "cluster", "reason": "too-large"}) or 0.0
+    with FakeAPIServer() as api:
+        api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"zone": "a"}}})
+        conf = kubernetes.client.Configuration()
+        conf.host = api.url
+        watch = ClusterWatch("n1", api_client=kubernetes.client.ApiClient(conf), watch_timeout=30)
+        cfg = NodeConfig(cluster=watch, node_name="n1")
+        await cfg.start()
+        try:
+            await wait_for(lambda: cfg.current().labels.get("zone") == "a")
+            huge = {f"l{i:06d}": "v" * 63 for i in range(nodeconfig.MAX_WATCH_EVENT_CHARS // 70)}
+            api.patch_direct("Node", "n1", {"metadata": {"labels": huge}})
+            await wait_for(lambda: (REGISTRY.get_sample_value("rhp_node_config_rejected_total", {
+                "source": "cluster", "reason": "too-large"}) or 0.0) > refused)
+            assert cfg.current().labels == {"zone": "a"}
+            assert max(parsed) <= nodeconfig.MAX_WATCH_EVENT_CHARS
+            api.patch_direct("Node", "n1", {"metadata": {"labels": {"zone": "b"}}})  # a merge patch: huge stays
+            api.patch_direct("Node", "n1", {"metadata": {"labels": {k: None for k in huge}}})
+            await wait_for(lambda: cfg.current().labels == {"zone": "b"})
+        finally:
+            await cfg.stop()
+
+
 # ---- sysfs and RDT detection (fake trees) ---------------------------------------------------------
 
 
