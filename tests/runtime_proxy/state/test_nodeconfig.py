@@ -198,22 +198,23 @@ async def test_cluster_changes_are_built_in_the_watch_thread(monkeypatch: pytest
 
 
 @pytest.mark.parametrize(
-    ("command", "reason"),
+    ("command", "reason", "deadline"),
     [
-        pytest.param("import time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)", "timeout",
+        pytest.param("import time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)", "timeout", 1.0,
                      id="a parser past its deadline is killed"),
-        pytest.param("os.kill(os.getpid(), signal.SIGXCPU)", "timeout", id="a parser past its CPU limit"),
-        pytest.param("sys.exit(3)", "worker-failed", id="a parser that fails"),
-        pytest.param("sys.stdout.buffer.write(b'garbage')", "worker-failed", id="a parser that answers garbage"),
+        pytest.param("os.kill(os.getpid(), signal.SIGXCPU)", "timeout", 120.0, id="a parser past its CPU limit"),
+        pytest.param("sys.exit(3)", "worker-failed", 120.0, id="a parser that fails"),
+        pytest.param("sys.stdout.buffer.write(b'garbage')", "worker-failed", 120.0, id="a parser that answers garbage"),
         pytest.param("import datetime, pickle; sys.stdout.buffer.write(pickle.dumps(('ok', datetime.date.today())))",
-                     "worker-failed", id="an answer that names a class"),
+                     "worker-failed", 120.0, id="an answer that names a class"),
     ],
 )
 def test_a_parser_that_does_not_answer_properly_keeps_the_last_config(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, reason: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, reason: str, deadline: float) -> None:
     f = tmp_path / "node.yaml"
     write(f, GOOD)
-    cfg = NodeConfig(path=f, parse_deadline=1.0)
+    cfg = NodeConfig(path=f)
+    cfg.parse_deadline = deadline
     before, refused = cfg.current(), rejected(reason)
     pid_file = tmp_path / "pid"
     monkeypatch.setattr(nodedoc, "worker_command", lambda cpu_seconds: [
