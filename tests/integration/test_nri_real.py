@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rhp_devenv.cgroupfs import remove_cgroup_tree
 from rhp_devenv.containerd import PrivateContainerd, binaries_for
 from rhp_devenv.cri import SLEEP_COMMAND, linux_resources
 from rhp_devenv.env import ContainerdEnv
@@ -229,6 +230,34 @@ def test_synchronize_after_a_plugin_restart_repairs_a_value_changed_by_hand(
         restarted.start()
         q.wait_for(lambda: q.read_container_file(parent, cid, "cpuset.cpus"), cpu,
                    what="cpuset repaired by the Synchronize reply", timeout=10.0)
+    finally:
+        restarted.stop()
+
+
+def test_a_sandbox_stopped_while_the_plugin_was_down_is_not_planned_and_holds_no_cpus(
+    containerd: ContainerdEnv, nri_plugin: NriPluginProcess, tmp_path: Path
+) -> None:
+    """Pods deleted while the plugin is down leave NotReady sandboxes that containerd keeps
+    (and lists at Synchronize, with no pid) until kubelet's garbage collection removes them:
+    the restarted plugin plans none of them (no "applying plan failed" for their gone cgroups)
+    and their CPUs are free for a new LSR pod."""
+    cpu = _a_cpu()
+    client = containerd.cri_client()
+    # A pod that keeps running: the runtime reports its sandbox's pid (what the plugin reads a
+    # stopped sandbox by needs one; a node with stopped sandboxes only keeps the old behaviour).
+    client.run_container(client.run_pod(cgroup_parent=containerd.new_cgroup_parent("burstable"),
+                                        labels={q.LABEL_QOS: "LS"}), name="ls-app")
+    parent, pod, cid = _lsr_pod(containerd, cpu)
+    nri_plugin.kill9()
+    client.stop_container(cid)
+    client.stop_pod_sandbox(pod.pod_id)
+    remove_cgroup_tree(parent)  # kubelet removes a stopped pod's cgroup
+    restarted = NriPluginProcess(containerd.ctrd.nri_socket, tmp_path / "again")
+    try:
+        restarted.start()
+        new_parent, _, new_cid = _lsr_pod(containerd, cpu)
+        assert q.read_container_file(new_parent, new_cid, "cpuset.cpus") == cpu
+        assert restarted.events("applying plan failed") == 0, restarted.log.read_text()[-3000:]
     finally:
         restarted.stop()
 
