@@ -15,7 +15,9 @@ baseline phase does only that, each other phase adds attacks:
   64 MiB per connection, reconnecting when the relay closes it;
 - never-reading client: opens its windows, sends ListContainers on stream after stream and
   never reads a byte;
-- all attacks at once.
+- all attacks at once;
+- node config reloads (``--only nodecfg``): the proxy's node config file is replaced every 3 s
+  by a valid one just under ``MAX_NODE_CONFIG_BYTES`` (as in the NRI phase below).
 
 The proxy runs in a child process (this file with ``--child``) next to a loop-lag probe: a task
 that sleeps 5 ms and records how late it wakes up. Peak RSS is the child's ``VmHWM``. Targets:
@@ -159,7 +161,7 @@ def child(args: argparse.Namespace) -> None:
     from runtime_proxy.server import ProxyOptions, serve
 
     logs.configure("json", "warning")
-    cfg = ProxyConfig(hookServerDir=args.hook_server_dir)
+    cfg = ProxyConfig(hookServerDir=args.hook_server_dir, nodeConfigFile=args.node_config)
     opts = ProxyOptions(listen=args.listen, backend=args.backend, config=cfg, transport="relay",
                         entry_points=False)
     stats = LagStats()
@@ -181,13 +183,14 @@ def child(args: argparse.Namespace) -> None:
 
 
 class Child:
-    def __init__(self, listen: str, backend: str, hs_dir: str, log: Path) -> None:
+    def __init__(self, listen: str, backend: str, hs_dir: str, log: Path, node_config: Path,
+                 code: Path = REPO) -> None:
         self.log = open(log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--child", "--listen", listen, "--backend", backend,
-             "--hook-server-dir", hs_dir],
+             "--hook-server-dir", hs_dir, "--node-config", str(node_config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": str(code), "RHP_BENCH_CODE": str(code)},
         )
 
     def ask(self, command: str) -> str:
@@ -306,6 +309,7 @@ class AttackCounts:
     closed_by_proxy: int = 0
     sent_mib: float = 0.0
     streams: int = 0
+    config_writes: int = 0
 
 
 def continuation_flood(listen: str, stop: threading.Event, out: AttackCounts) -> None:
@@ -673,7 +677,7 @@ def maximal_node_config(tag: str) -> str:
     return text
 
 
-def node_config_rewrites(path: Path, texts: list[str], stop: threading.Event, out: NriCounts) -> None:
+def node_config_rewrites(path: Path, texts: list[str], stop: threading.Event, out: NriCounts | AttackCounts) -> None:
     """Replace the node config file with the next of ``texts`` every ``NODE_CONFIG_PAUSE`` s."""
     while not stop.wait(NODE_CONFIG_PAUSE):
         tmp = path.with_suffix(".tmp")
@@ -795,6 +799,7 @@ class Phase:
     poisoned: Outcomes | None
     flood: AttackCounts | None
     slow: AttackCounts | None
+    rewrites: AttackCounts | None = None
 
 
 ATTACKS = ("poison", "flood", "slow")
@@ -804,13 +809,18 @@ PHASES: list[tuple[str, frozenset[str]]] = [
     ("CONTINUATION flood", frozenset({"flood"})),
     ("never-reading client", frozenset({"slow"})),
     ("all attacks", frozenset(ATTACKS)),
+    ("node config reloads", frozenset({"nodecfg"})),
 ]
 
 
-def run_phase(env: Any, name: str, seconds: float, attacks: frozenset[str], tmp: Path) -> Phase:
-    tag = name.split()[0].lower()
+def run_phase(env: Any, name: str, seconds: float, attacks: frozenset[str], tmp: Path, code: Path = REPO) -> Phase:
+    if code != REPO:
+        name = f"{name} (baseline code)"
+    tag = name.split()[0].lower() + ("-baseline" if code != REPO else "")
     listen = str(tmp / f"{tag}.sock")
-    child_proc = Child(listen, str(env.socket), str(tmp / "hs.d"), tmp / f"{tag}.log")
+    node_config = tmp / f"{tag}-node.yaml"
+    node_config.write_text("name: bench-node\n")
+    child_proc = Child(listen, str(env.socket), str(tmp / "hs.d"), tmp / f"{tag}.log", node_config, code)
     env.begin_round()
     try:
         wait_ready(listen)
@@ -841,6 +851,13 @@ def run_phase(env: Any, name: str, seconds: float, attacks: frozenset[str], tmp:
         if "slow" in attacks:
             slow = AttackCounts()
             threads.append(threading.Thread(target=never_reads, args=(listen, stop, slow)))
+        rewrites = None
+        if "nodecfg" in attacks:
+            rewrites = AttackCounts()
+            if not _MAXIMAL_CONFIGS:
+                _MAXIMAL_CONFIGS.extend(maximal_node_config(t) for t in "ab")
+            threads.append(threading.Thread(target=node_config_rewrites,
+                                            args=(node_config, _MAXIMAL_CONFIGS, stop, rewrites)))
         for t in threads:
             t.start()
         time.sleep(seconds)
@@ -850,7 +867,7 @@ def run_phase(env: Any, name: str, seconds: float, attacks: frozenset[str], tmp:
             t.join(60)
         if child_proc.proc.poll() is not None:
             raise RuntimeError(f"the proxy exited during {name} (code {child_proc.proc.returncode})")
-        return Phase(name, lag, version, healthy, poisoned, flood, slow)
+        return Phase(name, lag, version, healthy, poisoned, flood, slow, rewrites)
     finally:
         child_proc.stop()
         env.end_round()
@@ -896,6 +913,10 @@ def report(phases: list[Phase], args: argparse.Namespace) -> None:
         if ph.flood is not None:
             notes.append(f"flood: {ph.flood.connections} connections, {ph.flood.sent_mib:.0f} MiB sent, "
                          f"{ph.flood.closed_by_proxy} ended by the proxy")
+        if ph.rewrites is not None:
+            notes.append(f"{ph.rewrites.config_writes} rewrites of a valid "
+                         f"{len(_MAXIMAL_CONFIGS[0].encode()) / 1024:.0f} KiB node config (every "
+                         f"{NODE_CONFIG_PAUSE:g} s), {ph.lag['node_config_generation'] - 1:.0f} taken")
         if ph.slow is not None:
             notes.append(f"never-reading client: {ph.slow.streams} streams sent, "
                          f"{'ended by the proxy' if ph.slow.closed_by_proxy else 'connection left open'}")
@@ -913,8 +934,9 @@ def main() -> None:
     parser.add_argument("--containerd", default="1.6")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--quick", action="store_true", help="8 s per phase")
-    parser.add_argument("--only", help="baseline and one attack phase: poison, flood, slow or poison,flood,slow; "
-                        "nri-slow, nri-sync or nri-nodecfg (the NRI baseline and that attack), nri (all three)")
+    parser.add_argument("--only", help="baseline and one attack phase: poison, flood, slow, nodecfg or "
+                        "poison,flood,slow; nri-slow, nri-sync or nri-nodecfg (the NRI baseline and that "
+                        "attack), nri (all three)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the proxies' logs")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--listen", help=argparse.SUPPRESS)
@@ -925,7 +947,7 @@ def main() -> None:
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     parser.add_argument("--node-config", help=argparse.SUPPRESS)
     parser.add_argument("--baseline-repo", type=Path,
-                        help="NRI phases: run each phase first with the plugin of this checkout (rows marked "
+                        help="run each phase first with the proxy or plugin of this checkout (rows marked "
                              "'baseline code'), then with this one's, interleaved in one run")
     args = parser.parse_args()
     if args.child:
@@ -943,8 +965,10 @@ def main() -> None:
             from rhp_devenv.env import ContainerdEnv
 
             with ContainerdEnv.start(args.containerd) as env:
-                phases = [run_phase(env, name, args.seconds, attacks, Path(tmp))
-                          for name, attacks in PHASES if only is None or name == "baseline" or attacks == only]
+                codes = [args.baseline_repo.resolve(), REPO] if args.baseline_repo else [REPO]
+                phases = [run_phase(env, name, args.seconds, attacks, Path(tmp), code)
+                          for name, attacks in PHASES if only is None or name == "baseline" or attacks == only
+                          for code in codes]
             report(phases, args)
         if only is None or nri_only:
             codes = [args.baseline_repo.resolve(), REPO] if args.baseline_repo else [REPO]
