@@ -886,7 +886,7 @@ def report(phases: list[Phase], args: argparse.Namespace) -> None:
 
     print(f"\ncontainerd {args.containerd}, relay transport, {args.seconds:g} s per phase, "
           f"probe every {PROBE_INTERVAL * 1e3:g} ms; ratios against the baseline row\n")
-    head = (f"{'phase':<21} {'worst stall':>11} {'ratio':>7} {'p99 stall':>9} {'>50ms':>5} {'peak RSS':>9} "
+    head = (f"{'phase':<36} {'worst stall':>11} {'ratio':>7} {'p99 stall':>9} {'>50ms':>5} {'peak RSS':>9} "
             f"{'ratio':>6} {'Version p99':>11} {'Version max':>11} {'healthy ok':>10} {'poisoned ok/err':>15}")
     print(head)
     print("-" * len(head))
@@ -894,7 +894,7 @@ def report(phases: list[Phase], args: argparse.Namespace) -> None:
         pois = f"{ph.poisoned.ok}/{ph.poisoned.failed}" if ph.poisoned else "-"
         v99, vmax = _pct(ph.version.latencies, 0.99), max(ph.version.latencies or [0.0])
         healthy = f"{ph.healthy.ok}/{ph.healthy.ok + ph.healthy.failed}"
-        print(f"{ph.name:<21} {ph.lag['worst_ms']:>8.1f} ms {ratio(ph.lag['worst_ms'], base.lag['worst_ms']):>7} "
+        print(f"{ph.name:<36} {ph.lag['worst_ms']:>8.1f} ms {ratio(ph.lag['worst_ms'], base.lag['worst_ms']):>7} "
               f"{ph.lag['p99_ms']:>6.1f} ms {ph.lag['over_50ms']:>5.0f} {ph.lag['hwm_mib']:>5.1f} MiB "
               f"{ratio(ph.lag['hwm_mib'], base.lag['hwm_mib']):>6} {v99 * 1e3:>8.1f} ms {vmax * 1e3:>8.1f} ms "
               f"{healthy:>10} {pois:>15}")
