@@ -180,10 +180,7 @@ def test_port_forward_through_the_proxy(stack: Stack, ns: str) -> None:
         forward.terminate()
         forward.wait(timeout=10)
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product defect (runtime_proxy, bound cpusets): a stopped sandbox keeps its resource-status "
-    "CPUs until RemovePodSandbox, which kubelet's garbage collection sends up to a minute after the "
-    "pod was deleted; an LSR pod given those CPUs meanwhile runs on the share pool until then"))
+
 def test_an_lsr_pod_gets_the_cpus_of_a_deleted_lsr_pod_once_that_pod_stopped(stack: Stack, ns: str) -> None:
     """The scheduler gives CPU 1 to a new LSR pod right after the LSR pod that held it was
     deleted. Once kubelet has stopped the old pod's sandbox (its containers are dead), the new
