@@ -13,8 +13,9 @@ in front of one)::
 
 What :meth:`Cluster.start` does, in order:
 
-- takes a machine-wide lock (one cluster per machine: kubelets with the same cgroup root would
-  remove each other's pod cgroups as orphans), then undoes what a crashed earlier run left
+- takes a machine-wide lock (one cluster with a kubelet per machine: kubelets with the same
+  cgroup root would remove each other's pod cgroups as orphans; a cluster started with
+  ``kubelet=False`` takes none), then undoes what a crashed earlier run left
   (its processes by PID, its route, sysctls, iptables chains, ``/kubepods`` tree, files);
 - makes a fresh work directory with a CA, serving and client certificates (``openssl``), the
   service-account key pair and one kubeconfig per client;
@@ -305,7 +306,8 @@ def scheduler_config(
     config: dict[str, Any] = json.loads(json.dumps(dict(base or {})))  # a deep copy
     config.setdefault("apiVersion", "kubescheduler.config.k8s.io/v1")
     config.setdefault("kind", "KubeSchedulerConfiguration")
-    config["clientConnection"] = {"kubeconfig": str(kubeconfig_path)}
+    # base's client settings (qps, burst, contentType) stay; the kubeconfig is this cluster's
+    config["clientConnection"] = {**dict(config.get("clientConnection") or {}), "kubeconfig": str(kubeconfig_path)}
     config["leaderElection"] = {"leaderElect": False}
     if extenders:
         config["extenders"] = [dict(e) for e in extenders]
@@ -366,6 +368,12 @@ def _route(action: str) -> None:
     proc = _run(["ip", "route", action, "blackhole", SERVICE_CIDR])
     if proc.returncode != 0 and action != "del":
         raise KubeError(f"ip route {action} blackhole {SERVICE_CIDR} failed: {proc.stderr.strip()}")
+
+
+def _blackhole_present() -> bool:
+    """Whether the service range's blackhole route is in the main table now."""
+    proc = _run(["ip", "route", "show", "type", "blackhole", SERVICE_CIDR])
+    return proc.returncode == 0 and SERVICE_CIDR.split("/")[0] in proc.stdout
 
 
 def _read_tunables() -> dict[str, str]:
@@ -544,6 +552,9 @@ class Cluster:
         extenders: Sequence[Mapping[str, Any]] = (),
         kubelet_extra: Mapping[str, Any] | None = None,
         cgroup_root: str = "/",
+        kubelet: bool = True,
+        apiserver_args: Sequence[str] = (),
+        controller_manager_args: Sequence[str] = (),
         start_timeout: float = 180.0,
         lock_timeout: float = 1800.0,
         keep_work_dir: bool = False,
@@ -562,6 +573,17 @@ class Cluster:
             hierarchy when missing, and then removed with everything below it by :meth:`stop`
             (and by the next start after a crash). Change :attr:`cgroup_root` and call
             :meth:`restart_kubelet` with ``rewrite_config=True`` to move a live kubelet.
+        :param kubelet: start kubelet (and wait for the node ``127.0.0.1`` to be Ready); without
+            it the cluster has only the Node objects its user creates (API-only nodes, as for
+            kube-scheduler throughput), *cri_socket* is never used, and the cluster neither
+            takes the machine's lock nor writes its crash-recovery state (it touches no cgroup,
+            sysctl or iptables chain; its processes die with the one that started them), so it
+            can run beside a cluster with a kubelet. It adds the service-range route only when
+            none is there, and removes it on stop only if it added it and no locked cluster runs.
+        :param apiserver_args: extra kube-apiserver flags, after the harness's (e.g.
+            ``--disable-admission-plugins=TaintNodesByCondition``).
+        :param controller_manager_args: extra kube-controller-manager flags, after the
+            harness's (a list flag given again adds to it: ``--controllers=-nodelifecycle``).
         :param start_timeout: seconds for everything to come up.
         :param lock_timeout: seconds to wait for another cluster on this machine to stop.
         """
@@ -577,12 +599,17 @@ class Cluster:
         if cgroup_root.strip("/"):
             relative_cgroup_path(cgroup_root)  # ValueError on '..', '.' or a systemd slice
         self.cgroup_root = cgroup_root
+        self.run_kubelet = kubelet
+        self.apiserver_args = list(apiserver_args)
+        self.controller_manager_args = list(controller_manager_args)
         self.start_timeout = start_timeout
         self.lock_timeout = lock_timeout
         self.keep_work_dir = keep_work_dir
         self._requested_work_dir = work_dir
         self._work_dir: Path | None = None
         self._lock: IO[str] | None = None
+        self._started = False
+        self._route_added = False
         self._procs: dict[str, _Proc] = {}
         self._state: dict[str, Any] = {}
         self.ports: dict[str, int] = {}
@@ -665,22 +692,27 @@ class Cluster:
         :raises KubeError: a component exited or did not become ready in time; everything
             started is stopped first and the message has its log tail.
         """
-        if self._lock is not None:
+        if self._started:
             raise RuntimeError("Cluster is already started")
-        self._take_lock()
+        self._started = True
+        if self.run_kubelet:
+            self._take_lock()
         began = time.monotonic()
         try:
-            self._recover_crashed_run()
+            if self.run_kubelet:
+                self._recover_crashed_run()
             self._prepare()
             deadline = began + self.start_timeout
             self._start_etcd(deadline)
             self._start_apiserver(deadline)
             self._start_controller_manager()
-            self.write_kubelet_config()
-            self._start_kubelet()
+            if self.run_kubelet:
+                self.write_kubelet_config()
+                self._start_kubelet()
             if self.start_scheduler_at_start:
                 self.start_scheduler(deadline=deadline)
-            self._wait_node_ready(deadline)
+            if self.run_kubelet:
+                self._wait_node_ready(deadline)
             self.wait_for(
                 lambda: self.kubectl("get", "serviceaccount", "default", "-o", "name", check=False).returncode == 0,
                 what="the default ServiceAccount (kube-controller-manager)",
@@ -695,7 +727,7 @@ class Cluster:
     def stop(self) -> None:
         """Kill every process started (by PID), remove the route and what kubelet added, and the
         work directory. Safe to call more than once and after a failed :meth:`start`."""
-        if self._lock is None:
+        if not self._started:
             return
         self._record_pids()
         for proc in reversed(list(self._procs.values())):  # kubelet before the API server
@@ -703,13 +735,30 @@ class Cluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=5)
         self._procs.clear()
-        _undo(self._state)
-        with contextlib.suppress(OSError):
-            _STATE_PATH.unlink()
+        if self.run_kubelet:
+            _undo(self._state)
+            with contextlib.suppress(OSError):
+                _STATE_PATH.unlink()
+        else:
+            self._stop_unlocked()
         self._state = {}
         self._work_dir = None
+        self._started = False
         lock, self._lock = self._lock, None
-        lock.close()
+        if lock is not None:
+            lock.close()
+
+    def _stop_unlocked(self) -> None:
+        """A kubelet-less cluster's clean-up: its work directory, and the route if it added it
+        and no cluster holding the machine's lock (which owns the route then) runs."""
+        if self._route_added:
+            free = take_kubepods_lock(0)
+            if free is not None:
+                _route("del")
+                free.close()
+            self._route_added = False
+        if self._work_dir is not None and not self.keep_work_dir:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
 
     def _take_lock(self) -> None:
         self._lock = take_kubepods_lock(self.lock_timeout)
@@ -730,6 +779,8 @@ class Cluster:
             _STATE_PATH.unlink()
 
     def _save_state(self) -> None:
+        if not self.run_kubelet:  # a kubelet-less cluster leaves the machine's state file alone
+            return
         tmp = _STATE_PATH.with_suffix(".tmp")
         tmp.write_text(json.dumps(self._state))
         tmp.replace(_STATE_PATH)
@@ -761,7 +812,11 @@ class Cluster:
         for name in ("apiserver", "etcd", "etcd_peer", "etcd_metrics", "kubelet", "kubelet_healthz",
                      "scheduler", "controller_manager"):  # fmt: skip
             self.ports[name] = free_port()
-        _route("replace")
+        if self.run_kubelet:
+            _route("replace")
+        elif not _blackhole_present():
+            _route("replace")
+            self._route_added = True
         self._make_pki()
 
     def _make_pki(self) -> None:
@@ -884,7 +939,7 @@ class Cluster:
             f"--service-account-key-file={sa.cert}", f"--service-account-signing-key-file={sa.key}",
             f"--service-account-issuer=https://127.0.0.1:{self.ports['apiserver']}",
             f"--cert-dir={self.work_dir / 'pki' / 'apiserver-generated'}",
-            "--allow-privileged=true", "--profiling=false",
+            "--allow-privileged=true", "--profiling=false", *self.apiserver_args,
         ])  # fmt: skip
         self._wait_http("kube-apiserver", f"{self.server}/readyz", deadline, tls=self.admin_tls())
 
@@ -898,6 +953,7 @@ class Cluster:
             f"--root-ca-file={self.ca.cert}", f"--service-account-private-key-file={self.service_accounts.key}",
             "--use-service-account-credentials", "--leader-elect=false",
             f"--cluster-signing-cert-file={self.ca.cert}", f"--cluster-signing-key-file={self.ca.key}",
+            *self.controller_manager_args,
         ])  # fmt: skip
 
     @property

@@ -51,6 +51,12 @@ def test_scheduler_config_keeps_the_base_and_replaces_the_extenders(tmp_path: Pa
     assert base["extenders"] == [{"urlPrefix": "https://elsewhere"}]  # the base is not changed
 
 
+def test_scheduler_config_keeps_the_bases_client_settings_with_this_clusters_kubeconfig(tmp_path: Path) -> None:
+    base = {"clientConnection": {"qps": 5000, "burst": 5000, "kubeconfig": "/elsewhere"}}
+    config = kube.scheduler_config(kubeconfig_path=tmp_path / "k", base=base)
+    assert config["clientConnection"] == {"qps": 5000, "burst": 5000, "kubeconfig": str(tmp_path / "k")}
+
+
 def test_certificates_carry_the_identity_and_the_addresses(tmp_path: Path) -> None:
     pki = kube.Pki(tmp_path)
     ca = pki.ca("ca")
