@@ -1,0 +1,462 @@
+"""kube-scheduler throughput with the real components (``rhp_devenv.kube.Cluster`` without kubelet):
+no extender, a do-nothing extender, and ``scheduler-ext serve``, interleaved in one run.
+
+    .venv/bin/python benchmarks/kube_scheduler_throughput.py [--nodes 1000,5000] [--pods 2000] \
+        [--rounds 1] [--profile]
+
+Set-up: API-only nodes (Node objects with no kubelet, as kube-scheduler's own performance tests
+use): 64 CPUs, 256Gi, 110 pods each, and a NodeResourceTopology each with a 64-CPU topology (2
+sockets x 16 cores x 2 threads). The API server runs without the ``TaintNodesByCondition``
+admission plugin and kube-controller-manager without its node lifecycle controller, so no
+``not-ready`` or ``unreachable`` taint lands on them. kube-scheduler gets ``qps``/``burst``
+5000 (``--scheduler-qps``; its default 50 would cap every arm at about 50 binds a second).
+
+One measurement: ``--pods`` LSR pods of 1 CPU (Guaranteed, ``koordinator.sh/qosClass: LSR``) are
+created pending, then kube-scheduler starts with the arm's extender; pods/s is (pods - 1) over
+the time from the first to the last bind, each bind time being the arrival here of the watch
+event that first shows the pod's ``spec.nodeName``. Then kube-scheduler (and the extender) stop
+and the pods are deleted. Arms:
+
+- ``none``: kube-scheduler alone;
+- ``noop``: a do-nothing extender (aiohttp; filter answers every node feasible, prioritize
+  scores every node 0), kube-scheduler binds;
+- ``ours``: ``scheduler-ext serve`` (filter, prioritize, bind; HA ledger on, as packaged) with
+  packaging/scheduler's extender entry, over plain HTTP on 127.0.0.1 (both extenders alike);
+- ``ours-noha`` (only when named in ``--arms``): the same with ``--no-ha-ledger``.
+
+Each run of ``ours`` starts without the ledger Leases of an earlier one (deleted), as a fresh
+deployment would. For ``ours`` every pod's resource-status cpuset is checked: exactly one CPU,
+on its node's topology, disjoint from every other pod's on that node. The order of the arms
+rotates every round; the load average is printed at the start and end of each measurement.
+Target: ours >= 0.9x noop's pods/s at 1,000 nodes.
+
+``--profile`` adds one unmeasured ``ours`` run per node count with py-spy sampling the extender
+(the thread holding the GIL, 100 times a second, from kube-scheduler's start to the last bind)
+and prints its top functions by own and inclusive samples. Every run reports the CPU seconds of
+the extender (by thread), kube-scheduler and kube-apiserver during the scheduling window. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "devenv"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from kube_common import Api, PodWatch, delete_pods, loadavg, make_namespace  # noqa: E402
+from rhp_devenv.kube import Cluster, free_port, kube_binary  # noqa: E402
+
+from koord_formats.cpulist import parse_cpu_list  # noqa: E402
+from koord_formats.keys import ANNOTATION_RESOURCE_STATUS  # noqa: E402
+from koord_formats.topology import format_cpu_topology  # noqa: E402
+from scheduler_ext.topology import synthetic_topology  # noqa: E402
+
+ARMS = ("none", "noop", "ours")
+EXTRA_ARMS = ("ours-noha",)  # ours with --no-ha-ledger: what the HA ledger costs
+NAMESPACE = "bench-sched"
+CPUS = 64
+TOPO_TEXT = format_cpu_topology(synthetic_topology(2, 1, 16, 2))
+SCHEDULER_CONFIG = REPO / "packaging" / "scheduler" / "kube-scheduler-config.yaml"
+SCHEDULER_RBAC = REPO / "packaging" / "scheduler" / "rbac.yaml"
+NRT_CRD = REPO / "packaging" / "crds" / "noderesourcetopology.yaml"
+EXTENDER_USER = "system:serviceaccount:kube-system:scheduler-ext"
+TARGET = 0.9
+
+PY_SPY = Path(sys.executable).with_name("py-spy")  # pinned in pyproject.toml's dev extra
+
+
+# -- the do-nothing extender ----------------------------------------------------------------------
+
+
+def serve_noop(port: int) -> None:
+    """filter: every node feasible; prioritize: every node 0. aiohttp, uvloop when installed."""
+    import asyncio
+
+    from aiohttp import web
+
+    async def filter_(request: web.Request) -> web.Response:
+        args = await request.json()
+        names = args.get("NodeNames") or [n["metadata"]["name"] for n in (args.get("Nodes") or {}).get("items", [])]
+        return web.json_response({"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
+                                  "Error": ""})  # fmt: skip
+
+    async def prioritize(request: web.Request) -> web.Response:
+        args = await request.json()
+        names = args.get("NodeNames") or [n["metadata"]["name"] for n in (args.get("Nodes") or {}).get("items", [])]
+        return web.json_response([{"Host": n, "Score": 0} for n in names])
+
+    app = web.Application()
+    app.add_routes([web.post("/filter", filter_), web.post("/prioritize", prioritize)])
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# -- objects ------------------------------------------------------------------------------------------
+
+
+def node(name: str) -> dict[str, Any]:
+    resources = {"cpu": str(CPUS), "memory": "256Gi", "pods": "110"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "rhp-bench": "api-only"}},
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "API-only"}],
+            "phase": "Running",
+        },
+    }
+
+
+def nrt(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "topology.node.k8s.io/v1alpha1",
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": name, "annotations": {"node.koordinator.sh/cpu-topology": TOPO_TEXT}},
+        "topologyPolicies": ["None"],
+        "zones": [],
+    }
+
+
+def lsr_pod(name: str) -> dict[str, Any]:
+    res = {"cpu": "1", "memory": "64Mi"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"koordinator.sh/qosClass": "LSR"}},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "localhost/rhp-busybox:1", "imagePullPolicy": "Never",
+                            "resources": {"requests": res, "limits": res}}],
+        },
+    }  # fmt: skip
+
+
+def bound(obj: Mapping[str, Any]) -> bool:
+    return bool(obj.get("spec", {}).get("nodeName"))
+
+
+def check_cpusets(pods: Sequence[Mapping[str, Any]]) -> str:
+    """Every pod: exactly one CPU of its node's topology, none shared on a node."""
+    held: dict[str, set[int]] = {}
+    problems: list[str] = []
+    for p in pods:
+        name, node_name = p["metadata"]["name"], p["spec"].get("nodeName", "")
+        raw = (p["metadata"].get("annotations") or {}).get(ANNOTATION_RESOURCE_STATUS)
+        try:
+            cpus = parse_cpu_list(json.loads(raw)["cpuset"]) if raw else frozenset()
+        except (ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{name}: unreadable resource-status {raw!r} ({exc})")
+            continue
+        if len(cpus) != 1 or not cpus <= set(range(CPUS)):
+            problems.append(f"{name}: cpuset {sorted(cpus)}")
+            continue
+        taken = held.setdefault(node_name, set())
+        if cpus & taken:
+            problems.append(f"{name}: CPU {sorted(cpus)} given twice on {node_name}")
+        taken |= cpus
+    if problems:
+        return f"{len(problems)} BAD, e.g. {problems[:3]}"
+    return f"all {len(pods)} exact and disjoint"
+
+
+# -- processes ----------------------------------------------------------------------------------------
+
+
+def proc_cpu(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (all its threads)."""
+    if pid is None:
+        return float("nan")
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds by thread name (``comm``) of a process so far."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rpartition(")")[2].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, cluster: Cluster, work: Path) -> None:
+        self.args = args
+        self.cluster = cluster
+        self.work = work
+        self.api = Api(cluster.server, cluster.admin_tls())
+        self.nodes: list[str] = []
+        self.rows: list[dict[str, Any]] = []
+        self.seal = work / "seal.key"
+        self.seal.write_text(secrets.token_hex(32) + "\n")
+        self.seal.chmod(0o600)
+        self.ext_kubeconfig = cluster.kubeconfig_for("scheduler-ext", user=EXTENDER_USER,
+                                                     groups=("system:serviceaccounts",))  # fmt: skip
+
+    def setup(self) -> None:
+        self.cluster.apply(SCHEDULER_RBAC.read_text(), NRT_CRD.read_text())
+        self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=120s",
+                             "crd/noderesourcetopologies.topology.node.k8s.io")  # fmt: skip
+        make_namespace(self.api, NAMESPACE)
+
+    def grow_nodes(self, count: int) -> None:
+        new = [f"node-{i:05d}" for i in range(len(self.nodes), count)]
+        if not new:
+            return
+        began = time.monotonic()
+
+        def make(name: str) -> None:
+            self.api.create("/api/v1/nodes", node(name))
+            self.api.create("/apis/topology.node.k8s.io/v1alpha1/noderesourcetopologies", nrt(name))
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(make, new))
+        self.nodes += new
+        print(f"{count} nodes (+{len(new)} with their topology) in {time.monotonic() - began:.0f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    def create_pods(self, count: int, tag: str) -> list[str]:
+        names = [f"{tag}-{i:05d}" for i in range(count)]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: self.api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", lsr_pod(n)), names))
+        return names
+
+    def extender_entry(self, arm: str, port: int) -> dict[str, Any]:
+        if arm == "noop":
+            return {"urlPrefix": f"http://127.0.0.1:{port}", "filterVerb": "filter", "prioritizeVerb": "prioritize",
+                    "weight": 5, "enableHTTPS": False, "httpTimeout": "5s", "nodeCacheCapable": True,
+                    "ignorable": False, "managedResources": []}  # fmt: skip
+        (entry,) = yaml.safe_load(SCHEDULER_CONFIG.read_text())["extenders"]
+        entry["urlPrefix"] = f"http://127.0.0.1:{port}"
+        entry["enableHTTPS"] = False
+        entry.pop("tlsConfig", None)
+        return dict(entry)
+
+    def start_extender(self, arm: str) -> tuple[int, dict[str, Any]]:
+        port = free_port()
+        if arm == "noop":
+            self.cluster.spawn("extender", [sys.executable, str(Path(__file__).resolve()), "--serve-noop", str(port)],
+                               env={"PYTHONPATH": f"{REPO}:{REPO / 'devenv'}"})  # fmt: skip
+            ready = f"http://127.0.0.1:{port}/filter"
+        else:
+            health = free_port()
+            argv = ["serve", f"--listen=127.0.0.1:{port}", f"--health-listen=127.0.0.1:{health}",
+                    f"--kubeconfig={self.ext_kubeconfig}", f"--seal-key-file={self.seal}",
+                    "--ledger-namespace=kube-system", f"--identity=bench-{secrets.token_hex(3)}",
+                    "--log-level=warning", "--log-format=json"]  # fmt: skip
+            if arm == "ours-noha":
+                argv.append("--no-ha-ledger")
+            cmd = [sys.executable, "-m", "scheduler_ext.entry", *argv]
+            self.cluster.spawn("extender", cmd, env={"PYTHONPATH": str(REPO)})
+            ready = f"http://127.0.0.1:{health}/readyz"
+
+        def answers() -> bool:
+            import http.client
+
+            hostport, _, path = ready.removeprefix("http://").partition("/")
+            host, _, port_text = hostport.partition(":")
+            conn = http.client.HTTPConnection(host, int(port_text), timeout=5)
+            try:
+                conn.request("GET", "/" + path)
+                status = conn.getresponse().status
+                return status in (200, 405)  # noop's /filter answers GET with 405: it is up
+            except OSError:
+                return False
+            finally:
+                conn.close()
+
+        self.cluster.wait_for(answers, what=f"the {arm} extender", timeout=300, log="extender")
+        return port, self.extender_entry(arm, port)
+
+    def measure(self, arm: str, nodes: int, round_: int, *, profile: Path | None = None) -> dict[str, Any]:
+        tag = f"r{round_}-{arm}-{nodes}" + ("-prof" if profile else "")
+        if arm.startswith("ours"):
+            # each run of ours starts as a fresh deployment: no ledger Lease of an earlier run
+            # (the apiserver's identity Lease, labelled, stays)
+            self.api.request("DELETE", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+                             "?labelSelector=!apiserver.kubernetes.io/identity")  # fmt: skip
+        names = self.create_pods(self.args.pods, tag)
+        extenders: list[dict[str, Any]] = []
+        if arm != "none":
+            extenders = [self.start_extender(arm)[1]]
+        rv = self.api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")["metadata"]["resourceVersion"]
+        watch = PodWatch(self.api, NAMESPACE, rv, bound).start()
+        load_start = loadavg()
+        ext_pid = self.cluster.pid("extender")
+        try:
+            spy = None
+            if profile is not None and ext_pid:
+                # py-spy samples the thread holding the GIL (--gil), 100 times a second
+                spy = subprocess.Popen([str(PY_SPY), "record", "-p", str(ext_pid), "-o", str(profile), "-f", "raw",
+                                        "-r", "100", "--gil"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)  # py-spy attaches before kube-scheduler sends the first verb
+            base = {"qps": self.args.scheduler_qps, "burst": self.args.scheduler_qps}
+            self.cluster.start_scheduler(extenders=extenders, base={"clientConnection": base})
+            cpu0 = {"scheduler": proc_cpu(self.cluster.pid("kube-scheduler")),
+                    "apiserver": proc_cpu(self.cluster.pid("kube-apiserver")),
+                    "extender": proc_cpu(ext_pid) if ext_pid else 0.0}  # fmt: skip
+            threads0 = thread_cpu(ext_pid) if ext_pid and arm.startswith("ours") else {}
+            times = watch.wait(names, timeout=self.args.timeout)
+            cpu1 = {"scheduler": proc_cpu(self.cluster.pid("kube-scheduler")),
+                    "apiserver": proc_cpu(self.cluster.pid("kube-apiserver")),
+                    "extender": proc_cpu(ext_pid) if ext_pid else 0.0}  # fmt: skip
+            threads1 = thread_cpu(ext_pid) if ext_pid and arm.startswith("ours") else {}
+            pods = [watch.objects[n] for n in names]
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+                spy.wait(60)
+        finally:
+            watch.stop()
+            self.cluster.stop_process("kube-scheduler")
+            self.cluster.stop_process("extender")
+        first, last = min(times.values()), max(times.values())
+        rate = (len(names) - 1) / (last - first) if last > first else float("nan")
+        row = {"nodes": nodes, "arm": arm, "round": round_, "pods": len(names), "pods_s": rate,
+               "window_s": last - first, "load": f"{load_start} -> {loadavg()}",
+               "cpu": {k: cpu1[k] - cpu0[k] for k in cpu0},
+               "threads": {k: v - threads0.get(k, 0.0) for k, v in threads1.items() if v - threads0.get(k, 0.0) > 0.05},
+               "cpusets": check_cpusets(pods) if arm.startswith("ours") else "n/a"}  # fmt: skip
+        delete_pods(self.api, NAMESPACE)
+        print(f"{nodes} nodes {arm:4} round {round_}: {rate:.0f} pods/s ({row['load']}) {row['cpusets']}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return row
+
+    def run(self) -> None:
+        arms = [a for a in self.args.arms.split(",") if a]
+        for count in [int(n) for n in self.args.nodes.split(",") if n]:
+            self.grow_nodes(count)
+            for r in range(self.args.rounds):
+                order = arms[r % len(arms) :] + arms[: r % len(arms)]
+                for arm in order:
+                    self.rows.append(self.measure(arm, count, r + 1))
+            if self.args.profile and "ours" in arms:
+                if not PY_SPY.exists():
+                    print(f"\n(no profile: {PY_SPY} is missing; pip install the dev extra)")
+                    continue
+                out = self.work / f"extender-{count}.txt"
+                self.measure("ours", count, 0, profile=out)
+                print_profile(out, count)
+
+    def report(self) -> None:
+        print(f"\nkube-scheduler throughput, {self.args.pods} LSR pods of 1 CPU, pods/s first to last bind "
+              f"(kube {self.cluster.binary.parent.name}, scheduler qps/burst {self.args.scheduler_qps})")  # fmt: skip
+        print("| nodes | arm | round | pods/s | vs noop | load (1/5/15 min) start -> end | cpusets |")
+        print("|---|---|---|---|---|---|---|")
+        for row in self.rows:
+            noop = [r["pods_s"] for r in self.rows if r["nodes"] == row["nodes"] and r["arm"] == "noop"]
+            ratio = f"{row['pods_s'] / (sum(noop) / len(noop)):.2f}" if noop and row["arm"] != "noop" else ""
+            print(f"| {row['nodes']} | {row['arm']} | {row['round']} | {row['pods_s']:.0f} | {ratio} | "
+                  f"{row['load']} | {row['cpusets']} |")  # fmt: skip
+        for count in sorted({r["nodes"] for r in self.rows}):
+            mean = {a: [r["pods_s"] for r in self.rows if r["nodes"] == count and r["arm"] == a]
+                    for a in (*ARMS, *EXTRA_ARMS)}
+            if mean["ours"] and mean["noop"]:
+                ratio = (sum(mean["ours"]) / len(mean["ours"])) / (sum(mean["noop"]) / len(mean["noop"]))
+                verdict = "met" if ratio >= TARGET else "MISSED"
+                note = f" (target >= {TARGET}: {verdict})" if count == 1000 else ""
+                print(f"{count} nodes: ours / noop = {ratio:.2f}{note}")
+        print("\nCPU seconds from kube-scheduler's start to the last bind (ms of CPU per pod):")
+        for row in self.rows:
+            cpu = ", ".join(f"{k} {v:.1f} ({1000 * v / row['pods']:.1f})" for k, v in row["cpu"].items())
+            threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(row["threads"].items(), key=lambda kv: -kv[1]))
+            print(f"  {row['nodes']} {row['arm']:4} r{row['round']}: {cpu}" + (f"; extender threads: {threads}"
+                                                                             if threads else ""))  # fmt: skip
+
+
+def print_profile(path: Path, nodes: int, top: int = 25) -> None:
+    """py-spy's collapsed stacks (``a;b;c N``) as the functions with most samples: where the
+    extender's Python ran itself (self) and what it ran under (inclusive)."""
+    own: dict[str, int] = {}
+    under: dict[str, int] = {}
+    total = 0
+    text = path.read_text() if path.exists() else ""
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [f.strip() for f in stack.split(";") if f.strip()]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames):
+            under[frame] = under.get(frame, 0) + count
+    print(f"\nExtender profile at {nodes} nodes (py-spy, samples of the thread holding the GIL, 100/s; "
+          f"{total} samples):")  # fmt: skip
+    for title, table in (("self", own), ("inclusive", under)):
+        print(f"  by {title}:")
+        for frame, count in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"    {100 * count / max(total, 1):5.1f}%  {frame}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="1000,5000", help="comma-separated node counts, ascending")
+    parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=1, help="measurements per arm and node count")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of none,noop,ours,ours-noha")
+    parser.add_argument("--scheduler-qps", type=int, default=5000)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one arm's pods to bind")
+    parser.add_argument("--profile", action="store_true", help="one more (unmeasured) ours run sampled by py-spy")
+    parser.add_argument("--serve-noop", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_noop:
+        serve_noop(args.serve_noop)
+        return 0
+    if os.geteuid() != 0:
+        print("kube_scheduler_throughput: needs root (the cluster's route and processes)", file=sys.stderr)
+        return 2
+    if kube_binary() is None:
+        print("kube_scheduler_throughput: the kube binary is missing: run scripts/install-deps.sh", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="rhp-bench-sched-", dir="/tmp"))
+    try:
+        cluster = Cluster(
+            work / "no-kubelet.sock", scheduler=False, kubelet=False,
+            apiserver_args=["--disable-admission-plugins=TaintNodesByCondition"],
+            controller_manager_args=["--controllers=-nodelifecycle"],
+        )  # fmt: skip
+        with cluster:
+            print(f"cluster up in {cluster.start_seconds:.0f} s (load {loadavg()})", file=sys.stderr, flush=True)
+            bench = Bench(args, cluster, work)
+            bench.setup()
+            bench.run()
+            bench.report()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
