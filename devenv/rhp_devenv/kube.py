@@ -70,6 +70,7 @@ __all__ = [
     "KubeError",
     "Pki",
     "TlsPair",
+    "held_in_this_process",
     "kube_binary",
     "kubeconfig",
     "kubelet_config",
@@ -499,6 +500,17 @@ def _undo(state: Mapping[str, Any]) -> None:
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
+_HELD: list[IO[str]] = []
+"""The lock files this process took (closed ones are dropped when next looked at)."""
+
+
+def held_in_this_process() -> bool:
+    """Whether this process holds the machine-wide cluster lock (a running :class:`Cluster`, or a
+    caller of :func:`take_kubepods_lock` that has not closed it yet)."""
+    _HELD[:] = [lock for lock in _HELD if not lock.closed]
+    return bool(_HELD)
+
+
 def take_kubepods_lock(timeout: float) -> IO[str] | None:
     """Take the machine-wide lock on kubelet's ``/kubepods`` cgroup tree, waiting up to *timeout*
     seconds (0: try once); None when someone else still holds it.
@@ -507,11 +519,16 @@ def take_kubepods_lock(timeout: float) -> IO[str] | None:
     ``/kubepods`` must hold it too: a running kubelet kills pod cgroups it does not know there.
     Closing the returned file releases the lock (so does the process's death).
     """
+    if held_in_this_process():
+        # flock between two open files of one process conflicts too: waiting would wait for
+        # ourselves until the timeout.
+        return None
     lock = open(_LOCK_PATH, "a+")  # noqa: SIM115 - the caller closes it
     deadline = time.monotonic() + timeout
     while True:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _HELD.append(lock)
             return lock
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
@@ -761,6 +778,9 @@ class Cluster:
             shutil.rmtree(self._work_dir, ignore_errors=True)
 
     def _take_lock(self) -> None:
+        if held_in_this_process():
+            raise KubeError(f"this process already holds {_LOCK_PATH} (a cluster it started still runs): "
+                            "stop that cluster first; waiting would wait for itself")
         self._lock = take_kubepods_lock(self.lock_timeout)
         if self._lock is None:
             raise KubeError(f"another cluster held {_LOCK_PATH} for more than {self.lock_timeout:.0f} s")

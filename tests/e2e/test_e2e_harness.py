@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,24 @@ def test_the_cluster_refuses_to_start_without_the_binary(monkeypatch: pytest.Mon
     monkeypatch.setenv("RHP_KUBE_BINARY", str(tmp_path / "missing"))
     with pytest.raises(kube.KubeError, match=r"build-kube\.sh"):
         kube.Cluster("/x.sock")
+
+
+@pytest.mark.requires_root
+def test_a_process_holding_the_cluster_lock_never_waits_for_itself() -> None:
+    """flock conflicts between two open files of one process: a second take in the process that
+    holds the lock answers at once, and a cluster refuses to start instead of waiting for the
+    lock until its timeout (a session stack and a harness test once did, for 30 minutes)."""
+    lock = kube.take_kubepods_lock(0)
+    if lock is None:
+        pytest.skip("another process runs a cluster on this machine")
+    try:
+        assert kube.held_in_this_process()
+        started = time.monotonic()
+        assert kube.take_kubepods_lock(30) is None
+        assert time.monotonic() - started < 25, "it waited for its own lock"
+        if kube.kube_binary() is not None:
+            with pytest.raises(kube.KubeError, match="already holds"):
+                kube.Cluster("/x.sock", lock_timeout=30)._take_lock()
+    finally:
+        lock.close()
+    assert not kube.held_in_this_process()
