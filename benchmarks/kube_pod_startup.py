@@ -27,6 +27,15 @@ arm) and relists only every 300 s; kubelet's ``kubelet_evented_pleg_connection_e
 and ``..._success_count`` are read after each batch. Errors mean kubelet fell back to relisting
 and the batch is flagged in the table.
 
+A second table times create -> the container's start as containerd recorded it (``startedAt`` of
+CRI ContainerStatus, nanoseconds, the same machine's clock as the POST): the runtime path
+(kubelet's sync, RunPodSandbox, CreateContainer, StartContainer through the proxy or with the
+plugin) without either PLEG's period. kubelet 1.34.4 with ``EventedPLEG`` on receives a
+container's Started event within milliseconds, yet the pod turns Running about 5 s after
+creation in every arm, direct included: the pod worker waits for a cached status newer than its
+last sync, the event's timestamp is older than that, and the evented PLEG's global cache refresh
+lets it go every 5 s (kubernetes/kubernetes#123087 and #135240, upstream).
+
 Targets: each arm's p50 and p99 within 1.02x of ``direct`` in both PLEG modes. The table gives
 the ratios and their 90 % bootstrap interval, and the load average at the start and end of
 each mode's batches. Nothing here is a test.
