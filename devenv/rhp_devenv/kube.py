@@ -743,8 +743,9 @@ class Cluster:
 
     def stop(self) -> None:
         """Kill every process started (by PID), remove the route and what kubelet added, and the
-        work directory. Safe to call more than once and after a failed :meth:`start`."""
-        if not self._started:
+        work directory. Safe to call more than once and after a failed :meth:`start`; also
+        releases a lock taken by ``_take_lock`` without a start."""
+        if not self._started and self._lock is None:
             return
         self._record_pids()
         for proc in reversed(list(self._procs.values())):  # kubelet before the API server

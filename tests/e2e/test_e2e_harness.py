@@ -152,3 +152,17 @@ def test_a_process_holding_the_cluster_lock_never_waits_for_itself() -> None:
     finally:
         lock.close()
     assert not kube.held_in_this_process()
+
+
+def test_stop_releases_the_lock_of_a_cluster_that_never_started(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """A cluster that took the machine's lock but never started lets it go on stop (it once kept
+    it, and the next cluster of the same process waited for its own lock). On a lock file of
+    the test's own, so no other cluster of the machine is involved."""
+    monkeypatch.setattr(kube, "_LOCK_PATH", tmp_path / "cluster.lock")
+    monkeypatch.setenv("RHP_KUBE_BINARY", "/bin/true")
+    cluster = kube.Cluster("/nonexistent.sock", lock_timeout=0)
+    cluster._take_lock()
+    assert kube.held_in_this_process()
+    cluster.stop()
+    assert not kube.held_in_this_process()
