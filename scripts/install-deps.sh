@@ -169,7 +169,9 @@ if [[ ${RHP_SKIP_KUBE:-0} == 1 ]]; then
   log "RHP_SKIP_KUBE=1: not building the Kubernetes components"
   SUMMARY+=("kube: not built (RHP_SKIP_KUBE=1)")
 elif kube_bin=$(bash scripts/build-kube.sh); then
-  SUMMARY+=("kube: $("$kube_bin" kubectl version --client 2>/dev/null | head -1) ($kube_bin)")
+  # sed reads to the end: `head -1` closed the pipe early, kubectl died of SIGPIPE and, under
+  # pipefail and set -e, the whole script exited 141 now and then.
+  SUMMARY+=("kube: $("$kube_bin" kubectl version --client 2>/dev/null | sed -n 1p) ($kube_bin)")
 else
   warn "scripts/build-kube.sh failed; the end-to-end tests will skip (or fail with RHP_REQUIRE_KUBE=1)"
   SUMMARY+=("kube: MISSING (scripts/build-kube.sh failed)")
