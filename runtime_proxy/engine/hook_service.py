@@ -67,6 +67,7 @@ from runtime_proxy.engine.remote import (
     pod_response,
     strip_unix,
 )
+from runtime_proxy.host.apply import Applier
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, run_main
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class HookServerOptions:
 class HookService:
     """The ``RuntimeHookService`` servicer: thin methods over ``handle``."""
 
-    def __init__(self, pipeline: Pipeline, node_source: NodeSource, applier: Any | None, *, dry_run: bool) -> None:
+    def __init__(self, pipeline: Pipeline, node_source: NodeSource, applier: Applier | None, *, dry_run: bool) -> None:
         self.pipeline = pipeline
         self.node_source = node_source
         self.applier = applier
@@ -328,7 +329,7 @@ def prepare_listen_path(path: str) -> None:
     raise OSError(errno.EADDRINUSE, "another process serves this socket; left alone", path)
 
 
-def make_applier(cfg: ProxyConfig) -> Any:
+def make_applier(cfg: ProxyConfig) -> Applier:
     from runtime_proxy import wiring
 
     return wiring.applier(cfg)

@@ -41,6 +41,7 @@ from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
 from runtime_proxy.engine.bound import POD_INPUT_REJECTED, BoundCpusets
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
+from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.store import (
     RuntimeClient,
@@ -75,12 +76,6 @@ class StaticNode:
 
     def current(self) -> NodeFacts:
         return self.node
-
-
-class Applier(Protocol):
-    """Performs a plan's file writes, task moves and removals (``runtime_proxy.host.apply``)."""
-
-    async def apply(self, plan: Plan, *, stage: str) -> None: ...
 
 
 _M = TypeVar("_M", bound=Message)

@@ -1,5 +1,8 @@
 """The single applier: turns the file part of a merged ``Plan`` into cgroup and resctrl I/O.
 
+``Applier`` is the interface every caller holds; ``FileApplier`` performs plans and
+``RecordingApplier`` (dry-run, chosen by the composition root) records and logs them.
+
 Called (``FileApplier.apply``) by the interceptor (``runtime_proxy.engine.intercept``) after the
 runtime accepted a CRI call, by our hook server (``runtime_proxy.engine.hook_service``) and by the
 NRI adapter (``runtime_proxy.nri.adapter``); and (``apply_files``) by the reconciler
@@ -30,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -39,7 +42,15 @@ from koord_formats.cpulist import format_cpu_list, parse_cpu_list
 from runtime_proxy.host.cgroups import CgroupError, CgroupMissingError, Cgroups, WriteResult
 from runtime_proxy.host.resctrl import Resctrl
 
-__all__ = ["ApplyError", "ApplyReport", "FileApplier", "apply_files", "order_writes"]
+__all__ = [
+    "Applier",
+    "ApplyError",
+    "ApplyReport",
+    "FileApplier",
+    "RecordingApplier",
+    "apply_files",
+    "order_writes",
+]
 
 log = structlog.get_logger("runtime_proxy.host.apply")
 
@@ -317,8 +328,39 @@ class ApplyError(Exception):
         self.stage = stage
 
 
+class Applier(Protocol):
+    """What carries out a stage's effects: the one interface the engine, the doors and the loops
+    hand plans to. ``FileApplier`` performs them; ``RecordingApplier`` (dry-run) records and logs
+    them and touches nothing. The composition root chooses one; nothing else knows which."""
+
+    def carries(self, plan: Plan, *, stage: str) -> bool:
+        """Whether ``plan``'s effects go ahead: the part a door's reply carries (a rewritten CRI
+        request, an NRI adjustment or update, a hook server's answer, a runtime update sent by a
+        loop) and the file part given to ``apply``. Asked once per stage result, before either."""
+        ...
+
+    async def apply(self, plan: Plan, *, stage: str) -> None:
+        """Perform the plan's file part (writes, task moves, removals) off the event loop.
+        Raises ``ApplyError`` when something failed (after restoring what it had changed)."""
+        ...
+
+    def apply_files(
+        self,
+        plan: Plan,
+        *,
+        diff: bool = False,
+        atomic: bool = True,
+        missing_ok: bool = False,
+        ordered: bool = False,
+        phase: str = "all",
+    ) -> ApplyReport:
+        """``apply_files`` over this applier's trees, synchronously (the loops call it from a
+        worker thread); never raises for I/O errors."""
+        ...
+
+
 class FileApplier:
-    """The applier object the pipeline holds (``runtime_proxy.engine.intercept.Applier``).
+    """The applier that performs plans (``Applier``) over the configured cgroup and resctrl trees.
 
     ``apply`` runs ``apply_files`` in a worker thread (cgroup I/O must not block the event
     loop), logs the report and raises ``ApplyError`` when something failed (after restoring
@@ -331,11 +373,27 @@ class FileApplier:
         self.dry_run = dry_run
         self.last_report: ApplyReport | None = None
 
+    def carries(self, plan: Plan, *, stage: str) -> bool:
+        return True
+
+    def apply_files(
+        self,
+        plan: Plan,
+        *,
+        diff: bool = False,
+        atomic: bool = True,
+        missing_ok: bool = False,
+        ordered: bool = False,
+        phase: str = "all",
+    ) -> ApplyReport:
+        return apply_files(
+            plan, cgroups=self.cgroups, resctrl=self.resctrl, dry_run=self.dry_run, diff=diff, atomic=atomic,
+            missing_ok=missing_ok, ordered=ordered, phase=phase,
+        )
+
     def apply_now(self, plan: Plan, *, diff: bool = False, atomic: bool = True) -> ApplyReport:
         """Synchronous ``apply_files`` with this applier's trees and dry-run setting."""
-        return apply_files(
-            plan, cgroups=self.cgroups, resctrl=self.resctrl, dry_run=self.dry_run, diff=diff, atomic=atomic
-        )
+        return self.apply_files(plan, diff=diff, atomic=atomic)
 
     async def apply(self, plan: Plan, *, stage: str) -> None:
         report = await asyncio.to_thread(self.apply_now, plan)
@@ -351,3 +409,58 @@ class FileApplier:
             )
         if report.errors:
             raise ApplyError(report, stage)
+
+
+class RecordingApplier:
+    """The dry-run applier (``Applier``): every plan handed to it is recorded (``plans``, as
+    (stage, plan)) and logged, and nothing is changed. ``carries`` answers False, so doors reply
+    with no changes, loops send no runtime updates and ``apply`` is not asked for; ``apply_files``
+    only reads: with trees it compares the plan with the files (``changed`` lists what would be
+    written, the reconciler's drift is still counted), without trees it reports nothing."""
+
+    def __init__(self, *, cgroups: Cgroups | None = None, resctrl: Resctrl | None = None) -> None:
+        self.cgroups = cgroups
+        self.resctrl = resctrl
+        self.plans: list[tuple[str, Plan]] = []
+        self.last_report: ApplyReport | None = None
+
+    def _record(self, stage: str, plan: Plan) -> None:
+        self.plans.append((stage, plan))
+        if len(self.plans) > _RECORDED:
+            del self.plans[: len(self.plans) - _RECORDED]
+
+    def carries(self, plan: Plan, *, stage: str) -> bool:
+        if not plan.is_empty():
+            self._record(stage, plan)
+            log.info("dry-run plan", stage=stage, plan=plan.to_json())
+        return False
+
+    async def apply(self, plan: Plan, *, stage: str) -> None:
+        if not plan.is_empty():
+            self._record(stage, plan)
+            log.info("dry-run: not applying", stage=stage, plan=plan.to_json())
+
+    def apply_files(
+        self,
+        plan: Plan,
+        *,
+        diff: bool = False,
+        atomic: bool = True,
+        missing_ok: bool = False,
+        ordered: bool = False,
+        phase: str = "all",
+    ) -> ApplyReport:
+        if not plan.is_empty():
+            self._record("files", plan)
+        if self.cgroups is None:
+            return ApplyReport(dry_run=True)
+        report = apply_files(
+            plan, cgroups=self.cgroups, resctrl=self.resctrl, dry_run=True, diff=diff, atomic=atomic,
+            missing_ok=missing_ok, ordered=ordered, phase=phase,
+        )
+        self.last_report = report
+        return report
+
+
+# Plans a ``RecordingApplier`` keeps (the oldest go first): a dry run may last for months.
+_RECORDED = 1024

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from hooks.plan import CgroupWrite, Plan
-from runtime_proxy.host.apply import apply_files, order_writes
+from runtime_proxy.host.apply import Applier, FileApplier, RecordingApplier, apply_files, order_writes
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.host.resctrl import Resctrl
 from tests.cgroup_files import make_files, make_resctrl, read_file
@@ -83,6 +84,34 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
                          dry_run=True)
     assert [w.value for w in report.changed] == ["1024"]
     assert read_file(tmp_path, "p", "cpu.shares") == "2"
+
+
+async def test_the_recording_applier_records_logs_and_changes_nothing(tmp_path: Path) -> None:
+    make_files(tmp_path, "p", {"cpu.shares": "2"})
+    applier: Applier = RecordingApplier(cgroups=Cgroups(tmp_path, version=1))
+    plan = Plan().write("pod", "p", "cpu.shares", 1024)
+    with capture_logs() as logs:
+        assert applier.carries(plan, stage="PreCreateContainer") is False
+        await applier.apply(plan, stage="PreCreateContainer")
+    report = applier.apply_files(plan, diff=True)
+    assert [w.value for w in report.changed] == ["1024"] and [w.file for w in report.drift] == ["cpu.shares"]
+    assert report.dry_run
+    assert read_file(tmp_path, "p", "cpu.shares") == "2"
+    assert isinstance(applier, RecordingApplier)
+    assert [stage for stage, _ in applier.plans] == ["PreCreateContainer", "PreCreateContainer", "files"]
+    assert [e["event"] for e in logs] == ["dry-run plan", "dry-run: not applying"]
+    assert RecordingApplier().apply_files(plan).changed == []  # without trees: records only
+    assert RecordingApplier().carries(Plan(), stage="PostStopContainer") is False
+
+
+async def test_the_file_applier_carries_every_plan_and_writes(tmp_path: Path) -> None:
+    make_files(tmp_path, "p", {"cpu.shares": "2"})
+    applier: Applier = FileApplier(cgroups=Cgroups(tmp_path, version=1))
+    plan = Plan().write("pod", "p", "cpu.shares", 1024)
+    assert applier.carries(plan, stage="PreCreateContainer") is True
+    await applier.apply(plan, stage="PreCreateContainer")
+    assert read_file(tmp_path, "p", "cpu.shares") == "1024"
+    assert applier.apply_files(plan, diff=True).drift == []
 
 
 def test_diff_mode_counts_drift(tmp_path: Path) -> None:
