@@ -5,8 +5,9 @@
 #   bash scripts/test.sh tests/e2e            (the same set-up and checks, then only those tests)
 #
 # Steps: scripts/install-deps.sh (Debian packages, containerd 1.7/2.1, .venv), ruff, mypy on
-# the packages that exist, then pytest over tests/. Every step runs even when an earlier one
-# failed; the exit code is non-zero when any failed. pytest finding no test (exit 5) is a failure.
+# the packages that exist, lint-imports (the layering contracts in pyproject.toml), then pytest
+# over tests/. Every step runs even when an earlier one failed; the exit code is non-zero when
+# any failed. pytest finding no test (exit 5) is a failure.
 # Never reads standard input. Environment:
 #   RHP_PYTEST_TIMEOUT      per-test timeout in seconds (default 180)
 #   RHP_REQUIRE_CONTAINERD  versions that must not be skipped (default 1.6, the Debian package)
@@ -54,6 +55,8 @@ done
 if ((${#packages[@]})); then
   step mypy .venv/bin/mypy --explicit-package-bases "${packages[@]}"
 fi
+
+step lint-imports .venv/bin/lint-imports --no-cache
 
 export RHP_REQUIRE_CONTAINERD=${RHP_REQUIRE_CONTAINERD-1.6}
 export RHP_REQUIRE_CRITEST=${RHP_REQUIRE_CRITEST-1}

@@ -1,9 +1,20 @@
-"""The layering written in DEVELOPERS.md, checked: a forbidden import fails here."""
+"""The layering written in DEVELOPERS.md, checked.
+
+The rules between our packages and modules are import-linter contracts in ``pyproject.toml``
+(``[tool.importlinter]``), which ``lint-imports`` checks as a step of ``scripts/test.sh``; here a
+forbidden import planted in a copy of the tree shows that ``lint-imports`` catches it. This file
+keeps only what import-linter cannot say: rules about code that is not in a package (``tests/``,
+``benchmarks/``, ``scripts/``, ``examples/``) and "the standard library only".
+"""
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,6 +27,23 @@ OURS = ("runtime_proxy", "hooks", "scheduler_ext", "cri_protos", "koord_formats"
 # Where the development harness may be imported from (it is never installed on a node).
 HARNESS_USERS = ("tests", "benchmarks", "scripts", "devenv")
 _SKIP_DIRS = {".venv", "build", "dist", "__pycache__", ".git"}
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def _contracts_config() -> dict[str, object]:
+    config: dict[str, object] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return config
+
+
+def _root_packages() -> list[str]:
+    roots = _contracts_config()["root_packages"]
+    assert isinstance(roots, list)
+    return [str(r) for r in roots]
+
+
+def _package_dir(root: Path, package: str) -> Path:
+    """Where ``package`` lives under ``root``: the repository root, or ``devenv/`` for the harness."""
+    return root / package if (root / package).is_dir() else root / "devenv" / package
 
 
 def _imports(path: Path) -> set[str]:
@@ -44,6 +72,12 @@ def _all_files() -> list[Path]:
     return sorted(out)
 
 
+def _outside_the_contracts() -> list[Path]:
+    """Python files that are in none of the packages the contracts check."""
+    covered = [_package_dir(REPO, p) for p in _root_packages()]
+    return [p for p in _all_files() if not any(p.is_relative_to(d) for d in covered)]
+
+
 def _violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
     return [
         f"{path.relative_to(REPO)}: {name}"
@@ -51,43 +85,6 @@ def _violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
         for name in sorted(_imports(path))
         if any(name == f or name.startswith(f + ".") for f in forbidden)
     ]
-
-
-@pytest.mark.parametrize(
-    ("package", "forbidden"),
-    [
-        pytest.param("hooks", ("runtime_proxy", "scheduler_ext", "rhp_devenv"),
-                     id="hooks import neither the proxy, the extender nor the harness"),
-        pytest.param("scheduler_ext", ("runtime_proxy", "rhp_devenv"),
-                     id="the extender never imports the proxy or the harness"),
-        pytest.param("rhp_ops",
-                     ("runtime_proxy", "scheduler_ext", "hooks", "cri_protos", "koord_formats", "rhp_devenv"),
-                     id="the shared operations kit imports neither command nor anything else of ours"),
-        pytest.param("cri_protos", ("runtime_proxy", "hooks", "scheduler_ext", "koord_formats", "rhp_devenv"),
-                     id="the protos import nothing of ours"),
-        pytest.param("runtime_proxy", ("scheduler_ext", "rhp_devenv"),
-                     id="the proxy never imports the extender or the harness"),
-        pytest.param("runtime_proxy/cri", tuple(f"runtime_proxy.{p}" for p in ("engine", "state", "host", "loops")),
-                     id="the transports see the engine only through the seam in cri/transport.py"),
-        pytest.param("runtime_proxy/host", tuple(f"runtime_proxy.{p}" for p in ("cri", "engine", "state", "loops")),
-                     id="host I/O imports no transport, engine, state or loop"),
-        pytest.param("runtime_proxy/state", tuple(f"runtime_proxy.{p}" for p in ("engine", "host", "loops")),
-                     id="state imports no engine, host I/O or loop"),
-        pytest.param("runtime_proxy/cri", ("runtime_proxy.cli", "runtime_proxy.server", "runtime_proxy.wiring"),
-                     id="transports never import the entry points"),
-        pytest.param("runtime_proxy/host", ("runtime_proxy.cli", "runtime_proxy.server", "runtime_proxy.wiring"),
-                     id="host I/O never imports the entry points"),
-        pytest.param("runtime_proxy/state", ("runtime_proxy.cli", "runtime_proxy.server", "runtime_proxy.wiring"),
-                     id="state never imports the entry points"),
-        pytest.param("runtime_proxy/loops", ("runtime_proxy.cli", "runtime_proxy.server", "runtime_proxy.wiring"),
-                     id="loops never import the entry points"),
-        pytest.param("runtime_proxy/engine", ("runtime_proxy.cli", "runtime_proxy.server"),
-                     id="the engine never imports the command line or the server"),
-    ],
-)
-def test_forbidden_imports(package: str, forbidden: tuple[str, ...]) -> None:
-    assert _files(package), f"{package} has no modules: the rule checks nothing"
-    assert _violations(_files(package), forbidden) == []
 
 
 def test_formats_package_is_pure_stdlib() -> None:
@@ -104,32 +101,32 @@ def test_formats_package_is_pure_stdlib() -> None:
     assert bad == []
 
 
-def test_plugins_import_only_the_contract_formats_and_stdlib() -> None:
-    allowed = {"hooks", "hooks.spec", "hooks.facts", "hooks.plan", "hooks.usage", "__future__"}
-    bad = []
-    for path in _files("hooks/plugins"):
-        for name in _imports(path):
-            top = name.split(".")[0]
-            if name in allowed or top in sys.stdlib_module_names or top == "koord_formats":
-                continue
-            # ``from hooks import X`` lists ``hooks.X`` too: the names of the public API are fine.
-            if name.startswith("hooks.") and name.count(".") == 1 and name.split(".")[1][:1].isupper():
-                continue
-            if name.startswith(("hooks.spec.", "hooks.facts.", "hooks.plan.", "hooks.usage.")):
-                continue
-            bad.append(f"{path.relative_to(REPO)}: {name}")
+def test_plugins_import_only_hooks_formats_and_stdlib() -> None:
+    """A built-in plugin imports ``hooks`` (the contracts say which parts), ``koord_formats`` and
+    the standard library: nothing installed besides, so it runs wherever ``hooks`` does."""
+    files = _files("hooks/plugins")
+    assert files, "hooks/plugins is missing"
+    bad = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in files
+        for name in sorted(_imports(path))
+        if name.split(".")[0] not in (*sys.stdlib_module_names, "hooks", "koord_formats", "__future__")
+    ]
     assert bad == []
 
 
 def test_only_development_code_imports_the_harness() -> None:
-    users = [p for p in _all_files() if p.relative_to(REPO).parts[0] not in HARNESS_USERS]
+    """The contracts keep the harness out of every package; this covers the code outside them."""
+    users = [p for p in _outside_the_contracts() if p.relative_to(REPO).parts[0] not in HARNESS_USERS]
+    assert users, "no code outside the packages: the rule checks nothing"
     assert _violations(users, ("rhp_devenv",)) == []
 
 
 def test_only_the_proxys_own_users_import_it() -> None:
-    """Nothing shipped besides ``runtime_proxy`` itself imports it (the extender, the hooks and
-    the formats stand alone); development code (tests, benchmarks, the harness's demo) may."""
-    users = [p for p in _all_files() if p.relative_to(REPO).parts[0] not in (*HARNESS_USERS, "runtime_proxy")]
+    """Nothing shipped besides ``runtime_proxy`` itself imports it (the contracts for the
+    packages; this for the code outside them, such as ``examples/``); development code (tests,
+    benchmarks, the harness's demo) may."""
+    users = [p for p in _outside_the_contracts() if p.relative_to(REPO).parts[0] not in HARNESS_USERS]
     assert _violations(users, ("runtime_proxy",)) == []
 
 
@@ -137,6 +134,64 @@ def test_every_package_of_ours_is_checked() -> None:
     tops = {p.relative_to(REPO).parts[0] for p in _all_files() if len(p.relative_to(REPO).parts) > 1}
     known = {*OURS, "devenv", "tests", "benchmarks", "scripts", "examples", "docs"}
     assert tops <= known, f"new top-level code needs a layering rule: {sorted(tops - known)}"
+    packages = {p.parent.name for p in [*REPO.glob("*/__init__.py"), *REPO.glob("devenv/*/__init__.py")]}
+    assert packages <= set(_root_packages()), (
+        f"a package the import-linter contracts do not see: {sorted(packages - set(_root_packages()))}"
+    )
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` run on the tree under ``root``, with only that tree on the path."""
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'devenv'}", "COLUMNS": "400", "NO_COLOR": "1"}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def tree_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packages the contracts check and ``pyproject.toml``, copied (a plant never touches
+    the real tree), and checked clean before anything is planted."""
+    root = tmp_path_factory.mktemp("tree")
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    for package in _root_packages():
+        source = _package_dir(REPO, package)
+        shutil.copytree(source, root / source.relative_to(REPO), ignore=shutil.ignore_patterns("__pycache__"))
+    clean = _lint_imports(root)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert " 0 broken." in clean.stdout
+    return root
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "importer", "imported", "contract"),
+    [
+        pytest.param("scheduler_ext/_planted.py", "from runtime_proxy import config\n",
+                     "scheduler_ext._planted", "runtime_proxy.config", "Packages:", id="extender imports the proxy"),
+        pytest.param("runtime_proxy/loops/_planted.py", "from hooks.plugins import cpuset\n",
+                     "runtime_proxy.loops._planted", "hooks.plugins.cpuset", "The loops never import a plugin",
+                     id="a loop imports a plugin"),
+        pytest.param("hooks/plugins/_planted.py", "import rhp_devenv\n",
+                     "hooks.plugins._planted", "rhp_devenv", "No shipped package imports the development harness",
+                     id="a plugin imports the harness"),
+        pytest.param("runtime_proxy/host/_planted.py", "from runtime_proxy.engine import pipeline\n",
+                     "runtime_proxy.host._planted", "runtime_proxy.engine.pipeline", "Proxy roles:",
+                     id="host I/O imports the engine"),
+    ],
+)
+def test_lint_imports_fails_on_a_planted_import(
+    tree_copy: Path, module: str, source: str, importer: str, imported: str, contract: str
+) -> None:
+    plant = tree_copy / module
+    plant.write_text(source)
+    try:
+        planted = _lint_imports(tree_copy)
+    finally:
+        plant.unlink()
+    assert planted.returncode == 1, planted.stdout + planted.stderr
+    broken = [line for line in planted.stdout.splitlines() if " BROKEN" in line]
+    assert any(line.startswith(contract) for line in broken), planted.stdout
+    assert f"{importer} -> {imported} (l.1)" in planted.stdout
 
 
 def test_method_table_matches_the_proto() -> None:
