@@ -24,6 +24,9 @@ Modules (imported as modules, e.g. ``from koord_formats import keys``):
 - ``reservation``: the Reservation object's scheduling parts, reservation-affinity and
   reservation-allocated.
 - ``qos``: QoS class and priority class resolution.
+- ``nrt``: the NodeResourceTopology object's zones and topology policy.
+- ``device``: the Device object's GPU entries.
+- ``nodemetric``: the NodeMetric object's collect policy and status.
 """
 
 from __future__ import annotations

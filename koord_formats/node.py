@@ -48,6 +48,7 @@ __all__ = [
     "PodCPUAlloc",
     "SystemQOSResource",
     "format_cpu_quota_record",
+    "format_kubelet_cpu_manager_policy",
     "format_share_pools",
     "parse_cpu_normalization_ratio",
     "parse_cpu_quota_record",
@@ -158,6 +159,17 @@ def parse_kubelet_cpu_manager_policy(text: str) -> KubeletCPUManagerPolicy:
         options=_str_map(doc.get("options"), f"{what} options"),
         reserved_cpus=_cpus(doc, "reservedCPUs", what),
     )
+
+
+def format_kubelet_cpu_manager_policy(value: KubeletCPUManagerPolicy) -> str:
+    """The ``kubelet.koordinator.sh/cpu-manager-policy`` JSON for ``value`` (empty options and
+    reserved CPUs left out, as Koordinator's ``omitempty`` does)."""
+    doc: dict[str, Any] = {"policy": value.policy}
+    if value.options:
+        doc["options"] = dict(sorted(value.options.items()))
+    if value.reserved_cpus:
+        doc["reservedCPUs"] = format_cpu_list(value.reserved_cpus)
+    return json.dumps(doc, separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)

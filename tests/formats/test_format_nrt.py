@@ -1,0 +1,61 @@
+"""koord_formats/nrt.py and the NRT annotations koord_formats/node.py writes: the zones koordlet
+writes, read back by the extender's own parser (scheduler_ext.numa.parse_nrt_zones), kubelet's
+CPU manager policy annotation through its one parser, and the topology policy names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from koord_formats.cpulist import parse_cpu_list
+from koord_formats.node import (
+    KubeletCPUManagerPolicy,
+    format_kubelet_cpu_manager_policy,
+    parse_kubelet_cpu_manager_policy,
+)
+from koord_formats.nrt import ZoneAmounts, format_zones, topology_policy
+from scheduler_ext import numa
+from scheduler_ext.extender import _zone_amount
+
+
+def test_zones_wire_form() -> None:
+    zones = format_zones({1: ZoneAmounts(4000, 3000, 8 * 1024**3, 8 * 1024**3), 0: ZoneAmounts(4000, 4000, 1000, 900)})
+    assert [z["name"] for z in zones] == ["node-0", "node-1"]
+    assert zones[1] == {"name": "node-1", "type": "Node", "resources": [
+        {"name": "cpu", "capacity": "4", "allocatable": "3", "available": "3"},
+        {"name": "memory", "capacity": "8Gi", "allocatable": "8Gi", "available": "8Gi"},
+    ]}  # fmt: skip
+
+
+@given(st.dictionaries(st.integers(0, 255), st.tuples(st.integers(0, 4096), st.integers(0, 2**50)), max_size=8))
+def test_zones_round_trip_through_the_extenders_parser(raw: dict[int, tuple[int, int]]) -> None:
+    zones = {n: ZoneAmounts(cpus * 1000, cpus * 1000, mem, mem) for n, (cpus, mem) in raw.items()}
+    parsed = numa.parse_nrt_zones(json.loads(json.dumps(format_zones(zones))), _zone_amount)
+    assert parsed == {n: {"cpu": cpus * 1000, "memory": mem} for n, (cpus, mem) in raw.items()}
+
+
+@pytest.mark.parametrize("policy", [
+    KubeletCPUManagerPolicy(),
+    KubeletCPUManagerPolicy("static", reserved_cpus=parse_cpu_list("0-1")),
+    KubeletCPUManagerPolicy("static", options={"full-pcpus-only": "true"}, reserved_cpus=parse_cpu_list("0,4")),
+])  # fmt: skip
+def test_kubelet_cpu_manager_policy_round_trip(policy: KubeletCPUManagerPolicy) -> None:
+    text = format_kubelet_cpu_manager_policy(policy)
+    assert parse_kubelet_cpu_manager_policy(text) == policy
+
+
+def test_kubelet_cpu_manager_policy_wire_form() -> None:
+    text = format_kubelet_cpu_manager_policy(KubeletCPUManagerPolicy("static", reserved_cpus=parse_cpu_list("0-1")))
+    assert text == '{"policy":"static","reservedCPUs":"0-1"}'
+
+
+@pytest.mark.parametrize(("policy", "scope", "expected"), [
+    ("", "", "None"), ("none", "container", "None"), ("single-numa-node", "", "SingleNUMANodeContainerLevel"),
+    ("single-numa-node", "pod", "SingleNUMANodePodLevel"), ("restricted", "container", "RestrictedContainerLevel"),
+    ("best-effort", "pod", "BestEffortPodLevel"), ("best-effort", "node", "None"), ("whatever", "pod", "None"),
+])  # fmt: skip
+def test_topology_policy(policy: str, scope: str, expected: str) -> None:
+    assert topology_policy(policy, scope) == expected
