@@ -22,6 +22,10 @@ What each part of a plan means:
   ``ReconcileUsage`` stage plans them; the usage loop evicts through the Kubernetes Eviction API
   or, when configured, by stopping the pod's containers through the runtime).
 - ``skipped``: what a plugin chose not to do and why (malformed input, unsupported kernel).
+- ``records``: what a plugin decided, reported to the loop that runs its stage (``Record``
+  subclasses, for example ``hooks.usage.SuppressDecision`` for a metric, or state the plugin
+  wants back in the next round's facts). Records change nothing on the node: the applier never
+  reads them, and ``to_json`` leaves them out.
 """
 
 from __future__ import annotations
@@ -30,7 +34,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LEVELS", "CgroupWrite", "Conflict", "Eviction", "Plan", "Removal", "Skip", "TaskMove", "merge"]
+__all__ = [
+    "LEVELS",
+    "CgroupWrite",
+    "Conflict",
+    "Eviction",
+    "Plan",
+    "Record",
+    "Removal",
+    "Skip",
+    "TaskMove",
+    "merge",
+]
 
 LEVELS = ("kubeqos", "pod", "sandbox", "container", "host-app", "resctrl")
 
@@ -114,6 +129,19 @@ class Skip:
         return {"plugin": self.plugin, "reason": self.reason}
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Base of what a plugin reports beside its plan (``Plan.records``): frozen data the loop
+    running the stage reads (``hooks.usage`` defines the record types of the loops' stages).
+    The merge treats a record as a claim on ``key``: two plugins that report different records
+    with one key conflict."""
+
+    @property
+    def key(self) -> str:
+        """What the record is about (default: its type; one per plan)."""
+        return type(self).__name__
+
+
 @dataclass(frozen=True)
 class Conflict:
     """Two plugins wanted different values for the same field."""
@@ -145,6 +173,7 @@ class Plan:
     removals: list[Removal] = field(default_factory=list)
     evictions: list[Eviction] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
 
     # -- setters (the only way plugins should fill a plan) --------------------------------
 
@@ -189,10 +218,15 @@ class Plan:
         self.skipped.append(Skip(reason))
         return self
 
+    def report(self, record: Record) -> Plan:
+        """Report a decision to the loop that runs the stage (see ``Record``)."""
+        self.records.append(record)
+        return self
+
     # -- reading ---------------------------------------------------------------------------
 
     def is_empty(self) -> bool:
-        """True when the plan changes nothing (skips alone change nothing)."""
+        """True when the plan changes nothing (skips and records alone change nothing)."""
         return not (
             self.resources
             or self.envs
@@ -265,6 +299,8 @@ def _claims_of(plan: Plan) -> Iterable[tuple[str, Any]]:
     for w in plan.writes:
         final[f"write:{w.level}:{w.path}:{w.file}"] = w.value
     yield from final.items()
+    for r in plan.records:
+        yield f"record:{r.key}", r
 
 
 class MergeResult:
@@ -301,6 +337,8 @@ class MergeResult:
         evicted = {e.uid for e in target.evictions}
         target.evictions.extend(e for e in plan.evictions if e.uid not in evicted)
         target.skipped.extend(Skip(s.reason, s.plugin or plugin) for s in plan.skipped)
+        reported = {r.key for r in target.records}
+        target.records.extend(r for r in plan.records if r.key not in reported)
         for key, _ in _claims_of(plan):
             self.owners.setdefault(key, plugin)
         return []

@@ -6,6 +6,10 @@ pure functions over a ``Usage`` window and the node and pod facts; they run at t
 types from ``/proc`` and the cgroup files lives in the proxy (``runtime_proxy/loops/usage.py``);
 ``runtime-proxy plan`` takes the same shape as its ``usage`` input.
 
+The records those decisions report beside their plans (``hooks.plan.Record``) live here too, so
+the loop that runs a stage reads them without importing a plugin: ``SuppressDecision`` (the usage
+loop's ``rhp_cpu_suppress_target_cores``).
+
 Units: CPU in millicores (1000 = one CPU busy for the whole interval), memory in bytes, times
 in seconds. Memory usage of a pod or container excludes page cache (anon + unevictable), as
 Koordinator counts it.
@@ -17,12 +21,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from hooks.facts import CFS_PERIOD_US
+from hooks.plan import Record
+from koord_formats import keys
+
 __all__ = [
     "EVICTION_MEMORY_SECONDS",
     "MAX_SAMPLES",
     "BEState",
     "EvictionRecord",
     "ResourceUsage",
+    "SuppressAmount",
+    "SuppressDecision",
     "Usage",
     "UsageSample",
 ]
@@ -123,3 +133,45 @@ class Usage:
     def evicted_uids(self) -> frozenset[str]:
         """Pods evicted within the remembered time (they may still be terminating)."""
         return frozenset(e.uid for e in self.recent_evictions)
+
+
+# ---- records of the ReconcileUsage decisions ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressAmount:
+    """The terms of the CPU suppress formula, in millicores (``hooks.plugins.cpu_suppress``)."""
+
+    capacity: int
+    threshold: int  # capacity x cpuSuppressThresholdPercent / 100
+    pods_non_be: int
+    host_apps_non_be: int
+    system: int  # max(node - all pods - all host apps, 0, reserved)
+    reserved: int
+    minimum: int | None  # capacity x cpuSuppressMinPercent / 100
+    suppress: int  # the BE share; may be negative when there is no minimum
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressDecision(Record):
+    """What one CPU suppress round decided (reported by ``hooks.plugins.cpu_suppress`` in its
+    plan's ``records``): ``policy`` is "cpuset", "cfsQuota" or "disabled"; ``cfs_quota_us`` is
+    the BE kube-QoS quota written this round (None: left as it is); ``cpuset`` is the BE cpuset
+    target (the full BE pool under cfsQuota or when disabled); ``reason`` says why the round
+    wrote less than usual ("" when it wrote everything)."""
+
+    policy: str
+    amount: SuppressAmount | None = None
+    cfs_quota_us: int | None = None
+    cpuset: frozenset[int] = frozenset()
+    reason: str = ""
+
+    @property
+    def target_cores(self) -> float | None:
+        """The BE share this round enforces, in cores, for the suppress-target metric: the
+        quota over the period under cfsQuota, the cpuset size under cpuset; None otherwise."""
+        if self.policy == keys.CPU_SUPPRESS_POLICY_CFS_QUOTA:
+            return None if self.cfs_quota_us is None else self.cfs_quota_us / CFS_PERIOD_US
+        if self.policy == keys.CPU_SUPPRESS_POLICY_CPUSET and self.cpuset:
+            return float(len(self.cpuset))
+        return None

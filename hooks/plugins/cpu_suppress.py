@@ -31,9 +31,10 @@ Write order (``cpuset_writes``)
     and pod dirs keep the full BE pool and only containers and sandboxes get the suppressed set,
     so kubelet's own container cpuset writes and new BE containers still fit in their pod.
 Decision record
-    ``decide`` returns a ``SuppressDecision`` (policy, amount, target quota or cpuset, why a
-    round wrote less) next to the plan; the usage loop turns its ``target_cores`` into the
-    metric ``rhp_cpu_suppress_target_cores``.
+    ``decide`` returns a ``hooks.usage.SuppressDecision`` (policy, amount, target quota or
+    cpuset, why a round wrote less) next to the plan; the hook reports it in the plan's
+    ``records`` and the usage loop turns its ``target_cores`` into the metric
+    ``rhp_cpu_suppress_target_cores``.
 Leaves alone
     everything when the topology or the usage sample is missing or a node annotation the
     decision needs is malformed (recorded as a skip; the next round tries again). On cgroup v1
@@ -66,7 +67,7 @@ from hooks.facts import (
 )
 from hooks.plan import Plan
 from hooks.spec import hookimpl
-from hooks.usage import Usage, UsageSample
+from hooks.usage import SuppressAmount, SuppressDecision, Usage, UsageSample
 from koord_formats import FormatError, keys, nodeslo
 from koord_formats import node as node_formats
 
@@ -84,7 +85,6 @@ __all__ = [
     "choose_be_cpus",
     "cpuset_writes",
     "decide",
-    "decision_of",
     "next_cfs_quota",
     "pick_cpus",
     "rhp_reconcile_usage",
@@ -101,44 +101,6 @@ DISABLED = "disabled"
 CPUSET_FILE = "cpuset.cpus"
 QUOTA_FILE = "cpu.cfs_quota_us"
 _BE_KUBE_QOS = "BestEffort"
-
-
-@dataclass(frozen=True, slots=True)
-class SuppressAmount:
-    """The terms of the suppress formula, in millicores."""
-
-    capacity: int
-    threshold: int  # capacity x cpuSuppressThresholdPercent / 100
-    pods_non_be: int
-    host_apps_non_be: int
-    system: int  # max(node - all pods - all host apps, 0, reserved)
-    reserved: int
-    minimum: int | None  # capacity x cpuSuppressMinPercent / 100
-    suppress: int  # the BE share; may be negative when there is no minimum
-
-
-@dataclass(frozen=True, slots=True)
-class SuppressDecision:
-    """What one round decided: ``policy`` is "cpuset", "cfsQuota" or ``DISABLED``;
-    ``cfs_quota_us`` is the BE kube-QoS quota written this round (None: left as it is);
-    ``cpuset`` is the BE cpuset target (the full BE pool under cfsQuota or when disabled);
-    ``reason`` says why the round wrote less than usual ("" when it wrote everything)."""
-
-    policy: str
-    amount: SuppressAmount | None = None
-    cfs_quota_us: int | None = None
-    cpuset: frozenset[int] = frozenset()
-    reason: str = ""
-
-    @property
-    def target_cores(self) -> float | None:
-        """The BE share this round enforces, in cores, for the suppress-target metric: the
-        quota over the period under cfsQuota, the cpuset size under cpuset; None otherwise."""
-        if self.policy == keys.CPU_SUPPRESS_POLICY_CFS_QUOTA:
-            return None if self.cfs_quota_us is None else self.cfs_quota_us / CFS_PERIOD_US
-        if self.policy == keys.CPU_SUPPRESS_POLICY_CPUSET and self.cpuset:
-            return float(len(self.cpuset))
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,27 +378,9 @@ def _restore(plan: Plan, dirs: Sequence[BEDir], current: frozenset[int], pool: f
     cpuset_writes(plan, dirs, current, {0: pool, 1: pool, 2: pool})
 
 
-# The last round's decision with the (frozen) inputs it was computed from, compared by
-# identity: the usage loop reads the record of the round the hook runner just planned without
-# computing it again. One entry; replaced whole, so threads never see half of it.
-_last_decision: tuple[NodeFacts, Sequence[PodFacts], Usage, SuppressDecision] | None = None
-
-
-def decision_of(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> SuppressDecision:
-    """The decision record of ``decide`` for these inputs (the last round's when they are the
-    very objects it was given)."""
-    last = _last_decision
-    if last is not None and last[0] is node_facts and last[1] is pods and last[2] is usage:
-        return last[3]
-    return decide(node_facts, pods, usage)[0]
-
-
 def decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tuple[SuppressDecision, Plan]:
     """One suppress round: the decision record and the plan (see module docstring)."""
-    global _last_decision
-    decision, plan = _decide(node_facts, pods, usage)
-    _last_decision = (node_facts, pods, usage, decision)
-    return decision, plan
+    return _decide(node_facts, pods, usage)
 
 
 def _decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tuple[SuppressDecision, Plan]:
@@ -513,4 +457,5 @@ def _decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tu
 
 @hookimpl
 def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan | None:
-    return decide(node, pods, usage)[1]
+    decision, plan = decide(node, pods, usage)
+    return plan.report(decision)

@@ -209,6 +209,7 @@ def _validate(raw: Any, stage: str, container: ContainerFacts | None, step: str)
             removals=plan.removals,
             evictions=plan.evictions,
             skipped=[*plan.skipped, *(Skip(f"stage {stage} cannot change cri.{name}") for name in dropped)],
+            records=plan.records,
         )
     return plan
 

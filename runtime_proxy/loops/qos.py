@@ -41,9 +41,8 @@ not performed. A round that fails is logged and the loop goes on.
 Metrics: ``rhp_usage_loop_duration_seconds``, ``rhp_usage_loop_errors_total``,
 ``rhp_usage_evictions_total`` (by feature and result), ``rhp_usage_eviction_tasks_total`` (by
 outcome: ``started``, ``deferred``, ``timeout``), ``rhp_usage_evictions_in_flight`` and, when
-the ``cpu_suppress`` plugin ran,
-``rhp_cpu_suppress_target_cores`` (by policy) from its decision record
-(``hooks.plugins.cpu_suppress.decide``).
+a plugin reported a ``hooks.usage.SuppressDecision`` in the round's plan (``cpu_suppress`` does),
+``rhp_cpu_suppress_target_cores`` (by policy) from that record.
 """
 
 from __future__ import annotations
@@ -61,8 +60,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, with_bound_pods
 from hooks.plan import Eviction, Plan
-from hooks.plugins import cpu_suppress
-from hooks.usage import EVICTION_MEMORY_SECONDS, EvictionRecord, Usage, UsageSample
+from hooks.usage import EVICTION_MEMORY_SECONDS, EvictionRecord, SuppressDecision, UsageSample
 from koord_formats import keys
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.host.apply import ApplyReport, apply_files
@@ -92,7 +90,6 @@ SUPPRESS_TARGET = Gauge(
     "or the size of the BE cpuset (cpuset); absent while suppress is off.",
     ["policy"],
 )
-SUPPRESS_PLUGIN = "cpu_suppress"
 LOOP_ERRORS = Counter("rhp_usage_loop_errors_total", "Failures in usage-loop rounds, by kind.", ["kind"])
 EVICTIONS = Counter(
     "rhp_usage_evictions_total", "Evictions planned by the usage loop, by feature and result.", ["feature", "result"]
@@ -180,11 +177,13 @@ class UsageRound:
     failures: list[str] = field(default_factory=list)
 
 
-def _record_suppress(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> None:
-    """Set ``rhp_cpu_suppress_target_cores`` from the suppress decision of this round (the
-    record the plugin kept for these very inputs); a round that changed nothing keeps the
-    previous value."""
-    decision = cpu_suppress.decision_of(node, pods, usage)
+def _record_suppress(plan: Plan) -> None:
+    """Set ``rhp_cpu_suppress_target_cores`` from the suppress decision ``plan`` reports; a
+    round without one (no suppress plugin, or it failed) or whose decision has no target keeps
+    the previous value."""
+    decision = next((r for r in plan.records if isinstance(r, SuppressDecision)), None)
+    if decision is None:
+        return
     for policy in (keys.CPU_SUPPRESS_POLICY_CPUSET, keys.CPU_SUPPRESS_POLICY_CFS_QUOTA):
         if policy != decision.policy:
             with contextlib.suppress(KeyError):
@@ -381,16 +380,14 @@ class UsageLoop:
             if out.sample is None or not self.pipeline.has_work("ReconcileUsage"):
                 return out
             usage = self.sampler.usage(self._recent(out.sample.at), refused=self._refused)
-            pods = tuple(listed)  # the same object for the plugins and the suppress record
-            result = await self.pipeline.run_usage(node, pods, usage)
+            result = await self.pipeline.run_usage(node, listed, usage)
             out.plan = result.plan
             out.failures = [str(f) for f in result.failures]
             if result.plan.writes:
                 out.applied = await asyncio.to_thread(self._apply, result.plan, out.sample.at)
             if result.plan.evictions:
                 self._evict(result.plan.evictions, out.sample.at, out)
-            if SUPPRESS_PLUGIN in result.ran and not any(f.step == SUPPRESS_PLUGIN for f in result.failures):
-                await asyncio.to_thread(_record_suppress, node, pods, usage)
+            _record_suppress(result.plan)
             return out
         finally:
             self.rounds += 1

@@ -379,6 +379,15 @@ def test_hook_returns_the_plan_of_decide() -> None:
     assert isinstance(plan, Plan) and plan.writes == decide(node(slo=slo("cfsQuota")), (LS, BE), usage)[1].writes
 
 
+def test_hook_reports_its_decision_in_the_plan() -> None:
+    """The decision travels in the plan's records (no module state for the usage loop to read)."""
+    usage = Usage((sample(6000, {"ls-1": 3000}),))
+    plan = cpu_suppress.rhp_reconcile_usage(node=node(slo=slo("cfsQuota")), pods=(LS, BE), usage=usage)
+    decision, _ = decide(node(slo=slo("cfsQuota")), (LS, BE), usage)
+    assert isinstance(plan, Plan) and plan.records == [decision]
+    assert decision.policy == "cfsQuota" and decision.target_cores is not None
+
+
 def test_systemd_driver_paths() -> None:
     be = pod("BE", uid="be-1", parent="kubepods-besteffort-podbe_1.slice", containers=(container(cid="c1"),))
     the_node = node(slo=slo("cfsQuota"), driver="systemd")

@@ -18,7 +18,7 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.manager import make_plugin_manager
 from hooks.plan import Eviction, Plan
 from hooks.spec import hookimpl
-from hooks.usage import Usage
+from hooks.usage import SuppressDecision, Usage
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.cgroups import Cgroups, WriteResult
 from runtime_proxy.loops.qos import EvictionResult, LoggingEvictor, UsageLoop, UsageRound
@@ -409,3 +409,30 @@ async def test_the_running_loop_keeps_its_interval_while_evictions_hang(tmp_path
         assert len(evictor.calls) == 4 and loop.evictions_in_flight == {"v0", "v1", "v2", "v3"}
     finally:
         await loop.stop()
+
+
+def _target(policy: str) -> float | None:
+    return REGISTRY.get_sample_value("rhp_cpu_suppress_target_cores", {"policy": policy})
+
+
+async def test_the_suppress_target_metric_follows_the_decision_the_plan_reports(tmp_path: Path) -> None:
+    """The metric comes from the ``SuppressDecision`` in the stage's plan, whichever plugin
+    reported it (here a stub, not ``cpu_suppress``); a round without one keeps the value."""
+    decision: dict[str, SuppressDecision | None] = {"now": SuppressDecision("cfsQuota", cfs_quota_us=250000)}
+
+    def report(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
+        plan = Plan()
+        now = decision["now"]
+        return plan if now is None else plan.report(now)
+
+    loop, _, _, _, clock = make_loop(tmp_path, report)
+    await two_rounds(loop, clock)
+    assert _target("cfsQuota") == 2.5
+    decision["now"] = SuppressDecision("cpuset", cfs_quota_us=-1, cpuset=frozenset({0, 1, 2}))
+    clock.now += 1
+    await step(loop)
+    assert _target("cpuset") == 3.0 and _target("cfsQuota") is None
+    decision["now"] = None
+    clock.now += 1
+    await step(loop)
+    assert _target("cpuset") == 3.0
