@@ -1,9 +1,13 @@
 """Build the plugin manager: hookspecs, built-in plugins, and third-party plugins found through
 the ``runtime_hook_proxy.plugins`` entry-point group.
 
-Called by the proxy at start (``runtime_proxy.engine.pipeline``), by the hook server and by the
-planner. Mistakes in a plugin surface here, at registration (``PluginValidationError``), not on
-its first call.
+Every command that runs plugins builds its manager with ``make_plugin_manager``; the hook runner
+(``runtime_proxy.engine.pipeline``) then calls each plugin's hook function itself, once, in the
+configured plugin order. Mistakes in a plugin surface here, at registration
+(``PluginValidationError``), not on its first call: pluggy's own checks (an argument the hookspec
+does not have, a hook that does not exist) and ours, ``REFUSED_OPTIONS``: pluggy's ordering and
+wrapping options, which that runner does not honour, so a plugin that asks for them is refused
+instead of being run in the wrong order or wrongly.
 """
 
 from __future__ import annotations
@@ -20,7 +24,50 @@ from hooks.plugins import BUILTIN_PLUGINS
 
 ENTRY_POINT_GROUP = "runtime_hook_proxy.plugins"
 
-__all__ = ["ENTRY_POINT_GROUP", "builtin_plugin", "installed_entry_points", "make_plugin_manager", "plugin_order"]
+# pluggy hookimpl options the hook runner does not honour: it calls one plugin at a time in the
+# config's order (no tryfirst/trylast) and calls the function once for its result (a wrapper's
+# generator would be returned instead of a plan).
+REFUSED_OPTIONS = ("tryfirst", "trylast", "wrapper", "hookwrapper")
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "REFUSED_OPTIONS",
+    "PluginManager",
+    "builtin_plugin",
+    "installed_entry_points",
+    "make_plugin_manager",
+    "plugin_order",
+]
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager for our hookspecs that refuses, at registration, a hook implementation
+    marked with one of ``REFUSED_OPTIONS``. Every way in refuses alike: ``register`` itself, so
+    also entry points (``load_setuptools_entrypoints``) and plugins registered by hand."""
+
+    def __init__(self) -> None:
+        super().__init__(spec.PROJECT)
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """Register ``plugin`` as pluggy does, after checking every hook implementation's options;
+        ``PluginValidationError`` naming the plugin and the hook leaves the manager unchanged."""
+        if plugin is not None:
+            plugin_name = name or self.get_canonical_name(plugin)
+            for attr in dir(plugin):
+                opts = self.parse_hookimpl_opts(plugin, attr)
+                if opts is None:
+                    continue
+                refused = [option for option in REFUSED_OPTIONS if opts.get(option)]
+                if refused:
+                    hook = opts.get("specname") or attr
+                    marked = ", ".join(f"{option}=True" for option in refused)
+                    raise pluggy.PluginValidationError(
+                        plugin,
+                        f"plugin {plugin_name!r}: hook {hook!r} is marked {marked}, which runtime-hook-proxy "
+                        "does not support: each plugin's hook runs once, on its own, in the order of the "
+                        "config's plugins list; remove the option (and set the order in the config)",
+                    )
+        return super().register(plugin, name)
 
 
 def builtin_plugin(name: str) -> ModuleType:
@@ -32,14 +79,14 @@ def builtin_plugin(name: str) -> ModuleType:
 
 def make_plugin_manager(
     *, builtins: Iterable[str] | None = None, entry_points: bool = True, extra: Iterable[object] = ()
-) -> pluggy.PluginManager:
+) -> PluginManager:
     """A fresh manager with our hookspecs.
 
     :param builtins: names of built-in plugins to register (all when ``None``).
     :param entry_points: also load third-party plugins from ``runtime_hook_proxy.plugins``.
     :param extra: more plugin objects (modules or instances) to register, in order.
     """
-    pm = pluggy.PluginManager(spec.PROJECT)
+    pm = PluginManager()
     pm.add_hookspecs(spec)
     for name in BUILTIN_PLUGINS if builtins is None else builtins:
         pm.register(builtin_plugin(name), name=name)

@@ -16,6 +16,8 @@ Rules shared by every hook
       thread with its own timeout and failure policy (``Ignore``, the default: the failure is
       logged and counted and the plugin's plan is left out; ``Fail``: at a ``pre`` hook the CRI
       call is refused and nothing is applied). ``post`` and ``reconcile`` hooks never fail a call.
+      pluggy's ``tryfirst``, ``trylast``, ``wrapper`` and ``hookwrapper`` are refused at
+      registration (``hooks.manager.REFUSED_OPTIONS``): the config's order is the only order.
     - Each implementation sees the facts as changed by the plans of the plugins before it
       (resources, envs, annotations, labels, cgroup parent). Plans are merged in order; a field
       that two plugins set to different values is a conflict, and the later plugin's whole plan

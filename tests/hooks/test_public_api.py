@@ -15,7 +15,11 @@ REPO = HOOKS_DIR.parent
 
 def test_the_public_names_are_the_plugin_authors_kit() -> None:
     assert sorted(hooks.__all__) == sorted(
-        ["hookimpl", "Plan", "PodFacts", "ContainerFacts", "NodeFacts", "Resources", "CPUTopology"]
+        ["hookimpl", "Plan", "PodFacts", "ContainerFacts", "NodeFacts", "Resources", "CPUTopology",
+         # the sampled usage rhp_reconcile_usage receives
+         "Usage", "UsageSample",
+         # the cgroup directories a plan's writes name
+         "CgroupInfo", "pod_cgroup_path", "container_cgroup_path", "kube_qos_cgroup_path", "host_app_cgroup_path"]
     )
     public = {name for name in vars(hooks) if not name.startswith("_")}
     # submodules are attributes of a package once imported; they are not part of ``__all__``
