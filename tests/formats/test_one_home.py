@@ -23,7 +23,10 @@ from koord_formats import keys
 
 REPO = Path(__file__).resolve().parents[2]
 SCANNED = ("runtime_proxy", "hooks", "scheduler_ext")
-PARSER_MODULES = ("pod.py", "node.py", "topology.py", "nodeslo.py", "reservation.py", "nodemetric.py", "nrt.py")
+PARSER_MODULES = (
+    "pod.py", "node.py", "topology.py", "nodeslo.py", "reservation.py", "nodemetric.py", "nrt.py",
+    "colocation.py", "sloconfig.py", "selector.py",
+)
 
 # Names Koordinator uses that our own config also uses with another meaning (the proxy's
 # ``cgroupRoot`` setting is a directory, NodeSLO's is a QoS section).

@@ -1,0 +1,163 @@
+"""Nodes and pods as the manager's formulas read them, decoded from their JSON once.
+
+Who calls this: ``scheduler_ext.manager.controller`` on every Node and Pod event it caches;
+``benchmarks/manager_update.py``. Total: any malformed object raises ``FormatError`` (from
+``koord_formats``), which the caller turns into a logged skip of that object (a pod: its node's
+batch resources are reset, since its usage is unknown).
+
+- ``node_info``: ``status.capacity`` and ``status.allocatable`` (cpu, memory), the reservation
+  annotation ``node.koordinator.sh/reservation`` (its ``reservedCPUs`` count when set, else
+  its ``resources``) and the CPU normalization ratio annotation.
+- ``pod_info``: namespace, name, phase, node; Koordinator's priority class
+  (``koord_formats.qos.priority_class``) and QoS class (label, else from the Kubernetes QoS
+  class in ``status.qosClass``, computed from the containers when absent); the effective request
+  as Kubernetes computes it: max(sum over containers, largest init container) + overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from koord_formats import keys, qos
+from koord_formats.bounded import MAX_NAME_CHARS, read_list, read_object, read_str
+from koord_formats.errors import FormatError
+from koord_formats.node import parse_cpu_normalization_ratio, parse_node_reservation
+from koord_formats.pod import read_resource_list
+from scheduler_ext.manager.resources import Amount, NodeInfo, PodInfo
+
+__all__ = ["MAX_CONTAINERS", "PodKey", "node_info", "node_labels", "pod_info", "pod_node_name"]
+
+MAX_CONTAINERS = 1024
+_CPU = "cpu"
+_MEMORY = "memory"
+_EMPTY: Mapping[str, Any] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class PodKey:
+    namespace: str
+    name: str
+
+
+def _object(value: object, what: str) -> Mapping[str, Any]:
+    return _EMPTY if value is None else read_object(value, what)
+
+
+def _strings(value: object, what: str) -> dict[str, str]:
+    doc = _object(value, what)
+    if len(doc) > 4096:
+        raise FormatError(f"{what}: more than 4096 entries")
+    out: dict[str, str] = {}
+    for k, v in doc.items():
+        out[read_str(k, f"{what} key", 1024)] = read_str(v, f"{what} {k[:64]}", 256 * 1024)
+    return out
+
+
+def _amount(resources: Mapping[str, Fraction]) -> Amount:
+    """cpu in milli-cores and memory in bytes, rounded up as the API server rounds."""
+    cpu, memory = resources.get(_CPU), resources.get(_MEMORY)
+    return Amount(
+        0 if cpu is None else math.ceil(cpu * 1000),
+        0 if memory is None else math.ceil(memory),
+    )
+
+
+def node_labels(node: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The node's labels and annotations; ``FormatError`` when they are not string maps."""
+    meta = _object(node.get("metadata"), "node metadata")
+    return _strings(meta.get("labels"), "node labels"), _strings(meta.get("annotations"), "node annotations")
+
+
+def node_info(node: Mapping[str, Any]) -> NodeInfo:
+    """A Node object (decoded JSON) as ``NodeInfo``; ``FormatError`` when malformed."""
+    meta = _object(node.get("metadata"), "node metadata")
+    name = read_str(meta.get("name"), "node name", MAX_NAME_CHARS)
+    _, annotations = node_labels(node)
+    status = _object(node.get("status"), "node status")
+    capacity = _amount(read_resource_list(status.get("capacity"), "node capacity"))
+    allocatable = _amount(read_resource_list(status.get("allocatable"), "node allocatable"))
+    reservation = Amount()
+    text = annotations.get(keys.NODE_ANNOTATION_RESERVATION)
+    if text:
+        parsed = parse_node_reservation(text)
+        reserved = _amount(parsed.resources)
+        cpu = len(parsed.reserved_cpus) * 1000 if parsed.reserved_cpus else reserved.cpu
+        reservation = Amount(cpu, reserved.memory)
+    ratio_text = annotations.get(keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO)
+    ratio = parse_cpu_normalization_ratio(ratio_text) if ratio_text is not None else None
+    return NodeInfo(name, capacity, allocatable, reservation, ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class _Container:
+    requests: Amount  # a request missing beside a limit defaults to the limit (API server)
+    limits: Amount
+    names_any: bool  # requests or limits name cpu or memory
+    limits_both: bool  # limits name both cpu and memory
+
+
+def _container(container: object, what: str) -> _Container:
+    resources = _object(read_object(container, what).get("resources"), f"{what} resources")
+    requests = dict(read_resource_list(resources.get("requests"), f"{what} requests"))
+    limits = read_resource_list(resources.get("limits"), f"{what} limits")
+    for name, value in limits.items():
+        requests.setdefault(name, value)
+    return _Container(
+        _amount(requests),
+        _amount(limits),
+        any(n in requests for n in (_CPU, _MEMORY)),
+        _CPU in limits and _MEMORY in limits,
+    )
+
+
+def _kube_qos(containers: list[_Container]) -> str:
+    """Kubernetes' QoS class from the containers (used when ``status.qosClass`` is absent)."""
+    if not any(c.names_any for c in containers):
+        return "BestEffort"
+    if all(c.limits_both and c.requests == c.limits for c in containers):
+        return "Guaranteed"
+    return "Burstable"
+
+
+def pod_node_name(pod: Mapping[str, Any]) -> str:
+    """``spec.nodeName`` ("" when unbound); ``FormatError`` when malformed."""
+    spec = _object(pod.get("spec"), "pod spec")
+    value = spec.get("nodeName")
+    return "" if value is None else read_str(value, "pod nodeName", MAX_NAME_CHARS)
+
+
+def pod_info(pod: Mapping[str, Any]) -> PodInfo:
+    """A Pod object (decoded JSON) as ``PodInfo``; ``FormatError`` when malformed."""
+    meta = _object(pod.get("metadata"), "pod metadata")
+    namespace = read_str(meta.get("namespace") or "", "pod namespace", MAX_NAME_CHARS)
+    name = read_str(meta.get("name"), "pod name", MAX_NAME_CHARS)
+    labels = _strings(meta.get("labels"), "pod labels")
+    spec = _object(pod.get("spec"), "pod spec")
+    status = _object(pod.get("status"), "pod status")
+    phase = read_str(status.get("phase") or "", "pod phase", 64)
+    total = Amount()
+    decoded = [_container(c, "container") for c in read_list(spec.get("containers") or [], "pod containers",
+                                                            MAX_CONTAINERS)]
+    for c in decoded:
+        total = total + c.requests
+    for raw in read_list(spec.get("initContainers") or [], "pod initContainers", MAX_CONTAINERS):
+        total = total.max(_container(raw, "init container").requests)
+    total = total + _amount(read_resource_list(spec.get("overhead"), "pod overhead"))
+    kube_qos = status.get("qosClass")
+    kube_qos = read_str(kube_qos, "pod qosClass", 32) if kube_qos is not None else _kube_qos(decoded)
+    pod_qos = qos.qos_class(labels, kube_qos)
+    priority = spec.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise FormatError("pod priority: expected an integer")
+    return PodInfo(
+        namespace=namespace,
+        name=name,
+        phase=phase,
+        priority_class=qos.priority_class(labels, priority, pod_qos),
+        qos=pod_qos,
+        request=total,
+    )
