@@ -21,20 +21,21 @@ How a node's strategy is made (``ColocationConfig.for_node``), each step a JSON 
 4. the node labels ``node.koordinator.sh/cpu-reclaim-ratio`` and friends override the
    percentages (ratio x 100, truncated; invalid or negative ignored).
 
-Durations (``metricAggregatePolicy.durations``) are Go duration strings; we accept whole
-seconds only ("5m", "300s", "1h30m") and write them as Go prints them ("5m0s").
+Durations (``metricAggregatePolicy.durations``) are Go duration strings
+(``koord_formats.nodemetric`` parses and writes them); a strategy accepts whole seconds from 1 s
+to a day, as the NodeMetric spec does, and the NodeMetric spec gets them as Go prints them.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from koord_formats.bounded import MAX_JSON_DEPTH, load_json, read_list, read_object, read_str
 from koord_formats.errors import FormatError
+from koord_formats.nodemetric import MAX_SECONDS, format_go_duration, parse_go_duration
 from koord_formats.selector import MATCH_LABELS, LabelSelector, parse_label_selector
 
 __all__ = [
@@ -55,11 +56,9 @@ __all__ = [
     "ColocationStrategy",
     "NodeColocation",
     "default_strategy_doc",
-    "format_go_duration",
     "metric_collect_spec",
     "overlay",
     "parse_colocation_config",
-    "parse_go_duration",
     "strategy_from_doc",
 ]
 
@@ -154,35 +153,19 @@ def overlay(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# ---- Go durations ------------------------------------------------------------------------------
-
-_DURATION = re.compile(r"(?:[0-9]{1,9}(?:h|m|s))+", re.ASCII)
-_DURATION_PART = re.compile(r"([0-9]{1,9})(h|m|s)", re.ASCII)
-_UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
-MAX_DURATION_SECONDS = 7 * 24 * 3600
+# ---- Go durations (parsed and written by koord_formats.nodemetric) -------------------------------
 
 
-def parse_go_duration(value: object, what: str = "duration") -> int:
-    """A Go duration string of whole seconds ("5m", "5m0s", "1h30m", "90s") as seconds, above
-    0 and at most a week; ``FormatError`` for anything else (fractions, ms/us/ns, signs)."""
-    text = read_str(value, what, 64)
-    if _DURATION.fullmatch(text) is None:
-        raise FormatError(f"{what}: {text[:64]!r} is not a duration of whole seconds such as '5m0s'")
-    seconds = sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
-    if not 0 < seconds <= MAX_DURATION_SECONDS:
-        raise FormatError(f"{what}: {text[:64]!r} is outside 1s..{MAX_DURATION_SECONDS}s")
-    return seconds
-
-
-def format_go_duration(seconds: int) -> str:
-    """Seconds as Go's ``time.Duration.String()`` prints them: 300 -> "5m0s", 3600 -> "1h0m0s"."""
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
+def _duration_seconds(value: object, what: str) -> int:
+    """A Go duration of whole seconds, at least 1 and at most a day; ``FormatError`` otherwise."""
+    try:
+        seconds = parse_go_duration(value)
+    except FormatError as exc:
+        raise FormatError(f"{what}: {exc}") from None
+    whole = round(seconds)
+    if whole < 1 or abs(whole - seconds) > 1e-6:
+        raise FormatError(f"{what}: {value!r} is not a whole number of seconds of at least 1")
+    return whole
 
 
 # ---- the typed strategy --------------------------------------------------------------------------
@@ -249,7 +232,7 @@ def strategy_from_doc(doc: Mapping[str, Any]) -> ColocationStrategy:
     policy = doc.get(_AGG_POLICY)
     raw_durations = read_object(policy, f"colocation {_AGG_POLICY}").get(_DURATIONS) if policy is not None else None
     durations = tuple(
-        parse_go_duration(d, f"colocation {_DURATIONS}")
+        _duration_seconds(d, f"colocation {_DURATIONS}")
         for d in read_list([] if raw_durations is None else raw_durations, f"colocation {_DURATIONS}", _MAX_DURATIONS)
     )
     mem_collect = _text(doc, _MEM_COLLECT, MEMORY_COLLECT_POLICIES[0])
@@ -263,8 +246,8 @@ def strategy_from_doc(doc: Mapping[str, Any]) -> ColocationStrategy:
         raise FormatError(f"colocation {_MID_MODE}: unknown mode {mode[:64]!r}")
     return ColocationStrategy(
         enable=enable,
-        metric_aggregate_duration_seconds=_need(_int(doc, _AGG_SECONDS, 1, MAX_DURATION_SECONDS), _AGG_SECONDS),
-        metric_report_interval_seconds=_need(_int(doc, _REPORT_SECONDS, 1, MAX_DURATION_SECONDS), _REPORT_SECONDS),
+        metric_aggregate_duration_seconds=_need(_int(doc, _AGG_SECONDS, 1, MAX_SECONDS), _AGG_SECONDS),
+        metric_report_interval_seconds=_need(_int(doc, _REPORT_SECONDS, 1, MAX_SECONDS), _REPORT_SECONDS),
         metric_aggregate_durations=durations,
         metric_memory_collect_policy=mem_collect,
         cpu_reclaim_threshold_percent=_need(_int(doc, _CPU_RECLAIM, 0), _CPU_RECLAIM),
