@@ -11,6 +11,8 @@ sorted by type, then minor (``updateDevice``'s sorter).
 
 ``format_gpu_devices`` writes them; the extender reads them with
 ``scheduler_ext.topology.parse_gpu_devices`` (the round trip: ``tests/formats/test_format_device.py``).
+``split_devices`` reads a Device's ``spec`` back into its GPU entries and the others (which a
+GPU writer keeps as they are), bounded.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from koord_formats import keys
+from koord_formats.bounded import read_list, read_object
 from koord_formats.quantity import format_bytes
 
-__all__ = ["API_GROUP", "API_VERSION", "KIND", "PLURAL", "GPUInfo", "format_gpu_devices"]
+__all__ = ["API_GROUP", "API_VERSION", "KIND", "MAX_DEVICES", "PLURAL", "GPUInfo", "format_gpu_devices",
+           "split_devices"]
+
+# Devices one Device object may list; real nodes have a few dozen (GPUs, RDMA NICs, VFs).
+MAX_DEVICES = 1024
 
 API_GROUP = "scheduling.koordinator.sh"
 API_VERSION = "v1alpha1"
@@ -58,3 +65,18 @@ def format_gpu_devices(gpus: Iterable[GPUInfo]) -> list[dict[str, Any]]:
             entry["topology"] = {"socketID": -1, "nodeID": g.numa_node, "pcieID": g.pcie_root, "busID": g.bus_id}
         out.append(entry)
     return out
+
+
+def split_devices(spec: object) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A Device's ``spec`` (decoded JSON) as (its GPU entries, every other entry), in the
+    listed order; ``FormatError`` when it is not an object, ``devices`` is not a list of at most
+    ``MAX_DEVICES`` objects."""
+    if spec is None:
+        return [], []
+    raw = read_object(spec, "Device spec").get("devices")
+    gpus: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    for entry in [] if raw is None else read_list(raw, "Device spec devices", MAX_DEVICES):
+        item = dict(read_object(entry, "Device entry"))
+        (gpus if item.get("type") == keys.DEVICE_TYPE_GPU else others).append(item)
+    return gpus, others

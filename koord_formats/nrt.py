@@ -11,26 +11,39 @@ bytes (the NUMA node's ``MemTotal``); available equals allocatable. ``format_zon
 the extender reads them with ``scheduler_ext.numa.parse_nrt_zones`` (the round trip:
 ``tests/formats/test_format_nrt.py``).
 
-``topology_policy`` maps kubelet's topology manager policy and scope to the NRT's
-``topologyPolicies`` value (koordlet's ``getTopologyPolicy``).
+``parse_zones`` reads a ``zones`` list back (every zone and resource, not only the NUMA ones,
+so a writer can keep what others put there: a manager's batch resources per NUMA zone);
+``format_zone`` writes one such zone again. ``read_annotations`` reads an object's annotations
+with their bounds. ``topology_policy`` maps kubelet's topology manager policy and scope to the
+NRT's ``topologyPolicies`` value (koordlet's ``getTopologyPolicy``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from koord_formats.quantity import format_bytes, format_milli_cpu
+from koord_formats.bounded import MAX_ANNOTATION_CHARS, MAX_NAME_CHARS, read_list, read_object, read_str
+from koord_formats.errors import FormatError
+from koord_formats.quantity import format_bytes, format_milli_cpu, parse_quantity
 
 __all__ = [
     "API_GROUP",
     "API_VERSION",
     "KIND",
+    "MAX_ZONES",
+    "MAX_ZONE_RESOURCES",
     "PLURAL",
     "ZONE_TYPE_NODE",
+    "Zone",
     "ZoneAmounts",
+    "ZoneResource",
+    "format_zone",
     "format_zones",
+    "parse_zones",
+    "read_annotations",
     "topology_policy",
     "zone_name",
 ]
@@ -40,6 +53,12 @@ API_VERSION = "v1alpha1"
 KIND = "NodeResourceTopology"
 PLURAL = "noderesourcetopologies"
 ZONE_TYPE_NODE = "Node"
+# Bounds of what is read back: the scheduler's own (scheduler_ext/numa.py) and an object's
+# annotations as the API server caps them (256 KiB together).
+MAX_ZONES = 256
+MAX_ZONE_RESOURCES = 64
+MAX_ANNOTATIONS = 1024
+_MAX_QUANTITY_CHARS = 64
 
 # kubelet's policy names (KubeletConfiguration topologyManagerPolicy) -> the NRT policy per scope.
 _POLICY_NAMES = {"single-numa-node": "SingleNUMANode", "restricted": "Restricted", "best-effort": "BestEffort"}
@@ -89,3 +108,85 @@ def topology_policy(policy: str, scope: str) -> str:
     if name is None or level is None:
         return "None"
     return name + level
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneResource:
+    """One ``resources`` entry of a zone; the quantities as written (each checked to parse)."""
+
+    name: str
+    capacity: str
+    allocatable: str
+    available: str
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    """One ``zones`` entry: its name, type and resources."""
+
+    name: str
+    type: str
+    resources: tuple[ZoneResource, ...] = ()
+
+
+def _quantity_text(value: object, what: str) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = str(value)
+    else:
+        text = read_str(value, what, _MAX_QUANTITY_CHARS)
+    parse_quantity(text)  # FormatError when it is no quantity
+    return text
+
+
+def parse_zones(value: object) -> tuple[Zone, ...]:
+    """A NodeResourceTopology's ``zones`` (decoded JSON); ``()`` for null. ``FormatError`` when it
+    is not a list of at most ``MAX_ZONES`` objects with a name and type, each with at most
+    ``MAX_ZONE_RESOURCES`` resources whose quantities parse."""
+    if value is None:
+        return ()
+    out: list[Zone] = []
+    for entry in read_list(value, "zones", MAX_ZONES):
+        item = read_object(entry, "zone")
+        name = read_str(item.get("name"), "zone name")
+        what = f"zone {name}"
+        raw = item.get("resources")
+        resources: list[ZoneResource] = []
+        for res in [] if raw is None else read_list(raw, f"{what} resources", MAX_ZONE_RESOURCES):
+            r = read_object(res, f"{what} resource")
+            rname = read_str(r.get("name"), f"{what} resource name")
+            capacity = _quantity_text(r.get("capacity", "0"), f"{what} {rname} capacity")
+            allocatable = _quantity_text(r.get("allocatable", capacity), f"{what} {rname} allocatable")
+            available = _quantity_text(r.get("available", allocatable), f"{what} {rname} available")
+            resources.append(ZoneResource(rname, capacity, allocatable, available))
+        out.append(Zone(name=name, type=read_str(item.get("type"), f"{what} type", 64), resources=tuple(resources)))
+    return tuple(out)
+
+
+def format_zone(zone: Zone) -> dict[str, Any]:
+    """One ``zones`` entry for ``zone`` (its resources in the given order)."""
+    return {
+        "name": zone.name,
+        "type": zone.type,
+        "resources": [{"name": r.name, "capacity": r.capacity, "allocatable": r.allocatable,
+                       "available": r.available} for r in zone.resources],
+    }  # fmt: skip
+
+
+def read_annotations(value: object, what: str = "annotations") -> Mapping[str, str]:
+    """An object's ``metadata.annotations`` (string to string; ``{}`` for null), at most
+    ``MAX_ANNOTATIONS`` entries of at most ``MAX_ANNOTATION_CHARS`` characters together."""
+    if value is None:
+        return MappingProxyType({})
+    doc = read_object(value, what)
+    if len(doc) > MAX_ANNOTATIONS:
+        raise FormatError(f"{what}: {len(doc)} entries, more than {MAX_ANNOTATIONS}")
+    out: dict[str, str] = {}
+    budget = MAX_ANNOTATION_CHARS
+    for k, v in doc.items():
+        key = read_str(k, f"{what} key", MAX_NAME_CHARS + 64)
+        val = read_str(v, f"{what} {key}", MAX_ANNOTATION_CHARS)
+        budget -= len(key) + len(val)
+        if budget < 0:
+            raise FormatError(f"{what}: more than {MAX_ANNOTATION_CHARS} characters together")
+        out[key] = val
+    return MappingProxyType(out)

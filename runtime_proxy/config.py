@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hooks.facts import parse_kubelet_cgroup_root
 from rhp_ops.files import FileRefused, read_regular_file
+from runtime_proxy.report.config import ReportConfig
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -156,6 +157,9 @@ class ProxyConfig(BaseModel):
     usageLoop: UsageLoopConfig = Field(default_factory=UsageLoopConfig, description="The usage loop "
                                        "(`runtime_proxy/loops/qos.py`): sampling and the `ReconcileUsage` "
                                        "decisions.")
+    report: ReportConfig = Field(default_factory=ReportConfig, description="The node's reports to the cluster "
+                                 "(`runtime_proxy/report/`): NodeResourceTopology, Device and NodeMetric status, "
+                                 "off unless `report.enable`.")
 
     @field_validator("kubeletCgroupRoot")
     @classmethod

@@ -34,6 +34,7 @@ from runtime_proxy.loops.burst import CPUBurstLoop
 from runtime_proxy.loops.evict import evictor_for
 from runtime_proxy.loops.qos import Evictor, UsageLoop
 from runtime_proxy.loops.reconciler import ReconcileBackend, Reconciler
+from runtime_proxy.report.loop import Reporter, reporter
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig
 from runtime_proxy.state.sysfs import read_cpu_topology
@@ -177,11 +178,13 @@ class Loops:
     runtime), never blocking the start of the entry point itself."""
 
     def __init__(
-        self, ready: asyncio.Event, reconciler: Reconciler, burst: CPUBurstLoop, usage: UsageLoop | None = None
+        self, ready: asyncio.Event, reconciler: Reconciler, burst: CPUBurstLoop, usage: UsageLoop | None = None,
+        reporter: Reporter | None = None,
     ) -> None:
         self.reconciler = reconciler
         self.burst = burst
         self.usage = usage
+        self.reporter = reporter
         self._started = False
         self._task = asyncio.create_task(self._start(ready))
 
@@ -191,6 +194,8 @@ class Loops:
         await self.burst.start()
         if self.usage is not None:
             await self.usage.start()
+        if self.reporter is not None:
+            await self.reporter.start()
         self._started = True
 
     def store_changed(self, pools_changed: bool = True) -> None:
@@ -204,6 +209,8 @@ class Loops:
         await self.burst.stop()
         if self.usage is not None:
             await self.usage.stop()
+        if self.reporter is not None:
+            await self.reporter.stop()
 
 
 def loops(
@@ -256,7 +263,11 @@ def loops(
             dry_run=dry_run,
             evictor=_evictor(config, runtime, node_source.node_name),
         )
-    return Loops(ready, reconciler, burst, usage)
+    # report.enable: the node's NRT, Device and NodeMetric status (runtime_proxy.report.loop).
+    report = reporter(config.report, backend, node_name=node_source.node_name, cgroups=applier.cgroups,
+                      sampler=usage.sampler if usage is not None else None,
+                      usage_interval=config.usageLoop.intervalSeconds, proc_root=config.usageLoop.procRoot)
+    return Loops(ready, reconciler, burst, usage, report)
 
 
 def _evictor(config: ProxyConfig, runtime: Any, node_name: str) -> Evictor | None:

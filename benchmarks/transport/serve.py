@@ -21,25 +21,16 @@ if TYPE_CHECKING:
 HOOKED = "/bench.Echo/Hooked"
 
 
-class Encoded:
-    """The call ``DecodeEncode.before`` returns: the encoded request, nothing after."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: bytes) -> None:
-        self.request = request
-
-    async def after(self, response: bytes) -> None:
-        return None
-
-
 class DecodeEncode:
     def intercepts(self, method: str) -> bool:
         return method == HOOKED
 
-    async def before(self, method: str, request: bytes) -> Encoded:
+    async def before(self, method: str, request: bytes) -> bytes:
         msg = api_pb2.CreateContainerRequest.FromString(request)
-        return Encoded(msg.SerializeToString())
+        return msg.SerializeToString()
+
+    async def after(self, method: str, request: bytes, response: bytes) -> None:
+        return None
 
     async def undecodable(self, method: str, reason: str) -> None:
         return None

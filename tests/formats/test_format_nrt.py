@@ -59,3 +59,41 @@ def test_kubelet_cpu_manager_policy_wire_form() -> None:
 ])  # fmt: skip
 def test_topology_policy(policy: str, scope: str, expected: str) -> None:
     assert topology_policy(policy, scope) == expected
+
+
+def test_zones_read_back_keep_every_resource() -> None:
+    from koord_formats.nrt import Zone, ZoneResource, format_zone, parse_zones
+
+    raw = format_zones({0: ZoneAmounts(2000, 2000, 1024, 1024)})
+    raw[0]["resources"].append({"name": "kubernetes.io/batch-cpu", "capacity": 1500, "allocatable": "1500",
+                                "available": "1500"})
+    raw.append({"name": "socket-0", "type": "Socket"})
+    zones = parse_zones(json.loads(json.dumps(raw)))
+    assert zones[0].resources[2] == ZoneResource("kubernetes.io/batch-cpu", "1500", "1500", "1500")
+    assert zones[1] == Zone("socket-0", "Socket")
+    assert parse_zones([format_zone(z) for z in zones]) == zones
+
+
+@pytest.mark.parametrize("zones", [
+    pytest.param({}, id="not a list"), pytest.param([{}] * 257, id="too many"),
+    pytest.param([{"type": "Node"}], id="no name"), pytest.param([{"name": "n", "type": 5}], id="bad type"),
+    pytest.param([{"name": "n", "type": "Node", "resources": [{"name": "cpu", "capacity": "-1"}]}], id="negative"),
+    pytest.param([{"name": "n", "type": "Node", "resources": [{"name": "cpu", "capacity": "1e999"}]}], id="huge"),
+    pytest.param([{"name": "n", "type": "Node", "resources": [{}] * 65}], id="too many resources"),
+])  # fmt: skip
+def test_bad_zones_are_a_format_error(zones: object) -> None:
+    from koord_formats import FormatError
+    from koord_formats.nrt import parse_zones
+
+    with pytest.raises(FormatError):
+        parse_zones(zones)
+
+
+def test_annotations_are_bounded() -> None:
+    from koord_formats import FormatError
+    from koord_formats.nrt import read_annotations
+
+    assert read_annotations({"a": "b"}) == {"a": "b"}
+    for bad in ({"a": 1}, {"a": "x" * (256 * 1024 + 1)}, {str(i): "v" for i in range(1025)}, []):
+        with pytest.raises(FormatError):
+            read_annotations(bad)

@@ -1,0 +1,246 @@
+"""What the reports read from the machine: NUMA memory and GPUs from sysfs and the NVIDIA
+driver's files, and kubelet's CPU and topology manager settings from its config file.
+
+Roots are parameters (``report.sysRoot``, ``report.procRoot``), so tests use a prepared tree.
+Every file is read bounded (``runtime_proxy.loops.usage.read_bounded``, ``MAX_FILE_BYTES``;
+kubelet's config with ``rhp_ops.files``, ``MAX_KUBELET_CONFIG_BYTES``) and parsed totally: what
+cannot be read or parsed leaves out that one NUMA node or GPU (logged once while it fails),
+never the report.
+
+- NUMA memory: ``devices/system/node/node<N>/meminfo`` ``MemTotal`` (bytes).
+- GPUs: each ``bus/pci/devices/<bus id>`` with ``vendor`` 0x10de (NVIDIA) and a display
+  ``class`` (0x03xxxx), joined with the driver's ``driver/nvidia/gpus/<bus id>/information``
+  (``Device Minor``, ``GPU UUID``, ``Model``) below the proc root. A GPU the driver does not
+  list is left out (its minor and UUID are what pods are given), as koordlet sees only what
+  NVML, the driver's library, lists. Its NUMA node is the device's ``numa_node`` (-1 read as 0,
+  as koordlet does) and its PCIe root the ``pciDDDD:BB`` part of the device's resolved sysfs
+  path. The driver's files carry no memory size; ``report.gpuMemoryBytes`` gives it.
+- kubelet: ``cpuManagerPolicy``, ``cpuManagerPolicyOptions``, ``reservedSystemCPUs``,
+  ``kubeReserved.cpu`` + ``systemReserved.cpu``, ``topologyManagerPolicy`` and
+  ``topologyManagerScope`` of its ``KubeletConfiguration`` file; a missing file reads as
+  kubelet's defaults (policy ``none``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import structlog
+import yaml
+
+from koord_formats.cpulist import parse_cpu_list
+from koord_formats.device import MAX_DEVICES, GPUInfo
+from koord_formats.errors import FormatError
+from koord_formats.quantity import parse_cpu_milli
+from rhp_ops.files import FileRefused, read_text_file
+from runtime_proxy.loops.usage import SampleError, read_bounded
+
+__all__ = [
+    "MAX_KUBELET_CONFIG_BYTES",
+    "KubeletConfig",
+    "discover_gpus",
+    "read_kubelet_config",
+    "read_numa_memory",
+]
+
+log = structlog.get_logger("runtime_proxy.report.sources")
+
+NVIDIA_VENDOR = "0x10de"
+MAX_KUBELET_CONFIG_BYTES = 256 * 1024
+_SMALL = 4096
+_MAX_PCI_DEVICES = 4096
+_MAX_NUMA_NODES = 1024
+_PCIE_ROOT = re.compile(r"pci[0-9]{4}:[0-9a-fA-F]{2}")
+_BUS_ID = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+_UUID = re.compile(r"GPU-[0-9A-Za-z-]{1,100}")
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, **fields: Any) -> None:
+    if key not in _warned and len(_warned) < 4096:
+        _warned.add(key)
+        log.warning(message, **fields)
+
+
+def _text(path: Path) -> str | None:
+    """The file's text (at most 4 KiB, ASCII/UTF-8), ``None`` when it is absent or unusable."""
+    try:
+        return read_bounded(path, _SMALL).decode("utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (SampleError, UnicodeDecodeError) as exc:
+        _warn_once(str(path), "report source unreadable; left out", path=str(path), error=str(exc))
+        return None
+
+
+def read_numa_memory(sys_root: str | os.PathLike[str] = "/sys") -> dict[int, int]:
+    """NUMA node id -> its ``MemTotal`` in bytes; a node whose meminfo cannot be read or parsed
+    is left out."""
+    base = Path(sys_root) / "devices" / "system" / "node"
+    out: dict[int, int] = {}
+    try:
+        names = sorted(os.listdir(base))[: _MAX_NUMA_NODES * 2]
+    except OSError:
+        return out
+    for name in names:
+        if not (name.startswith("node") and name[4:].isdigit() and len(name) <= 9):
+            continue
+        text = _text(base / name / "meminfo")
+        if text is None:
+            continue
+        for line in text.splitlines():
+            parts = line.split()
+            # "Node 0 MemTotal:       16318412 kB"
+            if len(parts) == 5 and parts[2] == "MemTotal:" and parts[4] == "kB" and parts[3].isdigit() \
+                    and len(parts[3]) <= 15:
+                out[int(name[4:])] = int(parts[3]) * 1024
+                break
+        else:
+            _warn_once(f"meminfo:{name}", "NUMA meminfo without MemTotal; node left out", node=name)
+    return out
+
+
+def _driver_info(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines()[:64]:
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def discover_gpus(
+    sys_root: str | os.PathLike[str] = "/sys",
+    proc_root: str | os.PathLike[str] = "/proc",
+    *,
+    memory_bytes: int | None = None,
+) -> tuple[GPUInfo, ...]:
+    """The node's NVIDIA GPUs (see the module docstring), by minor; ``()`` when it has none."""
+    pci = Path(sys_root) / "bus" / "pci" / "devices"
+    driver = Path(proc_root) / "driver" / "nvidia" / "gpus"
+    try:
+        entries = sorted(os.listdir(pci))[:_MAX_PCI_DEVICES]
+    except OSError:
+        return ()
+    found: dict[int, GPUInfo] = {}
+    for name in entries:
+        if _BUS_ID.fullmatch(name) is None:
+            continue
+        dev = pci / name
+        if _text(dev / "vendor") != NVIDIA_VENDOR or not (_text(dev / "class") or "").startswith("0x03"):
+            continue
+        bus_id = name.lower()
+        info_text = _text(driver / name / "information") or _text(driver / bus_id / "information")
+        if info_text is None:
+            _warn_once(f"gpu:{bus_id}", "NVIDIA GPU without the driver's information file; not reported",
+                       bus_id=bus_id)
+            continue
+        info = _driver_info(info_text)
+        minor_text, uuid = info.get("Device Minor", ""), info.get("GPU UUID", "")
+        if not (minor_text.isdigit() and len(minor_text) <= 5 and _UUID.fullmatch(uuid)):
+            _warn_once(f"gpu-info:{bus_id}", "NVIDIA GPU information without a usable minor and UUID; not reported",
+                       bus_id=bus_id)
+            continue
+        numa_text = _text(dev / "numa_node") or "-1"
+        numa = int(numa_text) if numa_text.lstrip("-").isdigit() and len(numa_text) <= 5 else -1
+        try:
+            resolved = os.path.realpath(dev)
+        except (OSError, ValueError):
+            resolved = ""
+        root = _PCIE_ROOT.search(resolved)
+        minor = int(minor_text)
+        if minor in found or len(found) >= MAX_DEVICES:
+            continue
+        found[minor] = GPUInfo(
+            minor=minor,
+            uuid=uuid,
+            bus_id=bus_id,
+            numa_node=max(numa, 0),
+            pcie_root=root.group(0) if root else "",
+            memory_bytes=memory_bytes,
+            model=info.get("Model", "")[:128],
+        )
+    return tuple(found[m] for m in sorted(found))
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletConfig:
+    """What the NRT reports of kubelet's config (kubelet's defaults when a field is absent)."""
+
+    cpu_manager_policy: str = "none"
+    options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    reserved_system_cpus: frozenset[int] | None = None
+    reserved_cpu_milli: int = 0  # kubeReserved.cpu + systemReserved.cpu
+    topology_manager_policy: str = "none"
+    topology_manager_scope: str = "container"
+
+
+def _str(doc: Mapping[str, Any], key: str, default: str) -> str:
+    value = doc.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or len(value) > 64:
+        raise FormatError(f"kubelet config {key}: expected a short string")
+    return value
+
+
+def _reserved_cpu(doc: Mapping[str, Any], key: str) -> int:
+    section = doc.get(key)
+    if section is None:
+        return 0
+    if not isinstance(section, dict):
+        raise FormatError(f"kubelet config {key}: expected a map")
+    value = section.get("cpu")
+    return 0 if value is None else parse_cpu_milli(value if isinstance(value, int | str) else str(value))
+
+
+def parse_kubelet_config(text: str) -> KubeletConfig:
+    """A ``KubeletConfiguration`` YAML text (at most ``MAX_KUBELET_CONFIG_BYTES``) as a
+    ``KubeletConfig``; ``FormatError`` when a field it reads is malformed."""
+    if len(text) > MAX_KUBELET_CONFIG_BYTES:
+        raise FormatError("kubelet config: too large")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FormatError(f"kubelet config: not YAML: {str(exc)[:200]}") from None
+    if doc is None:
+        return KubeletConfig()
+    if not isinstance(doc, dict):
+        raise FormatError("kubelet config: expected a map")
+    raw_options = doc.get("cpuManagerPolicyOptions") or {}
+    if not isinstance(raw_options, dict) or len(raw_options) > 64:
+        raise FormatError("kubelet config cpuManagerPolicyOptions: expected a small map")
+    options = {str(k)[:64]: str(v)[:64] for k, v in raw_options.items()}
+    reserved = doc.get("reservedSystemCPUs")
+    return KubeletConfig(
+        cpu_manager_policy=_str(doc, "cpuManagerPolicy", "none") or "none",
+        options=MappingProxyType(options),
+        reserved_system_cpus=parse_cpu_list(reserved) if isinstance(reserved, str) and reserved.strip() else None,
+        reserved_cpu_milli=_reserved_cpu(doc, "kubeReserved") + _reserved_cpu(doc, "systemReserved"),
+        topology_manager_policy=_str(doc, "topologyManagerPolicy", "none"),
+        topology_manager_scope=_str(doc, "topologyManagerScope", "container"),
+    )
+
+
+def read_kubelet_config(path: str | None) -> KubeletConfig:
+    """kubelet's config from ``path`` (``report.kubeletConfigFile``); its defaults when the path
+    is empty or the file is absent, unreadable or malformed (logged once)."""
+    if not path:
+        return KubeletConfig()
+    try:
+        return parse_kubelet_config(read_text_file(path, limit=MAX_KUBELET_CONFIG_BYTES))
+    except FileRefused as exc:
+        if exc.reason != "missing":
+            _warn_once(f"kubelet:{path}", "kubelet config unusable; reporting kubelet's defaults", path=path,
+                       error=exc.message)
+        return KubeletConfig()
+    except (OSError, FormatError, ValueError) as exc:
+        _warn_once(f"kubelet:{path}", "kubelet config unusable; reporting kubelet's defaults", path=path,
+                   error=str(exc))
+        return KubeletConfig()
