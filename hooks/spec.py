@@ -2,8 +2,12 @@
 
 Every CRI lifecycle call the proxy intercepts has a ``pre`` hook, called before the call is
 forwarded to the runtime, and a ``post`` hook, called after the runtime answered with success.
-The ``reconcile`` hooks are called by the reconciler at proxy start, on every node config change,
-after pods come and go, and periodically. A hook is named ``rhp_<stage in snake case>``; its
+The ``reconcile`` hooks are called by the proxy's periodic loops: ``reconcile_node``, ``_pod``,
+``_container`` and ``_resctrl_groups`` by the reconciler at proxy start, on every node config
+change, after pods come and go, and periodically; ``reconcile_usage`` by the usage loop and
+``reconcile_cpu_burst`` by the CPU burst loop after each of their sampling rounds. The loops run
+them through the same hook runner as the CRI calls (plugin order, timeouts, failure policies)
+and hand the plans to the same applier. A hook is named ``rhp_<stage in snake case>``; its
 stage name (``PreCreateContainer``, ``ReconcileContainer``...) is the same words in CamelCase.
 
 Rules shared by every hook
@@ -272,6 +276,21 @@ def rhp_reconcile_container(pod: PodFacts, container: ContainerFacts, node: Node
     :param pod: the container's pod, with ``pod.containers`` filled in.
     :param container: the container, with the resources the runtime last accepted.
     :param node: the node's config, topology and bound cpusets.
+    """
+
+
+@_stage()
+def rhp_reconcile_resctrl_groups(
+    node: NodeFacts, pods: tuple[PodFacts, ...], resctrl_groups: tuple[str, ...]
+) -> Plan | None:
+    """The resctrl control groups left behind: a plan removes (``Plan.remove("resctrl",
+    group)``) the groups whose owner is gone. Called by the reconciler at the end of each round
+    when the node has resctrl; removals are counted as drift.
+
+    :param node: the node's config, topology and bound cpusets.
+    :param pods: every pod known to the proxy, with ``pod.containers`` filled in.
+    :param resctrl_groups: the control groups directly under the resctrl root now (not the
+        root group, not ``info``), sorted.
     """
 
 

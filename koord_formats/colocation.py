@@ -44,6 +44,8 @@ __all__ = [
     "CALCULATE_REQUEST",
     "CALCULATE_USAGE",
     "CONFIG_KEY_COLOCATION",
+    "CONFIG_MAP_NAME",
+    "CONFIG_MAP_NAMESPACE",
     "DEFAULT_STRATEGY",
     "LABEL_CPU_RECLAIM_RATIO",
     "LABEL_MEMORY_RECLAIM_RATIO",
@@ -62,6 +64,9 @@ __all__ = [
     "strategy_from_doc",
 ]
 
+# The ConfigMap koord-manager reads (flags --config-namespace, --slo-config-name).
+CONFIG_MAP_NAMESPACE = "koordinator-system"
+CONFIG_MAP_NAME = "slo-controller-config"
 CONFIG_KEY_COLOCATION = "colocation-config"
 ANNOTATION_NODE_COLOCATION_STRATEGY = "node.koordinator.sh/colocation-strategy"
 LABEL_CPU_RECLAIM_RATIO = "node.koordinator.sh/cpu-reclaim-ratio"

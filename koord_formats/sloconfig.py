@@ -44,6 +44,10 @@ __all__ = [
     "CONFIG_KEY_RESOURCE_QOS",
     "CONFIG_KEY_RESOURCE_THRESHOLD",
     "CONFIG_KEY_SYSTEM",
+    "NODESLO_API_GROUP",
+    "NODESLO_API_VERSION",
+    "NODESLO_KIND",
+    "NODESLO_PLURAL",
     "STRATEGY_KEYS",
     "SYSTEM_STRATEGY",
     "HostAppConfig",
@@ -54,6 +58,11 @@ __all__ = [
     "render_node_slo",
 ]
 
+# The NodeSLO kind: cluster-scoped, one per node named like it (apis/slo/v1alpha1/nodeslo_types.go).
+NODESLO_API_GROUP = "slo.koordinator.sh"
+NODESLO_API_VERSION = "v1alpha1"
+NODESLO_KIND = "NodeSLO"
+NODESLO_PLURAL = "nodeslos"
 CONFIG_KEY_RESOURCE_THRESHOLD = "resource-threshold-config"
 CONFIG_KEY_RESOURCE_QOS = "resource-qos-config"
 CONFIG_KEY_CPU_BURST = "cpu-burst-config"

@@ -38,6 +38,7 @@ from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused, kubeconfig_files, r
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import MAX_BODY_BYTES, decode_pod, describe
+from scheduler_ext.manager.cli import add_parser as add_manager_parser
 from scheduler_ext.state import ClusterState, load_objects
 from scheduler_ext.trust import DEFAULT_TRUSTED_SCHEDULERS, Trust, read_key
 
@@ -551,12 +552,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_global_flags(sim, subcommand=True, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
     scoring(sim)
     sim.set_defaults(func=_cmd_simulate)
+    add_manager_parser(sub, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _configure_logging(*resolve_log_flags(args, server=args.command == "serve"))
+    _configure_logging(*resolve_log_flags(args, server=args.command in ("serve", "manager")))
     code: int = args.func(args)
     return code
 

@@ -21,16 +21,25 @@ if TYPE_CHECKING:
 HOOKED = "/bench.Echo/Hooked"
 
 
+class Encoded:
+    """The call ``DecodeEncode.before`` returns: the encoded request, nothing after."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+
+    async def after(self, response: bytes) -> None:
+        return None
+
+
 class DecodeEncode:
     def intercepts(self, method: str) -> bool:
         return method == HOOKED
 
-    async def before(self, method: str, request: bytes) -> bytes:
+    async def before(self, method: str, request: bytes) -> Encoded:
         msg = api_pb2.CreateContainerRequest.FromString(request)
-        return msg.SerializeToString()
-
-    async def after(self, method: str, request: bytes, response: bytes) -> None:
-        return None
+        return Encoded(msg.SerializeToString())
 
     async def undecodable(self, method: str, reason: str) -> None:
         return None

@@ -7,7 +7,9 @@ Stages
     ``post_start_container`` (the container's tasks join its group, synchronously, at start —
     not minutes later as Koordinator's async loop, issue #756), ``reconcile_pod`` and
     ``reconcile_container`` (schemata and task moves again: new threads join),
-    ``post_remove_pod_sandbox`` (the pod group goes away with its pod).
+    ``post_remove_pod_sandbox`` (the pod group goes away with its pod),
+    ``reconcile_resctrl_groups`` (pod groups whose pod the proxy no longer knows are removed:
+    ``stale_pod_groups``).
 Inputs
     NodeSLO ``resourceQOSStrategy.{lsrClass,lsClass,beClass}.resctrlQOS.{enable,
     catRangeStartPercent,catRangeEndPercent,mbaPercent}`` (defaults LSR/LS 0-100 and 100, BE
@@ -28,7 +30,7 @@ Refusals (Koordinator ``CalculateCatL3MaskValue``, ``calculateMbaPercentForGroup
     as a skip; the group's other line is still written.
 Outputs
     writes ``resctrl``/``<group>``/``schemata``; moves of ``container``/``sandbox`` tasks;
-    removal of ``resctrl``/``koordlet-<podUID>``.
+    removal of ``resctrl``/``koordlet-<podUID>`` (at pod removal, and for stale groups).
 Leaves alone
     classes whose resctrlQOS is not enabled, SYSTEM pods, the root group, monitoring groups.
     Without resctrl facts (no resctrl on the node) it records one skip and plans nothing.
@@ -37,7 +39,7 @@ Leaves alone
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Set
 
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, container_cgroup_path
 from hooks.plan import Plan
@@ -253,6 +255,14 @@ def rhp_post_remove_pod_sandbox(pod: PodFacts, node: NodeFacts) -> Plan | None:
     return plan
 
 
-def stale_pod_groups(existing: list[str], live_pod_uids: set[str]) -> list[str]:
-    """Pod-level groups (``koordlet-<uid>``) whose pod is gone (for the reconciler's GC)."""
+def stale_pod_groups(existing: Iterable[str], live_pod_uids: Set[str]) -> list[str]:
+    """Pod-level groups (``koordlet-<uid>``) whose pod is gone."""
     return [g for g in existing if g.startswith(POD_GROUP_PREFIX) and g[len(POD_GROUP_PREFIX):] not in live_pod_uids]
+
+
+@hookimpl
+def rhp_reconcile_resctrl_groups(pods: tuple[PodFacts, ...], resctrl_groups: tuple[str, ...]) -> Plan | None:
+    plan = Plan()
+    for group in stale_pod_groups(resctrl_groups, {p.uid for p in pods if p.uid}):
+        plan.remove("resctrl", group)
+    return plan

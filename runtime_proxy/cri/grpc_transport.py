@@ -27,7 +27,7 @@ import structlog
 
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import SERVER_STREAMING, is_known_unary
-from runtime_proxy.cri.transport import CallInterceptor, HookRejected
+from runtime_proxy.cri.transport import CallInterceptor, HookRejected, InterceptedCall
 
 log = structlog.get_logger(__name__)
 
@@ -131,10 +131,12 @@ class GrpcTransport:
         async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             started = time.perf_counter()
             code = "OK"
+            hooked: InterceptedCall | None = None
             try:
                 if intercepted:
                     try:
-                        request = await interceptor.before(method, request)
+                        hooked = await interceptor.before(method, request)
+                        request = hooked.request
                     except HookRejected as rej:
                         code = _code(rej.code).name
                         await context.abort(_code(rej.code), rej.message)
@@ -161,8 +163,8 @@ class GrpcTransport:
                 trailing = await call.trailing_metadata()
                 if trailing:
                     context.set_trailing_metadata(tuple(trailing))
-                if intercepted:
-                    await interceptor.after(method, request, response)
+                if hooked is not None:
+                    await hooked.after(response)
                 return response
             finally:
                 metrics.observe_call(method, code, time.perf_counter() - started)

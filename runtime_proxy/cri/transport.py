@@ -3,17 +3,18 @@ machinery (what happens to an intercepted call).
 
 Both transports, the HTTP/2 frame relay (``runtime_proxy.cri.relay``) and the grpcio fallback
 (``runtime_proxy.cri.grpc_transport``), take a ``CallInterceptor``. For a method the interceptor
-``intercepts``, the transport buffers the single request message, awaits ``before`` and sends
-the bytes it returns; when the runtime answered OK it awaits ``after`` with the response
-message before it hands the response to the caller (so the store knows a new sandbox or
-container before kubelet can name it). Every other call passes as raw bytes.
+``intercepts``, the transport buffers the single request message and awaits ``before``, which
+returns the call's own ``InterceptedCall``: the transport sends its ``request`` bytes and keeps
+the object for that call alone; when the runtime answered OK it awaits the object's ``after``
+with the response message before it hands the response to the caller (so the store knows a new
+sandbox or container before kubelet can name it). Every other call passes as raw bytes.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["CallInterceptor", "HookRejected", "PassThrough"]
+__all__ = ["CallInterceptor", "HookRejected", "InterceptedCall"]
 
 
 class HookRejected(Exception):
@@ -29,23 +30,34 @@ class HookRejected(Exception):
         self.message = message
 
 
+class InterceptedCall(Protocol):
+    """One intercepted call as ``before`` left it: what to send, and what to do after."""
+
+    @property
+    def request(self) -> bytes:
+        """The uncompressed request message to send to the runtime."""
+        ...
+
+    async def after(self, response: bytes) -> None:
+        """Run the post hooks and record state after the runtime answered this call with
+        status OK (``response`` is its one response message). Never raises."""
+        ...
+
+
 class CallInterceptor(Protocol):
     """What a transport needs from the hook side."""
 
     def intercepts(self, method: str) -> bool:
         """True when ``method`` (the full ``:path``, e.g.
-        ``/runtime.v1.RuntimeService/CreateContainer``) must go through ``before``/``after``."""
+        ``/runtime.v1.RuntimeService/CreateContainer``) must go through ``before``."""
         ...
 
-    async def before(self, method: str, request: bytes) -> bytes:
-        """Run the pre hooks on one uncompressed request message; return the message to send.
+    async def before(self, method: str, request: bytes) -> InterceptedCall:
+        """Run the pre hooks on one uncompressed request message (decoded here, once); return
+        the call, whose ``request`` is the message to send and whose ``after`` the transport
+        awaits once the runtime answered OK.
 
         Raises ``HookRejected`` to fail the call; the runtime is then never called."""
-        ...
-
-    async def after(self, method: str, request: bytes, response: bytes) -> None:
-        """Run the post hooks and record state after the runtime answered with status OK.
-        ``request`` is the message that was sent. Never raises."""
         ...
 
     async def undecodable(self, method: str, reason: str) -> None:
@@ -53,19 +65,3 @@ class CallInterceptor(Protocol):
         malformed). Return to forward it unhooked; raise ``HookRejected`` to refuse it (what the
         ``Fail`` policy asks for)."""
         ...
-
-
-class PassThrough:
-    """An interceptor that intercepts nothing: a transparent proxy."""
-
-    def intercepts(self, method: str) -> bool:
-        return False
-
-    async def before(self, method: str, request: bytes) -> bytes:
-        return request
-
-    async def after(self, method: str, request: bytes, response: bytes) -> None:
-        return None
-
-    async def undecodable(self, method: str, reason: str) -> None:
-        return None

@@ -24,8 +24,6 @@ pools moved, so the reconciler gives the running LS containers the CPUs back.
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -91,13 +89,24 @@ class CallHandlers(Generic[_M]):
     after: Callable[[_M, bytes, StageResult | None], Awaitable[None]]
 
 
-@dataclass
-class _Pending:
-    """What ``before`` decided, kept until ``after`` for the same request bytes."""
+class CriCall:
+    """One intercepted CRI call between ``before`` and ``after`` (``InterceptedCall``): the
+    request to send, the message it was decoded into (rewritten by the plan; None when the
+    request goes as kubelet sent it after its hooks failed) and the ``Pre*`` stage's result."""
 
-    call: str
-    result: StageResult | None
-    created: float
+    __slots__ = ("_interceptor", "call", "msg", "request", "result")
+
+    def __init__(
+        self, interceptor: CriInterceptor, call: str, request: bytes, msg: Message | None, result: StageResult | None
+    ) -> None:
+        self._interceptor = interceptor
+        self.call = call
+        self.request = request
+        self.msg = msg
+        self.result = result
+
+    async def after(self, response: bytes) -> None:
+        await self._interceptor._after(self, response)
 
 
 class CriInterceptor:
@@ -127,7 +136,6 @@ class CriInterceptor:
         # input) change?", so the reconciler can push new pools to running containers at once.
         self.on_store_change = on_store_change
         self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] | None = None
-        self._pending: dict[bytes, deque[_Pending]] = {}
         self._node_cache: tuple[int, int, NodeFacts] | None = None
         self._bound = BoundCpusets(where="interceptor")
         self._refreshed_version = -1
@@ -176,21 +184,21 @@ class CriInterceptor:
         metrics.HOOKS_SKIPPED.labels("undecodable").inc()
         log.warning("request not decodable; forwarded without hooks", call=call, reason=reason)
 
-    async def before(self, method: str, request: bytes) -> bytes:
+    async def before(self, method: str, request: bytes) -> CriCall:
         call = INTERCEPTED[method]
         handlers = self._handlers[call]
         try:
             msg = handlers.request.FromString(request)
         except Exception as exc:  # protobuf's DecodeError and friends
             await self.undecodable(method, f"cannot decode request: {exc}")
-            return request
+            return CriCall(self, call, request, None, None)
         try:
             result = await handlers.before(msg)
         except HookRejected:
             raise
         except Exception as exc:  # this pod's input or a bug: costs this call, never the others
             await self._hooks_failed(call, exc)
-            return request
+            return CriCall(self, call, request, None, None)
         if result is not None and result.rejected is not None:
             raise HookRejected(
                 FAILED_PRECONDITION,
@@ -202,8 +210,7 @@ class CriInterceptor:
             if result is not None and not result.plan.is_empty():
                 log.info("dry-run plan", call=call, plan=result.plan.to_json())
             out = request
-        self._remember(out, _Pending(call, result, time.monotonic()))
-        return out
+        return CriCall(self, call, out, msg, result)
 
     async def _hooks_failed(self, call: str, exc: Exception) -> None:
         """The hooks of one call could not run (its pod's input, or a bug). Like an undecodable
@@ -218,20 +225,23 @@ class CriInterceptor:
         metrics.HOOKS_SKIPPED.labels("hook-error").inc()
         log.warning("hooks failed; request forwarded as sent", call=call, reason=reason)
 
-    async def after(self, method: str, request: bytes, response: bytes) -> None:
-        call = INTERCEPTED[method]
-        pending = self._recall(request)
+    async def _after(self, call: CriCall, response: bytes) -> None:
+        """``CriCall.after``: the bookkeeping and ``Post*`` stage of one call the runtime
+        answered OK, then the share pools' check."""
         try:
-            handlers = self._handlers[call]
-            await handlers.after(handlers.request.FromString(request), response, pending.result if pending else None)
+            handlers = self._handlers[call.call]
+            # The message sent: decoded once in ``before`` (again only when its hooks failed
+            # and the request went as kubelet sent it).
+            msg = call.msg if call.msg is not None else handlers.request.FromString(call.request)
+            await handlers.after(msg, response, call.result)
         except Exception:  # post processing must never fail a call the runtime accepted
-            log.exception("post-call processing failed", call=call)
+            log.exception("post-call processing failed", call=call.call)
         if self.on_store_change is not None:
             try:
                 await self._refresh()
                 changed = self._pools_changed()
             except Exception:
-                log.exception("bound cpusets not recomputed", call=call)
+                log.exception("bound cpusets not recomputed", call=call.call)
                 changed = True
             self.on_store_change(changed)
 
@@ -241,24 +251,6 @@ class CriInterceptor:
         changed = pools != self._pools
         self._pools = pools
         return changed
-
-    # -- pending contexts between before and after -----------------------------------------------
-
-    def _remember(self, key: bytes, pending: _Pending) -> None:
-        now = pending.created
-        if len(self._pending) > 256:
-            for k in [k for k, q in self._pending.items() if q and now - q[0].created > 600]:
-                del self._pending[k]
-        self._pending.setdefault(key, deque()).append(pending)
-
-    def _recall(self, key: bytes) -> _Pending | None:
-        queue = self._pending.get(key)
-        if not queue:
-            return None
-        item = queue.popleft()
-        if not queue:
-            del self._pending[key]
-        return item
 
     # -- facts ---------------------------------------------------------------------------------
 

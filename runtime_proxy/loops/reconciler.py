@@ -4,7 +4,7 @@ Started by the proxy's composition root (``runtime_proxy.server``) with a ``Reco
 (the store and the runtime client), the plugin manager, the proxy's hook runner
 (``runtime_proxy.engine.pipeline.Pipeline``), the cgroup and resctrl trees and the node config's
 change stream. It re-plans everything (stages
-``ReconcileNode``, ``ReconcilePod``, ``ReconcileContainer``) at start, on every node config
+``ReconcileNode``, ``ReconcilePod``, ``ReconcileContainer``, ``ReconcileResctrlGroups``) at start, on every node config
 change, shortly after the store changes (a pod arrived or left: the share pools moved) and every
 period, then applies only the differences:
 
@@ -16,7 +16,9 @@ period, then applies only the differences:
   container's cgroup files (so values changed by hand are found), and differing fields are
   sent through ``backend.update_container_resources`` (containerd's UpdateContainerResources,
   which is how running LS containers follow the share pools);
-- pod-level resctrl groups whose pod is gone are removed;
+- resctrl groups left behind are removed: the ``ReconcileResctrlGroups`` stage (plugin ``rdt``:
+  pod-level groups whose pod is gone) gets the groups under the resctrl root and plans their
+  removal;
 - a cgroup directory that does not exist (kubelet's ``kubepods/besteffort`` on a node without
   it, a pod that just left) is not an error: its writes are skipped, it is listed in the
   report's ``missing`` and logged once, until a round finds it again (then it is logged anew
@@ -48,7 +50,6 @@ from hooks.facts import (
 )
 from hooks.manager import plugin_order
 from hooks.plan import Plan
-from hooks.plugins.rdt import stale_pod_groups
 from runtime_proxy.engine.bound import BoundCpusets
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import ApplyReport, apply_files
@@ -340,7 +341,7 @@ class Reconciler:
                     await asyncio.to_thread(self._apply, plan, "pod", report, "shrink")
                 except Exception as exc:
                     self._pod_failed("pod", pod, exc, report)
-            await asyncio.to_thread(self._collect_groups, pods, report)
+            await self._collect_groups(pods, node, report)
             self._log_missing(report)
             self.rounds += 1
             self.last_report = report
@@ -377,20 +378,29 @@ class Reconciler:
                 say("cgroup directory missing; its writes are skipped while it is", level=level, path=path)
         self._missing_logged = now
 
-    def _collect_groups(self, pods: list[PodFacts], report: ReconcileReport) -> None:
-        if self.resctrl is None or "rdt" not in self.order or not self.resctrl.available:
+    async def _collect_groups(self, pods: list[PodFacts], node: NodeFacts, report: ReconcileReport) -> None:
+        """The ``ReconcileResctrlGroups`` stage over the groups under the resctrl root; its
+        removals are drift, and carried out unless dry-run."""
+        stage = "ReconcileResctrlGroups"
+        resctrl = self.resctrl
+        if resctrl is None or not self.pipeline.has_work(stage) or not resctrl.available:
             return
-        live = {p.uid for p in pods if p.uid}
-        for group in stale_pod_groups(self.resctrl.list_groups(), live):
-            report.drift.append(f"stale resctrl group {group}")
+        groups = tuple(await asyncio.to_thread(resctrl.list_groups))
+        result = await self.pipeline.run(
+            stage, PodFacts(), None, node, extra={"pods": tuple(pods), "resctrl_groups": groups}
+        )
+        removals = [r for r in result.plan.removals if r.level == "resctrl"]
+        report.skipped += [f"{s.plugin}: {s.reason}" for s in result.plan.skipped]
+        for r in removals:
+            report.drift.append(f"stale resctrl group {r.path}")
             RECONCILE_DRIFT.labels("resctrl", "stale-group").inc()
-            if self.dry_run:
-                continue
-            try:
-                self.resctrl.remove_group(group)
-                report.removed_groups.append(group)
-            except Exception as exc:
-                report.errors.append(f"remove resctrl group {group}: {exc}")
+        if not removals or self.dry_run:
+            return
+        applied = await asyncio.to_thread(
+            apply_files, Plan(removals=removals), cgroups=self.cgroups, resctrl=resctrl, atomic=False
+        )
+        report.removed_groups += [r.path for r in applied.removed]
+        report.errors += applied.errors
 
     # -- loops ---------------------------------------------------------------------------------
 

@@ -80,9 +80,9 @@ class Calls:
     async def run_pod(self, uid: str, *, qos: str = "LS", annotations: dict[str, str] | None = None) -> str:
         config = _pb_sandbox(uid, qos=qos, annotations=annotations or {})
         request = api_pb2.RunPodSandboxRequest(config=config).SerializeToString()
-        sent = await self.icpt.before(RUN, request)
+        call = await self.icpt.before(RUN, request)
         sandbox_id = f"sb-{uid}"
-        await self.icpt.after(RUN, sent, api_pb2.RunPodSandboxResponse(pod_sandbox_id=sandbox_id).SerializeToString())
+        await call.after(api_pb2.RunPodSandboxResponse(pod_sandbox_id=sandbox_id).SerializeToString())
         return sandbox_id
 
     async def create(self, sandbox_id: str, uid: str, *, qos: str = "LS") -> api_pb2.CreateContainerRequest:
@@ -91,10 +91,10 @@ class Calls:
         req.config.metadata.name = "main"
         req.config.linux.resources.cpu_shares = 512
         req.sandbox_config.CopyFrom(_pb_sandbox(uid, qos=qos, annotations={}))
-        sent = await self.icpt.before(CREATE, req.SerializeToString())
+        call = await self.icpt.before(CREATE, req.SerializeToString())
         response = api_pb2.CreateContainerResponse(container_id=f"c-{uid}").SerializeToString()
-        await self.icpt.after(CREATE, sent, response)
-        return api_pb2.CreateContainerRequest.FromString(sent)
+        await call.after(response)
+        return api_pb2.CreateContainerRequest.FromString(call.request)
 
 
 def _node() -> NodeFacts:

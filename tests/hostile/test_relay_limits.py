@@ -164,11 +164,8 @@ class _NoHooks:
     def intercepts(self, method: str) -> bool:
         return False
 
-    async def before(self, method: str, request: bytes) -> bytes:
-        return request
-
-    async def after(self, method: str, request: bytes, response: bytes) -> None:
-        return None
+    async def before(self, method: str, request: bytes) -> object:
+        raise AssertionError("nothing is intercepted")
 
     async def undecodable(self, method: str, reason: str) -> None:
         return None

@@ -105,9 +105,9 @@ class Calls:
     async def call(self, method: str, request: Message, response: Message) -> bytes:
         """``method`` with ``request`` (the runtime answers ``response``); the request as the
         runtime got it."""
-        sent = await self.icpt.before(SERVICE + method, request.SerializeToString())
-        await self.icpt.after(SERVICE + method, sent, response.SerializeToString())
-        return sent
+        call = await self.icpt.before(SERVICE + method, request.SerializeToString())
+        await call.after(response.SerializeToString())
+        return call.request
 
     async def run_pod(self, uid: str, *, qos: str = "LS", cpuset: str = "") -> str:
         config = sandbox_config(uid, qos=qos, cpuset=cpuset)

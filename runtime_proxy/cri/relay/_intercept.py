@@ -144,8 +144,9 @@ class Interception(FlowControl):
                 await self._interceptor.undecodable(st.path, why)
                 out = bytes(st.req)
             else:
-                new = await self._interceptor.before(st.path, msg)
-                st.sent_msg = new
+                call = await self._interceptor.before(st.path, msg)
+                st.call = call
+                new = call.request
                 out = bytes(st.req) if new == msg else w.grpc_frame(new)
         except HookRejected as exc:
             if st.phase == HOOK:
@@ -280,11 +281,11 @@ class Interception(FlowControl):
         response = response_message(st.resp, st.resp_encoding)
         if response is None:
             log.warning("relay.after_skipped", method=st.path, reason="response not one decodable message")
-        elif st.sent_msg is None:
+        elif st.call is None:
             log.warning("relay.after_skipped", method=st.path, reason="request was not decoded")
         else:
             try:
-                await self._interceptor.after(st.path, st.sent_msg, response)
+                await st.call.after(response)
             except Exception:
                 log.exception("relay.after_failed", method=st.path)
         st.resp = None

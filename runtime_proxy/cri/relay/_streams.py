@@ -7,6 +7,10 @@ by ``_intercept`` (hooks, injection, local answers) and ``_server`` (the respons
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime_proxy.cri.transport import InterceptedCall
 
 # ``SessionState._icache`` flags: the method is intercepted; the method's calls are timed.
 ICPT = 1
@@ -27,6 +31,7 @@ class Intercepted:
 
     __slots__ = (
         "after_task",
+        "call",
         "client_ended",
         "cwin",
         "hdr_end_stream",
@@ -41,7 +46,6 @@ class Intercepted:
         "req",
         "resp",
         "resp_encoding",
-        "sent_msg",
         "sid",
         "trailers",
         "trailers_raw",
@@ -61,7 +65,7 @@ class Intercepted:
         self.window = window  # server's send window for this stream, as the relay accounts it
         self.out: bytes = b""  # rebuilt request being injected (counted in the buffer budgets)
         self.off = 0  # bytes of ``out`` already sent
-        self.sent_msg: bytes | None = None  # the request message ``before`` returned
+        self.call: InterceptedCall | None = None  # what ``before`` returned (None: not decoded)
         self.resp: bytearray | None = bytearray()  # response DATA copy for ``after``; None = gave up
         self.resp_encoding = b""  # grpc-encoding of the response
         self.trailers: list[tuple[bytes, bytes]] = []  # held trailers

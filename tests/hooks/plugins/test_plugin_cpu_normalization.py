@@ -426,23 +426,23 @@ async def test_the_interceptor_normalizes_and_keeps_the_record_through_updates()
     sandbox.labels["koordinator.sh/qosClass"] = "LS"
     sandbox.linux.cgroup_parent = "/kubepods/burstable/podu1"
     run = api_pb2.RunPodSandboxRequest(config=sandbox).SerializeToString()
-    await icpt.after(RUN, await icpt.before(RUN, run),
-                     api_pb2.RunPodSandboxResponse(pod_sandbox_id="sb").SerializeToString())
+    await (await icpt.before(RUN, run)).after(api_pb2.RunPodSandboxResponse(pod_sandbox_id="sb").SerializeToString())
 
     create = api_pb2.CreateContainerRequest(pod_sandbox_id="sb", sandbox_config=sandbox)
     create.config.metadata.name = "app"
     create.config.linux.resources.cpu_quota, create.config.linux.resources.cpu_period = 200000, 100000
-    sent = api_pb2.CreateContainerRequest.FromString(await icpt.before(CREATE, create.SerializeToString()))
+    create_call = await icpt.before(CREATE, create.SerializeToString())
+    sent = api_pb2.CreateContainerRequest.FromString(create_call.request)
     assert sent.config.linux.resources.cpu_quota == 160000
     assert sent.config.annotations[RECORD] == "200000/160000"
-    await icpt.after(CREATE, sent.SerializeToString(),
-                     api_pb2.CreateContainerResponse(container_id="c1").SerializeToString())
+    await create_call.after(api_pb2.CreateContainerResponse(container_id="c1").SerializeToString())
 
     async def update(quota: int, cpuset: str = "") -> api_pb2.UpdateContainerResourcesRequest:
         req = api_pb2.UpdateContainerResourcesRequest(container_id="c1")
         req.linux.cpu_quota, req.linux.cpuset_cpus = quota, cpuset
-        out = await icpt.before(UPDATE, req.SerializeToString())
-        await icpt.after(UPDATE, out, b"")
+        update_call = await icpt.before(UPDATE, req.SerializeToString())
+        out = update_call.request
+        await update_call.after(b"")
         return api_pb2.UpdateContainerResourcesRequest.FromString(out)
 
     resized = await update(300000)

@@ -9,7 +9,7 @@ import pytest
 
 from hooks.facts import ResctrlFacts
 from hooks.plugins import rdt
-from hooks.plugins.rdt import l3_mask, mb_value, stale_pod_groups
+from hooks.plugins.rdt import l3_mask, mb_value, rhp_reconcile_resctrl_groups, stale_pod_groups
 from tests.hooks.plugins.factories import call, container, node, pod
 
 INTEL = ResctrlFacts(cbm_mask="fff", cache_ids=(0, 1), vendor="intel", supported=True)
@@ -205,3 +205,10 @@ def test_bad_uid_never_names_a_group() -> None:
 
 def test_stale_pod_groups() -> None:
     assert stale_pod_groups(["LS", "koordlet-a", "koordlet-b"], {"a"}) == ["koordlet-b"]
+
+
+def test_reconcile_resctrl_groups_removes_the_groups_of_pods_that_are_gone() -> None:
+    live = pod("LS", uid="a")
+    plan = rhp_reconcile_resctrl_groups(pods=(live,), resctrl_groups=("LS", "BE", "koordlet-a", "koordlet-b"))
+    assert plan is not None and [(r.level, r.path) for r in plan.removals] == [("resctrl", "koordlet-b")]
+    assert plan.writes == [] and plan.moves == []

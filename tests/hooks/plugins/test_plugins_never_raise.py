@@ -64,6 +64,10 @@ USAGE = Usage(
 )
 
 
+# The groups under a resctrl root, with names a pod cannot choose but a broken tree may hold.
+GROUPS = ("BE", "LS", "koordlet-uid-1", "koordlet-", "koordlet-..", "koordlet-\x00", "info")
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     annotations=st.dictionaries(st.sampled_from(KEYS), raw, max_size=4),
@@ -89,7 +93,8 @@ def test_plugins_never_raise(annotations: dict[str, str], node_annotations: dict
             if fn is None:
                 continue
             for window in (usage, USAGE):
-                kwargs = {"pod": the_pod, "container": c, "node": the_node, "pods": (the_pod,), "usage": window}
+                kwargs = {"pod": the_pod, "container": c, "node": the_node, "pods": (the_pod,), "usage": window,
+                          "resctrl_groups": GROUPS}
                 args = {k: v for k, v in kwargs.items()
                         if k in fn.__code__.co_varnames[: fn.__code__.co_argcount]}
                 result = fn(**args)

@@ -11,7 +11,7 @@ from typing import Any
 
 from hpack import Encoder
 from test_relay_frames import FakeTransport, _frames, _request_headers, _session
-from transport_backend import RecordingInterceptor
+from transport_backend import RecordedCall, RecordingInterceptor
 
 from runtime_proxy.cri.relay import _wire as w
 
@@ -26,7 +26,7 @@ class Hook(RecordingInterceptor):
         self.finished = 0
         self.cancelled = 0
 
-    async def before(self, method: str, request: bytes) -> bytes:
+    async def before(self, method: str, request: bytes) -> RecordedCall:
         MARK.set("hook")
         try:
             out = await super().before(method, request)

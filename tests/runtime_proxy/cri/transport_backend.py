@@ -151,6 +151,18 @@ async def start_backend(path: str, record: BackendLog) -> grpc.aio.Server:
     return server
 
 
+class RecordedCall:
+    """The call ``RecordingInterceptor.before`` returns: its ``after`` is recorded."""
+
+    def __init__(self, method: str, request: bytes, after_calls: list[tuple[str, bytes, bytes]]) -> None:
+        self.method = method
+        self.request = request
+        self._after_calls = after_calls
+
+    async def after(self, response: bytes) -> None:
+        self._after_calls.append((self.method, self.request, response))
+
+
 class RecordingInterceptor:
     """The suite's hook: intercepts ``/test.Hooked/*``; the request's first word says what to do.
 
@@ -171,12 +183,9 @@ class RecordingInterceptor:
     def intercepts(self, method: str) -> bool:
         return method.startswith("/test.Hooked/")
 
-    async def before(self, method: str, request: bytes) -> bytes:
+    async def before(self, method: str, request: bytes) -> RecordedCall:
         self.before_calls.append((method, request))
-        return await transform(request)
-
-    async def after(self, method: str, request: bytes, response: bytes) -> None:
-        self.after_calls.append((method, request, response))
+        return RecordedCall(method, await transform(request), self.after_calls)
 
     async def undecodable(self, method: str, reason: str) -> None:
         self.undecodable_calls.append((method, reason))

@@ -125,7 +125,7 @@ async def _through_the_proxy(plugins: list[object]) -> dict[str, Any]:
     before = api_pb2.CreateContainerRequest()
     before.CopyFrom(req)
     sent = api_pb2.CreateContainerRequest.FromString(
-        await icpt.before("/runtime.v1.RuntimeService/CreateContainer", req.SerializeToString())
+        (await icpt.before("/runtime.v1.RuntimeService/CreateContainer", req.SerializeToString())).request
     )
     out: dict[str, Any] = {}
     resources = {

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,8 +23,9 @@ from structlog.testing import capture_logs
 
 from hooks.facts import CgroupInfo, ContainerFacts, CPUTopology, NodeFacts, PodFacts, Resources
 from hooks.manager import make_plugin_manager
+from hooks.plan import Plan
 from hooks.plugins.cpu_burst import DOWN, UP
-from hooks.spec import STAGES
+from hooks.spec import STAGES, hookimpl
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import apply_files
 from runtime_proxy.host.cgroups import Cgroups
@@ -284,6 +286,49 @@ async def test_rdt_groups_schemata_moves_and_cleanup(tmp_path: Path, resctrl_tre
     r = Reconciler(backend, pm=pm, order=order, cgroups=cg, resctrl=rc)
     report = await r.reconcile_once()
     assert report.removed_groups == ["koordlet-gone"] and (resctrl_tree / "BE").exists()
+
+
+class Sweeper:
+    """A plugin that removes its own resctrl groups and sees what the stage gives it."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.seen: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+
+    @hookimpl
+    def rhp_reconcile_resctrl_groups(self, pods: tuple[PodFacts, ...], resctrl_groups: tuple[str, ...]) -> Plan:
+        self.seen.append((tuple(p.uid for p in pods), resctrl_groups))
+        self.release.wait(30)
+        return Plan().remove("resctrl", "sweeper-old") if "sweeper-old" in resctrl_groups else Plan()
+
+
+async def test_stale_resctrl_groups_are_a_stage_under_the_plugins_policy(tmp_path: Path, resctrl_tree: Path) -> None:
+    """The groups left behind are the ``ReconcileResctrlGroups`` stage's: rdt removes the pod
+    groups of pods that are gone, another plugin its own groups; a step past its timeout removes
+    nothing; dry run counts the drift and removes nothing."""
+    rc = Resctrl(resctrl_tree, vendor="intel")
+    for group in ("koordlet-gone", "koordlet-u1", "sweeper-old", "LS"):
+        rc.ensure_group(group)
+    node = NodeFacts(resctrl=rc.facts())
+    backend = FakeBackend(node, [make_pod("u1", "LS")])
+    pm = make_plugin_manager(builtins=["rdt"], entry_points=False)
+    sweeper = Sweeper()
+    pm.register(sweeper, name="sweeper")
+    steps = plugin_steps(pm, [("sweeper", "Ignore", 0.1), ("rdt", "Ignore", 30.0)])
+    cg = Cgroups(tmp_path / "cg", version=1)
+    dry = Reconciler(backend, pm=pm, pipeline=Pipeline(steps), cgroups=cg, resctrl=rc, dry_run=True)
+    report = await dry.reconcile_once()
+    assert "stale resctrl group koordlet-gone" in report.drift and report.removed_groups == []
+    assert (resctrl_tree / "koordlet-gone").is_dir()
+    assert sweeper.seen == [(("u1",), ("LS", "koordlet-gone", "koordlet-u1", "sweeper-old"))]
+    r = Reconciler(backend, pm=pm, pipeline=Pipeline(steps), cgroups=cg, resctrl=rc)
+    report = await r.reconcile_once()
+    assert report.removed_groups == ["koordlet-gone"], "the sweeper ran past its timeout: its plan is left out"
+    assert (resctrl_tree / "sweeper-old").is_dir() and (resctrl_tree / "koordlet-u1").is_dir()
+    sweeper.release.set()
+    r.pipeline = Pipeline(plugin_steps(pm, [("sweeper", "Ignore", 30.0), ("rdt", "Ignore", 30.0)]))
+    report = await r.reconcile_once()
+    assert report.removed_groups == ["sweeper-old"] and (resctrl_tree / "LS").is_dir()
 
 
 def test_unsupported_resctrl_is_reported(tmp_path: Path) -> None:

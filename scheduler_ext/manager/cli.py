@@ -1,0 +1,155 @@
+"""``scheduler-ext manager``: the co-location manager command.
+
+Who calls this: ``scheduler_ext.cli.build_parser`` adds the sub-command with ``add_parser``
+(the manager ships in the cluster package beside the extender: the same install, the same
+``[scheduler]`` extra, the same Kubernetes client code). ``run`` wires the parts of
+``scheduler_ext.manager``: watches, the Lease elector, the reconciler, and optionally the
+admission webhook and a metrics listener, all on one event loop (the watches in threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import structlog
+
+from koord_formats.colocation import CONFIG_MAP_NAME, CONFIG_MAP_NAMESPACE
+from rhp_ops.cli import add_global_flags
+from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused, kubeconfig_files, read_regular_file
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "add_parser", "run"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a listener could not start
+EXIT_USAGE = 2  # bad flags, or a configuration file that cannot be read
+
+EXIT_CODES = """exit codes:
+  0  stopped by SIGTERM or SIGINT
+  1  the webhook or metrics listener could not start
+  2  bad flags, or a kubeconfig or TLS file that cannot be read"""
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"scheduler-ext manager: {message}", file=sys.stderr)
+    return code
+
+
+def add_parser(sub: Any, *, level_help: str, fmt_help: str) -> argparse.ArgumentParser:
+    """Add ``manager`` to the ``scheduler-ext`` sub-commands."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "manager", help="publish batch resources, NodeMetrics and NodeSLOs (koord-manager's co-location part)",
+        description="Watch Nodes, Pods, NodeMetrics and slo-controller-config; keep one NodeMetric and one "
+                    "NodeSLO per Node and write kubernetes.io/batch-cpu and batch-memory into each Node's "
+                    "status. Only the replica holding the Lease writes.",
+        epilog=EXIT_CODES)
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file")
+    p.add_argument("--context", default=None, help="kubeconfig context")
+    p.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    p.add_argument("--config-namespace", default=CONFIG_MAP_NAMESPACE,
+                   help="namespace of slo-controller-config (default %(default)s)")
+    p.add_argument("--slo-config-name", default=CONFIG_MAP_NAME, help="its name (default %(default)s)")
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", CONFIG_MAP_NAMESPACE),
+                   help="namespace of the leader-election Lease (default $POD_NAMESPACE or %(default)s)")
+    p.add_argument("--lease-name", default="rhp-manager", help="the Lease's name (default %(default)s)")
+    p.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()),
+                   help="this replica's holder identity (default $POD_NAME or the host name)")
+    p.add_argument("--mid-resources", action="store_true",
+                   help="also publish kubernetes.io/mid-cpu and mid-memory (off by default)")
+    p.add_argument("--resync-seconds", type=float, default=30.0,
+                   help="reconcile every node at least this often (default %(default)s)")
+    p.add_argument("--api-timeout", type=float, default=5.0, help="limit of each API write (default %(default)s)")
+    p.add_argument("--watch-timeout", type=int, default=60,
+                   help="seconds after which the API server ends each watch stream (default %(default)s)")
+    p.add_argument("--metrics-listen", default="", metavar="HOST:PORT", help="serve Prometheus /metrics here")
+    add_global_flags(p, subcommand=True, level_help=level_help, fmt_help=fmt_help)
+    p.set_defaults(func=run)
+    return p
+
+
+def _kubeconfig_problem(args: argparse.Namespace) -> str:
+    if args.in_cluster:
+        return ""
+    for path in kubeconfig_files(args.kubeconfig):
+        try:
+            read_regular_file(path, limit=MAX_KUBECONFIG_BYTES)
+        except FileRefused as exc:
+            if exc.reason != "missing":
+                return f"--kubeconfig {path}: {exc.message}"
+    return ""
+
+
+def _host_port(text: str) -> tuple[str, int] | None:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGTERM or SIGINT."""
+    from scheduler_ext.kube import api_client_from_flags
+    from scheduler_ext.manager.controller import Cache, Reconciler, Watches
+    from scheduler_ext.manager.kubeio import ManagerAPI, ManagerKube
+    from scheduler_ext.manager.lease import Elector
+
+    log = structlog.get_logger("scheduler_ext.manager")
+    metrics_listen = _host_port(args.metrics_listen) if args.metrics_listen else None
+    if args.metrics_listen and metrics_listen is None:
+        return _fail("--metrics-listen must be HOST:PORT", EXIT_USAGE)
+    if args.resync_seconds <= 0 or args.api_timeout <= 0 or args.watch_timeout < 1:
+        return _fail("--resync-seconds, --api-timeout and --watch-timeout must be positive", EXIT_USAGE)
+    problem = _kubeconfig_problem(args)
+    if problem:
+        return _fail(problem, EXIT_USAGE)
+    try:
+        api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
+    except Exception as exc:  # the kubernetes config loaders raise their own types
+        return _fail(f"cannot load the API server configuration: {exc}", EXIT_USAGE)
+    if metrics_listen is not None:
+        from prometheus_client import start_http_server
+
+        try:
+            start_http_server(metrics_listen[1], metrics_listen[0])
+        except OSError as exc:
+            return _fail(f"cannot listen on {args.metrics_listen}: {exc}", EXIT_FAILED)
+
+    kube = ManagerKube(api_client, args.config_namespace, args.slo_config_name, watch_timeout=args.watch_timeout)
+    api = ManagerAPI(api_client, timeout=args.api_timeout)
+    cache = Cache()
+    elector = Elector(api, args.lease_namespace, args.lease_name, args.identity)
+    reconciler = Reconciler(cache, api, elector.is_leader, mid_resources=args.mid_resources,
+                            resync_seconds=args.resync_seconds)
+    watches = Watches(cache, kube)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        watches.start()
+        log.info("manager started", identity=args.identity, lease=f"{args.lease_namespace}/{args.lease_name}",
+                 config=f"{args.config_namespace}/{args.slo_config_name}")
+        tasks = [asyncio.create_task(elector.run(stop)), asyncio.create_task(reconciler.run(stop))]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await api.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        watches.close()
+    log.info("manager stopped")
+    return EXIT_OK

@@ -1,0 +1,531 @@
+"""The manager's loop: a cache fed by watches, and one reconcile per node that writes what the
+pure functions decide.
+
+Who calls this: ``scheduler_ext.manager.cli`` (``scheduler-ext manager``) builds a ``Cache``,
+starts a ``Watches`` thread per kind (``scheduler_ext.manager.kubeio.ManagerKube``), an
+``Elector`` (``lease.py``) and ``Reconciler.run`` on one event loop. Nothing is written before
+every kind has been listed once, or while this replica does not hold the Lease.
+
+Per node (``Reconciler.reconcile_node``), each step costing only that node:
+
+1. its co-location strategy (``koord_formats.colocation``): the NodeMetric with that strategy's
+   collect policy is created, or its spec patched when it differs;
+2. its NodeSLO spec (``koord_formats.sloconfig``): created, or patched with a merge patch that
+   also removes what the config no longer sets;
+3. its batch (and, with ``mid_resources``, mid) resources (``resources.py``): written into
+   ``status.capacity`` and ``status.allocatable`` with one merge patch of the status
+   subresource, guarded by the Node's resourceVersion, when ``needs_write`` says so.
+
+NodeMetrics and NodeSLOs of Nodes that are gone are deleted (guarded by their uid). Every node
+is reconciled again every ``resync_seconds``, so a NodeMetric that stops being updated degrades
+its node within that time of ``degradeTimeMinutes``.
+
+Hostile objects: each Node, Pod, NodeMetric or ConfigMap is decoded once when its event
+arrives; one that does not decode is counted (``rhp_manager_bad_objects_total{kind}``) and
+logged, and costs only itself: a bad Node or NodeMetric resets that node's batch resources, a bad
+Pod resets the batch resources of its node (its usage is unknown), a bad ConfigMap key keeps
+that key's previous value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import structlog
+from prometheus_client import Counter, Gauge
+
+from koord_formats import FormatError, nodemetric, sloconfig
+from koord_formats.colocation import (
+    CONFIG_KEY_COLOCATION,
+    ColocationConfig,
+    metric_collect_spec,
+    parse_colocation_config,
+)
+from koord_formats.quantity import parse_bytes
+from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError
+from scheduler_ext.guard import describe
+from scheduler_ext.manager.kubeio import CONFIGMAPS, KINDS, NODEMETRICS, NODES, NODESLOS, PODS, ManagerAPI
+from scheduler_ext.manager.objects import node_info, node_labels, pod_info, pod_node_name
+from scheduler_ext.manager.resources import (
+    BATCH_RESOURCES,
+    MID_RESOURCES,
+    Amount,
+    Metrics,
+    NodeInfo,
+    PodInfo,
+    PodUsage,
+    batch_resources,
+    mid_resources,
+    needs_write,
+)
+
+__all__ = ["BAD_OBJECTS", "WRITES", "Cache", "Reconciler", "Watches", "merge_patch", "metrics_of"]
+
+log = structlog.get_logger("scheduler_ext.manager")
+
+BAD_OBJECTS = Counter("rhp_manager_bad_objects_total",
+                      "Objects the manager could not decode and skipped (or reset their node for), by kind.",
+                      ["kind"])
+WRITES = Counter("rhp_manager_writes_total", "API writes of the manager, by object kind and result.",
+                 ["kind", "result"])
+LEADER = Gauge("rhp_manager_leader", "1 while this replica holds the manager's Lease.")
+
+_MAX_TIME_CHARS = 64
+
+
+# ---- decoding --------------------------------------------------------------------------------------
+
+
+def _epoch(text: str) -> float:
+    """An RFC 3339 time ("2026-11-27T08:00:00Z") as seconds since the epoch."""
+    if not text or len(text) > _MAX_TIME_CHARS:
+        raise FormatError("updateTime: empty or too long")
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise FormatError(f"updateTime: {exc}") from None
+    if moment.tzinfo is None:
+        raise FormatError("updateTime: no time zone")
+    return moment.timestamp()
+
+
+def metrics_of(obj: Mapping[str, Any]) -> Metrics:
+    """A NodeMetric object as ``Metrics``; an unreadable status is ``Metrics.problem``."""
+    try:
+        status = nodemetric.parse_node_metric_status(obj.get("status"))
+        update = _epoch(status.update_time) if status.update_time else None
+    except FormatError as exc:
+        return Metrics(update_time=None, problem=describe(exc))
+
+    def amount(u: nodemetric.Usage) -> Amount:
+        return Amount(u.cpu_milli or 0, u.memory_bytes or 0)
+
+    return Metrics(
+        update_time=update,
+        node_usage=amount(status.node_usage),
+        system_usage=amount(status.system_usage),
+        pods={(p.namespace, p.name): PodUsage(amount(p.usage), p.priority) for p in status.pods},
+        host_apps=tuple(PodUsage(amount(a.usage), a.priority) for a in status.host_apps),
+    )
+
+
+def _current(status: object, names: Iterable[str]) -> dict[str, int | None]:
+    """The node's published values of ``names`` in ``status.allocatable`` (None when absent)."""
+    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
+    alloc = alloc if isinstance(alloc, Mapping) else {}
+    out: dict[str, int | None] = {}
+    for name in names:
+        raw = alloc.get(name)
+        try:
+            out[name] = None if raw is None else parse_bytes(raw)
+        except FormatError:
+            out[name] = -1  # unreadable: never equal to a computed value, so it gets rewritten
+    return out
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: changed fields, nested
+    objects recursively, and ``None`` for the fields ``new`` no longer has."""
+    out: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            out[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                out[key] = sub
+        elif before != value or key not in old:
+            out[key] = value
+    return out
+
+
+@dataclass
+class _Node:
+    name: str
+    resource_version: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    info: NodeInfo
+    current: dict[str, int | None]
+
+
+@dataclass
+class _Owned:
+    """A NodeMetric or NodeSLO: its uid and the spec it has."""
+
+    uid: str
+    spec: Mapping[str, Any]
+
+
+def _meta(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise FormatError("object without metadata")
+    values = [meta.get(k) or "" for k in ("name", "namespace", "uid", "resourceVersion")]
+    if not all(isinstance(v, str) and len(v) <= 253 for v in values):
+        raise FormatError("metadata name, namespace, uid or resourceVersion is not a short string")
+    return values[0], values[1], values[2], values[3]
+
+
+@dataclass
+class Cache:
+    """What the watches saw, decoded; shared by the watch threads and the loop (``lock``)."""
+
+    names: tuple[str, ...] = BATCH_RESOURCES
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    nodes: dict[str, _Node] = field(default_factory=dict)
+    pods: dict[str, dict[tuple[str, str], PodInfo | str]] = field(default_factory=dict)  # node -> pods
+    pod_nodes: dict[tuple[str, str], str] = field(default_factory=dict)
+    metrics: dict[str, tuple[_Owned, Metrics]] = field(default_factory=dict)
+    nodeslos: dict[str, _Owned] = field(default_factory=dict)
+    colocation: ColocationConfig = field(default_factory=ColocationConfig)
+    slo: sloconfig.SLOConfig = field(default_factory=sloconfig.SLOConfig)
+    synced: set[str] = field(default_factory=set)
+    dirty: set[str] = field(default_factory=set)
+    wake: Callable[[], None] = lambda: None  # set by the reconciler: wakes its loop
+
+    # -- events ----------------------------------------------------------------------------------
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        """A fresh list of ``kind``: forget what is not in it, apply the rest."""
+        with self.lock:
+            if kind == NODES:
+                gone = set(self.nodes)
+            elif kind == PODS:
+                gone = set(self.pod_nodes)  # type: ignore[arg-type]
+            elif kind == NODEMETRICS:
+                gone = set(self.metrics)
+            elif kind == NODESLOS:
+                gone = set(self.nodeslos)
+            else:
+                gone = set()
+        seen: set[Any] = set()
+        for obj in items:
+            seen.add(self.apply(kind, "ADDED", obj))
+        for key in gone - seen:
+            self._delete(kind, key)
+        if kind == CONFIGMAPS and not items:
+            self._config(None)
+        with self.lock:
+            self.synced.add(kind)
+            self.dirty.update(self.nodes)
+        self.wake()
+
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> Any:
+        """One watch event; returns the cache key of the object (None when skipped)."""
+        try:
+            name, namespace, uid, rv = _meta(obj)
+        except FormatError as exc:
+            BAD_OBJECTS.labels(kind).inc()
+            log.warning("object skipped", kind=kind, error=describe(exc))
+            return None
+        key: Any = name
+        if event == "DELETED":
+            key = (namespace, name) if kind == PODS else name
+            self._delete(kind, key)
+            return key
+        if kind == NODES:
+            self._node(name, rv, obj)
+        elif kind == PODS:
+            key = (namespace, name)
+            self._pod(key, obj)
+        elif kind == NODEMETRICS:
+            spec = obj.get("spec")
+            with self.lock:
+                self.metrics[name] = (_Owned(uid, spec if isinstance(spec, Mapping) else {}), metrics_of(obj))
+                self.dirty.add(name)
+            if self.metrics[name][1].problem:
+                BAD_OBJECTS.labels(kind).inc()
+                log.warning("NodeMetric status unreadable; the node's batch resources are reset",
+                            node=name, error=self.metrics[name][1].problem)
+        elif kind == NODESLOS:
+            spec = obj.get("spec")
+            with self.lock:
+                self.nodeslos[name] = _Owned(uid, spec if isinstance(spec, Mapping) else {})
+        elif kind == CONFIGMAPS:
+            data = obj.get("data")
+            self._config(data if isinstance(data, Mapping) else {})
+        self.wake()
+        return key
+
+    def _delete(self, kind: str, key: Any) -> None:
+        with self.lock:
+            if kind == NODES:
+                self.nodes.pop(key, None)
+                self.dirty.add(key)
+            elif kind == PODS:
+                node = self.pod_nodes.pop(key, None)
+                if node is not None:
+                    self.pods.get(node, {}).pop(key, None)
+                    self.dirty.add(node)
+            elif kind == NODEMETRICS:
+                self.metrics.pop(key, None)
+                self.dirty.add(key)
+            elif kind == NODESLOS:
+                self.nodeslos.pop(key, None)
+                self.dirty.add(key)
+            elif kind == CONFIGMAPS:
+                pass
+        if kind == CONFIGMAPS:
+            self._config(None)
+
+    def _node(self, name: str, rv: str, obj: Mapping[str, Any]) -> None:
+        try:
+            labels, annotations = node_labels(obj)
+        except FormatError as exc:
+            labels, annotations = {}, {}
+            info = NodeInfo(name, Amount(), Amount(), problem=describe(exc))
+        else:
+            try:
+                info = node_info(obj)
+            except FormatError as exc:
+                info = NodeInfo(name, Amount(), Amount(), problem=describe(exc))
+        if info.problem:
+            BAD_OBJECTS.labels(NODES).inc()
+            log.warning("Node unreadable; its batch resources are reset", node=name, error=info.problem)
+        entry = _Node(name, rv, labels, annotations, info, _current(obj.get("status"), (*BATCH_RESOURCES,
+                                                                                          *MID_RESOURCES)))
+        with self.lock:
+            self.nodes[name] = entry
+            self.dirty.add(name)
+
+    def _pod(self, key: tuple[str, str], obj: Mapping[str, Any]) -> None:
+        node = ""
+        try:
+            node = pod_node_name(obj)
+            decoded: PodInfo | str = pod_info(obj)
+        except FormatError as exc:
+            decoded = describe(exc)
+            BAD_OBJECTS.labels(PODS).inc()
+            log.warning("Pod unreadable; its node's batch resources are reset", pod=f"{key[0]}/{key[1]}",
+                        node=node, error=decoded)
+        with self.lock:
+            old = self.pod_nodes.get(key)
+            if old is not None and old != node:
+                self.pods.get(old, {}).pop(key, None)
+                self.dirty.add(old)
+            if not node:
+                self.pod_nodes.pop(key, None)
+                return
+            self.pod_nodes[key] = node
+            self.pods.setdefault(node, {})[key] = decoded
+            self.dirty.add(node)
+
+    def _config(self, data: Mapping[str, Any] | None) -> None:
+        text = None if data is None else data.get(CONFIG_KEY_COLOCATION)
+        try:
+            colocation = parse_colocation_config(text if isinstance(text, str) else None)
+            if text is not None and not isinstance(text, str):
+                raise FormatError(f"{CONFIG_KEY_COLOCATION}: expected a string")
+        except FormatError as exc:
+            BAD_OBJECTS.labels(CONFIGMAPS).inc()
+            log.warning("colocation-config refused; the previous one is kept", error=describe(exc))
+            colocation = self.colocation
+        slo, problems = sloconfig.parse_slo_config(data, self.slo)
+        for problem in problems:
+            BAD_OBJECTS.labels(CONFIGMAPS).inc()
+            log.warning("slo-controller-config problem", error=problem[:300])
+        with self.lock:
+            self.colocation, self.slo = colocation, slo
+            self.dirty.update(self.nodes)
+            self.dirty.update(self.metrics)
+
+
+class Watches:
+    """One thread per kind: list, then watch, list again after 410 Gone or a silent stream;
+    a kind whose CRD is not installed (404) counts as listed and empty."""
+
+    def __init__(self, cache: Cache, kube: Any, *, backoff: float = 0.5) -> None:
+        self.cache, self.kube, self.backoff = cache, kube, backoff
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for kind in KINDS:
+            t = threading.Thread(target=self._run, args=(kind,), name=f"manager-{kind}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def close(self) -> None:
+        self.stop.set()
+
+    def _list(self, kind: str) -> str:
+        items: list[dict[str, Any]] = []
+        token, rv = "", ""
+        while True:
+            page, rv, token = self.kube.list(kind, token)
+            items.extend(page)
+            if not token:
+                return self._replace(kind, items, rv)
+
+    def _replace(self, kind: str, items: list[dict[str, Any]], rv: str) -> str:
+        self.cache.replace(kind, [i for i in items if isinstance(i, dict)])
+        return rv
+
+    def _run(self, kind: str) -> None:
+        rv, delay = "", self.backoff
+        while not self.stop.is_set():
+            try:
+                if not rv:
+                    rv = self._list(kind)
+                for event in self.kube.watch(kind, rv):
+                    if self.stop.is_set():
+                        return
+                    obj = event.get("object")
+                    etype = event.get("type")
+                    if not isinstance(obj, dict):
+                        continue
+                    meta = obj.get("metadata")
+                    new_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                    if etype in ("ADDED", "MODIFIED", "DELETED"):
+                        self.cache.apply(kind, str(etype), obj)
+                    if isinstance(new_rv, str) and new_rv:
+                        rv = new_rv
+                delay = self.backoff
+            except GoneError:
+                rv = ""
+            except NotFoundError:
+                self._replace(kind, [], "")
+                rv = ""
+                self.stop.wait(10.0)
+            except Exception as exc:  # the API may be down; keep trying with backoff
+                if self.stop.is_set():
+                    return
+                log.warning("watch failed", kind=kind, error=describe(exc))
+                self.stop.wait(delay)
+                delay = min(delay * 2, 10.0)
+
+
+class Reconciler:
+    """Writes what the pure functions decide, node by node, while this replica leads."""
+
+    def __init__(self, cache: Cache, api: ManagerAPI, is_leader: Callable[[], bool], *,
+                 mid_resources: bool = False, resync_seconds: float = 30.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cache, self.api, self.is_leader = cache, api, is_leader
+        self.mid, self.resync_seconds, self.clock = mid_resources, resync_seconds, clock
+        self.last_write: dict[str, float] = {}
+        self._event = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _wake(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._event.set)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.cache.wake = self._wake
+        next_resync = 0.0
+        while not stop.is_set():
+            LEADER.set(1 if self.is_leader() else 0)
+            if time.monotonic() >= next_resync:
+                with self.cache.lock:
+                    self.cache.dirty.update(self.cache.nodes)
+                    self.cache.dirty.update(self.cache.metrics)
+                    self.cache.dirty.update(self.cache.nodeslos)
+                next_resync = time.monotonic() + self.resync_seconds
+            await self.round()
+            self._event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), 1.0)
+
+    def ready(self) -> bool:
+        with self.cache.lock:
+            return all(k in self.cache.synced for k in KINDS)
+
+    async def round(self) -> None:
+        """Reconcile every dirty node (while leading and after every kind was listed once)."""
+        if not self.ready() or not self.is_leader():
+            return
+        with self.cache.lock:
+            names = sorted(self.cache.dirty)
+            self.cache.dirty.clear()
+        sliced = time.monotonic()
+        for name in names:
+            if not self.is_leader():
+                with self.cache.lock:
+                    self.cache.dirty.update(names)
+                return
+            try:
+                await self.reconcile_node(name)
+            except APIError as exc:
+                log.warning("reconcile failed; retried next round", node=name, error=describe(exc))
+                with self.cache.lock:
+                    self.cache.dirty.add(name)
+            if time.monotonic() - sliced > 0.02:  # never hold the loop for long
+                await asyncio.sleep(0)
+                sliced = time.monotonic()
+
+    async def _write(self, kind: str, call: Any, node: str) -> bool:
+        try:
+            await call
+        except ConflictError as exc:
+            WRITES.labels(kind, "conflict").inc()
+            log.info("write conflicted; retried with fresh data", kind=kind, node=node, error=describe(exc))
+            with self.cache.lock:
+                self.cache.dirty.add(node)
+            return False
+        except NotFoundError:
+            WRITES.labels(kind, "gone").inc()
+            return False
+        WRITES.labels(kind, "ok").inc()
+        return True
+
+    async def reconcile_node(self, name: str) -> None:
+        now = self.clock()
+        with self.cache.lock:
+            node = self.cache.nodes.get(name)
+            owned_metric = self.cache.metrics.get(name)
+            owned_slo = self.cache.nodeslos.get(name)
+            pods = list(self.cache.pods.get(name, {}).values())
+            colocation, slo = self.cache.colocation, self.cache.slo
+        if node is None:  # the Node is gone: its NodeMetric and NodeSLO go too
+            if owned_metric is not None:
+                await self._write(NODEMETRICS, self.api.delete_object(NODEMETRICS, name, owned_metric[0].uid), name)
+            if owned_slo is not None:
+                await self._write(NODESLOS, self.api.delete_object(NODESLOS, name, owned_slo.uid), name)
+            return
+        strategy = colocation.for_node(node.labels, node.annotations)
+        spec = metric_collect_spec(strategy)
+        if owned_metric is None:
+            body = {"apiVersion": f"{nodemetric.API_GROUP}/{nodemetric.API_VERSION}", "kind": nodemetric.KIND,
+                    "metadata": {"name": name}, "spec": spec}
+            await self._write(NODEMETRICS, self.api.create_object(NODEMETRICS, body), name)
+        elif merge_patch(owned_metric[0].spec, spec):
+            await self._write(NODEMETRICS, self.api.patch_object(NODEMETRICS, name, {"spec": spec}), name)
+        slo_spec = sloconfig.render_node_slo(slo, node.labels)
+        if owned_slo is None:
+            body = {"apiVersion": f"{sloconfig.NODESLO_API_GROUP}/{sloconfig.NODESLO_API_VERSION}",
+                    "kind": sloconfig.NODESLO_KIND, "metadata": {"name": name}, "spec": slo_spec}
+            await self._write(NODESLOS, self.api.create_object(NODESLOS, body), name)
+        else:
+            patch = merge_patch(owned_slo.spec, slo_spec)
+            if patch:
+                await self._write(NODESLOS, self.api.patch_object(NODESLOS, name, {"spec": patch}), name)
+        infos = [p for p in pods if isinstance(p, PodInfo)]
+        bad = next((f"pod unreadable: {p}" for p in pods if isinstance(p, str)), "")
+        metrics = None if owned_metric is None else owned_metric[1]
+        results = [batch_resources(strategy, node.info, infos, metrics, now, bad)]
+        if self.mid:
+            results.append(mid_resources(strategy, node.info, infos, metrics, now, bad))
+        new: dict[str, int | None] = {}
+        for result in results:
+            new.update(result.values)
+        if not needs_write(node.current, new, strategy, self.last_write.get(name), now):
+            return
+        values = {k: (None if v is None else str(v)) for k, v in new.items() if node.current.get(k) != v}
+        patch = {"metadata": {"resourceVersion": node.resource_version},
+                 "status": {"capacity": values, "allocatable": values}}
+        if await self._write(NODES, self.api.patch_node_status(name, patch), name):
+            self.last_write[name] = now
+            log.info("node resources written", node=name, values=values,
+                     reason="; ".join(r.reason for r in results))

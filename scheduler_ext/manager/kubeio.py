@@ -1,0 +1,75 @@
+"""The manager's API calls, on the extender's client code (``scheduler_ext.kube``).
+
+Who calls this: ``scheduler_ext.manager.controller``. ``ManagerKube`` lists and watches the kinds
+the manager caches (Nodes, Pods, NodeMetrics, NodeSLOs and the one ConfigMap) with
+``KubeClient``'s bounded, model-free list and watch; ``ManagerAPI`` adds the writes to
+``BindClient`` (aiohttp on the event loop, typed errors, the Lease calls the elector uses):
+NodeMetric and NodeSLO create, spec replace and delete, and the Node status merge patch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kubernetes
+
+from koord_formats import nodemetric, sloconfig
+from scheduler_ext.kube import MERGE_PATCH, BindClient, KubeClient, _json, _seg
+
+__all__ = ["KINDS", "ManagerAPI", "ManagerKube"]
+
+NODES, PODS, NODEMETRICS, NODESLOS, CONFIGMAPS = "nodes", "pods", "nodemetrics", "nodeslos", "configmaps"
+KINDS = (NODES, PODS, NODEMETRICS, NODESLOS, CONFIGMAPS)
+_GROUPS = {
+    NODEMETRICS: (nodemetric.API_GROUP, nodemetric.API_VERSION, nodemetric.PLURAL),
+    NODESLOS: (sloconfig.NODESLO_API_GROUP, sloconfig.NODESLO_API_VERSION, sloconfig.NODESLO_PLURAL),
+}
+
+
+class ManagerKube(KubeClient):
+    """``KubeClient`` over the manager's kinds; the ConfigMap is watched by name in its namespace."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient, config_namespace: str, config_name: str,
+                 **kwargs: Any) -> None:
+        super().__init__(api_client, **kwargs)
+        self.config_namespace, self.config_name = config_namespace, config_name
+
+    def _lister(self, kind: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        if kind == CONFIGMAPS:
+            fn = functools.partial(self.core.list_namespaced_config_map, self.config_namespace,
+                                   field_selector=f"metadata.name={self.config_name}")
+            return fn, ()
+        if kind in _GROUPS:
+            return self.custom.list_cluster_custom_object, _GROUPS[kind]
+        return super()._lister(kind)
+
+
+def _cluster_path(kind: str, name: str = "") -> str:
+    group, version, plural = _GROUPS[kind]
+    path = f"/apis/{group}/{version}/{plural}"
+    return f"{path}/{_seg(name)}" if name else path
+
+
+class ManagerAPI(BindClient):
+    """The manager's writes, as coroutines; every error is one of ``scheduler_ext.errors``."""
+
+    async def create_object(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a NodeMetric or NodeSLO (409 when it exists)."""
+        return _json(await self._request("POST", _cluster_path(kind), body))
+
+    async def patch_object(self, kind: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of a NodeMetric or NodeSLO (a ``metadata.resourceVersion`` in the
+        patch makes it conditional: 409 when the object changed since)."""
+        return _json(await self._request("PATCH", _cluster_path(kind, name), patch, MERGE_PATCH))
+
+    async def delete_object(self, kind: str, name: str, uid: str = "") -> None:
+        """DELETE a NodeMetric or NodeSLO; with ``uid`` only that incarnation of it (409 else)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}} if uid else None
+        await self._request("DELETE", _cluster_path(kind, name), body)
+
+    async def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of the Node's status subresource (``null`` removes a key; a
+        ``metadata.resourceVersion`` makes it conditional)."""
+        return _json(await self._request("PATCH", f"/api/v1/nodes/{_seg(name)}/status", patch, MERGE_PATCH))
