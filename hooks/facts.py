@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Never, TypeVar
 
 from koord_formats import keys, node, nodeslo, pod, qos
 from koord_formats.bounded import load_json
@@ -84,16 +84,19 @@ __all__ = [
     "with_bound_pods",
 ]
 
-_EMPTY: Mapping[str, str] = MappingProxyType({})
+_EMPTY: Mapping[str, Never] = MappingProxyType({})
+
+_V = TypeVar("_V")
 
 
-def frozen_map(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+def frozen_map(value: Mapping[str, _V] | None) -> Mapping[str, _V]:
     """Return a read-only copy of ``value`` (an empty one for ``None``)."""
     if not value:
         return _EMPTY
     return MappingProxyType(dict(value))
 
 
+# Any: parsed JSON before any validation (the caller decodes it with a koord_formats parser).
 def load_json_annotation(annotations: Mapping[str, str], key: str) -> Any:
     """The JSON value of an annotation, ``None`` when absent or empty; ``FormatError`` when it is
     malformed or larger or deeper than ``koord_formats.bounded`` allows."""
@@ -103,15 +106,29 @@ def load_json_annotation(annotations: Mapping[str, str], key: str) -> Any:
     return load_json(raw, key)
 
 
-def _hugepage_limits(value: object) -> tuple[tuple[str, int], ...]:
+# One hugepage limit: (page size as the kernel names it, "2MB", limit in bytes).
+HugepageLimit = tuple[str, int]
+
+# The value of one ``LinuxContainerResources`` field, one shape per field: an ``int`` for the
+# numbers, a ``str`` for the cpusets, a read-only ``Mapping[str, str]`` for ``unified`` and a
+# tuple of ``HugepageLimit`` for ``hugepage_limits``.
+ResourceValue = int | str | Mapping[str, str] | tuple[HugepageLimit, ...]
+
+
+def _hugepage_limits(value: object) -> tuple[HugepageLimit, ...]:
+    """Hugepage limits from their JSON shape (``[{"page_size": "2MB", "limit": n}]``) or as
+    ``HugepageLimit`` pairs already; ``ValueError`` for anything else."""
     if value is None:
         return ()
     if not isinstance(value, list | tuple):
         raise ValueError("resources.hugepage_limits must be a list")
-    out: list[tuple[str, int]] = []
+    out: list[HugepageLimit] = []
     for item in value:
-        page = item.get("page_size") if isinstance(item, Mapping) else None
-        limit = item.get("limit") if isinstance(item, Mapping) else None
+        if isinstance(item, tuple) and len(item) == 2:
+            page, limit = item
+        else:
+            page = item.get("page_size") if isinstance(item, Mapping) else None
+            limit = item.get("limit") if isinstance(item, Mapping) else None
         if not isinstance(page, str) or isinstance(limit, bool) or not isinstance(limit, int):
             raise ValueError("resources.hugepage_limits entries need a string page_size and an integer limit")
         if not 0 <= limit < 2**63:
@@ -131,6 +148,29 @@ SCALAR_RESOURCE_FIELDS: tuple[str, ...] = (
     "cpuset_mems",
     "memory_swap_limit_in_bytes",
 )
+_STRING_RESOURCE_FIELDS = frozenset({"cpuset_cpus", "cpuset_mems"})
+
+
+def resource_value(name: str, value: object) -> ResourceValue:
+    """``value`` checked and put in the one shape of the ``LinuxContainerResources`` field
+    ``name`` (see ``ResourceValue``); ``ValueError`` for an unknown field or a value of another
+    type. ``unified`` keys and values are made strings; hugepage limits are accepted in their
+    JSON shape or as pairs."""
+    if name == "unified":
+        if not isinstance(value, Mapping):
+            raise ValueError("resources.unified must be a map")
+        return frozen_map({str(k): str(v) for k, v in value.items()})
+    if name == "hugepage_limits":
+        return _hugepage_limits(value)
+    if name in _STRING_RESOURCE_FIELDS:
+        if not isinstance(value, str):
+            raise ValueError(f"resources.{name} must be a string")
+        return value
+    if name not in SCALAR_RESOURCE_FIELDS:
+        raise ValueError(f"unknown resource fields: {[name]}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"resources.{name} must be an integer")
+    return value
 
 
 @dataclass(frozen=True)
@@ -149,54 +189,38 @@ class Resources:
     cpuset_mems: str = ""
     memory_swap_limit_in_bytes: int = 0
     unified: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    hugepage_limits: tuple[tuple[str, int], ...] = ()
+    hugepage_limits: tuple[HugepageLimit, ...] = ()
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Resources:
-        """Build from a mapping with the CRI field names; unknown keys raise ``ValueError``."""
+    def from_dict(cls, data: Mapping[str, object] | None) -> Resources:
+        """Build from a mapping with the CRI field names (values as ``resource_value`` takes
+        them); unknown keys raise ``ValueError``."""
         if not data:
             return cls()
         known = set(cls.field_names())
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown resource fields: {sorted(unknown)}")
-        kwargs: dict[str, Any] = {}
-        for name, value in data.items():
-            if name == "unified":
-                if not isinstance(value, Mapping):
-                    raise ValueError("resources.unified must be a map")
-                kwargs[name] = frozen_map({str(k): str(v) for k, v in value.items()})
-            elif name == "hugepage_limits":
-                kwargs[name] = _hugepage_limits(value)
-            elif name in ("cpuset_cpus", "cpuset_mems"):
-                if not isinstance(value, str):
-                    raise ValueError(f"resources.{name} must be a string")
-                kwargs[name] = value
-            else:
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError(f"resources.{name} must be an integer")
-                kwargs[name] = value
-        return cls(**kwargs)
+        kwargs = {name: resource_value(name, value) for name, value in data.items()}
+        return cls(**kwargs)  # type: ignore[arg-type]  # each value has its field's shape (resource_value)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int | str | dict[str, str] | list[dict[str, str | int]]]:
         """All fields, with the CRI names; maps and lists as plain JSON values."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "unified":
-                value = dict(value)
-            elif f.name == "hugepage_limits":
-                value = [{"page_size": p, "limit": lim} for p, lim in value]
-            out[f.name] = value
+        out: dict[str, int | str | dict[str, str] | list[dict[str, str | int]]] = {}
+        for name in SCALAR_RESOURCE_FIELDS:
+            out[name] = getattr(self, name)
+        out["unified"] = dict(self.unified)
+        out["hugepage_limits"] = [{"page_size": p, "limit": lim} for p, lim in self.hugepage_limits]
         return out
 
-    def with_changes(self, changes: Mapping[str, Any]) -> Resources:
-        """A copy with the given fields replaced (used to show a plan's effect)."""
-        merged = self.to_dict()
+    def with_changes(self, changes: Mapping[str, object]) -> Resources:
+        """A copy with the given fields replaced (used to show a plan's effect); ``changes``
+        as ``from_dict`` takes them (a ``hooks.plan.ResourceChanges`` is such a mapping)."""
+        merged: dict[str, object] = dict(self.to_dict())
         merged.update(changes)
         return Resources.from_dict(merged)
 

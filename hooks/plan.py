@@ -10,7 +10,9 @@ What each part of a plan means:
 
 - ``resources``, ``envs``, ``annotations``, ``labels``, ``cgroup_parent``: changes to the CRI
   request (at a ``Pre*`` stage) or, at the ``Reconcile`` stage, container resources to update
-  through the runtime (``UpdateContainerResources``).
+  through the runtime (``UpdateContainerResources``). ``resources`` is a ``ResourceChanges``: a
+  frozen value with one typed field per ``LinuxContainerResources`` field (``None`` = not
+  changed), read as a mapping of the changed fields, in the proto's field order.
 - ``writes``: cgroup and resctrl files, each ``{level, path, file, value}``. ``path`` is relative
   to the level's root: the cgroup root for ``kubeqos``, ``pod``, ``sandbox``, ``container`` and
   ``host-app``; the resctrl root for ``resctrl``. ``file`` uses cgroup v1 names
@@ -30,22 +32,35 @@ What each part of a plan means:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypeAlias, overload
+
+from hooks.facts import HugepageLimit, ResourceValue, resource_value
 
 __all__ = [
     "LEVELS",
     "CgroupWrite",
     "Conflict",
     "Eviction",
+    "JsonValue",
     "Plan",
+    "PlanError",
     "Record",
     "Removal",
+    "ResourceChanges",
     "Skip",
     "TaskMove",
     "merge",
 ]
+
+# A JSON document as ``json.dumps`` writes it (what ``to_json`` methods return).
+JsonValue: TypeAlias = "str | int | float | bool | Sequence[JsonValue] | Mapping[str, JsonValue] | None"
+
+
+class PlanError(ValueError):
+    """A plugin recorded something a plan cannot hold (an unknown resource field, a value of
+    another type). Raised by the setter, so the plugin's plan is refused as a whole."""
 
 LEVELS = ("kubeqos", "pod", "sandbox", "container", "host-app", "resctrl")
 
@@ -129,6 +144,98 @@ class Skip:
         return {"plugin": self.plugin, "reason": self.reason}
 
 
+IntResource = Literal[
+    "cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj", "memory_swap_limit_in_bytes"
+]
+StrResource = Literal["cpuset_cpus", "cpuset_mems"]
+
+
+def _checked(name: str, value: object) -> ResourceValue:
+    try:
+        return resource_value(name, value)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from exc
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ResourceChanges(Mapping[str, ResourceValue]):
+    """Changes to a container's CRI ``LinuxContainerResources``: one field per proto field,
+    ``None`` when the plan leaves it alone, else the value in its one shape
+    (``hooks.facts.ResourceValue``; checked when made, ``PlanError`` otherwise).
+
+    Read as a mapping, it holds the changed fields only, in the proto's field order, and it
+    equals any mapping with the same items (``plan.resources == {"cpu_shares": 2}``)."""
+
+    cpu_period: int | None = None
+    cpu_quota: int | None = None
+    cpu_shares: int | None = None
+    memory_limit_in_bytes: int | None = None
+    oom_score_adj: int | None = None
+    cpuset_cpus: str | None = None
+    cpuset_mems: str | None = None
+    memory_swap_limit_in_bytes: int | None = None
+    unified: Mapping[str, str] | None = None
+    hugepage_limits: tuple[HugepageLimit, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in _RESOURCE_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _checked(name, value))
+
+    @classmethod
+    def parse(cls, data: Mapping[str, object]) -> ResourceChanges:
+        """From field names and values (hugepage limits and ``unified`` in their JSON shape
+        too); ``PlanError`` for a name that is no field or a value that does not fit it."""
+        unknown = sorted(set(data) - set(_RESOURCE_FIELDS))
+        if unknown:
+            raise PlanError(f"unknown resource fields: {unknown}")
+        out = cls()
+        for name, value in data.items():
+            object.__setattr__(out, name, _checked(name, value))
+        return out
+
+    def merged(self, later: Mapping[str, object]) -> ResourceChanges:
+        """These changes with ``later``'s over them, field by field."""
+        if not later:
+            return self
+        return ResourceChanges.parse({**self, **later})
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """The changed fields as JSON (``unified`` an object, hugepage limits
+        ``[{"page_size", "limit"}]``, as ``hooks.facts.Resources.to_dict`` writes them)."""
+        out: dict[str, JsonValue] = {}
+        for name, value in self.items():
+            if isinstance(value, Mapping):
+                out[name] = dict(value)
+            elif isinstance(value, tuple):
+                out[name] = [{"page_size": page, "limit": limit} for page, limit in value]
+            else:
+                out[name] = value
+        return out
+
+    # -- the mapping of changed fields --------------------------------------------------------
+
+    def __getitem__(self, name: str) -> ResourceValue:
+        value = getattr(self, name, None) if name in _RESOURCE_FIELDS else None
+        if value is None:
+            raise KeyError(name)
+        result: ResourceValue = value
+        return result
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in _RESOURCE_FIELDS if getattr(self, name) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"ResourceChanges({', '.join(f'{k}={v!r}' for k, v in self.items())})"
+
+
+_RESOURCE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ResourceChanges))
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """Base of what a plugin reports beside its plan (``Plan.records``): frozen data the loop
@@ -142,6 +249,10 @@ class Record:
         return type(self).__name__
 
 
+# What a plan claims a field with: a value in its JSON shape, or a record.
+ClaimValue: TypeAlias = "JsonValue | Record"
+
+
 @dataclass(frozen=True)
 class Conflict:
     """Two plugins wanted different values for the same field."""
@@ -149,8 +260,8 @@ class Conflict:
     field: str
     first: str
     second: str
-    first_value: Any
-    second_value: Any
+    first_value: ClaimValue
+    second_value: ClaimValue
 
     def __str__(self) -> str:
         return (
@@ -163,7 +274,7 @@ class Conflict:
 class Plan:
     """Intent recorded by one plugin, or the merge of several. Plugins only use the setters."""
 
-    resources: dict[str, Any] = field(default_factory=dict)
+    resources: ResourceChanges = field(default_factory=ResourceChanges)
     envs: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
@@ -175,11 +286,27 @@ class Plan:
     skipped: list[Skip] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.resources, ResourceChanges):  # a plain mapping from untyped code
+            self.resources = ResourceChanges.parse(self.resources)
+
     # -- setters (the only way plugins should fill a plan) --------------------------------
 
-    def set_resource(self, name: str, value: Any) -> Plan:
-        """Set a CRI ``LinuxContainerResources`` field (snake-case proto name)."""
-        self.resources[name] = value
+    @overload
+    def set_resource(self, name: IntResource, value: int) -> Plan: ...
+    @overload
+    def set_resource(self, name: StrResource, value: str) -> Plan: ...
+    @overload
+    def set_resource(self, name: Literal["unified"], value: Mapping[str, str]) -> Plan: ...
+    @overload
+    def set_resource(self, name: Literal["hugepage_limits"], value: Iterable[HugepageLimit]) -> Plan: ...
+
+    def set_resource(self, name: str, value: object) -> Plan:
+        """Set a CRI ``LinuxContainerResources`` field (snake-case proto name) to a value of its
+        type (see ``ResourceChanges``); ``PlanError`` for an unknown field or a wrong type."""
+        if name == "hugepage_limits" and isinstance(value, Iterable) and not isinstance(value, list | tuple):
+            value = tuple(value)
+        self.resources = self.resources.merged({name: value})
         return self
 
     def set_env(self, key: str, value: str) -> Plan:
@@ -239,10 +366,10 @@ class Plan:
             or self.evictions
         )
 
-    def cri_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def cri_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {}
         if self.resources:
-            out["resources"] = dict(self.resources)
+            out["resources"] = self.resources.to_json()
         if self.envs:
             out["envs"] = dict(self.envs)
         if self.annotations:
@@ -253,10 +380,10 @@ class Plan:
             out["cgroupParent"] = self.cgroup_parent
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         """The planner's output shape: ``cri``, ``writes``, ``moves``, ``removals``, ``skipped``,
         and ``evictions`` when there are any."""
-        out: dict[str, Any] = {
+        out: dict[str, JsonValue] = {
             "cri": self.cri_json(),
             "writes": [w.to_json() for w in self.writes],
             "moves": [m.to_json() for m in self.moves],
@@ -270,9 +397,9 @@ class Plan:
 
 @dataclass
 class _Claims:
-    owners: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    owners: dict[str, tuple[str, ClaimValue]] = field(default_factory=dict)
 
-    def claim(self, key: str, plugin: str, value: Any) -> Conflict | None:
+    def claim(self, key: str, plugin: str, value: ClaimValue) -> Conflict | None:
         held = self.owners.get(key)
         if held is None:
             self.owners[key] = (plugin, value)
@@ -282,8 +409,9 @@ class _Claims:
         return Conflict(key, held[0], plugin, held[1], value)
 
 
-def _claims_of(plan: Plan) -> Iterable[tuple[str, Any]]:
-    for k, v in plan.resources.items():
+def _claims_of(plan: Plan) -> Iterable[tuple[str, ClaimValue]]:
+    # Resource values are claimed in their JSON shape (what a conflict reports).
+    for k, v in plan.resources.to_json().items():
         yield f"resources.{k}", v
     for k, v in plan.envs.items():
         yield f"envs.{k}", v
@@ -324,7 +452,7 @@ class MergeResult:
             return found
         self._claims = trial
         target = self.plan
-        target.resources.update(plan.resources)
+        target.resources = target.resources.merged(plan.resources)
         target.envs.update(plan.envs)
         target.annotations.update(plan.annotations)
         target.labels.update(plan.labels)
@@ -353,11 +481,12 @@ def merge(plans: Iterable[tuple[str, Plan | None]]) -> MergeResult:
     return result
 
 
+# Any: a parsed JSON document, read here before anything checked its shape.
 def plan_from_json(data: Mapping[str, Any]) -> Plan:
-    """Inverse of ``Plan.to_json`` (used by tests and by remote plugins)."""
+    """Inverse of ``Plan.to_json`` (the tests build expected plans with it)."""
     plan = Plan()
     cri = data.get("cri", {})
-    plan.resources.update(cri.get("resources", {}))
+    plan.resources = ResourceChanges.parse(cri.get("resources", {}))
     plan.envs.update(cri.get("envs", {}))
     plan.annotations.update(cri.get("annotations", {}))
     plan.labels.update(cri.get("labels", {}))

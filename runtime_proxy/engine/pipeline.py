@@ -44,7 +44,7 @@ import pluggy
 import structlog
 
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources
-from hooks.plan import Conflict, MergeResult, Plan, Skip
+from hooks.plan import Conflict, MergeResult, Plan, PlanError, ResourceChanges, Skip
 from hooks.spec import CRI_FIELDS, STAGES
 from hooks.usage import Usage
 from runtime_proxy import metrics
@@ -199,7 +199,7 @@ def _validate(raw: Any, stage: str, container: ContainerFacts | None, step: str)
     if dropped:
         log.info("plan changes CRI fields its stage cannot carry; dropped", stage=stage, step=step, fields=dropped)
         plan = Plan(
-            resources=plan.resources if "resources" in allowed else {},
+            resources=plan.resources if "resources" in allowed else ResourceChanges(),
             envs=plan.envs if "envs" in allowed else {},
             annotations=plan.annotations if "annotations" in allowed else {},
             labels=plan.labels if "labels" in allowed else {},
@@ -270,6 +270,8 @@ class _StageRun:
                 failure = StepFailure(step.name, self.stage, step.policy, "error", f"{type(exc).__name__}: {exc}")
         elif isinstance(error, StepError):
             failure = StepFailure(step.name, self.stage, step.policy, error.kind, str(error))
+        elif isinstance(error, PlanError):  # the plugin recorded something a plan cannot hold
+            failure = StepFailure(step.name, self.stage, step.policy, "garbage", f"bad plan: {error}")
         else:
             failure = StepFailure(step.name, self.stage, step.policy, "error", f"{type(error).__name__}: {error}")
         self._done(step, failure, elapsed)

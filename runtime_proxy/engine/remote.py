@@ -86,7 +86,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 
 from cri_protos import hookserver_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
-from hooks.plan import Plan
+from hooks.plan import Plan, ResourceChanges
 from hooks.spec import KOORD_HOOK_POINTS
 from koord_formats.bounded import load_json
 from koord_formats.errors import FormatError
@@ -135,7 +135,7 @@ POD_HOOKS = frozenset({"PreRunPodSandbox", "PostStopPodSandbox"})
 # Hook points whose response may change the CRI request (the others only report failures).
 _MERGED_HOOKS = frozenset({"PreRunPodSandbox", "PreCreateContainer", "PreUpdateContainerResources"})
 _POLICIES: dict[str, Policy] = {"Fail": "Fail", "Ignore": "Ignore", "None": "Ignore", "": "Ignore"}
-_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+_CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", 16 << 20),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -232,7 +232,9 @@ _INT_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes",
                "memory_swap_limit_in_bytes")
 
 
-def resources_to_hook_pb(res: Resources, msg: Any | None = None) -> Any:
+def resources_to_hook_pb(
+    res: Resources, msg: hookserver_pb2.LinuxContainerResources | None = None
+) -> hookserver_pb2.LinuxContainerResources:
     """Fill (or create) a ``runtime.v1alpha1.LinuxContainerResources`` from ``Resources``."""
     out = msg if msg is not None else hookserver_pb2.LinuxContainerResources()
     for name in _INT_FIELDS:
@@ -247,21 +249,27 @@ def resources_to_hook_pb(res: Resources, msg: Any | None = None) -> Any:
     return out
 
 
-def resources_from_hook_pb(msg: Any) -> Resources:
+def resources_from_hook_pb(msg: hookserver_pb2.LinuxContainerResources) -> Resources:
     """``Resources`` from a ``runtime.v1alpha1.LinuxContainerResources``."""
-    values: dict[str, Any] = {name: getattr(msg, name) for name in _INT_FIELDS}
-    values["cpuset_cpus"] = msg.cpuset_cpus
-    values["cpuset_mems"] = msg.cpuset_mems
-    values["unified"] = frozen_map(dict(msg.unified))
-    values["hugepage_limits"] = tuple((h.page_size, h.limit) for h in msg.hugepage_limits)
-    return Resources(**values)
+    return Resources(
+        cpu_period=msg.cpu_period,
+        cpu_quota=msg.cpu_quota,
+        cpu_shares=msg.cpu_shares,
+        memory_limit_in_bytes=msg.memory_limit_in_bytes,
+        oom_score_adj=msg.oom_score_adj,
+        cpuset_cpus=msg.cpuset_cpus,
+        cpuset_mems=msg.cpuset_mems,
+        memory_swap_limit_in_bytes=msg.memory_swap_limit_in_bytes,
+        unified=frozen_map(dict(msg.unified)),
+        hugepage_limits=tuple((h.page_size, h.limit) for h in msg.hugepage_limits),
+    )
 
 
-def _pod_meta(pod: PodFacts) -> Any:
+def _pod_meta(pod: PodFacts) -> hookserver_pb2.PodSandboxMetadata:
     return hookserver_pb2.PodSandboxMetadata(name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=pod.attempt)
 
 
-def pod_request(pod: PodFacts) -> Any:
+def pod_request(pod: PodFacts) -> hookserver_pb2.PodSandboxHookRequest:
     """A ``PodSandboxHookRequest`` as Koordinator's containerd mode fills it (no resources)."""
     return hookserver_pb2.PodSandboxHookRequest(
         pod_meta=_pod_meta(pod),
@@ -272,7 +280,7 @@ def pod_request(pod: PodFacts) -> Any:
     )
 
 
-def container_request(pod: PodFacts, container: ContainerFacts) -> Any:
+def container_request(pod: PodFacts, container: ContainerFacts) -> hookserver_pb2.ContainerResourceHookRequest:
     """A ``ContainerResourceHookRequest`` (pod resources are unknown in CRI mode: left empty)."""
     req = hookserver_pb2.ContainerResourceHookRequest(
         pod_meta=_pod_meta(pod),
@@ -289,7 +297,9 @@ def container_request(pod: PodFacts, container: ContainerFacts) -> Any:
     return req
 
 
-def pod_facts_from_request(req: Any) -> PodFacts:
+def pod_facts_from_request(
+    req: hookserver_pb2.PodSandboxHookRequest | hookserver_pb2.ContainerResourceHookRequest,
+) -> PodFacts:
     """``PodFacts`` from a ``PodSandboxHookRequest`` or a ``ContainerResourceHookRequest``
     (the sandbox id is not part of the protocol and stays empty)."""
     md = req.pod_meta
@@ -311,7 +321,7 @@ def pod_facts_from_request(req: Any) -> PodFacts:
     )
 
 
-def container_facts_from_request(req: Any) -> ContainerFacts:
+def container_facts_from_request(req: hookserver_pb2.ContainerResourceHookRequest) -> ContainerFacts:
     md = req.container_meta
     return ContainerFacts(
         name=md.name,
@@ -323,7 +333,7 @@ def container_facts_from_request(req: Any) -> ContainerFacts:
     )
 
 
-def pod_response(pod: PodFacts, plan: Plan) -> Any:
+def pod_response(pod: PodFacts, plan: Plan) -> hookserver_pb2.PodSandboxHookResponse:
     """The server's answer for a pod hook: the full (changed) labels and annotations, and the
     cgroup parent when the plan changes it."""
     return hookserver_pb2.PodSandboxHookResponse(
@@ -333,7 +343,9 @@ def pod_response(pod: PodFacts, plan: Plan) -> Any:
     )
 
 
-def container_response(pod: PodFacts, container: ContainerFacts, plan: Plan) -> Any:
+def container_response(
+    pod: PodFacts, container: ContainerFacts, plan: Plan
+) -> hookserver_pb2.ContainerResourceHookResponse:
     """The server's answer for a container hook. Echoes the full resources (Koordinator copies
     the cpuset even when empty, so a partial answer would clear it) and annotations; envs only
     when the plan sets some (a non-empty map replaces the environment)."""
@@ -351,10 +363,10 @@ def _overlay(seen: Mapping[str, str], answer: Mapping[str, str]) -> dict[str, st
     return {k: v for k, v in answer.items() if seen.get(k) != v}
 
 
-def merge_resources(seen: Resources, answer: Any) -> dict[str, Any]:
+def merge_resources(seen: Resources, answer: hookserver_pb2.LinuxContainerResources) -> ResourceChanges:
     """Koordinator's ``updateResource`` as a set of changes: the fields of ``seen`` that the
     answer (a ``runtime.v1alpha1.LinuxContainerResources``) changes, with their new values."""
-    new: dict[str, Any] = {}
+    new: dict[str, int | str | Mapping[str, str]] = {}
     for name in ("cpu_period", "cpu_shares", "memory_limit_in_bytes", "memory_swap_limit_in_bytes"):
         value = getattr(answer, name)
         if value > 0:
@@ -370,10 +382,10 @@ def merge_resources(seen: Resources, answer: Any) -> dict[str, Any]:
         unified = {**seen.unified, **dict(answer.unified)}
         if unified != dict(seen.unified):
             changes["unified"] = unified
-    return changes
+    return ResourceChanges.parse(changes)
 
 
-def pod_plan_from_response(pod: PodFacts, resp: Any) -> Plan:
+def pod_plan_from_response(pod: PodFacts, resp: hookserver_pb2.PodSandboxHookResponse) -> Plan:
     """What a ``PodSandboxHookResponse`` changes relative to the pod the server saw."""
     plan = Plan()
     plan.labels.update(_overlay(pod.labels, resp.labels))
@@ -384,13 +396,18 @@ def pod_plan_from_response(pod: PodFacts, resp: Any) -> Plan:
 
 
 def container_plan_from_response(
-    stage: str, pod: PodFacts, container: ContainerFacts, resp: Any, *, server: str = ""
+    stage: str,
+    pod: PodFacts,
+    container: ContainerFacts,
+    resp: hookserver_pb2.ContainerResourceHookResponse,
+    *,
+    server: str = "",
 ) -> Plan:
     """What a ``ContainerResourceHookResponse`` changes relative to the request the server saw.
     ``PreUpdateContainerResources`` takes resources only; ``PreCreateContainer`` everything."""
     plan = Plan()
     if resp.HasField("container_resources"):
-        plan.resources.update(merge_resources(container.resources, resp.container_resources))
+        plan.resources = merge_resources(container.resources, resp.container_resources)
     if stage != "PreCreateContainer":
         return plan
     plan.annotations.update(_overlay(container.annotations, resp.container_annotations))
@@ -410,6 +427,7 @@ def container_plan_from_response(
 class RemoteStep:
     """One registered hook server as a pipeline step (``runtime_proxy.engine.pipeline.Step``)."""
 
+    # Any: the generated gRPC stub (``hookserver_pb2_grpc`` has no type stubs).
     def __init__(self, registration: Registration, stub: Any) -> None:
         self.registration = registration
         self.name = f"hookserver:{registration.name}"
@@ -428,11 +446,12 @@ class RemoteStep:
         pod: PodFacts,
         container: ContainerFacts | None,
         node: NodeFacts,
-        extra: Mapping[str, Any] | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> Plan | None:
         if pod.skips_hooks:
             return None
         reg = self.registration
+        request: hookserver_pb2.PodSandboxHookRequest | hookserver_pb2.ContainerResourceHookRequest
         if stage in POD_HOOKS:
             request = pod_request(pod)
         elif container is not None:
@@ -510,7 +529,7 @@ class _FileState:
 @dataclass
 class _Channel:
     channel: grpc.aio.Channel
-    stub: Any
+    stub: Any  # the generated gRPC stub (``hookserver_pb2_grpc`` has no type stubs)
     users: set[str] = field(default_factory=set)
 
 

@@ -261,7 +261,7 @@ class Reconciler:
                 continue
             have = getattr(container.resources, name, None)
             differs = not _same_resource(name, want, have)
-            if not differs and path is not None and name in RESOURCE_FILES:
+            if not differs and path is not None and name in RESOURCE_FILES and isinstance(want, int | str):
                 on_disk = self.cgroups.matches(path, RESOURCE_FILES[name], want)
                 differs = on_disk is False
             if differs:

@@ -203,8 +203,8 @@ def adjustment(plan: Plan) -> tuple[Any, list[str]]:
     res, skipped = linux_resources(resources)
     if res.ListFields():
         adjust.linux.resources.CopyFrom(res)
-    if "oom_score_adj" in plan.resources:
-        adjust.linux.oom_score_adj.value = plan.resources["oom_score_adj"]
+    if plan.resources.oom_score_adj is not None:
+        adjust.linux.oom_score_adj.value = plan.resources.oom_score_adj
     for key, value in plan.envs.items():
         adjust.env.add(key=key, value=value)
     adjust.annotations.update(plan.annotations)

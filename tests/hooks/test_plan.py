@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hooks.plan import CgroupWrite, MergeResult, Plan, Skip, merge, plan_from_json
+from hooks.plan import CgroupWrite, MergeResult, Plan, PlanError, ResourceChanges, Skip, merge, plan_from_json
 
 
 def _shares(n: int) -> Plan:
@@ -78,3 +78,61 @@ def test_plan_round_trips_through_json() -> None:
             .remove("resctrl", "koordlet-u").skip("because"))
     assert plan_from_json(plan.to_json()) == plan
     assert not plan.is_empty() and Plan().skip("only a skip").is_empty()
+
+
+# ---- ResourceChanges: one shape per field -------------------------------------------------------
+
+HUGEPAGES = (("2MB", 1 << 21), ("1GB", 0))
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param([{"page_size": "2MB", "limit": 1 << 21}, {"page_size": "1GB", "limit": 0}],
+                     id="hugepage limits in their JSON shape are kept as pairs"),
+        pytest.param(list(HUGEPAGES), id="hugepage limits given as pairs stay pairs"),
+        pytest.param(iter(HUGEPAGES), id="hugepage limits from any iterable of pairs"),
+    ],
+)
+def test_hugepage_limits_have_one_shape(given: object) -> None:
+    plan = Plan().set_resource("hugepage_limits", given)  # type: ignore[call-overload]
+    assert plan.resources.hugepage_limits == HUGEPAGES
+    assert plan.resources["hugepage_limits"] == HUGEPAGES
+    assert plan.cri_json() == {"resources": {"hugepage_limits": [
+        {"page_size": "2MB", "limit": 1 << 21}, {"page_size": "1GB", "limit": 0}]}}
+    assert plan_from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        pytest.param("no_such_field", 1, id="an unknown field"),
+        pytest.param("cpu_shares", "2", id="a string for a number"),
+        pytest.param("cpu_quota", True, id="a bool for a number"),
+        pytest.param("cpuset_cpus", 3, id="a number for a cpuset"),
+        pytest.param("unified", ["a"], id="a list for unified"),
+        pytest.param("hugepage_limits", [("2MB", -1)], id="a negative hugepage limit"),
+        pytest.param("hugepage_limits", [{"page_size": 2, "limit": 1}], id="a hugepage size that is no string"),
+    ],
+)
+def test_a_resource_of_the_wrong_shape_is_refused_when_set(name: str, value: object) -> None:
+    with pytest.raises(PlanError):
+        Plan().set_resource(name, value)  # type: ignore[call-overload]
+
+
+def test_resource_changes_read_as_a_mapping_of_the_changed_fields_in_proto_order() -> None:
+    changes = Plan().set_resource("cpuset_cpus", "").set_resource("cpu_shares", 2).set_resource(
+        "unified", {"memory.high": "max"}).resources
+    assert list(changes) == ["cpu_shares", "cpuset_cpus", "unified"]
+    assert changes == {"cpu_shares": 2, "cpuset_cpus": "", "unified": {"memory.high": "max"}}
+    assert (changes.cpu_shares, changes.cpu_quota, "cpu_quota" in changes, changes.get("cpu_quota")) == (
+        2, None, False, None)
+    assert ResourceChanges(cpu_shares=2).merged({"cpu_shares": 3, "cpu_period": 1}) == {"cpu_shares": 3,
+                                                                                         "cpu_period": 1}
+    with pytest.raises(PlanError):
+        ResourceChanges(cpu_shares="2")  # type: ignore[arg-type]
+
+
+def test_a_plan_made_with_a_plain_resource_mapping_holds_resource_changes() -> None:
+    plan = Plan(resources={"cpu_quota": -1})  # type: ignore[arg-type]
+    assert isinstance(plan.resources, ResourceChanges) and plan.resources.cpu_quota == -1
