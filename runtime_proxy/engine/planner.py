@@ -394,7 +394,7 @@ def plan_document(
 
     pipeline = Pipeline(plugin_steps(pm, settings))
     merged = asyncio.run(_run_all(pipeline, calls, node, usage_run))
-    out = {
+    out: dict[str, object] = {
         "stage": stage,
         "plugins": [name for name, _, _ in settings],
         "settings": [{"plugin": name, "policy": policy, "timeout": timeout} for name, policy, timeout in settings],
