@@ -62,6 +62,7 @@ __all__ = [
     "ResourceStatus",
     "eviction_allowed",
     "format_device_allocated",
+    "format_extended_resource_spec",
     "format_resource_status",
     "parse_device_allocated",
     "parse_eviction_policy",
@@ -316,6 +317,14 @@ def parse_extended_resource_spec(text: str) -> Mapping[str, ContainerResourceSpe
             limits=read_resource_list(item.get("limits"), f"{what} {name[:64]} limits"),
         )
     return MappingProxyType(out)
+
+
+def format_extended_resource_spec(containers: Mapping[str, Mapping[str, Mapping[str, str]]]) -> str:
+    """``node.koordinator.sh/extended-resource-spec`` from container name -> {"requests": {...},
+    "limits": {...}} (quantities as strings), in the form ``parse_extended_resource_spec`` reads."""
+    doc = {"containers": {name: {part: dict(spec.get(part, {})) for part in ("requests", "limits")}
+                          for name, spec in containers.items()}}
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
 # ---- pod-level QoS overrides: cpuQOS and resctrl ------------------------------------------------------

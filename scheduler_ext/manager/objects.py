@@ -29,7 +29,16 @@ from koord_formats.node import parse_cpu_normalization_ratio, parse_node_reserva
 from koord_formats.pod import read_resource_list
 from scheduler_ext.manager.resources import Amount, NodeInfo, PodInfo
 
-__all__ = ["MAX_CONTAINERS", "PodKey", "node_info", "node_labels", "pod_info", "pod_node_name"]
+__all__ = [
+    "MAX_CONTAINERS",
+    "PodKey",
+    "kube_qos_of_spec",
+    "node_info",
+    "node_labels",
+    "pod_info",
+    "pod_node_name",
+    "string_map",
+]
 
 MAX_CONTAINERS = 1024
 _CPU = "cpu"
@@ -47,7 +56,8 @@ def _object(value: object, what: str) -> Mapping[str, Any]:
     return _EMPTY if value is None else read_object(value, what)
 
 
-def _strings(value: object, what: str) -> dict[str, str]:
+def string_map(value: object, what: str) -> dict[str, str]:
+    """A labels or annotations map (absent: empty); ``FormatError`` unless strings to strings."""
     doc = _object(value, what)
     if len(doc) > 4096:
         raise FormatError(f"{what}: more than 4096 entries")
@@ -69,7 +79,7 @@ def _amount(resources: Mapping[str, Fraction]) -> Amount:
 def node_labels(node: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
     """The node's labels and annotations; ``FormatError`` when they are not string maps."""
     meta = _object(node.get("metadata"), "node metadata")
-    return _strings(meta.get("labels"), "node labels"), _strings(meta.get("annotations"), "node annotations")
+    return string_map(meta.get("labels"), "node labels"), string_map(meta.get("annotations"), "node annotations")
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo:
@@ -123,6 +133,12 @@ def _kube_qos(containers: list[_Container]) -> str:
     return "Burstable"
 
 
+def kube_qos_of_spec(spec: Mapping[str, Any]) -> str:
+    """Kubernetes' QoS class of a pod spec (what ``status.qosClass`` will say)."""
+    return _kube_qos([_container(c, "container") for c in
+                      read_list(spec.get("containers") or [], "pod containers", MAX_CONTAINERS)])
+
+
 def pod_node_name(pod: Mapping[str, Any]) -> str:
     """``spec.nodeName`` ("" when unbound); ``FormatError`` when malformed."""
     spec = _object(pod.get("spec"), "pod spec")
@@ -135,7 +151,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     meta = _object(pod.get("metadata"), "pod metadata")
     namespace = read_str(meta.get("namespace") or "", "pod namespace", MAX_NAME_CHARS)
     name = read_str(meta.get("name"), "pod name", MAX_NAME_CHARS)
-    labels = _strings(meta.get("labels"), "pod labels")
+    labels = string_map(meta.get("labels"), "pod labels")
     spec = _object(pod.get("spec"), "pod spec")
     status = _object(pod.get("status"), "pod status")
     phase = read_str(status.get("phase") or "", "pod phase", 64)

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCANNED = ("runtime_proxy", "hooks", "scheduler_ext")
 PARSER_MODULES = (
     "pod.py", "node.py", "topology.py", "nodeslo.py", "reservation.py", "nodemetric.py", "nrt.py",
-    "colocation.py", "sloconfig.py", "selector.py",
+    "colocation.py", "sloconfig.py", "selector.py", "profile.py",
 )
 
 # Names Koordinator uses that our own config also uses with another meaning (the proxy's
@@ -33,6 +33,9 @@ PARSER_MODULES = (
 OUR_OWN = frozenset({"cgroupRoot"})
 # Kubernetes' own field names (core and meta v1) that ``koord_formats/reservation.py`` reads.
 KUBERNETES_FIELDS = frozenset({"apiVersion", "nodeName"})
+# Pod fields (spec.schedulerName, spec.priorityClassName, status.qosClass) that a
+# ClusterColocationProfile (``koord_formats/profile.py``) names the same way.
+KUBERNETES_FIELDS |= {"schedulerName", "priorityClassName", "qosClass"}
 
 # Files allowed to spell out a Koordinator key: none, every scanned file imports them from
 # koord_formats. The list may only shrink; a file added here needs a reason next to it.
