@@ -15,7 +15,9 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -29,6 +31,8 @@ __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "add_parser", "run"]
 EXIT_OK = 0
 EXIT_FAILED = 1  # a listener could not start
 EXIT_USAGE = 2  # bad flags, or a configuration file that cannot be read
+
+MAX_PEM_BYTES = 1 << 20
 
 EXIT_CODES = """exit codes:
   0  stopped by SIGTERM or SIGINT
@@ -68,6 +72,12 @@ def add_parser(sub: Any, *, level_help: str, fmt_help: str) -> argparse.Argument
     p.add_argument("--watch-timeout", type=int, default=60,
                    help="seconds after which the API server ends each watch stream (default %(default)s)")
     p.add_argument("--metrics-listen", default="", metavar="HOST:PORT", help="serve Prometheus /metrics here")
+    p.add_argument("--webhook-listen", default="", metavar="HOST:PORT",
+                   help="also serve the pod admission webhook (POST /mutate-pod: ClusterColocationProfile; "
+                        "POST /validate-pod: the co-location rules) over HTTPS here; needs --webhook-cert "
+                        "and --webhook-key")
+    p.add_argument("--webhook-cert", default="", help="the webhook's serving certificate (PEM)")
+    p.add_argument("--webhook-key", default="", help="its private key (PEM)")
     add_global_flags(p, subcommand=True, level_help=level_help, fmt_help=fmt_help)
     p.set_defaults(func=run)
     return p
@@ -82,6 +92,24 @@ def _kubeconfig_problem(args: argparse.Namespace) -> str:
         except FileRefused as exc:
             if exc.reason != "missing":
                 return f"--kubeconfig {path}: {exc.message}"
+    return ""
+
+
+def _pem_problem(args: argparse.Namespace) -> str:
+    """Read the webhook's TLS files once through the one reader of configured files and load
+    them, so a FIFO, a huge file or a bad PEM is a one-line error instead of a hang or a
+    traceback."""
+    for flag, path in (("--webhook-cert", args.webhook_cert), ("--webhook-key", args.webhook_key)):
+        if path:
+            try:
+                read_regular_file(path, limit=MAX_PEM_BYTES)
+            except FileRefused as exc:
+                return f"{flag} {path}: {exc.message}"
+    if args.webhook_cert:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(args.webhook_cert, args.webhook_key)
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot load --webhook-cert/--webhook-key: {exc}"
     return ""
 
 
@@ -105,7 +133,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--metrics-listen must be HOST:PORT", EXIT_USAGE)
     if args.resync_seconds <= 0 or args.api_timeout <= 0 or args.watch_timeout < 1:
         return _fail("--resync-seconds, --api-timeout and --watch-timeout must be positive", EXIT_USAGE)
-    problem = _kubeconfig_problem(args)
+    webhook_listen = _host_port(args.webhook_listen) if args.webhook_listen else None
+    if args.webhook_listen and (webhook_listen is None or not args.webhook_cert or not args.webhook_key):
+        return _fail("--webhook-listen must be HOST:PORT and needs --webhook-cert and --webhook-key", EXIT_USAGE)
+    problem = _kubeconfig_problem(args) or _pem_problem(args)
     if problem:
         return _fail(problem, EXIT_USAGE)
     try:
@@ -126,20 +157,44 @@ def run(args: argparse.Namespace) -> int:
     elector = Elector(api, args.lease_namespace, args.lease_name, args.identity)
     reconciler = Reconciler(cache, api, elector.is_leader, mid_resources=args.mid_resources,
                             resync_seconds=args.resync_seconds)
-    watches = Watches(cache, kube)
+    watches = [Watches(cache, kube)]
+    webhook = None
+    if webhook_listen is not None:
+        import uvicorn
+
+        from scheduler_ext.manager.webhook import WEBHOOK_KINDS, WebhookState, create_app
+
+        state = WebhookState()
+        watches.append(Watches(state, kube, kinds=WEBHOOK_KINDS))
+
+        class NoSignalServer(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:  # the manager handles SIGTERM and SIGINT
+                yield
+
+        webhook = NoSignalServer(uvicorn.Config(
+            create_app(state), host=webhook_listen[0], port=webhook_listen[1], log_level="warning",
+            log_config=None, access_log=False, ssl_certfile=args.webhook_cert, ssl_keyfile=args.webhook_key,
+            lifespan="off",
+        ))
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        watches.start()
+        for w in watches:
+            w.start()
         log.info("manager started", identity=args.identity, lease=f"{args.lease_namespace}/{args.lease_name}",
                  config=f"{args.config_namespace}/{args.slo_config_name}")
         tasks = [asyncio.create_task(elector.run(stop)), asyncio.create_task(reconciler.run(stop))]
+        if webhook is not None:
+            tasks.append(asyncio.create_task(webhook.serve()))
         try:
             await stop.wait()
         finally:
+            if webhook is not None:
+                webhook.should_exit = True
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -150,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     finally:
-        watches.close()
+        for w in watches:
+            w.close()
     log.info("manager stopped")
     return EXIT_OK

@@ -341,15 +341,17 @@ class Cache:
 
 class Watches:
     """One thread per kind: list, then watch, list again after 410 Gone or a silent stream;
-    a kind whose CRD is not installed (404) counts as listed and empty."""
+    a kind whose CRD is not installed (404) counts as listed and empty. ``cache`` is the sink
+    (``replace(kind, items)`` and ``apply(kind, event, obj)``): a ``Cache``, or the webhook's
+    ``WebhookState``."""
 
-    def __init__(self, cache: Cache, kube: Any, *, backoff: float = 0.5) -> None:
-        self.cache, self.kube, self.backoff = cache, kube, backoff
+    def __init__(self, cache: Any, kube: Any, *, kinds: tuple[str, ...] = KINDS, backoff: float = 0.5) -> None:
+        self.cache, self.kube, self.kinds, self.backoff = cache, kube, kinds, backoff
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        for kind in KINDS:
+        for kind in self.kinds:
             t = threading.Thread(target=self._run, args=(kind,), name=f"manager-{kind}", daemon=True)
             t.start()
             self.threads.append(t)

@@ -15,16 +15,19 @@ from typing import Any
 
 import kubernetes
 
-from koord_formats import nodemetric, sloconfig
+from koord_formats import nodemetric, profile, sloconfig
 from scheduler_ext.kube import MERGE_PATCH, BindClient, KubeClient, _json, _seg
 
 __all__ = ["KINDS", "ManagerAPI", "ManagerKube"]
 
 NODES, PODS, NODEMETRICS, NODESLOS, CONFIGMAPS = "nodes", "pods", "nodemetrics", "nodeslos", "configmaps"
 KINDS = (NODES, PODS, NODEMETRICS, NODESLOS, CONFIGMAPS)
+# What the pod webhook watches (scheduler_ext/manager/webhook.py).
+NAMESPACES, PRIORITY_CLASSES = "namespaces", "priorityclasses"
 _GROUPS = {
     NODEMETRICS: (nodemetric.API_GROUP, nodemetric.API_VERSION, nodemetric.PLURAL),
     NODESLOS: (sloconfig.NODESLO_API_GROUP, sloconfig.NODESLO_API_VERSION, sloconfig.NODESLO_PLURAL),
+    profile.PLURAL: (profile.API_GROUP, profile.API_VERSION, profile.PLURAL),
 }
 
 
@@ -43,6 +46,10 @@ class ManagerKube(KubeClient):
             return fn, ()
         if kind in _GROUPS:
             return self.custom.list_cluster_custom_object, _GROUPS[kind]
+        if kind == NAMESPACES:
+            return self.core.list_namespace, ()
+        if kind == PRIORITY_CLASSES:
+            return kubernetes.client.SchedulingV1Api(self.api_client).list_priority_class, ()
         return super()._lister(kind)
 
 
