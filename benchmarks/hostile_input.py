@@ -24,7 +24,7 @@ that sleeps 5 ms and records how late it wakes up. Peak RSS is the child's ``VmH
 worst stall <= 50 ms, peak RSS <= 96 MiB. Nothing here is a test.
 
 NRI phases (``--only nri``, or ``nri-slow`` / ``nri-sync`` / ``nri-nodecfg`` for one attack; they need no
-containerd): ``runtime-proxy nri`` (every built-in plugin, the loops, as ``runtime_proxy.nri.cli``
+containerd): ``runtime-proxy nri`` (every built-in plugin, the loops, as ``runtime_proxy.commands.nri``
 runs it) in a child with the same probe, registered with a runtime played by this process.
 Sessions alternate: a healthy one (Configure, a small Synchronize, then 2 s of LS and LSR pod
 lifecycles, each event waiting for its reply, then the socket closes as when containerd
@@ -158,7 +158,10 @@ def _control(stats: LagStats) -> None:
 def child(args: argparse.Namespace) -> None:
     from runtime_proxy import logs
     from runtime_proxy.config import ProxyConfig
-    from runtime_proxy.server import ProxyOptions, serve
+    try:
+        from runtime_proxy.commands.serve import ProxyOptions, serve
+    except ImportError:  # --baseline-repo: a checkout from before runtime_proxy/commands/
+        from runtime_proxy.server import ProxyOptions, serve  # type: ignore[no-redef]
 
     logs.configure("json", "warning")
     cfg = ProxyConfig(hookServerDir=args.hook_server_dir, nodeConfigFile=args.node_config)
@@ -377,7 +380,10 @@ def nri_child(args: argparse.Namespace) -> None:
     """``runtime-proxy nri`` as the CLI runs it, next to the loop-lag probe (no gRPC is loaded)."""
     from runtime_proxy import logs
     from runtime_proxy.config import ProxyConfig
-    from runtime_proxy.nri.cli import NriOptions, run
+    try:
+        from runtime_proxy.commands.nri import NriOptions, run
+    except ImportError:  # --baseline-repo: a checkout from before runtime_proxy/commands/
+        from runtime_proxy.nri.cli import NriOptions, run  # type: ignore[no-redef]
 
     logs.configure("json", "warning")
     tmp = Path(args.tmp)

@@ -194,7 +194,10 @@ class _NoChanges:
 def real_plugin_events() -> tuple[int, ...]:
     """The events ``runtime-proxy nri`` subscribes to with every built-in plugin."""
     from runtime_proxy.config import ProxyConfig
-    from runtime_proxy.nri.cli import NriOptions, build
+    try:
+        from runtime_proxy.commands.nri import NriOptions, build
+    except ImportError:  # a checkout from before runtime_proxy/commands/ (the session-start tree)
+        from runtime_proxy.nri.cli import NriOptions, build  # type: ignore[no-redef]
 
     opts = NriOptions(socket="", identity=PluginIdentity("rhp-bench", "10"), config=ProxyConfig(),
                       entry_points=False)

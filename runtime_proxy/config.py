@@ -1,8 +1,7 @@
 """The proxy's config file (YAML or JSON), validated with pydantic.
 
-Read by ``runtime-proxy serve`` (``runtime_proxy.cli``), ``runtime-proxy hook-server``
-(``runtime_proxy.engine.hook_service``), ``runtime-proxy nri`` (``runtime_proxy.nri.cli``) and
-``runtime-proxy plan --config`` (``runtime_proxy.engine.planner``). Example:
+Read by ``runtime-proxy serve``, ``hook-server``, ``nri``, ``plan --config`` and ``doctor``
+(``runtime_proxy/commands/``), which build their parts from it with ``runtime_proxy.compose``. Example:
 ``packaging/proxy-config.yaml``. Every key, its type, default and meaning: ``docs/config.md``,
 whose table is generated from this model (``python -m runtime_proxy.config``) and checked by
 ``tests/runtime_proxy/test_config.py``.
@@ -296,8 +295,8 @@ def check_usable(cfg: ProxyConfig) -> None:
     ``nodeConfigFile`` it names can be read (``runtime_proxy.state.nodeconfig.read_document_text``:
     it exists, is a regular file or a symlink to one, within the size bound, UTF-8), and
     ``fromCluster`` has the ``kubernetes`` client installed. Raises ``ConfigError`` naming the
-    key. Called by ``build_pipeline`` in ``runtime_proxy.engine.hook_service`` (``serve`` and ``hook-server``) and by
-    ``runtime_proxy.nri.cli``."""
+    key. Called by ``serve``, ``hook-server``, ``nri`` and ``doctor`` (``runtime_proxy/commands/``)
+    before they build anything."""
     if cfg.nodeConfigFile is not None:
         from runtime_proxy.state.nodeconfig import read_document_text
 

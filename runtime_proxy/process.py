@@ -1,6 +1,6 @@
 """One command as one process: the exit codes every ``runtime-proxy`` sub-command documents, and
-the runner that turns what escapes its event loop into one of them. Used by ``runtime_proxy.cli``
-(``serve``) and ``runtime_proxy.engine.hook_service`` (``hook-server``)."""
+the runner that turns what escapes its event loop into one of them. Used by the commands in
+``runtime_proxy/commands/`` (``run_main`` by ``serve`` and ``hook-server``)."""
 
 from __future__ import annotations
 

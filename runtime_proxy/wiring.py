@@ -6,9 +6,8 @@ with a warning naming installed entry-point plugins that will not run), kubelet'
 cfsQuotaBurst loop and, when ``usage_loop_decision`` says so, the usage loop; ``loops`` logs
 which run and why).
 
-Used by the composition roots: ``runtime_proxy.server`` (``runtime-proxy serve``),
-``runtime_proxy.engine.hook_service`` (``runtime-proxy hook-server``) and
-``runtime_proxy.nri.cli`` (``runtime-proxy nri``). Imports none of them.
+Used by the composition root, ``runtime_proxy.compose``, which every command calls (``nri``
+also asks ``usage_loop_decision``). Imports neither.
 """
 
 from __future__ import annotations
@@ -79,8 +78,8 @@ def plugin_settings(config: ProxyConfig, pm: pluggy.PluginManager, *, entry_poin
     not installed), less those whose hardware this node lacks (``HARDWARE``), each left out with
     a warning. Installed entry-point plugins that will not run because the config leaves them
     out, or because ``entry_points`` is false (``--no-entry-points``), are named in one warning.
-    The composition roots of ``serve``, ``hook-server`` and ``nri`` call it once at start;
-    ``announce`` false (``serve``'s check of the config before it starts) logs nothing."""
+    ``runtime_proxy.compose`` calls it once at start; ``announce`` false (``serve``'s check of
+    the config before it starts, ``compose.check_plugins``) logs nothing."""
     names = plugin_order(pm, [p.name for p in config.plugins] if config.plugins else None)
     out: list[tuple[str, Policy, float]] = []
     for name, policy, timeout in config.plugin_settings(names):

@@ -132,7 +132,7 @@ def test_the_node_config_map_is_a_valid_config(tmp_path: Path) -> None:
 
 
 def test_the_nri_daemonset_command_parses_and_serves_probes_on_its_metrics_port() -> None:
-    from runtime_proxy.nri.cli import add_parser
+    from runtime_proxy.commands.nri import add_parser
 
     (daemonset,) = _kinds("node")["DaemonSet"]
     (container,) = _pod_spec(daemonset)["containers"]
@@ -148,12 +148,12 @@ def test_the_nri_daemonset_command_parses_and_serves_probes_on_its_metrics_port(
 
 
 def test_the_hook_server_daemonset_command_parses_and_registers_its_host_path() -> None:
-    from runtime_proxy.engine import hook_service
+    from runtime_proxy.commands import hook_server
 
     (daemonset,) = _kinds("node-hook-server")["DaemonSet"]
     (container,) = _pod_spec(daemonset)["containers"]
     assert container["command"][:2] == ["runtime-proxy", "hook-server"]
-    args = hook_service._parser().parse_args(container["command"][2:])
+    args = hook_server._parser().parse_args(container["command"][2:])
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in _pod_spec(daemonset)["volumes"]}
     socket_dir = str(Path(args.listen).parent)

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from runtime_proxy.commands.serve import Proxy, ProxyOptions
 from runtime_proxy.config import ProxyConfig
-from runtime_proxy.server import Proxy, ProxyOptions
 
 _PODS: list[dict[str, Any]] = [
     {

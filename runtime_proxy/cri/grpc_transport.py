@@ -1,6 +1,6 @@
 """The grpcio transport: a ``grpc.aio`` server that forwards every call to the runtime as bytes.
 
-Called by ``runtime_proxy.server`` when ``--transport grpc`` is chosen (the fallback to the
+Called by ``runtime_proxy.commands.serve`` when ``--transport grpc`` is chosen (the fallback to the
 frame relay). One generic handler serves every method with no serializers, so messages stay
 raw bytes: known unary CRI methods are forwarded unary, ``GetContainerEvents`` server-streaming,
 and any method we do not know (other services, future RPCs, ``runtime.v1alpha2``) as a

@@ -1,26 +1,21 @@
-"""``runtime-proxy plan [FILE ...]``: show what the proxy would do, without doing it.
+"""The planner: what the hooks would do for one JSON document, without doing it
+(``plan_document``; the command is ``runtime-proxy plan``, ``runtime_proxy.commands.plan``).
 
-Called by the CLI (``runtime_proxy.cli`` wires ``runtime-proxy plan`` to ``main``) and by tests
-through ``plan_document``. Reads JSON documents (the schema is in ``docs/planner.md``; the
-document's shape is checked by ``PlanDocument`` after the bounded JSON load, so an unknown key
-is an error naming its path), loads the plugins the proxy would load (built-ins, entry-point
-plugins, and with ``--config FILE`` the config's ``pluginModules``, order, policies and
-timeouts), builds the same facts the proxy builds and runs the stage through the proxy's own hook runner
+The document's schema is in ``docs/planner.md``; its shape is checked by ``PlanDocument`` (after
+the caller's bounded JSON load), so an unknown key is an error naming its path. The planner
+builds the same facts the proxy builds and runs the stage through the proxy's own hook runner
 (``runtime_proxy.engine.pipeline.Pipeline``: plugin order, facts advanced from step to step,
-the stage's CRI fields from ``hooks.spec.CRI_FIELDS``, merge and conflicts), then prints the
-result: ``cri`` (the request changes the stage accepts), ``writes``, ``moves``, ``removals``,
-``skipped`` and ``conflicts``, and ``evictions`` when the ``ReconcileUsage`` stage ran (its
-``pods`` and ``usage`` input decoded by ``runtime_proxy.engine.usage_input``). The plan lists
-what a kernel that supports each file would get; nothing is read from or written to the node.
+the stage's CRI fields from ``hooks.spec.CRI_FIELDS``, merge and conflicts) over the plugin
+manager it is given (``runtime_proxy.compose.plugin_manager`` gives what the proxy would load),
+then returns the result: ``cri`` (the request changes the stage accepts), ``writes``, ``moves``,
+``removals``, ``skipped`` and ``conflicts``, and ``evictions`` when the ``ReconcileUsage`` stage
+ran (its ``pods`` and ``usage`` input decoded by ``runtime_proxy.engine.usage_input``). The plan
+lists what a kernel that supports each file would get; nothing is read from or written to the node.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import importlib
-import json
-import sys
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
@@ -44,10 +39,8 @@ from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import MergeResult
 from hooks.spec import STAGES
 from hooks.usage import Usage
-from koord_formats.bounded import load_json
-from koord_formats.errors import FormatError
 from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
-from runtime_proxy.config import ConfigError, PluginConfig, ProxyConfig, load_config, validation_message
+from runtime_proxy.config import PluginConfig, ProxyConfig, validation_message
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.engine.usage_input import UsageInputError, usage_from_json
 
@@ -55,17 +48,13 @@ __all__ = [
     "PlanDocument",
     "PlanInputError",
     "container_facts_from_json",
-    "load_plugins",
-    "main",
     "node_facts_from_json",
     "plan_document",
     "pod_facts_from_json",
     "run_stages",
+    "shorten",
 ]
 
-# The input document's bounds: a few topologies and NodeSLOs fit many times over.
-MAX_DOCUMENT_CHARS = 4 * 1024 * 1024
-MAX_DOCUMENT_DEPTH = 32
 POD_STAGES = {name for name, hook in STAGES.items() if "pod_sandbox" in hook} | {"ReconcilePod"}
 NODE_STAGES = {"ReconcileNode"}
 USAGE_STAGE = "ReconcileUsage"
@@ -322,22 +311,6 @@ async def run_stages(
     return merged
 
 
-def load_plugins(config: ProxyConfig | None = None, *, entry_points: bool = True) -> pluggy.PluginManager:
-    """Every plugin the proxy would register with ``config``: the built-ins, the entry-point
-    plugins (unless ``entry_points`` is false) and the config's ``pluginModules``. Raises
-    ``ConfigError`` when one of them cannot be imported or registered."""
-    modules = []
-    for name in (config.pluginModules if config is not None else []):
-        try:
-            modules.append(importlib.import_module(name))
-        except Exception as exc:
-            raise ConfigError(f"pluginModules entry {name!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
-    try:
-        return make_plugin_manager(entry_points=entry_points, extra=modules)
-    except Exception as exc:
-        raise ConfigError(f"plugins cannot be registered: {type(exc).__name__}: {exc}") from exc
-
-
 def _settings(
     pm: pluggy.PluginManager, config: ProxyConfig, plugins: list[str] | None
 ) -> list[tuple[str, Literal["Fail", "Ignore"], float]]:
@@ -347,7 +320,7 @@ def _settings(
     if plugins is not None:
         unknown = [name for name in plugins if name not in registered]
         if unknown:
-            raise PlanInputError(f"unknown plugins {_short(unknown)}; installed plugins are {registered}")
+            raise PlanInputError(f"unknown plugins {shorten(unknown)}; installed plugins are {registered}")
         entries = {p.name: p for p in config.plugins or ()}
         config = config.model_copy(update={"plugins": [
             entries[name].model_copy(update={"enabled": True}) if name in entries else PluginConfig(name=name)
@@ -366,7 +339,7 @@ def plan_document(
     """The planner as a function: input document -> output document (see module doc).
 
     :param pm: the plugin manager to plan with (default: the built-in plugins only;
-        ``load_plugins`` gives what the proxy would load).
+        ``runtime_proxy.compose.plugin_manager`` gives what the proxy would load).
     :param config: the proxy's config: plugin order, ``enabled``, policies and timeouts
         (default: every plugin of ``pm`` in ``plugin_order``, policy Ignore, 2 s).
     Raises ``PlanInputError`` for a malformed document (never for malformed annotations or
@@ -378,7 +351,7 @@ def plan_document(
     if stage is None:
         raise PlanInputError(f"the document names no stage: add \"stage\", one of {sorted(STAGES)} or 'Reconcile'")
     if not isinstance(stage, str) or (stage != "Reconcile" and stage not in STAGES):
-        raise PlanInputError(f"unknown stage {_short(stage)}; use one of {sorted(STAGES)} or 'Reconcile'")
+        raise PlanInputError(f"unknown stage {shorten(stage)}; use one of {sorted(STAGES)} or 'Reconcile'")
     _check_shape(doc)
     plugins = doc.get("plugins")
     if pm is None:
@@ -439,136 +412,7 @@ async def _run_all(
     return merged
 
 
-def _short(value: Any) -> str:
+def shorten(value: Any) -> str:
+    """``repr(value)``, cut to 80 characters for a one-line error message."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-EXIT_CODES = """\
-output:
-  --output text (default): the plan for people, one line per change; several FILEs: a
-  "== FILE" header before each plan or error
-  --output json: one FILE gives the plan as a JSON object; several give a JSON array with one
-  object per FILE, in order, each {"file": FILE, "plan": {...}} or {"file": FILE, "error": "..."}
-
-exit codes:
-  0  every plan was printed on stdout
-  1  the planner itself failed (the error is printed on stderr)
-  2  an input is unreadable, not JSON, too large or too deep, or does not match the schema
-     in docs/planner.md, or the --config file is bad (each error is one line on stderr)
-"""
-
-
-def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read(MAX_DOCUMENT_CHARS + 1)
-    with open(path, encoding="utf-8") as f:
-        return f.read(MAX_DOCUMENT_CHARS + 1)
-
-
-def _plan_file(path: str, pm: pluggy.PluginManager, config: ProxyConfig) -> tuple[dict[str, Any] | None, str, int]:
-    """``(plan, "", 0)`` or ``(None, message, exit code)`` for one input file."""
-    try:
-        text = _read(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"cannot read {path}: {exc}", 2
-    try:
-        doc = load_json(text, "plan document", max_chars=MAX_DOCUMENT_CHARS, max_depth=MAX_DOCUMENT_DEPTH)
-        return plan_document(doc, pm=pm, config=config), "", 0
-    except (PlanInputError, FormatError) as exc:
-        return None, str(exc), 2
-    except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
-        return None, f"bad input: {type(exc).__name__}: {_short(str(exc))}", 2
-    except Exception as exc:  # no traceback for the user; the message says what failed
-        return None, f"planner failed: {type(exc).__name__}: {_short(str(exc))}", 1
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``runtime-proxy plan`` (``runtime_proxy.cli`` wires them in)."""
-    parser.add_argument("files", nargs="*", metavar="FILE", help="input documents (default: stdin)")
-    parser.add_argument("--config", help="the proxy's config file: plugin order, policies, timeouts, pluginModules")
-    parser.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
-    parser.add_argument("-o", "--output", choices=("text", "json"), default="text",
-                        help="text for people (default) or json for programs")
-    parser.add_argument("--compact", action="store_true", help="with --output json: one line")
-
-
-def format_text(result: Mapping[str, Any]) -> str:
-    """One plan for people: one section per part, one line per change."""
-    lines = [f"stage:   {result.get('stage')}", f"plugins: {', '.join(map(str, result.get('plugins', ())))}"]
-    for key, value in result.items():
-        if key in ("stage", "plugins"):
-            continue
-        if not value:
-            lines.append(f"{key}: none")
-            continue
-        lines.append(f"{key}:")
-        items: Iterable[Any] = value.items() if isinstance(value, Mapping) else value
-        for item in items:
-            if isinstance(item, tuple):
-                lines.append(f"  {item[0]} = {json.dumps(item[1], default=str)}")
-            elif isinstance(item, Mapping):
-                lines.append("  " + "  ".join(f"{k}={json.dumps(v, default=str)}" for k, v in item.items()))
-            else:
-                lines.append(f"  {json.dumps(item, default=str)}")
-    return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Plan each of ``args.files`` (stdin when none or ``-``) and print the plans on stdout as
-    ``args.output``: readable text (several files: a ``== FILE`` header before each), or JSON
-    (``EXIT_CODES`` says the shape). An error is one line ``runtime-proxy plan: ...`` on stderr,
-    never a traceback."""
-    files: list[str] = args.files or ["-"]
-    if files.count("-") > 1:
-        return _fail("stdin (-) can be read once", 2)
-    try:
-        config = load_config(args.config)
-        pm = load_plugins(config, entry_points=not args.no_entry_points)
-    except ConfigError as exc:
-        return _fail(f"bad config {exc}" if args.config else str(exc), 2)
-    as_json = args.output == "json"
-    indent = None if args.compact else 2
-    if len(files) == 1:
-        plan, message, code = _plan_file(files[0], pm, config)
-        if plan is None:
-            return _fail(message, code)
-        print(json.dumps(plan, indent=indent, default=str) if as_json else format_text(plan))
-        return 0
-    results: list[dict[str, Any]] = []
-    worst = 0
-    for path in files:
-        plan, message, code = _plan_file(path, pm, config)
-        if plan is None:
-            _fail(f"{path}: {message}", code)
-            results.append({"file": path, "error": message})
-            worst = max(worst, code)
-        else:
-            results.append({"file": path, "plan": plan})
-    if as_json:
-        print(json.dumps(results, indent=indent, default=str))
-    else:
-        print("\n\n".join(f"== {r['file']}\n" + (format_text(r["plan"]) if "plan" in r else f"error: {r['error']}")
-                          for r in results))
-    return worst
-
-
-def main(argv: list[str]) -> int:
-    """``runtime-proxy plan [FILE ...]`` with ``argv`` as its arguments (see ``run``)."""
-    parser = argparse.ArgumentParser(
-        prog="runtime-proxy plan",
-        description=(__doc__ or "").splitlines()[0],
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"runtime-proxy plan: {message}", file=sys.stderr)
-    return code
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main(sys.argv[1:]))

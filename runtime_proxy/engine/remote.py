@@ -1,6 +1,6 @@
 """Out-of-process hook servers: Koordinator's ``runtime.v1alpha1.RuntimeHookService``, proxy side.
 
-Started by the proxy's composition root (``runtime_proxy.server.Proxy``); it hands the pipeline
+Started by the proxy's composition root (``runtime_proxy.commands.serve.Proxy``); it hands the pipeline
 (``runtime_proxy.engine.pipeline.Pipeline.set_remote_steps``) one ``RemoteStep`` per registered
 hook server, so hook servers run after the in-process plugins under the same policy model
 (Fail/Ignore, timeouts, conflicts). ``runtime_proxy.engine.hook_service`` (the server side) reuses

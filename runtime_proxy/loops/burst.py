@@ -1,7 +1,7 @@
 """The cfsQuotaBurst loop: scale the CFS quota of throttled LS containers up while the share
 pool has room, and back down when it is loaded (Koordinator's CPU Burst ``cfsQuotaBurst``).
 
-Started by the proxy (``runtime_proxy.server.Proxy``) next to the reconciler (same backend:
+Started by the proxy (``runtime_proxy.commands.serve.Proxy``) next to the reconciler (same backend:
 ``node()``, ``pods()``, ``containers()``). Every ``interval`` seconds (Koordinator: 1 s)
 ``step`` reads each eligible container's ``cpu.stat`` (throttling) and current
 ``cpu.cfs_quota_us``, takes its base quota from ``hooks.plugins.cpu_burst.base_quota`` (the

@@ -116,7 +116,7 @@ WRITE_CACHE_SECONDS = 60.0
 
 
 class UsageBackend(Protocol):
-    """What the usage loop reads from the proxy (``runtime_proxy.server.StoreBackend``)."""
+    """What the usage loop reads from the proxy (``runtime_proxy.commands.serve.StoreBackend``)."""
 
     def node(self) -> NodeFacts: ...
 

@@ -1,7 +1,7 @@
 """The node's config: NodeSLO spec, node labels and annotations, NodeResourceTopology
 annotations, plus what sysfs says about the machine, as one current ``NodeFacts``.
 
-Built by ``runtime_proxy.wiring.node_source``; the proxy (``runtime_proxy.server.Proxy``) starts
+Built by ``runtime_proxy.wiring.node_source``; the proxy (``runtime_proxy.commands.serve.Proxy``) starts
 it, hands ``current`` to the interceptor (``runtime_proxy.engine.intercept.NodeSource``) and
 ``changes()`` to the reconciler. Two sources, usable together (the cluster's values win once they arrive):
 

@@ -1,7 +1,7 @@
 """Local hygiene on the node: the systemd unit creates the socket's directory, ``hook-server``
 replaces only a stale socket and makes its own with mode 0660 whatever the umask, hook-server
 registrations are read only from files root controls and never name the proxy's own sockets,
-and ``--metrics-addr :PORT`` binds loopback (``runtime_proxy.engine.hook_service``,
+and ``--metrics-addr :PORT`` binds loopback (``runtime_proxy.commands.hook_server``,
 ``runtime_proxy.engine.remote``, ``runtime_proxy.metrics``, ``packaging/runtime-proxy.service``)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from runtime_proxy import metrics
-from runtime_proxy.engine.hook_service import HookServerOptions, prepare_listen_path, serve, write_registration
+from runtime_proxy.commands.hook_server import HookServerOptions, prepare_listen_path, serve, write_registration
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.remote import MAX_REGISTRATION_BYTES, HookServerRegistry
 
@@ -358,8 +358,8 @@ def test_metrics_port_without_host_listens_on_loopback_only() -> None:
 
 
 async def test_the_proxy_refuses_registrations_naming_its_own_sockets(short: Path) -> None:
+    from runtime_proxy.commands.serve import Proxy, ProxyOptions
     from runtime_proxy.config import ProxyConfig
-    from runtime_proxy.server import Proxy, ProxyOptions
 
     regdir = short / "hookserver.d"
     regdir.mkdir(mode=0o755)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime_proxy.commands import plan as planner
 from runtime_proxy.config import load_config
-from runtime_proxy.engine import planner
 from runtime_proxy.engine.remote import MAX_REGISTRATION_BYTES, RegistrationError, parse_registration
 
 GOOD_REGISTRATION = {"remote-endpoint": "/run/x.sock", "failure-policy": "Ignore",

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from runtime_proxy.server import Proxy, ProxyOptions
+from runtime_proxy.commands.serve import Proxy, ProxyOptions
 
 REPO = Path(__file__).resolve().parents[2]
 

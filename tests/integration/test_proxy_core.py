@@ -15,8 +15,8 @@ import pytest
 from rhp_devenv.cgroupfs import read_cgroup_file
 
 from cri_protos import api_pb2
+from runtime_proxy.commands.serve import ProxyOptions
 from runtime_proxy.config import PluginConfig, ProxyConfig
-from runtime_proxy.server import ProxyOptions
 from tests.integration import plugins_for_tests as tp
 from tests.integration.harness import ProxyThread, proxy_options
 

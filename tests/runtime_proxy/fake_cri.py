@@ -41,7 +41,7 @@ def _not_found(what: str) -> grpc.aio.AioRpcError:
 @dataclass
 class FakeCri:
     """Sandboxes and containers in memory; ``UpdateContainerResources`` is recorded in
-    ``updates`` (``runtime`` and ``timeout`` are what ``runtime_proxy.server.StoreBackend``
+    ``updates`` (``runtime`` and ``timeout`` are what ``runtime_proxy.commands.serve.StoreBackend``
     uses of a client)."""
 
     sandboxes: dict[str, tuple[api_pb2.PodSandboxConfig, int]] = field(default_factory=dict)

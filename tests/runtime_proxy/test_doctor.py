@@ -1,4 +1,4 @@
-"""``runtime-proxy doctor`` (``runtime_proxy.doctor``): on this machine's real files, and on
+"""``runtime-proxy doctor`` (``runtime_proxy.commands.doctor``): on this machine's real files, and on
 prepared trees where one interface at a time is missing, and for cgroup v2."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from hooks.plugins import BUILTIN_PLUGINS
-from runtime_proxy import doctor
-from runtime_proxy.doctor import Check, DoctorOptions
+from runtime_proxy.commands import doctor
+from runtime_proxy.commands.doctor import Check, DoctorOptions
 
 REPO = Path(__file__).resolve().parents[2]
 NOT_HERE = frozenset({"runtime", "nri", "listen", "hook-servers"})

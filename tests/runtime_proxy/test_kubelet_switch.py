@@ -1,4 +1,4 @@
-"""``runtime-proxy kubelet-switch`` (``runtime_proxy.kubelet``) on prepared kubelet files: the
+"""``runtime-proxy kubelet-switch`` (``runtime_proxy.commands.kubelet_switch``) on prepared kubelet files: the
 endpoint edit (YAML in place, JSON re-serialised) changes that value only and is verified by
 parsing, what cannot be edited exactly is exit 2 with nothing changed, the switch happens only
 when doctor passes and /readyz is 200, a backup is kept, a failed restart or a failed second
@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import structlog
 
-from runtime_proxy import kubelet, metrics
+from runtime_proxy import metrics
 from runtime_proxy.cli import main
-from runtime_proxy.kubelet import PROXY_ENDPOINT, SwitchError, set_config_endpoint, set_flag_endpoint
+from runtime_proxy.commands import kubelet_switch as kubelet
+from runtime_proxy.commands.kubelet_switch import PROXY_ENDPOINT, SwitchError, set_config_endpoint, set_flag_endpoint
 
 CONTAINERD = "unix:///run/containerd/containerd.sock"
 CONFIG = f"""\

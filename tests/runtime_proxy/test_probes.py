@@ -16,8 +16,8 @@ import pytest
 
 from rhp_ops import build
 from runtime_proxy import metrics
+from runtime_proxy.commands.serve import Proxy, ProxyOptions
 from runtime_proxy.metrics import socket_accepts
-from runtime_proxy.server import Proxy, ProxyOptions
 
 
 def _get(port: int, path: str, method: str = "GET") -> tuple[int, str]:

@@ -175,10 +175,10 @@ def test_the_cgroup_driver_is_detected_unless_set(tmp_path: Path, configured: st
 def test_serves_check_of_the_config_does_not_announce_twice(tmp_path: Path) -> None:
     """serve checks the plugins before it starts (check_plugins), then the start logs what it
     leaves out: the skip is logged once, by the start."""
-    from runtime_proxy.engine import hook_service
+    from runtime_proxy import compose
 
     config = _config(tmp_path, plugins=[{"name": "cpuset"}, {"name": "rdt"}])
     with capture_logs() as logs:
-        hook_service.check_plugins(config, entry_points=False)
+        compose.check_plugins(config, entry_points=False)
         wiring.plugin_settings(config, make_plugin_manager(entry_points=False), entry_points=False)
     assert [e["plugin"] for e in logs if e["event"].startswith("plugin skipped")] == ["rdt"]

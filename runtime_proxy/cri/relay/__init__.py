@@ -1,6 +1,6 @@
 """The HTTP/2 frame relay: the proxy's fast transport between kubelet and containerd.
 
-Who calls it: the proxy's wiring (``runtime_proxy.server``) builds a ``RelayTransport`` with the
+Who calls it: the proxy's wiring (``runtime_proxy.commands.serve``) builds a ``RelayTransport`` with the
 listen path, the containerd socket and the hook pipeline's ``CallInterceptor``, then awaits
 ``start()`` and, on shutdown, ``stop(grace)``. What it passes on: every call reaches containerd
 as the same bytes kubelet sent, except the request message of an intercepted method, which is

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from runtime_proxy.engine.planner import PlanInputError, main, plan_document
+from runtime_proxy.commands.plan import main
+from runtime_proxy.engine.planner import PlanInputError, plan_document
 
 TOPO = {"detail": [{"id": i, "core": i % 4, "socket": i // 4 % 2, "node": i // 4 % 2} for i in range(8)]}
 RS = "scheduling.koordinator.sh/resource-status"

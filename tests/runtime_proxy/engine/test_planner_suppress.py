@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_proxy.engine.planner import main
+from runtime_proxy.commands.plan import main
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "packaging/examples/plan-usage-suppress.json"
 

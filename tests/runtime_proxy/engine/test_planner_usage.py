@@ -14,7 +14,8 @@ from hooks.manager import make_plugin_manager
 from hooks.plan import Plan
 from hooks.spec import hookimpl
 from hooks.usage import Usage
-from runtime_proxy.engine.planner import main, plan_document
+from runtime_proxy.commands.plan import main
+from runtime_proxy.engine.planner import plan_document
 from runtime_proxy.engine.usage_input import usage_from_json
 
 

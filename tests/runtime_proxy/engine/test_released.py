@@ -19,11 +19,11 @@ import pytest
 from cri_protos import api_pb2
 from hooks.facts import CgroupInfo, NodeFacts, format_cpu_list
 from hooks.manager import make_plugin_manager, plugin_order
+from runtime_proxy.commands.serve import StoreBackend
 from runtime_proxy.engine.intercept import CriInterceptor, StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.loops.reconciler import Reconciler
-from runtime_proxy.server import StoreBackend
 from runtime_proxy.state.store import RuntimeClient, Store
 from tests.cgroup_files import make_files
 from tests.runtime_proxy.fake_cri import Calls, FakeCri, sandbox_config

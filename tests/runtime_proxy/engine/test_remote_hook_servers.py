@@ -1,6 +1,6 @@
 """Hook servers without containerd: registration parsing, Koordinator's merge rules, calling
 order, the registry's reloads and channel cache, and our hook server end to end over a unix
-socket (``runtime_proxy.engine.remote``, ``runtime_proxy.engine.hook_service``)."""
+socket (``runtime_proxy.engine.remote``, ``runtime_proxy.commands.hook_server``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from cri_protos import hookserver_pb2 as pb
 from cri_protos import hookserver_pb2_grpc as pb_grpc
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
-from runtime_proxy.engine.hook_service import HookServerOptions, serve
+from runtime_proxy.commands.hook_server import HookServerOptions, serve
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.remote import (
     HookServerRegistry,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from runtime_proxy.commands.nri import NriOptions, add_parser, build, main_from_args, run
 from runtime_proxy.config import ProxyConfig
-from runtime_proxy.nri.cli import NriOptions, add_parser, build, main_from_args, run
 from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime
 
@@ -154,7 +154,7 @@ from pathlib import Path
 import runtime_proxy.cli
 from cri_protos import nri_pb2
 from runtime_proxy.config import ProxyConfig
-from runtime_proxy.nri.cli import NriOptions, run
+from runtime_proxy.commands.nri import NriOptions, run
 from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime
 

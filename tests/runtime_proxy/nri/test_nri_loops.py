@@ -18,11 +18,11 @@ from prometheus_client import REGISTRY
 from cri_protos import nri_pb2
 from hooks.facts import format_cpu_list
 from hooks.manager import make_plugin_manager
+from runtime_proxy.commands.nri import NriOptions, run
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.nri.backend import NriBackend, UpdateRefused
-from runtime_proxy.nri.cli import NriOptions, run
 from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity
 from runtime_proxy.state.sysfs import read_cpu_topology
 from tests.integration import qos_helpers as q

@@ -16,7 +16,8 @@ from structlog.testing import capture_logs
 
 from hooks.facts import CgroupInfo, NodeFacts, PodFacts
 from hooks.manager import make_plugin_manager
-from runtime_proxy import doctor, wiring
+from runtime_proxy import wiring
+from runtime_proxy.commands import doctor
 from runtime_proxy.config import ConfigError, ProxyConfig, load_config
 from runtime_proxy.engine.intercept import CriInterceptor, StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import cast
 
 from hooks.facts import CgroupInfo, ContainerFacts, NodeFacts, PodFacts, format_cpu_list
+from runtime_proxy.commands.serve import StoreBackend
 from runtime_proxy.engine.intercept import CriInterceptor, StaticNode
 from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.server import StoreBackend
 from runtime_proxy.state.store import RuntimeClient, Store
 from tests.runtime_proxy.fake_cri import FakeCri, sandbox_config
 from tests.topologies import SINGLE_SOCKET_HT

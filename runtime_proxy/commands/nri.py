@@ -1,8 +1,8 @@
 """``runtime-proxy nri``: run the plugins as a containerd NRI plugin (no kubelet change).
 
-Builds the same parts as ``serve`` from the same ``--config`` file (``runtime_proxy.server``):
-plugins and their failure policies, the pipeline, hook-server registrations, node config, the
-file applier and the periodic loops (``runtime_proxy.wiring.loops``: reconciler, CPU burst loop
+Builds the same parts as ``serve`` from the same ``--config`` file (``runtime_proxy.compose.build``:
+plugins and their failure policies, the pipeline, node config, the applier), then hook-server
+registrations and the periodic loops (``runtime_proxy.compose.loops``: reconciler, CPU burst loop
 and usage loop, started after the first Synchronize; their container updates ride in the next
 reply that can carry them, or with ``--unsolicited-updates`` go as ``UpdateContainers``,
 ``runtime_proxy.nri.backend``); then registers with the runtime's NRI socket and serves events
@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import importlib
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -30,6 +29,9 @@ from runtime_proxy.config import DEFAULT_BACKEND, ProxyConfig
 from runtime_proxy.nri.plugin import DEFAULT_SOCKET, PluginIdentity
 
 if TYPE_CHECKING:
+    import pluggy
+
+    from runtime_proxy.compose import Parts
     from runtime_proxy.engine.pipeline import Pipeline
     from runtime_proxy.host.apply import FileApplier
     from runtime_proxy.nri.adapter import NriEngine
@@ -67,9 +69,10 @@ class NriParts:
     plugin: NriPlugin
     engine: NriEngine
     node_watch: NodeConfig
-    pm: Any
+    pm: pluggy.PluginManager
     pipeline: Pipeline
     applier: FileApplier
+    parts: Parts
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -97,6 +100,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 
 def main_from_args(args: argparse.Namespace) -> int:
+    from runtime_proxy import compose
     from runtime_proxy.config import check_usable, load_config
 
     try:
@@ -105,13 +109,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"runtime-proxy nri: {exc}", file=sys.stderr)
         return 2
-    updates = {
-        "hookServerDir": args.hook_server_dir,
-        "nodeConfigFile": args.node_config,
-        "cgroupRoot": args.cgroup_root,
-        "cgroupDriver": args.cgroup_driver,
-    }
-    cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
+    cfg = compose.with_flags(cfg, args)
     try:
         check_usable(cfg)
     except ValueError as exc:
@@ -128,29 +126,22 @@ def main_from_args(args: argparse.Namespace) -> int:
 
 def build(opts: NriOptions) -> NriParts:
     """The plugin, its engine and the parts the loops share with it, for ``opts``."""
-    from hooks.manager import make_plugin_manager
-    from runtime_proxy import wiring
-    from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+    from runtime_proxy import compose
     from runtime_proxy.nri.adapter import NriEngine
     from runtime_proxy.nri.plugin import NriPlugin
 
-    cfg = opts.config
-    modules = [importlib.import_module(name) for name in cfg.pluginModules]
-    pm = make_plugin_manager(builtins=opts.builtins, entry_points=opts.entry_points,
-                             extra=[*modules, *opts.extra_plugins])
-    pipeline = Pipeline(plugin_steps(pm, wiring.plugin_settings(cfg, pm, entry_points=opts.entry_points)))
-    node_source, node_watch = wiring.node_source(cfg)
-    dry_run = opts.dry_run or cfg.dryRun
-    applier = wiring.applier(cfg, dry_run=dry_run)
-    engine = NriEngine(pipeline, node_source=node_source, applier=applier, dry_run=dry_run, background=True,
-                       kubelet_root=wiring.kubelet_root(cfg))
+    parts = compose.build(opts.config, dry_run=opts.dry_run, builtins=opts.builtins,
+                          entry_points=opts.entry_points, extra=opts.extra_plugins)
+    engine = NriEngine(parts.pipeline, node_source=parts.node_source, applier=parts.applier, dry_run=parts.dry_run,
+                       background=True, kubelet_root=parts.kubelet_root)
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
-    return NriParts(plugin=plugin, engine=engine, node_watch=node_watch, pm=pm, pipeline=pipeline, applier=applier)
+    return NriParts(plugin=plugin, engine=engine, node_watch=parts.node_source, pm=parts.pm,
+                    pipeline=parts.pipeline, applier=parts.applier, parts=parts)
 
 
 async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given)."""
-    from runtime_proxy import memory, metrics, wiring
+    from runtime_proxy import compose, memory, metrics, wiring
     from runtime_proxy.engine.remote import HookServerRegistry
     from runtime_proxy.nri.backend import NriBackend
 
@@ -188,9 +179,7 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
             from runtime_proxy.state.store import RuntimeClient
 
             runtime = RuntimeClient(opts.backend)
-        loops = wiring.loops(opts.config, backend, pm=parts.pm, pipeline=parts.pipeline,
-                             applier=parts.applier, node_source=node_watch, ready=plugin.synchronized,
-                             dry_run=engine.dry_run, runtime=runtime)
+        loops = compose.loops(parts.parts, backend, ready=plugin.synchronized, runtime=runtime)
         engine.on_store_change = loops.store_changed
         if not opts.unsolicited_updates:
             reconciler = loops.reconciler

@@ -1,18 +1,19 @@
-"""The composition root of ``runtime-proxy serve``: ``Proxy`` builds every part, typed, starts the
-transport and the loops and stops them gracefully.
+"""``runtime-proxy serve``: the CRI proxy in front of the runtime.
 
-Called by ``runtime_proxy.cli`` (``serve``) and by tests and the demo (``Proxy``). Imports the
-parts; no part imports it. Start order: plugins (built-ins and the entry-point group,
-validated at registration) -> pipeline -> store rebuilt from the runtime (in the background and
-retried while the runtime is down, so the proxy answers UNAVAILABLE instead of not starting) ->
-node config -> applier -> interceptor -> hook-server registrations -> transport -> reconciler.
-SIGTERM and SIGINT drain calls in flight (``grace`` seconds) before exit.
+``add_parser`` and ``main_from_args`` are the command line (``runtime_proxy.commands.main``
+dispatches to them); ``Proxy`` is the running proxy, also built by tests and the demo. Its parts
+come from the composition root (``runtime_proxy.compose.build``: plugins, validated at
+registration -> pipeline -> node config -> applier), then: store rebuilt from the runtime (in the
+background and retried while the runtime is down, so the proxy answers UNAVAILABLE instead of not
+starting) -> interceptor -> hook-server registrations -> transport -> the periodic loops
+(``runtime_proxy.compose.loops``). SIGTERM and SIGINT drain calls in flight (``grace`` seconds)
+before exit.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import importlib
 import signal
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
@@ -22,16 +23,13 @@ import structlog
 
 from cri_protos import api_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
-from hooks.manager import make_plugin_manager
-from runtime_proxy import memory, metrics, wiring
-from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ProxyConfig
-from runtime_proxy.cri.grpc_transport import GrpcTransport
-from runtime_proxy.cri.relay import RelayTransport
+from runtime_proxy import compose, memory, metrics, wiring
+from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ConfigError, ProxyConfig, check_usable, load_config
 from runtime_proxy.cri.transport import CallInterceptor
 from runtime_proxy.engine.intercept import CriInterceptor, set_linux_resources
-from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.engine.remote import HookServerRegistry
 from runtime_proxy.host.apply import FileApplier
+from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, fail, run_main
 from runtime_proxy.state.nodeconfig import NodeConfig
 from runtime_proxy.state.store import RuntimeClient, Store
 
@@ -62,9 +60,15 @@ class ProxyOptions:
 
 
 def make_transport(kind: str, listen: str, backend: str, interceptor: CallInterceptor) -> Transport:
+    """The transport ``kind`` names, imported only when chosen (the grpc one loads gRPC, which
+    no other command needs: ``runtime-proxy`` imports this module to build its parser)."""
     if kind == "grpc":
+        from runtime_proxy.cri.grpc_transport import GrpcTransport
+
         return GrpcTransport(listen, backend, interceptor)
     if kind == "relay":
+        from runtime_proxy.cri.relay import RelayTransport
+
         return RelayTransport(listen, backend, interceptor)
     raise ValueError(f"unknown transport {kind!r} (relay or grpc)")
 
@@ -111,19 +115,16 @@ class Proxy:
 
     def __init__(self, opts: ProxyOptions) -> None:
         self.opts = opts
-        cfg = opts.config
-        modules = [importlib.import_module(name) for name in cfg.pluginModules]
-        self.pm = make_plugin_manager(
-            builtins=opts.builtins, entry_points=opts.entry_points, extra=[*modules, *opts.extra_plugins]
-        )
-        self.pipeline = Pipeline(plugin_steps(self.pm, wiring.plugin_settings(cfg, self.pm,
-                                                                             entry_points=opts.entry_points)))
+        parts = compose.build(opts.config, dry_run=opts.dry_run, builtins=opts.builtins,
+                              entry_points=opts.entry_points, extra=opts.extra_plugins)
+        self.parts = parts
+        self.pm = parts.pm
+        self.pipeline = parts.pipeline
         self.store = Store()
         self.client = RuntimeClient(opts.backend)
-        self.node_source: NodeConfig
-        self.node_watch: NodeConfig
-        self.node_source, self.node_watch = wiring.node_source(cfg)
-        self.applier: FileApplier = wiring.applier(cfg, dry_run=opts.dry_run)
+        self.node_source: NodeConfig = parts.node_source
+        self.node_watch: NodeConfig = parts.node_source
+        self.applier: FileApplier = parts.applier
         self.reconciler: wiring.Loops | None = None
         self.hook_servers: HookServerRegistry | None = None
         self.interceptor = CriInterceptor(
@@ -132,9 +133,9 @@ class Proxy:
             client=self.client,
             node_source=self.node_source,
             applier=self.applier,
-            dry_run=opts.dry_run or cfg.dryRun,
+            dry_run=parts.dry_run,
             on_store_change=self._store_changed,
-            kubelet_root=wiring.kubelet_root(cfg),
+            kubelet_root=parts.kubelet_root,
         )
         self.transport = make_transport(opts.transport, opts.listen, opts.backend, self.interceptor)
         self._tasks: list[asyncio.Task[None]] = []
@@ -155,12 +156,10 @@ class Proxy:
         return registry
 
     def _loops(self) -> wiring.Loops:
-        """The reconciler and the CPU burst loop (``runtime_proxy.wiring.loops``) over the store,
-        the interceptor's node facts and containerd's UpdateContainerResources."""
+        """The periodic loops (``runtime_proxy.compose.loops``) over the store, the
+        interceptor's node facts and containerd's UpdateContainerResources."""
         backend = StoreBackend(self.store, self.interceptor, self.client)
-        return wiring.loops(self.opts.config, backend, pm=self.pm, pipeline=self.pipeline, applier=self.applier,
-                            node_source=self.node_source, ready=self.ready,
-                            dry_run=self.opts.dry_run or self.opts.config.dryRun, runtime=self.client)
+        return compose.loops(self.parts, backend, ready=self.ready, runtime=self.client)
 
     async def _recover(self) -> None:
         """Rebuild the store from the runtime; retry until the runtime answers."""
@@ -235,3 +234,72 @@ async def serve(opts: ProxyOptions) -> None:
     await stop.wait()
     log.info("signal received; draining calls in flight", grace=opts.grace)
     await proxy.stop()
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="run the CRI proxy", description="Run the CRI proxy in front of the runtime.",
+                       epilog=EXIT_CODES_EPILOG)
+    p.add_argument("--listen", "--koord-runtimeproxy-endpoint", dest="listen", default=DEFAULT_LISTEN,
+                   help="unix socket to serve CRI on (default %(default)s)")
+    p.add_argument("--backend", "--remote-runtime-service-endpoint", dest="backend", default=DEFAULT_BACKEND,
+                   help="the runtime's CRI unix socket (default %(default)s)")
+    p.add_argument("--config", help="plugin config file (YAML or JSON)")
+    p.add_argument("--metrics-addr", metavar="[HOST]:PORT",
+                   help="serve Prometheus metrics on HOST:PORT; :PORT means 127.0.0.1:PORT")
+    p.add_argument("--transport", choices=("relay", "grpc"), default="relay",
+                   help="relay: HTTP/2 frame relay (default); grpc: the grpcio fallback")
+    p.add_argument("--dry-run", action="store_true", help="log plans, change and apply nothing")
+    p.add_argument("--hook-server-dir", help="directory of hook-server registrations (*.json)")
+    p.add_argument("--node-config", help="node config file (NodeSLO spec, node labels and annotations)")
+    p.add_argument("--cgroup-root", help="cgroup filesystem root (default /sys/fs/cgroup)")
+    p.add_argument("--cgroup-driver", choices=("cgroupfs", "systemd"), help="kubelet's cgroup driver")
+    p.add_argument("--resctrl-root", help="resctrl filesystem root (default /sys/fs/resctrl)")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds to drain calls on SIGTERM")
+    p.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
+    return p
+
+
+def _strip(s: str | None) -> str | None:
+    if s is None:
+        return None
+    return s[len("unix://"):] if s.startswith("unix://") else s
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    """Check the config, the flags and the plugins (exit code 2 with one line on stderr), then
+    serve until SIGTERM or SIGINT (exit codes: ``runtime_proxy.process.EXIT_CODES_EPILOG``)."""
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        return fail("serve", f"bad config {exc}", EXIT_USAGE)
+    cfg = compose.with_flags(cfg, args)
+    try:
+        check_usable(cfg)
+    except ConfigError as exc:
+        return fail("serve", str(exc), EXIT_USAGE)
+    if args.metrics_addr is not None:
+        try:
+            metrics.parse_addr(args.metrics_addr)
+        except ValueError as exc:
+            return fail("serve", f"--metrics-addr: {exc}", EXIT_USAGE)
+    if not args.grace >= 0:
+        return fail("serve", "--grace must be a number of seconds >= 0", EXIT_USAGE)
+    try:
+        compose.check_plugins(cfg, entry_points=not args.no_entry_points)
+    except (compose.PluginLoadError, ConfigError) as exc:
+        where = f"config {args.config}" if args.config else "plugins"
+        return fail("serve", f"bad {where}: {exc}", EXIT_USAGE)
+    opts = ProxyOptions(
+        listen=_strip(args.listen) or DEFAULT_LISTEN,
+        backend=_strip(args.backend) or DEFAULT_BACKEND,
+        config=cfg,
+        transport=args.transport,
+        metrics_addr=args.metrics_addr,
+        dry_run=args.dry_run,
+        grace=args.grace,
+        entry_points=not args.no_entry_points,
+    )
+    return run_main("serve", serve(opts))

@@ -57,6 +57,7 @@ __all__ = [
     "Check",
     "DoctorOptions",
     "add_arguments",
+    "add_parser",
     "format_json",
     "format_text",
     "main_from_args",
@@ -519,8 +520,18 @@ def format_json(checks: Sequence[Check]) -> str:
     return json.dumps({"ready": passed(checks), "checks": [c.to_json() for c in checks]}, indent=2)
 
 
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = sub.add_parser("doctor", help="check that this node has what the proxy and its plugins need",
+                       description="Check this node before switching kubelet to the proxy: cgroups, kernel files "
+                                   "the plugins use, resctrl, containerd, NRI, the listen path, config files and "
+                                   "hook-server registrations.",
+                       epilog=EXIT_CODES)
+    add_arguments(p)
+    return p
+
+
 def add_arguments(p: argparse._ActionsContainer) -> None:
-    """The flags of ``runtime-proxy doctor`` (``runtime_proxy.cli`` wires them in)."""
+    """The flags of ``runtime-proxy doctor`` (``add_parser``; ``kubelet-switch`` takes them too)."""
     p.add_argument("--config", help="the proxy's config file: which plugins are configured, roots, directories")
     p.add_argument("--node-config", help="node config file to validate (default: the config's nodeConfigFile)")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="the proxy's listen socket (default %(default)s)")

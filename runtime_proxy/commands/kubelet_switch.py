@@ -17,7 +17,7 @@ file: ``rhp_ops.files.read_regular_file``) is exit 2 with nothing changed; when 
 second file fails, the first is restored.
 
 The file as it was before the first switch is kept in ``FILE.rhp-backup``. Switching to the proxy
-happens only when ``runtime-proxy doctor`` passes (``runtime_proxy.doctor``, the same flags) and
+happens only when ``runtime-proxy doctor`` passes (``runtime_proxy.commands.doctor``, the same flags) and
 the proxy's ``/readyz`` answers 200; then kubelet is restarted with the restart command
 (``systemctl restart kubelet`` by default; a test gives its own or ``--no-restart``). If the
 restart fails, the files are restored and kubelet restarted again. ``--to containerd`` sets the
@@ -47,10 +47,10 @@ from typing import Any
 import yaml
 
 from rhp_ops.files import FileRefused, read_text_file
-from runtime_proxy import doctor
+from runtime_proxy.commands import doctor
 
-__all__ = ["EXIT_CODES", "SwitchError", "add_arguments", "config_endpoint", "flag_endpoint", "main_from_args",
-           "set_config_endpoint", "set_flag_endpoint"]
+__all__ = ["EXIT_CODES", "SwitchError", "add_arguments", "add_parser", "config_endpoint", "flag_endpoint",
+           "main_from_args", "set_config_endpoint", "set_flag_endpoint"]
 
 PROXY_ENDPOINT = "unix:///var/run/koord-runtimeproxy/runtimeproxy.sock"
 CONTAINERD_ENDPOINT = "unix:///run/containerd/containerd.sock"
@@ -453,8 +453,18 @@ def rollback(files: Sequence[KubeletFile], endpoint: str, *, restart: str | None
     return 0 if _restart(restart, say) else 1
 
 
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = sub.add_parser("kubelet-switch", help="point kubelet at the proxy (after doctor and /readyz) or back",
+                       description="Switch kubelet's container runtime endpoint to the proxy when doctor passes and "
+                                   "/readyz is ready, keeping a backup; --to containerd rolls back. See "
+                                   "packaging/kubelet.md.",
+                       epilog=EXIT_CODES)
+    add_arguments(p)
+    return p
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``runtime-proxy kubelet-switch``: its own and doctor's (``runtime_proxy.doctor``)."""
+    """The flags of ``runtime-proxy kubelet-switch``: its own and doctor's (``runtime_proxy.commands.doctor``)."""
     own = p.add_argument_group("kubelet")
     own.add_argument("--to", choices=("proxy", "containerd"), required=True,
                      help="proxy: switch to the proxy (after doctor and /readyz); containerd: roll back")
