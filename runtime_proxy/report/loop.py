@@ -138,6 +138,7 @@ class Reporter:
         self.limits = {kind: RateLimit(clock=clock) for kind in ("NodeResourceTopology", "Device", "NodeMetric")}
         self._written = {kind: _Written() for kind in ("NodeResourceTopology", "Device")}
         self._policy = nm.DEFAULT_COLLECT_POLICY
+        self._spec_read = False
         self._last_report = clock()  # the first report one period after the start, as koordlet
         self._warned: set[str] = set()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rhp-report")
@@ -280,7 +281,9 @@ class Reporter:
         for sample in new:
             self.window.add(sample, metas, apps)
         now = self.clock()
-        period = max(self._policy.report_interval_seconds, self.config.nodeMetricMinIntervalSeconds)
+        # Until the NodeMetric was read, its spec's interval is unknown: the shortest one.
+        period = max(self._policy.report_interval_seconds if self._spec_read else 0,
+                     self.config.nodeMetricMinIntervalSeconds)
         if now - self._last_report >= period and self.window.last_at is not None:
             self._last_report = now
             self.report_metrics(now)
@@ -303,6 +306,7 @@ class Reporter:
                 if existing is None:
                     return
             self._warned.discard("nodemetric-missing")
+            self._spec_read = True
             try:
                 self._policy = nm.parse_collect_policy(existing.get("spec"))
             except FormatError as exc:
