@@ -296,3 +296,22 @@ def test_the_node_daemonsets_load_entry_point_plugins(overlay: str) -> None:
     (daemonset,) = _kinds(overlay)["DaemonSet"]
     (container,) = _pod_spec(daemonset)["containers"]
     assert "--no-entry-points" not in container["command"]
+
+
+def test_the_manager_overlay_runs_the_manager_with_the_rights_it_uses() -> None:
+    """The Deployment's command parses with ``scheduler-ext``'s parser; its ServiceAccount may
+    write what the manager writes (scheduler_ext/manager/kubeio.py) and nothing cluster-wide
+    besides."""
+    from scheduler_ext.cli import build_parser
+
+    kinds = _kinds("manager")
+    (deployment,) = kinds["Deployment"]
+    (container,) = _pod_spec(deployment)["containers"]
+    args = build_parser().parse_args(container["command"][1:])
+    assert args.command == "manager" and args.in_cluster
+    assert container["ports"][0]["containerPort"] == int(args.metrics_listen.rsplit(":", 1)[1])
+    (role,) = kinds["ClusterRole"]
+    writes = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]
+              if verb in ("create", "update", "patch", "delete")}
+    assert writes == {("nodes/status", "patch")} | {(kind, verb) for kind in ("nodemetrics", "nodeslos")
+                                                     for verb in ("create", "patch", "delete")}
