@@ -10,7 +10,8 @@ the process) per round over ``--rounds`` rounds, the median of five batches:
 3. the loop: one ``runtime_proxy.loops.qos.UsageLoop.step`` with every built-in plugin (CPU
    suppress under the ``cfsQuota`` policy, memory and BE CPU eviction enabled in NodeSLO), its
    writes applied to the prepared tree;
-4. the cfsQuotaBurst loop: one ``runtime_proxy.loops.burst.CPUBurstLoop.step`` over the same
+4. the cfsQuotaBurst loop: one ``runtime_proxy.loops.burst.CPUBurstLoop.step`` (its readings,
+   the ``ReconcileCpuBurst`` stage through the same hook runner, the quota writes) over the same
    node (``cpuBurstStrategy.policy: auto``; every LS container has a 2-CPU quota and is
    throttled in every round, so each round decides a quota for each of them; the benchmark's
    own ``cpu.stat`` writes that fake the throttling are measured alone and subtracted).
@@ -44,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 from hooks.facts import ContainerFacts, CPUInfo, CPUTopology, NodeFacts, PodFacts, Resources  # noqa: E402
 from hooks.manager import make_plugin_manager, plugin_order  # noqa: E402
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps  # noqa: E402
+from runtime_proxy.host.apply import FileApplier  # noqa: E402
 from runtime_proxy.host.cgroups import Cgroups  # noqa: E402
 from runtime_proxy.loops.burst import CPUBurstLoop  # noqa: E402
 from runtime_proxy.loops.qos import UsageLoop  # noqa: E402
@@ -170,7 +172,9 @@ def main(argv: list[str]) -> int:
             loop_s = cpu_per_round(lambda: runner.run(rounds(args.rounds)), 1) / args.rounds
         last = loop.last_round
 
-        burst = CPUBurstLoop(backend, cgroups=cgroups, pool_load=lambda: 0.1)
+        burst = CPUBurstLoop(backend, pipeline=pipeline, applier=FileApplier(cgroups=cgroups), cgroups=cgroups,
+                             pool_load=lambda: 0.1)
+        burst_runner = asyncio.Runner()
         stats = [root / "cpu" / f"kubepods/burstable/pod{p.uid}/{c.id}" / "cpu.stat"
                  for p, c in backend.containers() if p.qos_label == "LS"]
         periods = [0]
@@ -184,11 +188,12 @@ def main(argv: list[str]) -> int:
 
         def burst_round() -> None:
             throttle()
-            burst.step()
+            burst_runner.run(burst.step())
 
-        burst_round()
-        # The benchmark's own cpu.stat writes are measured alone and taken out.
-        burst_s = cpu_per_round(burst_round, args.rounds) - cpu_per_round(throttle, args.rounds)
+        with burst_runner:
+            burst_round()
+            # The benchmark's own cpu.stat writes are measured alone and taken out.
+            burst_s = cpu_per_round(burst_round, args.rounds) - cpu_per_round(throttle, args.rounds)
 
     usage_plugins = [n for n in names if pipeline.steps and any(
         s.name == n and s.handles("ReconcileUsage") for s in pipeline.steps)]

@@ -45,7 +45,7 @@ import pluggy
 if TYPE_CHECKING:
     from hooks.facts import ContainerFacts, NodeFacts, PodFacts
     from hooks.plan import Plan
-    from hooks.usage import Usage
+    from hooks.usage import BurstRound, Usage
 
 __all__ = ["CRI_FIELDS", "KOORD_HOOK_POINTS", "PROJECT", "STAGES", "hookimpl", "hookspec"]
 
@@ -305,6 +305,21 @@ def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usag
     :param node: the node's config, topology and bound cpusets.
     :param pods: every pod known to the proxy, with ``pod.containers`` filled in.
     :param usage: the sampled window, oldest first (``hooks.usage``).
+    """
+
+
+@_stage()
+def rhp_reconcile_cpu_burst(node: NodeFacts, pods: tuple[PodFacts, ...], burst: BurstRound) -> Plan | None:
+    """Koordinator's cfsQuotaBurst: throttled containers' CFS quota up while the share pool has
+    room, down when it is loaded. Called by the CPU burst loop every second.
+
+    May plan container and pod ``cpu.cfs_quota_us`` writes; reports a
+    ``hooks.usage.BurstDecision`` per container decided: its writes (applied as one group) and
+    its ``state``, handed back in the next round's ``burst.states``.
+
+    :param node: the node's config, topology and bound cpusets.
+    :param pods: the pods that call hooks with a running container, with ``pod.containers``.
+    :param burst: this round's readings and last round's states (``hooks.usage.BurstRound``).
     """
 
 

@@ -6,9 +6,14 @@ pure functions over a ``Usage`` window and the node and pod facts; they run at t
 types from ``/proc`` and the cgroup files lives in the proxy (``runtime_proxy/loops/usage.py``);
 ``runtime-proxy plan`` takes the same shape as its ``usage`` input.
 
+The CPU burst loop's stage (``hooks.spec.rhp_reconcile_cpu_burst``) takes a ``BurstRound``: what
+that loop read from the containers' cgroups this round, and each container's ``BurstState`` as
+the plugin reported it the round before.
+
 The records those decisions report beside their plans (``hooks.plan.Record``) live here too, so
 the loop that runs a stage reads them without importing a plugin: ``SuppressDecision`` (the usage
-loop's ``rhp_cpu_suppress_target_cores``).
+loop's ``rhp_cpu_suppress_target_cores``) and ``BurstDecision`` (one container's new CFS quota,
+its writes and its state for the next round).
 
 Units: CPU in millicores (1000 = one CPU busy for the whole interval), memory in bytes, times
 in seconds. Memory usage of a pod or container excludes page cache (anon + unevictable), as
@@ -22,13 +27,17 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hooks.facts import CFS_PERIOD_US
-from hooks.plan import Record
+from hooks.plan import CgroupWrite, Record
 from koord_formats import keys
 
 __all__ = [
     "EVICTION_MEMORY_SECONDS",
     "MAX_SAMPLES",
     "BEState",
+    "BurstDecision",
+    "BurstRound",
+    "BurstState",
+    "ContainerCPU",
     "EvictionRecord",
     "ResourceUsage",
     "SuppressAmount",
@@ -175,3 +184,85 @@ class SuppressDecision(Record):
         if self.policy == keys.CPU_SUPPRESS_POLICY_CPUSET and self.cpuset:
             return float(len(self.cpuset))
         return None
+
+
+# ---- the ReconcileCpuBurst stage ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerCPU:
+    """What the CPU burst loop read from one container's cgroup this round: its CFS quota now
+    (``-1``: unlimited), ``nr_periods`` and ``nr_throttled`` of ``cpu.stat``, its CPU time
+    (``cpuacct.usage``, ns; None when unreadable) and ``draw``, a uniform random number in
+    [0, 1) drawn for this container this round (a decision that needs chance uses it, so the
+    decision itself stays a pure function)."""
+
+    cfs_quota_us: int
+    nr_periods: int = 0
+    nr_throttled: int = 0
+    usage_ns: int | None = None
+    draw: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BurstState:
+    """One container's burst state from one round to the next, as the plugin reported it:
+    ``throttle`` the last ``(nr_periods, nr_throttled, at)`` sample, ``usage`` the last
+    ``(cpuacct.usage ns, at)``, ``bucket`` the token bucket ``(capacity, tokens, last update)``
+    (None: none)."""
+
+    throttle: tuple[int, int, float] | None = None
+    usage: tuple[int, float] | None = None
+    bucket: tuple[float, float, float] | None = None
+
+
+def _no_containers() -> Mapping[str, ContainerCPU]:
+    return MappingProxyType({})
+
+
+def _no_quotas() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
+def _no_states() -> Mapping[str, BurstState]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class BurstRound:
+    """One round of the CPU burst loop: when (``at``, the loop's monotonic clock), its interval
+    in seconds, the share pool's usage ratio (None: not known yet), what it read per container
+    id (``containers``: the containers of pods that call hooks, with an id and a readable quota)
+    and per pod cgroup path (``pod_quotas``: the pod's ``cpu.cfs_quota_us``), and the states the
+    plugin reported last round, by container id (``states``; a container it decided nothing
+    for has none)."""
+
+    at: float
+    interval: float = 1.0
+    share_pool_ratio: float | None = None
+    containers: Mapping[str, ContainerCPU] = field(default_factory=_no_containers)
+    pod_quotas: Mapping[str, int] = field(default_factory=_no_quotas)
+    states: Mapping[str, BurstState] = field(default_factory=_no_states)
+
+
+@dataclass(frozen=True, slots=True)
+class BurstDecision(Record):
+    """What the ``ReconcileCpuBurst`` stage decided for one container (``container_id``): its
+    quota ``old`` and ``new``, the operation (``up``, ``remain``, ``down``, ``reset``), the
+    throttled ratio it saw (None: no data), the share pool's state (``overload``, ``cooling``,
+    ``idle``), its ``state`` for the next round and ``writes``, the container's (and its pod's)
+    quota writes, also in the plan's ``writes``: the loop applies each decision's writes as one
+    all-or-nothing group (empty when nothing changes)."""
+
+    container_id: str
+    old: int
+    new: int
+    op: str
+    throttled: float | None
+    node_state: str
+    state: BurstState = field(default_factory=BurstState)
+    writes: tuple[CgroupWrite, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"BurstDecision:{self.container_id}"

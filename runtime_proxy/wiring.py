@@ -247,7 +247,7 @@ def loops(
         dry_run=dry_run,
         node_changes=node_source.changes(),
     )
-    burst = CPUBurstLoop(backend, cgroups=applier.cgroups, dry_run=dry_run)
+    burst = CPUBurstLoop(backend, pipeline=pipeline, applier=applier, cgroups=applier.cgroups)
     usage: UsageLoop | None = None
     run_usage, why = usage_loop_decision(config, pm, pipeline)
     log.info("periodic loops", reconciler=f"every {config.reconcilePeriodSeconds:g} s and on changes",

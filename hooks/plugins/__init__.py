@@ -12,9 +12,10 @@ plugin's module name, registration name and config name are the same string.
   ``batch_resource`` (which divides BE batch quotas by the same ratio) and before ``cpu_burst``
   (whose burst and cfsQuotaBurst base are the normalized quota).
 - ``gpu_env``: ``NVIDIA_VISIBLE_DEVICES`` from the device allocation.
-- ``cpu_burst``: ``cpu.cfs_burst_us`` from ``cpuBurstStrategy`` (the cfsQuotaBurst loop's
-  decisions are pure functions in the same module, run by ``runtime_proxy.loops.burst``).
-- ``rdt``: resctrl class groups (LSR/LS/BE), pod-level groups, task moves, removal.
+- ``cpu_burst``: ``cpu.cfs_burst_us`` from ``cpuBurstStrategy``, and cfsQuotaBurst (the
+  ``ReconcileCpuBurst`` stage the CPU burst loop runs every second).
+- ``rdt``: resctrl class groups (LSR/LS/BE), pod-level groups, task moves, removal (also of
+  the groups left behind, at ``ReconcileResctrlGroups``).
 - ``host_app_qos``: group identity and the LS cpuset for NodeSLO ``hostApplications``.
 - ``cpu_suppress``: the BE share (kube-QoS quota or BE cpusets) from sampled usage, at the
   ``ReconcileUsage`` stage run by the usage loop (``runtime_proxy.loops.qos``).

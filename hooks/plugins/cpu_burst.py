@@ -19,12 +19,19 @@ Outputs
     ``cpu.max.burst``): limit cores x cpuBurstPercent/100 x 100000, 0 without a limit. Mainline
     kernels refuse a burst above the quota (EINVAL), so the value is capped at the container's
     quota and the cap is recorded as a skip.
-cfsQuotaBurst (the periodic loop, ``runtime_proxy.loops.burst``)
-    is decided here by pure functions over observed stats: ``share_pool_state``,
-    ``decide_operation``, ``next_quota`` and the token bucket ``BurstLimiter``. The loop reads
-    ``cpu.stat`` and the share-pool load, calls them and applies the quota writes.
+cfsQuotaBurst (stage ``reconcile_cpu_burst``, run by the CPU burst loop every second)
+    for each eligible container with a quota, from the loop's readings
+    (``hooks.usage.BurstRound``: ``cpu.stat``, ``cpuacct.usage``, the quotas, the share pool's
+    usage) and the container's state of the last round: ``share_pool_state``,
+    ``throttled_ratio``, the token bucket ``BurstLimiter`` (``cfsQuotaBurstPeriodSeconds >= 0``),
+    ``decide_operation`` and ``next_quota`` give the new quota within [base, base x
+    cfsQuotaBurstPercent/100] (``reset`` to the base when cfsQuotaBurst is off). Writes the
+    container's ``cpu.cfs_quota_us`` and moves the pod's by the same delta unless it is
+    unlimited; reports a ``hooks.usage.BurstDecision`` per container (its writes and its state
+    for the next round).
 Leaves alone
-    ``cpu.cfs_quota_us`` (only the loop changes it), LSR/LSE/BE pods, containers without an id.
+    ``cpu.cfs_quota_us`` outside ``reconcile_cpu_burst``, LSR/LSE/BE pods, containers without
+    an id.
 """
 
 from __future__ import annotations
@@ -43,8 +50,9 @@ from hooks.facts import (
     pod_cgroup_path,
     pod_cpu_burst_config,
 )
-from hooks.plan import Plan
+from hooks.plan import CgroupWrite, Plan
 from hooks.spec import hookimpl
+from hooks.usage import BurstDecision, BurstRound, BurstState, ContainerCPU
 from koord_formats import FormatError, keys
 from koord_formats.nodeslo import CPUBurstConfig
 
@@ -154,10 +162,11 @@ def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
     return plan
 
 
-# ---- cfsQuotaBurst: pure decisions for runtime_proxy.loops.burst -------------------------------------
+# ---- cfsQuotaBurst: the reconcile_cpu_burst stage ------------------------------------------------
 
 OVERLOAD, COOLING, IDLE = "overload", "cooling", "idle"
-UP, REMAIN, DOWN = "up", "remain", "down"
+UP, REMAIN, DOWN, RESET = "up", "remain", "down", "reset"
+QUOTA_FILE = "cpu.cfs_quota_us"
 
 
 def share_pool_state(usage_ratio: float | None, threshold_percent: int) -> str:
@@ -242,3 +251,87 @@ class BurstLimiter:
             self.tokens += (100 - usage_percent) * elapsed
         self.tokens = max(-self.capacity, min(self.capacity, self.tokens))
         return self.tokens > 0
+
+
+def _bucket_ok(
+    prev: BurstState, sample: ContainerCPU, container: ContainerFacts, base: int, cfg: CPUBurstConfig,
+    burst: BurstRound,
+) -> tuple[bool, tuple[int, float] | None, tuple[float, float, float] | None]:
+    """Whether the token bucket lets the container burst on, with its new usage sample and
+    bucket (``cfsQuotaBurstPeriodSeconds < 0``: no bucket, always True)."""
+    period_s, now = cfg.cfs_quota_burst_period_seconds, burst.at
+    if period_s < 0:
+        return True, prev.usage, None
+    usage = (sample.usage_ns, now) if sample.usage_ns is not None else prev.usage
+    bucket = prev.bucket
+    if bucket is None or now - bucket[2] > 2 * max(period_s, burst.interval):
+        limiter = BurstLimiter.new(cfg, now, lambda: sample.draw)
+    else:
+        limiter = BurstLimiter(*bucket)
+    if prev.usage is None or sample.usage_ns is None or now <= prev.usage[1]:
+        ok = limiter.tokens > 0
+    else:
+        limit_cores = base / (container.resources.cpu_period or CFS_PERIOD_US)
+        usage_percent = (sample.usage_ns - prev.usage[0]) / 1e9 / (now - prev.usage[1]) / limit_cores * 100
+        ok = limiter.update(usage_percent, now)
+    return ok, usage, (limiter.capacity, limiter.tokens, limiter.last)
+
+
+def quota_decision(
+    pod: PodFacts, container: ContainerFacts, node: NodeFacts, burst: BurstRound, pod_quota: int | None
+) -> BurstDecision | None:
+    """One container's cfsQuotaBurst decision (None: not eligible, no quota, not read this
+    round); ``pod_quota`` is its pod's quota as the decisions before it in this round left it."""
+    sample = burst.containers.get(container.id) if container.id else None
+    if sample is None or not is_eligible(pod):
+        return None
+    base = base_quota(pod, container, node)
+    if base <= 0:
+        return None
+    try:
+        path = container_cgroup_path(pod, container.id, node.cgroup.driver)
+        pod_path = pod_cgroup_path(pod)
+    except ValueError:
+        return None
+    prev = burst.states.get(container.id, BurstState())
+    cfg = pod_burst_config(pod, node)
+    current = sample.cfs_quota_us
+    node_state = share_pool_state(burst.share_pool_ratio, cfg.share_pool_threshold_percent)
+    throttled: float | None = None
+    state = prev
+    if not cfg.cfs_quota_burst_enabled:
+        op, target = RESET, base
+    else:
+        cur = (sample.nr_periods, sample.nr_throttled, burst.at)
+        throttled = throttled_ratio(prev.throttle, cur, 2 * burst.interval)
+        ok, usage, bucket = _bucket_ok(prev, sample, container, base, cfg, burst)
+        state = BurstState(cur, usage, bucket)
+        op = decide_operation(throttled, node_state, ok)
+        target = next_quota(current, base, quota_ceiling(base, cfg), op)
+    writes: tuple[CgroupWrite, ...] = ()
+    if target != current and not (op == RESET and current == base):
+        writes = (CgroupWrite("container", path, QUOTA_FILE, str(target)),)
+        if pod_quota is not None and pod_quota > 0:
+            writes += (CgroupWrite("pod", pod_path, QUOTA_FILE, str(max(1000, pod_quota + target - current))),)
+    return BurstDecision(container.id, current, target, op, throttled, node_state, state, writes)
+
+
+@hookimpl
+def rhp_reconcile_cpu_burst(node: NodeFacts, pods: tuple[PodFacts, ...], burst: BurstRound) -> Plan | None:
+    plan = Plan()
+    pod_quotas = dict(burst.pod_quotas)
+    for pod in pods:
+        for container in pod.containers:
+            try:
+                pod_path = pod_cgroup_path(pod)
+            except ValueError:
+                break
+            decision = quota_decision(pod, container, node, burst, pod_quotas.get(pod_path))
+            if decision is None:
+                continue
+            for w in decision.writes:
+                plan.write(w.level, w.path, w.file, w.value)
+                if w.level == "pod":
+                    pod_quotas[pod_path] = int(w.value)
+            plan.report(decision)
+    return plan

@@ -58,6 +58,8 @@ __all__ = [
 POD_STAGES = {name for name, hook in STAGES.items() if "pod_sandbox" in hook} | {"ReconcilePod"}
 NODE_STAGES = {"ReconcileNode"}
 USAGE_STAGE = "ReconcileUsage"
+# Stages whose arguments only their loop has (what it read this round): not planned here.
+LOOP_STAGES = {"ReconcileCpuBurst": "the CPU burst loop", "ReconcileResctrlGroups": "the reconciler"}
 MAX_USAGE_PODS = 4096
 
 
@@ -352,6 +354,8 @@ def plan_document(
         raise PlanInputError(f"the document names no stage: add \"stage\", one of {sorted(STAGES)} or 'Reconcile'")
     if not isinstance(stage, str) or (stage != "Reconcile" and stage not in STAGES):
         raise PlanInputError(f"unknown stage {shorten(stage)}; use one of {sorted(STAGES)} or 'Reconcile'")
+    if stage in LOOP_STAGES:
+        raise PlanInputError(f"stage {stage} runs only in {LOOP_STAGES[stage]}, on what it reads; it cannot be planned")
     _check_shape(doc)
     plugins = doc.get("plugins")
     if pm is None:

@@ -1,19 +1,27 @@
-"""The cfsQuotaBurst loop: scale the CFS quota of throttled LS containers up while the share
-pool has room, and back down when it is loaded (Koordinator's CPU Burst ``cfsQuotaBurst``).
+"""The CPU burst loop: runs the ``ReconcileCpuBurst`` stage (Koordinator's CPU Burst
+``cfsQuotaBurst``: the CFS quota of throttled containers up while the share pool has room, back
+down when it is loaded) every ``interval`` seconds (Koordinator: 1 s).
 
-Started by the proxy (``runtime_proxy.commands.serve.Proxy``) next to the reconciler (same backend:
-``node()``, ``pods()``, ``containers()``). Every ``interval`` seconds (Koordinator: 1 s)
-``step`` reads each eligible container's ``cpu.stat`` (throttling) and current
-``cpu.cfs_quota_us``, takes its base quota from ``hooks.plugins.cpu_burst.base_quota`` (the
-quota CPU normalization gives the container, so base and ceiling are the normalized ones), and
-the share pool's
-load (``SharePoolLoad``: node CPU usage from ``/proc/stat`` minus LSE/LSR/BE pods' usage, over
-the node's CPUs minus the bound ones), asks the pure decisions in ``hooks.plugins.cpu_burst``
-for the new quota and writes container and pod quota through ``apply_files`` (which orders a
-scale-up pod first and a scale-down container first). The pod quota moves by the same delta
-unless it is unlimited. With ``cfsQuotaBurstPeriodSeconds >= 0`` a per-container token bucket
-limits how long a container may burst. ``cpu.cfs_burst_us`` is not this loop's job (plugin
-``cpu_burst`` at create and reconcile).
+Started by the composition root (``runtime_proxy.wiring.loops``) next to the reconciler (same
+backend: ``node()``, ``pods()``, ``containers()``), with the entry point's hook runner and
+applier. One round (``step``):
+
+1. reads, off the event loop, for every running container of a pod that calls hooks: its
+   ``cpu.cfs_quota_us`` (a container whose quota cannot be read is left out), ``cpu.stat``
+   (``nr_periods``, ``nr_throttled``) and ``cpuacct.usage``; each such pod's
+   ``cpu.cfs_quota_us``; and the share pool's load (``SharePoolLoad``: node CPU usage from
+   ``/proc/stat`` minus LSE/LSR/BE pods' usage, over the node's CPUs minus the bound ones);
+2. runs ``ReconcileCpuBurst`` (``hooks.spec.rhp_reconcile_cpu_burst``: ``node``, the pods with
+   their containers, ``burst``: a ``hooks.usage.BurstRound`` of these readings and the states
+   the plugins reported last round) through the one hook runner, so plugin order, timeout and
+   failure policy are the configured ones (plugin ``cpu_burst`` decides);
+3. hands each reported ``hooks.usage.BurstDecision``'s writes (a container's quota and its
+   pod's) to the applier as one all-or-nothing plan (the applier orders a scale-up pod first
+   and a scale-down container first), and keeps each decision's ``state`` for the next round
+   (all of last round's states when a step of the stage failed).
+
+A round without a plugin for the stage reads nothing. ``cpu.cfs_burst_us`` is not this loop's
+job (plugin ``cpu_burst`` at create and reconcile).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 import structlog
@@ -39,24 +48,16 @@ from hooks.facts import (
     with_bound_pods,
 )
 from hooks.plan import Plan
-from hooks.plugins.cpu_burst import (
-    BurstLimiter,
-    base_quota,
-    decide_operation,
-    is_eligible,
-    next_quota,
-    pod_burst_config,
-    quota_ceiling,
-    share_pool_state,
-    throttled_ratio,
-)
-from koord_formats.nodeslo import CPUBurstConfig
-from runtime_proxy.host.apply import apply_files
+from hooks.usage import BurstDecision, BurstRound, BurstState, ContainerCPU
+from runtime_proxy.engine.pipeline import Pipeline
+from runtime_proxy.host.apply import Applier
 from runtime_proxy.host.cgroups import CgroupError, Cgroups
 from runtime_proxy.loops.background import Background, every
 from runtime_proxy.loops.usage import PROC_STAT_HEAD_BYTES, parse_proc_stat, read_bounded
 
-__all__ = ["BurstBackend", "CPUBurstLoop", "QuotaChange", "SharePoolLoad"]
+__all__ = ["STAGE", "BurstBackend", "CPUBurstLoop", "QuotaChange", "SharePoolLoad"]
+
+STAGE = "ReconcileCpuBurst"
 
 log = structlog.get_logger("runtime_proxy.loops.burst")
 QUOTA_SCALED = Counter("rhp_cfs_quota_burst_scaled", "cfs quota changes by the burst loop", ["direction"])
@@ -73,7 +74,7 @@ class BurstBackend(Protocol):
 
 @dataclass(frozen=True)
 class QuotaChange:
-    """One decision of a round (also when nothing changed)."""
+    """One decision of a round (also when nothing changed); ``applied``: its writes were made."""
 
     container_id: str
     old: int
@@ -147,116 +148,112 @@ class CPUBurstLoop:
     """The loop (see module docstring).
 
     :param backend: node, pods and containers.
-    :param cgroups: the cgroup tree.
+    :param pipeline: the hook runner (``ReconcileCpuBurst`` runs through it).
+    :param applier: carries out the decisions' writes (the dry-run applier records them).
+    :param cgroups: the cgroup tree the loop reads.
     :param pool_load: share pool usage ratio provider (default ``SharePoolLoad``).
     :param interval: seconds between rounds (default 1, as koordlet).
-    :param dry_run: decide and log, write nothing.
+    :param clock: the monotonic clock of the readings; ``rng`` draws each container's
+        ``ContainerCPU.draw``.
     """
 
     def __init__(
         self,
         backend: BurstBackend,
         *,
+        pipeline: Pipeline,
+        applier: Applier,
         cgroups: Cgroups,
         pool_load: Callable[[], float | None] | None = None,
         interval: float = 1.0,
-        dry_run: bool = False,
         clock: Callable[[], float] = time.monotonic,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.backend = backend
+        self.pipeline = pipeline
+        self.applier = applier
         self.cgroups = cgroups
         self.pool_load = pool_load if pool_load is not None else SharePoolLoad(backend, cgroups, clock=clock)
         self.interval = interval
-        self.dry_run = dry_run
         self.clock = clock
         self.rng = rng
-        self._samples: dict[str, tuple[int, int, float]] = {}
-        self._usage: dict[str, tuple[int, float]] = {}
-        self._limiters: dict[str, BurstLimiter] = {}
+        # container id -> the state its last decision reported (``BurstRound.states``)
+        self._states: dict[str, BurstState] = {}
         self._loop = Background()
 
-    def step(self) -> list[QuotaChange]:
-        """One round over every container (synchronous: reads and writes cgroup files)."""
+    def _read(self) -> tuple[NodeFacts, tuple[PodFacts, ...], BurstRound]:
+        """The stage's arguments: the pods with their read containers and this round's
+        readings (file reads: a worker thread)."""
         now = self.clock()
         node = self.backend.node()
         ratio = self.pool_load()
-        changes: list[QuotaChange] = []
-        seen: set[str] = set()
+        by_pod: dict[str, tuple[PodFacts, list[ContainerFacts]]] = {}
+        readings: dict[str, ContainerCPU] = {}
         for pod, container in self.backend.containers():
-            if pod.skips_hooks or not container.id or not is_eligible(pod):
-                continue
-            base = base_quota(pod, container, node)
-            if base <= 0:
+            if pod.skips_hooks or not container.id:
                 continue
             try:
                 path = container_cgroup_path(pod, container.id, node.cgroup.driver)
-                pod_path = pod_cgroup_path(pod)
-                current = self.cgroups.read_int(path, "cpu.cfs_quota_us")
+                quota = self.cgroups.read_int(path, "cpu.cfs_quota_us")
+                if quota is None:
+                    continue
                 stat = self.cgroups.read_stat(path)
+                usage = self.cgroups.read_int(path, "cpuacct.usage")
             except (ValueError, CgroupError):
                 continue
-            if current is None:
+            readings[container.id] = ContainerCPU(
+                quota, stat.get("nr_periods", 0), stat.get("nr_throttled", 0), usage, self.rng()
+            )
+            by_pod.setdefault(pod.uid or pod.sandbox_id, (pod, []))[1].append(container)
+        pods = tuple(pod.replace(containers=tuple(cs)) for pod, cs in by_pod.values())
+        pod_quotas: dict[str, int] = {}
+        for pod in pods:
+            try:
+                pod_path = pod_cgroup_path(pod)
+                pod_quota = self.cgroups.read_int(pod_path, "cpu.cfs_quota_us")
+            except (ValueError, CgroupError):
                 continue
-            seen.add(container.id)
-            cfg = pod_burst_config(pod, node)
-            throttled: float | None = None
-            state = share_pool_state(ratio, cfg.share_pool_threshold_percent)
-            if not cfg.cfs_quota_burst_enabled:
-                op, target = "reset", base
-            else:
-                sample = (stat.get("nr_periods", 0), stat.get("nr_throttled", 0), now)
-                throttled = throttled_ratio(self._samples.get(container.id), sample, 2 * self.interval)
-                self._samples[container.id] = sample
-                ok = self._limiter_ok(container, path, cfg.cfs_quota_burst_period_seconds, base, now, cfg)
-                op = decide_operation(throttled, state, ok)
-                target = next_quota(current, base, quota_ceiling(base, cfg), op)
+            if pod_quota is not None:
+                pod_quotas[pod_path] = pod_quota
+        burst = BurstRound(
+            now, self.interval, ratio, MappingProxyType(readings), MappingProxyType(pod_quotas),
+            MappingProxyType({cid: s for cid, s in self._states.items() if cid in readings}),
+        )
+        return node, pods, burst
+
+    def _apply(self, decisions: list[BurstDecision]) -> list[QuotaChange]:
+        """Each decision's writes as one plan (a worker thread: file I/O)."""
+        changes: list[QuotaChange] = []
+        for d in decisions:
             applied = False
-            if target != current and not (op == "reset" and current == base):
-                applied = self._write(pod_path, path, current, target)
-                QUOTA_SCALED.labels("up" if target > current else "down").inc()
-            changes.append(QuotaChange(container.id, current, target, op, throttled, state, applied))
-        for gone in set(self._samples) - seen:
-            self._samples.pop(gone, None)
-            self._usage.pop(gone, None)
-            self._limiters.pop(gone, None)
+            if d.writes:
+                QUOTA_SCALED.labels("up" if d.new > d.old else "down").inc()
+                container_path = d.writes[0].path
+                report = self.applier.apply_files(Plan(writes=list(d.writes)))
+                if report.errors:
+                    log.warning("cfs quota burst write failed", container=container_path, errors=report.errors)
+                else:
+                    log.info("cfs quota scaled", container=container_path, old=d.old, new=d.new,
+                             dry_run=report.dry_run)
+                    applied = not report.dry_run
+            changes.append(QuotaChange(d.container_id, d.old, d.new, d.op, d.throttled, d.node_state, applied))
         return changes
 
-    def _limiter_ok(
-        self, container: ContainerFacts, path: str, period_s: int, base: int, now: float, cfg: CPUBurstConfig
-    ) -> bool:
-        if period_s < 0:
-            self._limiters.pop(container.id, None)
-            return True
-        usage_ns = self.cgroups.read_int(path, "cpuacct.usage")
-        prev = self._usage.get(container.id)
-        if usage_ns is not None:
-            self._usage[container.id] = (usage_ns, now)
-        limiter = self._limiters.get(container.id)
-        if limiter is None or now - limiter.last > 2 * max(period_s, self.interval):
-            limiter = BurstLimiter.new(cfg, now, self.rng)
-            self._limiters[container.id] = limiter
-        if prev is None or usage_ns is None or now <= prev[1]:
-            return limiter.tokens > 0
-        period = container.resources.cpu_period or 100000
-        limit_cores = base / period
-        usage_percent = (usage_ns - prev[0]) / 1e9 / (now - prev[1]) / limit_cores * 100
-        return limiter.update(usage_percent, now)
-
-    def _write(self, pod_path: str, path: str, current: int, target: int) -> bool:
-        plan = Plan().write("container", path, "cpu.cfs_quota_us", target)
-        pod_quota = self.cgroups.read_int(pod_path, "cpu.cfs_quota_us")
-        if pod_quota is not None and pod_quota > 0:
-            plan.write("pod", pod_path, "cpu.cfs_quota_us", max(1000, pod_quota + target - current))
-        report = apply_files(plan, cgroups=self.cgroups, dry_run=self.dry_run)
-        if report.errors:
-            log.warning("cfs quota burst write failed", container=path, errors=report.errors)
-            return False
-        log.info("cfs quota scaled", container=path, old=current, new=target, dry_run=self.dry_run)
-        return not self.dry_run
+    async def step(self) -> list[QuotaChange]:
+        """One round (see module docstring); never raises for a plugin's or a file's failure."""
+        if not self.pipeline.has_work(STAGE):
+            return []
+        node, pods, burst = await asyncio.to_thread(self._read)
+        result = await self.pipeline.run(STAGE, PodFacts(), None, node, extra={"pods": pods, "burst": burst})
+        decisions = [r for r in result.plan.records if isinstance(r, BurstDecision)]
+        if result.failures:
+            self._states.update((d.container_id, d.state) for d in decisions)
+        else:
+            self._states = {d.container_id: d.state for d in decisions}
+        return await asyncio.to_thread(self._apply, decisions)
 
     async def _round(self) -> None:
-        await asyncio.to_thread(self.step)
+        await self.step()
 
     async def start(self) -> None:
         if not self._loop.running:

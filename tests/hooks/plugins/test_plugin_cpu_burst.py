@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from hooks.plugins.cpu_burst import (
     share_pool_state,
     throttled_ratio,
 )
+from hooks.usage import BurstDecision, BurstRound, BurstState, ContainerCPU
 from koord_formats import keys, nodeslo
 from koord_formats.nodeslo import CPUBurstConfig
 from tests.hooks.plugins.factories import call, container, node, pod, writes
@@ -145,3 +147,54 @@ def test_token_bucket() -> None:
     assert limiter.update(10, now=4.0) is True  # refill 90 more
     limiter.update(0, now=1000.0)
     assert limiter.tokens == limiter.capacity
+
+
+# ---- the reconcile_cpu_burst stage ----------------------------------------------------------------
+
+POD_DIR = "kubepods/burstable/poduid-1"
+
+
+def burst_round(at: float, throttled: int, states: dict[str, BurstState] | None = None,
+                usage: int | None = None) -> BurstRound:
+    read = {cid: ContainerCPU(20000, nr_periods=10 * int(at), nr_throttled=throttled, usage_ns=usage, draw=0.25)
+            for cid in ("a", "b")}
+    return BurstRound(at, 1.0, 0.1, MappingProxyType(read), MappingProxyType({POD_DIR: 40000}),
+                      MappingProxyType(states or {}))
+
+
+def test_the_stage_scales_each_container_and_moves_the_pod_by_every_delta() -> None:
+    """Two throttled containers of one pod: each goes up by x1.2 and the pod by both deltas; the
+    state each decision reports is what the next round needs (its ``cpu.stat`` sample)."""
+    the_pod = pod("LS", containers=(container("a", "a", cpu_quota=20000, cpu_period=100000),
+                                    container("b", "b", cpu_quota=20000, cpu_period=100000)))
+    first = cpu_burst.rhp_reconcile_cpu_burst(node=node(slo=AUTO), pods=(the_pod,), burst=burst_round(1.0, 0))
+    assert first is not None and first.writes == []
+    states = {d.container_id: d.state for d in first.records if isinstance(d, BurstDecision)}
+    assert states == {"a": BurstState((10, 0, 1.0), None, None), "b": BurstState((10, 0, 1.0), None, None)}
+    plan = cpu_burst.rhp_reconcile_cpu_burst(node=node(slo=AUTO), pods=(the_pod,), burst=burst_round(2.0, 5, states))
+    assert plan is not None
+    assert [(w.level, w.path, w.value) for w in plan.writes] == [
+        ("container", f"{POD_DIR}/a", "24000"), ("pod", POD_DIR, "44000"),
+        ("container", f"{POD_DIR}/b", "24000"), ("pod", POD_DIR, "48000"),
+    ]
+    decisions = [d for d in plan.records if isinstance(d, BurstDecision)]
+    assert [(d.container_id, d.old, d.new, d.op) for d in decisions] == [("a", 20000, 24000, UP),
+                                                                         ("b", 20000, 24000, UP)]
+    assert [len(d.writes) for d in decisions] == [2, 2]
+
+
+def test_the_stage_keeps_its_token_bucket_in_the_state() -> None:
+    slo = {"cpuBurstStrategy": {"policy": "auto", "cfsQuotaBurstPeriodSeconds": 10}}
+    the_pod = pod("LS", containers=(container("a", "a", cpu_quota=20000, cpu_period=100000),))
+    plan = cpu_burst.rhp_reconcile_cpu_burst(node=node(slo=slo), pods=(the_pod,), burst=burst_round(1.0, 0, usage=0))
+    assert plan is not None
+    (decision,) = [d for d in plan.records if isinstance(d, BurstDecision)]
+    assert decision.state.usage == (0, 1.0)
+    assert decision.state.bucket == (2000.0, 0.25 * 0.5 * 2000.0, 1.0), "a new bucket filled by the round's draw"
+
+
+def test_the_stage_leaves_out_what_it_does_not_decide() -> None:
+    lsr = pod("LSR", containers=(container("a", "a", cpu_quota=20000, cpu_period=100000),))
+    unread = pod("LS", uid="other", containers=(container("z", "z", cpu_quota=20000, cpu_period=100000),))
+    plan = cpu_burst.rhp_reconcile_cpu_burst(node=node(slo=AUTO), pods=(lsr, unread), burst=burst_round(1.0, 0))
+    assert plan is not None and plan.writes == [] and plan.records == []

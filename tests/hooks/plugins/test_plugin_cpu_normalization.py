@@ -19,7 +19,7 @@ from hooks.plan import Plan
 from hooks.plugins import BUILTIN_PLUGINS, batch_resource, cpu_burst, cpu_normalization
 from runtime_proxy.engine.intercept import CriInterceptor, StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
-from runtime_proxy.host.apply import apply_files
+from runtime_proxy.host.apply import FileApplier, apply_files
 from runtime_proxy.host.cgroups import CgroupError, Cgroups, WriteResult
 from runtime_proxy.loops.burst import CPUBurstLoop
 from runtime_proxy.loops.reconciler import Reconciler
@@ -399,15 +399,18 @@ async def test_the_burst_loop_scales_from_the_normalized_base(tmp_path: Path) ->
     slo = {"cpuBurstStrategy": {"policy": "cfsQuotaBurstOnly", "cfsQuotaBurstPercent": 150}}
     rt = _setup(tmp_path, "2.00", {"a": 160000}, slo)
     make_files(tmp_path, f"{POD}/a", {"cpu.stat": "nr_periods 10\nnr_throttled 0\nthrottled_time 0"})
-    loop = CPUBurstLoop(rt, cgroups=rt.cgroups, pool_load=lambda: 0.0, clock=iter(range(100)).__next__)
-    first = loop.step()
+    pipeline = Pipeline(plugin_steps(make_plugin_manager(builtins=["cpu_burst"], entry_points=False),
+                                     [("cpu_burst", "Ignore", 30.0)]))
+    loop = CPUBurstLoop(rt, pipeline=pipeline, applier=FileApplier(cgroups=rt.cgroups), cgroups=rt.cgroups,
+                        pool_load=lambda: 0.0, clock=iter(range(100)).__next__)
+    first = await loop.step()
     # The ratio moved to 2.00 before the reconciler ran: the loop's base is already 100000, so its
     # ceiling is 1.5 x 100000 (with the runtime's 160000 as base it would have been 240000).
     assert [(c.old, c.new) for c in first] == [(160000, 150000)]
     assert read_file(tmp_path, POD, "cpu.cfs_quota_us") == "150000"
     make_files(tmp_path, f"{POD}/a", {"cpu.stat": "nr_periods 20\nnr_throttled 10\nthrottled_time 5"})
     for _ in range(5):
-        loop.step()
+        await loop.step()
     assert read_file(tmp_path, f"{POD}/a", "cpu.cfs_quota_us") == "150000"  # the ceiling: 1.5 x 100000
     decided = container_cpu_quota(rt.pod_list[0], rt.container_list[0][1], rt.node_facts)
     assert decided.quota == 100000 and decided.original == 200000

@@ -15,7 +15,7 @@ from hooks.manager import builtin_plugin
 from hooks.plan import Plan
 from hooks.plugins import BUILTIN_PLUGINS
 from hooks.spec import STAGES
-from hooks.usage import BEState, ResourceUsage, Usage, UsageSample
+from hooks.usage import BEState, BurstRound, BurstState, ContainerCPU, ResourceUsage, Usage, UsageSample
 from tests.hooks.plugins.factories import container, node, pod
 from tests.topologies import DUAL_SOCKET_HT
 
@@ -68,6 +68,15 @@ USAGE = Usage(
 GROUPS = ("BE", "LS", "koordlet-uid-1", "koordlet-", "koordlet-..", "koordlet-\x00", "info")
 
 
+# A CPU burst round with a throttled container, a token bucket and readings that went backwards.
+BURST = BurstRound(
+    at=10.0, interval=1.0, share_pool_ratio=0.1,
+    containers=MappingProxyType({"c": ContainerCPU(-1, nr_periods=5, nr_throttled=9, usage_ns=-3, draw=0.99)}),
+    pod_quotas=MappingProxyType({"kubepods/burstable/podu": 0}),
+    states=MappingProxyType({"c": BurstState((10, 20, 11.0), (7, 10.0), (-1.0, 5.0, 9.5))}),
+)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     annotations=st.dictionaries(st.sampled_from(KEYS), raw, max_size=4),
@@ -94,7 +103,7 @@ def test_plugins_never_raise(annotations: dict[str, str], node_annotations: dict
                 continue
             for window in (usage, USAGE):
                 kwargs = {"pod": the_pod, "container": c, "node": the_node, "pods": (the_pod,), "usage": window,
-                          "resctrl_groups": GROUPS}
+                          "resctrl_groups": GROUPS, "burst": BURST}
                 args = {k: v for k, v in kwargs.items()
                         if k in fn.__code__.co_varnames[: fn.__code__.co_argcount]}
                 result = fn(**args)

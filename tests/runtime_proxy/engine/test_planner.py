@@ -92,6 +92,8 @@ def test_reconcile_stage_runs_node_pod_and_container_hooks() -> None:
         pytest.param(doc("PreCreateContainer", node={"cpuTopology": {"detail": 5}}), "cpuTopology",
                      id="bad topology"),
         pytest.param([], "JSON object", id="not an object"),
+        pytest.param(doc("ReconcileCpuBurst"), "runs only in the CPU burst loop", id="a loop's own stage"),
+        pytest.param(doc("ReconcileResctrlGroups"), "runs only in the reconciler", id="the reconciler's own stage"),
     ],
 )
 def test_bad_documents_are_errors(document: Any, message: str) -> None:

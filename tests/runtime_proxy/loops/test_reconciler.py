@@ -23,11 +23,12 @@ from structlog.testing import capture_logs
 
 from hooks.facts import CgroupInfo, ContainerFacts, CPUTopology, NodeFacts, PodFacts, Resources
 from hooks.manager import make_plugin_manager
-from hooks.plan import Plan
+from hooks.plan import CgroupWrite, Plan
 from hooks.plugins.cpu_burst import DOWN, UP
 from hooks.spec import STAGES, hookimpl
+from hooks.usage import BurstDecision, BurstRound, BurstState
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
-from runtime_proxy.host.apply import apply_files
+from runtime_proxy.host.apply import FileApplier, apply_files
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.host.resctrl import Resctrl
 from runtime_proxy.loops.burst import CPUBurstLoop, SharePoolLoad
@@ -356,6 +357,13 @@ def burst_setup(tmp_path: Path, policy: str = "auto") -> tuple[FakeBackend, Path
     return FakeBackend(NodeFacts(node_slo=MappingProxyType(slo)), [pod], [(pod, c)]), tmp_path
 
 
+def burst_loop(backend: FakeBackend, cgroups: Cgroups, **kwargs: Any) -> CPUBurstLoop:
+    """The CPU burst loop with the cpu_burst plugin in its own hook runner."""
+    pm = make_plugin_manager(builtins=["cpu_burst"], entry_points=False)
+    pipeline = Pipeline(plugin_steps(pm, [("cpu_burst", "Ignore", 30.0)]))
+    return CPUBurstLoop(backend, pipeline=pipeline, applier=FileApplier(cgroups=cgroups), cgroups=cgroups, **kwargs)
+
+
 def bump_stat(root: Path, periods: int, throttled: int) -> None:
     (root / "cpu/kubepods/burstable/podb1/c1/cpu.stat").write_text(f"nr_periods {periods}\nnr_throttled {throttled}\n")
 
@@ -369,47 +377,100 @@ def bump_stat(root: Path, periods: int, throttled: int) -> None:
         pytest.param(0.9, 5, DOWN, 20000, 40000, id="loaded pool never goes below the base"),
     ],
 )
-def test_burst_loop_decisions(tmp_path: Path, load: float, throttled: int, expected_op: str, expected_quota: int,
+async def test_burst_loop_decisions(tmp_path: Path, load: float, throttled: int, expected_op: str, expected_quota: int,
                               expected_pod: int) -> None:
     backend, root = burst_setup(tmp_path)
     clock = Clock()
-    loop = CPUBurstLoop(backend, cgroups=Cgroups(root, version=1), pool_load=lambda: load, interval=1.0, clock=clock)
-    loop.step()
+    loop = burst_loop(backend, Cgroups(root, version=1), pool_load=lambda: load, interval=1.0, clock=clock)
+    await loop.step()
     clock.now += 1.0
     bump_stat(root, 10, throttled)
-    (change,) = loop.step()
+    (change,) = await loop.step()
     assert (change.op, change.new) == (expected_op, expected_quota)
     assert read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == str(expected_quota)
     assert read_file(root, "kubepods/burstable/podb1", "cpu.cfs_quota_us") == str(expected_pod)
 
 
-def test_burst_loop_scales_to_the_ceiling_then_back_down(tmp_path: Path) -> None:
+async def test_burst_loop_scales_to_the_ceiling_then_back_down(tmp_path: Path) -> None:
     backend, root = burst_setup(tmp_path)
     clock = Clock()
     load = {"value": 0.1}
-    loop = CPUBurstLoop(backend, cgroups=Cgroups(root, version=1), pool_load=lambda: load["value"], clock=clock)
+    loop = burst_loop(backend, Cgroups(root, version=1), pool_load=lambda: load["value"], clock=clock)
     quotas = []
     for i in range(1, 10):
         clock.now += 1.0
         bump_stat(root, 10 * i, 5 * i)
-        loop.step()
+        await loop.step()
         quotas.append(int(read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us")))
     assert quotas[-1] == 60000 and quotas == sorted(quotas)  # ceiling = 300% of the base
     load["value"] = 0.8
     for i in range(10, 20):
         clock.now += 1.0
         bump_stat(root, 10 * i, 5 * i)
-        loop.step()
+        await loop.step()
     assert read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == "20000"
     assert read_file(root, "kubepods/burstable/podb1", "cpu.cfs_quota_us") == "40000"
 
 
-def test_burst_loop_resets_when_the_policy_is_off(tmp_path: Path) -> None:
+async def test_burst_loop_resets_when_the_policy_is_off(tmp_path: Path) -> None:
     backend, root = burst_setup(tmp_path, policy="cpuBurstOnly")
     (root / "cpu/kubepods/burstable/podb1/c1/cpu.cfs_quota_us").write_text("50000\n")
-    loop = CPUBurstLoop(backend, cgroups=Cgroups(root, version=1), pool_load=lambda: 0.1, clock=Clock())
-    (change,) = loop.step()
+    loop = burst_loop(backend, Cgroups(root, version=1), pool_load=lambda: 0.1, clock=Clock())
+    (change,) = await loop.step()
     assert change.op == "reset" and read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == "20000"
+
+
+class QuotaStub:
+    """A ``ReconcileCpuBurst`` plugin: a quota one above the current one for every container,
+    counting its rounds in the state it reports; ``release`` unset makes it hang."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.release.set()
+        self.seen: list[dict[str, BurstState]] = []
+
+    @hookimpl
+    def rhp_reconcile_cpu_burst(self, pods: tuple[PodFacts, ...], burst: BurstRound) -> Plan:
+        self.release.wait(30)
+        self.seen.append(dict(burst.states))
+        plan = Plan()
+        for pod in pods:
+            for c in pod.containers:
+                old = burst.containers[c.id].cfs_quota_us
+                rounds = (burst.states.get(c.id) or BurstState((0, 0, 0.0))).throttle or (0, 0, 0.0)
+                w = CgroupWrite("container", f"kubepods/burstable/pod{pod.uid}/{c.id}", "cpu.cfs_quota_us",
+                                str(old + 1))
+                plan.write(w.level, w.path, w.file, w.value)
+                plan.report(BurstDecision(c.id, old, old + 1, "up", None, "idle",
+                                          BurstState((rounds[0] + 1, 0, burst.at)), (w,)))
+        return plan
+
+
+async def test_the_burst_stage_runs_under_the_plugins_timeout_and_hands_its_state_back(tmp_path: Path) -> None:
+    """Any plugin may implement ``ReconcileCpuBurst``: its writes are applied, its state comes
+    back in the next round, and a round where it runs past its timeout writes nothing and keeps
+    the state; without a plugin for the stage the loop reads nothing."""
+    backend, root = burst_setup(tmp_path)
+    cg = Cgroups(root, version=1)
+    pm = make_plugin_manager(builtins=[], entry_points=False)
+    stub = QuotaStub()
+    pm.register(stub, name="stub")
+    loop = CPUBurstLoop(backend, pipeline=Pipeline(plugin_steps(pm, [("stub", "Ignore", 0.2)])),
+                        applier=FileApplier(cgroups=cg), cgroups=cg, pool_load=lambda: 0.1, clock=Clock())
+    (change,) = await loop.step()
+    assert (change.old, change.new, change.applied) == (20000, 20001, True)
+    assert read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == "20001"
+    stub.release.clear()
+    assert await loop.step() == [], "past its timeout: no decision, nothing written"
+    assert read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == "20001"
+    stub.release.set()
+    loop.pipeline = Pipeline(plugin_steps(pm, [("stub", "Ignore", 30.0)]))
+    await loop.step()
+    assert stub.seen[-1]["c1"].throttle == (1, 0, 100.0), "the state of the first round came back"
+    assert read_file(root, "kubepods/burstable/podb1/c1", "cpu.cfs_quota_us") == "20002"
+    idle = CPUBurstLoop(backend, pipeline=Pipeline(), applier=FileApplier(cgroups=cg), cgroups=cg,
+                        pool_load=lambda: pytest.fail("a loop without a plugin reads nothing"))
+    assert await idle.step() == []
 
 
 # ---- real cgroups: host applications and a throttled busy loop (root only) ------------------------
@@ -477,7 +538,7 @@ BURNER = "import time\nwhile True:\n    pass\n"
 
 @needs_real_v1
 @pytest.mark.requires_root
-def test_real_busy_loop_is_throttled_then_burst_then_lowered(real_base: str) -> None:
+async def test_real_busy_loop_is_throttled_then_burst_then_lowered(real_base: str) -> None:
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs two CPUs")
     pod_dir, cont = f"{real_base}/podb1", f"{real_base}/podb1/c1"
@@ -506,23 +567,23 @@ def test_real_busy_loop_is_throttled_then_burst_then_lowered(real_base: str) -> 
             measured.append(real())
             return measured[-1]
 
-        loop = CPUBurstLoop(backend, cgroups=cg, interval=0.25, pool_load=pool_load)
-        deadline = time.monotonic() + 3
+        loop = burst_loop(backend, cg, interval=0.25, pool_load=pool_load)
+        deadline = time.monotonic() + 10  # a bound for a loaded machine; the loop ends at the ceiling
         seen: list[int] = []
         while time.monotonic() < deadline and (not seen or seen[-1] < 60000):
-            loop.step()
+            await loop.step()
             seen.append(cg.read_int(cont, "cpu.cfs_quota_us") or 0)
-            time.sleep(0.15)
+            await asyncio.sleep(0.15)
         assert cg.read_stat(cont).get("nr_throttled", 0) > 0
         # raised within bounds: above the base, never above 300% of it (on a busy machine the
         # burner may get too little CPU to stay throttled all the way to the ceiling)
         assert seen[-1] >= 41472 and max(seen) <= 60000
         loader = subprocess.Popen([sys.executable, "-c", BURNER])
         loaded = True
-        deadline = time.monotonic() + 4
+        deadline = time.monotonic() + 10
         while time.monotonic() < deadline and seen[-1] > 20000:
-            time.sleep(0.15)
-            loop.step()
+            await asyncio.sleep(0.15)
+            await loop.step()
             seen.append(cg.read_int(cont, "cpu.cfs_quota_us") or 0)
         assert seen[-1] == 20000  # back to the base, never below
         assert min(seen) >= 20000
