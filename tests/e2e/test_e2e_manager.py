@@ -4,7 +4,10 @@ and, from a NodeMetric status written here (the node agent's job), publish
 ``kubernetes.io/batch-cpu`` and ``batch-memory`` in the Node's status; a BE pod requesting them
 is scheduled by the real kube-scheduler and started by kubelet with the batch cgroup values.
 When the leader stops, the other replica takes the Lease and, once the metric is stale,
-removes the batch resources (degrade).
+removes the batch resources (degrade). The pod webhook, registered with the real API server on
+127.0.0.1: a pod created in a namespace it serves and matching a ClusterColocationProfile
+becomes a BE pod with batch resources and runs; a pod with batch resources but no QoS BE is
+refused.
 
 Runs on the containerd 2.1 stack only (nothing here depends on the runtime), under the identity
 and RBAC of packaging/kustomize/base/manager/rbac.yaml.
@@ -12,6 +15,7 @@ and RBAC of packaging/kustomize/base/manager/rbac.yaml.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import time
@@ -20,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from rhp_devenv.kube import NODE_NAME, Cluster
+from rhp_devenv.kube import NODE_NAME, Cluster, Pki, free_port
 
 from tests.e2e.conftest import Stack, container_id, pod_cgroup, pod_manifest
 from tests.integration import qos_helpers as q
@@ -28,6 +32,7 @@ from tests.integration.harness import REPO
 
 NODESLO_CRD = REPO / "packaging" / "crds" / "nodeslo.yaml"
 NODEMETRIC_CRD = REPO / "packaging" / "crds" / "nodemetric.yaml"
+PROFILE_CRD = REPO / "packaging" / "crds" / "clustercolocationprofile.yaml"
 MANAGER_RBAC = REPO / "packaging" / "kustomize" / "base" / "manager" / "rbac.yaml"
 MANAGER_USER = "system:serviceaccount:koordinator-system:rhp-manager"
 NAMESPACE = "koordinator-system"
@@ -53,6 +58,25 @@ FALLBACK_NODEMETRIC_CRD = {
         }],
     },
 }  # fmt: skip
+
+FALLBACK_PROFILE_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "clustercolocationprofiles.config.koordinator.sh"},
+    "spec": {
+        "group": "config.koordinator.sh",
+        "scope": "Cluster",
+        "names": {"plural": "clustercolocationprofiles", "singular": "clustercolocationprofile",
+                  "kind": "ClusterColocationProfile", "listKind": "ClusterColocationProfileList"},
+        "versions": [{
+            "name": "v1alpha1", "served": True, "storage": True, "subresources": {"status": {}},
+            "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        }],
+    },
+}  # fmt: skip
+# Only pods of namespaces with this label go through the webhook (the other tests' do not).
+SERVED = {"rhp-e2e-colocation": "on"}
+WEBHOOK = "colocation.rhp-e2e.runtime-hook-proxy.io"
 
 CONFIG = {
     "apiVersion": "v1",
@@ -101,15 +125,43 @@ def managers(stack: Stack) -> Iterator[Stack]:
     for crd in ("nodeslos", "nodemetrics"):
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}.slo.koordinator.sh")
     cluster.apply(CONFIG)
+    cluster.apply(PROFILE_CRD.read_text() if PROFILE_CRD.exists() else FALLBACK_PROFILE_CRD)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/clustercolocationprofiles.config.koordinator.sh")
+    pki = Pki(cluster.work_dir / "manager-webhook-pki")
+    ca = pki.ca("manager-webhook-ca")
+    serving = pki.issue(ca, "manager-webhook", cn="rhp-manager", ips=("127.0.0.1",), server=True, client=False)
+    port = free_port()
     groups = ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}")
     kubeconfig = cluster.kubeconfig_for("rhp-manager", user=MANAGER_USER, groups=groups)
     for name in REPLICAS:
+        webhook = [f"--webhook-listen=127.0.0.1:{port}", f"--webhook-cert={serving.cert}",
+                   f"--webhook-key={serving.key}"] if name == REPLICAS[0] else []
         cluster.spawn(name, [sys.executable, "-m", "scheduler_ext.entry", "manager", f"--kubeconfig={kubeconfig}",
-                             f"--identity={name}", "--resync-seconds=2", "--log-format=json"],
+                             f"--identity={name}", "--resync-seconds=2", "--log-format=json", *webhook],
                       env={"PYTHONPATH": str(REPO)})  # fmt: skip
+    bundle = base64.b64encode(ca.cert.read_bytes()).decode()
+    rules = [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
+
+    def hook(path: str) -> dict[str, Any]:
+        return {"name": WEBHOOK, "clientConfig": {"url": f"https://127.0.0.1:{port}{path}", "caBundle": bundle},
+                "rules": rules, "namespaceSelector": {"matchLabels": SERVED}, "admissionReviewVersions": ["v1"],
+                "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 10}
+
+    cluster.apply(
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+         "metadata": {"name": WEBHOOK}, "webhooks": [hook("/mutate-pod")]},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+         "metadata": {"name": WEBHOOK}, "webhooks": [hook("/validate-pod")]},
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "koord-batch"},
+         "value": 5000, "preemptionPolicy": "PreemptLowerPriority"},
+    )  # fmt: skip
     try:
         yield stack
     finally:
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            cluster.kubectl("delete", kind, WEBHOOK, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "clustercolocationprofile", "spark-be", "--ignore-not-found", check=False)
         for name in REPLICAS:
             cluster.stop_process(name)
         for kind in ("nodemetric", "nodeslo"):
@@ -125,6 +177,60 @@ def managers(stack: Stack) -> Iterator[Stack]:
 def _alive(cluster: Cluster) -> None:
     for name in REPLICAS:
         cluster.check_alive(name)
+
+
+def wait_batch(cluster: Cluster) -> dict[str, str]:
+    def batch() -> dict[str, str] | None:
+        _alive(cluster)
+        values = published(cluster)
+        return values if len(values) == 2 else None
+
+    return cluster.wait_for(batch, what="batch resources on the Node", timeout=60, log=REPLICAS[0])
+
+
+def test_a_pod_matching_a_colocation_profile_becomes_a_be_pod_and_runs(managers: Stack, ns: str) -> None:
+    cluster = managers.cluster
+    cluster.kubectl("label", "namespace", ns, *(f"{k}={v}" for k, v in SERVED.items()))
+    cluster.apply({"apiVersion": "config.koordinator.sh/v1alpha1", "kind": "ClusterColocationProfile",
+                   "metadata": {"name": "spark-be"},
+                   "spec": {"namespaceSelector": {"matchLabels": SERVED}, "selector": {"matchLabels": {"app": "spark"}},
+                            "qosClass": "BE", "priorityClassName": "koord-batch", "koordinatorPriority": 1000,
+                            "labels": {"colocated-by": "rhp-e2e"}}})  # fmt: skip
+    cluster.wait_for(lambda: cluster.get_json("nodemetric", NODE_NAME), what="the NodeMetric", timeout=90,
+                     log=REPLICAS[0])  # fmt: skip
+    write_metric(cluster, time.time())
+    wait_batch(cluster)
+    spark = pod_manifest("spark", ns, requests={"cpu": "500m", "memory": "128Mi"},
+                         limits={"cpu": "500m", "memory": "128Mi"})  # fmt: skip
+    spark["metadata"]["labels"] = {"app": "spark"}
+
+    def mutated() -> dict[str, Any] | None:  # the webhook's watch has the profile once a dry run shows it
+        _alive(cluster)
+        proc = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(spark),
+                               check=False)  # fmt: skip
+        if proc.returncode != 0:
+            return None
+        obj: dict[str, Any] = json.loads(proc.stdout)
+        return obj if obj["metadata"]["labels"].get("koordinator.sh/qosClass") == "BE" else None
+
+    cluster.wait_for(mutated, what="the webhook applying the profile", timeout=60, log=REPLICAS[0])
+    cluster.apply(spark)
+    pod = cluster.wait_pod_running(ns, "spark")
+    assert pod["metadata"]["labels"]["koordinator.sh/qosClass"] == "BE"
+    assert pod["metadata"]["labels"]["koordinator.sh/priority"] == "1000"
+    assert pod["metadata"]["labels"]["colocated-by"] == "rhp-e2e"
+    assert (pod["spec"]["priorityClassName"], pod["spec"]["priority"]) == ("koord-batch", 5000)
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources == {"requests": {BATCH_CPU: "500", BATCH_MEMORY: "128Mi"},
+                         "limits": {BATCH_CPU: "500", BATCH_MEMORY: "128Mi"}}
+    assert pod["status"]["qosClass"] == "BestEffort"
+    expect = {"cpu.shares": "512", "cpu.cfs_quota_us": "50000", "memory.limit_in_bytes": str(128 * MiB)}
+    assert {f: q.read_container_file(pod_cgroup(pod), container_id(pod), f) for f in expect} == expect
+
+    sneaky = pod_manifest("sneaky", ns, requests={BATCH_CPU: "500"}, limits={BATCH_CPU: "500"})
+    refused = cluster.kubectl("create", "-f", "-", input=json.dumps(sneaky), check=False)
+    assert refused.returncode != 0
+    assert "must specify koordinator QoS BE" in refused.stderr
 
 
 def test_manager_publishes_batch_resources_a_be_pod_runs_on_them_and_a_stale_metric_removes_them(
@@ -148,13 +254,7 @@ def test_manager_publishes_batch_resources_a_be_pod_runs_on_them_and_a_stale_met
     assert holder(cluster) in REPLICAS
 
     write_metric(cluster, time.time())
-
-    def batch() -> dict[str, str] | None:
-        _alive(cluster)
-        values = published(cluster)
-        return values if len(values) == 2 else None
-
-    values = cluster.wait_for(batch, what="batch resources on the Node", timeout=60, log=REPLICAS[0])
+    values = wait_batch(cluster)
     node = cluster.get_json("node", NODE_NAME) or {}
     capacity_milli = int(float(node["status"]["capacity"]["cpu"]) * 1000)
     assert 500 <= int(values[BATCH_CPU]) <= capacity_milli * 60 // 100 - 100, values
