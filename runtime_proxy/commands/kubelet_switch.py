@@ -383,11 +383,11 @@ def _restart(command: str | None, say: Callable[[str], None]) -> bool:
     return True
 
 
-def switch(files: Sequence[KubeletFile], endpoint: str, *, restart: str | None, dry_run: bool,
+def switch(files: Sequence[KubeletFile], endpoint: str, *, restart: str | None, preview: bool,
            say: Callable[[str], None]) -> int:
     """Write ``endpoint`` into ``files`` (backups first), restart, restore on a failed restart."""
     plans = [(f, *f.changed(endpoint)) for f in files]
-    if dry_run:
+    if preview:
         for f, old, new in plans:
             say(f"{f.path}: would {'change' if old != new else 'keep'} the endpoint ({endpoint})")
         return 0
@@ -424,7 +424,7 @@ def _write_new(path: Path, text: str, like: Path) -> None:
     os.chmod(path, like.stat().st_mode & 0o7777)
 
 
-def rollback(files: Sequence[KubeletFile], endpoint: str, *, restart: str | None, dry_run: bool,
+def rollback(files: Sequence[KubeletFile], endpoint: str, *, restart: str | None, preview: bool,
              say: Callable[[str], None]) -> int:
     """Set each file's endpoint back to the one its backup holds (``endpoint`` where there is no
     backup), changing nothing else, drop the backups and restart."""
@@ -443,9 +443,9 @@ def rollback(files: Sequence[KubeletFile], endpoint: str, *, restart: str | None
     for f, old, new in plans:
         source = f"as in {f.backup}" if f.backup.exists() else "no backup found"
         value = wanted[f.path] if wanted[f.path] is not None else "absent"
-        verb = ("would change" if old != new else "would keep") if dry_run else ("set" if old != new else "kept")
+        verb = ("would change" if old != new else "would keep") if preview else ("set" if old != new else "kept")
         say(f"{f.path}: {f.what()} {verb}: {value} ({source})")
-    if dry_run:
+    if preview:
         return 0
     _write_all(plans, lambda f: wanted[f.path])
     for f in files:
@@ -480,7 +480,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     own.add_argument("--restart-command", default="systemctl restart kubelet",
                      help="how kubelet is restarted (default: %(default)s)")
     own.add_argument("--no-restart", action="store_true", help="edit the files only")
-    own.add_argument("--dry-run", action="store_true", help="say what would change; write and restart nothing")
+    own.add_argument("--dry-run", dest="preview", action="store_true",
+                     help="say what would change; write and restart nothing")
     checks = p.add_argument_group("doctor (checked before switching to the proxy)")
     doctor.add_arguments(checks)
 
@@ -497,7 +498,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     restart = None if args.no_restart else args.restart_command
     try:
         if args.to == "containerd":
-            return rollback(files, args.containerd_endpoint, restart=restart, dry_run=args.dry_run, say=say)
+            return rollback(files, args.containerd_endpoint, restart=restart, preview=args.preview, say=say)
         for f in files:
             f.changed(args.proxy_endpoint)  # every file must be usable before anything is checked
         checks = doctor.run(doctor.options_from_args(args))
@@ -513,7 +514,7 @@ def main_from_args(args: argparse.Namespace) -> int:
             say(f"not switched: {args.readyz} is not ready ({why})")
             return 1
         say(f"{args.readyz}: ready")
-        return switch(files, args.proxy_endpoint, restart=restart, dry_run=args.dry_run, say=say)
+        return switch(files, args.proxy_endpoint, restart=restart, preview=args.preview, say=say)
     except SwitchError as exc:
         print(f"runtime-proxy kubelet-switch: {exc}", file=sys.stderr)
         return 2

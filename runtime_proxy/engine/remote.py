@@ -1,6 +1,6 @@
 """Out-of-process hook servers: Koordinator's ``runtime.v1alpha1.RuntimeHookService``, proxy side.
 
-Started by the proxy's composition root (``runtime_proxy.commands.serve.Proxy``); it hands the pipeline
+Started by ``serve`` and ``nri`` (``runtime_proxy/commands/``); it hands the pipeline
 (``runtime_proxy.engine.pipeline.Pipeline.set_remote_steps``) one ``RemoteStep`` per registered
 hook server, so hook servers run after the in-process plugins under the same policy model
 (Fail/Ignore, timeouts, conflicts). ``runtime_proxy.engine.hook_service`` (the server side) reuses
@@ -102,7 +102,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 __all__ = [
-    "DEFAULT_DIR",
     "MAX_REGISTRATION_BYTES",
     "POD_HOOKS",
     "HookServerRegistry",
@@ -127,7 +126,6 @@ __all__ = [
 
 Policy = Literal["Fail", "Ignore"]
 
-DEFAULT_DIR = "/etc/runtime/hookserver.d"
 POLL_INTERVAL = 0.5
 MAX_REGISTRATION_BYTES = 64 << 10
 MAX_TIMEOUT = 300.0

@@ -35,7 +35,6 @@ __all__ = [
     "CgroupMissingError",
     "Cgroups",
     "UnsafePathError",
-    "UnsupportedFileError",
     "WriteResult",
     "detect_cgroup_driver",
     "detect_cgroup_version",
@@ -67,10 +66,6 @@ class UnsafePathError(CgroupError):
 
 class CgroupMissingError(CgroupError):
     """The cgroup directory does not exist (the pod or container is gone)."""
-
-
-class UnsupportedFileError(CgroupError):
-    """The directory exists but the kernel does not offer this file."""
 
 
 _V1_PREFIXES = (

@@ -1,7 +1,7 @@
 """The usage loop: sample usage, run the ``ReconcileUsage`` stage, apply its writes in plan order
 and hand its evictions to an ``Evictor``.
 
-Started by ``runtime_proxy.wiring.loops`` (for ``serve``, ``hook-server`` and ``nri``) when
+Started by ``runtime_proxy.wiring.loops`` (for ``serve`` and ``nri``; ``hook-server`` runs no loops) when
 ``wiring.usage_loop_decision`` says so (an enabled plugin implements ``ReconcileUsage``, or
 ``usageLoop.enable`` is true), with the store as ``UsageBackend``, the proxy's hook runner
 (``runtime_proxy.engine.pipeline.Pipeline``) and the cgroup tree of its applier. Every

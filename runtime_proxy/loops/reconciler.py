@@ -1,6 +1,6 @@
 """The reconciler: keeps every known pod, container and node-wide setting at its planned state.
 
-Started by the proxy's composition root (``runtime_proxy.commands.serve``) with a ``ReconcileBackend``
+Started by ``runtime_proxy.wiring.loops`` (for ``serve`` and ``nri``) with a ``ReconcileBackend``
 (the store and the runtime client), the plugin manager, the proxy's hook runner
 (``runtime_proxy.engine.pipeline.Pipeline``), the cgroup and resctrl trees and the node config's
 change stream. It re-plans everything (stages

@@ -1,8 +1,8 @@
 """The reporter: when ``report.enable`` is set, this node's NodeResourceTopology, Device and
 NodeMetric status are kept up to date on the API server, as koordlet keeps them.
 
-Built and started by ``runtime_proxy.wiring.loops`` for ``serve``, ``hook-server`` and ``nri``
-alike, over the entry point's backend (the store: node facts, pods, containers). Two tasks:
+Built and started by ``runtime_proxy.wiring.loops`` for ``serve`` and ``nri`` alike (``hook-server``
+runs no loops), over the entry point's backend (the store: node facts, pods, containers). Two tasks:
 
 - topology, every ``report.intervalSeconds``: the NRT's managed parts
   (``runtime_proxy.report.build.build_nrt``: the CPU topology read from sysfs once at start, the
@@ -78,7 +78,7 @@ NODEMETRIC = Ref(nm.API_GROUP, nm.API_VERSION, nm.PLURAL)
 
 
 class ReportBackend(Protocol):
-    """What the reporter reads of the entry point (``runtime_proxy.server.StoreBackend``)."""
+    """What the reporter reads of the entry point (``runtime_proxy.commands.serve.StoreBackend``)."""
 
     def node(self) -> NodeFacts: ...
 
