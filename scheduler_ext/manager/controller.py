@@ -190,13 +190,19 @@ class Cache:
     colocation: ColocationConfig = field(default_factory=ColocationConfig)
     slo: sloconfig.SLOConfig = field(default_factory=sloconfig.SLOConfig)
     synced: set[str] = field(default_factory=set)
+    absent: set[str] = field(default_factory=set)  # kinds whose CRD is not installed: not written
     dirty: set[str] = field(default_factory=set)
     wake: Callable[[], None] = lambda: None  # set by the reconciler: wakes its loop
 
     # -- events ----------------------------------------------------------------------------------
-    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
-        """A fresh list of ``kind``: forget what is not in it, apply the rest."""
+    def replace(self, kind: str, items: list[dict[str, Any]], *, absent: bool = False) -> None:
+        """A fresh list of ``kind``: forget what is not in it, apply the rest. ``absent``: the
+        API server does not serve the kind (its CRD is not installed)."""
         with self.lock:
+            if absent:
+                self.absent.add(kind)
+            else:
+                self.absent.discard(kind)
             if kind == NODES:
                 gone = set(self.nodes)
             elif kind == PODS:
@@ -368,8 +374,8 @@ class Watches:
             if not token:
                 return self._replace(kind, items, rv)
 
-    def _replace(self, kind: str, items: list[dict[str, Any]], rv: str) -> str:
-        self.cache.replace(kind, [i for i in items if isinstance(i, dict)])
+    def _replace(self, kind: str, items: list[dict[str, Any]], rv: str, *, absent: bool = False) -> str:
+        self.cache.replace(kind, [i for i in items if isinstance(i, dict)], absent=absent)
         return rv
 
     def _run(self, kind: str) -> None:
@@ -395,7 +401,8 @@ class Watches:
             except GoneError:
                 rv = ""
             except NotFoundError:
-                self._replace(kind, [], "")
+                log.warning("kind not served (CRD not installed?); not written until it is", kind=kind)
+                self._replace(kind, [], "", absent=True)
                 rv = ""
                 self.stop.wait(10.0)
             except Exception as exc:  # the API may be down; keep trying with backoff
@@ -490,6 +497,7 @@ class Reconciler:
             owned_slo = self.cache.nodeslos.get(name)
             pods = list(self.cache.pods.get(name, {}).values())
             colocation, slo = self.cache.colocation, self.cache.slo
+            absent = set(self.cache.absent)
         if node is None:  # the Node is gone: its NodeMetric and NodeSLO go too
             if owned_metric is not None:
                 await self._write(NODEMETRICS, self.api.delete_object(NODEMETRICS, name, owned_metric[0].uid), name)
@@ -498,14 +506,18 @@ class Reconciler:
             return
         strategy = colocation.for_node(node.labels, node.annotations)
         spec = metric_collect_spec(strategy)
-        if owned_metric is None:
+        if NODEMETRICS in absent:
+            pass
+        elif owned_metric is None:
             body = {"apiVersion": f"{nodemetric.API_GROUP}/{nodemetric.API_VERSION}", "kind": nodemetric.KIND,
                     "metadata": {"name": name}, "spec": spec}
             await self._write(NODEMETRICS, self.api.create_object(NODEMETRICS, body), name)
         elif merge_patch(owned_metric[0].spec, spec):
             await self._write(NODEMETRICS, self.api.patch_object(NODEMETRICS, name, {"spec": spec}), name)
         slo_spec = sloconfig.render_node_slo(slo, node.labels)
-        if owned_slo is None:
+        if NODESLOS in absent:
+            pass
+        elif owned_slo is None:
             body = {"apiVersion": f"{sloconfig.NODESLO_API_GROUP}/{sloconfig.NODESLO_API_VERSION}",
                     "kind": sloconfig.NODESLO_KIND, "metadata": {"name": name}, "spec": slo_spec}
             await self._write(NODESLOS, self.api.create_object(NODESLOS, body), name)

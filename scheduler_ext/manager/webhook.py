@@ -64,7 +64,7 @@ class WebhookState:
                                              PRIORITY_CLASSES: self.priority_classes}
         return tables[kind]
 
-    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+    def replace(self, kind: str, items: list[dict[str, Any]], *, absent: bool = False) -> None:
         with self.lock:
             self._table(kind).clear()
         for obj in items:

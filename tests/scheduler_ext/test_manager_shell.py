@@ -168,3 +168,41 @@ def test_a_bad_colocation_config_keeps_the_previous_one() -> None:
     assert cache.colocation.cluster.enable
     cache.apply("configmaps", "DELETED", {"metadata": {"name": "slo-controller-config"}})
     assert not cache.colocation.cluster.enable, "no ConfigMap: the defaults"
+
+
+class RecordingAPI:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def create_object(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("create", kind))
+        return {}
+
+    async def patch_object(self, kind: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("patch", kind))
+        return {}
+
+    async def delete_object(self, kind: str, name: str, uid: str = "") -> None:
+        self.calls.append(("delete", kind))
+
+    async def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("status", name))
+        return {}
+
+
+def test_kinds_whose_crd_is_missing_are_not_written() -> None:
+    """A cluster without the NodeMetric CRD: no create per node and resync (each would be a 404),
+    and without a NodeMetric the node's batch resources stay unpublished."""
+    from scheduler_ext.manager.controller import Reconciler
+
+    cache = Cache()
+    cache.replace("nodes", [node("n1")])
+    cache.replace("nodemetrics", [], absent=True)
+    cache.replace("nodeslos", [])
+    api = RecordingAPI()
+    reconciler = Reconciler(cache, api, lambda: True)  # type: ignore[arg-type]
+    asyncio.run(reconciler.reconcile_node("n1"))
+    assert api.calls == [("create", "nodeslos")]
+    cache.replace("nodemetrics", [])  # the CRD got installed
+    asyncio.run(reconciler.reconcile_node("n1"))
+    assert ("create", "nodemetrics") in api.calls
