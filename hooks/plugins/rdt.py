@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Set
+from types import MappingProxyType
 
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, container_cgroup_path
 from hooks.plan import Plan
@@ -49,14 +50,14 @@ from koord_formats.keys import SLO
 from koord_formats.pod import PodResctrl, parse_pod_resctrl
 
 # The resctrl groups koordlet keeps per QoS class (named after the class) and their NodeSLO section.
-CLASS_GROUPS = {keys.QOS_LSR: SLO.LSR_CLASS, keys.QOS_LS: SLO.LS_CLASS, keys.QOS_BE: SLO.BE_CLASS}
+CLASS_GROUPS = MappingProxyType({keys.QOS_LSR: SLO.LSR_CLASS, keys.QOS_LS: SLO.LS_CLASS, keys.QOS_BE: SLO.BE_CLASS})
 # LSE pods share the LSR group.
-GROUP_OF_QOS = {
+GROUP_OF_QOS = MappingProxyType({
     keys.QOS_LSE: keys.QOS_LSR,
     keys.QOS_LSR: keys.QOS_LSR,
     keys.QOS_LS: keys.QOS_LS,
     keys.QOS_BE: keys.QOS_BE,
-}
+})
 POD_GROUP_PREFIX = "koordlet-"
 AMD_MB_UNLIMITED = 2048
 AMD_MB_MAX_GBPS = 160
