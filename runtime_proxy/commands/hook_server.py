@@ -159,7 +159,7 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, part
     if parts is None:
         parts = build(opts)
     pipeline, node_watch = parts.pipeline, parts.node_source
-    applier = parts.applier if opts.apply and not parts.dry_run else None
+    applier = parts.applier if opts.apply or parts.dry_run else None
     service = HookService(pipeline, parts.node_source, applier, dry_run=parts.dry_run)
     listen = strip_unix(opts.listen)
     prepare_listen_path(listen)
@@ -184,7 +184,7 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, part
     if node_watch is not None:
         await node_watch.start()
     await server.start()
-    hooks = opts.hooks if opts.hooks is not None else served_hooks(pipeline, apply=applier is not None)
+    hooks = opts.hooks if opts.hooks is not None else served_hooks(pipeline, apply=opts.apply and not parts.dry_run)
     registered: Path | None = None
     if opts.register_dir:
         doc = registration_document(

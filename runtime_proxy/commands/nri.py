@@ -136,7 +136,7 @@ def build(opts: NriOptions) -> NriParts:
                        background=True, kubelet_root=parts.kubelet_root)
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
     return NriParts(plugin=plugin, engine=engine, node_watch=parts.node_source, pm=parts.pm,
-                    pipeline=parts.pipeline, applier=parts.applier, parts=parts)
+                    pipeline=parts.pipeline, applier=parts.files, parts=parts)
 
 
 async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:

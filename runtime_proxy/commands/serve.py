@@ -124,7 +124,7 @@ class Proxy:
         self.client = RuntimeClient(opts.backend)
         self.node_source: NodeConfig = parts.node_source
         self.node_watch: NodeConfig = parts.node_source
-        self.applier: FileApplier = parts.applier
+        self.applier: FileApplier = parts.files
         self.reconciler: wiring.Loops | None = None
         self.hook_servers: HookServerRegistry | None = None
         self.interceptor = CriInterceptor(
@@ -132,7 +132,7 @@ class Proxy:
             pipeline=self.pipeline,
             client=self.client,
             node_source=self.node_source,
-            applier=self.applier,
+            applier=parts.applier,
             dry_run=parts.dry_run,
             on_store_change=self._store_changed,
             kubelet_root=parts.kubelet_root,
