@@ -107,7 +107,8 @@ def main(argv: list[str]) -> int:
     print(f"usage loop's sampler (already spent)        {100 * sample_s / per:6.3f} % of one core")
     print(f"reporter on top of it (shared sampler)      {100 * report_s / per:6.3f} % of one core  (target <= 1 %)")
     print(f"reporter with its own sampler (loop off)    {100 * own_s / per:6.3f} % of one core")
-    print(f"writes (PUT) in the shared run: {puts} (the NRT once, then only NodeMetric status reports)")
+    print(f"writes (PUT) in the shared run: {puts} (NodeMetric status reports; the NRT was created once, by POST, "
+          "and never rewritten)")
     assert own_sample_s == 0.0
     return 0
 
