@@ -15,6 +15,9 @@ Per node (``Reconciler.reconcile_node``), each step costing only that node:
 3. its batch (and, with ``mid_resources``, mid) resources (``resources.py``): written into
    ``status.capacity`` and ``status.allocatable`` with one merge patch of the status
    subresource, guarded by the Node's resourceVersion, when ``needs_write`` says so.
+4. the batch values of each NUMA zone of its NodeResourceTopology (``zone_batch_resources``):
+   one merge patch of ``zones`` (every other zone and resource kept as read), guarded by the
+   object's resourceVersion so a node agent's concurrent write is never lost.
 
 NodeMetrics and NodeSLOs of Nodes that are gone are deleted (guarded by their uid). Every node
 is reconciled again every ``resync_seconds``, so a NodeMetric that stops being updated degrades
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -41,17 +45,17 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge
 
-from koord_formats import FormatError, nodemetric, sloconfig
+from koord_formats import FormatError, nodemetric, nrt, sloconfig
 from koord_formats.colocation import (
     CONFIG_KEY_COLOCATION,
     ColocationConfig,
     metric_collect_spec,
     parse_colocation_config,
 )
-from koord_formats.quantity import parse_bytes
+from koord_formats.quantity import parse_bytes, parse_cpu_milli
 from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError
 from scheduler_ext.guard import describe
-from scheduler_ext.manager.kubeio import CONFIGMAPS, KINDS, NODEMETRICS, NODES, NODESLOS, PODS, ManagerAPI
+from scheduler_ext.manager.kubeio import CONFIGMAPS, KINDS, NODEMETRICS, NODES, NODESLOS, NRTS, PODS, ManagerAPI
 from scheduler_ext.manager.objects import node_info, node_labels, pod_info, pod_node_name
 from scheduler_ext.manager.resources import (
     BATCH_RESOURCES,
@@ -64,6 +68,7 @@ from scheduler_ext.manager.resources import (
     batch_resources,
     mid_resources,
     needs_write,
+    zone_batch_resources,
 )
 
 __all__ = ["BAD_OBJECTS", "WRITES", "Cache", "Reconciler", "Watches", "merge_patch", "metrics_of"]
@@ -159,6 +164,69 @@ class _Node:
 
 
 @dataclass
+class _Topology:
+    """A NodeResourceTopology: its version, its zones as read, and the allocatable of its NUMA
+    zones ``node-0``, ``node-1``, ... in order (empty when they cannot be used)."""
+
+    resource_version: str
+    zones: tuple[nrt.Zone, ...]
+    numa: tuple[Amount, ...]
+
+
+_NUMA_ZONE = re.compile(r"node-([0-9]{1,4})", re.ASCII)
+
+
+def _numa_id(zone: nrt.Zone) -> int | None:
+    """The NUMA node id of a zone named ``node-<id>`` of type Node, else None."""
+    m = _NUMA_ZONE.fullmatch(zone.name)
+    return int(m.group(1)) if m is not None and zone.type == nrt.ZONE_TYPE_NODE else None
+
+
+def _numa_capacities(zones: tuple[nrt.Zone, ...]) -> tuple[Amount, ...]:
+    """The NUMA zones' allocatable CPU and memory, by NUMA id 0..n-1; () unless every id from 0
+    is there once and each has both (Koordinator skips a topology without cpu or memory)."""
+    by_id: dict[int, Amount] = {}
+    for zone in zones:
+        numa = _numa_id(zone)
+        if numa is None:
+            continue
+        res = {r.name: r.allocatable for r in zone.resources}
+        if "cpu" not in res or "memory" not in res or numa in by_id:
+            return ()
+        by_id[numa] = Amount(parse_cpu_milli(res["cpu"]), parse_bytes(res["memory"]))
+    if sorted(by_id) != list(range(len(by_id))):
+        return ()
+    return tuple(by_id[i] for i in range(len(by_id)))
+
+
+def _zone_values(zones: tuple[nrt.Zone, ...]) -> dict[str, int | None]:
+    """The batch values the zones carry now ("<zone>/<resource>" -> allocatable)."""
+    out: dict[str, int | None] = {}
+    for zone in zones:
+        for r in zone.resources:
+            if r.name in BATCH_RESOURCES:
+                out[f"{zone.name}/{r.name}"] = parse_bytes(r.allocatable)
+    return out
+
+
+def _with_zone_values(zones: tuple[nrt.Zone, ...], values: list[dict[str, int]]) -> list[dict[str, Any]]:
+    """The ``zones`` list with each NUMA zone's batch entries set (capacity = allocatable =
+    available), every other zone and resource kept as read, resources ascending by name."""
+    out = []
+    for zone in zones:
+        numa = _numa_id(zone)
+        wanted = values[numa] if numa is not None and numa < len(values) else None
+        if wanted is None:
+            out.append(nrt.format_zone(zone))
+            continue
+        kept = [r for r in zone.resources if r.name not in wanted]
+        added = [nrt.ZoneResource(name, str(v), str(v), str(v)) for name, v in wanted.items()]
+        resources = tuple(sorted([*kept, *added], key=lambda r: r.name))
+        out.append(nrt.format_zone(nrt.Zone(zone.name, zone.type, resources)))
+    return out
+
+
+@dataclass
 class _Owned:
     """A NodeMetric or NodeSLO: its uid and the spec it has."""
 
@@ -187,6 +255,7 @@ class Cache:
     pod_nodes: dict[tuple[str, str], str] = field(default_factory=dict)
     metrics: dict[str, tuple[_Owned, Metrics]] = field(default_factory=dict)
     nodeslos: dict[str, _Owned] = field(default_factory=dict)
+    topologies: dict[str, _Topology] = field(default_factory=dict)
     colocation: ColocationConfig = field(default_factory=ColocationConfig)
     slo: sloconfig.SLOConfig = field(default_factory=sloconfig.SLOConfig)
     synced: set[str] = field(default_factory=set)
@@ -211,6 +280,8 @@ class Cache:
                 gone = set(self.metrics)
             elif kind == NODESLOS:
                 gone = set(self.nodeslos)
+            elif kind == NRTS:
+                gone = set(self.topologies)
             else:
                 gone = set()
         seen: set[Any] = set()
@@ -259,6 +330,20 @@ class Cache:
         elif kind == CONFIGMAPS:
             data = obj.get("data")
             self._config(data if isinstance(data, Mapping) else {})
+        elif kind == NRTS:
+            try:
+                zones = nrt.parse_zones(obj.get("zones"))
+                numa = _numa_capacities(zones)
+            except FormatError as exc:
+                BAD_OBJECTS.labels(kind).inc()
+                log.warning("NodeResourceTopology zones unreadable; its zones get no batch values", node=name,
+                            error=describe(exc))
+                with self.lock:
+                    self.topologies.pop(name, None)
+                return key
+            with self.lock:
+                self.topologies[name] = _Topology(rv, zones, numa)
+                self.dirty.add(name)
         self.wake()
         return key
 
@@ -278,8 +363,8 @@ class Cache:
             elif kind == NODESLOS:
                 self.nodeslos.pop(key, None)
                 self.dirty.add(key)
-            elif kind == CONFIGMAPS:
-                pass
+            elif kind == NRTS:
+                self.topologies.pop(key, None)
         if kind == CONFIGMAPS:
             self._config(None)
 
@@ -489,12 +574,28 @@ class Reconciler:
         WRITES.labels(kind, "ok").inc()
         return True
 
+    async def _write_zones(self, name: str, strategy: Any, info: NodeInfo, topology: _Topology,
+                           pods: list[PodInfo], metrics: Metrics | None, now: float, bad: str) -> None:
+        """Batch values of the node's NUMA zones into its NodeResourceTopology (one merge patch of
+        ``zones``, guarded by its resourceVersion, so a node agent's concurrent write is never
+        overwritten: a conflict retries with the fresh object)."""
+        values = zone_batch_resources(strategy, info, topology.numa, pods, metrics, now, bad)
+        new = {f"{nrt.zone_name(i)}/{k}": v for i, z in enumerate(values) for k, v in z.items()}
+        key = f"{NRTS}/{name}"
+        if not needs_write(_zone_values(topology.zones), new, strategy, self.last_write.get(key), now):
+            return
+        patch = {"metadata": {"resourceVersion": topology.resource_version},
+                 "zones": _with_zone_values(topology.zones, values)}
+        if await self._write(NRTS, self.api.patch_object(NRTS, name, patch), name):
+            self.last_write[key] = now
+
     async def reconcile_node(self, name: str) -> None:
         now = self.clock()
         with self.cache.lock:
             node = self.cache.nodes.get(name)
             owned_metric = self.cache.metrics.get(name)
             owned_slo = self.cache.nodeslos.get(name)
+            topology = self.cache.topologies.get(name)
             pods = list(self.cache.pods.get(name, {}).values())
             colocation, slo = self.cache.colocation, self.cache.slo
             absent = set(self.cache.absent)
@@ -534,6 +635,8 @@ class Reconciler:
         new: dict[str, int | None] = {}
         for result in results:
             new.update(result.values)
+        if topology is not None and topology.numa and NRTS not in absent:
+            await self._write_zones(name, strategy, node.info, topology, infos, metrics, now, bad)
         if not needs_write(node.current, new, strategy, self.last_write.get(name), now):
             return
         values = {k: (None if v is None else str(v)) for k, v in new.items() if node.current.get(k) != v}

@@ -15,19 +15,21 @@ from typing import Any
 
 import kubernetes
 
-from koord_formats import nodemetric, profile, sloconfig
+from koord_formats import nodemetric, nrt, profile, sloconfig
 from scheduler_ext.kube import MERGE_PATCH, BindClient, KubeClient, _json, _seg
 
 __all__ = ["KINDS", "ManagerAPI", "ManagerKube"]
 
 NODES, PODS, NODEMETRICS, NODESLOS, CONFIGMAPS = "nodes", "pods", "nodemetrics", "nodeslos", "configmaps"
-KINDS = (NODES, PODS, NODEMETRICS, NODESLOS, CONFIGMAPS)
+NRTS = nrt.PLURAL
+KINDS = (NODES, PODS, NODEMETRICS, NODESLOS, CONFIGMAPS, NRTS)
 # What the pod webhook watches (scheduler_ext/manager/webhook.py).
 NAMESPACES, PRIORITY_CLASSES = "namespaces", "priorityclasses"
 _GROUPS = {
     NODEMETRICS: (nodemetric.API_GROUP, nodemetric.API_VERSION, nodemetric.PLURAL),
     NODESLOS: (sloconfig.NODESLO_API_GROUP, sloconfig.NODESLO_API_VERSION, sloconfig.NODESLO_PLURAL),
     profile.PLURAL: (profile.API_GROUP, profile.API_VERSION, profile.PLURAL),
+    NRTS: (nrt.API_GROUP, nrt.API_VERSION, nrt.PLURAL),
 }
 
 
@@ -63,7 +65,8 @@ class ManagerAPI(BindClient):
     """The manager's writes, as coroutines; every error is one of ``scheduler_ext.errors``."""
 
     async def create_object(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST a NodeMetric or NodeSLO (409 when it exists)."""
+        """POST a NodeMetric or NodeSLO (409 when it exists); ``patch_object`` and
+        ``delete_object`` take these kinds and NodeResourceTopologies (patch only)."""
         return _json(await self._request("POST", _cluster_path(kind), body))
 
     async def patch_object(self, kind: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:

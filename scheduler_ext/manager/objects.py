@@ -26,7 +26,7 @@ from koord_formats import keys, qos
 from koord_formats.bounded import MAX_NAME_CHARS, read_list, read_object, read_str
 from koord_formats.errors import FormatError
 from koord_formats.node import parse_cpu_normalization_ratio, parse_node_reservation
-from koord_formats.pod import read_resource_list
+from koord_formats.pod import parse_resource_status, read_resource_list
 from scheduler_ext.manager.resources import Amount, NodeInfo, PodInfo
 
 __all__ = [
@@ -176,4 +176,18 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         priority_class=qos.priority_class(labels, priority, pod_qos),
         qos=pod_qos,
         request=total,
+        numa_nodes=_numa_nodes(string_map(meta.get("annotations"), "pod annotations")),
     )
+
+
+def _numa_nodes(annotations: Mapping[str, str]) -> tuple[int, ...]:
+    """The NUMA nodes of the pod's resource-status; () when it has none or it does not parse
+    (Koordinator then splits the pod evenly over the zones too)."""
+    text = annotations.get(keys.ANNOTATION_RESOURCE_STATUS)
+    if not text:
+        return ()
+    try:
+        status = parse_resource_status(text)
+    except FormatError:
+        return ()
+    return tuple(sorted({r.node for r in status.numa_node_resources}))

@@ -28,6 +28,9 @@ Batch (``batch_resources``), per resource, each result clamped at 0:
 - ``batch*ThresholdPercent`` caps the result at Cap x pct / 100;
 - a CPU normalization ratio above 1 multiplies batch CPU (rounded up).
 
+NUMA zones (``zone_batch_resources``): the same per zone of the node's NodeResourceTopology (see
+its docstring); a reset sets them to 0 there.
+
 Reset (the resources are removed from the node, not set to 0): co-location disabled for the
 node, no NodeMetric, no ``updateTime``, a metric older than ``degradeTimeMinutes``, or a node
 or pod of the node that could not be decoded (``Metrics.problem`` / ``NodeInfo.problem``).
@@ -48,7 +51,7 @@ Writing (``needs_write``): when the last write is older than ``updateTimeThresho
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
@@ -74,6 +77,7 @@ __all__ = [
     "is_degraded",
     "mid_resources",
     "needs_write",
+    "zone_batch_resources",
 ]
 
 BATCH_RESOURCES = (keys.RESOURCE_BATCH_CPU, keys.RESOURCE_BATCH_MEMORY)
@@ -129,6 +133,7 @@ class PodInfo:
     priority_class: str  # koord_formats.qos.priority_class of the pod
     qos: str  # Koordinator QoS class of the pod (label, else from the Kubernetes QoS class)
     request: Amount  # Kubernetes' effective pod request (containers, init containers, overhead)
+    numa_nodes: tuple[int, ...] = ()  # NUMA nodes of its resource-status; () when it names none
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +229,29 @@ def _hp_sums(pods: Iterable[PodInfo], metrics: Metrics) -> _HP:
     return hp
 
 
+def _by_policy(strategy: ColocationStrategy, cap: Amount, reserved: Amount, system: Amount, hp: _HP) -> tuple[int, int]:
+    """(batch CPU, batch memory) of a node or a NUMA zone of capacity ``cap``, by the
+    strategy's policies (the module docstring's formulas), each clamped at 0."""
+    margin = Amount(
+        _percent_of(cap.cpu, 100 - strategy.cpu_reclaim_threshold_percent),
+        _percent_of(cap.memory, 100 - strategy.memory_reclaim_threshold_percent),
+    )
+    base = cap - margin
+    by_usage = (base - system.max(reserved) - hp.used).clamp()
+    by_request = (base - reserved - hp.request).clamp()
+    by_max = (base - system.max(reserved) - hp.max_used_request).clamp()
+    cpu = by_max.cpu if strategy.cpu_calculate_policy == CALCULATE_MAX_USAGE_REQUEST else by_usage.cpu
+    memory = {
+        CALCULATE_REQUEST: by_request.memory,
+        CALCULATE_MAX_USAGE_REQUEST: by_max.memory,
+    }.get(strategy.memory_calculate_policy, by_usage.memory)
+    return cpu, memory
+
+
+def _normalized(cpu: int, ratio: Fraction | None) -> int:
+    return math.ceil(cpu * ratio) if ratio is not None and ratio > 1 else cpu
+
+
 def _reset(names: tuple[str, ...], reason: str) -> Result:
     return Result(MappingProxyType(dict.fromkeys(names)), reason)
 
@@ -243,29 +271,14 @@ def batch_resources(
     if reason or metrics is None:
         return _reset(BATCH_RESOURCES, reason)
     cap = node.capacity
-    margin = Amount(
-        _percent_of(cap.cpu, 100 - strategy.cpu_reclaim_threshold_percent),
-        _percent_of(cap.memory, 100 - strategy.memory_reclaim_threshold_percent),
-    )
     reserved = _reserved(node)
     system = metrics.system_usage + _host_app_usage(metrics, _ABOVE_BATCH)
-    hp = _hp_sums(pods, metrics)
-    base = cap - margin
-    by_usage = (base - system.max(reserved) - hp.used).clamp()
-    by_request = (base - reserved - hp.request).clamp()
-    by_max = (base - system.max(reserved) - hp.max_used_request).clamp()
-    cpu = by_max.cpu if strategy.cpu_calculate_policy == CALCULATE_MAX_USAGE_REQUEST else by_usage.cpu
-    memory = {
-        CALCULATE_REQUEST: by_request.memory,
-        CALCULATE_MAX_USAGE_REQUEST: by_max.memory,
-    }.get(strategy.memory_calculate_policy, by_usage.memory)
+    cpu, memory = _by_policy(strategy, cap, reserved, system, _hp_sums(pods, metrics))
     if strategy.batch_cpu_threshold_percent is not None:
         cpu = min(cpu, _percent_of(cap.cpu, strategy.batch_cpu_threshold_percent))
     if strategy.batch_memory_threshold_percent is not None:
         memory = min(memory, _percent_of(cap.memory, strategy.batch_memory_threshold_percent))
-    ratio = node.cpu_normalization_ratio
-    if ratio is not None and ratio > 1:
-        cpu = math.ceil(cpu * ratio)
+    cpu = _normalized(cpu, node.cpu_normalization_ratio)
     return Result(
         MappingProxyType({keys.RESOURCE_BATCH_CPU: cpu, keys.RESOURCE_BATCH_MEMORY: memory}),
         f"cpu by {strategy.cpu_calculate_policy}, memory by {strategy.memory_calculate_policy}",
@@ -315,6 +328,78 @@ def mid_resources(
         reason = "reclaimable and unallocated"
     out = out.clamp()
     return Result(MappingProxyType({keys.RESOURCE_MID_CPU: out.cpu, keys.RESOURCE_MID_MEMORY: out.memory}), reason)
+
+
+def _split(amount: Amount, parts: int) -> Amount:
+    """``amount`` / ``parts``, each resource rounded up (Koordinator's ``divideResourceList``)."""
+    return Amount(-(-amount.cpu // parts), -(-amount.memory // parts))
+
+
+def _zone_shares(amount: Amount, numa_nodes: tuple[int, ...], zones: int) -> list[Amount]:
+    """A pod's amount per zone: split over its resource-status NUMA nodes that exist here, else
+    evenly over every zone."""
+    mine = sorted({n for n in numa_nodes if 0 <= n < zones})
+    if not mine:
+        return [_split(amount, zones)] * zones
+    share = _split(amount, len(mine))
+    return [share if i in mine else ZERO for i in range(zones)]
+
+
+def zone_batch_resources(
+    strategy: ColocationStrategy,
+    node: NodeInfo,
+    zones: Sequence[Amount],
+    pods: Iterable[PodInfo],
+    metrics: Metrics | None,
+    now: float,
+    pod_problem: str = "",
+) -> list[dict[str, int]]:
+    """Batch CPU and memory of each NUMA zone (``zones``: the allocatable of NUMA node 0, 1, ...
+    from the node's NodeResourceTopology), as Koordinator's NUMA-level calculation: per zone
+    Cap = the zone's allocatable, system usage and the node's reservation divided evenly over
+    the zones (rounded up), each HP pod's request and usage split over the NUMA nodes of its
+    resource-status (else evenly), dangling metrics evenly; the node's policies and its CPU
+    normalization. Every zone gets 0 where the node is reset (degrade)."""
+    n = len(zones)
+    if not n:
+        return []
+    reason = is_degraded(strategy, metrics, now) or node.problem or pod_problem
+    if reason or metrics is None:
+        return [{keys.RESOURCE_BATCH_CPU: 0, keys.RESOURCE_BATCH_MEMORY: 0} for _ in zones]
+    per_zone = [_HP() for _ in zones]
+    known: set[tuple[str, str]] = set()
+    for pod in pods:
+        if pod.phase not in _RUNNING_OR_PENDING:
+            continue
+        key = (pod.namespace, pod.name)
+        known.add(key)
+        if pod.priority_class in _LOW_PRIORITY:
+            continue
+        metric = metrics.pods.get(key)
+        if metric is None:
+            used = pod.request
+        else:
+            used = Amount(pod.request.cpu, metric.usage.memory) if pod.qos == keys.QOS_LSE else metric.usage
+        requests = _zone_shares(pod.request, pod.numa_nodes, n)
+        usages = _zone_shares(used, pod.numa_nodes, n)
+        for hp, req, use in zip(per_zone, requests, usages, strict=True):
+            hp.request = hp.request + req
+            hp.used = hp.used + use
+            hp.max_used_request = hp.max_used_request + req.max(use)
+    for key, m in metrics.pods.items():
+        if key not in known and m.priority_class not in _LOW_PRIORITY:
+            share = _split(m.usage, n)
+            for hp in per_zone:
+                hp.used = hp.used + share
+                hp.max_used_request = hp.max_used_request + share
+    reserved = _split(_reserved(node), n)
+    system = _split(metrics.system_usage + _host_app_usage(metrics, _ABOVE_BATCH), n)
+    out = []
+    for cap, hp in zip(zones, per_zone, strict=True):
+        cpu, memory = _by_policy(strategy, cap, reserved, system, hp)
+        out.append({keys.RESOURCE_BATCH_CPU: _normalized(cpu, node.cpu_normalization_ratio),
+                    keys.RESOURCE_BATCH_MEMORY: memory})
+    return out
 
 
 def needs_write(

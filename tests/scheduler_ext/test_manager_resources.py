@@ -26,6 +26,7 @@ from scheduler_ext.manager.resources import (
     batch_resources,
     mid_resources,
     needs_write,
+    zone_batch_resources,
 )
 
 NOW = 1_000_000.0
@@ -234,3 +235,33 @@ def test_mid_resources(row: Row) -> None:
 def test_needs_write(old: dict[str, int | None], new: dict[str, int | None], last_write: float | None,
                      want: bool) -> None:
     assert needs_write(old, new, ON, last_write, NOW) is want
+
+
+ZONES = [Amount(50_000, 50_000), Amount(50_000, 50_000)]  # two NUMA zones, half the node each
+
+
+@pytest.mark.parametrize(
+    ("description", "pods", "metrics_", "want"),
+    [
+        ("a pod on NUMA node 0 counts there only; system usage is split evenly",
+         (replace(PROD_20, numa_nodes=(0,)),), metrics(USED_10),
+         [(17_500, 20_000), (27_500, 30_000)]),
+        ("a pod without resource-status is split evenly over the zones",
+         (PROD_20,), metrics(USED_10), [(22_500, 25_000), (22_500, 25_000)]),
+        ("a resource-status naming a zone the node lacks: split evenly",
+         (replace(PROD_20, numa_nodes=(7,)),), metrics(USED_10), [(22_500, 25_000), (22_500, 25_000)]),
+        ("an HP pod without a metric counts its request in the zone",
+         (replace(PROD_20, numa_nodes=(1,)),), metrics(), [(27_500, 30_000), (7_500, 10_000)]),
+        ("a dangling metric is split evenly", (), metrics(USED_10), [(22_500, 25_000), (22_500, 25_000)]),
+        ("degrade: every zone gets 0", (PROD_20,), metrics(USED_10, age=3600), [(0, 0), (0, 0)]),
+        ("no NodeMetric: every zone gets 0", (PROD_20,), None, [(0, 0), (0, 0)]),
+    ],
+)
+def test_zone_batch_resources(description: str, pods: tuple[PodInfo, ...], metrics_: Metrics | None,
+                              want: list[tuple[int, int]]) -> None:
+    got = zone_batch_resources(ON, NODE, ZONES, pods, metrics_, NOW)
+    assert [(z[BATCH_CPU], z[BATCH_MEM]) for z in got] == want, description
+
+
+def test_no_zones_no_zone_values() -> None:
+    assert zone_batch_resources(ON, NODE, [], (PROD_20,), metrics(), NOW) == []

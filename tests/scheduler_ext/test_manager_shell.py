@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -206,3 +207,63 @@ def test_kinds_whose_crd_is_missing_are_not_written() -> None:
     cache.replace("nodemetrics", [])  # the CRD got installed
     asyncio.run(reconciler.reconcile_node("n1"))
     assert ("create", "nodemetrics") in api.calls
+
+
+def topology(name: str, zones: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": "9"}, "zones": zones}
+
+
+def zone(i: int, cpu: str = "4", memory: str = "4Gi", extra: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    res = [{"name": "cpu", "capacity": cpu, "allocatable": cpu, "available": cpu},
+           {"name": "memory", "capacity": memory, "allocatable": memory, "available": memory}, *(extra or [])]
+    return {"name": f"node-{i}", "type": "Node", "resources": res}
+
+
+def test_numa_zones_get_batch_values_and_keep_what_others_wrote() -> None:
+    from scheduler_ext.manager.controller import Reconciler
+
+    cache = Cache()
+    cache.replace("configmaps", [{"metadata": {"name": "c"}, "data": {"colocation-config": '{"enable":true}'}}])
+    cache.replace("nodes", [node("n1")])
+    cache.replace("nodemetrics", [{"metadata": {"name": "n1", "uid": "u"}, "spec": {}, "status": {
+        "updateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "nodeMetric": {"systemUsage": {"resources": {"cpu": "0", "memory": "0"}}}}}])
+    cache.replace("nodeslos", [])
+    gpu = {"name": "nvidia.com/gpu", "capacity": "1", "allocatable": "1", "available": "1"}
+    cache.replace("noderesourcetopologies", [topology("n1", [zone(0, extra=[gpu]), zone(1)])])
+    patches: list[Mapping[str, Any]] = []
+
+    class API(RecordingAPI):
+        async def patch_object(self, kind: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+            if kind == "noderesourcetopologies":
+                patches.append(patch)
+            return {}
+
+    asyncio.run(Reconciler(cache, API(), lambda: True).reconcile_node("n1"))  # type: ignore[arg-type]
+    (patch,) = patches
+    assert patch["metadata"]["resourceVersion"] == "9", "guarded by the version read"
+    zone0 = {r["name"]: r for r in patch["zones"][0]["resources"]}
+    assert set(zone0) == {"cpu", "memory", "nvidia.com/gpu", keys.RESOURCE_BATCH_CPU, keys.RESOURCE_BATCH_MEMORY}
+    assert zone0[keys.RESOURCE_BATCH_CPU]["allocatable"] == str(4000 * 60 // 100)
+    assert zone0[keys.RESOURCE_BATCH_CPU]["capacity"] == zone0[keys.RESOURCE_BATCH_CPU]["available"]
+
+
+@pytest.mark.parametrize(
+    "zones",
+    [
+        pytest.param([zone(0), {"name": "node-1", "type": "Node", "resources": []}], id="a zone without cpu"),
+        pytest.param([zone(1)], id="NUMA ids not starting at 0"),
+        pytest.param([zone(0), zone(0)], id="a NUMA id twice"),
+        pytest.param([{"name": "node-\u00b2", "type": "Node", "resources": []}], id="a non-ASCII digit"),
+    ],
+)
+def test_unusable_numa_zones_get_nothing(zones: list[dict[str, Any]]) -> None:
+    cache = Cache()
+    cache.replace("noderesourcetopologies", [topology("n1", zones)])
+    assert cache.topologies["n1"].numa == ()
+
+
+def test_unreadable_zones_cost_only_their_node() -> None:
+    cache = Cache()
+    cache.replace("noderesourcetopologies", [topology("n1", [zone(0)]), topology("n2", "zones")])  # type: ignore[arg-type]
+    assert set(cache.topologies) == {"n1"}
