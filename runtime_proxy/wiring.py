@@ -163,11 +163,12 @@ def kubelet_root(config: ProxyConfig) -> KubeletRoot:
 
 
 def applier(config: ProxyConfig, *, dry_run: bool = False) -> FileApplier:
-    """The single file applier over the configured cgroup and resctrl roots."""
+    """The file applier over the configured cgroup and resctrl roots (``dry_run``, decided by
+    ``runtime_proxy.compose.build``: compare only, write nothing)."""
     return FileApplier(
         cgroups=Cgroups(config.cgroupRoot, driver=cgroup_driver(config)),
         resctrl=Resctrl(config.resctrlRoot),
-        dry_run=dry_run or config.dryRun,
+        dry_run=dry_run,
     )
 
 
@@ -234,7 +235,6 @@ def loops(
     ``runtime`` stops the pod's containers through ``runtime`` (the proxy's
     ``RuntimeClient``; without one, evictions are only logged). Which loops run, and why, is
     logged once. Call it on the running event loop."""
-    dry_run = dry_run or config.dryRun
     in_process = set(plugin_order(pm))
     reconciler = Reconciler(
         backend,
