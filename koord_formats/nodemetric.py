@@ -57,6 +57,7 @@ __all__ = [
     "parse_collect_policy",
     "parse_go_duration",
     "parse_node_metric_status",
+    "parse_prod_reclaimable",
 ]
 
 API_GROUP = "slo.koordinator.sh"
@@ -361,3 +362,15 @@ def parse_node_metric_status(status: object) -> NodeMetricStatus:
         pods=tuple(pods),
         host_apps=tuple(apps),
     )
+
+
+def parse_prod_reclaimable(status: object) -> Usage | None:
+    """``status.prodReclaimableMetric.resource`` (what prod pods reserved but do not use, which
+    a manager lends to mid pods), or None when absent; ``FormatError`` when malformed."""
+    if status is None:
+        return None
+    raw = read_object(status, "NodeMetric status").get("prodReclaimableMetric")
+    if raw is None:
+        return None
+    resource = read_object(raw, "prodReclaimableMetric").get("resource")
+    return None if resource is None else _usage(resource, "prodReclaimableMetric resource")

@@ -106,6 +106,7 @@ def metrics_of(obj: Mapping[str, Any]) -> Metrics:
     try:
         status = nodemetric.parse_node_metric_status(obj.get("status"))
         update = _epoch(status.update_time) if status.update_time else None
+        reclaimable = nodemetric.parse_prod_reclaimable(obj.get("status"))
     except FormatError as exc:
         return Metrics(update_time=None, problem=describe(exc))
 
@@ -118,6 +119,7 @@ def metrics_of(obj: Mapping[str, Any]) -> Metrics:
         system_usage=amount(status.system_usage),
         pods={(p.namespace, p.name): PodUsage(amount(p.usage), p.priority) for p in status.pods},
         host_apps=tuple(PodUsage(amount(a.usage), a.priority) for a in status.host_apps),
+        prod_reclaimable=None if reclaimable is None else amount(reclaimable),
     )
 
 

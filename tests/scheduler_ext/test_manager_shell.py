@@ -16,7 +16,7 @@ from koord_formats import keys
 from scheduler_ext.errors import ConflictError, NotFoundError
 from scheduler_ext.manager.controller import Cache, merge_patch, metrics_of
 from scheduler_ext.manager.lease import Elector, Observed, decide, lease_body
-from scheduler_ext.manager.resources import PodInfo
+from scheduler_ext.manager.resources import Amount, PodInfo
 
 
 def lease(holder: str, renew: str = "t1") -> dict[str, Any]:
@@ -267,3 +267,11 @@ def test_unreadable_zones_cost_only_their_node() -> None:
     cache = Cache()
     cache.replace("noderesourcetopologies", [topology("n1", [zone(0)]), topology("n2", "zones")])  # type: ignore[arg-type]
     assert set(cache.topologies) == {"n1"}
+
+
+def test_prod_reclaimable_is_read_for_mid_resources() -> None:
+    status = {"updateTime": "2026-11-27T08:00:00Z",
+              "prodReclaimableMetric": {"resource": {"resources": {"cpu": "2", "memory": "1Gi"}}}}
+    assert metrics_of({"status": status}).prod_reclaimable == Amount(2000, 2**30)
+    assert metrics_of({"status": {"updateTime": "2026-11-27T08:00:00Z"}}).prod_reclaimable is None
+    assert metrics_of({"status": {"prodReclaimableMetric": {"resource": []}}}).problem
