@@ -49,6 +49,7 @@ __all__ = [
     "SystemQOSResource",
     "format_cpu_quota_record",
     "format_kubelet_cpu_manager_policy",
+    "format_pod_cpu_allocs",
     "format_share_pools",
     "parse_cpu_normalization_ratio",
     "parse_cpu_quota_record",
@@ -241,6 +242,27 @@ def parse_pod_cpu_allocs(text: str) -> tuple[PodCPUAlloc, ...]:
             )
         )
     return tuple(out)
+
+
+def format_pod_cpu_allocs(allocs: Iterable[PodCPUAlloc]) -> str:
+    """The ``node.koordinator.sh/pod-cpu-allocs`` JSON for ``allocs`` in the given order (empty
+    fields left out, as Koordinator's ``omitempty`` does; ``[]`` for none, never ``null``, which
+    its parser refuses)."""
+    out: list[dict[str, Any]] = []
+    for a in allocs:
+        item: dict[str, Any] = {}
+        if a.namespace:
+            item["namespace"] = a.namespace
+        if a.name:
+            item["name"] = a.name
+        if a.uid:
+            item["uid"] = a.uid
+        if a.cpus:
+            item["cpuset"] = format_cpu_list(a.cpus)
+        if a.managed_by_kubelet:
+            item["managedByKubelet"] = True
+        out.append(item)
+    return json.dumps(out, separators=(",", ":"))
 
 
 _RATIO = re.compile(r"[0-9](?:\.[0-9]{1,2})?", re.ASCII)

@@ -50,6 +50,7 @@ def test_the_colocation_overlay_reports_with_exactly_the_rights_it_needs(tmp_pat
     spec = daemonset["spec"]["template"]["spec"]
     mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
     assert mounts[config.report.kubeletConfigFile]["readOnly"] is True
+    assert mounts[config.report.kubeletCPUManagerStateFile]["readOnly"] is True
 
 
 def test_the_colocation_overlay_installs_every_crd() -> None:

@@ -9,7 +9,10 @@ The NodeResourceTopology, as koordlet reports it (``states_noderesourcetopology.
   pods: koordlet's ``calCPUSharePools``), ``kubelet.koordinator.sh/cpu-manager-policy`` (policy,
   options and, for ``static``, the reserved CPUs: ``reservedSystemCPUs``, else
   ``kubeReserved.cpu + systemReserved.cpu`` rounded up to whole CPUs taken core by core from the
-  lowest socket, as kubelet's static policy takes them);
+  lowest socket, as kubelet's static policy takes them), ``node.koordinator.sh/pod-cpu-allocs``
+  (under the ``static`` policy: the CPUs kubelet pinned, from its checkpoint, for each pod that
+  is neither LS nor BE and has no cpuset of Koordinator's: koordlet's ``calGuaranteedCpu``,
+  ``managedByKubelet``; those CPUs leave the LS share pool);
 - ``topologyPolicies``: kubelet's topology manager policy and scope (``koord_formats.nrt``);
 - ``zones``: one ``Node`` zone per NUMA node with its CPUs and ``MemTotal`` as capacity and
   allocatable. Merged as koordlet merges them: zones that are not ours are dropped, and in ours
@@ -28,12 +31,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hooks.facts import NodeFacts, compute_share_pools
+from hooks.facts import NodeFacts, PodFacts, compute_share_pools, pod_resource_status
 from koord_formats import device as device_format
 from koord_formats import keys
 from koord_formats import nrt as nrt_format
 from koord_formats.device import GPUInfo, format_gpu_devices, split_devices
-from koord_formats.node import KubeletCPUManagerPolicy, format_kubelet_cpu_manager_policy, format_share_pools
+from koord_formats.errors import FormatError
+from koord_formats.node import (
+    KubeletCPUManagerPolicy,
+    PodCPUAlloc,
+    format_kubelet_cpu_manager_policy,
+    format_pod_cpu_allocs,
+    format_share_pools,
+)
 from koord_formats.nrt import (
     ZONE_TYPE_NODE,
     Zone,
@@ -52,6 +62,7 @@ __all__ = [
     "MANAGED_ZONE_RESOURCES",
     "NRTReport",
     "build_nrt",
+    "kubelet_allocs",
     "merge_device",
     "merge_nrt",
     "new_device",
@@ -61,6 +72,7 @@ __all__ = [
 
 MANAGED_NRT_ANNOTATIONS = (
     keys.NODE_ANNOTATION_CPU_TOPOLOGY,
+    keys.NODE_ANNOTATION_POD_CPU_ALLOCS,
     keys.NODE_ANNOTATION_CPU_SHARED_POOLS,
     keys.NODE_ANNOTATION_BE_CPU_SHARED_POOLS,
     keys.NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY,
@@ -93,20 +105,50 @@ def static_reserved_cpus(topo: CPUTopology, kubelet: KubeletConfig) -> frozenset
     return frozenset(out)
 
 
+def kubelet_allocs(pinned: Mapping[str, frozenset[int]], pods: Sequence[PodFacts]) -> tuple[PodCPUAlloc, ...]:
+    """``pod-cpu-allocs`` entries for kubelet's pinned CPUs (pod uid -> CPUs): every pod there
+    except those Koordinator manages (QoS LS or BE, or a cpuset in ``resource-status``), with its
+    namespace and name when the pod is known, sorted by uid."""
+    known = {p.uid: p for p in pods if p.uid}
+    out: list[PodCPUAlloc] = []
+    for uid in sorted(pinned):
+        pod = known.get(uid)
+        if pod is not None:
+            if pod.qos_label in (keys.QOS_LS, keys.QOS_BE):
+                continue
+            try:
+                status = pod_resource_status(pod.annotations)
+            except FormatError:
+                status = None
+            if status is not None and status.cpuset:
+                continue
+        out.append(PodCPUAlloc(pod.namespace if pod else "", pod.name if pod else "", uid, pinned[uid], True))
+    return tuple(out)
+
+
 def build_nrt(
-    topo: CPUTopology, node: NodeFacts, kubelet: KubeletConfig, numa_memory: Mapping[int, int]
+    topo: CPUTopology,
+    node: NodeFacts,
+    kubelet: KubeletConfig,
+    numa_memory: Mapping[int, int],
+    allocs: Sequence[PodCPUAlloc] = (),
 ) -> NRTReport:
     """The managed parts for ``topo`` (from sysfs), ``node`` (with its bound pods),
-    ``kubelet``'s settings and each NUMA node's memory. Raises ``FormatError`` when the node's
-    annotations the share pools depend on are malformed."""
-    facts = node.replace(cpu_topology=topo)
-    reserved = static_reserved_cpus(topo, kubelet) if kubelet.cpu_manager_policy == "static" else frozenset()
+    ``kubelet``'s settings, each NUMA node's memory and ``allocs``, kubelet's pinned CPUs
+    (``kubelet_allocs``; reported under the ``static`` policy only). Raises ``FormatError`` when
+    the node's annotations the share pools depend on are malformed."""
+    static = kubelet.cpu_manager_policy == "static"
+    allocs_text = format_pod_cpu_allocs(allocs if static else ())
+    facts = node.replace(cpu_topology=topo,
+                         annotations={**node.annotations, keys.NODE_ANNOTATION_POD_CPU_ALLOCS: allocs_text})
+    reserved = static_reserved_cpus(topo, kubelet) if static else frozenset()
     policy = KubeletCPUManagerPolicy(kubelet.cpu_manager_policy, kubelet.options, reserved)
     annotations = {
         keys.NODE_ANNOTATION_CPU_TOPOLOGY: format_cpu_topology(topo),
         keys.NODE_ANNOTATION_CPU_SHARED_POOLS: format_share_pools(compute_share_pools(facts)),
         keys.NODE_ANNOTATION_BE_CPU_SHARED_POOLS: format_share_pools(compute_share_pools(facts, be=True)),
         keys.NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY: format_kubelet_cpu_manager_policy(policy),
+        keys.NODE_ANNOTATION_POD_CPU_ALLOCS: allocs_text,
     }
     zones = {
         n: ZoneAmounts(len(cpus) * 1000, len(cpus) * 1000, numa_memory.get(n, 0), numa_memory.get(n, 0))

@@ -42,6 +42,11 @@ class ReportConfig(BaseModel):
     kubeletConfigFile: str = Field(default="/var/lib/kubelet/config.yaml", description="kubelet's config file "
                                    "(its CPU manager policy, options and reserved CPUs, its topology manager "
                                    "policy and scope); absent or empty: kubelet's defaults (`none`).")
+    kubeletCPUManagerStateFile: str = Field(default="/var/lib/kubelet/cpu_manager_state", description="kubelet's "
+                                            "CPU manager checkpoint: under the `static` policy, the CPUs it pinned "
+                                            "for pods that are neither LS nor BE are reported "
+                                            "(`node.koordinator.sh/pod-cpu-allocs`) and left out of the share "
+                                            "pools. Absent or empty: none.")
     gpuMemoryBytes: int | None = Field(default=None, ge=0, le=2**50, description="Each GPU's memory in bytes "
                                        "(`koordinator.sh/gpu-memory`); the driver's files do not tell it. Unset: "
                                        "left out of the Device.")

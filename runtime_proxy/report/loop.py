@@ -56,10 +56,23 @@ from koord_formats.nodeslo import host_applications
 from koord_formats.topology import CPUTopology
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.loops.usage import UsageSampler
-from runtime_proxy.report.build import NRTReport, build_nrt, merge_device, merge_nrt, new_device, new_nrt
+from runtime_proxy.report.build import (
+    NRTReport,
+    build_nrt,
+    kubelet_allocs,
+    merge_device,
+    merge_nrt,
+    new_device,
+    new_nrt,
+)
 from runtime_proxy.report.config import ReportConfig
 from runtime_proxy.report.nodemetric import HostAppMeta, MetricWindow, PodMeta
-from runtime_proxy.report.sources import discover_gpus, read_kubelet_config, read_numa_memory
+from runtime_proxy.report.sources import (
+    discover_gpus,
+    read_cpu_manager_state,
+    read_kubelet_config,
+    read_numa_memory,
+)
 from runtime_proxy.report.writer import ApiError, KubeObjects, RateLimit, Ref
 
 __all__ = ["ReportBackend", "Reporter", "reporter"]
@@ -180,10 +193,13 @@ class Reporter:
 
     def topology_round(self) -> None:
         """Build the NRT and Device parts and write what changed (a worker thread)."""
-        node = with_bound_pods(self.backend.node(), self.backend.pods())
+        pods = self.backend.pods()
+        node = with_bound_pods(self.backend.node(), pods)
         kubelet = read_kubelet_config(self.config.kubeletConfigFile)
+        allocs = kubelet_allocs(read_cpu_manager_state(self.config.kubeletCPUManagerStateFile), pods) \
+            if kubelet.cpu_manager_policy == "static" else ()
         try:
-            report = build_nrt(self.topology, node, kubelet, read_numa_memory(self.config.sysRoot))
+            report = build_nrt(self.topology, node, kubelet, read_numa_memory(self.config.sysRoot), allocs)
         except FormatError as exc:
             WRITES.labels("NodeResourceTopology", "error").inc()
             self._warn_once("nrt-build", "NodeResourceTopology not built: a node annotation is malformed",

@@ -19,6 +19,8 @@ never the report.
   ``kubeReserved.cpu`` + ``systemReserved.cpu``, ``topologyManagerPolicy`` and
   ``topologyManagerScope`` of its ``KubeletConfiguration`` file; a missing file reads as
   kubelet's defaults (policy ``none``).
+- kubelet's CPU manager checkpoint (``cpu_manager_state``): ``entries`` pod uid -> container ->
+  cpuset, the CPUs its static policy pinned; a missing or malformed file reads as none.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from typing import Any
 import structlog
 import yaml
 
-from koord_formats.cpulist import parse_cpu_list
+from koord_formats.bounded import load_json, read_object, read_str
+from koord_formats.cpulist import MAX_CPU_LIST_CHARS, parse_cpu_list
 from koord_formats.device import MAX_DEVICES, GPUInfo
 from koord_formats.errors import FormatError
 from koord_formats.quantity import parse_cpu_milli
@@ -45,6 +48,8 @@ __all__ = [
     "MAX_KUBELET_CONFIG_BYTES",
     "KubeletConfig",
     "discover_gpus",
+    "parse_cpu_manager_state",
+    "read_cpu_manager_state",
     "read_kubelet_config",
     "read_numa_memory",
 ]
@@ -244,3 +249,47 @@ def read_kubelet_config(path: str | None) -> KubeletConfig:
         _warn_once(f"kubelet:{path}", "kubelet config unusable; reporting kubelet's defaults", path=path,
                    error=str(exc))
         return KubeletConfig()
+
+
+_MAX_STATE_PODS = 4096
+_MAX_STATE_CONTAINERS = 64
+
+
+def parse_cpu_manager_state(text: str) -> dict[str, frozenset[int]]:
+    """kubelet's ``cpu_manager_state`` checkpoint: pod uid -> the CPUs its containers were
+    pinned to (pods with none left out); ``FormatError`` when it is malformed or over its bounds
+    (``MAX_KUBELET_CONFIG_BYTES``, 4096 pods, 64 containers each)."""
+    doc = read_object(load_json(text, "cpu_manager_state", max_chars=MAX_KUBELET_CONFIG_BYTES), "cpu_manager_state")
+    raw = doc.get("entries")
+    entries = {} if raw is None else read_object(raw, "cpu_manager_state entries")
+    if len(entries) > _MAX_STATE_PODS:
+        raise FormatError(f"cpu_manager_state: more than {_MAX_STATE_PODS} pods")
+    out: dict[str, frozenset[int]] = {}
+    for uid, containers in entries.items():
+        per_pod = read_object(containers, "cpu_manager_state pod")
+        if len(per_pod) > _MAX_STATE_CONTAINERS:
+            raise FormatError(f"cpu_manager_state: more than {_MAX_STATE_CONTAINERS} containers in a pod")
+        cpus: frozenset[int] = frozenset()
+        for value in per_pod.values():
+            cpus |= parse_cpu_list(read_str(value, "cpu_manager_state cpuset", MAX_CPU_LIST_CHARS))
+        if cpus:
+            out[read_str(uid, "cpu_manager_state pod uid")] = cpus
+    return out
+
+
+def read_cpu_manager_state(path: str | None) -> dict[str, frozenset[int]]:
+    """``parse_cpu_manager_state`` of the file at ``path``; ``{}`` when the path is empty or the
+    file absent, unreadable or malformed (logged once)."""
+    if not path:
+        return {}
+    try:
+        return parse_cpu_manager_state(read_text_file(path, limit=MAX_KUBELET_CONFIG_BYTES))
+    except FileRefused as exc:
+        if exc.reason != "missing":
+            _warn_once(f"state:{path}", "kubelet's cpu_manager_state unusable; no kubelet-pinned CPUs reported",
+                       path=path, error=exc.message)
+        return {}
+    except (OSError, FormatError, ValueError) as exc:
+        _warn_once(f"state:{path}", "kubelet's cpu_manager_state unusable; no kubelet-pinned CPUs reported",
+                   path=path, error=str(exc))
+        return {}

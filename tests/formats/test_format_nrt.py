@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 from koord_formats.cpulist import parse_cpu_list
 from koord_formats.node import (
     KubeletCPUManagerPolicy,
+    PodCPUAlloc,
     format_kubelet_cpu_manager_policy,
+    format_pod_cpu_allocs,
     parse_kubelet_cpu_manager_policy,
+    parse_pod_cpu_allocs,
 )
 from koord_formats.nrt import ZoneAmounts, format_zones, topology_policy
 from scheduler_ext import numa
@@ -97,3 +100,14 @@ def test_annotations_are_bounded() -> None:
     for bad in ({"a": 1}, {"a": "x" * (256 * 1024 + 1)}, {str(i): "v" for i in range(1025)}, []):
         with pytest.raises(FormatError):
             read_annotations(bad)
+
+
+@pytest.mark.parametrize("allocs", [
+    (),
+    (PodCPUAlloc(uid="u1", cpus=parse_cpu_list("2-3"), managed_by_kubelet=True),),
+    (PodCPUAlloc("ns", "p", "u1", parse_cpu_list("2,4"), True), PodCPUAlloc(uid="u2", cpus=parse_cpu_list("6"))),
+])  # fmt: skip
+def test_pod_cpu_allocs_round_trip(allocs: tuple[PodCPUAlloc, ...]) -> None:
+    text = format_pod_cpu_allocs(allocs)
+    assert parse_pod_cpu_allocs(text) == allocs
+    assert text != "null"

@@ -179,3 +179,26 @@ def test_a_malformed_device_read_back_is_a_format_error() -> None:
         merge_device({"spec": {"devices": [1]}}, GPUS)
     with pytest.raises(FormatError):
         merge_device({"spec": {"devices": [{}] * 1025}}, GPUS)
+
+
+def test_kubelet_pinned_cpus_are_reported_under_the_static_policy_and_leave_the_ls_pool() -> None:
+    from koord_formats.node import parse_pod_cpu_allocs
+    from runtime_proxy.report.build import kubelet_allocs
+
+    pinned = {"g1": parse_cpu_list("4-5"), "ls": parse_cpu_list("6"), "koord": parse_cpu_list("7"),
+              "gone": parse_cpu_list("12")}
+    pods = [PodFacts(name="guaranteed", namespace="ns", uid="g1", kube_qos="Guaranteed"),
+            PodFacts(name="ls", namespace="ns", uid="ls", labels={keys.LABEL_QOS_CLASS: "LS"}),
+            _lsr("koord", "7")]
+    allocs = kubelet_allocs(pinned, pods)
+    assert [(a.namespace, a.name, a.uid, a.cpus, a.managed_by_kubelet) for a in allocs] == [
+        ("ns", "guaranteed", "g1", parse_cpu_list("4-5"), True), ("", "", "gone", parse_cpu_list("12"), True)]
+    static = build_nrt(DUAL_SOCKET_HT, NodeFacts(), KubeletConfig("static"), {}, allocs)
+    assert parse_pod_cpu_allocs(static.annotations[keys.NODE_ANNOTATION_POD_CPU_ALLOCS]) == allocs
+    (pool0, pool1) = parse_share_pools(static.annotations[keys.NODE_ANNOTATION_CPU_SHARED_POOLS])
+    assert not (pool0.cpus | pool1.cpus) & parse_cpu_list("4-5,12")
+    (be0, be1) = parse_share_pools(static.annotations[keys.NODE_ANNOTATION_BE_CPU_SHARED_POOLS])
+    assert parse_cpu_list("4-5,12") <= be0.cpus | be1.cpus, "kubelet's pinned CPUs stay in the BE pool"
+    assert unbindable_cpus({}, static.annotations) >= parse_cpu_list("4-5,12"), "the extender withholds them"
+    none = build_nrt(DUAL_SOCKET_HT, NodeFacts(), KubeletConfig(), {}, allocs)
+    assert none.annotations[keys.NODE_ANNOTATION_POD_CPU_ALLOCS] == "[]", "only under the static policy"

@@ -107,3 +107,27 @@ def test_kubelet_config_absent_fifo_or_huge(tmp_path: Path) -> None:
     assert read_kubelet_config(str(tmp_path / "fifo")) == KubeletConfig()
     (tmp_path / "huge").write_text("a: b\n" * 100_000)
     assert read_kubelet_config(str(tmp_path / "huge")) == KubeletConfig()
+
+
+def test_cpu_manager_state(tmp_path: Path) -> None:
+    from runtime_proxy.report.sources import read_cpu_manager_state
+
+    path = tmp_path / "cpu_manager_state"
+    path.write_text('{"policyName":"static","defaultCpuSet":"0-1,6-15","entries":{"u1":{"app":"2-3","side":"4"},'
+                    '"u2":{"app":""}},"checksum":1}')
+    assert read_cpu_manager_state(str(path)) == {"u1": parse_cpu_list("2-4")}
+    assert read_cpu_manager_state(str(tmp_path / "absent")) == {}
+    assert read_cpu_manager_state("") == {}
+
+
+@pytest.mark.parametrize("text", [
+    "[", '{"entries":[]}', '{"entries":{"u":{"c":"0-99999999"}}}', '{"entries":{"u":{"c":5}}}',
+    '{"entries":{' + ",".join(f'"u{i}":{{"c":"1"}}' for i in range(4097)) + "}}", "[" * 100_000,
+    '{"entries":{"u":{' + ",".join(f'"c{i}":"1"' for i in range(65)) + "}}}",
+])  # fmt: skip
+def test_a_bad_cpu_manager_state_reads_as_none(tmp_path: Path, text: str) -> None:
+    from runtime_proxy.report.sources import read_cpu_manager_state
+
+    path = tmp_path / "cpu_manager_state"
+    path.write_text(text)
+    assert read_cpu_manager_state(str(path)) == {}
