@@ -3,8 +3,8 @@ settings (``plugin_settings``: the configured plugins, less those whose hardware
 with a warning naming installed entry-point plugins that will not run), kubelet's cgroup driver
 (``cgroup_driver``: configured or detected), the node config source, kubelet's cgroup root
 (``kubelet_root``), the file applier and the periodic loops (``Loops``: the reconciler, the
-cfsQuotaBurst loop and, when ``usage_loop_decision`` says so, the usage loop; ``loops`` logs
-which run and why).
+cfsQuotaBurst loop, when ``usage_loop_decision`` says so the usage loop, and with
+``report.enable`` the reporter; ``loops`` logs which run and why).
 
 Used by the composition root, ``runtime_proxy.compose``, which every command calls (``nri``
 also asks ``usage_loop_decision``). Imports neither.
