@@ -202,6 +202,8 @@ class Loops:
         """A pod or container arrived, changed or left (see ``Reconciler.store_changed``)."""
         if self._started:
             self.reconciler.store_changed(pools_changed)
+            if self.reporter is not None:
+                self.reporter.store_changed()
 
     async def stop(self) -> None:
         self._task.cancel()

@@ -22,7 +22,11 @@ runs no loops), over the entry point's backend (the store: node facts, pods, con
   used) and its status replaced. A missing NodeMetric is skipped (logged once), or created with
   the default spec when ``report.createNodeMetric`` is set.
 
-Every object write goes through one ``RateLimit`` per object (0.1/s, burst 2). API calls and
+A pod or container that arrives, changes or leaves (``store_changed``, from the entry point's
+store) starts the topology round at once, so the share pools follow LSE/LSR pods without
+waiting for the interval. Every object write goes through one ``RateLimit`` per object: the
+NodeMetric's is koordlet's (0.1/s, burst 2), the NRT's and Device's 1/s with a burst of 5 (they
+change with pods, and koordlet does not limit them at all). API calls and
 file reads run in one worker thread of the reporter's own, so an API server that never answers
 holds that thread (each call has a 10 s timeout), never the event loop or the usage loop's
 threads. A failed round is logged and counted and the next round tries again; one object's
@@ -148,7 +152,9 @@ class Reporter:
         self.sampler = sampler or UsageSampler(cgroups, proc_root=proc_root, clock=clock, interval=usage_interval)
         self.objects = objects or KubeObjects()
         self.window = MetricWindow()
-        self.limits = {kind: RateLimit(clock=clock) for kind in ("NodeResourceTopology", "Device", "NodeMetric")}
+        self.limits = {"NodeResourceTopology": RateLimit(1.0, 5, clock), "Device": RateLimit(1.0, 5, clock),
+                       "NodeMetric": RateLimit(0.1, 2, clock)}
+        self._wake = asyncio.Event()
         self._written = {kind: _Written() for kind in ("NodeResourceTopology", "Device")}
         self._policy = nm.DEFAULT_COLLECT_POLICY
         self._spec_read = False
@@ -162,8 +168,15 @@ class Reporter:
     async def start(self) -> None:
         log.info("reporting this node", node=self.node_name, objects="NodeResourceTopology, Device, NodeMetric",
                  sampler="the usage loop's" if self.shared_sampler else "its own")
-        self._tasks = [asyncio.create_task(self._every(self.config.intervalSeconds, self.topology_round, "topology")),
+        self._wake = asyncio.Event()  # of the running loop
+        self._tasks = [asyncio.create_task(self._every(self.config.intervalSeconds, self.topology_round, "topology",
+                                                       self._wake)),
                        asyncio.create_task(self._every(self.usage_interval, self.metrics_round, "metrics"))]
+
+    def store_changed(self) -> None:
+        """A pod or container arrived, changed or left: run the topology round now (call it on
+        the event loop)."""
+        self._wake.set()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -173,16 +186,23 @@ class Reporter:
                 await task
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _every(self, period: float, work: Callable[[], None], task: str) -> None:
+    async def _every(self, period: float, work: Callable[[], None], task: str,
+                     wake: asyncio.Event | None = None) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if wake is not None:
+                wake.clear()
             started = time.perf_counter()
             try:
                 await loop.run_in_executor(self._executor, work)
             except Exception:  # one failed round never ends the loop
                 log.exception("report round failed", task=task)
             ROUND_SECONDS.labels(task).observe(time.perf_counter() - started)
-            await asyncio.sleep(period)
+            if wake is None:
+                await asyncio.sleep(period)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), period)
 
     def _warn_once(self, key: str, message: str, **fields: Any) -> None:
         if key not in self._warned:

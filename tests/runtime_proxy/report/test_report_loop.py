@@ -171,16 +171,40 @@ def test_writes_are_rate_limited(api: FakeAPIServer, tmp_path: Path) -> None:
     clock = Clock()
     rep, backend = _reporter(api, tmp_path, clock)
     versions = set()
-    for i in range(6):  # a change every round, no time passing: the burst of 2, then nothing
+    for i in range(9):  # a change every round, no time passing: the create and a burst of 4 more, then nothing
         backend.pod_list = [PodFacts(name="p", namespace="ns", uid="u1", labels={keys.LABEL_QOS_CLASS: "LSR"},
                                      annotations={keys.ANNOTATION_RESOURCE_STATUS: f'{{"cpuset":"{i}"}}'})]
         rep.topology_round()
         versions.add(api.get("NodeResourceTopology", NODE)["metadata"]["resourceVersion"])  # type: ignore[index]
-    assert len(versions) == 2
-    clock.now += 10  # one token back
+    assert len(versions) == 5
+    assert _count("NodeResourceTopology", "rate-limited") >= 4
+    clock.now += 1  # one token back
     rep.topology_round()
     versions.add(api.get("NodeResourceTopology", NODE)["metadata"]["resourceVersion"])  # type: ignore[index]
-    assert len(versions) == 3
+    assert len(versions) == 6
+
+
+def test_a_store_change_runs_the_topology_round_at_once(api: FakeAPIServer, tmp_path: Path) -> None:
+    async def run() -> None:
+        rep, backend = _reporter(api, tmp_path, Clock(), intervalSeconds=3600)
+        await rep.start()
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while api.get("NodeResourceTopology", NODE) is None and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            before = api.get("NodeResourceTopology", NODE)["metadata"]["resourceVersion"]  # type: ignore[index]
+            backend.pod_list = [PodFacts(name="p", namespace="ns", uid="u1", labels={keys.LABEL_QOS_CLASS: "LSR"},
+                                         annotations={keys.ANNOTATION_RESOURCE_STATUS: '{"cpuset":"3"}'})]
+            rep.store_changed()
+            while (api.get("NodeResourceTopology", NODE)["metadata"]["resourceVersion"]  # type: ignore[index]
+                   == before and loop.time() < deadline):
+                await asyncio.sleep(0.05)
+            assert api.get("NodeResourceTopology", NODE)["metadata"]["resourceVersion"] != before  # type: ignore[index]
+        finally:
+            await rep.stop()
+
+    asyncio.run(run())
 
 
 def test_a_malformed_nrt_costs_only_itself(api: FakeAPIServer, tmp_path: Path) -> None:
