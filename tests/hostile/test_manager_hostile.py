@@ -1,0 +1,140 @@
+"""``scheduler-ext manager`` under attack: every watched object (Node, Pod, NodeMetric,
+NodeResourceTopology, the ConfigMap) and every webhook object (namespace, profile,
+PriorityClass) with a hostile value in each hole goes through the manager's cache and a reconcile
+of every node; nothing escapes, no call runs away, and one bad object costs only itself: the
+other node keeps its batch resources, a bad ConfigMap keeps the previous config."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from koord_formats import FormatError, keys
+from koord_formats.colocation import parse_colocation_config
+from scheduler_ext.manager.controller import Cache, Reconciler
+from scheduler_ext.manager.webhook import WebhookState
+from tests.formats.hostile import FRAGMENTS, fill
+
+NOW = time.time()
+STAMP = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - 10))
+
+NODE = ('{"metadata":{"name":"NAME","resourceVersion":"1","labels":{"a":"b"},"annotations":{}},'
+        '"status":{"capacity":{"cpu":"8","memory":"8Gi"},"allocatable":{"cpu":"8","memory":"8Gi"}}}')
+POD = ('{"metadata":{"namespace":"ns","name":"p-NAME","resourceVersion":"1"},'
+       '"spec":{"nodeName":"NAME","containers":[{"name":"c","resources":{"requests":{"cpu":"1"}}}]},'
+       '"status":{"phase":"Running"}}')
+METRIC = ('{"metadata":{"name":"NAME","uid":"u","resourceVersion":"1"},"spec":{},'
+          '"status":{"updateTime":"' + STAMP + '","nodeMetric":{"systemUsage":{"resources":{"cpu":"500m"}}}}}')
+NRT = ('{"metadata":{"name":"NAME","resourceVersion":"1"},"zones":[{"name":"node-0","type":"Node","resources":'
+       '[{"name":"cpu","capacity":"8","allocatable":"8","available":"8"},'
+       '{"name":"memory","capacity":"8Gi","allocatable":"8Gi","available":"8Gi"}]}]}')
+HOLES = {
+    "nodes": [NODE.replace('"labels":{"a":"b"}', '"labels":HOLE'),
+              NODE.replace('"cpu":"8","memory":"8Gi"},"allocatable"', '"cpu":HOLE,"memory":"8Gi"},"allocatable"'),
+              NODE.replace('"annotations":{}', '"annotations":{"' + keys.NODE_ANNOTATION_RESERVATION + '":HOLE}'),
+              NODE.replace('"status":{', '"status":HOLE,"x":{')],
+    "pods": [POD.replace('{"cpu":"1"}', '{"cpu":HOLE}'), POD.replace('"containers":[', '"containers":HOLE,"y":['),
+             POD.replace('"phase":"Running"', '"phase":HOLE'), POD.replace('"nodeName":"NAME"', '"nodeName":HOLE')],
+    "nodemetrics": [METRIC.replace('{"cpu":"500m"}', '{"cpu":HOLE}'),
+                    METRIC.replace('"updateTime":"' + STAMP + '"', '"updateTime":HOLE'),
+                    METRIC.replace('"nodeMetric":{', '"podsMetric":HOLE,"nodeMetric":{')],
+    "noderesourcetopologies": [NRT.replace('"zones":[', '"zones":HOLE,"z":['),
+                               NRT.replace('"allocatable":"8"', '"allocatable":HOLE')],
+}
+
+
+class NoAPI:
+    """Accepts every write; counts node status writes per node."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Mapping[str, Any]] = {}
+
+    async def create_object(self, *args: Any) -> dict[str, Any]:
+        return {}
+
+    async def patch_object(self, *args: Any) -> dict[str, Any]:
+        return {}
+
+    async def delete_object(self, *args: Any) -> None:
+        return None
+
+    async def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.status[name] = patch["status"]["allocatable"]
+        return {}
+
+
+def cluster(kind: str, hostile: str) -> tuple[Cache, NoAPI]:
+    """Two nodes, "good" and "bad"; ``hostile`` replaces the "bad" node's object of ``kind``."""
+    cache = Cache()
+    cache.replace("configmaps", [{"metadata": {"name": "c"}, "data": {"colocation-config": '{"enable":true}'}}])
+    objects = {"nodes": NODE, "pods": POD, "nodemetrics": METRIC, "noderesourcetopologies": NRT}
+    for k, template in objects.items():
+        items = [json.loads(template.replace("NAME", "good"))]
+        if k == kind:
+            try:
+                bad = json.loads(hostile.replace("NAME", "bad"))
+            except (ValueError, RecursionError):
+                bad = None
+            if isinstance(bad, dict):
+                items.append(bad)
+        else:
+            items.append(json.loads(template.replace("NAME", "bad")))
+        cache.replace(k, items)
+    cache.replace("nodeslos", [])
+    return cache, NoAPI()
+
+
+@pytest.mark.parametrize("kind", list(HOLES))
+def test_hostile_watched_objects_cost_only_their_node(kind: str) -> None:
+    for template in HOLES[kind]:
+        for fragment in FRAGMENTS:
+            cache, api = cluster(kind, fill(template, fragment))
+            reconciler = Reconciler(cache, api, lambda: True, clock=lambda: NOW)  # type: ignore[arg-type]
+            start = time.thread_time()
+            for name in ("good", "bad"):
+                asyncio.run(reconciler.reconcile_node(name))
+            assert time.thread_time() - start < 1.0, (template, fragment[:40])
+            assert api.status["good"][keys.RESOURCE_BATCH_CPU] == str(8000 * 60 // 100 - 1000 - 500), \
+                (template, fragment[:40])
+
+
+def test_a_hostile_config_map_keeps_the_previous_config() -> None:
+    cache = Cache()
+    good = {"metadata": {"name": "c"}, "data": {"colocation-config": '{"enable":true,"cpuReclaimThresholdPercent":50}',
+                                                "cpu-burst-config": '{"clusterStrategy":{"policy":"auto"}}'}}
+    cache.replace("configmaps", [good])
+    for fragment in FRAGMENTS:
+        for key in ("colocation-config", "cpu-burst-config", "resource-qos-config", "host-application-config"):
+            bad = {"metadata": {"name": "c"}, "data": {**good["data"], key: fragment}}
+            cache.apply("configmaps", "MODIFIED", bad)
+            want = 50  # a refused colocation-config keeps the previous one; a valid one (even "{}") replaces it
+            if key == "colocation-config":
+                with contextlib.suppress(FormatError):
+                    want = parse_colocation_config(fragment).cluster.cpu_reclaim_threshold_percent
+            assert cache.colocation.cluster.cpu_reclaim_threshold_percent == want, (key, fragment[:40])
+            cache.apply("configmaps", "MODIFIED", good)
+        cache.apply("configmaps", "MODIFIED", {"metadata": {"name": "c"}, "data": fragment})
+        cache.apply("configmaps", "MODIFIED", good)
+
+
+@pytest.mark.parametrize("kind", ["namespaces", "clustercolocationprofiles", "priorityclasses"])
+def test_hostile_webhook_objects_are_left_out(kind: str) -> None:
+    state = WebhookState()
+    templates = {
+        "namespaces": '{"metadata":{"name":"n","labels":HOLE}}',
+        "clustercolocationprofiles": '{"metadata":{"name":"p"},"spec":{"selector":HOLE,"labels":HOLE}}',
+        "priorityclasses": '{"metadata":{"name":"c"},"value":HOLE,"preemptionPolicy":HOLE}',
+    }
+    for fragment in FRAGMENTS:
+        try:
+            obj = json.loads(fill(templates[kind], fragment))
+        except (ValueError, RecursionError):
+            continue
+        state.apply(kind, "ADDED", obj)
+        state.snapshot()
