@@ -294,7 +294,7 @@ def check_usable(cfg: ProxyConfig) -> None:
     """What a valid config still needs from this machine before a command starts: the
     ``nodeConfigFile`` it names can be read (``runtime_proxy.state.nodeconfig.read_document_text``:
     it exists, is a regular file or a symlink to one, within the size bound, UTF-8), and
-    ``fromCluster`` has the ``kubernetes`` client installed. Raises ``ConfigError`` naming the
+    ``fromCluster`` and ``report.enable`` have the ``kubernetes`` client installed. Raises ``ConfigError`` naming the
     key. Called by ``serve``, ``hook-server``, ``nri`` and ``doctor`` (``runtime_proxy/commands/``)
     before they build anything."""
     if cfg.nodeConfigFile is not None:
@@ -309,6 +309,8 @@ def check_usable(cfg: ProxyConfig) -> None:
             raise ConfigError(f"nodeConfigFile {cfg.nodeConfigFile}: {exc.message}") from None
     if cfg.fromCluster and importlib.util.find_spec("kubernetes") is None:
         raise ConfigError("fromCluster needs the kubernetes client: pip install 'runtime-hook-proxy[cluster]'")
+    if cfg.report.enable and importlib.util.find_spec("kubernetes") is None:
+        raise ConfigError("report.enable needs the kubernetes client: pip install 'runtime-hook-proxy[cluster]'")
 
 
 # ---- the reference table of docs/config.md ----------------------------------------------------

@@ -71,3 +71,15 @@ def test_report_keys_are_strict(tmp_path: Path) -> None:
     path.write_text("report:\n  intervalSeconds: 0\n")
     with pytest.raises(ConfigError):
         load_config(str(path))
+
+
+def test_report_needs_the_kubernetes_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from runtime_proxy.config import check_usable
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kubernetes" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"report.enable needs the kubernetes client"):
+        check_usable(ProxyConfig.model_validate({"report": {"enable": True}}))
+    check_usable(ProxyConfig())
