@@ -1,9 +1,8 @@
 """Koordinator's CPU choice for one pod on one node: the accumulator and the required-policy checks.
 
-Who calls this: ``scheduler_ext.numa`` (once per hinted NUMA node, or once for the whole node)
-through ``allocate_cpuset``; ``scheduler_ext.allocator.take_cpus`` is a thin wrapper kept for
-older callers. Everything here is pure: a topology value, sets of CPU ids and strings in, a
-``frozenset`` out or ``AllocationError``.
+Who calls this: ``scheduler_ext.admission`` through ``allocate_cpuset`` (once per node, the
+pod's share of each hinted NUMA node taken inside that node). Everything here is pure: a
+topology value, sets of CPU ids and strings in, a ``frozenset`` out or ``AllocationError``.
 
 The order follows koord-scheduler's ``nodenumaresource/cpu_accumulator.go`` and
 ``resource_manager.go`` (``allocateCPUSet``), rule for rule:
@@ -42,8 +41,6 @@ __all__ = [
     "allocate_cpuset",
     "filter_required",
     "satisfies_required",
-    "take_cpus",
-    "take_preferred_cpus",
 ]
 
 FULL_PCPUS = "FullPCPUs"
@@ -335,7 +332,7 @@ def _spread_whole(acc: _Accumulator) -> bool:
     return False
 
 
-def take_cpus(
+def _take_cpus(
     topo: CPUTopology,
     available: Iterable[int],
     n: int,
@@ -366,7 +363,7 @@ def take_cpus(
     raise AllocationError(FAILED)
 
 
-def take_preferred_cpus(
+def _take_preferred_cpus(
     topo: CPUTopology,
     available: frozenset[int],
     preferred: frozenset[int],
@@ -377,17 +374,17 @@ def take_preferred_cpus(
     strategy: str = MOST_ALLOCATED,
     used: ExclusiveUse = NO_EXCLUSIVE,
 ) -> frozenset[int]:
-    """``take_cpus`` that first takes what it can of ``preferred`` (a reservation's CPUs), by the
+    """``_take_cpus`` that first takes what it can of ``preferred`` (a reservation's CPUs), by the
     same rules inside it, and only the rest from the other available CPUs
     (``takePreferredCPUs``)."""
     inside = available & preferred
     if not inside:
-        return take_cpus(topo, available, n, bind_policy=bind_policy, exclusive_policy=exclusive_policy,
+        return _take_cpus(topo, available, n, bind_policy=bind_policy, exclusive_policy=exclusive_policy,
                          strategy=strategy, used=used)
-    result = take_cpus(topo, inside, min(n, len(inside)), bind_policy=bind_policy,
+    result = _take_cpus(topo, inside, min(n, len(inside)), bind_policy=bind_policy,
                        exclusive_policy=exclusive_policy, strategy=strategy, used=used)
     if n > len(result):
-        result |= take_cpus(topo, available - result, n - len(result), bind_policy=bind_policy,
+        result |= _take_cpus(topo, available - result, n - len(result), bind_policy=bind_policy,
                             exclusive_policy=exclusive_policy, strategy=strategy, used=used)
     return result
 
@@ -440,7 +437,7 @@ def allocate_cpuset(
     ``numa_cpus`` (NUMA node -> whole CPUs) is the pod's share of each hinted NUMA node from
     ``scheduler_ext.numa.distribute_evenly``: each share is taken inside its node with the bind
     policy honoured there, and the shares must add up to ``n``. ``preferred`` CPUs (those of
-    the reservation the pod allocates from) are taken first (``take_preferred_cpus``).
+    the reservation the pod allocates from) are taken first (``_take_preferred_cpus``).
     """
     if required:
         available = filter_required(topo, bind_policy, available)
@@ -452,7 +449,7 @@ def allocate_cpuset(
         for node in sorted(numa_cpus):
             inside = available & topo.numa_cpus.get(node, frozenset())
             count = min(len(inside), numa_cpus[node])
-            result |= take_preferred_cpus(
+            result |= _take_preferred_cpus(
                 topo, inside, preferred, count, bind_policy=bind_policy, exclusive_policy=exclusive_policy,
                 strategy=strategy, used=used,
             )
@@ -460,7 +457,7 @@ def allocate_cpuset(
         if needed != 0:
             raise AllocationError(NOT_ENOUGH)
     if needed > 0:
-        result |= take_preferred_cpus(
+        result |= _take_preferred_cpus(
             topo, available - result, preferred, needed, bind_policy=bind_policy,
             exclusive_policy=exclusive_policy, strategy=strategy, used=used,
         )

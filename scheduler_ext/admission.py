@@ -415,9 +415,6 @@ def _with_reservations(
 
 PLAIN = Placed()
 
-# Extra hint providers (GPUs): given the policy, the hints per resource name, or None.
-ExtraHints = Callable[[], numa.ProviderHints | None]
-
 
 def bind_policy_of(intent: Intent, node_policy: str) -> tuple[str, bool]:
     """The policy CPUs are chosen with and whether it is required (``getCPUBindPolicy``)."""

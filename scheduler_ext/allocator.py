@@ -1,5 +1,5 @@
 """Pure allocation: GPU hints and GPU choice for one pod; CPU choice lives in
-``scheduler_ext.accumulator`` (re-exported here as ``take_cpus``).
+``scheduler_ext.accumulator``.
 
 Who calls this: ``scheduler_ext.extender`` asks for GPU hints while filtering (they join the
 NUMA merge of ``scheduler_ext.numa``) and for exact GPUs while binding and simulating. Every
@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler_ext.accumulator import AllocationError, take_cpus
+from scheduler_ext.accumulator import AllocationError
 from scheduler_ext.pods import GPURequest
 from scheduler_ext.topology import GPUDevice
 
@@ -32,7 +32,6 @@ __all__ = [
     "gpu_fits",
     "gpu_hints",
     "numa_masks",
-    "take_cpus",
     "take_gpus",
 ]
 

@@ -64,16 +64,6 @@ UNTRUSTED = Counter(
 
 KINDS = ("nodes", "pods", "noderesourcetopologies", "devices", "reservations")
 
-_KUBELET_POLICIES = {
-    "SingleNUMANodeContainerLevel": "SingleNUMANode",
-    "SingleNUMANodePodLevel": "SingleNUMANode",
-    "RestrictedContainerLevel": "Restricted",
-    "RestrictedPodLevel": "Restricted",
-    "BestEffortContainerLevel": "BestEffort",
-    "BestEffortPodLevel": "BestEffort",
-}
-
-
 class NodeState:
     """One node. Static fields change only with Node/NRT/Device objects; derived fields are
     recomputed by ``refresh`` when ``version`` moved; ``allocs`` changes with pods and holds."""
@@ -94,9 +84,6 @@ class NodeState:
         self.topo: CPUTopology | None = None
         self.topo_error = ""
         self.bindable: frozenset[int] = frozenset()
-        self.bind_policy_label = ""  # None | FullPCPUsOnly | SpreadByPCPUs
-        self.numa_strategy = "MostAllocated"
-        self.numa_policy = ""  # node-level NUMA topology policy
         self.gpus: tuple[GPUDevice, ...] = ()
         self.gpu_by_minor: dict[int, GPUDevice] = {}
         self.gpu_error = ""
@@ -118,16 +105,6 @@ class NodeState:
 
     # -- static -------------------------------------------------------------------------------
     def _rebuild_static(self) -> None:
-        labels = self.node_labels
-        self.bind_policy_label = labels.get(keys.LABEL_CPU_BIND_POLICY, "")
-        strategy = labels.get(keys.LABEL_NUMA_ALLOCATE_STRATEGY, "")
-        self.numa_strategy = strategy if strategy in ("MostAllocated", "LeastAllocated") else "MostAllocated"
-        policy = labels.get(keys.LABEL_NUMA_TOPOLOGY_POLICY, "")
-        for p in self.nrt_policies:
-            kubelet = _KUBELET_POLICIES.get(p, "")
-            if kubelet:
-                policy = kubelet  # kubelet's Topology Manager policy wins when not None
-        self.numa_policy = "" if policy == "None" else policy
         self.topo, self.topo_error, self.bindable = None, "", frozenset()
         try:
             self.topo = cpu_topology(self.nrt_annotations, self.node_annotations)
