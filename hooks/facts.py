@@ -686,10 +686,10 @@ def host_app_cgroup_path(
             parts = []
     else:
         base_dir = {
-            "CgroupRoot": "",
-            "Kubepods": kube_qos_cgroup_path("Guaranteed", cgroup),
-            "KubepodsBurstable": kube_qos_cgroup_path("Burstable", cgroup),
-            "KubepodsBesteffort": kube_qos_cgroup_path("BestEffort", cgroup),
+            keys.HOST_APP_BASE_CGROUP_ROOT: "",
+            keys.HOST_APP_BASE_KUBEPODS: kube_qos_cgroup_path("Guaranteed", cgroup),
+            keys.HOST_APP_BASE_KUBEPODS_BURSTABLE: kube_qos_cgroup_path("Burstable", cgroup),
+            keys.HOST_APP_BASE_KUBEPODS_BESTEFFORT: kube_qos_cgroup_path("BestEffort", cgroup),
         }[cgp.base]
         parts = [base_dir, cgp.parent_dir, cgp.relative_path]
     pieces: list[str] = []

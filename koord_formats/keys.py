@@ -34,12 +34,9 @@ __all__ = [
     "CPU_POLICY_GROUP_IDENTITY",
     "CPU_SUPPRESS_POLICY_CFS_QUOTA",
     "CPU_SUPPRESS_POLICY_CPUSET",
-    "DEVICE_TYPE_FPGA",
     "DEVICE_TYPE_GPU",
-    "DEVICE_TYPE_RDMA",
     "EVENT_REASON_EVICT_POD_FAIL",
     "EVENT_REASON_EVICT_POD_SUCCESS",
-    "EVICTION_FEATURES",
     "EXCLUSIVE_POLICIES",
     "EXCLUSIVE_POLICY_NONE",
     "EXCLUSIVE_POLICY_NUMA_NODE_LEVEL",
@@ -48,18 +45,20 @@ __all__ = [
     "FEATURE_BE_MEMORY_EVICT",
     "GPU_RESOURCE_NAMES",
     "HOST_APP_BASES",
+    "HOST_APP_BASE_CGROUP_ROOT",
+    "HOST_APP_BASE_KUBEPODS",
     "HOST_APP_BASE_KUBEPODS_BESTEFFORT",
+    "HOST_APP_BASE_KUBEPODS_BURSTABLE",
     "KOORD_QOS_CLASSES",
     "LABEL_CPU_BIND_POLICY",
-    "LABEL_GPU_ISOLATION_PROVIDER",
     "LABEL_NUMA_ALLOCATE_STRATEGY",
     "LABEL_NUMA_TOPOLOGY_POLICY",
-    "LABEL_PRIORITY",
     "LABEL_PRIORITY_CLASS",
     "LABEL_QOS_CLASS",
-    "LABEL_RESERVATION_IGNORED",
     "LABEL_RESERVATION_ORDER",
     "LABEL_SKIP_HOOKSERVER",
+    "LEAST_ALLOCATED",
+    "MOST_ALLOCATED",
     "NODE_ANNOTATION_BE_CPU_SHARED_POOLS",
     "NODE_ANNOTATION_CPU_NORMALIZATION_RATIO",
     "NODE_ANNOTATION_CPU_SHARED_POOLS",
@@ -69,14 +68,19 @@ __all__ = [
     "NODE_ANNOTATION_RESERVATION",
     "NODE_ANNOTATION_RESOURCE_AMPLIFICATION_RATIO",
     "NODE_ANNOTATION_SYSTEM_QOS_RESOURCE",
-    "NODE_CPU_BIND_POLICIES",
-    "NUMA_ALLOCATE_STRATEGIES",
+    "NODE_CPU_BIND_POLICY_FULL_PCPUS_ONLY",
+    "NODE_CPU_BIND_POLICY_SPREAD_BY_PCPUS",
+    "NRT_POLICY_SINGLE_NUMA_NODE_POD_LEVEL",
     "NUMA_EXCLUSIVE_POLICIES",
     "NUMA_EXCLUSIVE_PREFERRED",
     "NUMA_EXCLUSIVE_REQUIRED",
     "NUMA_NODE_SHARED",
     "NUMA_NODE_SINGLE",
     "NUMA_POLICIES",
+    "NUMA_POLICY_BEST_EFFORT",
+    "NUMA_POLICY_NONE",
+    "NUMA_POLICY_RESTRICTED",
+    "NUMA_POLICY_SINGLE_NUMA_NODE",
     "PRIORITY_BATCH",
     "PRIORITY_CLASSES",
     "PRIORITY_FREE",
@@ -93,11 +97,7 @@ __all__ = [
     "RESERVATION_ALLOCATE_POLICY_RESTRICTED",
     "RESERVATION_API_GROUP",
     "RESERVATION_API_VERSION",
-    "RESERVATION_PHASES",
     "RESERVATION_PHASE_AVAILABLE",
-    "RESERVATION_PHASE_FAILED",
-    "RESERVATION_PHASE_PENDING",
-    "RESERVATION_PHASE_SUCCEEDED",
     "RESERVATION_PHASE_WAITING",
     "RESERVATION_PLURAL",
     "RESOURCE_BATCH_CPU",
@@ -110,7 +110,6 @@ __all__ = [
     "RESOURCE_MID_CPU",
     "RESOURCE_MID_MEMORY",
     "RESOURCE_NVIDIA_GPU",
-    "RESOURCE_RDMA",
     "SLO",
     "SLO_CLASS_KEYS",
 ]
@@ -125,7 +124,6 @@ QOS_SYSTEM = "SYSTEM"
 KOORD_QOS_CLASSES = (QOS_LSE, QOS_LSR, QOS_LS, QOS_BE, QOS_SYSTEM)
 
 # ---- priority classes (apis/extension/priority.go) ---------------------------------------------
-LABEL_PRIORITY = "koordinator.sh/priority"
 LABEL_PRIORITY_CLASS = "koordinator.sh/priority-class"
 PRIORITY_PROD = "koord-prod"
 PRIORITY_MID = "koord-mid"
@@ -150,8 +148,6 @@ ANNOTATION_POD_RESCTRL = "node.koordinator.sh/resctrl"
 # Pod overrides of NodeSLO strategies (apis/slo/v1alpha1/pod.go).
 ANNOTATION_POD_CPU_QOS = "koordinator.sh/cpuQOS"
 ANNOTATION_POD_CPU_BURST = "koordinator.sh/cpuBurst"
-# HAMi-core GPU isolation (apis/extension/device_share.go).
-LABEL_GPU_ISOLATION_PROVIDER = "koordinator.sh/gpu-isolation-provider"
 
 # ---- node labels and annotations (apis/extension/{numa_aware,node_reservation,system_qos,
 # ---- cpu_normalization}.go) and NodeResourceTopology annotations ---------------------------------
@@ -181,20 +177,9 @@ ANNOTATION_RESERVATION_AFFINITY = "scheduling.koordinator.sh/reservation-affinit
 ANNOTATION_RESERVATION_ALLOCATED = "scheduling.koordinator.sh/reservation-allocated"
 # Reservation label: a positive integer, the lowest order is nominated first.
 LABEL_RESERVATION_ORDER = "scheduling.koordinator.sh/reservation-order"
-# Pod label: "true" makes the pod ignore reservations.
-LABEL_RESERVATION_IGNORED = "scheduling.koordinator.sh/reservation-ignored"
-RESERVATION_PHASE_PENDING = "Pending"
+# The phases a reservation is usable in (``status.phase``; Pending, Succeeded and Failed are not).
 RESERVATION_PHASE_AVAILABLE = "Available"
-RESERVATION_PHASE_SUCCEEDED = "Succeeded"
 RESERVATION_PHASE_WAITING = "Waiting"
-RESERVATION_PHASE_FAILED = "Failed"
-RESERVATION_PHASES = (
-    RESERVATION_PHASE_PENDING,
-    RESERVATION_PHASE_AVAILABLE,
-    RESERVATION_PHASE_SUCCEEDED,
-    RESERVATION_PHASE_WAITING,
-    RESERVATION_PHASE_FAILED,
-)
 # ``spec.allocatePolicy``: "" (Default, deprecated, read as Aligned), Aligned or Restricted.
 RESERVATION_ALLOCATE_POLICY_DEFAULT = ""
 RESERVATION_ALLOCATE_POLICY_ALIGNED = "Aligned"
@@ -216,11 +201,8 @@ RESOURCE_GPU_SHARED = "koordinator.sh/gpu.shared"
 RESOURCE_GPU_CORE = "koordinator.sh/gpu-core"
 RESOURCE_GPU_MEMORY = "koordinator.sh/gpu-memory"
 RESOURCE_GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
-RESOURCE_RDMA = "koordinator.sh/rdma"
 # Device types: the keys of device-allocated and Device ``spec.devices[].type``.
 DEVICE_TYPE_GPU = "gpu"
-DEVICE_TYPE_RDMA = "rdma"
-DEVICE_TYPE_FPGA = "fpga"
 GPU_RESOURCE_NAMES = (
     RESOURCE_NVIDIA_GPU,
     RESOURCE_GPU,
@@ -245,7 +227,14 @@ EXCLUSIVE_POLICY_NONE = "None"
 EXCLUSIVE_POLICY_PCPU_LEVEL = "PCPULevel"
 EXCLUSIVE_POLICY_NUMA_NODE_LEVEL = "NUMANodeLevel"
 EXCLUSIVE_POLICIES = (EXCLUSIVE_POLICY_NONE, EXCLUSIVE_POLICY_PCPU_LEVEL, EXCLUSIVE_POLICY_NUMA_NODE_LEVEL)
-NUMA_POLICIES = ("None", "BestEffort", "Restricted", "SingleNUMANode")
+NUMA_POLICY_NONE = "None"
+NUMA_POLICY_BEST_EFFORT = "BestEffort"
+NUMA_POLICY_RESTRICTED = "Restricted"
+NUMA_POLICY_SINGLE_NUMA_NODE = "SingleNUMANode"
+NUMA_POLICIES = (NUMA_POLICY_NONE, NUMA_POLICY_BEST_EFFORT, NUMA_POLICY_RESTRICTED, NUMA_POLICY_SINGLE_NUMA_NODE)
+# kubelet's Topology Manager policy as a NodeResourceTopology's ``topologyPolicies`` names it;
+# koord-scheduler honours these three (BestEffort and Restricted are spelled as the NUMA policies).
+NRT_POLICY_SINGLE_NUMA_NODE_POD_LEVEL = "SingleNUMANodePodLevel"
 # Values of numa-topology-spec's singleNUMANodeExclusive (apis/extension/numa_aware.go); the
 # scheduler reads "" as Required when the pod names a NUMA policy.
 NUMA_EXCLUSIVE_PREFERRED = "Preferred"
@@ -256,9 +245,13 @@ NUMA_EXCLUSIVE_POLICIES = (NUMA_EXCLUSIVE_PREFERRED, NUMA_EXCLUSIVE_REQUIRED)
 NUMA_NODE_SINGLE = "single"  # only cpusets confined to this one NUMA node hold CPUs here
 NUMA_NODE_SHARED = "shared"  # a cpuset spanning several NUMA nodes holds CPUs here
 # Values of the node label cpu-bind-policy.
-NODE_CPU_BIND_POLICIES = ("None", "FullPCPUsOnly", "SpreadByPCPUs")
-# Values of the node label numa-allocate-strategy (LeastAllocated when absent).
-NUMA_ALLOCATE_STRATEGIES = ("MostAllocated", "LeastAllocated", "DistributeEvenly")
+NODE_CPU_BIND_POLICY_FULL_PCPUS_ONLY = "FullPCPUsOnly"
+NODE_CPU_BIND_POLICY_SPREAD_BY_PCPUS = "SpreadByPCPUs"
+# Values of the node label numa-allocate-strategy (LeastAllocated when absent; DistributeEvenly is
+# read as LeastAllocated here); MostAllocated and LeastAllocated are also the scoring strategies
+# of koord-scheduler's plugins (pkg/scheduler/apis/config ``ScoringStrategyType``), spelled the same.
+MOST_ALLOCATED = "MostAllocated"
+LEAST_ALLOCATED = "LeastAllocated"
 
 
 # ---- NodeSLO spec field names (apis/slo/v1alpha1/nodeslo_types.go, host_application.go) -------
@@ -324,8 +317,16 @@ CPU_POLICIES = ("", CPU_POLICY_GROUP_IDENTITY, CPU_POLICY_CORE_SCHED)
 CPU_BURST_POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")
 CPU_SUPPRESS_POLICY_CPUSET = "cpuset"
 CPU_SUPPRESS_POLICY_CFS_QUOTA = "cfsQuota"
+HOST_APP_BASE_CGROUP_ROOT = "CgroupRoot"
+HOST_APP_BASE_KUBEPODS = "Kubepods"
+HOST_APP_BASE_KUBEPODS_BURSTABLE = "KubepodsBurstable"
 HOST_APP_BASE_KUBEPODS_BESTEFFORT = "KubepodsBesteffort"
-HOST_APP_BASES = ("CgroupRoot", "Kubepods", "KubepodsBurstable", HOST_APP_BASE_KUBEPODS_BESTEFFORT)
+HOST_APP_BASES = (
+    HOST_APP_BASE_CGROUP_ROOT,
+    HOST_APP_BASE_KUBEPODS,
+    HOST_APP_BASE_KUBEPODS_BURSTABLE,
+    HOST_APP_BASE_KUBEPODS_BESTEFFORT,
+)
 
 # ---- eviction (apis/slo/v1alpha1/nodeslo_types.go, apis/extension/eviction.go) ------------------
 CPU_EVICT_POLICY_REAL_LIMIT = "evictByRealLimit"
@@ -340,11 +341,3 @@ EVENT_REASON_EVICT_POD_FAIL = "evictPodFail"
 # koordlet's feature-gate names of the evictions, used in that annotation and in Events.
 FEATURE_BE_MEMORY_EVICT = "BEMemoryEvict"
 FEATURE_BE_CPU_EVICT = "BECPUEvict"
-EVICTION_FEATURES = (
-    FEATURE_BE_MEMORY_EVICT,
-    FEATURE_BE_CPU_EVICT,
-    "MemoryEvict",
-    "MemoryAllocatableEvict",
-    "CPUEvict",
-    "CPUAllocatableEvict",
-)

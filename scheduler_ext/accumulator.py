@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from koord_formats import keys
 from koord_formats.topology import CPUTopology
 
 __all__ = [
@@ -42,12 +43,6 @@ __all__ = [
     "filter_required",
     "satisfies_required",
 ]
-
-FULL_PCPUS = "FullPCPUs"
-SPREAD_BY_PCPUS = "SpreadByPCPUs"
-PCPU_LEVEL = "PCPULevel"
-NUMA_NODE_LEVEL = "NUMANodeLevel"
-MOST_ALLOCATED = "MostAllocated"
 
 NOT_ENOUGH = "not enough cpus available to satisfy request"
 FAILED = "failed to allocate cpus"
@@ -104,7 +99,7 @@ class _Accumulator:
         self.cpus_per_node = _per(total, len(topo.numa_nodes))  # never changes
         self.cpus_per_socket = _per(total, len(topo.sockets))  # never changes
         self.exclusive_policy = exclusive_policy  # never changes
-        self.most = strategy == MOST_ALLOCATED  # never changes
+        self.most = strategy == keys.MOST_ALLOCATED  # never changes
         self.free = {c for c in available if c in topo.details}  # shrinks
         self.needed = needed  # counts down
         self.result: set[int] = set()  # grows
@@ -117,9 +112,9 @@ class _Accumulator:
         for c in cpus:
             self.result.add(c)
             self.free.discard(c)
-            if self.exclusive_policy == PCPU_LEVEL:
+            if self.exclusive_policy == keys.EXCLUSIVE_POLICY_PCPU_LEVEL:
                 self.excl_cores.add(self.topo.core_of[c])
-            elif self.exclusive_policy == NUMA_NODE_LEVEL:
+            elif self.exclusive_policy == keys.EXCLUSIVE_POLICY_NUMA_NODE_LEVEL:
                 self.excl_numa.add(self.topo.details[c].node)
         self.needed -= len(cpus)
 
@@ -134,10 +129,13 @@ class _Accumulator:
         return self.needed > len(self.free)
 
     def _pcpu_taken(self, c: int) -> bool:
-        return self.exclusive_policy == PCPU_LEVEL and self.topo.core_of[c] in self.excl_cores
+        return self.exclusive_policy == keys.EXCLUSIVE_POLICY_PCPU_LEVEL and self.topo.core_of[c] in self.excl_cores
 
     def _numa_taken(self, c: int) -> bool:
-        return self.exclusive_policy == NUMA_NODE_LEVEL and self.topo.details[c].node in self.excl_numa
+        return (
+            self.exclusive_policy == keys.EXCLUSIVE_POLICY_NUMA_NODE_LEVEL
+            and self.topo.details[c].node in self.excl_numa
+        )
 
     # -- orderings ----------------------------------------------------------------------------
     def _by_free(self, count: int) -> int:
@@ -337,9 +335,9 @@ def _take_cpus(
     available: Iterable[int],
     n: int,
     *,
-    bind_policy: str = FULL_PCPUS,
-    exclusive_policy: str = "None",
-    strategy: str = MOST_ALLOCATED,
+    bind_policy: str = keys.BIND_POLICY_FULL_PCPUS,
+    exclusive_policy: str = keys.EXCLUSIVE_POLICY_NONE,
+    strategy: str = keys.MOST_ALLOCATED,
     used: ExclusiveUse = NO_EXCLUSIVE,
 ) -> frozenset[int]:
     """Exactly ``n`` CPUs of ``available`` chosen as Koordinator's ``takeCPUs``, or
@@ -349,7 +347,7 @@ def _take_cpus(
         return frozenset()
     if acc.is_failed():
         raise AllocationError(NOT_ENOUGH)
-    full = bind_policy == FULL_PCPUS
+    full = bind_policy == keys.BIND_POLICY_FULL_PCPUS
     if (full or acc.cpus_per_core == 1) and _whole_cores(acc):
         return frozenset(acc.result)
     if not full and _spread_whole(acc):
@@ -369,9 +367,9 @@ def _take_preferred_cpus(
     preferred: frozenset[int],
     n: int,
     *,
-    bind_policy: str = FULL_PCPUS,
-    exclusive_policy: str = "None",
-    strategy: str = MOST_ALLOCATED,
+    bind_policy: str = keys.BIND_POLICY_FULL_PCPUS,
+    exclusive_policy: str = keys.EXCLUSIVE_POLICY_NONE,
+    strategy: str = keys.MOST_ALLOCATED,
     used: ExclusiveUse = NO_EXCLUSIVE,
 ) -> frozenset[int]:
     """``_take_cpus`` that first takes what it can of ``preferred`` (a reservation's CPUs), by the
@@ -392,7 +390,7 @@ def _take_preferred_cpus(
 def filter_required(topo: CPUTopology, policy: str, available: frozenset[int]) -> frozenset[int]:
     """What a required ``policy`` may take: whole free cores (FullPCPUs) or the lowest free
     thread of every core (SpreadByPCPUs); any other policy leaves ``available`` as it is."""
-    if policy not in (FULL_PCPUS, SPREAD_BY_PCPUS):
+    if policy not in (keys.BIND_POLICY_FULL_PCPUS, keys.BIND_POLICY_SPREAD_BY_PCPUS):
         return available
     cores: dict[int, list[int]] = {}
     for c in sorted(available):
@@ -402,7 +400,7 @@ def filter_required(topo: CPUTopology, policy: str, available: frozenset[int]) -
     out: set[int] = set()
     per_core = max(topo.cpus_per_core, 1)
     for members in cores.values():
-        if policy == SPREAD_BY_PCPUS:
+        if policy == keys.BIND_POLICY_SPREAD_BY_PCPUS:
             out.add(members[0])
         elif len(members) == per_core:
             out.update(members)
@@ -412,9 +410,9 @@ def filter_required(topo: CPUTopology, policy: str, available: frozenset[int]) -
 def satisfies_required(topo: CPUTopology, policy: str, cpus: frozenset[int]) -> bool:
     """FullPCPUs: only whole cores; SpreadByPCPUs: never two threads of one core."""
     cores = {topo.core_of[c] for c in cpus}
-    if policy == FULL_PCPUS:
+    if policy == keys.BIND_POLICY_FULL_PCPUS:
         return len(cores) * max(topo.cpus_per_core, 1) == len(cpus)
-    if policy == SPREAD_BY_PCPUS:
+    if policy == keys.BIND_POLICY_SPREAD_BY_PCPUS:
         return len(cores) == len(cpus)
     return True
 
@@ -426,8 +424,8 @@ def allocate_cpuset(
     *,
     bind_policy: str,
     required: bool,
-    exclusive_policy: str = "None",
-    strategy: str = MOST_ALLOCATED,
+    exclusive_policy: str = keys.EXCLUSIVE_POLICY_NONE,
+    strategy: str = keys.MOST_ALLOCATED,
     used: ExclusiveUse = NO_EXCLUSIVE,
     numa_cpus: dict[int, int] | None = None,
     preferred: frozenset[int] = frozenset(),

@@ -124,18 +124,16 @@ ERR_NO_NOMINATED_RESERVATION = "no nominated reservation"
 RESERVATION_REASON_PREFIX = "Reservation(s) "
 RESTRICTED_POLICY = keys.RESERVATION_ALLOCATE_POLICY_RESTRICTED
 
-FULL_PCPUS = "FullPCPUs"
-SPREAD_BY_PCPUS = "SpreadByPCPUs"
-DEFAULT_BIND_POLICY = FULL_PCPUS  # koord-scheduler's ``defaultCPUBindPolicy``
-NODE_FULL_PCPUS_ONLY = "FullPCPUsOnly"
-NUMA_POLICIES = (numa.BEST_EFFORT, numa.RESTRICTED, numa.SINGLE_NUMA_NODE)
+DEFAULT_BIND_POLICY = keys.BIND_POLICY_FULL_PCPUS  # koord-scheduler's ``defaultCPUBindPolicy``
+# the NUMA policies a node label may name (None names none)
+NUMA_POLICIES = (keys.NUMA_POLICY_BEST_EFFORT, keys.NUMA_POLICY_RESTRICTED, keys.NUMA_POLICY_SINGLE_NUMA_NODE)
 # kubelet Topology Manager policies in an NRT's ``topologyPolicies`` that Koordinator honours
 _NRT_POLICIES = {
-    "BestEffort": numa.BEST_EFFORT,
-    "Restricted": numa.RESTRICTED,
-    "SingleNUMANodePodLevel": numa.SINGLE_NUMA_NODE,
+    keys.NUMA_POLICY_BEST_EFFORT: keys.NUMA_POLICY_BEST_EFFORT,
+    keys.NUMA_POLICY_RESTRICTED: keys.NUMA_POLICY_RESTRICTED,
+    keys.NRT_POLICY_SINGLE_NUMA_NODE_POD_LEVEL: keys.NUMA_POLICY_SINGLE_NUMA_NODE,
 }
-DEFAULT_NUMA_ALLOCATE_STRATEGY = "LeastAllocated"  # koord-scheduler's default NUMA scoring
+DEFAULT_NUMA_ALLOCATE_STRATEGY = keys.LEAST_ALLOCATED  # koord-scheduler's default NUMA scoring
 
 _MAX_ANNOTATION_CHARS = 64 * 1024
 _STATES = "numa-states"  # key of the NUMA node states in ``NodeFacts.views`` (no policy is named so)
@@ -174,17 +172,19 @@ class Intent:
 
 def pre_filter(pod: PodRequest, default_policy: str = DEFAULT_BIND_POLICY) -> Intent | Refusal:
     """Rules 1 and 2 of the module docstring."""
-    numa_policy = "" if pod.numa_policy == "None" else pod.numa_policy
+    numa_policy = "" if pod.numa_policy == keys.NUMA_POLICY_NONE else pod.numa_policy
     numa_exclusive = pod.numa_exclusive
     if not numa_exclusive and numa_policy:
         numa_exclusive = keys.NUMA_EXCLUSIVE_REQUIRED
     skip = pod.cpu_milli <= 0 and pod.memory <= 0 and pod.gpu is None
-    intent = Intent(skip, False, "", "", "None", numa_policy, pod.cpu_milli, pod.memory, numa_exclusive)
+    intent = Intent(
+        skip, False, "", "", keys.EXCLUSIVE_POLICY_NONE, numa_policy, pod.cpu_milli, pod.memory, numa_exclusive
+    )
     if skip:
         return intent
     allow_cpuset = pod.qos in (keys.QOS_LSE, keys.QOS_LSR) and pod.priority_class == keys.PRIORITY_PROD
-    policy = default_policy if pod.bind_policy in ("", "Default") else pod.bind_policy
-    if allow_cpuset and policy in (FULL_PCPUS, SPREAD_BY_PCPUS):
+    policy = default_policy if pod.bind_policy in ("", keys.BIND_POLICY_DEFAULT) else pod.bind_policy
+    if allow_cpuset and policy in (keys.BIND_POLICY_FULL_PCPUS, keys.BIND_POLICY_SPREAD_BY_PCPUS):
         if pod.cpu_milli % 1000:
             return Refusal(UNRESOLVABLE, ERR_INVALID_REQUESTED_CPUS)
         if pod.cpu_milli > 0:
@@ -193,7 +193,7 @@ def pre_filter(pod: PodRequest, default_policy: str = DEFAULT_BIND_POLICY) -> In
                 True,
                 policy if pod.bind_required else "",
                 policy,
-                pod.exclusive_policy or "None",
+                pod.exclusive_policy or keys.EXCLUSIVE_POLICY_NONE,
                 numa_policy,
                 pod.cpu_milli,
                 pod.memory,
@@ -219,8 +219,8 @@ def _json_object(text: str | None) -> object:
 def node_cpu_bind_policy(labels: Mapping[str, str], nrt_annotations: Mapping[str, str]) -> str:
     """FullPCPUsOnly, SpreadByPCPUs or "" (``GetNodeCPUBindPolicy``)."""
     label = labels.get(keys.LABEL_CPU_BIND_POLICY, "")
-    if label == NODE_FULL_PCPUS_ONLY:
-        return NODE_FULL_PCPUS_ONLY
+    if label == keys.NODE_CPU_BIND_POLICY_FULL_PCPUS_ONLY:
+        return keys.NODE_CPU_BIND_POLICY_FULL_PCPUS_ONLY
     text = nrt_annotations.get(keys.NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY)
     if text:
         try:
@@ -228,8 +228,9 @@ def node_cpu_bind_policy(labels: Mapping[str, str], nrt_annotations: Mapping[str
         except FormatError:  # unreadable: no kubelet option applies
             kubelet = None
         if kubelet is not None and kubelet.policy == "static" and kubelet.options.get("full-pcpus-only") == "true":
-            return NODE_FULL_PCPUS_ONLY
-    return SPREAD_BY_PCPUS if label == SPREAD_BY_PCPUS else ""
+            return keys.NODE_CPU_BIND_POLICY_FULL_PCPUS_ONLY
+    spread = keys.NODE_CPU_BIND_POLICY_SPREAD_BY_PCPUS
+    return spread if label == spread else ""
 
 
 def node_numa_policy(labels: Mapping[str, str], nrt_policies: Sequence[str]) -> str:
@@ -420,11 +421,19 @@ def bind_policy_of(intent: Intent, node_policy: str) -> tuple[str, bool]:
     """The policy CPUs are chosen with and whether it is required (``getCPUBindPolicy``)."""
     if intent.required:
         return intent.required, True
-    if node_policy == NODE_FULL_PCPUS_ONLY:
-        return FULL_PCPUS, True
-    if node_policy == SPREAD_BY_PCPUS:
-        return SPREAD_BY_PCPUS, True
+    by_node = _node_required(node_policy)
+    if by_node:
+        return by_node, True
     return intent.preferred, False
+
+
+def _node_required(node_policy: str) -> str:
+    """The bind policy a node's ``node_cpu_bind_policy`` requires of every pod ("" when none)."""
+    if node_policy == keys.NODE_CPU_BIND_POLICY_FULL_PCPUS_ONLY:
+        return keys.BIND_POLICY_FULL_PCPUS
+    if node_policy == keys.NODE_CPU_BIND_POLICY_SPREAD_BY_PCPUS:
+        return keys.BIND_POLICY_SPREAD_BY_PCPUS
+    return ""
 
 
 def _amplified_zones(node: NodeFacts, ratio: float) -> tuple[numa.Zones, dict[int, dict[str, int]]]:
@@ -494,11 +503,9 @@ def place(
         if topo is None:
             return Refusal(UNRESOLVABLE, ERR_INVALID_CPU_TOPOLOGY)
         bind_policy, required = bind_policy_of(intent, node_bind)
-        if node_bind and intent.required and intent.required != (
-            FULL_PCPUS if node_bind == NODE_FULL_PCPUS_ONLY else SPREAD_BY_PCPUS
-        ):
+        if node_bind and intent.required and intent.required != _node_required(node_bind):
             return Refusal(UNRESOLVABLE, ERR_CPU_BIND_POLICY_CONFLICT)
-        if required and bind_policy == FULL_PCPUS and intent.num_cpus % max(topo.cpus_per_core, 1):
+        if required and bind_policy == keys.BIND_POLICY_FULL_PCPUS and intent.num_cpus % max(topo.cpus_per_core, 1):
             return Refusal(UNRESOLVABLE, ERR_SMT_ALIGNMENT)
     if not policy:
         if not cpu_bind or topo is None:
@@ -536,14 +543,14 @@ def _cpuset(
         eligible = node.eligible(bind_policy) if required else node.free
         if len(eligible) < intent.num_cpus:
             raise AllocationError(NOT_ENOUGH)
-        if required and bind_policy == FULL_PCPUS and _splits_a_core(topo, eligible & node.preferred):
+        if required and bind_policy == keys.BIND_POLICY_FULL_PCPUS and _splits_a_core(topo, eligible & node.preferred):
             # a reservation's CPUs are taken first; when they hold part of a free core the
             # choice can end on a partial core, so only the exact choice gives the verdict
             _exact_cpuset(intent, node, topo, bind_policy, required, numa_cpus)
         elif numa_cpus:
             # each NUMA node's share is chosen inside it; under required FullPCPUs a share that
             # is not whole cores fails the final policy check, as the exact choice does
-            unit = max(topo.cpus_per_core, 1) if required and bind_policy == FULL_PCPUS else 1
+            unit = max(topo.cpus_per_core, 1) if required and bind_policy == keys.BIND_POLICY_FULL_PCPUS else 1
             got = 0
             for n, k in numa_cpus.items():
                 taken = min(len(eligible & topo.numa_cpus.get(n, frozenset())), k)
@@ -620,7 +627,8 @@ def _place_numa(
     hinted = dict(original)
     if cpu_bind and ratio > 1 and numa.CPU in hinted:
         hinted[numa.CPU] = amplify(hinted[numa.CPU], ratio)
-    full_cores = max(topo.cpus_per_core, 1) if (topo is not None and required and bind_policy == FULL_PCPUS) else 0
+    full_pcpus = required and bind_policy == keys.BIND_POLICY_FULL_PCPUS
+    full_cores = max(topo.cpus_per_core, 1) if (topo is not None and full_pcpus) else 0
 
     def attempt_in(view: NodeFacts, mask: frozenset[int] | None, exact: bool, remained: bool) -> Placed | Refusal:
         split: Mapping[int, Mapping[str, int]] = {}
@@ -666,7 +674,7 @@ def _place_numa(
         hinted,
         policy,
         lambda m: isinstance(attempt(m, False), Placed),
-        strategy="LeastAllocated",
+        strategy=keys.LEAST_ALLOCATED,
     )
     exclusive = intent.numa_exclusive
     states = node.numa_states if exclusive == keys.NUMA_EXCLUSIVE_REQUIRED else {}

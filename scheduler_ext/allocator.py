@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from koord_formats import keys
 from scheduler_ext.accumulator import AllocationError
 from scheduler_ext.pods import GPURequest
 from scheduler_ext.topology import GPUDevice
@@ -34,9 +35,6 @@ __all__ = [
     "numa_masks",
     "take_gpus",
 ]
-
-MOST_ALLOCATED = "MostAllocated"
-LEAST_ALLOCATED = "LeastAllocated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +148,7 @@ def _gpu_order_key(
     return (
         0 if in_affinity else 1,
         1 if used.idle else 0,  # partially used GPUs first: keep whole GPUs free
-        -free_core if strategy == LEAST_ALLOCATED else free_core,
+        -free_core if strategy == keys.LEAST_ALLOCATED else free_core,
         gpu.minor,
     )
 
@@ -162,7 +160,7 @@ def take_gpus(
     *,
     affinity: frozenset[int] | None = None,
     strict: bool = False,
-    strategy: str = LEAST_ALLOCATED,
+    strategy: str = keys.LEAST_ALLOCATED,
 ) -> tuple[GPUGrant, ...]:
     """``req.count`` GPUs, each with room for one share of ``req``, or ``AllocationError``.
 

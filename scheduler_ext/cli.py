@@ -478,9 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def scoring(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--score-strategy", choices=STRATEGIES, default="LeastAllocated",
+        p.add_argument("--score-strategy", choices=STRATEGIES, default=DEFAULT_CONFIG.score_strategy,
                        help="node CPU score: LeastAllocated spreads, MostAllocated packs")
-        p.add_argument("--gpu-strategy", choices=STRATEGIES, default="LeastAllocated",
+        p.add_argument("--gpu-strategy", choices=STRATEGIES, default=DEFAULT_CONFIG.gpu_strategy,
                        help="node GPU score and the GPU order inside a node")
 
     serve = sub.add_parser("serve", help="run the HTTP extender", epilog=SERVE_EXIT_CODES,

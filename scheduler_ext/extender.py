@@ -108,15 +108,17 @@ BIND_CONFLICTS = Counter(
 BIND_ROLLBACKS = Counter("scheduler_ext_bind_rollbacks_total", "Binds rolled back after a failure.")
 
 MAX_SCORE = 10
-STRATEGIES = ("LeastAllocated", "MostAllocated")
+STRATEGIES = (keys.LEAST_ALLOCATED, keys.MOST_ALLOCATED)
+# NUMA policies under which GPUs must share the CPUs' NUMA affinity
+_STRICT_NUMA = (keys.NUMA_POLICY_RESTRICTED, keys.NUMA_POLICY_SINGLE_NUMA_NODE)
 
 
 @dataclass(frozen=True, slots=True)
 class ExtenderConfig:
     """Cluster-wide scoring choices (flags of ``scheduler-ext serve``)."""
 
-    score_strategy: str = "LeastAllocated"  # node CPU score
-    gpu_strategy: str = "LeastAllocated"  # node GPU score and the GPU order inside a node
+    score_strategy: str = keys.LEAST_ALLOCATED  # node CPU score
+    gpu_strategy: str = keys.LEAST_ALLOCATED  # node GPU score and the GPU order inside a node
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,7 +510,7 @@ def _linear(free_after: float, total: float, strategy: str) -> float:
     if total <= 0:
         return 0.0
     frac = min(max(free_after / total, 0.0), 1.0)
-    return MAX_SCORE * (frac if strategy == "LeastAllocated" else 1.0 - frac)
+    return MAX_SCORE * (frac if strategy == keys.LEAST_ALLOCATED else 1.0 - frac)
 
 
 def _score(ns: NodeState, pod: PodRequest, placed: Placed, cfg: ExtenderConfig) -> int:
@@ -548,7 +550,7 @@ def _evaluate(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Verdict:
         healthy = sum(1 for g in ns.gpus if g.healthy)
         if healthy < req.count:
             return Verdict(False, True, f"pod asks {req.count} GPU(s), node has {healthy} healthy")
-        strict = placed.numa_policy in ("Restricted", "SingleNUMANode") and placed.affinity is not None
+        strict = placed.numa_policy in _STRICT_NUMA and placed.affinity is not None
         fits = sum(
             1
             for g in ns.gpus
@@ -656,7 +658,7 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
         raise AllocationError(placed.reason)
     cpus = placed.cpus
     affinity = placed.affinity
-    strict = placed.numa_policy in ("Restricted", "SingleNUMANode")
+    strict = placed.numa_policy in _STRICT_NUMA
     topo = ns.topo
     grants: tuple[GPUGrant, ...] = ()
     if pod.gpu is not None:
@@ -687,7 +689,7 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
         numa={n: a[numa.CPU] for n, a in placed.numa.items() if a.get(numa.CPU)},
         numa_memory={n: a[numa.MEMORY] for n, a in placed.numa.items() if a.get(numa.MEMORY)},
         gpus=grants,
-        exclusive=pod.exclusive_policy if cpus else "None",
+        exclusive=pod.exclusive_policy if cpus else keys.EXCLUSIVE_POLICY_NONE,
         reservation=nominated.r.uid if nominated is not None else "",
     )
     return Placement(alloc, annotations, affinity)

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from koord_formats import keys
 from koord_formats.cpulist import format_cpu_list, parse_cpu_list
 from scheduler_ext.allocator import GPUGrant
 from scheduler_ext.annotations import Allocation
@@ -90,7 +91,7 @@ def decode_entries(text: str | None) -> dict[str, tuple[Allocation, float]]:
                 numa={int(n): int(m) for n, m in (e.get("numa") or {}).items()},
                 numa_memory={int(n): int(m) for n, m in (e.get("numa_memory") or {}).items()},
                 gpus=tuple(GPUGrant(int(a), int(b), int(c), int(d)) for a, b, c, d in e.get("gpus") or []),
-                exclusive=str(e.get("exclusive") or "None"),
+                exclusive=str(e.get("exclusive") or keys.EXCLUSIVE_POLICY_NONE),
                 reservation=str(e.get("reservation") or "")[:253],
             )
             out[str(uid)] = (alloc, float(e.get("ts") or 0))

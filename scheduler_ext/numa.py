@@ -55,9 +55,6 @@ CPU = "cpu"
 MEMORY = "memory"
 NUMA_RESOURCES = (CPU, MEMORY)
 
-SINGLE_NUMA_NODE = "SingleNUMANode"
-RESTRICTED = "Restricted"
-BEST_EFFORT = "BestEffort"
 
 UNSATISFIED = "Unsatisfied NUMA {}"
 UNALIGNED = "Unaligned NUMA Hint cause {}"
@@ -313,7 +310,7 @@ def merge_hints(
     """
     all_nodes = frozenset(nodes)
     lists, reasons, summary = _filter(providers)
-    if policy == SINGLE_NUMA_NODE:
+    if policy == keys.NUMA_POLICY_SINGLE_NUMA_NODE:
         if reasons:
             return Merged(None, False, False, tuple(reasons))
         single = [
@@ -326,7 +323,7 @@ def merge_hints(
         if not best.preferred:
             return Merged(affinity, False, False, (UNALIGNED.format(",".join(summary)),))
         return Merged(affinity, True, True, score=best.score)
-    if policy == RESTRICTED:
+    if policy == keys.NUMA_POLICY_RESTRICTED:
         if reasons:
             return Merged(all_nodes, False, False, tuple(reasons))
         best = _best(all_nodes, lists, exclusive, states)
@@ -432,7 +429,7 @@ def mask_score(
     for r, v in requests.items():
         if r in requested:
             requested[r] += v
-    scorer = most_allocated_score if strategy == "MostAllocated" else least_allocated_score
+    scorer = most_allocated_score if strategy == keys.MOST_ALLOCATED else least_allocated_score
     return scorer(requested, cap)
 
 
@@ -443,7 +440,7 @@ def generate_hints(
     policy: str,
     fits: Callable[[frozenset[int]], bool],
     *,
-    strategy: str = "LeastAllocated",
+    strategy: str = keys.LEAST_ALLOCATED,
 ) -> dict[str, list[Hint]]:
     """The NUMA provider's hints per requested resource that the zones report.
 
@@ -466,7 +463,7 @@ def generate_hints(
     out: dict[str, list[Hint]] = {}
     for r in names:
         smallest = min((len(m) for m, _ in found[r]), default=0)
-        out[r] = [Hint(m, len(m) == smallest or policy == RESTRICTED, s) for m, s in found[r]]
+        out[r] = [Hint(m, len(m) == smallest or policy == keys.NUMA_POLICY_RESTRICTED, s) for m, s in found[r]]
     return out
 
 

@@ -5,13 +5,18 @@ shipped packages that use them (docstrings, comments and tests aside).
 What counts as such a literal, all read from ``koord_formats`` itself so the list never drifts:
 
 - every constant of ``koord_formats.keys`` that holds a ``/`` (labels, annotations, resources);
+- every PascalCase value of ``koord_formats.keys`` (alone or in a tuple or mapping there): the
+  policy and strategy names such as ``FullPCPUs``, ``PCPULevel``, ``SingleNUMANode``,
+  ``MostAllocated``, and the other enumerations spelled so;
 - every camelCase NodeSLO field name of ``koord_formats.keys.SLO``;
 - every camelCase string literal in ``koord_formats``'s parsers (the JSON field names of the
   annotation formats, such as ``numaNodeResources`` or ``cpusetExclusive``);
 
 minus ``OUR_OWN``, names our own config uses for something else, and minus
 ``KUBERNETES_FIELDS``, field names of Kubernetes' own objects that the Reservation parser reads
-too (every object has them; they are not Koordinator's).
+too (every object has them; they are not Koordinator's). ``KUBERNETES_VALUES`` are Kubernetes'
+own values spelled like a Koordinator one (the pod QoS class ``BestEffort`` is also a NUMA
+policy name): allowed where the node agent means Kubernetes' value, never in ``scheduler_ext``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ KUBERNETES_FIELDS = frozenset({"apiVersion", "nodeName"})
 # Pod fields (spec.schedulerName, spec.priorityClassName, status.qosClass) that a
 # ClusterColocationProfile (``koord_formats/profile.py``) names the same way.
 KUBERNETES_FIELDS |= {"schedulerName", "priorityClassName", "qosClass"}
+# Kubernetes' pod QoS classes that Koordinator also uses as a policy name; ``hooks`` and
+# ``runtime_proxy`` speak of the QoS class, ``scheduler_ext`` only ever of the policy.
+KUBERNETES_VALUES = frozenset({"BestEffort"})
+KUBERNETES_VALUES_ALLOWED_IN = ("runtime_proxy", "hooks")
 
 # Files allowed to spell out a Koordinator key: none, every scanned file imports them from
 # koord_formats. The list may only shrink; a file added here needs a reason next to it.
@@ -44,6 +53,30 @@ ALLOWLIST: frozenset[str] = frozenset()
 
 def _is_camel(text: str) -> bool:
     return text.isascii() and text.isidentifier() and text[:1].islower() and any(c.isupper() for c in text)
+
+
+def _is_pascal(text: str) -> bool:
+    """Two capitals or more with a lowercase letter: ``FullPCPUs``, ``BECPUEvict``; never a
+    single word (``None``, ``Default``, ``Pending`` are common English) nor an acronym (``LSE``)."""
+    return (
+        text.isascii()
+        and text.isidentifier()
+        and text[:1].isupper()
+        and any(c.islower() for c in text)
+        and sum(c.isupper() for c in text) >= 2
+    )
+
+
+def _key_values() -> set[str]:
+    """Every string value of ``koord_formats.keys``, those inside its tuples and mappings too."""
+    out: set[str] = set()
+    for name, value in vars(keys).items():
+        if name.startswith("_"):
+            continue
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        items = items if isinstance(items, list | tuple) else [items]
+        out |= {v for v in items if isinstance(v, str)}
+    return out
 
 
 def _docstring_nodes(tree: ast.AST) -> set[int]:
@@ -69,6 +102,7 @@ def _literals(path: Path) -> list[tuple[int, str]]:
 def koordinator_literals() -> frozenset[str]:
     found = {v for v in vars(keys).values() if isinstance(v, str) and "/" in v}
     found |= {v for k, v in vars(keys.SLO).items() if not k.startswith("_") and isinstance(v, str) and _is_camel(v)}
+    found |= {v for v in _key_values() if _is_pascal(v)}
     for name in PARSER_MODULES:
         found |= {text for _, text in _literals(REPO / "koord_formats" / name) if _is_camel(text)}
     return frozenset(found - OUR_OWN - KUBERNETES_FIELDS)
@@ -81,6 +115,16 @@ def test_the_literal_set_covers_each_kind() -> None:
     assert keys.RESOURCE_BATCH_CPU in found
     assert keys.SLO.CPU_SUPPRESS_THRESHOLD_PERCENT in found
     assert "cpusetExclusive" in found and "numaNodeResources" in found
+    assert {keys.BIND_POLICY_FULL_PCPUS, keys.BIND_POLICY_SPREAD_BY_PCPUS, keys.EXCLUSIVE_POLICY_PCPU_LEVEL,
+            keys.EXCLUSIVE_POLICY_NUMA_NODE_LEVEL, keys.MOST_ALLOCATED, keys.LEAST_ALLOCATED,
+            keys.NUMA_POLICY_SINGLE_NUMA_NODE, keys.NODE_CPU_BIND_POLICY_FULL_PCPUS_ONLY} <= found
+    assert not {"None", "Default", "Restricted", keys.QOS_LSE} & found  # single words and acronyms
+
+
+def test_pascal_case_is_two_capitals_with_a_lowercase_letter() -> None:
+    assert [_is_pascal(t) for t in ("FullPCPUs", "BECPUEvict", "MostAllocated", "None", "LSE", "cpuQOS")] == [
+        True, True, True, False, False, False
+    ]
 
 
 def test_no_koordinator_literal_outside_koord_formats() -> None:
@@ -91,7 +135,10 @@ def test_no_koordinator_literal_outside_koord_formats() -> None:
             rel = path.relative_to(REPO).as_posix()
             if rel in ALLOWLIST:
                 continue
-            found += [f"{rel}:{line}: {text!r}" for line, text in _literals(path) if text in wanted]
+            allowed = KUBERNETES_VALUES if package in KUBERNETES_VALUES_ALLOWED_IN else frozenset()
+            found += [
+                f"{rel}:{line}: {text!r}" for line, text in _literals(path) if text in wanted and text not in allowed
+            ]
     assert found == [], "Koordinator keys belong in koord_formats:\n" + "\n".join(found)
 
 
