@@ -1,6 +1,6 @@
 """koord-scheduler's NodeNUMAResource PreFilter and Filter rules, and the placement they imply.
 
-Who calls this: ``scheduler_ext.extender`` builds a ``NodeFacts`` from its cached ``NodeState``
+Who calls this: ``scheduler_ext.decide`` takes a ``NodeFacts`` (``scheduler_ext.views``) of a cached ``NodeState``
 and asks ``pre_filter`` (once per pod) and ``place`` (per node: filter, prioritize and bind all
 use the same answer). Pure: values in, a ``Placed`` or a ``Refusal`` out; the CPU choice is
 ``scheduler_ext.accumulator``, the NUMA hints, merge and even split are ``scheduler_ext.numa``.
@@ -49,7 +49,7 @@ Filter (the pod on one node):
    Restricted and SingleNUMANode then refuse the node when no preferred set is left
    (Unschedulable, "Unaligned NUMA Hint cause ..."); BestEffort takes the narrowest other set.
    Preferred changes nothing: koord-scheduler's merge checks only Required.
-11. Reservations (``Restore``, built by ``scheduler_ext.extender``): the node's matched
+11. Reservations (``Restore``, built by ``scheduler_ext.views``): the node's matched
    reservations are tried in turn, each as a view of the node that gives back its CPUs (taken
    first) and NUMA amounts; Restricted must fit in them ("not enough cpus available to satisfy
    request" otherwise); then the node outside them, unless the pod requires a reservation
@@ -274,7 +274,7 @@ def amplify(amount: int, ratio: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
-    """What the rules read about one node (built by ``scheduler_ext.extender`` from its cache)."""
+    """What the rules read about one node (built by ``scheduler_ext.views`` from the cache)."""
 
     name: str
     labels: Mapping[str, str]

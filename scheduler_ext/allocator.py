@@ -1,7 +1,7 @@
 """Pure allocation: GPU hints and GPU choice for one pod; CPU choice lives in
 ``scheduler_ext.accumulator``.
 
-Who calls this: ``scheduler_ext.extender`` asks for GPU hints while filtering (they join the
+Who calls this: ``scheduler_ext.decide`` asks for GPU hints while filtering (they join the
 NUMA merge of ``scheduler_ext.numa``) and for exact GPUs while binding and simulating. Every
 function takes values and returns values; nothing here knows about nodes, pods or the API.
 

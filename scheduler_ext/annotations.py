@@ -1,6 +1,6 @@
 """The ``Allocation`` value, and the Koordinator annotations that record it, both directions.
 
-Who calls this: ``scheduler_ext.extender`` builds the device-allocated annotation a bind writes
+Who calls this: ``scheduler_ext.decide`` builds the device-allocated annotation a bind writes
 with ``gpu_device_allocated`` (resource-status with ``koord_formats.pod.format_resource_status``);
 ``scheduler_ext.state`` rebuilds each placed pod's allocation with ``parse_allocation``, which is
 how the cache is rebuilt after a restart. Pure functions only.

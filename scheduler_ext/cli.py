@@ -2,7 +2,7 @@
 
 Who calls this: the console script. ``serve`` wires the pieces once: API client
 (``scheduler_ext.kube``), cache and watches (``scheduler_ext.state``), HA ledger
-(``scheduler_ext.ledger``), binder and decisions (``scheduler_ext.extender``) and the HTTP app
+(``scheduler_ext.ledger``), binder (``scheduler_ext.binder``) and the HTTP app
 (``scheduler_ext.server``) under uvicorn. ``simulate`` feeds the same cache from a document and
 prints what filter, prioritize and bind would decide, without any cluster.
 """
@@ -36,7 +36,7 @@ from rhp_ops.cli import (
 )
 from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused, kubeconfig_files, read_regular_file
 from scheduler_ext.allocator import AllocationError
-from scheduler_ext.extender import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
+from scheduler_ext.decide import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import MAX_BODY_BYTES, decode_pod, describe
 from scheduler_ext.manager.cli import add_parser as add_manager_parser
 from scheduler_ext.state import ClusterState, load_objects
@@ -365,8 +365,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from scheduler_ext.binder import Binder
     from scheduler_ext.errors import GoneError
-    from scheduler_ext.extender import Binder
     from scheduler_ext.kube import BindClient, KubeClient, api_client_from_flags
     from scheduler_ext.ledger import LeaseLedger
     from scheduler_ext.requeue import Requeuer

@@ -1,7 +1,7 @@
 """API errors the extender reacts to, independent of the client library.
 
 ``scheduler_ext.kube`` maps the official client's ``ApiException`` onto these; the bind logic
-in ``scheduler_ext.extender`` and the HA ledger in ``scheduler_ext.ledger`` catch them.
+in ``scheduler_ext.binder`` and the HA ledger in ``scheduler_ext.ledger`` catch them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-object isolation: one hostile object costs only itself, and is logged and counted.
 
-Who calls this: ``scheduler_ext.state`` (watch events and lists), ``scheduler_ext.extender``
+Who calls this: ``scheduler_ext.state`` (watch events and lists), ``scheduler_ext.binder``
 (the pod a bind reads), ``scheduler_ext.server`` (verb bodies) and ``scheduler_ext.cli``
 (``simulate``). The parsers (``koord_formats``, and ``scheduler_ext.pods``, ``annotations``,
 ``topology`` on top of it) raise ``koord_formats.FormatError`` for content they reject, and

@@ -2,7 +2,7 @@
 
 Who calls this: ``scheduler_ext.cli serve`` builds a ``KubeClient`` (informer side) and a
 ``BindClient`` (bind side) from one official ``kubernetes`` ``ApiClient``; it hands
-``list``/``watch`` to ``state.Watcher``, and the ``BindClient`` to ``extender.Binder`` (pod
+``list``/``watch`` to ``state.Watcher``, and the ``BindClient`` to ``binder.Binder`` (pod
 calls) and ``ledger.LeaseLedger`` (Lease calls).
 
 Informer side (``KubeClient``): lists and watches through the official client's generated

@@ -1,7 +1,7 @@
 """The HA ledger: one Lease per node, updated by compare-and-swap, so replicas never
 double-allocate.
 
-Who calls this: ``extender.Binder`` before it PATCHes a pod (``commit``) and when it rolls a
+Who calls this: ``binder.Binder`` before it PATCHes a pod (``commit``) and when it rolls a
 bind back (``remove``). The Lease calls go through ``scheduler_ext.kube.BindClient``, as
 coroutines on the server's event loop; the ledger's cache is only touched from that loop.
 

@@ -1,6 +1,6 @@
 """NUMA placement as koord-scheduler does it: zone accounting, hints, policy merge, even split.
 
-Who calls this: ``scheduler_ext.extender`` through ``scheduler_ext.admission``; the functions
+Who calls this: ``scheduler_ext.admission`` and ``scheduler_ext.views`` (``parse_nrt_zones``); the functions
 here take plain values (zone amounts, a topology, sets of CPUs) and return values.
 
 Terms:

@@ -1,6 +1,6 @@
 """What a pod asks for, decoded once from its JSON into a frozen ``PodRequest``.
 
-Who calls this: ``scheduler_ext.extender`` decodes the ``Pod`` of every filter, prioritize and
+Who calls this: ``scheduler_ext.server`` decodes (``guard.decode_pod``) the ``Pod`` of every filter, prioritize and
 preempt call here, and ``scheduler_ext.state`` decodes pending pods from the watch (bind only
 carries names). Nothing here looks at nodes. ``parse_pod`` is total: malformed input of any
 shape becomes ``PodRequest.error``, which the filter reports on every node instead of failing

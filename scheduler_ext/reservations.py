@@ -2,7 +2,7 @@
 
 Who calls this: ``scheduler_ext.state`` keeps each node's active reservations
 (``koord_formats.reservation.Reservation``) and folds the pods allocated from them into
-``NodeReservation`` values (``fold``); ``scheduler_ext.extender`` asks ``matched`` per pod and
+``NodeReservation`` values (``fold``); ``scheduler_ext.views`` asks ``pod_may_use`` per pod and
 node and builds the admission variants from the result. Pure functions only.
 
 Koordinator's rules (``pkg/scheduler/plugins/reservation`` ``transformer.go`` / ``plugin.go``,

@@ -1,4 +1,5 @@
-"""The HTTP face of the extender: JSON in, one call into ``scheduler_ext.extender``, JSON out.
+"""The HTTP face of the extender: JSON in, one call into ``scheduler_ext.verbs`` (filter,
+prioritize, preempt) or ``scheduler_ext.binder`` (bind), JSON out.
 
 Who calls this: kube-scheduler's HTTPExtender, with Go's ``encoding/json`` field names (the
 extender structs carry no json tags, so the keys are ``Pod``, ``Nodes``, ``NodeNames``,
@@ -42,19 +43,13 @@ from starlette.types import Receive, Scope, Send
 
 from rhp_ops.build import export_build_info
 from scheduler_ext.admission import ERR_INVALID_CPU_TOPOLOGY
-from scheduler_ext.extender import (
-    DEFAULT_CONFIG,
-    Binder,
-    ExtenderConfig,
-    FilterResult,
-    filter_nodes,
-    preempt_nodes,
-    prioritize_nodes,
-)
+from scheduler_ext.binder import Binder
+from scheduler_ext.decide import DEFAULT_CONFIG, ExtenderConfig
 from scheduler_ext.guard import BAD_OBJECTS, MAX_BODY_BYTES, decode_pod, describe
 from scheduler_ext.pods import PodRequest
 from scheduler_ext.requeue import Requeuer, topology_refusals
 from scheduler_ext.state import ClusterState
+from scheduler_ext.verbs import FilterResult, filter_nodes, preempt_nodes, prioritize_nodes
 
 __all__ = [
     "MAX_BODY_BYTES",

@@ -1,9 +1,9 @@
 """The cluster cache: nodes with precomputed free sets, placed pods, and held allocations.
 
 Who calls this: watch threads (``Watcher``, fed by ``scheduler_ext.kube``) and ``simulate``
-apply Node, Pod, NodeResourceTopology and Device objects here; ``scheduler_ext.extender``
-reads ``NodeState`` values under ``ClusterState.lock`` and holds/releases allocations during
-bind.
+apply Node, Pod, NodeResourceTopology and Device objects here; ``scheduler_ext.decide``,
+``views`` and ``verbs`` read ``NodeState`` values under ``ClusterState.lock``; ``scheduler_ext.binder``
+holds and releases allocations during bind.
 
 Rules:
 
@@ -78,7 +78,7 @@ class NodeState:
         self.node_annotations: Mapping[str, str] = {}
         self.nrt_annotations: Mapping[str, str] = {}
         self.nrt_policies: tuple[str, ...] = ()
-        self.nrt_zones: Any = None  # the NRT's raw ``zones`` list (parsed in ``scheduler_ext.extender``)
+        self.nrt_zones: Any = None  # the NRT's raw ``zones`` list (parsed in ``scheduler_ext.views``)
         self.device_spec: Mapping[str, Any] | None = None
         # static, from the objects above (``_rebuild_static``)
         self.topo: CPUTopology | None = None
@@ -341,7 +341,7 @@ class ClusterState:
         self.reservations: dict[str, str] = {}  # reservation uid -> node it is kept on
         self.deleted: OrderedDict[str, float] = OrderedDict()  # recently deleted uids, bounded
         self.synced: set[str] = set()  # kinds whose first list has been applied
-        # verdict memo of every node, by pod-kind key id (``extender._key_id``) then node name:
+        # verdict memo of every node, by pod-kind key id (``decide.key_id``) then node name:
         # one dictionary per pod kind keeps the hot filter loop on a few cache lines instead of
         # chasing five pointers into 500 scattered NodeState objects
         self.memo: dict[int, dict[str, Any]] = {}
@@ -490,7 +490,7 @@ class ClusterState:
             raw = None if deleted else obj.get("topologyPolicies")
             if raw is not None and not (isinstance(raw, list) and all(isinstance(p, str) for p in raw)):
                 raise BadObject("topologyPolicies must be a list of strings")
-            zones = None if deleted else obj.get("zones")  # read by ``scheduler_ext.extender``
+            zones = None if deleted else obj.get("zones")  # read by ``scheduler_ext.views``
             ns = self._node_for(name)
             ns.nrt_annotations, ns.nrt_policies = annotations, tuple(raw or ())
             ns.nrt_zones = zones

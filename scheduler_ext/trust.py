@@ -1,7 +1,7 @@
 """Who may write the scheduler-owned pod annotations, and how the extender tells.
 
 Who calls this: ``scheduler_ext.state`` judges every bound pod's allocation annotations here
-before it counts them; ``scheduler_ext.extender.Binder`` seals what a bind writes;
+before it counts them; ``scheduler_ext.binder.Binder`` seals what a bind writes;
 ``scheduler_ext.cli serve`` builds the ``Trust`` from ``--seal-key-file`` and
 ``--trusted-scheduler-name``. Pure functions over values, no I/O.
 
