@@ -39,6 +39,7 @@ from scheduler_ext.admission import (
     Intent,
     Placed,
     Refusal,
+    Restore,
     bind_policy_of,
     merge_numa_policy,
     node_cpu_bind_policy,
@@ -168,23 +169,23 @@ def place_on(
     full = got.restore
     if not exact:
         return place(intent, facts, extra=extra, exact=False, restore=full), None
-    # Reserve: only the nominated reservation (a pod that requires one: among those it fits)
+    # Reserve: allocate from the nominated reservation only, nominated among those the pod can
+    # be placed with (as Koordinator's nominator runs the reservation filters first), each
+    # checked by counting exactly as bind then chooses: a node filter passes always has one
+
+    def final_for(nr: NodeReservation) -> Restore:
+        view = got.views.get(nr.r.uid)
+        return dataclasses.replace(full, tries=(view,) if view is not None else ())
+
     passing = [
         nr
         for nr in matched
-        if not required
-        or nr.r.uid not in got.views
-        or isinstance(
-            place(intent, facts, extra=extra, exact=False,
-                  restore=dataclasses.replace(full, tries=(got.views[nr.r.uid],))),
-            Placed,
-        )
+        if isinstance(place(intent, facts, extra=extra, exact=False, restore=full, final=final_for(nr)), Placed)
     ]
     nominated = nominate(passing, pod)
     if nominated is None and required:
         return Refusal(UNSCHEDULABLE, ERR_NO_NOMINATED_RESERVATION), None
-    view = got.views.get(nominated.r.uid) if nominated is not None else None
-    final = dataclasses.replace(full, tries=(view,) if view is not None else ())
+    final = final_for(nominated) if nominated is not None else dataclasses.replace(full, tries=())
     return place(intent, facts, extra=extra, exact=True, restore=full, final=final), nominated
 
 

@@ -10,8 +10,9 @@ Who calls this: ``scheduler_ext.decide`` (filter, prioritize, preempt and bind t
 - ``matched_reservations`` and ``restore``: the reservations on the node the pod may use, and the views of
   the node they give back to it (``RestoreReservation``): one per matched reservation that
   reserved a cpuset or NUMA amounts, the node outside them, and the view hints read.
-- ``nominate``: the reservation bind allocates from (``reservation-order``, else the
-  reservation plugin's score), recorded in ``reservation-allocated``.
+- ``nominate``: the reservation bind allocates from among those the pod can be placed with
+  (``reservation-order``, else the reservation plugin's score), recorded in
+  ``reservation-allocated``.
 """
 
 from __future__ import annotations
