@@ -417,6 +417,11 @@ def satisfies_required(topo: CPUTopology, policy: str, cpus: frozenset[int]) -> 
     return True
 
 
+def _splits_a_core(topo: CPUTopology, cpus: frozenset[int]) -> bool:
+    """Some CPU of ``cpus`` has a thread sibling outside it."""
+    return any(not topo.core_cpus[topo.core_of[c]] <= cpus for c in cpus)
+
+
 def allocate_cpuset(
     topo: CPUTopology,
     available: frozenset[int],
@@ -429,6 +434,8 @@ def allocate_cpuset(
     used: ExclusiveUse = NO_EXCLUSIVE,
     numa_cpus: dict[int, int] | None = None,
     preferred: frozenset[int] = frozenset(),
+    eligible: frozenset[int] | None = None,
+    choose: bool = True,
 ) -> frozenset[int]:
     """The cpuset of a pod as Koordinator's ``allocateCPUSet`` chooses it, or ``AllocationError``.
 
@@ -436,16 +443,38 @@ def allocate_cpuset(
     ``scheduler_ext.numa.distribute_evenly``: each share is taken inside its node with the bind
     policy honoured there, and the shares must add up to ``n``. ``preferred`` CPUs (those of
     the reservation the pod allocates from) are taken first (``_take_preferred_cpus``).
+    ``eligible`` is what a required policy may take of ``available`` (``filter_required``),
+    when the caller already knows it.
+
+    The one feasibility rule of filter and bind: with ``choose=False`` (filter and prioritize)
+    the same checks run in the same order and raise the same ``AllocationError``, and the
+    answer is ``frozenset()`` where the choice would succeed. The CPUs are only counted: every
+    step of the choice takes any eligible CPU it is offered, and a required policy's eligible
+    CPUs already have its shape, so enough of them is enough. Where counting cannot tell,
+    required FullPCPUs for a request that is not whole cores or whose preferred CPUs (taken
+    first) hold part of a free core, the choice runs.
     """
-    if required:
-        available = filter_required(topo, bind_policy, available)
-    if len(available) < n:
+    if eligible is None:
+        eligible = filter_required(topo, bind_policy, available) if required else available
+    if len(eligible) < n:
         raise AllocationError(NOT_ENOUGH)
+    full_cores = required and bind_policy == keys.BIND_POLICY_FULL_PCPUS
+    per_core = max(topo.cpus_per_core, 1)
+    if not choose and not (full_cores and (n % per_core or _splits_a_core(topo, eligible & preferred))):
+        if numa_cpus:
+            shares = [
+                min(len(eligible & topo.numa_cpus.get(node, frozenset())), numa_cpus[node]) for node in numa_cpus
+            ]
+            if sum(shares) != n:
+                raise AllocationError(NOT_ENOUGH)
+            if full_cores and any(k % per_core for k in shares):
+                raise AllocationError(_unsatisfied(bind_policy))
+        return frozenset()
     result: frozenset[int] = frozenset()
     needed = n
     if numa_cpus:
         for node in sorted(numa_cpus):
-            inside = available & topo.numa_cpus.get(node, frozenset())
+            inside = eligible & topo.numa_cpus.get(node, frozenset())
             count = min(len(inside), numa_cpus[node])
             result |= _take_preferred_cpus(
                 topo, inside, preferred, count, bind_policy=bind_policy, exclusive_policy=exclusive_policy,
@@ -456,9 +485,13 @@ def allocate_cpuset(
             raise AllocationError(NOT_ENOUGH)
     if needed > 0:
         result |= _take_preferred_cpus(
-            topo, available - result, preferred, needed, bind_policy=bind_policy,
+            topo, eligible - result, preferred, needed, bind_policy=bind_policy,
             exclusive_policy=exclusive_policy, strategy=strategy, used=used,
         )
     if required and not satisfies_required(topo, bind_policy, result):
-        raise AllocationError(f"insufficient CPUs to satisfy required cpu bind policy {bind_policy}")
-    return result
+        raise AllocationError(_unsatisfied(bind_policy))
+    return result if choose else frozenset()
+
+
+def _unsatisfied(bind_policy: str) -> str:
+    return f"insufficient CPUs to satisfy required cpu bind policy {bind_policy}"

@@ -476,11 +476,9 @@ def place(
     allocation itself once the NUMA hint is chosen (bind allocates from the nominated
     reservation only, Filter from any matched one). ``extra`` holds other hint providers'
     answers (GPUs) for the NUMA merge. Without
-    ``exact`` (filter and prioritize) the CPUs are only counted, never chosen: every policy
-    here succeeds exactly when enough CPUs are eligible (a required policy's eligible CPUs
-    already have its shape), so the verdict is the same and the accumulator runs only at bind;
-    the one exception, required FullPCPUs from a reservation whose CPUs hold part of a free
-    core (taken first, they can leave a partial core), runs the exact choice for the verdict.
+    ``exact`` (filter and prioritize) the CPUs are counted, not chosen, by the same function
+    bind chooses them with (``accumulator.allocate_cpuset`` with ``choose=False``: same checks,
+    same reasons), so the verdict is bind's answer.
     """
     if intent.skip:
         return PLAIN
@@ -525,11 +523,6 @@ def place(
     return _place_numa(intent, node, policy, cpu_bind, bind_policy, required, ratio, extra, exact, restore, final)
 
 
-def _splits_a_core(topo: CPUTopology, cpus: frozenset[int]) -> bool:
-    """Some CPU of ``cpus`` has a thread sibling outside it."""
-    return any(not topo.core_cpus[topo.core_of[c]] <= cpus for c in cpus)
-
-
 def _cpuset(
     intent: Intent,
     node: NodeFacts,
@@ -539,38 +532,8 @@ def _cpuset(
     numa_cpus: dict[int, int] | None,
     exact: bool,
 ) -> frozenset[int]:
-    if not exact:
-        eligible = node.eligible(bind_policy) if required else node.free
-        if len(eligible) < intent.num_cpus:
-            raise AllocationError(NOT_ENOUGH)
-        if required and bind_policy == keys.BIND_POLICY_FULL_PCPUS and _splits_a_core(topo, eligible & node.preferred):
-            # a reservation's CPUs are taken first; when they hold part of a free core the
-            # choice can end on a partial core, so only the exact choice gives the verdict
-            _exact_cpuset(intent, node, topo, bind_policy, required, numa_cpus)
-        elif numa_cpus:
-            # each NUMA node's share is chosen inside it; under required FullPCPUs a share that
-            # is not whole cores fails the final policy check, as the exact choice does
-            unit = max(topo.cpus_per_core, 1) if required and bind_policy == keys.BIND_POLICY_FULL_PCPUS else 1
-            got = 0
-            for n, k in numa_cpus.items():
-                taken = min(len(eligible & topo.numa_cpus.get(n, frozenset())), k)
-                if taken % unit:
-                    raise AllocationError(f"insufficient CPUs to satisfy required cpu bind policy {bind_policy}")
-                got += taken
-            if got != intent.num_cpus:
-                raise AllocationError(NOT_ENOUGH)
-        return frozenset()
-    return _exact_cpuset(intent, node, topo, bind_policy, required, numa_cpus)
-
-
-def _exact_cpuset(
-    intent: Intent,
-    node: NodeFacts,
-    topo: CPUTopology,
-    bind_policy: str,
-    required: bool,
-    numa_cpus: dict[int, int] | None,
-) -> frozenset[int]:
+    """The pod's CPUs on ``node`` (``exact``), or ``frozenset()`` once counting shows the choice
+    would succeed: one function, ``accumulator.allocate_cpuset``, for filter and bind."""
     return allocate_cpuset(
         topo,
         node.free,
@@ -582,6 +545,8 @@ def _exact_cpuset(
         used=node.used,
         numa_cpus=numa_cpus,
         preferred=node.preferred,
+        eligible=node.eligible(bind_policy) if required else node.free,
+        choose=exact,
     )
 
 

@@ -1,8 +1,12 @@
 """Filter and bind give the same answer: a node that passes filter is always allocatable at bind.
 
-Filter and prioritize decide feasibility without choosing CPUs; bind chooses them. This
-property checks that both agree on many generated nodes and pods:
+Filter and prioritize decide feasibility without choosing CPUs; bind chooses them. Both go
+through one function at each level, and these properties check that its two modes agree on
+many generated nodes and pods:
 
+- ``accumulator.allocate_cpuset`` counting (``choose=False``, filter) and choosing (bind): both
+  succeed, or both raise ``AllocationError`` with the same reason, for any topology, free and
+  preferred CPUs, bind and exclusive policy, strategy and NUMA shares;
 - ``decide.place_on`` on a cached node (placed pods, kubelet-reserved CPUs, node bind and NUMA
   policy labels, NUMA zones, an amplification ratio, reservations): filter's verdict
   (``evaluate``) passes exactly when bind's exact placement succeeds, with the same reason and
@@ -26,6 +30,7 @@ from hypothesis import strategies as st
 from koord_formats import keys
 from koord_formats.cpulist import format_cpu_list
 from koord_formats.topology import CPUTopology, format_cpu_topology
+from scheduler_ext.accumulator import AllocationError, ExclusiveUse, allocate_cpuset
 from scheduler_ext.admission import Placed, Refusal, pre_filter
 from scheduler_ext.decide import ExtenderConfig, evaluate, place_on, plan
 from scheduler_ext.pods import parse_pod
@@ -51,6 +56,46 @@ NUMA = ("", keys.NUMA_POLICY_BEST_EFFORT, keys.NUMA_POLICY_RESTRICTED, keys.NUMA
 def machine(shape: tuple[int, int, int, int]) -> tuple[CPUTopology, str]:
     topo = synthetic_topology(*shape)
     return topo, format_cpu_topology(topo)
+
+
+def _subset(data: st.DataObject, cpus: frozenset[int]) -> frozenset[int]:
+    return frozenset(data.draw(st.sets(st.sampled_from(sorted(cpus))))) if cpus else frozenset()
+
+
+def _answer(call: functools.partial[frozenset[int]]) -> str | frozenset[int]:
+    try:
+        return call()
+    except AllocationError as exc:
+        return f"refused: {exc}"
+
+
+# -- the CPU step: one function, counted or chosen ------------------------------------------------
+
+
+@SETTINGS
+@given(shape=st.sampled_from(SHAPES), data=st.data(), policy=st.sampled_from(BIND_POLICIES), required=st.booleans(),
+       exclusive=st.sampled_from(EXCLUSIVE), strategy=st.sampled_from([keys.MOST_ALLOCATED, keys.LEAST_ALLOCATED]))
+def test_counting_and_choosing_cpus_agree(
+    shape: tuple[int, int, int, int], data: st.DataObject, policy: str, required: bool, exclusive: str, strategy: str
+) -> None:
+    topo, _ = machine(shape)
+    free = _subset(data, topo.cpus)
+    preferred = _subset(data, topo.cpus) if data.draw(st.booleans()) else frozenset()
+    used = ExclusiveUse(_subset(data, frozenset(topo.core_cpus)), _subset(data, frozenset(topo.numa_nodes)))
+    n = data.draw(st.integers(1, len(topo.cpus) + 1))
+    numa_cpus: dict[int, int] | None = None
+    if data.draw(st.booleans()):
+        numa_cpus = {k: data.draw(st.integers(0, len(topo.numa_cpus[k]))) for k in topo.numa_nodes}
+    call = functools.partial(allocate_cpuset, topo, free, n, bind_policy=policy, required=required,
+                             exclusive_policy=exclusive, strategy=strategy, used=used, numa_cpus=numa_cpus,
+                             preferred=preferred)
+    chosen = _answer(call)
+    counted = _answer(functools.partial(call, choose=False))
+    event("refused" if isinstance(chosen, str) else "allocated")
+    if isinstance(chosen, str):
+        assert counted == chosen
+    else:
+        assert counted == frozenset() and len(chosen) == n and chosen <= free
 
 
 # -- a node in the cache: filter's verdict and bind's placement ------------------------------------
