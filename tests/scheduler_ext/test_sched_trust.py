@@ -229,7 +229,8 @@ def test_a_silent_watch_is_dropped_and_the_kind_listed_again(
     api.freeze_watches("pods")  # a half-open stream: no event, no end (on main it hung for good)
     late = pod("late", cpu="1", qos="LS")
     api.create(late)
-    wait_for(lambda: late["metadata"]["uid"] in ext.state.pods)
+    # the watcher lists the pods again (the late pod arrives) before it opens the new stream
+    wait_for(lambda: late["metadata"]["uid"] in ext.state.pods and api.watch_streams() > listed)
     assert api.watch_streams() > listed
 
 
