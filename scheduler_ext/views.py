@@ -33,7 +33,7 @@ from scheduler_ext.pods import PodRequest
 from scheduler_ext.reservations import NodeReservation, pod_may_use
 from scheduler_ext.state import NodeState
 
-__all__ = ["Restored", "matched_reservations", "node_facts", "nominate", "restore"]
+__all__ = ["Restored", "matched_reservations", "node_facts", "nominate", "restore", "zone_amount"]
 
 log = structlog.get_logger("scheduler_ext.views")
 
@@ -113,7 +113,8 @@ def node_facts(ns: NodeState) -> NodeFacts:
     return facts
 
 
-def _zone_amount(name: str, value: object) -> int:
+def zone_amount(name: str, value: object) -> int:
+    """One NRT zone amount: CPU in milli-cores, anything else in bytes (``numa.parse_nrt_zones``)."""
     if not isinstance(value, str | int | float) or isinstance(value, bool):
         raise ValueError(f"quantity {value!r} is not a string or number")
     return parse_cpu_milli(value) if name == numa.CPU else parse_bytes(value)
@@ -127,7 +128,7 @@ def _zones(ns: NodeState) -> dict[int, dict[str, int]]:
     """
     topo = ns.topo
     try:
-        zones = numa.parse_nrt_zones(ns.nrt_zones, _zone_amount)
+        zones = numa.parse_nrt_zones(ns.nrt_zones, zone_amount)
     except numa.ZoneError as exc:
         log.warning("bad NodeResourceTopology zones", node=ns.name, error=str(exc))
         zones = {}

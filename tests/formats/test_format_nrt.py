@@ -21,7 +21,7 @@ from koord_formats.node import (
 )
 from koord_formats.nrt import ZoneAmounts, format_zones, topology_policy
 from scheduler_ext import numa
-from scheduler_ext.extender import _zone_amount
+from scheduler_ext.views import zone_amount
 
 
 def test_zones_wire_form() -> None:
@@ -36,7 +36,7 @@ def test_zones_wire_form() -> None:
 @given(st.dictionaries(st.integers(0, 255), st.tuples(st.integers(0, 4096), st.integers(0, 2**50)), max_size=8))
 def test_zones_round_trip_through_the_extenders_parser(raw: dict[int, tuple[int, int]]) -> None:
     zones = {n: ZoneAmounts(cpus * 1000, cpus * 1000, mem, mem) for n, (cpus, mem) in raw.items()}
-    parsed = numa.parse_nrt_zones(json.loads(json.dumps(format_zones(zones))), _zone_amount)
+    parsed = numa.parse_nrt_zones(json.loads(json.dumps(format_zones(zones))), zone_amount)
     assert parsed == {n: {"cpu": cpus * 1000, "memory": mem} for n, (cpus, mem) in raw.items()}
 
 

@@ -23,8 +23,8 @@ from runtime_proxy.report.config import ReportConfig
 from runtime_proxy.report.loop import NRT, WRITES, Reporter
 from runtime_proxy.report.writer import KubeObjects
 from scheduler_ext import numa
-from scheduler_ext.extender import _zone_amount
 from scheduler_ext.topology import parse_gpu_devices
+from scheduler_ext.views import zone_amount
 from tests.fake_sysfs import add_nvidia_gpu, write_topology
 from tests.fakeapi import FakeAPIServer
 from tests.topologies import DUAL_SOCKET_HT
@@ -104,7 +104,7 @@ def test_nrt_created_owned_by_the_node_and_readable_by_the_extender(api: FakeAPI
     assert nrt["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": NODE,
                                                    "uid": node["metadata"]["uid"]}]
     assert parse_cpu_topology(nrt["metadata"]["annotations"][keys.NODE_ANNOTATION_CPU_TOPOLOGY]) == DUAL_SOCKET_HT
-    assert numa.parse_nrt_zones(nrt["zones"], _zone_amount) == {0: {"cpu": 8000, "memory": 1 << 20},
+    assert numa.parse_nrt_zones(nrt["zones"], zone_amount) == {0: {"cpu": 8000, "memory": 1 << 20},
                                                                 1: {"cpu": 8000, "memory": 2 << 20}}
     assert api.get("Device", NODE) is None, "no GPU, no Device"
 
