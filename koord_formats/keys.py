@@ -53,6 +53,7 @@ __all__ = [
     "LABEL_CPU_BIND_POLICY",
     "LABEL_NUMA_ALLOCATE_STRATEGY",
     "LABEL_NUMA_TOPOLOGY_POLICY",
+    "LABEL_PRIORITY",
     "LABEL_PRIORITY_CLASS",
     "LABEL_QOS_CLASS",
     "LABEL_RESERVATION_ORDER",
@@ -124,6 +125,7 @@ QOS_SYSTEM = "SYSTEM"
 KOORD_QOS_CLASSES = (QOS_LSE, QOS_LSR, QOS_LS, QOS_BE, QOS_SYSTEM)
 
 # ---- priority classes (apis/extension/priority.go) ---------------------------------------------
+LABEL_PRIORITY = "koordinator.sh/priority"
 LABEL_PRIORITY_CLASS = "koordinator.sh/priority-class"
 PRIORITY_PROD = "koord-prod"
 PRIORITY_MID = "koord-mid"
