@@ -153,7 +153,9 @@ def test_the_hook_server_daemonset_command_parses_and_registers_its_host_path() 
     (daemonset,) = _kinds("node-hook-server")["DaemonSet"]
     (container,) = _pod_spec(daemonset)["containers"]
     assert container["command"][:2] == ["runtime-proxy", "hook-server"]
-    args = hook_server._parser().parse_args(container["command"][2:])
+    parser = argparse.ArgumentParser()
+    hook_server.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(container["command"][1:])
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in _pod_spec(daemonset)["volumes"]}
     socket_dir = str(Path(args.listen).parent)

@@ -38,7 +38,7 @@ import structlog
 
 from hooks.spec import KOORD_HOOK_POINTS
 from runtime_proxy import compose
-from runtime_proxy.compose import Parts, PluginLoadError
+from runtime_proxy.compose import Parts
 from runtime_proxy.config import ProxyConfig, check_usable, load_config
 from runtime_proxy.engine.hook_service import HookService
 from runtime_proxy.engine.pipeline import Pipeline
@@ -49,10 +49,8 @@ log = structlog.get_logger(__name__)
 
 __all__ = [
     "HookServerOptions",
-    "PluginLoadError",
     "add_parser",
     "build",
-    "main",
     "main_from_args",
     "prepare_listen_path",
     "registration_document",
@@ -232,13 +230,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     return p
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="runtime-proxy hook-server", description=DESCRIPTION, epilog=EXIT_CODES_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return p
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``runtime-proxy hook-server``."""
     p.add_argument("--listen", required=True, help="unix socket to serve RuntimeHookService on")
@@ -265,12 +256,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-apply", action="store_true",
                    help="do not perform cgroup/resctrl writes (logged; the protocol cannot carry them)")
     p.add_argument("--dry-run", action="store_true", help="answer with the unchanged request, apply nothing")
-
-
-def options_from_args(argv: list[str]) -> HookServerOptions:
-    """Parse the command line. argparse exits with code 2 on a bad flag; a bad config file
-    raises ``runtime_proxy.config.ConfigError``."""
-    return options_from_namespace(_parser().parse_args(argv))
 
 
 def options_from_namespace(args: argparse.Namespace) -> HookServerOptions:
@@ -300,12 +285,6 @@ def options_from_namespace(args: argparse.Namespace) -> HookServerOptions:
         apply=not args.no_apply,
         dry_run=args.dry_run,
     )
-
-
-def main(argv: list[str]) -> int:
-    """Entry point of ``runtime-proxy hook-server``; returns the exit code (see
-    ``runtime_proxy.process.EXIT_CODES_EPILOG``). Messages go to stderr, never a traceback for bad input."""
-    return main_from_args(_parser().parse_args(argv))
 
 
 def main_from_args(args: argparse.Namespace) -> int:
