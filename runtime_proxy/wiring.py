@@ -246,7 +246,7 @@ def loops(
         cgroups=applier.cgroups,
         resctrl=applier.resctrl,
         period=config.reconcilePeriodSeconds,
-        dry_run=dry_run,
+        applier=applier,
         node_changes=node_source.changes(),
     )
     burst = CPUBurstLoop(backend, pipeline=pipeline, applier=applier, cgroups=applier.cgroups)
@@ -261,7 +261,7 @@ def loops(
             cgroups=applier.cgroups,
             interval=config.usageLoop.intervalSeconds,
             proc_root=config.usageLoop.procRoot,
-            dry_run=dry_run,
+            applier=applier,
             evictor=_evictor(config, runtime, node_source.node_name),
         )
     # report.enable: the node's NRT, Device and NodeMetric status (runtime_proxy.report.loop).

@@ -374,7 +374,7 @@ class FileApplier:
         self.last_report: ApplyReport | None = None
 
     def carries(self, plan: Plan, *, stage: str) -> bool:
-        return True
+        return not self.dry_run
 
     def apply_files(
         self,

@@ -16,7 +16,8 @@ applier. One round (``step``):
    the plugins reported last round) through the one hook runner, so plugin order, timeout and
    failure policy are the configured ones (plugin ``cpu_burst`` decides);
 3. hands each reported ``hooks.usage.BurstDecision``'s writes (a container's quota and its
-   pod's) to the applier as one all-or-nothing plan (the applier orders a scale-up pod first
+   pod's) to the applier as one all-or-nothing plan (the dry-run applier, whose ``carries``
+   answers False for the round's plan, only compares them) (the applier orders a scale-up pod first
    and a scale-down container first), and keeps each decision's ``state`` for the next round
    (all of last round's states when a step of the stage failed).
 
@@ -221,8 +222,9 @@ class CPUBurstLoop:
         )
         return node, pods, burst
 
-    def _apply(self, decisions: list[BurstDecision]) -> list[QuotaChange]:
-        """Each decision's writes as one plan (a worker thread: file I/O)."""
+    def _apply(self, decisions: list[BurstDecision], carried: bool) -> list[QuotaChange]:
+        """Each decision's writes as one plan (a worker thread: file I/O); ``carried``: the
+        applier makes them (the dry-run applier only compares)."""
         changes: list[QuotaChange] = []
         for d in decisions:
             applied = False
@@ -233,9 +235,9 @@ class CPUBurstLoop:
                 if report.errors:
                     log.warning("cfs quota burst write failed", container=container_path, errors=report.errors)
                 else:
-                    log.info("cfs quota scaled", container=container_path, old=d.old, new=d.new,
-                             dry_run=report.dry_run)
-                    applied = not report.dry_run
+                    log.info("cfs quota scaled" if carried else "cfs quota scaled (dry run)",
+                             container=container_path, old=d.old, new=d.new)
+                    applied = carried
             changes.append(QuotaChange(d.container_id, d.old, d.new, d.op, d.throttled, d.node_state, applied))
         return changes
 
@@ -250,7 +252,8 @@ class CPUBurstLoop:
             self._states.update((d.container_id, d.state) for d in decisions)
         else:
             self._states = {d.container_id: d.state for d in decisions}
-        return await asyncio.to_thread(self._apply, decisions)
+        carried = any(d.writes for d in decisions) and self.applier.carries(result.plan, stage=STAGE)
+        return await asyncio.to_thread(self._apply, decisions, carried)
 
     async def _round(self) -> None:
         await self.step()

@@ -12,7 +12,8 @@ Started by ``runtime_proxy.wiring.loops`` (for ``serve`` and ``nri``; ``hook-ser
 2. samples usage (``runtime_proxy.loops.usage.UsageSampler``; a worker thread) into the window;
 3. runs ``ReconcileUsage`` (``Pipeline.run_usage``: ``node``, ``pods``, ``usage``) through the
    one hook runner, so plugin order, timeouts and failure policies are the configured ones;
-4. applies the plan's writes with ``runtime_proxy.host.apply.apply_files(ordered=True)``: in
+4. hands the plan to the applier (the entry point's, ``runtime_proxy.host.apply.Applier``):
+   its writes go through ``Applier.apply_files(ordered=True)``, in
    plan order, because the decisions sequence their own leveled writes (CPU suppress writes a
    cpuset union top-down, then the target bottom-up); a directory that is gone is skipped, and
    one failed write does not stop the others. As Koordinator's resource executor does, a write
@@ -35,8 +36,9 @@ a thread keeps that thread until its own request timeouts end it). So an API ser
 accepts and never answers costs the evictions, never the interval of sampling and CPU
 suppress. Results land in the ``UsageRound`` that started them when they arrive.
 
-With ``dry_run`` the writes are compared and logged, not made, and the evictions are logged,
-not performed. A round that fails is logged and the loop goes on.
+With the dry-run applier (``RecordingApplier``: its ``carries`` answers False for the round's
+plan) the writes are compared and logged, not made, and the evictions are logged, not
+performed. A round that fails is logged and the loop goes on.
 
 Metrics: ``rhp_usage_loop_duration_seconds``, ``rhp_usage_loop_errors_total``,
 ``rhp_usage_evictions_total`` (by feature and result), ``rhp_usage_eviction_tasks_total`` (by
@@ -63,7 +65,7 @@ from hooks.plan import Eviction, Plan
 from hooks.usage import EVICTION_MEMORY_SECONDS, EvictionRecord, SuppressDecision, UsageSample
 from koord_formats import keys
 from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.host.apply import ApplyReport, apply_files
+from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.loops.background import Background, every
 from runtime_proxy.loops.usage import UsageSampler
@@ -198,11 +200,12 @@ class UsageLoop:
 
     :param backend: node, pods and containers.
     :param pipeline: the hook runner (``ReconcileUsage`` runs through it).
-    :param cgroups: the cgroup tree (sampling and writes).
+    :param cgroups: the cgroup tree (sampling).
+    :param applier: carries out the plans (default: a ``FileApplier`` over ``cgroups``); with
+        the dry-run applier the loop decides and logs, and writes and evicts nothing.
     :param sampler: the usage sampler (default: one over ``cgroups`` and ``proc_root``).
     :param evictor: performs evictions (default ``LoggingEvictor``).
     :param interval: seconds between rounds (default 1, as koordlet).
-    :param dry_run: decide and log; write and evict nothing.
     :param max_evictions_in_flight: evictions handed to the evictor and not answered, at most.
     :param eviction_deadline: seconds an eviction may take before it counts as failed.
     """
@@ -216,7 +219,7 @@ class UsageLoop:
         sampler: UsageSampler | None = None,
         evictor: Evictor | None = None,
         interval: float = 1.0,
-        dry_run: bool = False,
+        applier: Applier | None = None,
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
         max_evictions_in_flight: int = MAX_EVICTIONS_IN_FLIGHT,
@@ -229,7 +232,7 @@ class UsageLoop:
         self.sampler = sampler or UsageSampler(cgroups, proc_root=proc_root, clock=clock, interval=interval)
         self.evictor: Evictor = evictor or LoggingEvictor()
         self.interval = interval
-        self.dry_run = dry_run
+        self.applier: Applier = applier if applier is not None else FileApplier(cgroups=cgroups)
         self.rounds = 0
         self.last_round: UsageRound | None = None
         self._evicted: deque[EvictionRecord] = deque(maxlen=MAX_EVICTION_RECORDS)
@@ -271,16 +274,10 @@ class UsageLoop:
         writes = [w for w in plan.writes if self._written.get(w.key, ("", 0.0))[0] != w.value]
         return Plan(writes=writes, moves=plan.moves, removals=plan.removals)
 
-    def _apply(self, plan: Plan, now: float) -> ApplyReport:
-        report = apply_files(
-            self._uncached(plan, now),
-            cgroups=self.cgroups,
-            dry_run=self.dry_run,
-            atomic=False,
-            missing_ok=True,
-            ordered=True,
-        )
-        if not self.dry_run:
+    def _apply(self, plan: Plan, now: float, carried: bool) -> ApplyReport:
+        """The plan's writes through the applier (``carried``: they are made, not compared)."""
+        report = self.applier.apply_files(self._uncached(plan, now), atomic=False, missing_ok=True, ordered=True)
+        if carried:
             for w, result in report.results:
                 if result.status in ("written", "unchanged"):
                     self._written[w.key] = (w.value, now)
@@ -288,7 +285,7 @@ class UsageLoop:
                 self._written.pop(w.key, None)
         for w in report.changed:
             log.info(
-                "usage write" if not self.dry_run else "usage write (dry run)",
+                "usage write" if carried else "usage write (dry run)",
                 level=w.level,
                 path=w.path,
                 file=w.file,
@@ -299,11 +296,12 @@ class UsageLoop:
             log.warning("usage write failed", error=error)
         return report
 
-    def _evict(self, evictions: Sequence[Eviction], now: float, out: UsageRound) -> None:
-        """Start the evictions the budget allows (see module docstring); never waits for one."""
+    def _evict(self, evictions: Sequence[Eviction], now: float, out: UsageRound, carried: bool) -> None:
+        """Start the evictions the budget allows (see module docstring); never waits for one;
+        only logs them unless ``carried``."""
         recent = {r.uid for r in self._recent(now)}
         todo = [e for e in evictions if e.uid not in recent]
-        if self.dry_run:
+        if not carried:
             for e in todo:
                 log.info("would evict (dry run)", pod=f"{e.namespace}/{e.name}", uid=e.uid, feature=e.feature,
                          reason=e.reason)
@@ -383,10 +381,13 @@ class UsageLoop:
             result = await self.pipeline.run_usage(node, listed, usage)
             out.plan = result.plan
             out.failures = [str(f) for f in result.failures]
+            carried = bool(result.plan.writes or result.plan.evictions) and self.applier.carries(
+                result.plan, stage="ReconcileUsage"
+            )
             if result.plan.writes:
-                out.applied = await asyncio.to_thread(self._apply, result.plan, out.sample.at)
+                out.applied = await asyncio.to_thread(self._apply, result.plan, out.sample.at, carried)
             if result.plan.evictions:
-                self._evict(result.plan.evictions, out.sample.at, out)
+                self._evict(result.plan.evictions, out.sample.at, out, carried)
             _record_suppress(result.plan)
             return out
         finally:

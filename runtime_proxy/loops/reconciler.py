@@ -8,7 +8,8 @@ change stream. It re-plans everything (stages
 change, shortly after the store changes (a pod arrived or left: the share pools moved) and every
 period, then applies only the differences:
 
-- writes go through ``runtime_proxy.host.apply.apply_files(diff=True)``, leveled across pods
+- writes go to the applier (``runtime_proxy.host.apply.Applier.apply_files(diff=True)``, the
+  one the entry point's doors use), leveled across pods
   and containers: pod writes that grow a limit (a larger ``cpu.cfs_quota_us``...) first, then
   every container (files and runtime updates), then the pod writes that shrink a limit, so a
   container never exceeds its pod, even when a node change moves both (CPU normalization);
@@ -24,8 +25,9 @@ period, then applies only the differences:
   report's ``missing`` and logged once, until a round finds it again (then it is logged anew
   the next time it is missing).
 
-Every difference found is counted as drift (``rhp_reconcile_drift_total``). With
-``dry_run`` nothing is written or updated; the drift is still counted and logged.
+Every difference found is counted as drift (``rhp_reconcile_drift_total``). With the dry-run
+applier (``RecordingApplier``) nothing is written, removed or updated (its ``carries`` answers
+False, so no container update is sent); the drift is still counted and logged.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from hooks.manager import plugin_order
 from hooks.plan import Plan
 from runtime_proxy.engine.bound import BoundCpusets
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
-from runtime_proxy.host.apply import ApplyReport, apply_files
+from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.host.resctrl import Resctrl
 from runtime_proxy.loops.background import Background
@@ -113,6 +115,8 @@ class ReconcileReport:
     errors: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     removed_groups: list[str] = field(default_factory=list)
+    # False when the applier carried out nothing of what differed (the dry-run applier).
+    carried: bool = True
     # Cgroup directories that did not exist (their writes were skipped): "level path".
     missing: list[str] = field(default_factory=list)
 
@@ -135,9 +139,10 @@ class Reconciler:
     :param pipeline: the hook runner for the ``Reconcile*`` stages (the proxy passes its own, so
         plugin policies and timeouts are the configured ones); default: ``order`` with policy
         ``Ignore`` and ``plugin_timeout`` seconds per call.
-    :param cgroups: the cgroup tree; ``resctrl`` the resctrl tree (optional).
+    :param cgroups: the cgroup tree; ``resctrl`` the resctrl tree (optional); both are read.
+    :param applier: carries out the plans (default: a ``FileApplier`` over ``cgroups`` and
+        ``resctrl``); the dry-run applier changes nothing.
     :param period: seconds between rounds (``reconcilePeriodSeconds``, default 10).
-    :param dry_run: count and log drift, change nothing.
     :param node_changes: async iterator of new ``NodeFacts`` (``NodeConfig.changes()``).
     :param debounce: delay after a trigger before the round (coalesces bursts).
     :param store_delay: delay before the round for store changes that leave the bound cpusets
@@ -153,7 +158,7 @@ class Reconciler:
         resctrl: Resctrl | None = None,
         order: list[str] | None = None,
         period: float = 10.0,
-        dry_run: bool = False,
+        applier: Applier | None = None,
         node_changes: AsyncIterator[NodeFacts] | None = None,
         debounce: float = 0.05,
         store_delay: float = 1.0,
@@ -166,8 +171,8 @@ class Reconciler:
         self.pipeline = pipeline or Pipeline(plugin_steps(pm, [(n, "Ignore", plugin_timeout) for n in self.order]))
         self.cgroups = cgroups
         self.resctrl = resctrl
+        self.applier: Applier = applier if applier is not None else FileApplier(cgroups=cgroups, resctrl=resctrl)
         self.period = period
-        self.dry_run = dry_run
         self.node_changes = node_changes
         self.debounce = debounce
         self.store_delay = store_delay
@@ -216,16 +221,9 @@ class Reconciler:
         return result.plan
 
     def _apply(self, plan: Plan, level: str, report: ReconcileReport, phase: str = "all") -> ApplyReport:
-        applied = apply_files(
-            plan,
-            cgroups=self.cgroups,
-            resctrl=self.resctrl,
-            dry_run=self.dry_run,
-            diff=True,
-            atomic=False,
-            missing_ok=True,
-            phase=phase,
-        )
+        applied = self.applier.apply_files(plan, diff=True, atomic=False, missing_ok=True, phase=phase)
+        if any(result.status == "would-write" for _, result in applied.results):
+            report.carried = False
         for w in applied.missing:
             where = f"{w.level} {w.path}"
             if where not in report.missing:
@@ -277,15 +275,18 @@ class Reconciler:
         return self._resource_changes(pod, container, plan, node)
 
     async def _update_container(
-        self, container: ContainerFacts, changes: dict[str, Any], report: ReconcileReport
+        self, container: ContainerFacts, changes: dict[str, Any], report: ReconcileReport, plan: Plan
     ) -> None:
+        """Send the resources that differ (``changes``, from the container's ``plan``) unless the
+        applier carries nothing (dry run)."""
         if not changes:
             return
         for name in changes:
             RECONCILE_DRIFT.labels("container", name).inc()
             report.drift.append(f"container {container.id} {name}={changes[name]}")
         report.updates[container.id] = changes
-        if self.dry_run:
+        if not self.applier.carries(plan, stage="ReconcileContainer"):
+            report.carried = False
             return
         try:
             await self.backend.update_container_resources(container.id, changes)
@@ -333,7 +334,7 @@ class Reconciler:
                 try:
                     plan = await self._plan("ReconcileContainer", full_pod, container, node)
                     changes = await asyncio.to_thread(self._container_files, full_pod, container, plan, node, report)
-                    await self._update_container(container, changes, report)
+                    await self._update_container(container, changes, report, plan)
                 except Exception as exc:
                     self._pod_failed("container", pod, exc, report)
             for pod, plan in shrinks:
@@ -353,7 +354,7 @@ class Reconciler:
                     reason=reason,
                     drift=len(report.drift),
                     errors=report.errors[:5],
-                    dry_run=self.dry_run,
+                    applied=report.carried,
                     details=report.drift[:20],
                 )
             return report
@@ -380,7 +381,7 @@ class Reconciler:
 
     async def _collect_groups(self, pods: list[PodFacts], node: NodeFacts, report: ReconcileReport) -> None:
         """The ``ReconcileResctrlGroups`` stage over the groups under the resctrl root; its
-        removals are drift, and carried out unless dry-run."""
+        removals are drift, handed to the applier."""
         stage = "ReconcileResctrlGroups"
         resctrl = self.resctrl
         if resctrl is None or not self.pipeline.has_work(stage) or not resctrl.available:
@@ -394,11 +395,13 @@ class Reconciler:
         for r in removals:
             report.drift.append(f"stale resctrl group {r.path}")
             RECONCILE_DRIFT.labels("resctrl", "stale-group").inc()
-        if not removals or self.dry_run:
+        if not removals:
             return
-        applied = await asyncio.to_thread(
-            apply_files, Plan(removals=removals), cgroups=self.cgroups, resctrl=resctrl, atomic=False
-        )
+        plan = Plan(removals=removals)
+        if not self.applier.carries(plan, stage=stage):
+            report.carried = False
+            return
+        applied = await asyncio.to_thread(self.applier.apply_files, plan, atomic=False)
         report.removed_groups += [r.path for r in applied.removed]
         report.errors += applied.errors
 

@@ -28,7 +28,7 @@ from hooks.plugins.cpu_burst import DOWN, UP
 from hooks.spec import STAGES, hookimpl
 from hooks.usage import BurstDecision, BurstRound, BurstState
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
-from runtime_proxy.host.apply import FileApplier, apply_files
+from runtime_proxy.host.apply import FileApplier, RecordingApplier, apply_files
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.host.resctrl import Resctrl
 from runtime_proxy.loops.burst import CPUBurstLoop, SharePoolLoad
@@ -158,7 +158,8 @@ async def test_dry_run_counts_drift_and_changes_nothing(tmp_path: Path) -> None:
          {"cpu.bvt_warp_ns": "0"})
     c = ContainerFacts(name="app", id="c1", resources=Resources(cpuset_cpus="1"))
     backend = FakeBackend(NodeFacts(cpu_topology=SINGLE_SOCKET_HT, node_slo=MappingProxyType(GI_ON)), [ls], [(ls, c)])
-    report = await reconciler(backend, tmp_path, dry_run=True).reconcile_once()
+    report = await reconciler(backend, tmp_path, applier=RecordingApplier(cgroups=Cgroups(tmp_path, version=1))
+                              ).reconcile_once()
     assert len(report.drift) == 4
     assert report.updates == {"c1": {"cpuset_cpus": "0-7"}}
     assert backend.updates == []
@@ -317,7 +318,8 @@ async def test_stale_resctrl_groups_are_a_stage_under_the_plugins_policy(tmp_pat
     pm.register(sweeper, name="sweeper")
     steps = plugin_steps(pm, [("sweeper", "Ignore", 0.1), ("rdt", "Ignore", 30.0)])
     cg = Cgroups(tmp_path / "cg", version=1)
-    dry = Reconciler(backend, pm=pm, pipeline=Pipeline(steps), cgroups=cg, resctrl=rc, dry_run=True)
+    dry = Reconciler(backend, pm=pm, pipeline=Pipeline(steps), cgroups=cg, resctrl=rc,
+                     applier=RecordingApplier(cgroups=cg, resctrl=rc))
     report = await dry.reconcile_once()
     assert "stale resctrl group koordlet-gone" in report.drift and report.removed_groups == []
     assert (resctrl_tree / "koordlet-gone").is_dir()

@@ -20,6 +20,7 @@ from hooks.plan import Eviction, Plan
 from hooks.spec import hookimpl
 from hooks.usage import SuppressDecision, Usage
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.host.cgroups import Cgroups, WriteResult
 from runtime_proxy.loops.qos import EvictionResult, LoggingEvictor, UsageLoop, UsageRound
 from runtime_proxy.loops.usage import UsageSampler
@@ -97,7 +98,9 @@ def be_pod(uid: str) -> PodFacts:
                     cgroup_parent=f"/kubepods/besteffort/pod{uid}")
 
 
-def make_loop(tmp_path: Path, decide: Decide, **kwargs: Any) -> tuple[UsageLoop, Stub, Backend, Tree, Clock]:
+def make_loop(tmp_path: Path, decide: Decide, *, recording: bool = False,
+              **kwargs: Any) -> tuple[UsageLoop, Stub, Backend, Tree, Clock]:
+    """The loop over a prepared tree; ``recording``: with the dry-run applier."""
     tree, clock = Tree(tmp_path, 1), Clock()
     tree.cgroup(BE, cpu_ns=0, memory=0)
     tree.be_limits(-1, "0-7")
@@ -113,6 +116,8 @@ def make_loop(tmp_path: Path, decide: Decide, **kwargs: Any) -> tuple[UsageLoop,
     pipeline = Pipeline(plugin_steps(pm, [("stub", "Ignore", 2.0)]))
     cgroups = RecordingCgroups(tree.root, version=1)
     sampler = UsageSampler(cgroups, proc_root=tree.proc, clock=clock, ticks_per_second=100)
+    if recording:
+        kwargs["applier"] = RecordingApplier(cgroups=cgroups)
     loop = UsageLoop(backend, pipeline=pipeline, cgroups=cgroups, sampler=sampler, clock=clock, **kwargs)
     return loop, stub, backend, tree, clock
 
@@ -173,7 +178,7 @@ async def test_dry_run_writes_nothing_and_evicts_nothing(tmp_path: Path) -> None
         return two_pass(node, pods, usage).evict("b1", "ns", "b1", "BEMemoryEvict", "memory above 70%")
 
     evictor = RecordingEvictor()
-    loop, _, _, tree, clock = make_loop(tmp_path, decide, evictor=evictor, dry_run=True)
+    loop, _, _, tree, clock = make_loop(tmp_path, decide, evictor=evictor, recording=True)
     await two_rounds(loop, clock)
     assert (tree.root / "cpuset" / BE / "cpuset.cpus").read_text().strip() == "0-7"
     assert evictor.calls == []
@@ -436,3 +441,26 @@ async def test_the_suppress_target_metric_follows_the_decision_the_plan_reports(
     clock.now += 1
     await step(loop)
     assert _target("cpuset") == 3.0
+
+
+async def test_the_loop_hands_its_plans_to_the_applier_it_is_given(tmp_path: Path) -> None:
+    """The dry-run applier records the round's plan and is asked whether it carries it: it does
+    not, so nothing is written and nobody is evicted. A file applier in dry-run mode (what the
+    composition root still builds for ``--dry-run``) carries nothing either."""
+    def decide(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan:
+        return two_pass(node, pods, usage).evict("b1", "ns", "b1", "BEMemoryEvict", "memory above 70%")
+
+    evictor = RecordingEvictor()
+    loop, _, _, tree, clock = make_loop(tmp_path / "a", decide, evictor=evictor, recording=True)
+    await two_rounds(loop, clock)
+    assert isinstance(loop.applier, RecordingApplier)
+    stages = [stage for stage, _ in loop.applier.plans]
+    assert "ReconcileUsage" in stages and "files" in stages
+    recorded = next(plan for stage, plan in loop.applier.plans if stage == "ReconcileUsage")
+    assert [e.uid for e in recorded.evictions] == ["b1"]
+    assert evictor.calls == []
+    loop, _, _, tree, clock = make_loop(tmp_path / "b", decide, evictor=evictor)
+    loop.applier = FileApplier(cgroups=loop.cgroups, dry_run=True)
+    await two_rounds(loop, clock)
+    assert (tree.root / "cpuset" / BE / "cpuset.cpus").read_text().strip() == "0-7"
+    assert evictor.calls == []
