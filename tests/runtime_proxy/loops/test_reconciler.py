@@ -547,6 +547,9 @@ async def test_real_busy_loop_is_throttled_then_burst_then_lowered(real_base: st
     for ctrl in ("cpu", "cpuacct"):
         (REAL / ctrl / cont).mkdir(parents=True)
     (REAL / "cpu" / cont / "cpu.cfs_quota_us").write_text("20000")
+    # The most CPU weight there is for the test's tree, so on a loaded machine the burner still
+    # gets enough CPU to be throttled at every quota up to the ceiling (0.6 CPU).
+    (REAL / "cpu" / real_base / "cpu.shares").write_text("262144")
     pod = make_pod("b1", "LS", parent=f"/{pod_dir}")
     c = ContainerFacts(name="app", id="c1", resources=Resources(cpu_quota=20000, cpu_period=100000))
     # Phase 1 must not depend on what else runs on this shared machine, so the pool is reported
