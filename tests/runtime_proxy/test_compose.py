@@ -41,8 +41,8 @@ def test_build_chooses_the_applier_once(tmp_path: Path, flag: bool, setting: boo
     assert parts.dry_run is recording
 
 
-def test_every_command_that_runs_plugins_builds_through_the_root(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_every_command_that_runs_plugins_builds_through_the_root(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[ProxyConfig] = []
     real = compose.build
 
@@ -52,8 +52,9 @@ def test_every_command_that_runs_plugins_builds_through_the_root(tmp_path: Path,
 
     monkeypatch.setattr(compose, "build", spy)
     config = _config(tmp_path)
-    serve.Proxy(serve.ProxyOptions(listen=str(tmp_path / "p.sock"), backend=str(tmp_path / "c.sock"),
-                                   config=config, entry_points=False))
+    proxy = serve.Proxy(serve.ProxyOptions(listen=str(tmp_path / "p.sock"), backend=str(tmp_path / "c.sock"),
+                                           config=config, entry_points=False))
+    await proxy.client.close()
     nri.build(nri.NriOptions(socket=str(tmp_path / "nri.sock"), config=config, entry_points=False))
     hook_server.build(hook_server.HookServerOptions(listen=str(tmp_path / "h.sock"), config=config,
                                                     entry_points=False))
