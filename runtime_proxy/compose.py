@@ -29,7 +29,7 @@ import asyncio
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pluggy
 
@@ -41,6 +41,9 @@ from runtime_proxy.host.apply import Applier, FileApplier, RecordingApplier
 from runtime_proxy.loops.reconciler import ReconcileBackend
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.nodeconfig import NodeConfig
+
+if TYPE_CHECKING:
+    from runtime_proxy.state.store import RuntimeClient
 
 __all__ = [
     "Parts",
@@ -181,7 +184,8 @@ def build(
     )
 
 
-def loops(parts: Parts, backend: ReconcileBackend, *, ready: asyncio.Event, runtime: Any = None) -> wiring.Loops:
+def loops(parts: Parts, backend: ReconcileBackend, *, ready: asyncio.Event,
+          runtime: RuntimeClient | None = None) -> wiring.Loops:
     """The periodic loops of a command (``wiring.loops``) over ``backend``, started once ``ready``
     is set; ``runtime`` is the CRI client the usage loop's ``evictBy: runtime`` stops pods with."""
     return wiring.loops(parts.config, backend, pm=parts.pm, pipeline=parts.pipeline, applier=parts.files,

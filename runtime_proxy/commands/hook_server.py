@@ -32,7 +32,6 @@ import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -89,14 +88,14 @@ def served_hooks(pipeline: Pipeline, *, apply: bool) -> list[str]:
     return hooks
 
 
-def registration_document(endpoint: str, policy: str, hooks: list[str], timeout: float | None) -> dict[str, Any]:
-    doc: dict[str, Any] = {"remote-endpoint": endpoint, "failure-policy": policy, "runtime-hooks": hooks}
+def registration_document(endpoint: str, policy: str, hooks: list[str], timeout: float | None) -> dict[str, object]:
+    doc: dict[str, object] = {"remote-endpoint": endpoint, "failure-policy": policy, "runtime-hooks": hooks}
     if timeout is not None:
         doc["timeout-seconds"] = timeout
     return doc
 
 
-def write_registration(directory: str, name: str, doc: dict[str, Any]) -> Path:
+def write_registration(directory: str, name: str, doc: dict[str, object]) -> Path:
     """Write ``<directory>/<name>.json`` atomically (a dot-file that does not end in .json, renamed)."""
     target_dir = Path(directory)
     if not target_dir.is_dir():
