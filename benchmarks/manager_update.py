@@ -7,6 +7,7 @@ Rows (CPU time of this process, ``time.process_time``):
 - list: the whole initial list (5,000 Nodes, 50,000 Pods, 5,000 NodeMetrics) into the cache;
 - node update, pure: strategy, NodeMetric spec, NodeSLO spec and its merge patch, batch
   resources and the write decision for one node;
+- webhook: one AdmissionReview of a pod CREATE against 20 profiles, mutated and validated;
 - reconcile, first round: every node through ``Reconciler.reconcile_node`` (creates and status
   patches to the in-memory API); reconcile, steady state: every node again with nothing to write
   (what each resync costs), and the longest single node (the event loop is held at most that
@@ -36,6 +37,7 @@ from koord_formats.colocation import metric_collect_spec  # noqa: E402
 from rhp_ops import logs  # noqa: E402
 from scheduler_ext.manager.controller import Cache, Reconciler, merge_patch  # noqa: E402
 from scheduler_ext.manager.resources import PodInfo, batch_resources, needs_write  # noqa: E402
+from scheduler_ext.manager.webhook import WebhookState, review  # noqa: E402
 
 NOW = time.time()
 CONFIG = {
@@ -169,6 +171,20 @@ def main() -> int:
     steady = time.process_time() - start
     rows.append((f"reconcile, steady state ({api.calls} writes)", f"{steady:.2f} s, {steady / n * 1e6:.0f} us a node"))
     rows.append(("longest single node in the steady round", f"{longest * 1e3:.2f} ms"))
+
+    state = WebhookState()
+    state.replace("priorityclasses", [{"metadata": {"name": "koord-batch"}, "value": 5000}])
+    state.replace("clustercolocationprofiles", [{"metadata": {"name": f"p{k}"}, "spec": {
+        "selector": {"matchLabels": {"app": f"a{k}"}}, "qosClass": "BE", "priorityClassName": "koord-batch"}}
+        for k in range(20)])
+    body = json.dumps({"request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                                   "namespace": "bench", "operation": "CREATE",
+                                   "object": pod(0, 1) | {"metadata": {"namespace": "bench", "labels": {"app": "a1"}}}}
+                       }).encode()
+    rows.append(("webhook: one pod CREATE review, 20 profiles (mutate)",
+                 f"{cpu_us(lambda: review(body, 'mutate', state, lambda: 0), 2000):.1f} us"))
+    rows.append(("webhook: the same review (validate)",
+                 f"{cpu_us(lambda: review(body, 'validate', state, lambda: 0), 2000):.1f} us"))
 
     width = max(len(r[0]) for r in rows)
     print(f"manager update cost, {n} nodes, {n * per} pods (CPU time of one process)")

@@ -275,3 +275,49 @@ def test_prod_reclaimable_is_read_for_mid_resources() -> None:
     assert metrics_of({"status": status}).prod_reclaimable == Amount(2000, 2**30)
     assert metrics_of({"status": {"updateTime": "2026-11-27T08:00:00Z"}}).prod_reclaimable is None
     assert metrics_of({"status": {"prodReclaimableMetric": {"resource": []}}}).problem
+
+
+def _ready_cache(nodes: int) -> Cache:
+    cache = Cache()
+    cache.replace("configmaps", [])
+    cache.replace("nodes", [node(f"n{i}") for i in range(nodes)])
+    cache.replace("pods", [])
+    cache.replace("nodemetrics", [])
+    cache.replace("nodeslos", [])
+    cache.replace("noderesourcetopologies", [])
+    return cache
+
+
+def test_a_round_overlaps_api_calls_a_few_nodes_at_a_time() -> None:
+    from scheduler_ext.manager.controller import Reconciler
+
+    in_flight, most = [0], [0]
+
+    class SlowAPI(RecordingAPI):
+        async def create_object(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            await asyncio.sleep(0.001)
+            in_flight[0] -= 1
+            return {}
+
+    cache = _ready_cache(20)
+    asyncio.run(Reconciler(cache, SlowAPI(), lambda: True, concurrency=8).round())  # type: ignore[arg-type]
+    assert most[0] == 8
+
+
+def test_a_replica_that_loses_the_lease_mid_round_stops_writing() -> None:
+    from scheduler_ext.manager.controller import Reconciler
+
+    cache = _ready_cache(20)
+    api = RecordingAPI()
+    calls = [0]
+
+    def leader() -> bool:  # leads for the readiness check and the first batch only
+        calls[0] += 1
+        return calls[0] <= 2
+
+    asyncio.run(Reconciler(cache, api, leader, concurrency=4).round())  # type: ignore[arg-type]
+    written = {kind for _, kind in api.calls}
+    assert len([c for c in api.calls if c[0] == "create" and c[1] == "nodemetrics"]) == 4, written
+    assert len(cache.dirty) == 16, "the rest waits for the next round"
