@@ -42,7 +42,7 @@ flock 9
 declare -a SUMMARY=()
 
 # --- 1. Debian packages ---------------------------------------------------------------------------
-APT_PACKAGES=(containerd runc busybox-static containernetworking-plugins ca-certificates util-linux)
+APT_PACKAGES=(containerd runc busybox-static containernetworking-plugins ca-certificates util-linux mmdebstrap umoci)
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   APT_PACKAGES+=(python3-venv)
 fi

@@ -54,59 +54,12 @@ work=$(mktemp -d /tmp/rhp-deb.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 root=$work/root
 
-pip() { "$PY" -m pip --disable-pip-version-check --no-input "$@"; }
-
-# Wheels: from the cache when every pinned one is there, else fetched (binary only) into it.
-fetch() {
-  local req=$1
-  if ! pip download -q --no-index --find-links "$cache" --only-binary=:all: --require-hashes \
-      -d "$work/check" -r "$req" >/dev/null 2>&1; then
-    echo "build.sh: fetching the wheels of $(basename "$req") into $cache" >&2
-    pip download -q --only-binary=:all: --require-hashes -d "$cache" -r "$req"
-  fi
-}
-fetch "$here/requirements.txt"
-fetch "$here/build-requirements.txt"
-
-# Our wheel, built from a copy of the shipped packages so the checkout is left as it was.
-src=$work/src
-mkdir -p "$src"
-cp "$repo/pyproject.toml" "$repo/README.md" "$src/"
-for name in runtime_proxy hooks scheduler_ext cri_protos koord_formats rhp_ops; do
-  if [[ -d $repo/$name ]]; then
-    cp -r "$repo/$name" "$src/$name"
-  fi
-done
-find "$src" -name __pycache__ -prune -exec rm -rf {} +
-"$PY" -m venv --without-pip "$work/build"
-pip --python "$work/build/bin/python" install -q --no-index --find-links "$cache" --require-hashes \
-  -r "$here/build-requirements.txt"
-pip --python "$work/build/bin/python" wheel -q --no-deps --no-build-isolation --no-index -w "$work/wheel" "$src"
-wheel=$(echo "$work"/wheel/runtime_hook_proxy-"$version"-*.whl)
-[[ -f $wheel ]] || die "no wheel for version $version in $work/wheel"
-
-# The venv, made by the interpreter it will run on, then moved to its place in the package tree.
-stage=$root$VENV
-mkdir -p "$(dirname "$stage")"
-"$PY" -m venv --without-pip "$stage"
-pip --python "$stage/bin/python" install -q --no-compile --no-index --find-links "$cache" --require-hashes \
-  -r "$here/requirements.txt"
-pip --python "$stage/bin/python" install -q --no-compile --no-index --no-deps "$wheel"
-rm -f "$stage"/bin/activate* "$stage"/bin/Activate.ps1
-rm -f "$stage"/lib/python3.11/site-packages/*.dist-info/direct_url.json
-# Console scripts name the staging interpreter; they run from the final one.
-for f in "$stage"/bin/*; do
-  [[ -f $f && ! -L $f ]] || continue
-  if head -n1 "$f" | grep -qx "#!$stage/bin/python3\?"; then
-    sed -i "1s|.*|#!$VENV/bin/python3|" "$f"
-  fi
-done
-sed -i "s|^command = .*|command = $PY -m venv $VENV|" "$stage/pyvenv.cfg"
-if grep -rlF "$work" "$root" >/dev/null; then
-  die "build paths left in the package: $(grep -rlF "$work" "$root" | head -5 | tr '\n' ' ')"
-fi
-# Byte code for the final paths, so the node's first start writes nothing under /opt.
-"$PY" -m compileall -q -j 0 -s "$root" -p / "$stage/lib" >/dev/null
+# shellcheck source=packaging/lib/venv.sh
+RHP_PY=$PY
+source "$repo/packaging/lib/venv.sh"
+rhp_fetch_wheels "$cache" "$work" "$here/requirements.txt" "$here/build-requirements.txt"
+wheel=$(rhp_build_wheel "$repo" "$work" "$cache" "$here/build-requirements.txt")
+rhp_make_venv "$root" "$VENV" "$wheel" "$cache" "$here/requirements.txt"
 
 install -D -m 0644 "$repo/packaging/runtime-proxy.service" "$root/lib/systemd/system/runtime-proxy.service"
 install -D -m 0644 "$here/tmpfiles.conf" "$root/usr/lib/tmpfiles.d/runtime-hook-proxy.conf"
