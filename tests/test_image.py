@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from rhp_devenv.containerd import PrivateContainerd, available_versions
 from rhp_devenv.product_image import ProductImage, import_archive, product_images
 

@@ -136,7 +136,8 @@ def kube_scheduler_image(kube: Path, version: str, out_dir: Path) -> ProductImag
     manifest_digest = hashlib.sha256(manifest).hexdigest()
     index = json.dumps({"schemaVersion": 2, "manifests": [{
         "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": f"sha256:{manifest_digest}",
-        "size": len(manifest), "annotations": {"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": version},
+        "size": len(manifest),
+        "annotations": {"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": version},
     }]}, sort_keys=True).encode()
     blobs = {layer_digest: layer_bytes, config_digest: config, manifest_digest: manifest}
     tmp = archive.with_suffix(".tmp")
