@@ -46,8 +46,8 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("README.md", "bash scripts/test.sh tests/e2e"): "main",
     ("README.md", "bash packaging/deb/build.sh"): "host",
     ("README.md", "apt-get install -y mmdebstrap umoci"): "host",
-    ("README.md", "podman build -f Containerfile --target node -t registry.example.com/runtime-hook-proxy-node:0.1.0 ."):
-        "builder",
+    ("README.md",
+     "podman build -f Containerfile --target node -t registry.example.com/runtime-hook-proxy-node:0.1.0 ."): "builder",
     ("README.md", "kubectl apply -k packaging/kustomize/overlays/extender"): "cluster",
     ("README.md", ".venv/bin/python benchmarks/proxy_overhead.py"): "slow",
     ("docs/nri.md", "runtime-proxy nri --nri-socket /var/run/nri/nri.sock \\"): "node",
