@@ -4,7 +4,8 @@ and, from a NodeMetric status written here (the node agent's job), publish
 ``kubernetes.io/batch-cpu`` and ``batch-memory`` in the Node's status; a BE pod requesting them
 is scheduled by the real kube-scheduler and started by kubelet with the batch cgroup values.
 When the leader stops, the other replica takes the Lease and, once the metric is stale,
-removes the batch resources (degrade). The pod webhook, registered with the real API server on
+removes the batch resources (degrade); a NUMA zone of the node's NodeResourceTopology gets its
+batch values beside what the node agent wrote there. The pod webhook, registered with the real API server on
 127.0.0.1: a pod created in a namespace it serves and matching a ClusterColocationProfile
 becomes a BE pod with batch resources and runs; a pod with batch resources but no QoS BE is
 refused.
@@ -259,6 +260,29 @@ def test_manager_publishes_batch_resources_a_be_pod_runs_on_them_and_a_stale_met
     capacity_milli = int(float(node["status"]["capacity"]["cpu"]) * 1000)
     assert 500 <= int(values[BATCH_CPU]) <= capacity_milli * 60 // 100 - 100, values
     assert int(values[BATCH_MEMORY]) >= 128 * MiB, values
+
+    # NUMA zones of the node's NodeResourceTopology get their batch values too (the real CRD
+    # takes the manager's merge patch of zones); the shared topology's zones come back after.
+    before = (cluster.get_json("noderesourcetopology", NODE_NAME) or {}).get("zones", [])
+    zone = {"name": "node-0", "type": "Node", "resources": [
+        {"name": "cpu", "capacity": "2", "allocatable": "2", "available": "2"},
+        {"name": "memory", "capacity": "4Gi", "allocatable": "4Gi", "available": "4Gi"}]}
+    cluster.kubectl("patch", "noderesourcetopology", NODE_NAME, "--type=merge", "-p", json.dumps({"zones": [zone]}))
+    try:
+        def zone_batch() -> dict[str, Any] | None:
+            _alive(cluster)
+            zones = (cluster.get_json("noderesourcetopology", NODE_NAME) or {}).get("zones", [])
+            res = {r["name"]: r for z in zones if z["name"] == "node-0" for r in z.get("resources", [])}
+            return res if BATCH_CPU in res and BATCH_MEMORY in res else None
+
+        res = cluster.wait_for(zone_batch, what="batch values in the NUMA zone", timeout=60, log=REPLICAS[0])
+        assert {"cpu", "memory"} <= set(res), "the node agent's resources are kept"
+        cpu = res[BATCH_CPU]
+        assert cpu["capacity"] == cpu["allocatable"] == cpu["available"]
+        assert 0 <= int(cpu["allocatable"]) <= 2000 * 60 // 100
+    finally:
+        cluster.kubectl("patch", "noderesourcetopology", NODE_NAME, "--type=merge", "-p",
+                        json.dumps({"zones": before}))  # fmt: skip
 
     be_resources = {BATCH_CPU: "500", BATCH_MEMORY: "128Mi"}
     spec_annotation = q.extended_resource_spec({"app": {"requests": be_resources, "limits": be_resources}})
