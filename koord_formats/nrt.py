@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from koord_formats import keys
 from koord_formats.bounded import MAX_ANNOTATION_CHARS, MAX_NAME_CHARS, read_list, read_object, read_str
 from koord_formats.errors import FormatError
 from koord_formats.quantity import format_bytes, format_milli_cpu, parse_quantity
@@ -61,7 +62,11 @@ MAX_ANNOTATIONS = 1024
 _MAX_QUANTITY_CHARS = 64
 
 # kubelet's policy names (KubeletConfiguration topologyManagerPolicy) -> the NRT policy per scope.
-_POLICY_NAMES = {"single-numa-node": "SingleNUMANode", "restricted": "Restricted", "best-effort": "BestEffort"}
+_POLICY_NAMES = {
+    "single-numa-node": keys.NUMA_POLICY_SINGLE_NUMA_NODE,
+    "restricted": keys.NUMA_POLICY_RESTRICTED,
+    "best-effort": keys.NUMA_POLICY_BEST_EFFORT,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +111,7 @@ def topology_policy(policy: str, scope: str) -> str:
     name = _POLICY_NAMES.get(policy)
     level = {"container": "ContainerLevel", "pod": "PodLevel"}.get(scope or "container")
     if name is None or level is None:
-        return "None"
+        return keys.NUMA_POLICY_NONE
     return name + level
 
 

@@ -1,6 +1,6 @@
 """Koordinator Reservations in the extender: which pods match a reservation
 (``scheduler_ext/reservations.py``) and the CPUs and NUMA amounts a matched one gives back
-(``scheduler_ext/extender.py`` ``_restore``, ``scheduler_ext/admission.py`` ``Restore``).
+(``scheduler_ext/views.py`` ``restore``, ``scheduler_ext/admission.py`` ``Restore``).
 
 Topologies as in ``tests/scheduler_ext/test_cpu_choice.py``: ``TOPO_SMALL`` is 16 CPUs on two
 sockets (NUMA 0 = CPUs 0-3,8-11; NUMA 1 = CPUs 4-7,12-15); ``TOPO_104`` is 104 CPUs on two
