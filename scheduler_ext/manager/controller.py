@@ -318,13 +318,14 @@ class Cache:
             self._pod(key, obj)
         elif kind == NODEMETRICS:
             spec = obj.get("spec")
+            decoded = metrics_of(obj)  # outside the lock: the reconcile loop reads the cache meanwhile
             with self.lock:
-                self.metrics[name] = (_Owned(uid, spec if isinstance(spec, Mapping) else {}), metrics_of(obj))
+                self.metrics[name] = (_Owned(uid, spec if isinstance(spec, Mapping) else {}), decoded)
                 self.dirty.add(name)
-            if self.metrics[name][1].problem:
+            if decoded.problem:
                 BAD_OBJECTS.labels(kind).inc()
                 log.warning("NodeMetric status unreadable; the node's batch resources are reset",
-                            node=name, error=self.metrics[name][1].problem)
+                            node=name, error=decoded.problem)
         elif kind == NODESLOS:
             spec = obj.get("spec")
             with self.lock:
