@@ -65,7 +65,10 @@ def test_every_rendered_object_loads_as_a_kubernetes_model_without_losing_a_key(
 def test_every_image_is_the_built_one_with_a_registry_and_tag(overlay: str) -> None:
     for doc in render(overlay):
         for container in _pod_spec(doc).get("containers", []):
-            assert container["image"] == "registry.example.com/runtime-hook-proxy:0.1.0"
+            # The node DaemonSets run the node image; the extender (and the manager) the cluster
+            # image (packaging/image/build.sh).
+            flavour = "cluster" if overlay in ("extender", "manager") else "node"
+            assert container["image"] == f"registry.example.com/runtime-hook-proxy-{flavour}:0.1.0"
 
 
 def _pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
