@@ -1,6 +1,6 @@
 """Frozen inputs handed to every plugin: what we know about a pod, a container and the node.
 
-The proxy (``runtime_proxy.engine.intercept``) builds these values once per CRI call from the decoded
+The proxy (``runtime_proxy.cri.door``) builds these values once per CRI call from the decoded
 request and its store, and the planner (``runtime-proxy plan``) builds them from a JSON document.
 Plugins only read them. Nothing here does I/O, so every plugin stays a pure function.
 

@@ -5,7 +5,7 @@ process) can then call the built-in plugins and the third-party plugins of the
 ``runtime_hook_proxy.plugins`` entry-point group. The parts (plugins, pipeline with the order,
 policies and timeouts of ``--config``, node config, applier) come from
 ``runtime_proxy.compose.build``; each hook call is answered by
-``runtime_proxy.engine.hook_service.HookService``, which says what a call gets.
+``runtime_proxy.hookserver.door.HookService`` (the hook server door), which says what a call gets.
 ``--no-apply`` logs the plans' file part and leaves it to the caller; ``--dry-run`` answers with
 the unchanged request and applies nothing.
 
@@ -39,9 +39,9 @@ from hooks.spec import KOORD_HOOK_POINTS
 from runtime_proxy import compose
 from runtime_proxy.compose import Parts
 from runtime_proxy.config import ProxyConfig, check_usable, load_config
-from runtime_proxy.engine.hook_service import HookService
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.remote import strip_unix
+from runtime_proxy.hookserver.door import HookService
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, run_main
 
 log = structlog.get_logger(__name__)
@@ -157,7 +157,7 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, part
         parts = build(opts)
     pipeline, node_watch = parts.pipeline, parts.node_source
     applier = parts.applier if opts.apply or parts.dry_run else None
-    service = HookService(pipeline, parts.node_source, applier, dry_run=parts.dry_run)
+    service = HookService(pipeline, parts.node_source, applier)
     listen = strip_unix(opts.listen)
     prepare_listen_path(listen)
     # gRPC is imported here, not with the module: ``runtime-proxy`` builds every sub-command's

@@ -132,8 +132,8 @@ def build(opts: NriOptions) -> NriParts:
 
     parts = compose.build(opts.config, dry_run=opts.dry_run, builtins=opts.builtins,
                           entry_points=opts.entry_points, extra=opts.extra_plugins)
-    engine = NriEngine(parts.pipeline, node_source=parts.node_source, applier=parts.applier, dry_run=parts.dry_run,
-                       background=True, kubelet_root=parts.kubelet_root)
+    engine = NriEngine(parts.pipeline, node_source=parts.node_source, applier=parts.applier, background=True,
+                       kubelet_root=parts.kubelet_root)
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
     return NriParts(plugin=plugin, engine=engine, node_watch=parts.node_source, pm=parts.pm,
                     pipeline=parts.pipeline, applier=parts.files, parts=parts)
@@ -181,7 +181,8 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
             runtime = RuntimeClient(opts.backend)
         loops = compose.loops(parts.parts, backend, ready=plugin.synchronized, runtime=runtime)
         engine.on_store_change = loops.store_changed
-        if not opts.unsolicited_updates:
+        # In a dry run nothing rides on a reply, so the reconciler's round is not waited for.
+        if not opts.unsolicited_updates and not parts.parts.dry_run:
             reconciler = loops.reconciler
             engine.settle = lambda: reconciler.reconcile_once("pools")
     # What start-up built lives as long as the process: the cyclic collector's full passes (tens
@@ -189,7 +190,7 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     gc.collect()
     gc.freeze()
     log.info("NRI plugin starting", socket=opts.socket, name=opts.identity.name, idx=opts.identity.idx,
-             dry_run=engine.dry_run)
+             dry_run=parts.parts.dry_run)
     try:
         await plugin.run(stop)
     finally:

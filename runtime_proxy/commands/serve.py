@@ -25,8 +25,8 @@ from cri_protos import api_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from runtime_proxy import compose, memory, metrics, wiring
 from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ConfigError, ProxyConfig, check_usable, load_config
+from runtime_proxy.cri.door import CriInterceptor, set_linux_resources
 from runtime_proxy.cri.transport import CallInterceptor
-from runtime_proxy.engine.intercept import CriInterceptor, set_linux_resources
 from runtime_proxy.engine.remote import HookServerRegistry
 from runtime_proxy.host.apply import FileApplier
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, fail, run_main
@@ -133,7 +133,6 @@ class Proxy:
             client=self.client,
             node_source=self.node_source,
             applier=parts.applier,
-            dry_run=parts.dry_run,
             on_store_change=self._store_changed,
             kubelet_root=parts.kubelet_root,
         )

@@ -1,6 +1,6 @@
 """CPUs bound to pods, read from each pod's resource-status annotation once per annotation value.
 
-Used by ``runtime_proxy.engine.intercept`` (the node facts every hook sees: ``bound_cpusets`` and
+Used by ``runtime_proxy.engine.lifecycle`` (the node facts every hook sees: ``bound_cpusets`` and
 ``lse_pods``, the input of the CPU share pools) and by ``runtime_proxy.loops.reconciler``.
 
 A pod's annotations are input from whoever created the pod, so each pod is handled on its own:

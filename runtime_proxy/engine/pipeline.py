@@ -1,8 +1,8 @@
 """The hook runner: one ordered list of steps (in-process plugins and hook servers) run for a
 stage, each under its own timeout and failure policy, their plans merged into one.
 
-The only place hooks are run: ``runtime_proxy.engine.intercept`` calls it for every intercepted
-CRI call, ``runtime_proxy.loops.reconciler`` for the ``Reconcile*`` stages,
+The only place hooks are run: ``runtime_proxy.engine.lifecycle`` calls it for every stage of
+the CRI door, the NRI door and the hook server, ``runtime_proxy.loops.reconciler`` for the ``Reconcile*`` stages,
 ``runtime_proxy.loops.qos`` for ``ReconcileUsage`` (``run_usage``: the stage's ``pods`` and
 ``usage`` arguments) and ``runtime_proxy.engine.planner`` (``runtime-proxy plan``) for its
 document, so a plan is the same wherever it is computed.

@@ -3,7 +3,7 @@
 Started by ``serve`` and ``nri`` (``runtime_proxy/commands/``); it hands the pipeline
 (``runtime_proxy.engine.pipeline.Pipeline.set_remote_steps``) one ``RemoteStep`` per registered
 hook server, so hook servers run after the in-process plugins under the same policy model
-(Fail/Ignore, timeouts, conflicts). ``runtime_proxy.engine.hook_service`` (the server side) reuses
+(Fail/Ignore, timeouts, conflicts). ``runtime_proxy.hookserver.door`` (the server side) reuses
 the pure facts <-> protocol conversions of this module.
 
 Registrations. Every ``*.json`` file in the registration directory (``hookServerDir``, default
@@ -224,7 +224,7 @@ def parse_registration(name: str, text: str | bytes, default_timeout: float) -> 
     return Registration(name, endpoint, _POLICIES[raw_policy], tuple(hooks), timeout, tuple(ignored))
 
 
-# ---- facts <-> protocol (pure; shared with runtime_proxy.engine.hook_service) ------------------------------
+# ---- facts <-> protocol (pure; shared with runtime_proxy.hookserver.door) ------------------------------
 
 _INT_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj",
                "memory_swap_limit_in_bytes")

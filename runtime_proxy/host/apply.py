@@ -3,12 +3,12 @@
 ``Applier`` is the interface every caller holds; ``FileApplier`` performs plans and
 ``RecordingApplier`` (dry-run, chosen by the composition root) records and logs them.
 
-Called (``FileApplier.apply``) by the interceptor (``runtime_proxy.engine.intercept``) after the
-runtime accepted a CRI call, by our hook server (``runtime_proxy.engine.hook_service``) and by the
-NRI adapter (``runtime_proxy.nri.adapter``); and (``apply_files``) by the reconciler
+Called (``Applier.apply``) by the lifecycle core (``runtime_proxy.engine.lifecycle``: the one
+place a stage's plan is applied, for the CRI door, the NRI door and the hook server); and
+(``apply_files``) by the reconciler
 (``runtime_proxy.loops.reconciler``, ``diff=True``), by the burst loop
 (``runtime_proxy.loops.burst``) and by the usage loop (``runtime_proxy.loops.qos``,
-``ordered=True``). CRI request rewriting is not done here (the interceptor does it);
+``ordered=True``). Wire changes are not made here (each door's codec makes them);
 this module performs ``plan.writes``, ``plan.moves`` and ``plan.removals`` and returns an
 ``ApplyReport``.
 

@@ -1,5 +1,6 @@
-"""NRI events onto the proxy's pipeline: facts from NRI's pods and containers, plans back into
-NRI replies, and the file part of every plan through the same applier as in proxy mode.
+"""The NRI door: NRI events as facts for the lifecycle core (``runtime_proxy.engine.lifecycle``,
+the same core as the CRI door's), stage results back into NRI replies; the core runs every stage
+and applies the file part of every plan through the one applier.
 
 Mapping (stage names from ``hooks.spec.STAGES``):
 
@@ -51,28 +52,30 @@ RemovePodSandbox, an UpdateContainer, a Post* event) is ignored with a log line 
 ``rhp_nri_events_ignored_total``, so it can never bring back a removed pod that would then hold
 its bound CPUs. A StopContainer marks as stopped only a container the store holds.
 
-A ``Fail``-policy failure at a ``Pre*`` stage answers with an error status, so the runtime fails
-the CRI call; every other failure costs only the plan of the step that failed (the pipeline's
-rules). In dry-run mode plans are logged and replies carry no changes.
+A ``Fail``-policy failure at a ``Pre*`` stage (the core's ``StageRejected``) answers with an
+error status (``RpcError``), so the runtime fails the CRI call; every other failure costs only the
+plan of the step that failed (the pipeline's rules). With the recording applier (dry-run) plans
+are logged and replies carry no changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
 
 from cri_protos import nri_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
-from hooks.plan import Plan
+from hooks.plan import Plan, PlanError, ResourceChanges
 from runtime_proxy import metrics
-from runtime_proxy.engine.bound import BoundCpusets
-from runtime_proxy.engine.intercept import Applier, NodeSource, StaticNode
+from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
+from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.store import Store
@@ -87,7 +90,6 @@ __all__ = [
     "resources_from_nri",
 ]
 
-FAILED_PRECONDITION = 9
 MAX_DEFERRED = 4096
 MAX_QUEUED = 4096
 SETTLE_WAIT = 0.5
@@ -114,7 +116,7 @@ DEFERRED_STAGE = "PreCreateContainer"
 # -- facts from NRI messages ----------------------------------------------------------------------
 
 
-def resources_from_nri(res: Any) -> Resources:
+def resources_from_nri(res: nri_pb2.LinuxResources) -> Resources:
     """``Resources`` from an NRI ``LinuxResources`` (unset optional values read as 0)."""
     cpu, mem = res.cpu, res.memory
     return Resources(
@@ -130,7 +132,7 @@ def resources_from_nri(res: Any) -> Resources:
     )
 
 
-def pod_facts(pod: Any) -> PodFacts:
+def pod_facts(pod: nri_pb2.PodSandbox) -> PodFacts:
     return PodFacts(
         name=pod.name,
         namespace=pod.namespace,
@@ -143,7 +145,7 @@ def pod_facts(pod: Any) -> PodFacts:
     )
 
 
-def container_facts(container: Any) -> ContainerFacts:
+def container_facts(container: nri_pb2.Container) -> ContainerFacts:
     envs: dict[str, str] = {}
     for entry in container.env:
         key, sep, value = entry.partition("=")
@@ -165,7 +167,11 @@ def container_facts(container: Any) -> ContainerFacts:
 # -- plans into NRI messages ----------------------------------------------------------------------
 
 
-def linux_resources(changes: Mapping[str, Any]) -> tuple[Any, list[str]]:
+# A plan's resource changes: field name -> value, of the field's own type (``hooks.plan``).
+Changes = Mapping[str, Any]
+
+
+def linux_resources(changes: Changes) -> tuple[nri_pb2.LinuxResources, list[str]]:
     """An NRI ``LinuxResources`` for the plan's resource changes, and the names NRI cannot carry
     (an empty cpuset, which NRI reads as "no change"; ``oom_score_adj``, which is not a resource)."""
     res = nri_pb2.LinuxResources()
@@ -196,7 +202,7 @@ def linux_resources(changes: Mapping[str, Any]) -> tuple[Any, list[str]]:
     return res, skipped
 
 
-def adjustment(plan: Plan) -> tuple[Any, list[str]]:
+def adjustment(plan: Plan) -> tuple[nri_pb2.ContainerAdjustment, list[str]]:
     """The ``ContainerAdjustment`` for a ``PreCreateContainer`` plan, and what it cannot carry."""
     adjust = nri_pb2.ContainerAdjustment()
     resources = {k: v for k, v in plan.resources.items() if k != "oom_score_adj"}
@@ -225,7 +231,7 @@ def _as_carried(container: ContainerFacts, plan: Plan, skipped: list[str]) -> Co
     return container
 
 
-def stopped_sandboxes(pods: list[Any], containers: list[Any]) -> list[str]:
+def stopped_sandboxes(pods: list[nri_pb2.PodSandbox], containers: list[nri_pb2.Container]) -> list[str]:
     """The ids of the sandboxes a Synchronize reports stopped: no pid and no running container,
     when the runtime reports the pid of some sandbox (containerd reports none for a NotReady
     sandbox, whose task is gone; a runtime that reports no pid at all cannot be read so)."""
@@ -239,13 +245,36 @@ def _files_only(plan: Plan) -> Plan:
     return Plan(writes=list(plan.writes), moves=list(plan.moves), removals=list(plan.removals))
 
 
-def _log_failure(task: asyncio.Future[Any]) -> None:
+def _log_failure(task: asyncio.Future[object]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("reconcile before a reply failed", error=str(task.exception()))
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _refusals_as_rpc_errors(
+    method: Callable[_P, Coroutine[Any, Any, _R]],
+) -> Callable[_P, Coroutine[Any, Any, _R]]:
+    """A ``Fail``-policy refusal from the core becomes the NRI reply's error status."""
+
+    @functools.wraps(method)
+    async def replying(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await method(*args, **kwargs)
+        except StageRejected as refused:
+            raise RpcError(refused.code, refused.message()) from None
+
+    return replying
+
+
+# Work queued for the background worker: its name (for the log) and the call.
+_Queued = tuple[str, Callable[[], Awaitable[None]]]
+
+
 class NriEngine:
-    """Implements ``runtime_proxy.nri.plugin.Events`` over a ``Pipeline`` and an applier."""
+    """Implements ``runtime_proxy.nri.plugin.Events`` over the lifecycle core (``Lifecycle``)."""
 
     def __init__(
         self,
@@ -253,24 +282,18 @@ class NriEngine:
         *,
         node_source: NodeSource | None = None,
         applier: Applier | None = None,
-        dry_run: bool = False,
         on_store_change: Callable[[bool], None] | None = None,
         background: bool = False,
         kubelet_root: KubeletRoot | None = None,
     ) -> None:
-        self.pipeline = pipeline
-        # kubelet's cgroup root in the node facts: configured, or learned from the stored pods.
-        self.kubelet_root = kubelet_root or KubeletRoot()
+        self.core = Lifecycle(pipeline, node_source=node_source, applier=applier, kubelet_root=kubelet_root,
+                              where="nri")
+        # No pools before the first event: only a pod that holds CPUs makes them change.
+        self.core.pools = NO_POOLS
         self.background = background
-        self._queue: asyncio.Queue[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
+        self._queue: asyncio.Queue[_Queued] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._wanted: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-        self.node_source = node_source or StaticNode()
-        self.applier = applier
-        self.dry_run = dry_run
-        self.store = Store()
-        self._bound = BoundCpusets(where="nri")
-        self._refreshed_version = -1
         # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
         self._deferred: OrderedDict[str, Plan] = OrderedDict()
         self.runtime = ""
@@ -278,25 +301,27 @@ class NriEngine:
         # input) change?", so the reconciler pushes new pools to running containers at once.
         self.on_store_change = on_store_change
         self._notified_version = -1
-        self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] = ({}, frozenset())
         # Set when the share pools' input changed; ``settle`` (the reconciler's round, set by
         # the composition root) then runs before the next reply that can carry updates.
         self.pools_dirty = False
-        self.settle: Callable[[], Awaitable[Any]] | None = None
+        self.settle: Callable[[], Awaitable[object]] | None = None
         # Container id -> resource changes the loops want, sent in the next reply that can
         # carry container updates (CreateContainer, UpdateContainer, StopContainer).
         self.pending_updates: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
-    # -- helpers -------------------------------------------------------------------------------
+    @property
+    def store(self) -> Store:
+        return self.core.store
 
-    async def _refresh(self) -> None:
-        """Parse, off the event loop and under a deadline, the resource-status of pods that
-        arrived or changed (``runtime_proxy.engine.bound``); a pod whose value does not parse is
-        left out of the bound cpusets."""
-        version = self.store.version
-        if version != self._refreshed_version:
-            await self._bound.refresh(self.store.pods())
-            self._refreshed_version = version
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.core.pipeline
+
+    def node(self) -> NodeFacts:
+        """The node facts hooks see (``Lifecycle.node``)."""
+        return self.core.node()
+
+    # -- helpers -------------------------------------------------------------------------------
 
     async def _notify(self) -> None:
         """Tell ``on_store_change`` about a store change (once per store version)."""
@@ -304,14 +329,7 @@ class NriEngine:
         if self.on_store_change is None or version == self._notified_version:
             return
         self._notified_version = version
-        try:
-            await self._refresh()
-            pools = self._bound.bound(self.holding_pods(), self.node_source.current())
-            changed = pools != self._pools
-            self._pools = pools
-        except Exception:
-            log.exception("bound cpusets not recomputed")
-            changed = True
+        changed = await self.core.pools_moved()
         self.pools_dirty = self.pools_dirty or changed
         # With ``settle`` the new pools reach running containers in the next reply that can
         # carry them, so the reconciler only needs its routine round (for the files) here.
@@ -334,7 +352,7 @@ class NriEngine:
     def _frees_bound_cpus(self, sandbox_id: str, uid: str, container_id: str) -> bool:
         """Whether stopping ``container_id`` releases CPUs bound to its pod: the pod holds bound
         CPUs and every other container of it is stopped."""
-        if uid not in self._pools[0]:
+        if uid not in self.core.bound_pods():
             return False
         for owner, container in self.store.containers():
             if (owner.sandbox_id == sandbox_id and container.id != container_id
@@ -342,41 +360,11 @@ class NriEngine:
                 return False
         return True
 
-    def node(self) -> NodeFacts:
-        """The node config with kubelet's cgroup root (``runtime_proxy.state.kubelet_root``,
-        over every stored pod) plus the CPUs bound to the stored pods that hold them."""
-        base = self.kubelet_root.node(self.node_source.current(), self.store.pods(), self.store.version)
-        bound, lse = self._bound.bound(self.holding_pods(), base)
-        return base.replace(bound_cpusets=bound, lse_pods=lse) if (bound or base.bound_cpusets) else base
-
     async def _run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:
-        if pod.skips_hooks or not self.pipeline.has_work(stage):
-            return None
-        await self._refresh()
-        result = await self.pipeline.run(stage, pod, container, self.node())
-        if result.rejected is not None:
-            raise RpcError(FAILED_PRECONDITION, f"runtime-hook-proxy: {result.rejected} (policy Fail)")
-        if self.dry_run and not result.plan.is_empty():
-            log.info("dry-run plan", stage=stage, plan=result.plan.to_json())
-        return result
+        """The core's run of ``stage``, when its effects go ahead (None otherwise)."""
+        return self.core.carries(await self.core.run(stage, pod, container), stage)
 
-    async def _apply(self, plan: Plan, stage: str) -> None:
-        if self.applier is None or self.dry_run:
-            return
-        files = _files_only(plan)
-        if files.is_empty():
-            return
-        try:
-            await self.applier.apply(files, stage=stage)
-        except Exception:
-            log.exception("applying plan failed", stage=stage)
-
-    async def _stage_and_apply(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> None:
-        result = await self._run(stage, pod, container)
-        if result is not None:
-            await self._apply(result.plan, stage)
-
-    def _known(self, event: int, pod: Any, container: Any | None = None) -> bool:
+    def _known(self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None = None) -> bool:
         """Whether ``pod`` is in the store. Only creating events (RunPodSandbox, CreateContainer,
         Synchronize) add pods; any other event for a pod not in the store is ignored (logged and
         counted), so a Stop or Remove that arrives after RemovePodSandbox cannot put the pod back,
@@ -406,10 +394,10 @@ class NriEngine:
         self._wanted = (key, tuple(sorted(wanted)))
         return self._wanted[1]
 
-    async def _later(self, method: Callable[..., Any], *args: Any) -> None:
-        """Queue ``method(*args)`` for the worker (or run it now without ``background``)."""
+    async def _later(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Queue ``work`` for the worker (or run it now without ``background``)."""
         if not self.background:
-            await method(*args)
+            await work()
             return
         if self._queue is None:
             self._queue = asyncio.Queue(MAX_QUEUED)
@@ -417,15 +405,15 @@ class NriEngine:
             # A fresh context: the worker is no handler, whoever queued its first item.
             self._worker = asyncio.get_running_loop().create_task(
                 self._work(self._queue), name="nri-events", context=contextvars.Context())
-        await self._queue.put((method, args))
+        await self._queue.put((name, work))
 
-    async def _work(self, queue: asyncio.Queue[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    async def _work(self, queue: asyncio.Queue[_Queued]) -> None:
         while True:
-            method, args = await queue.get()
+            name, work = await queue.get()
             try:
-                await method(*args)
+                await work()
             except Exception:  # one event's failure never stops the ones after it
-                log.exception("NRI event processing failed", step=getattr(method, "__name__", "?"))
+                log.exception("NRI event processing failed", step=name)
             finally:
                 queue.task_done()
 
@@ -444,9 +432,15 @@ class NriEngine:
 
     # -- container updates from the loops ----------------------------------------------------
 
-    def queue_update(self, container_id: str, changes: Mapping[str, Any]) -> None:
+    def queue_update(self, container_id: str, changes: Changes) -> None:
         """Keep ``changes`` for the next reply that can carry container updates (later changes
-        of the same field win)."""
+        of the same field win), when the applier carries them (not in dry-run)."""
+        try:
+            plan = Plan(resources=ResourceChanges.parse(changes))
+        except PlanError:  # queued as given; the reply drops what NRI cannot carry
+            plan = Plan()
+        if not self.core.allows(plan, "ReconcileContainer"):
+            return
         merged = self.pending_updates.pop(container_id, {})
         merged.update(changes)
         self.pending_updates[container_id] = merged
@@ -466,17 +460,17 @@ class NriEngine:
         is about) no update can ride on this reply: the round is left to the reconciler's
         routine round (``on_store_change``), which writes the files, and ``pools_dirty`` stays
         set for the next reply."""
-        if not self.pools_dirty or self.settle is None or self.dry_run or not self._others_running(exclude):
+        if not self.pools_dirty or self.settle is None or not self._others_running(exclude):
             return
         self.pools_dirty = False
         task = asyncio.ensure_future(self.settle())
         task.add_done_callback(_log_failure)
         await asyncio.wait({task}, timeout=SETTLE_WAIT)
 
-    def _take_updates(self, skip: str = "") -> list[Any]:
+    def _take_updates(self, skip: str = "") -> list[nri_pb2.ContainerUpdate]:
         """The pending updates as ``ContainerUpdate``s (``ignore_failure``: a container that is
         gone or cannot take it is only logged by the runtime), recorded in the store as sent."""
-        updates: list[Any] = []
+        updates: list[nri_pb2.ContainerUpdate] = []
         pending, self.pending_updates = self.pending_updates, OrderedDict()
         for container_id, changes in pending.items():
             if container_id == skip or self.store.is_stopped(container_id):
@@ -495,20 +489,25 @@ class NriEngine:
 
     # -- Events --------------------------------------------------------------------------------
 
-    async def configure(self, request: Any) -> None:
+    async def configure(self, request: nri_pb2.ConfigureRequest) -> None:
         self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
 
     def session_ended(self) -> None:
         """Nothing to drop: the next session's Synchronize rebuilds the store."""
 
-    async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
+    @_refusals_as_rpc_errors
+    async def synchronize(
+        self, pods: list[nri_pb2.PodSandbox], containers: list[nri_pb2.Container]
+    ) -> list[nri_pb2.ContainerUpdate]:
         await self.drain()
         self.pending_updates.clear()  # every running container is reconciled here anyway
         result = await self._synchronize(pods, containers)
         await self._notify()
         return result
 
-    async def _synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]:
+    async def _synchronize(
+        self, pods: list[nri_pb2.PodSandbox], containers: list[nri_pb2.Container]
+    ) -> list[nri_pb2.ContainerUpdate]:
         """Rebuild the store from the runtime, then reconcile: every pod through
         ``ReconcilePod`` (its writes applied) and every running container through
         ``ReconcileContainer``, whose resource changes go back as updates with
@@ -528,20 +527,19 @@ class NriEngine:
                 store.stop_container(container.id)
         for sandbox_id in stopped_sandboxes(pods, containers):
             store.stop_pod(sandbox_id)
-        self.store = store
-        self._refreshed_version = -1
+        self.core.replace_store(store)
         self._notified_version = -1
         for each_pod in store.live_pods():
-            await self._stage_and_apply("ReconcilePod", each_pod, None)
-        updates: list[Any] = []
+            await self.core.stage_and_apply("ReconcilePod", each_pod, None)
+        updates: list[nri_pb2.ContainerUpdate] = []
         for sandbox_id, container_f in running:
             owner = store.pod(sandbox_id)
             if owner is None:
                 continue
             result = await self._run("ReconcileContainer", owner, container_f)
-            if result is None or self.dry_run:
+            if result is None:
                 continue
-            await self._apply(result.plan, "ReconcileContainer")
+            await self.core.apply(result.plan, "ReconcileContainer")
             res, skipped = linux_resources(result.plan.resources)
             if res.ListFields():
                 update = nri_pb2.ContainerUpdate(container_id=container_f.id, ignore_failure=True)
@@ -552,7 +550,10 @@ class NriEngine:
                 store.put_container(sandbox_id, container_f.replace(resources=container_f.resources.with_changes(sent)))
         return updates
 
-    async def create_container(self, pod: Any, container: Any) -> Any:
+    @_refusals_as_rpc_errors
+    async def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.CreateContainerResponse:
         """The container's adjustment, and the pending updates of the others; the store change
         is told before the reconciler's round, so the first container of a pod that holds bound
         CPUs again (its containers were all stopped) moves the LS containers off them in this
@@ -561,24 +562,24 @@ class NriEngine:
         result = await self._create_container(pod, container)
         await self._notify()
         await self._settled(exclude=container.id)
-        if not self.dry_run:
-            result.update.extend(self._take_updates(skip=container.id))
+        result.update.extend(self._take_updates(skip=container.id))
         return result
 
-    async def _create_container(self, pod: Any, container: Any) -> Any:
+    async def _create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.CreateContainerResponse:
         pod_f, container_f = pod_facts(pod), container_facts(container)
         if self.store.pod(pod_f.sandbox_id) is None:
             self.store.put_pod(pod_f)
         reply = nri_pb2.CreateContainerResponse()
-        result = await self._run("PreCreateContainer", pod_f, container_f)
+        ran = await self.core.run("PreCreateContainer", pod_f, container_f)
+        result = self.core.carries(ran, "PreCreateContainer")
         if result is None:
-            self.store.add_container(pod_f.sandbox_id, container_f)
+            stored = (ran.container if ran is not None else None) or container_f
+            self.store.add_container(pod_f.sandbox_id, stored)
             return reply
         plan = result.plan
         stored = result.container or container_f
-        if self.dry_run:
-            self.store.add_container(pod_f.sandbox_id, stored)
-            return reply
         adjust, skipped = adjustment(plan)
         self.store.add_container(pod_f.sandbox_id, _as_carried(stored, plan, skipped))
         if skipped:
@@ -593,16 +594,20 @@ class NriEngine:
                 log.warning("deferred container writes dropped (too many pending)", container=dropped)
         return reply
 
-    async def update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
+    @_refusals_as_rpc_errors
+    async def update_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, resources: nri_pb2.LinuxResources
+    ) -> list[nri_pb2.ContainerUpdate]:
         await self.drain()
         await self._settled()
         result = await self._update_container(pod, container, resources)
-        if not self.dry_run:
-            result = [*result, *self._take_updates(skip=container.id)]
+        result = [*result, *self._take_updates(skip=container.id)]
         await self._notify()
         return result
 
-    async def _update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]:
+    async def _update_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, resources: nri_pb2.LinuxResources
+    ) -> list[nri_pb2.ContainerUpdate]:
         if not self._known(E.UPDATE_CONTAINER, pod, container):
             return []
         pod_f, container_f = pod_facts(pod), container_facts(container)
@@ -612,14 +617,15 @@ class NriEngine:
             "cpuset_cpus", "cpuset_mems") if getattr(incoming, name)}
         if changes:
             container_f = container_f.replace(resources=container_f.resources.with_changes(changes))
-        result = await self._run("PreUpdateContainerResources", pod_f, container_f)
-        stored = (result.container if result else None) or container_f
-        if result is None or self.dry_run:
+        ran = await self.core.run("PreUpdateContainerResources", pod_f, container_f)
+        stored = (ran.container if ran else None) or container_f
+        result = self.core.carries(ran, "PreUpdateContainerResources")
+        if result is None:
             self.store.put_container(pod_f.sandbox_id, stored)
             return []
         res, skipped = linux_resources(result.plan.resources)
         self.store.put_container(pod_f.sandbox_id, _as_carried(stored, result.plan, skipped))
-        await self._apply(result.plan, "PreUpdateContainerResources")
+        await self.core.apply(result.plan, "PreUpdateContainerResources")
         if not result.plan.resources:
             return []
         if skipped:
@@ -630,34 +636,42 @@ class NriEngine:
         update.linux.resources.CopyFrom(res)
         return [update]
 
-    async def stop_container(self, pod: Any, container: Any) -> list[Any]:
+    @_refusals_as_rpc_errors
+    async def stop_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> list[nri_pb2.ContainerUpdate]:
         """The pending updates of the other containers. When this stop releases CPUs bound to
         the pod (its last running container stops), the event is processed now and the
         reconciler's round runs first, so the LS containers grow back in this reply; any other
         stop is processed in the background."""
-        if self.dry_run or self.settle is None or not pod.uid or pod.uid not in self._pools[0]:
-            await self._later(self._state_change, E.STOP_CONTAINER, pod, container)
-            return [] if self.dry_run else self._take_updates(skip=container.id)
+        change = functools.partial(self._state_change, E.STOP_CONTAINER, pod, container)
+        if self.settle is None or not pod.uid or pod.uid not in self.core.bound_pods():
+            await self._later("_state_change", change)
+            return self._take_updates(skip=container.id)
         await self.drain()
         if not self._frees_bound_cpus(pod.id, pod.uid, container.id):
-            await self._later(self._state_change, E.STOP_CONTAINER, pod, container)
+            await self._later("_state_change", change)
             return self._take_updates(skip=container.id)
-        await self._state_change(E.STOP_CONTAINER, pod, container)
+        await change()
         await self._settled(exclude=container.id)
         return self._take_updates(skip=container.id)
 
-    async def state_change(self, event: int, pod: Any, container: Any | None) -> None:
-        await self._later(self._state_change, event, pod, container)
+    @_refusals_as_rpc_errors
+    async def state_change(self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None) -> None:
+        await self._later("_state_change", functools.partial(self._state_change, event, pod, container))
 
-    async def _state_change(self, event: int, pod: Any, container: Any | None) -> None:
+    async def _state_change(self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None) -> None:
         await self._state_change_now(event, pod, container)
         await self._notify()
 
-    async def _state_change_now(self, event: int, pod: Any, container: Any | None) -> None:
+    async def _state_change_now(
+        self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None
+    ) -> None:
         if event != E.RUN_POD_SANDBOX and not self._known(event, pod, container):
             return
         pod_f = pod_facts(pod)
         container_f = container_facts(container) if container is not None else None
+        core = self.core
         if event == E.RUN_POD_SANDBOX:
             self.store.put_pod(pod_f)
             result = await self._run("PreRunPodSandbox", pod_f, None)
@@ -668,34 +682,34 @@ class NriEngine:
                     ("cgroup_parent", plan.cgroup_parent is not None)) if present]
                 if not_carried:
                     log.info("pod plan fields NRI cannot carry; dropped", fields=not_carried, pod=pod.id)
-                await self._apply(plan, "PreRunPodSandbox")
-            await self._stage_and_apply("PostRunPodSandbox", pod_f, None)
+                await core.apply(plan, "PreRunPodSandbox")
+            await core.stage_and_apply("PostRunPodSandbox", pod_f, None)
         elif event == E.STOP_POD_SANDBOX:
             self.store.stop_pod(pod_f.sandbox_id)
-            await self._stage_and_apply("PostStopPodSandbox", pod_f, None)
+            await core.stage_and_apply("PostStopPodSandbox", pod_f, None)
         elif event == E.REMOVE_POD_SANDBOX:
             self.store.drop_pod(pod_f.sandbox_id)
-            await self._stage_and_apply("PostRemovePodSandbox", pod_f, None)
+            await core.stage_and_apply("PostRemovePodSandbox", pod_f, None)
         elif container_f is None:
             return
         elif event == E.POST_CREATE_CONTAINER:
-            await self._stage_and_apply("PostCreateContainer", pod_f, container_f)
+            await core.stage_and_apply("PostCreateContainer", pod_f, container_f)
         elif event == E.START_CONTAINER:
             deferred = self._deferred.pop(container_f.id, None)
             if deferred is not None:
-                await self._apply(deferred, "PreCreateContainer")
-            await self._stage_and_apply("PreStartContainer", pod_f, container_f)
+                await core.apply(deferred, "PreCreateContainer")
+            await core.stage_and_apply("PreStartContainer", pod_f, container_f)
         elif event == E.POST_START_CONTAINER:
             deferred = self._deferred.pop(container_f.id, None)
             if deferred is not None:
-                await self._apply(deferred, "PreCreateContainer")
-            await self._stage_and_apply("PostStartContainer", pod_f, container_f)
+                await core.apply(deferred, "PreCreateContainer")
+            await core.stage_and_apply("PostStartContainer", pod_f, container_f)
         elif event == E.POST_UPDATE_CONTAINER:
-            await self._stage_and_apply("PostUpdateContainerResources", pod_f, container_f)
+            await core.stage_and_apply("PostUpdateContainerResources", pod_f, container_f)
         elif event == E.STOP_CONTAINER:
             self.store.stop_container(container_f.id)
-            await self._stage_and_apply("PostStopContainer", pod_f, container_f)
+            await core.stage_and_apply("PostStopContainer", pod_f, container_f)
         elif event == E.REMOVE_CONTAINER:
             self._deferred.pop(container_f.id, None)
             self.store.drop_container(container_f.id)
-            await self._stage_and_apply("PostRemoveContainer", pod_f, container_f)
+            await core.stage_and_apply("PostRemoveContainer", pod_f, container_f)

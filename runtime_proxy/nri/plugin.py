@@ -47,16 +47,17 @@ import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from cri_protos import nri_pb2
 from runtime_proxy import metrics
 from runtime_proxy.nri.connection import NriConnection, RpcError, SkipCall, Unimplemented
 from runtime_proxy.nri.ttrpc import MAX_RECV_MESSAGE
 
+_M = TypeVar("_M", bound=Message)
 log = structlog.get_logger(__name__)
 
 __all__ = ["MAX_SYNC_BYTES", "MAX_SYNC_OBJECTS", "SUBSCRIBED", "Events", "NriPlugin", "PluginIdentity", "event_mask"]
@@ -100,17 +101,27 @@ def event_mask(events: tuple[int, ...]) -> int:
 class Events(Protocol):
     """What the plugin does on each runtime event (``runtime_proxy.nri.adapter.NriEngine``)."""
 
-    async def configure(self, request: Any) -> None: ...
+    async def configure(self, request: nri_pb2.ConfigureRequest) -> None: ...
 
-    async def synchronize(self, pods: list[Any], containers: list[Any]) -> list[Any]: ...
+    async def synchronize(
+        self, pods: list[nri_pb2.PodSandbox], containers: list[nri_pb2.Container]
+    ) -> list[nri_pb2.ContainerUpdate]: ...
 
-    async def create_container(self, pod: Any, container: Any) -> Any: ...
+    async def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.CreateContainerResponse: ...
 
-    async def update_container(self, pod: Any, container: Any, resources: Any) -> list[Any]: ...
+    async def update_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, resources: nri_pb2.LinuxResources
+    ) -> list[nri_pb2.ContainerUpdate]: ...
 
-    async def stop_container(self, pod: Any, container: Any) -> list[Any]: ...
+    async def stop_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> list[nri_pb2.ContainerUpdate]: ...
 
-    async def state_change(self, event: int, pod: Any, container: Any | None) -> None: ...
+    async def state_change(
+        self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None
+    ) -> None: ...
 
     def session_ended(self) -> None: ...
 
@@ -128,7 +139,12 @@ class PluginIdentity:
 
 
 # Dedicated (NRI v0.12) methods that carry {pod, container} and map onto a StateChange event.
-_STATE_METHODS: dict[str, tuple[Any, int]] = {
+_StateRequest = (
+    nri_pb2.RunPodSandboxRequest | nri_pb2.StopPodSandboxRequest | nri_pb2.RemovePodSandboxRequest
+    | nri_pb2.PostCreateContainerRequest | nri_pb2.StartContainerRequest | nri_pb2.PostStartContainerRequest
+    | nri_pb2.PostUpdateContainerRequest | nri_pb2.RemoveContainerRequest
+)
+_STATE_METHODS: dict[str, tuple[type[_StateRequest], int]] = {
     "RunPodSandbox": (nri_pb2.RunPodSandboxRequest, E.RUN_POD_SANDBOX),
     "StopPodSandbox": (nri_pb2.StopPodSandboxRequest, E.STOP_POD_SANDBOX),
     "RemovePodSandbox": (nri_pb2.RemovePodSandboxRequest, E.REMOVE_POD_SANDBOX),
@@ -140,8 +156,8 @@ _STATE_METHODS: dict[str, tuple[Any, int]] = {
 }
 
 
-async def _decode(method: str, message_type: Any, payload: bytes, limit: int = MAX_EVENT_PAYLOAD,
-                  *, fatal: bool = False) -> Any:
+async def _decode(method: str, message_type: type[_M], payload: bytes, limit: int = MAX_EVENT_PAYLOAD,
+                  *, fatal: bool = False) -> _M:
     """``payload`` parsed as ``message_type``, at most ``limit`` bytes, off the event loop when
     larger than ``DECODE_ON_LOOP``. A payload over the bound or undecodable raises ``SkipCall``,
     or with ``fatal`` an ``RpcError`` (INVALID_ARGUMENT)."""
@@ -181,8 +197,8 @@ class NriPlugin:
         self.configured = asyncio.Event()
         self.synchronized = asyncio.Event()
         self.sessions = 0
-        self._sync_pods: list[Any] = []
-        self._sync_containers: list[Any] = []
+        self._sync_pods: list[nri_pb2.PodSandbox] = []
+        self._sync_containers: list[nri_pb2.Container] = []
         self.subscribed = 0
         self._sync_chunks = 0
         # Payload bytes of the chunks of the Synchronize in progress.
@@ -235,8 +251,8 @@ class NriPlugin:
         if method in _STATE_METHODS:
             request_type, event = _STATE_METHODS[method]
             request = await _decode(method, request_type, payload)
-            container = request.container if "container" in request.DESCRIPTOR.fields_by_name else None
-            await self.events.state_change(event, request.pod, container)
+            only: nri_pb2.Container | None = getattr(request, "container", None)
+            await self.events.state_change(event, request.pod, only)
             return b""
         raise Unimplemented(method)
 
@@ -273,7 +289,7 @@ class NriPlugin:
             self.connection.close_when_idle(f"synchronize refused: {what}")
         raise RpcError(RESOURCE_EXHAUSTED, f"synchronize refused: {what}")
 
-    async def _synchronize(self, request: Any) -> bytes:
+    async def _synchronize(self, request: nri_pb2.SynchronizeRequest) -> bytes:
         objects = len(self._sync_pods) + len(self._sync_containers) + len(request.pods) + len(request.containers)
         if objects > MAX_SYNC_OBJECTS:
             self._refuse_sync("synchronize_objects", f"{objects} pods and containers (limit {MAX_SYNC_OBJECTS})")

@@ -5,7 +5,7 @@ The QoS-level directories (``kubepods/besteffort`` and the like) sit below kubel
 ``hooks.facts.choose_kubelet_root``: the proxy config's ``kubeletCgroupRoot`` when set, else
 the root most stored pods' cgroup parents show (kubelet sends them in RunPodSandbox, NRI
 carries them in the pod), else "/". ``KubeletRoot`` applies it: the proxy's interceptor
-(``runtime_proxy.engine.intercept.CriInterceptor.node``) and the NRI plugin
+(``runtime_proxy.engine.lifecycle.Lifecycle.node``) and the NRI plugin
 (``runtime_proxy.nri.adapter.NriEngine.node``) pass every ``NodeFacts`` they hand out through
 ``KubeletRoot.node`` with the pods of their store, so the reconciler, the burst loop and the
 usage loop, which read the node facts there, follow it too.

@@ -2,7 +2,7 @@
 annotations, plus what sysfs says about the machine, as one current ``NodeFacts``.
 
 Built by ``runtime_proxy.wiring.node_source``; the proxy (``runtime_proxy.commands.serve.Proxy``) starts
-it, hands ``current`` to the interceptor (``runtime_proxy.engine.intercept.NodeSource``) and
+it, hands ``current`` to the interceptor (``runtime_proxy.engine.lifecycle.NodeSource``) and
 ``changes()`` to the reconciler. Two sources, usable together (the cluster's values win once they arrive):
 
 - a local YAML or JSON file (``runtime_proxy.state.nodedoc``: its format, its bound of

@@ -1,6 +1,6 @@
 """What the proxy remembers about pods and containers, and how it rebuilds that from the runtime.
 
-Written by ``runtime_proxy.engine.intercept`` after each successful lifecycle call; read by it to give
+Written by the CRI door (``runtime_proxy.cri.door``) after each successful lifecycle call; read by it to give
 hooks the context of calls that carry only an ID (StartContainer, UpdateContainerResources...),
 and by the reconciler. Nothing is persisted: ``rebuild`` recovers everything from containerd
 after a restart — pod labels, annotations, cgroup parent and runtime handler from
@@ -9,7 +9,7 @@ that ``ContainerStatus(verbose)`` returns, and its current resources from
 ``ContainerStatus.status.resources`` (falling back to the config). A pod or container the store
 does not know is looked up the same way on first use (``ensure_*``).
 
-Released pods: the one rule both doors follow (``runtime_proxy.engine.intercept`` in proxy
+Released pods: the one rule both doors follow (``runtime_proxy.cri.door`` in proxy
 mode, ``runtime_proxy.nri.adapter`` in NRI mode) and the loops see through their backends. A
 pod holds the CPUs of its resource-status cpuset (``holding_pods``: the input of the bound
 cpusets and so of the share pools, ``runtime_proxy.engine.bound``) from the time it is stored

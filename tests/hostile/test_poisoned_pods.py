@@ -30,7 +30,8 @@ import pytest
 from cri_protos import api_pb2
 from hooks.facts import CgroupInfo, ContainerFacts, NodeFacts, PodFacts, Resources
 from hooks.manager import make_plugin_manager, plugin_order
-from runtime_proxy.engine.intercept import CriInterceptor, StaticNode
+from runtime_proxy.cri.door import CriInterceptor
+from runtime_proxy.engine.lifecycle import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.loops.reconciler import Reconciler

@@ -12,7 +12,7 @@ import grpc
 from google.protobuf.message import Message
 
 from cri_protos import api_pb2
-from runtime_proxy.engine.intercept import CriInterceptor
+from runtime_proxy.cri.door import CriInterceptor
 
 QOS = "koordinator.sh/qosClass"
 RS = "scheduling.koordinator.sh/resource-status"

@@ -17,7 +17,8 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts, container_cpu_quota
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import Plan
 from hooks.plugins import BUILTIN_PLUGINS, batch_resource, cpu_burst, cpu_normalization
-from runtime_proxy.engine.intercept import CriInterceptor, StaticNode
+from runtime_proxy.cri.door import CriInterceptor
+from runtime_proxy.engine.lifecycle import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import FileApplier, apply_files
 from runtime_proxy.host.cgroups import CgroupError, Cgroups, WriteResult

@@ -11,7 +11,7 @@ from hooks.facts import NodeFacts, PodFacts
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import Plan
 from hooks.spec import hookimpl
-from runtime_proxy.engine.intercept import CriInterceptor
+from runtime_proxy.cri.door import CriInterceptor
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.state.store import RuntimeClient, Store
 

@@ -19,7 +19,7 @@ from hooks import ContainerFacts, Plan, PodFacts, hookimpl
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plugins import BUILTIN_PLUGINS
 from hooks.spec import CRI_FIELDS, STAGES
-from runtime_proxy.engine.intercept import CriInterceptor
+from runtime_proxy.cri.door import CriInterceptor
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.engine.planner import plan_document
 from runtime_proxy.state.store import RuntimeClient, Store

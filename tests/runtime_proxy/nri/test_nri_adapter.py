@@ -16,9 +16,10 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import Plan
 from hooks.spec import hookimpl
-from runtime_proxy.engine.intercept import StaticNode
+from runtime_proxy.engine.lifecycle import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import FileApplier
+from runtime_proxy.host.apply import RecordingApplier as DryRun
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.nri.adapter import NriEngine, adjustment, container_facts, linux_resources, pod_facts
 from runtime_proxy.nri.connection import RpcError
@@ -34,6 +35,9 @@ class RecordingApplier:
     def __init__(self) -> None:
         self.applied: list[tuple[str, Plan]] = []
 
+    def carries(self, plan: Plan, *, stage: str) -> bool:
+        return True
+
     async def apply(self, plan: Plan, *, stage: str) -> None:
         self.applied.append((stage, plan))
 
@@ -47,7 +51,9 @@ def _engine(*extra: object, builtins: tuple[str, ...] = (), policy: str = "Ignor
     names = plugin_order(pm)
     pipeline = Pipeline(plugin_steps(pm, [(name, policy, 2.0) for name in names]))  # type: ignore[misc]
     applier = RecordingApplier()
-    return NriEngine(pipeline, applier=applier, dry_run=dry_run), applier
+    # Dry-run is the recording applier: the engine holds it, the test's recorder sees nothing.
+    held = DryRun() if dry_run else applier
+    return NriEngine(pipeline, applier=held), applier
 
 
 def _pod(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> Any:

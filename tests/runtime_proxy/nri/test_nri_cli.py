@@ -11,6 +11,7 @@ import structlog
 
 from runtime_proxy.commands.nri import NriOptions, add_parser, build, main_from_args, run
 from runtime_proxy.config import ProxyConfig
+from runtime_proxy.host.apply import RecordingApplier
 from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime
 
@@ -36,7 +37,7 @@ def test_build_uses_the_same_config_as_serve(tmp_path: Path) -> None:
     parts = build(NriOptions(socket=str(tmp_path / "nri.sock"), config=config, entry_points=False))
     plugin, engine = parts.plugin, parts.engine
     assert [(s.name, s.policy) for s in engine.pipeline.steps] == [("cpuset", "Fail")]
-    assert engine.dry_run
+    assert isinstance(engine.core.applier, RecordingApplier)
     assert plugin.socket_path == str(tmp_path / "nri.sock")
 
 

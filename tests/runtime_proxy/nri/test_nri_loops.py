@@ -21,6 +21,7 @@ from hooks.manager import make_plugin_manager
 from runtime_proxy.commands.nri import NriOptions, run
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.engine.pipeline import Pipeline
+from runtime_proxy.host.apply import RecordingApplier
 from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.nri.backend import NriBackend, UpdateRefused
 from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity
@@ -339,7 +340,7 @@ async def test_only_creating_events_add_a_pod() -> None:
 
 
 async def test_a_stop_in_dry_run_or_without_loops_is_answered_with_no_updates() -> None:
-    for engine in (NriEngine(Pipeline([]), dry_run=True), NriEngine(Pipeline([]))):
+    for engine in (NriEngine(Pipeline([]), applier=RecordingApplier()), NriEngine(Pipeline([]))):
         await engine.state_change(E.RUN_POD_SANDBOX, _pod("lsr", qos="LSR", cpuset="0"), None)
         await engine.create_container(_pod("lsr", qos="LSR", cpuset="0"), _container("a", "lsr", "0"))
         engine.queue_update("a", {"cpuset_cpus": "0"})

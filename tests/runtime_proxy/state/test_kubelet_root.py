@@ -19,7 +19,8 @@ from hooks.manager import make_plugin_manager
 from runtime_proxy import wiring
 from runtime_proxy.commands import doctor
 from runtime_proxy.config import ConfigError, ProxyConfig, load_config
-from runtime_proxy.engine.intercept import CriInterceptor, StaticNode
+from runtime_proxy.cri.door import CriInterceptor
+from runtime_proxy.engine.lifecycle import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.engine.planner import PlanInputError, node_facts_from_json
 from runtime_proxy.loops.usage import UsageSampler

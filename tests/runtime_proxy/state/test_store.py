@@ -8,7 +8,8 @@ from typing import cast
 
 from hooks.facts import CgroupInfo, ContainerFacts, NodeFacts, PodFacts, format_cpu_list
 from runtime_proxy.commands.serve import StoreBackend
-from runtime_proxy.engine.intercept import CriInterceptor, StaticNode
+from runtime_proxy.cri.door import CriInterceptor
+from runtime_proxy.engine.lifecycle import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.state.store import RuntimeClient, Store
 from tests.runtime_proxy.fake_cri import FakeCri, sandbox_config

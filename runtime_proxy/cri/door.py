@@ -1,15 +1,18 @@
-"""The lifecycle interceptor: decode, build facts, run the hooks, rewrite, record, apply.
+"""The CRI door: the eight intercepted lifecycle calls of kubelet's CRI traffic as facts for the
+lifecycle core (``runtime_proxy.engine.lifecycle``), and stage results as rewritten requests.
 
-Called by either transport (through the ``runtime_proxy.cri.transport.CallInterceptor`` seam) for
-the eight intercepted CRI calls. For each call:
+Called by either transport (``runtime_proxy.cri.relay``, ``runtime_proxy.cri.grpc_transport``)
+through the ``runtime_proxy.cri.transport.CallInterceptor`` seam. For each call:
 
-1. ``before`` decodes the request (unknown fields are kept), builds ``PodFacts`` and
-   ``ContainerFacts`` from it and from the store, runs the ``Pre*`` stage of the pipeline, and
-   rewrites the request with the merged plan's CRI changes. A ``Fail``-policy failure raises
-   ``HookRejected`` and the runtime is never called. In dry-run mode the plan is only logged.
+1. ``before`` decodes the request once (unknown fields are kept), builds ``PodFacts`` and
+   ``ContainerFacts`` from it and from the store, has the core run the ``Pre*`` stage, and
+   rewrites the request with the merged plan's CRI changes when the applier carries them (not
+   in dry-run). A ``Fail``-policy failure raises ``HookRejected`` and the runtime is never
+   called. It returns the call (``CriCall``): the request to send, the decoded message and the
+   stage's result, which the transport hands to ``after``.
 2. The transport forwards the (rewritten) request.
-3. ``after`` (only when the runtime answered OK) records the pod or container in the store,
-   has the applier perform the plan's file writes (so a rejected call writes nothing), then runs
+3. ``CriCall.after`` (only when the runtime answered OK) records the pod or container in the
+   store, has the core apply the plan's file part (so a rejected call writes nothing), then runs
    the ``Post*`` stage, whose failures are logged and never fail the call.
 
 Calls for pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` skip every hook but
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import structlog
 from google.protobuf.message import Message
@@ -37,7 +40,7 @@ from hooks.plan import CgroupWrite, Plan
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
-from runtime_proxy.engine.bound import POD_INPUT_REJECTED, BoundCpusets
+from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot
@@ -51,66 +54,54 @@ from runtime_proxy.state.store import (
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["Applier", "CriInterceptor", "NodeSource", "StaticNode"]
-
-FAILED_PRECONDITION = 9
+__all__ = ["CriCall", "CriInterceptor", "set_linux_resources"]
 
 
 # Fields of LinuxContainerResources that a plan may set (the scalar ones and ``unified``).
 _SCALAR_RESOURCES = frozenset(SCALAR_RESOURCE_FIELDS)
-
-
-class NodeSource(Protocol):
-    """Where the current ``NodeFacts`` come from (``runtime_proxy.state.nodeconfig`` in production)."""
-
-    def current(self) -> NodeFacts: ...
-
-
-class StaticNode:
-    """A fixed node config (tests, and a proxy started without node config)."""
-
-    def __init__(self, node: NodeFacts | None = None) -> None:
-        self.node = node or NodeFacts()
-
-    def current(self) -> NodeFacts:
-        return self.node
-
 
 _M = TypeVar("_M", bound=Message)
 
 
 @dataclass(frozen=True)
 class CallHandlers(Generic[_M]):
-    """How the interceptor handles one CRI call: the request type, the hook stage run before the
-    call is forwarded, and the bookkeeping and ``Post*`` stage after the runtime answered OK."""
+    """The codec of one CRI call: the request type, the facts and ``Pre*`` stage before the
+    call is forwarded, how a carried plan rewrites the request, and the bookkeeping and
+    ``Post*`` stage after the runtime answered OK (given the result only when it was carried)."""
 
     request: type[_M]
     before: Callable[[_M], Awaitable[StageResult | None]]
+    rewrite: Callable[[_M, Plan], None]
     after: Callable[[_M, bytes, StageResult | None], Awaitable[None]]
+
+
+def _no_rewrite(msg: Message, plan: Plan) -> None:
+    """Calls whose request carries nothing a plan may change."""
 
 
 class CriCall:
     """One intercepted CRI call between ``before`` and ``after`` (``InterceptedCall``): the
     request to send, the message it was decoded into (rewritten by the plan; None when the
-    request goes as kubelet sent it after its hooks failed) and the ``Pre*`` stage's result."""
+    request goes as kubelet sent it after its hooks failed) and the ``Pre*`` stage's result
+    when its effects go ahead."""
 
-    __slots__ = ("_interceptor", "call", "msg", "request", "result")
+    __slots__ = ("_door", "call", "msg", "request", "result")
 
     def __init__(
-        self, interceptor: CriInterceptor, call: str, request: bytes, msg: Message | None, result: StageResult | None
+        self, door: CriInterceptor, call: str, request: bytes, msg: Message | None, result: StageResult | None
     ) -> None:
-        self._interceptor = interceptor
+        self._door = door
         self.call = call
         self.request = request
         self.msg = msg
         self.result = result
 
     async def after(self, response: bytes) -> None:
-        await self._interceptor._after(self, response)
+        await self._door._after(self, response)
 
 
 class CriInterceptor:
-    """Implements ``CallInterceptor`` for the CRI lifecycle calls."""
+    """Implements ``CallInterceptor`` for the CRI lifecycle calls over the lifecycle core."""
 
     def __init__(
         self,
@@ -120,54 +111,64 @@ class CriInterceptor:
         client: RuntimeClient,
         node_source: NodeSource | None = None,
         applier: Applier | None = None,
-        dry_run: bool = False,
         on_store_change: Callable[[bool], None] | None = None,
         kubelet_root: KubeletRoot | None = None,
     ) -> None:
-        self.store = store
-        self.pipeline = pipeline
+        self.core = Lifecycle(pipeline, store=store, node_source=node_source, applier=applier,
+                              kubelet_root=kubelet_root, where="interceptor")
         self.client = client
-        self.node_source = node_source or StaticNode()
-        # kubelet's cgroup root in the node facts: configured, or learned from the stored pods.
-        self.kubelet_root = kubelet_root or KubeletRoot()
-        self.applier = applier
-        self.dry_run = dry_run
         # Called after every intercepted call with "did the bound cpusets (the share pools'
         # input) change?", so the reconciler can push new pools to running containers at once.
         self.on_store_change = on_store_change
-        self._pools: tuple[Mapping[str, frozenset[int]], frozenset[str]] | None = None
-        self._node_cache: tuple[int, int, NodeFacts] | None = None
-        self._bound = BoundCpusets(where="interceptor")
-        self._refreshed_version = -1
-        # The intercepted calls (``runtime_proxy.cri.methods.INTERCEPTED``) and their handlers.
+        # The intercepted calls (``runtime_proxy.cri.methods.INTERCEPTED``) and their codecs.
         self._handlers: dict[str, CallHandlers[Any]] = {
             "RunPodSandbox": CallHandlers(
-                api_pb2.RunPodSandboxRequest, self._before_run_pod_sandbox, self._after_run_pod_sandbox
+                api_pb2.RunPodSandboxRequest, self._before_run_pod_sandbox, _rewrite_run_pod_sandbox,
+                self._after_run_pod_sandbox,
             ),
             "StopPodSandbox": CallHandlers(
-                api_pb2.StopPodSandboxRequest, self._before_stop_pod_sandbox, self._after_stop_pod_sandbox
+                api_pb2.StopPodSandboxRequest, self._before_stop_pod_sandbox, _no_rewrite,
+                self._after_stop_pod_sandbox,
             ),
             "RemovePodSandbox": CallHandlers(
-                api_pb2.RemovePodSandboxRequest, self._before_remove_pod_sandbox, self._after_remove_pod_sandbox
+                api_pb2.RemovePodSandboxRequest, self._before_remove_pod_sandbox, _no_rewrite,
+                self._after_remove_pod_sandbox,
             ),
             "CreateContainer": CallHandlers(
-                api_pb2.CreateContainerRequest, self._before_create_container, self._after_create_container
+                api_pb2.CreateContainerRequest, self._before_create_container, _rewrite_create_container,
+                self._after_create_container,
             ),
             "StartContainer": CallHandlers(
-                api_pb2.StartContainerRequest, self._before_start_container, self._after_start_container
+                api_pb2.StartContainerRequest, self._before_start_container, _no_rewrite,
+                self._after_start_container,
             ),
             "UpdateContainerResources": CallHandlers(
                 api_pb2.UpdateContainerResourcesRequest,
                 self._before_update_container_resources,
+                _rewrite_update_container_resources,
                 self._after_update_container_resources,
             ),
             "StopContainer": CallHandlers(
-                api_pb2.StopContainerRequest, self._before_stop_container, self._after_stop_container
+                api_pb2.StopContainerRequest, self._before_stop_container, _no_rewrite,
+                self._after_stop_container,
             ),
             "RemoveContainer": CallHandlers(
-                api_pb2.RemoveContainerRequest, self._before_remove_container, self._after_remove_container
+                api_pb2.RemoveContainerRequest, self._before_remove_container, _no_rewrite,
+                self._after_remove_container,
             ),
         }
+
+    @property
+    def store(self) -> Store:
+        return self.core.store
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.core.pipeline
+
+    def node(self) -> NodeFacts:
+        """The node facts hooks see (``Lifecycle.node``)."""
+        return self.core.node()
 
     # -- CallInterceptor -----------------------------------------------------------------------
 
@@ -176,16 +177,15 @@ class CriInterceptor:
 
     async def undecodable(self, method: str, reason: str) -> None:
         call = INTERCEPTED.get(method, method)
-        if any(step.policy == "Fail" and step.handles(f"Pre{call}") for step in self.pipeline.steps):
-            raise HookRejected(
-                FAILED_PRECONDITION,
-                f"runtime-hook-proxy: cannot run Fail-policy hooks for {call}: {reason}",
-            )
+        refused = self.core.refusal(f"Pre{call}", reason)
+        if refused is not None:
+            raise HookRejected(refused.code, refused.message())
         metrics.HOOKS_SKIPPED.labels("undecodable").inc()
         log.warning("request not decodable; forwarded without hooks", call=call, reason=reason)
 
     async def before(self, method: str, request: bytes) -> CriCall:
         call = INTERCEPTED[method]
+        stage = f"Pre{call}"
         handlers = self._handlers[call]
         try:
             msg = handlers.request.FromString(request)
@@ -193,37 +193,18 @@ class CriInterceptor:
             await self.undecodable(method, f"cannot decode request: {exc}")
             return CriCall(self, call, request, None, None)
         try:
-            result = await handlers.before(msg)
-        except HookRejected:
-            raise
+            result = self.core.carries(await handlers.before(msg), stage)
+            if result is None:
+                return CriCall(self, call, request, msg, None)
+            handlers.rewrite(msg, result.plan)
+        except StageRejected as rejected:
+            raise HookRejected(rejected.code, rejected.message()) from None
         except Exception as exc:  # this pod's input or a bug: costs this call, never the others
-            await self._hooks_failed(call, exc)
+            refused = self.core.hooks_failed(stage, exc)
+            if refused is not None:
+                raise HookRejected(refused.code, refused.message()) from None
             return CriCall(self, call, request, None, None)
-        if result is not None and result.rejected is not None:
-            raise HookRejected(
-                FAILED_PRECONDITION,
-                f"runtime-hook-proxy: {result.rejected} (policy Fail)",
-            )
-        if result is not None and not self.dry_run:
-            out: bytes = msg.SerializeToString()
-        else:
-            if result is not None and not result.plan.is_empty():
-                log.info("dry-run plan", call=call, plan=result.plan.to_json())
-            out = request
-        return CriCall(self, call, out, msg, result)
-
-    async def _hooks_failed(self, call: str, exc: Exception) -> None:
-        """The hooks of one call could not run (its pod's input, or a bug). Like an undecodable
-        request: rejected when a ``Fail``-policy step handles the stage, else forwarded as sent."""
-        POD_INPUT_REJECTED.labels("interceptor", type(exc).__name__).inc()
-        reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-        if any(step.policy == "Fail" and step.handles(f"Pre{call}") for step in self.pipeline.steps):
-            log.warning("hooks failed under policy Fail; rejecting call", call=call, reason=reason)
-            raise HookRejected(
-                FAILED_PRECONDITION, f"runtime-hook-proxy: cannot run Fail-policy hooks for {call}: {reason}"
-            )
-        metrics.HOOKS_SKIPPED.labels("hook-error").inc()
-        log.warning("hooks failed; request forwarded as sent", call=call, reason=reason)
+        return CriCall(self, call, msg.SerializeToString(), msg, result)
 
     async def _after(self, call: CriCall, response: bytes) -> None:
         """``CriCall.after``: the bookkeeping and ``Post*`` stage of one call the runtime
@@ -237,72 +218,14 @@ class CriInterceptor:
         except Exception:  # post processing must never fail a call the runtime accepted
             log.exception("post-call processing failed", call=call.call)
         if self.on_store_change is not None:
-            try:
-                await self._refresh()
-                changed = self._pools_changed()
-            except Exception:
-                log.exception("bound cpusets not recomputed", call=call.call)
-                changed = True
-            self.on_store_change(changed)
-
-    def _pools_changed(self) -> bool:
-        node = self.node()  # cached per store version
-        pools = (node.bound_cpusets, node.lse_pods)
-        changed = pools != self._pools
-        self._pools = pools
-        return changed
-
-    # -- facts ---------------------------------------------------------------------------------
-
-    async def _refresh(self) -> None:
-        """Parse, off the event loop and under a deadline, the resource-status of pods that
-        arrived or changed since the last call (see ``runtime_proxy.engine.bound``)."""
-        version = self.store.version
-        if version != self._refreshed_version:
-            await self._bound.refresh(self.store.holding_pods())
-            self._refreshed_version = version
-
-    def node(self) -> NodeFacts:
-        """The node facts hooks see: the node config with kubelet's cgroup root
-        (``runtime_proxy.state.kubelet_root``) plus the CPUs bound to the stored pods that hold
-        them (``Store.holding_pods``) under the node's trust rules, in the store's order (oldest
-        first; cached per store version; a pod whose annotation does not parse is left out)."""
-        base = self.node_source.current()
-        cache = self._node_cache
-        if cache is not None and cache[0] == self.store.version and cache[1] == id(base):
-            return cache[2]
-        node = self.kubelet_root.node(base, self.store.pods())
-        bound, lse = self._bound.bound(self.store.holding_pods(), node)
-        node = node.replace(bound_cpusets=bound, lse_pods=lse) if (bound or node.bound_cpusets) else node
-        self._node_cache = (self.store.version, id(base), node)
-        return node
-
-    async def _run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:
-        if pod.skips_hooks:
-            metrics.HOOKS_SKIPPED.labels("skip-label").inc()
-            return None
-        if not self.pipeline.has_work(stage):
-            return None
-        await self._refresh()
-        return await self.pipeline.run(stage, pod, container, self.node())
+            self.on_store_change(await self.core.pools_moved())
 
     async def _post(self, stage: str, pod: PodFacts | None, container: ContainerFacts | None) -> None:
-        if pod is None:
-            return
-        result = await self._run(stage, pod, container)
-        if result is not None:
-            await self._apply(result.plan, stage)
+        await self.core.stage_and_apply(stage, pod, container)
 
-    async def _apply(self, plan: Plan, stage: str) -> None:
-        if plan.is_empty() or self.applier is None:
-            return
-        if self.dry_run:
-            log.info("dry-run: not applying", stage=stage, plan=plan.to_json())
-            return
-        try:
-            await self.applier.apply(plan, stage=stage)
-        except Exception:
-            log.exception("applying plan failed", stage=stage)
+    async def _apply(self, result: StageResult | None, stage: str) -> None:
+        if result is not None:
+            await self.core.apply(result.plan, stage)
 
     async def _pod_for(self, sandbox_id: str) -> PodFacts | None:
         return await self.store.ensure_pod(self.client, sandbox_id)
@@ -317,16 +240,7 @@ class CriInterceptor:
 
     async def _before_run_pod_sandbox(self, msg: api_pb2.RunPodSandboxRequest) -> StageResult | None:
         pod = pod_facts_from_config(msg.config, runtime_handler=msg.runtime_handler)
-        result = await self._run("PreRunPodSandbox", pod, None)
-        if result is None or result.rejected is not None:
-            return result
-        plan = result.plan
-        if not self.dry_run:
-            msg.config.labels.update(plan.labels)
-            msg.config.annotations.update(plan.annotations)
-            if plan.cgroup_parent is not None:
-                msg.config.linux.cgroup_parent = plan.cgroup_parent
-        return result
+        return await self.core.run("PreRunPodSandbox", pod, None)
 
     async def _after_run_pod_sandbox(
         self, msg: api_pb2.RunPodSandboxRequest, response: bytes, result: StageResult | None
@@ -334,33 +248,30 @@ class CriInterceptor:
         sandbox_id = api_pb2.RunPodSandboxResponse.FromString(response).pod_sandbox_id
         pod = pod_facts_from_config(msg.config, runtime_handler=msg.runtime_handler, sandbox_id=sandbox_id)
         self.store.put_pod(pod)
-        if result is not None:
-            await self._apply(result.plan, "PreRunPodSandbox")
+        await self._apply(result, "PreRunPodSandbox")
         await self._post("PostRunPodSandbox", pod, None)
 
     async def _before_stop_pod_sandbox(self, msg: api_pb2.StopPodSandboxRequest) -> StageResult | None:
         pod = await self._pod_for(msg.pod_sandbox_id)
-        return None if pod is None else await self._run("PreStopPodSandbox", pod, None)
+        return None if pod is None else await self.core.run("PreStopPodSandbox", pod, None)
 
     async def _after_stop_pod_sandbox(
         self, msg: api_pb2.StopPodSandboxRequest, response: bytes, result: StageResult | None
     ) -> None:
         self.store.stop_pod(msg.pod_sandbox_id)
-        if result is not None:
-            await self._apply(result.plan, "PreStopPodSandbox")
+        await self._apply(result, "PreStopPodSandbox")
         await self._post("PostStopPodSandbox", self.store.pod(msg.pod_sandbox_id), None)
 
     async def _before_remove_pod_sandbox(self, msg: api_pb2.RemovePodSandboxRequest) -> StageResult | None:
         pod = await self._pod_for(msg.pod_sandbox_id)
-        return None if pod is None else await self._run("PreRemovePodSandbox", pod, None)
+        return None if pod is None else await self.core.run("PreRemovePodSandbox", pod, None)
 
     async def _after_remove_pod_sandbox(
         self, msg: api_pb2.RemovePodSandboxRequest, response: bytes, result: StageResult | None
     ) -> None:
         pod = self.store.pod(msg.pod_sandbox_id)
         self.store.drop_pod(msg.pod_sandbox_id)
-        if result is not None:
-            await self._apply(result.plan, "PreRemovePodSandbox")
+        await self._apply(result, "PreRemovePodSandbox")
         await self._post("PostRemovePodSandbox", pod, None)
 
     # -- container calls -----------------------------------------------------------------------
@@ -370,17 +281,7 @@ class CriInterceptor:
         if pod is None:
             pod = pod_facts_from_config(msg.sandbox_config, sandbox_id=msg.pod_sandbox_id)
         container = container_facts_from_config(msg.config)
-        result = await self._run("PreCreateContainer", pod, container)
-        if result is None or result.rejected is not None or self.dry_run:
-            return result
-        plan = result.plan
-        set_linux_resources(msg.config.linux.resources, plan.resources)
-        if plan.envs:
-            _set_envs(msg.config, plan.envs)
-        msg.config.annotations.update(plan.annotations)
-        if plan.cgroup_parent is not None:
-            msg.sandbox_config.linux.cgroup_parent = plan.cgroup_parent
-        return result
+        return await self.core.run("PreCreateContainer", pod, container)
 
     async def _after_create_container(
         self, msg: api_pb2.CreateContainerRequest, response: bytes, result: StageResult | None
@@ -390,14 +291,14 @@ class CriInterceptor:
         self.store.add_container(msg.pod_sandbox_id, container)
         pod = self.store.pod(msg.pod_sandbox_id)
         if result is not None:
-            await self._apply(_bind_container_id(result.plan, container_id), "PreCreateContainer")
+            await self.core.apply(_bind_container_id(result.plan, container_id), "PreCreateContainer")
         await self._post("PostCreateContainer", pod, container)
 
     async def _container_stage(self, stage: str, container_id: str) -> StageResult | None:
         pod, container = await self._container_for(container_id)
         if pod is None or container is None:
             return None
-        return await self._run(stage, pod, container)
+        return await self.core.run(stage, pod, container)
 
     async def _before_start_container(self, msg: api_pb2.StartContainerRequest) -> StageResult | None:
         return await self._container_stage("PreStartContainer", msg.container_id)
@@ -415,20 +316,14 @@ class CriInterceptor:
             return None
         if msg.HasField("linux"):
             container = container.replace(resources=_overlay_update(container, msg.linux))
-        result = await self._run("PreUpdateContainerResources", pod, container)
-        if result is None or result.rejected is not None or self.dry_run:
-            return result
-        if result.plan.resources:
-            set_linux_resources(msg.linux, result.plan.resources)
-        msg.annotations.update(result.plan.annotations)
-        return result
+        return await self.core.run("PreUpdateContainerResources", pod, container)
 
     async def _after_update_container_resources(
         self, msg: api_pb2.UpdateContainerResourcesRequest, response: bytes, result: StageResult | None
     ) -> None:
         found = self.store.container(msg.container_id)
         sandbox_id = self.store.sandbox_of(msg.container_id)
-        notes = {} if self.dry_run else _annotations_of(result)
+        notes = _annotations_of(result)
         if found is not None and sandbox_id is not None and (msg.HasField("linux") or notes):
             _, container = found
             # A created container's annotations cannot change in the runtime; what this stage's
@@ -457,17 +352,40 @@ class CriInterceptor:
     ) -> None:
         found = self.store.container(msg.container_id)
         self.store.drop_container(msg.container_id)
-        if result is not None:
-            await self._apply(result.plan, "PreRemoveContainer")
+        await self._apply(result, "PreRemoveContainer")
         if found is not None:
             await self._post("PostRemoveContainer", found[0], found[1])
 
     async def _after_container(self, call: str, container_id: str, result: StageResult | None) -> None:
-        if result is not None:
-            await self._apply(result.plan, f"Pre{call}")
+        await self._apply(result, f"Pre{call}")
         found = self.store.container(container_id)
         if found is not None:
             await self._post(f"Post{call}", found[0], found[1])
+
+
+# -- stage results into requests -------------------------------------------------------------------
+
+
+def _rewrite_run_pod_sandbox(msg: api_pb2.RunPodSandboxRequest, plan: Plan) -> None:
+    msg.config.labels.update(plan.labels)
+    msg.config.annotations.update(plan.annotations)
+    if plan.cgroup_parent is not None:
+        msg.config.linux.cgroup_parent = plan.cgroup_parent
+
+
+def _rewrite_create_container(msg: api_pb2.CreateContainerRequest, plan: Plan) -> None:
+    set_linux_resources(msg.config.linux.resources, plan.resources)
+    if plan.envs:
+        _set_envs(msg.config, plan.envs)
+    msg.config.annotations.update(plan.annotations)
+    if plan.cgroup_parent is not None:
+        msg.sandbox_config.linux.cgroup_parent = plan.cgroup_parent
+
+
+def _rewrite_update_container_resources(msg: api_pb2.UpdateContainerResourcesRequest, plan: Plan) -> None:
+    if plan.resources:
+        set_linux_resources(msg.linux, plan.resources)
+    msg.annotations.update(plan.annotations)
 
 
 def set_linux_resources(target: api_pb2.LinuxContainerResources, changes: Mapping[str, Any]) -> None:
@@ -500,8 +418,8 @@ def _set_envs(config: api_pb2.ContainerConfig, envs: Mapping[str, str]) -> None:
 
 
 def _annotations_of(result: StageResult | None) -> dict[str, str]:
-    """The annotations a stage's accepted plan sets (none when it was rejected or dry-run)."""
-    if result is None or result.rejected is not None:
+    """The annotations a stage's carried plan sets (none when it was not carried)."""
+    if result is None:
         return {}
     return dict(result.plan.annotations)
 

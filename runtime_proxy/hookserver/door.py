@@ -1,0 +1,159 @@
+"""The hook server door: each RuntimeHookService call as facts for the lifecycle core
+(``runtime_proxy.engine.lifecycle``), and its stage result as the hook response.
+
+Served by ``runtime_proxy.commands.hook_server`` (``runtime-proxy hook-server``). For each hook
+call: the request becomes facts (``runtime_proxy.engine.remote`` conversions; the sandbox id is
+not part of the protocol and stays empty), the core runs the stage through the same pipeline as
+the proxy's (order, policies, timeouts, conflicts), and the answer carries the CRI-expressible
+part of the merged plan on top of an echo of the request. A ``Fail``-policy failure at a
+``Pre*`` hook answers ``FAILED_PRECONDITION`` naming the plugin; the calling proxy's
+registration policy then decides. When the applier does not carry the plan (the recording
+applier of dry-run) the answer is the unchanged request and nothing is applied.
+
+The plan's file part (cgroup and resctrl writes, task moves, removals) is applied here through
+the core, because the calling proxy only applies what the protocol carries. Writes with a
+complete path are applied before answering. Container-level writes of ``PreCreateContainer``
+whose path still lacks the container id are kept and applied at the ``PreStartContainer`` hook of
+the same container (pod uid, name, attempt), which Koordinator's proxy sends with the id.
+Without an applier (``--no-apply``) the file part is logged and left to the caller.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import structlog
+
+from cri_protos import hookserver_pb2 as hs
+from hooks.facts import ContainerFacts, PodFacts
+from hooks.plan import CgroupWrite, Plan
+from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
+from runtime_proxy.engine.pipeline import Pipeline
+from runtime_proxy.engine.remote import (
+    POD_HOOKS,
+    container_facts_from_request,
+    container_response,
+    pod_facts_from_request,
+    pod_response,
+)
+from runtime_proxy.host.apply import Applier
+
+if TYPE_CHECKING:
+    import grpc
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["HookService"]
+
+_PENDING_LIMIT = 1024
+
+HookRequest = hs.PodSandboxHookRequest | hs.ContainerResourceHookRequest
+HookResponse = hs.PodSandboxHookResponse | hs.ContainerResourceHookResponse
+
+
+def _bind_container_id(writes: list[CgroupWrite], container_id: str) -> list[CgroupWrite]:
+    return [CgroupWrite(w.level, w.path + container_id, w.file, w.value) for w in writes]
+
+
+def _needs_id(w: CgroupWrite) -> bool:
+    return w.level in ("container", "sandbox") and (not w.path or w.path.endswith("/"))
+
+
+class HookService:
+    """The ``RuntimeHookService`` servicer: thin methods over ``handle``."""
+
+    def __init__(self, pipeline: Pipeline, node_source: NodeSource, applier: Applier | None) -> None:
+        self.core = Lifecycle(pipeline, node_source=node_source, applier=applier, where="hook-server",
+                              stateless=True)
+        # Container-level writes waiting for the container id: (pod uid, name, attempt) -> writes.
+        self._pending: OrderedDict[tuple[str, str, int], list[CgroupWrite]] = OrderedDict()
+
+    async def handle(
+        self, stage: str, request: HookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
+    ) -> HookResponse:
+        pod = pod_facts_from_request(request)
+        container = None
+        if stage not in POD_HOOKS and isinstance(request, hs.ContainerResourceHookRequest):
+            container = container_facts_from_request(request)
+        try:
+            result = self.core.carries(await self.core.run(stage, pod, container), stage)
+        except StageRejected as refused:
+            import grpc  # loaded by ``serve`` (the CLI builds its parser without the library)
+
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused.message("runtime-hook-proxy hook server"))
+            raise AssertionError("unreachable") from None
+        if result is None:
+            return self._answer(pod, container, Plan())
+        await self._files(stage, pod, container, result.plan)
+        return self._answer(result.pod, result.container, result.plan)
+
+    def _answer(self, pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> HookResponse:
+        if container is None:
+            answer: HookResponse = pod_response(pod, plan)
+        else:
+            answer = container_response(pod, container, plan)
+        return answer
+
+    async def _files(self, stage: str, pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> None:
+        writes = list(plan.writes)
+        if container is not None:
+            key = (pod.uid, container.name, container.attempt)
+            if stage == "PreCreateContainer":
+                later = [w for w in writes if _needs_id(w)]
+                if later:
+                    self._pending[key] = later
+                    while len(self._pending) > _PENDING_LIMIT:
+                        self._pending.popitem(last=False)
+                    writes = [w for w in writes if not _needs_id(w)]
+            elif container.id and key in self._pending and stage in ("PreStartContainer", "PostStartContainer"):
+                writes = _bind_container_id(self._pending.pop(key), container.id) + writes
+        incomplete = [w for w in writes if _needs_id(w)]
+        if incomplete:
+            log.info("writes without a container or sandbox id dropped", stage=stage,
+                     writes=[w.to_json() for w in incomplete])
+            writes = [w for w in writes if not _needs_id(w)]
+        files = Plan(writes=writes, moves=plan.moves, removals=plan.removals)
+        if files.is_empty():
+            return
+        if self.core.applier is None:
+            log.info("file part of the plan left to the caller (--no-apply)", stage=stage, plan=files.to_json())
+            return
+        await self.core.apply(files, stage)
+
+    # -- RuntimeHookService ---------------------------------------------------------------------
+
+    async def PreRunPodSandboxHook(
+        self, request: hs.PodSandboxHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
+    ) -> HookResponse:
+        return await self.handle("PreRunPodSandbox", request, context)
+
+    async def PostStopPodSandboxHook(
+        self, request: hs.PodSandboxHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
+    ) -> HookResponse:
+        return await self.handle("PostStopPodSandbox", request, context)
+
+    async def PreCreateContainerHook(
+        self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
+    ) -> HookResponse:
+        return await self.handle("PreCreateContainer", request, context)
+
+    async def PreStartContainerHook(
+        self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
+    ) -> HookResponse:
+        return await self.handle("PreStartContainer", request, context)
+
+    async def PostStartContainerHook(
+        self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
+    ) -> HookResponse:
+        return await self.handle("PostStartContainer", request, context)
+
+    async def PostStopContainerHook(
+        self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
+    ) -> HookResponse:
+        return await self.handle("PostStopContainer", request, context)
+
+    async def PreUpdateContainerResourcesHook(
+        self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
+    ) -> HookResponse:
+        return await self.handle("PreUpdateContainerResources", request, context)
