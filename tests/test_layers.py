@@ -197,6 +197,22 @@ def test_lint_imports_fails_on_a_planted_import(
     assert f"{importer} -> {imported} (l.1)" in planted.stdout
 
 
+@pytest.mark.parametrize("package", ["runtime_proxy", "hooks"])
+def test_lint_imports_fails_on_a_module_without_a_layer(tree_copy: Path, package: str) -> None:
+    """Every module and folder directly under ``runtime_proxy/`` and ``hooks/`` has its layer
+    (the contracts are exhaustive): a new one, even one that imports nothing, fails until it
+    gets its place."""
+    plant = tree_copy / package / "_unplaced.py"
+    plant.write_text("import os\n")
+    try:
+        planted = _lint_imports(tree_copy)
+    finally:
+        plant.unlink()
+    assert planted.returncode == 1, planted.stdout + planted.stderr
+    assert "The following modules are not listed as layers:" in planted.stdout
+    assert f"- {package}._unplaced" in planted.stdout
+
+
 def test_method_table_matches_the_proto() -> None:
     from_proto: dict[str, bool] = {}
     for service in api_pb2.DESCRIPTOR.services_by_name.values():
