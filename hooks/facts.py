@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Never, TypeVar
+from typing import Any, Never, TypedDict, TypeVar, Unpack
 
 from koord_formats import keys, node, nodeslo, pod, qos
 from koord_formats.bounded import load_json
@@ -290,7 +290,7 @@ class PodFacts:
         """True for pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true``."""
         return self.labels.get(keys.LABEL_SKIP_HOOKSERVER, "") == "true"
 
-    def replace(self, **changes: Any) -> PodFacts:
+    def replace(self, **changes: Unpack[PodChanges]) -> PodFacts:
         return replace(self, **changes)
 
 
@@ -308,7 +308,7 @@ class ContainerFacts:
     # Environment as a map; later duplicates of a key win, as in the container runtime.
     envs: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
-    def replace(self, **changes: Any) -> ContainerFacts:
+    def replace(self, **changes: Unpack[ContainerChanges]) -> ContainerFacts:
         return replace(self, **changes)
 
 
@@ -349,7 +349,7 @@ class NodeFacts:
     # Node annotations merged with the NodeResourceTopology annotations (NRT wins).
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     # The NodeSLO ``spec`` object as JSON (camelCase keys, as Koordinator defines them).
-    node_slo: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    node_slo: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)  # Any: JSON, read through koord_formats
     cpu_topology: CPUTopology | None = None
     resctrl: ResctrlFacts = field(default_factory=ResctrlFacts)
     cgroup: CgroupInfo = field(default_factory=CgroupInfo)
@@ -358,8 +358,47 @@ class NodeFacts:
     # Pod uids of the bound cpusets above whose QoS class is LSE (their CPUs leave the BE pool).
     lse_pods: frozenset[str] = frozenset()
 
-    def replace(self, **changes: Any) -> NodeFacts:
+    def replace(self, **changes: Unpack[NodeChanges]) -> NodeFacts:
         return replace(self, **changes)
+
+
+# The keyword arguments of the facts' ``replace`` methods: their fields, each optional (a test
+# keeps the keys equal to the dataclass fields).
+class PodChanges(TypedDict, total=False):
+    name: str
+    namespace: str
+    uid: str
+    attempt: int
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    cgroup_parent: str
+    runtime_handler: str
+    sandbox_id: str
+    kube_qos: str
+    containers: tuple[ContainerFacts, ...]
+    priority: int | None
+
+
+class ContainerChanges(TypedDict, total=False):
+    name: str
+    id: str
+    attempt: int
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    resources: Resources
+    envs: Mapping[str, str]
+
+
+class NodeChanges(TypedDict, total=False):
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    node_slo: Mapping[str, Any]  # Any: JSON, as NodeFacts.node_slo
+    cpu_topology: CPUTopology | None
+    resctrl: ResctrlFacts
+    cgroup: CgroupInfo
+    bound_cpusets: Mapping[str, frozenset[int]]
+    lse_pods: frozenset[str]
 
 
 # ---- kubelet's cgroup conversions (pkg/kubelet/cm/cgroup_manager_linux.go, CFS helpers) -----
@@ -666,7 +705,7 @@ def choose_kubelet_root(
 
 
 def host_app_cgroup_path(
-    app: nodeslo.HostApplication | Mapping[str, Any], cgroup: CgroupInfo | str = "cgroupfs"
+    app: nodeslo.HostApplication | Mapping[str, Any], cgroup: CgroupInfo | str = "cgroupfs"  # Any: JSON, decoded here
 ) -> str:
     """Koordinator's ``GetHostAppCgroupRelativePath``: base dir / parentDir / relativePath, or
     ``host-latency-sensitive/<name>`` (LSE/LSR/LS) / ``host-best-effort/<name>`` (BE) when no

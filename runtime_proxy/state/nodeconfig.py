@@ -129,7 +129,7 @@ class ClusterObjects:
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
     nrt_annotations: dict[str, str] | None = None
-    node_slo: dict[str, Any] | None = None
+    node_slo: dict[str, Any] | None = None  # Any: the NodeSLO spec as JSON (validate_node_slo checked it)
     resource_versions: dict[str, str] = field(default_factory=dict)
 
 
@@ -138,10 +138,11 @@ class ClusterObjects:
 # 1 MiB holds it); a Node's status (conditions, addresses, up to 50 images) adds tens of KiB.
 MAX_WATCH_EVENT_CHARS = 1 << 20
 _TOO_LARGE = "TOO_LARGE"
+# Any here and below: the kubernetes client has no type hints (mypy config: ignore_errors).
 _BOUNDED_WATCH: list[Any] = []
 
 
-def _bounded_watch() -> Any:
+def _bounded_watch() -> Any:  # Any: a subclass of the untyped kubernetes.watch.Watch
     """The client's ``Watch``, with each event bounded (``MAX_WATCH_EVENT_CHARS``; a larger one
     becomes a ``TOO_LARGE`` event) and parsed once into plain dicts: the client otherwise parses a
     Node's event, serializes it again, parses it into model objects, and we serialized those back;
@@ -150,7 +151,7 @@ def _bounded_watch() -> Any:
         from kubernetes import watch
 
         class BoundedWatch(watch.Watch):
-            def unmarshal_event(self, data: str, return_type: Any) -> Any:
+            def unmarshal_event(self, data: str, return_type: object) -> Any:  # Any: the client's event dict
                 if len(data) > MAX_WATCH_EVENT_CHARS:
                     return {"type": _TOO_LARGE, "object": None, "raw_object": None, "size": len(data)}
                 return super().unmarshal_event(data, None)  # type: ignore[no-untyped-call]
@@ -179,7 +180,7 @@ class ClusterWatch:
         self,
         node_name: str,
         *,
-        api_client: Any = None,
+        api_client: Any = None,  # Any: kubernetes.client.ApiClient (untyped)
         kubeconfig: str | None = None,
         watch_timeout: int = 60,
         retry_seconds: float = 1.0,
@@ -193,7 +194,7 @@ class ClusterWatch:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._watches: list[Any] = []
+        self._watches: list[Any] = []  # Any: kubernetes.watch.Watch (untyped)
 
     def snapshot(self) -> ClusterObjects:
         """The state as one consistent value (the watch threads replace its dicts, never edit them)."""
@@ -201,7 +202,7 @@ class ClusterWatch:
             return replace(self.state, resource_versions=dict(self.state.resource_versions))
 
     # Pure part: one watch event in, state updated, "changed?" out.
-    def handle_event(self, kind: str, event: Mapping[str, Any]) -> bool:
+    def handle_event(self, kind: str, event: Mapping[str, Any]) -> bool:  # Any: JSON not yet checked
         """Fold a watch event (``{"type": ADDED|MODIFIED|DELETED, "object": {...}}``) into the
         state. Events for other objects and bad NodeSLO specs are ignored (logged). Returns
         True when what the node config is built from changed."""
@@ -241,11 +242,11 @@ class ClusterWatch:
                 return changed
         return False
 
-    def _client(self) -> Any:
+    def _client(self) -> Any:  # Any: kubernetes.client.ApiClient (untyped)
         if self._api_client is None:
             from kubernetes import client, config
 
-            k8s_config: Any = config
+            k8s_config: Any = config  # Any: the untyped kubernetes.config module
             cfg = client.Configuration()
             if os.environ.get("KUBERNETES_SERVICE_HOST"):
                 k8s_config.load_incluster_config(client_configuration=cfg)
@@ -267,8 +268,8 @@ class ClusterWatch:
             try:
                 api = self._client()  # unusable credentials are a failed watch: logged, retried
                 if group:
-                    func: Any = client.CustomObjectsApi(api).list_cluster_custom_object
-                    args: tuple[Any, ...] = (group, version, plural)
+                    func: Any = client.CustomObjectsApi(api).list_cluster_custom_object  # Any: untyped client
+                    args: tuple[str, ...] = (group, version, plural)
                 else:
                     func, args = client.CoreV1Api(api).list_node, ()
                 for event in w.stream(func, *args, field_selector=selector, timeout_seconds=self.watch_timeout):

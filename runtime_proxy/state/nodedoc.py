@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Never, NoReturn
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
@@ -89,7 +89,7 @@ class NodeConfigDocument(BaseModel):
     labels: dict[str, StrictStr] = Field(default_factory=dict)
     annotations: dict[str, StrictStr] = Field(default_factory=dict)
     nodeResourceTopology: _NRTModel = Field(default_factory=_NRTModel)
-    nodeSLO: dict[str, Any] = Field(default_factory=dict)
+    nodeSLO: dict[str, Any] = Field(default_factory=dict)  # Any: JSON, checked by validate_node_slo
     cgroup: _CgroupModel | None = None
 
 
@@ -166,7 +166,7 @@ def load_document(text: str) -> NodeConfigDocument:
     return doc
 
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_EMPTY: Mapping[str, Never] = MappingProxyType({})
 # Entries per slice of a mapping on the wire: unpickling one slice is one call of the C unpickler
 # that holds the GIL (about a millisecond for this many labels).
 _WIRE_SLICE = 2048
@@ -175,24 +175,26 @@ _WIRE_SLICE = 2048
 class _PlainUnpickler(pickle.Unpickler):
     """Loads plain data only: any class or function named in the stream is refused."""
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> NoReturn:
         raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
 
 
-def _plain_loads(blob: bytes) -> Any:
+def _plain_loads(blob: bytes) -> object:
     return _PlainUnpickler(io.BytesIO(blob)).load()
 
 
-def _slices(mapping: Mapping[str, Any]) -> list[bytes]:
+def _slices(mapping: Mapping[str, str]) -> list[bytes]:
     items = list(mapping.items())
     return [pickle.dumps(dict(items[i:i + _WIRE_SLICE]), protocol=pickle.HIGHEST_PROTOCOL)
             for i in range(0, len(items), _WIRE_SLICE)]
 
 
-def _joined(blobs: object) -> dict[str, Any]:
+def _joined(blobs: object) -> dict[str, str]:
+    """The mapping of strings ``_slices`` cut up. Only the keys' and values' container is checked:
+    the parser process wrote them from a validated document (``NodeConfigDocument``)."""
     if not (isinstance(blobs, list) and all(isinstance(b, bytes) for b in blobs)):
         raise ValueError("not a node document")
-    out: dict[str, Any] = {}
+    out: dict[str, str] = {}
     for blob in blobs:  # one short GIL-holding call per slice; the GIL can pass to other threads between them
         part = _plain_loads(blob)
         if not isinstance(part, dict):
@@ -209,7 +211,7 @@ class NodeDocument:
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     nrt_annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    node_slo: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    node_slo: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)  # Any: the NodeSLO spec as JSON
     cgroup_version: int | None = None
     cgroup_driver: str | None = None
 
@@ -219,7 +221,7 @@ class NodeDocument:
         return cls(doc.name, doc.labels, doc.annotations, doc.nodeResourceTopology.annotations, doc.nodeSLO,
                    cg.version if cg else None, cg.driver if cg else None)
 
-    def to_wire(self) -> tuple[Any, ...]:
+    def to_wire(self) -> tuple[str, int | None, str | None, bytes, list[bytes], list[bytes], list[bytes]]:
         """The document as plain data (no class of ours) for the pipe from the parser process:
         each mapping of strings in pickled slices of ``_WIRE_SLICE`` entries, the NodeSLO spec
         (at most ``MAX_NODE_SLO_BYTES``) in one pickle, so that ``from_wire`` never spends long
@@ -270,7 +272,7 @@ def worker_main() -> None:
     ``("ok", NodeDocument.to_wire())`` or ``("invalid", why)``."""
     data = sys.stdin.buffer.read(4 * MAX_NODE_CONFIG_BYTES + 1)
     try:
-        result: tuple[str, Any] = ("ok", NodeDocument.from_model(load_document(data.decode("utf-8"))).to_wire())
+        result: tuple[str, object] = ("ok", NodeDocument.from_model(load_document(data.decode("utf-8"))).to_wire())
     except (ValueError, UnicodeDecodeError) as exc:  # pydantic's ValidationError is a ValueError
         result = ("invalid", str(exc))
     sys.stdout.buffer.write(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
@@ -316,7 +318,10 @@ def parse_in_worker(
         raise NodeConfigRejected("worker-failed",
                                  f"the parser process exited with {proc.returncode}: {_last_line(err)}")
     try:
-        status, payload = _plain_loads(out)
+        answer = _plain_loads(out)
+        if not (isinstance(answer, tuple) and len(answer) == 2):
+            raise ValueError("not a (status, payload) pair")
+        status, payload = answer
         if status == "invalid" and isinstance(payload, str):
             raise NodeConfigRejected("invalid", payload)
         if status != "ok":

@@ -33,10 +33,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import structlog
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from cri_protos import api_pb2
 from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources, frozen_map
@@ -49,15 +50,25 @@ __all__ = ["RuntimeClient", "Store", "container_facts_from_config", "pod_facts_f
 _RESOURCE_SCALARS = SCALAR_RESOURCE_FIELDS
 
 
-def resources_from_pb(res: Any) -> Resources:
+def resources_from_pb(res: api_pb2.LinuxContainerResources) -> Resources:
     """``Resources`` from a ``runtime.v1.LinuxContainerResources`` message."""
-    values: dict[str, Any] = {name: getattr(res, name) for name in _RESOURCE_SCALARS}
-    values["unified"] = frozen_map(dict(res.unified))
-    values["hugepage_limits"] = tuple((h.page_size, h.limit) for h in res.hugepage_limits)
-    return Resources(**values)
+    return Resources(
+        cpu_period=res.cpu_period,
+        cpu_quota=res.cpu_quota,
+        cpu_shares=res.cpu_shares,
+        memory_limit_in_bytes=res.memory_limit_in_bytes,
+        oom_score_adj=res.oom_score_adj,
+        cpuset_cpus=res.cpuset_cpus,
+        cpuset_mems=res.cpuset_mems,
+        memory_swap_limit_in_bytes=res.memory_swap_limit_in_bytes,
+        unified=frozen_map(dict(res.unified)),
+        hugepage_limits=tuple((h.page_size, h.limit) for h in res.hugepage_limits),
+    )
 
 
-def pod_facts_from_config(config: Any, runtime_handler: str = "", sandbox_id: str = "") -> PodFacts:
+def pod_facts_from_config(
+    config: api_pb2.PodSandboxConfig, runtime_handler: str = "", sandbox_id: str = ""
+) -> PodFacts:
     """``PodFacts`` from a ``runtime.v1.PodSandboxConfig`` message."""
     md = config.metadata
     return PodFacts(
@@ -73,7 +84,7 @@ def pod_facts_from_config(config: Any, runtime_handler: str = "", sandbox_id: st
     )
 
 
-def container_facts_from_config(config: Any, container_id: str = "") -> ContainerFacts:
+def container_facts_from_config(config: api_pb2.ContainerConfig, container_id: str = "") -> ContainerFacts:
     """``ContainerFacts`` from a ``runtime.v1.ContainerConfig`` message."""
     envs: dict[str, str] = {}
     for kv in config.envs:
@@ -107,26 +118,34 @@ class RuntimeClient:
     async def close(self) -> None:
         await self.channel.close()
 
-    async def version(self) -> Any:
-        return await self.runtime.Version(api_pb2.VersionRequest(), timeout=self.timeout)
+    # The generated stub (``api_pb2_grpc``) is untyped; each answer gets its message type here.
+    async def version(self) -> api_pb2.VersionResponse:
+        resp: api_pb2.VersionResponse = await self.runtime.Version(api_pb2.VersionRequest(), timeout=self.timeout)
+        return resp
 
-    async def list_sandboxes(self) -> list[Any]:
-        resp = await self.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=self.timeout)
+    async def list_sandboxes(self) -> list[api_pb2.PodSandbox]:
+        resp: api_pb2.ListPodSandboxResponse = await self.runtime.ListPodSandbox(
+            api_pb2.ListPodSandboxRequest(), timeout=self.timeout
+        )
         return list(resp.items)
 
-    async def list_containers(self) -> list[Any]:
-        resp = await self.runtime.ListContainers(api_pb2.ListContainersRequest(), timeout=self.timeout)
+    async def list_containers(self) -> list[api_pb2.Container]:
+        resp: api_pb2.ListContainersResponse = await self.runtime.ListContainers(
+            api_pb2.ListContainersRequest(), timeout=self.timeout
+        )
         return list(resp.containers)
 
-    async def sandbox_status(self, sandbox_id: str) -> Any:
-        return await self.runtime.PodSandboxStatus(
+    async def sandbox_status(self, sandbox_id: str) -> api_pb2.PodSandboxStatusResponse:
+        resp: api_pb2.PodSandboxStatusResponse = await self.runtime.PodSandboxStatus(
             api_pb2.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True), timeout=self.timeout
         )
+        return resp
 
-    async def container_status(self, container_id: str) -> Any:
-        return await self.runtime.ContainerStatus(
+    async def container_status(self, container_id: str) -> api_pb2.ContainerStatusResponse:
+        resp: api_pb2.ContainerStatusResponse = await self.runtime.ContainerStatus(
             api_pb2.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=self.timeout
         )
+        return resp
 
     async def update_container_resources(self, container_id: str, resources: Resources) -> None:
         linux = api_pb2.LinuxContainerResources()
@@ -136,7 +155,7 @@ class RuntimeClient:
         )
 
 
-def _fill_resources(msg: Any, res: Resources) -> None:
+def _fill_resources(msg: api_pb2.LinuxContainerResources, res: Resources) -> None:
     for name in _RESOURCE_SCALARS:
         setattr(msg, name, getattr(res, name))
     msg.unified.clear()
@@ -146,7 +165,10 @@ def _fill_resources(msg: Any, res: Resources) -> None:
         msg.hugepage_limits.add(page_size=page_size, limit=limit)
 
 
-def _verbose_config(info: Mapping[str, str], message: Any) -> Any | None:
+_M = TypeVar("_M", bound=Message)
+
+
+def _verbose_config(info: Mapping[str, str], message: _M) -> _M | None:
     """Parse the ``config`` object of containerd's verbose ``info`` JSON into ``message``."""
     raw = info.get("info")
     if not raw:
