@@ -96,8 +96,7 @@ def frozen_map(value: Mapping[str, _V] | None) -> Mapping[str, _V]:
     return MappingProxyType(dict(value))
 
 
-# Any: parsed JSON before any validation (the caller decodes it with a koord_formats parser).
-def load_json_annotation(annotations: Mapping[str, str], key: str) -> Any:
+def load_json_annotation(annotations: Mapping[str, str], key: str) -> Any:  # Any: JSON not yet decoded
     """The JSON value of an annotation, ``None`` when absent or empty; ``FormatError`` when it is
     malformed or larger or deeper than ``koord_formats.bounded`` allows."""
     raw = annotations.get(key)

@@ -176,64 +176,82 @@ class ResourceChanges(Mapping[str, ResourceValue]):
     memory_swap_limit_in_bytes: int | None = None
     unified: Mapping[str, str] | None = None
     hugepage_limits: tuple[HugepageLimit, ...] | None = None
+    # The fields above that are set, in field order (what the mapping reads); made with them.
+    _changed: dict[str, ResourceValue] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        changed: dict[str, ResourceValue] = {}
         for name in _RESOURCE_FIELDS:
             value = getattr(self, name)
             if value is not None:
-                object.__setattr__(self, name, _checked(name, value))
+                changed[name] = _checked(name, value)
+                object.__setattr__(self, name, changed[name])
+        object.__setattr__(self, "_changed", changed)
+
+    @classmethod
+    def _of(cls, changed: Mapping[str, ResourceValue]) -> ResourceChanges:
+        """From values already in their shape (no check), kept in field order."""
+        out = object.__new__(cls)
+        ordered = {name: changed[name] for name in _RESOURCE_FIELDS if name in changed}
+        attributes = out.__dict__  # a frozen dataclass is filled once, here, as in __init__
+        attributes.update(_UNSET)
+        attributes.update(ordered)
+        attributes["_changed"] = ordered
+        return out
 
     @classmethod
     def parse(cls, data: Mapping[str, object]) -> ResourceChanges:
         """From field names and values (hugepage limits and ``unified`` in their JSON shape
         too); ``PlanError`` for a name that is no field or a value that does not fit it."""
-        unknown = sorted(set(data) - set(_RESOURCE_FIELDS))
-        if unknown:
-            raise PlanError(f"unknown resource fields: {unknown}")
-        out = cls()
-        for name, value in data.items():
-            object.__setattr__(out, name, _checked(name, value))
-        return out
+        if type(data) is ResourceChanges:
+            return data
+        if not _FIELD_SET.issuperset(data):
+            raise PlanError(f"unknown resource fields: {sorted(set(data) - _FIELD_SET)}")
+        return cls._of({name: _checked(name, value) for name, value in data.items()})
 
     def merged(self, later: Mapping[str, object]) -> ResourceChanges:
-        """These changes with ``later``'s over them, field by field."""
+        """These changes with ``later``'s over them, field by field (``PlanError`` as ``parse``)."""
         if not later:
             return self
-        return ResourceChanges.parse({**self, **later})
+        if not self._changed:
+            return ResourceChanges.parse(later)
+        return ResourceChanges._of({**self._changed, **ResourceChanges.parse(later)._changed})
 
     def to_json(self) -> dict[str, JsonValue]:
         """The changed fields as JSON (``unified`` an object, hugepage limits
         ``[{"page_size", "limit"}]``, as ``hooks.facts.Resources.to_dict`` writes them)."""
         out: dict[str, JsonValue] = {}
-        for name, value in self.items():
-            if isinstance(value, Mapping):
-                out[name] = dict(value)
+        for name, value in self._changed.items():
+            if isinstance(value, int | str):
+                out[name] = value
             elif isinstance(value, tuple):
                 out[name] = [{"page_size": page, "limit": limit} for page, limit in value]
             else:
-                out[name] = value
+                out[name] = dict(value)
         return out
 
     # -- the mapping of changed fields --------------------------------------------------------
 
     def __getitem__(self, name: str) -> ResourceValue:
-        value = getattr(self, name, None) if name in _RESOURCE_FIELDS else None
-        if value is None:
-            raise KeyError(name)
-        result: ResourceValue = value
-        return result
+        return self._changed[name]
 
     def __iter__(self) -> Iterator[str]:
-        return (name for name in _RESOURCE_FIELDS if getattr(self, name) is not None)
+        return iter(self._changed)
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return len(self._changed)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._changed
 
     def __repr__(self) -> str:
         return f"ResourceChanges({', '.join(f'{k}={v!r}' for k, v in self.items())})"
 
 
-_RESOURCE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ResourceChanges))
+_RESOURCE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ResourceChanges) if f.init)
+_FIELD_SET = frozenset(_RESOURCE_FIELDS)
+_UNSET = dict.fromkeys(_RESOURCE_FIELDS)
+_NO_CHANGES = ResourceChanges()
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +292,7 @@ class Conflict:
 class Plan:
     """Intent recorded by one plugin, or the merge of several. Plugins only use the setters."""
 
-    resources: ResourceChanges = field(default_factory=ResourceChanges)
+    resources: ResourceChanges = field(default_factory=lambda: _NO_CHANGES)
     envs: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
@@ -306,7 +324,9 @@ class Plan:
         type (see ``ResourceChanges``); ``PlanError`` for an unknown field or a wrong type."""
         if name == "hugepage_limits" and isinstance(value, Iterable) and not isinstance(value, list | tuple):
             value = tuple(value)
-        self.resources = self.resources.merged({name: value})
+        if name not in _FIELD_SET:
+            raise PlanError(f"unknown resource fields: {[name]}")
+        self.resources = ResourceChanges._of({**self.resources._changed, name: _checked(name, value)})
         return self
 
     def set_env(self, key: str, value: str) -> Plan:
@@ -445,7 +465,8 @@ class MergeResult:
     def add(self, plugin: str, plan: Plan) -> list[Conflict]:
         """Fold ``plan`` in for ``plugin``; returns its conflicts (empty when it merged)."""
         trial = _Claims(dict(self._claims.owners))
-        found = [c for key, value in _claims_of(plan) if (c := trial.claim(key, plugin, value))]
+        claims = list(_claims_of(plan))
+        found = [c for key, value in claims if (c := trial.claim(key, plugin, value))]
         if found:
             self.conflicts.extend(found)
             self.rejected.append(plugin)
@@ -467,7 +488,7 @@ class MergeResult:
         target.skipped.extend(Skip(s.reason, s.plugin or plugin) for s in plan.skipped)
         reported = {r.key for r in target.records}
         target.records.extend(r for r in plan.records if r.key not in reported)
-        for key, _ in _claims_of(plan):
+        for key, _ in claims:
             self.owners.setdefault(key, plugin)
         return []
 
@@ -481,8 +502,7 @@ def merge(plans: Iterable[tuple[str, Plan | None]]) -> MergeResult:
     return result
 
 
-# Any: a parsed JSON document, read here before anything checked its shape.
-def plan_from_json(data: Mapping[str, Any]) -> Plan:
+def plan_from_json(data: Mapping[str, Any]) -> Plan:  # Any: JSON, read before anything checked its shape
     """Inverse of ``Plan.to_json`` (the tests build expected plans with it)."""
     plan = Plan()
     cri = data.get("cri", {})

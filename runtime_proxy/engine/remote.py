@@ -425,8 +425,7 @@ def container_plan_from_response(
 class RemoteStep:
     """One registered hook server as a pipeline step (``runtime_proxy.engine.pipeline.Step``)."""
 
-    # Any: the generated gRPC stub (``hookserver_pb2_grpc`` has no type stubs).
-    def __init__(self, registration: Registration, stub: Any) -> None:
+    def __init__(self, registration: Registration, stub: Any) -> None:  # Any: untyped generated gRPC stub
         self.registration = registration
         self.name = f"hookserver:{registration.name}"
         self.policy: Policy = registration.policy

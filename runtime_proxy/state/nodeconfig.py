@@ -138,8 +138,7 @@ class ClusterObjects:
 # 1 MiB holds it); a Node's status (conditions, addresses, up to 50 images) adds tens of KiB.
 MAX_WATCH_EVENT_CHARS = 1 << 20
 _TOO_LARGE = "TOO_LARGE"
-# Any here and below: the kubernetes client has no type hints (mypy config: ignore_errors).
-_BOUNDED_WATCH: list[Any] = []
+_BOUNDED_WATCH: list[Any] = []  # Any: the kubernetes client has no type hints
 
 
 def _bounded_watch() -> Any:  # Any: a subclass of the untyped kubernetes.watch.Watch
