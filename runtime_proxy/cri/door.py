@@ -120,7 +120,8 @@ class CriInterceptor:
         # Called after every intercepted call with "did the bound cpusets (the share pools'
         # input) change?", so the reconciler can push new pools to running containers at once.
         self.on_store_change = on_store_change
-        # The intercepted calls (``runtime_proxy.cri.methods.INTERCEPTED``) and their codecs.
+        # The intercepted calls (``runtime_proxy.cri.methods.INTERCEPTED``) and their codecs;
+        # Any: each entry has its own request type, which only its own handlers see.
         self._handlers: dict[str, CallHandlers[Any]] = {
             "RunPodSandbox": CallHandlers(
                 api_pb2.RunPodSandboxRequest, self._before_run_pod_sandbox, _rewrite_run_pod_sandbox,

@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 import structlog
@@ -29,13 +29,25 @@ from runtime_proxy import metrics
 from runtime_proxy.cri.methods import SERVER_STREAMING, is_known_unary
 from runtime_proxy.cri.transport import CallInterceptor, HookRejected, InterceptedCall
 
+if TYPE_CHECKING:
+    # Messages stay bytes both ways: no serializers on either side.
+    _Context: TypeAlias = grpc.aio.ServicerContext[bytes, bytes]
+    _Unary: TypeAlias = Callable[[bytes, _Context], Awaitable[bytes]]
+    _UnaryStream: TypeAlias = Callable[[bytes, _Context], AsyncIterator[bytes]]
+    _StreamStream: TypeAlias = Callable[[AsyncIterator[bytes], _Context], AsyncIterator[bytes]]
+    _UpstreamCall: TypeAlias = grpc.aio.UnaryStreamCall[bytes, bytes] | grpc.aio.StreamStreamCall[bytes, bytes]
+    _MultiCallable: TypeAlias = (
+        grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] | grpc.aio.UnaryStreamMultiCallable[bytes, bytes]
+        | grpc.aio.StreamStreamMultiCallable[bytes, bytes]
+    )
+
 log = structlog.get_logger(__name__)
 
 __all__ = ["CHANNEL_OPTIONS", "GrpcTransport"]
 
 # Messages of any size pass (CRI image lists and exec output can be large); reconnect quickly
 # once the runtime is back instead of grpc's default back-off of up to two minutes.
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -43,7 +55,7 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
 ]
-SERVER_OPTIONS: list[tuple[str, Any]] = [
+SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
     ("grpc.so_reuseport", 0),
@@ -59,10 +71,9 @@ _NO_DEADLINE = 1e9
 # client-streaming or bidirectional call.
 _PEEK_SECONDS = 0.05
 
-_Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
 
 
-def _request_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple[str, str | bytes]]:
+def _request_metadata(context: _Context) -> list[tuple[str, str | bytes]]:
     return [
         (k, v)
         for k, v in (context.invocation_metadata() or ())
@@ -74,14 +85,14 @@ def _request_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple
 _DEADLINE_SLACK = 0.1
 
 
-def _timeout(context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
+def _timeout(context: _Context) -> float | None:
     remaining: float | None = context.time_remaining()
     if remaining is None or remaining > _NO_DEADLINE:
         return None
     return max(remaining, 0.0)
 
 
-async def _relay_error(context: grpc.aio.ServicerContext[Any, Any], err: grpc.aio.AioRpcError) -> None:
+async def _relay_error(context: _Context, err: grpc.aio.AioRpcError) -> None:
     code = err.code()
     if code == grpc.StatusCode.CANCELLED:
         # The upstream call carries the caller's deadline. When it runs out, containerd 2.x
@@ -103,7 +114,7 @@ class GrpcTransport:
         self.interceptor = interceptor
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
-        self._callables: dict[tuple[str, str], Any] = {}
+        self._callables: dict[tuple[str, str], _MultiCallable] = {}
 
     # -- upstream ------------------------------------------------------------------------------
 
@@ -112,7 +123,7 @@ class GrpcTransport:
             self._channel = grpc.aio.insecure_channel(f"unix://{self.backend}", options=CHANNEL_OPTIONS)
         return self._channel
 
-    def _callable(self, kind: str, method: str) -> Any:
+    def _callable(self, kind: str, method: str) -> _MultiCallable:
         key = (kind, method)
         mc = self._callables.get(key)
         if mc is None:
@@ -124,11 +135,11 @@ class GrpcTransport:
 
     # -- handlers --------------------------------------------------------------------------------
 
-    def _unary(self, method: str) -> _Handler:
+    def _unary(self, method: str) -> _Unary:
         intercepted = self.interceptor.intercepts(method)
         interceptor = self.interceptor
 
-        async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        async def handle(request: bytes, context: _Context) -> bytes:
             started = time.perf_counter()
             code = "OK"
             hooked: InterceptedCall | None = None
@@ -171,8 +182,8 @@ class GrpcTransport:
 
         return handle
 
-    def _unary_stream(self, method: str) -> _Handler:
-        async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+    def _unary_stream(self, method: str) -> _UnaryStream:
+        async def handle(request: bytes, context: _Context) -> AsyncIterator[bytes]:
             call = self._callable("us", method)(
                 request, metadata=_request_metadata(context), timeout=_timeout(context)
             )
@@ -181,9 +192,9 @@ class GrpcTransport:
 
         return handle
 
-    def _stream_stream(self, method: str) -> _Handler:
+    def _stream_stream(self, method: str) -> _StreamStream:
         async def handle(
-            requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+            requests: AsyncIterator[bytes], context: _Context
         ) -> AsyncIterator[bytes]:
             metadata, timeout = _request_metadata(context), _timeout(context)
             it = requests.__aiter__()
@@ -208,7 +219,7 @@ class GrpcTransport:
 
         return handle
 
-    async def _drain(self, call: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+    async def _drain(self, call: _UpstreamCall, context: _Context) -> AsyncIterator[bytes]:
         try:
             initial = await call.initial_metadata()
             if initial:
@@ -270,7 +281,8 @@ class GrpcTransport:
 
 
 async def _pump(
-    first: bytes | None, second: asyncio.Future[bytes], rest: AsyncIterator[bytes], call: Any
+    first: bytes | None, second: asyncio.Future[bytes], rest: AsyncIterator[bytes],
+    call: grpc.aio.StreamStreamCall[bytes, bytes],
 ) -> None:
     """Write a client-streaming or bidirectional call's requests upstream."""
     try:

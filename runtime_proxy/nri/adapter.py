@@ -167,7 +167,8 @@ def container_facts(container: nri_pb2.Container) -> ContainerFacts:
 # -- plans into NRI messages ----------------------------------------------------------------------
 
 
-# A plan's resource changes: field name -> value, of the field's own type (``hooks.plan``).
+# Resource changes: field name -> value, of the field's own type (a plan's ``ResourceChanges``,
+# or what the loops queue through ``queue_update``); Any: the type depends on the name.
 Changes = Mapping[str, Any]
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import structlog
 from google.protobuf.message import DecodeError
@@ -354,7 +353,7 @@ class NriConnection:
         return f"NriConnection(closed={self.closed.is_set()}, pending={len(self._pending)})"
 
 
-def status_of(response: Any) -> tuple[int, str]:
+def status_of(response: ttrpc_pb2.Response) -> tuple[int, str]:
     """(code, message) of a ``ttrpc.Response`` (0 when it carries no status)."""
     if response.HasField("status"):
         return response.status.code, response.status.message

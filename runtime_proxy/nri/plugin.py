@@ -45,9 +45,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 from google.protobuf.message import DecodeError, Message
@@ -186,7 +186,7 @@ class NriPlugin:
         *,
         socket_path: str = DEFAULT_SOCKET,
         backoff: tuple[float, float] = (0.5, 10.0),
-        connect: Callable[[str], Any] | None = None,
+        connect: Callable[[str], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] | None = None,
     ) -> None:
         self.identity = identity
         self.events = events

@@ -267,7 +267,7 @@ class Interception(FlowControl):
             self._vheld = None
             self.verbatim = False
 
-    def _release_down(self, st: Intercepted, down: list[Any]) -> None:
+    def _release_down(self, st: Intercepted, down: list[bytes]) -> None:
         """Send the response frames kept back so far; the rest of the response passes through."""
         if st.held_down:
             down.extend(st.held_down)
