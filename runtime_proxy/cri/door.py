@@ -400,8 +400,7 @@ def set_linux_resources(target: api_pb2.LinuxContainerResources, changes: Mappin
             target.unified.update(dict(value))
         elif name == "hugepage_limits":
             del target.hugepage_limits[:]
-            for item in value:
-                page_size, limit = (item["page_size"], item["limit"]) if isinstance(item, dict) else item
+            for page_size, limit in value:  # (page_size, limit) pairs: hooks.plan.ResourceChanges
                 target.hugepage_limits.add(page_size=page_size, limit=limit)
 
 

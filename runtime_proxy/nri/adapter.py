@@ -195,8 +195,7 @@ def linux_resources(changes: Changes) -> tuple[nri_pb2.LinuxResources, list[str]
         elif name == "unified" and value:
             res.unified.update(dict(value))
         elif name == "hugepage_limits" and value:
-            for item in value:
-                page_size, limit = (item["page_size"], item["limit"]) if isinstance(item, dict) else item
+            for page_size, limit in value:  # (page_size, limit) pairs: hooks.plan.ResourceChanges
                 res.hugepage_limits.add(page_size=page_size, limit=limit)
         else:
             skipped.append(name)
