@@ -12,8 +12,8 @@ config into running parts here, and only here.
   timeouts, less the plugins whose hardware this node lacks (``wiring.plugin_settings``).
 - ``build``: both, and the node config source, kubelet's cgroup root and the applier, as one
   ``Parts``. The dry-run choice is made here, once (``--dry-run`` or the config's ``dryRun``):
-  the applier the doors hand plans to is then ``RecordingApplier``, which records and logs them
-  and changes nothing, instead of ``FileApplier``.
+  the applier the doors and the loops hand plans to is then ``RecordingApplier``, which records
+  and logs them and changes nothing, instead of ``FileApplier``.
 - ``loops``: the periodic loops (``wiring.loops``) over a command's backend and its ``Parts``.
 - ``check_plugins``: ``plugin_manager`` and ``pipeline`` without logging, so that ``serve``
   refuses a bad plugin config before anything starts.
@@ -37,7 +37,7 @@ from hooks.manager import make_plugin_manager
 from runtime_proxy import wiring
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
-from runtime_proxy.host.apply import Applier, FileApplier, RecordingApplier
+from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.loops.reconciler import ReconcileBackend
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.nodeconfig import NodeConfig
@@ -149,8 +149,7 @@ class Parts:
     pm: pluggy.PluginManager
     pipeline: Pipeline
     node_source: NodeConfig  # the source of NodeFacts, and the watch to start and stop
-    applier: Applier  # what the doors hand plans to: RecordingApplier in a dry run, else ``files``
-    files: FileApplier  # the file applier over the cgroup and resctrl trees (the loops' applier)
+    applier: FileApplier | RecordingApplier  # what the doors and the loops hand plans to
     kubelet_root: KubeletRoot
     dry_run: bool  # log plans, change and apply nothing
 
@@ -170,15 +169,14 @@ def build(
     runner = pipeline(config, pm, entry_points=entry_points)
     dry_run = dry_run or config.dryRun
     node_source, _ = wiring.node_source(config)
-    files = wiring.applier(config, dry_run=dry_run)
-    chosen: Applier = RecordingApplier(cgroups=files.cgroups, resctrl=files.resctrl) if dry_run else files
+    files = wiring.applier(config)
+    chosen = RecordingApplier(cgroups=files.cgroups, resctrl=files.resctrl) if dry_run else files
     return Parts(
         config=config,
         pm=pm,
         pipeline=runner,
         node_source=node_source,
         applier=chosen,
-        files=files,
         kubelet_root=wiring.kubelet_root(config),
         dry_run=dry_run,
     )
@@ -188,5 +186,5 @@ def loops(parts: Parts, backend: ReconcileBackend, *, ready: asyncio.Event,
           runtime: RuntimeClient | None = None) -> wiring.Loops:
     """The periodic loops of a command (``wiring.loops``) over ``backend``, started once ``ready``
     is set; ``runtime`` is the CRI client the usage loop's ``evictBy: runtime`` stops pods with."""
-    return wiring.loops(parts.config, backend, pm=parts.pm, pipeline=parts.pipeline, applier=parts.files,
-                        node_source=parts.node_source, ready=ready, dry_run=parts.dry_run, runtime=runtime)
+    return wiring.loops(parts.config, backend, pm=parts.pm, pipeline=parts.pipeline, applier=parts.applier,
+                        node_source=parts.node_source, ready=ready, runtime=runtime)

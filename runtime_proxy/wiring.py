@@ -26,7 +26,7 @@ from hooks.facts import CgroupInfo
 from hooks.manager import installed_entry_points, plugin_order
 from runtime_proxy.config import Policy, ProxyConfig
 from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.host.apply import FileApplier
+from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.host.cgroups import Cgroups, detect_cgroup_driver, detect_cgroup_version
 from runtime_proxy.host.resctrl import RESCTRL_PLUGINS, Resctrl
 from runtime_proxy.loops.burst import CPUBurstLoop
@@ -162,13 +162,11 @@ def kubelet_root(config: ProxyConfig) -> KubeletRoot:
     return KubeletRoot(config.kubeletCgroupRoot)
 
 
-def applier(config: ProxyConfig, *, dry_run: bool = False) -> FileApplier:
-    """The file applier over the configured cgroup and resctrl roots (``dry_run``, decided by
-    ``runtime_proxy.compose.build``: compare only, write nothing)."""
+def applier(config: ProxyConfig) -> FileApplier:
+    """The file applier over the configured cgroup and resctrl roots."""
     return FileApplier(
         cgroups=Cgroups(config.cgroupRoot, driver=cgroup_driver(config)),
         resctrl=Resctrl(config.resctrlRoot),
-        dry_run=dry_run,
     )
 
 
@@ -221,35 +219,38 @@ def loops(
     *,
     pm: pluggy.PluginManager,
     pipeline: Pipeline,
-    applier: FileApplier,
+    applier: FileApplier | RecordingApplier,
     node_source: NodeConfig,
     ready: asyncio.Event,
-    dry_run: bool = False,
     runtime: Any = None,
 ) -> Loops:
     """The reconciler (at start, on node-config changes, on store changes, every
     ``reconcilePeriodSeconds``; through the entry point's own hook runner, so plugin policies and
     timeouts are the configured ones), the CPU burst loop and, when ``usage_loop_decision`` says
     so, the usage loop (``runtime_proxy.loops.qos``: the ``ReconcileUsage`` stage through the same hook
-    runner, writes through the applier's cgroup tree), over ``backend``'s pods, containers and
-    container updates. The usage loop's evictor follows ``usageLoop.evictBy``
+    runner), over ``backend``'s pods, containers and container updates. Every loop hands its
+    plans to ``applier`` (the recording applier in a dry run) and reads through its trees. The
+    usage loop's evictor follows ``usageLoop.evictBy``
     (``runtime_proxy.loops.evict``): ``api`` evicts through the Kubernetes Eviction API,
     ``runtime`` stops the pod's containers through ``runtime`` (the proxy's
     ``RuntimeClient``; without one, evictions are only logged). Which loops run, and why, is
     logged once. Call it on the running event loop."""
+    cgroups, resctrl = applier.cgroups, applier.resctrl
+    if cgroups is None:
+        raise ValueError("the periodic loops need an applier over a cgroup tree")
     in_process = set(plugin_order(pm))
     reconciler = Reconciler(
         backend,
         pm=pm,
         order=[step.name for step in pipeline.steps if step.name in in_process],
         pipeline=pipeline,
-        cgroups=applier.cgroups,
-        resctrl=applier.resctrl,
+        cgroups=cgroups,
+        resctrl=resctrl,
         period=config.reconcilePeriodSeconds,
         applier=applier,
         node_changes=node_source.changes(),
     )
-    burst = CPUBurstLoop(backend, pipeline=pipeline, applier=applier, cgroups=applier.cgroups)
+    burst = CPUBurstLoop(backend, pipeline=pipeline, applier=applier, cgroups=cgroups)
     usage: UsageLoop | None = None
     run_usage, why = usage_loop_decision(config, pm, pipeline)
     log.info("periodic loops", reconciler=f"every {config.reconcilePeriodSeconds:g} s and on changes",
@@ -258,14 +259,14 @@ def loops(
         usage = UsageLoop(
             backend,
             pipeline=pipeline,
-            cgroups=applier.cgroups,
+            cgroups=cgroups,
             interval=config.usageLoop.intervalSeconds,
             proc_root=config.usageLoop.procRoot,
             applier=applier,
             evictor=_evictor(config, runtime, node_source.node_name),
         )
     # report.enable: the node's NRT, Device and NodeMetric status (runtime_proxy.report.loop).
-    report = reporter(config.report, backend, node_name=node_source.node_name, cgroups=applier.cgroups,
+    report = reporter(config.report, backend, node_name=node_source.node_name, cgroups=cgroups,
                       sampler=usage.sampler if usage is not None else None,
                       usage_interval=config.usageLoop.intervalSeconds, proc_root=config.usageLoop.procRoot)
     return Loops(ready, reconciler, burst, usage, report)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from runtime_proxy.compose import Parts
     from runtime_proxy.engine.pipeline import Pipeline
-    from runtime_proxy.host.apply import FileApplier
+    from runtime_proxy.host.apply import FileApplier, RecordingApplier
     from runtime_proxy.nri.adapter import NriEngine
     from runtime_proxy.nri.plugin import NriPlugin
     from runtime_proxy.state.nodeconfig import NodeConfig
@@ -71,7 +71,7 @@ class NriParts:
     node_watch: NodeConfig
     pm: pluggy.PluginManager
     pipeline: Pipeline
-    applier: FileApplier
+    applier: FileApplier | RecordingApplier
     parts: Parts
 
 
@@ -136,7 +136,7 @@ def build(opts: NriOptions) -> NriParts:
                        kubelet_root=parts.kubelet_root)
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
     return NriParts(plugin=plugin, engine=engine, node_watch=parts.node_source, pm=parts.pm,
-                    pipeline=parts.pipeline, applier=parts.files, parts=parts)
+                    pipeline=parts.pipeline, applier=parts.applier, parts=parts)
 
 
 async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:

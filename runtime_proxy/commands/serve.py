@@ -28,7 +28,7 @@ from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ConfigError, P
 from runtime_proxy.cri.door import CriInterceptor, set_linux_resources
 from runtime_proxy.cri.transport import CallInterceptor
 from runtime_proxy.engine.remote import HookServerRegistry
-from runtime_proxy.host.apply import FileApplier
+from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, fail, run_main
 from runtime_proxy.state.nodeconfig import NodeConfig
 from runtime_proxy.state.store import RuntimeClient, Store
@@ -124,7 +124,7 @@ class Proxy:
         self.client = RuntimeClient(opts.backend)
         self.node_source: NodeConfig = parts.node_source
         self.node_watch: NodeConfig = parts.node_source
-        self.applier: FileApplier = parts.files
+        self.applier: FileApplier | RecordingApplier = parts.applier
         self.reconciler: wiring.Loops | None = None
         self.hook_servers: HookServerRegistry | None = None
         self.interceptor = CriInterceptor(
@@ -132,7 +132,7 @@ class Proxy:
             pipeline=self.pipeline,
             client=self.client,
             node_source=self.node_source,
-            applier=parts.applier,
+            applier=self.applier,
             on_store_change=self._store_changed,
             kubelet_root=parts.kubelet_root,
         )

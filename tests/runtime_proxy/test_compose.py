@@ -1,6 +1,7 @@
 """The composition root (``runtime_proxy.compose``): every command builds its parts with
 ``compose.build`` (the plan command with ``compose.plugin_manager``), and the dry-run choice is
-made there once: the doors get ``RecordingApplier`` in a dry run and ``FileApplier`` otherwise."""
+made there once: the doors and the loops get ``RecordingApplier`` in a dry run and
+``FileApplier`` otherwise."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def _config(tmp_path: Path, **kw: Any) -> ProxyConfig:
 def test_build_chooses_the_applier_once(tmp_path: Path, flag: bool, setting: bool, recording: bool) -> None:
     parts = compose.build(_config(tmp_path, dryRun=setting), dry_run=flag, entry_points=False)
     assert isinstance(parts.applier, RecordingApplier) is recording
-    assert parts.applier is parts.files or recording
-    assert isinstance(parts.files, FileApplier)
+    assert isinstance(parts.applier, FileApplier) is not recording
+    assert parts.applier.cgroups is not None, "the loops read through the applier's trees"
     assert parts.dry_run is recording
 
 
