@@ -15,6 +15,9 @@
 #      scripts/build-kube.sh into $RHP_KUBE_PREFIX (default /opt/runtime-hook-proxy/kube): about
 #      5 minutes the first time, nothing when go.mod, go.sum and main.go are unchanged. A failed
 #      build is a warning: the end-to-end tests then skip (or fail, with RHP_REQUIRE_KUBE=1).
+#   5. helm (for packaging/helm/: tests/test_helm.py, tests/e2e/test_e2e_helm.py) from its Go module
+#      by scripts/build-helm.sh into $RHP_HELM_PREFIX (default /opt/runtime-hook-proxy/helm): about
+#      1.5 to 4 minutes the first time, nothing when it is there. A failed build is a warning.
 # Environment: RHP_CONTAINERD_PREFIX (see above), RHP_SKIP_EXTRA_CONTAINERD=1 (skip step 2),
 # RHP_DEBIAN_URI (mirror for step 2; default: the machine's own Debian URI from its apt sources),
 # RHP_KUBE_PREFIX (step 4), RHP_SKIP_KUBE=1 (skip step 4).
@@ -175,6 +178,14 @@ elif kube_bin=$(bash scripts/build-kube.sh); then
 else
   warn "scripts/build-kube.sh failed; the end-to-end tests will skip (or fail with RHP_REQUIRE_KUBE=1)"
   SUMMARY+=("kube: MISSING (scripts/build-kube.sh failed)")
+fi
+
+# --- 5. helm, for the chart's tests (tests/test_helm.py, tests/e2e/test_e2e_helm.py) -------------
+if helm_bin=$(bash scripts/build-helm.sh); then
+  SUMMARY+=("helm: $("$helm_bin" version --short 2>/dev/null) ($helm_bin)")
+else
+  warn "scripts/build-helm.sh failed; the chart's tests will skip (fail with RHP_REQUIRE_HELM=1)"
+  SUMMARY+=("helm: MISSING (scripts/build-helm.sh failed)")
 fi
 
 log "summary:"

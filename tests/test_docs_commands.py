@@ -49,6 +49,9 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("README.md",
      "podman build -f Containerfile --target node -t registry.example.com/runtime-hook-proxy-node:0.1.0 ."): "builder",
     ("README.md", "kubectl apply -k packaging/kustomize/overlays/extender"): "cluster",
+    ("README.md",
+     "helm install rhp packaging/helm/runtime-hook-proxy -n kube-system --set image.registry=registry.example.com"):
+        "cluster",
     ("README.md", ".venv/bin/python benchmarks/proxy_overhead.py"): "slow",
     ("docs/nri.md", "runtime-proxy nri --nri-socket /var/run/nri/nri.sock \\"): "node",
     ("packaging/kubelet.md", "apt-get install ./dist/runtime-hook-proxy_0.1.0_amd64.deb"): "host",

@@ -1,0 +1,83 @@
+{{/* Names, labels and shared pieces of the chart's objects. */}}
+
+{{- define "rhp.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels every object carries; "component" is the part (node, scheduler, manager, crds). */}}
+{{- define "rhp.labels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: runtime-hook-proxy
+app.kubernetes.io/component: {{ .component }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The selector labels of one part's pods. */}}
+{{- define "rhp.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* An image reference: registry/repository:tag, or the repository as it is without a registry. */}}
+{{- define "rhp.image" -}}
+{{- $registry := .root.Values.image.registry -}}
+{{- if $registry -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) .image.repository .image.tag -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository .image.tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The API server's address for in-cluster clients, when apiServer.host/port are set. */}}
+{{- define "rhp.apiServerEnv" -}}
+{{- if .Values.apiServer.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .Values.apiServer.host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ .Values.apiServer.port | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level settings every part shares. */}}
+{{- define "rhp.podNetwork" -}}
+{{- if .Values.hostNetwork }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The node agent's config file. */}}
+{{- define "rhp.nodeConfig" -}}
+{{- $v := .Values.node -}}
+{{- $plugins := list -}}
+{{- range $v.plugins }}{{ $plugins = append $plugins . }}{{ end -}}
+{{- if $v.eviction.enabled -}}
+{{- $plugins = append $plugins (dict "name" "memory_evict") -}}
+{{- $plugins = append $plugins (dict "name" "cpu_evict") -}}
+{{- end -}}
+{{- $config := dict "plugins" $plugins "defaultPolicy" $v.defaultPolicy "defaultTimeout" $v.defaultTimeout
+      "hookServerTimeout" $v.hookServerTimeout "cgroupRoot" $v.cgroupRoot "fromCluster" true -}}
+{{- if $v.eviction.enabled -}}
+{{- $_ := set $config "usageLoop" (dict "evictBy" "api") -}}
+{{- end -}}
+{{- if $v.report.enabled -}}
+{{- $_ := set $config "report" (dict "enable" true "kubeletConfigFile" $v.report.kubeletConfigFile
+      "kubeletCPUManagerStateFile" $v.report.kubeletCPUManagerStateFile) -}}
+{{- end -}}
+{{- toYaml (mergeOverwrite $config (deepCopy $v.extraConfig)) -}}
+{{- end -}}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Build helm (for the chart in packaging/helm/: `helm lint`, `helm template` in tests/test_helm.py
+# and install/upgrade/uninstall in tests/e2e/test_e2e_helm.py) from its Go module.
+#
+#   bash scripts/build-helm.sh               build if needed; print the binary's path on stdout
+#   bash scripts/build-helm.sh --print-path  print where the binary is (or would be); no build
+#
+# `go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION` (about 1.5 minutes on 2 cores with cold Go
+# caches). Nothing is written into the clone: the sources go to Go's module cache and the binary
+# to $RHP_HELM_PREFIX/<key>/helm (default prefix /opt/runtime-hook-proxy/helm), where <key> hashes
+# the version and the Go version; a second run finds it and builds nothing. Progress goes to
+# stderr. Called by scripts/install-deps.sh. Environment: RHP_HELM_PREFIX, GO (the go command;
+# default `go` on PATH, else /usr/local/go/bin/go).
+set -euo pipefail
+
+HELM_VERSION=v3.19.0
+PREFIX=${RHP_HELM_PREFIX:-/opt/runtime-hook-proxy/helm}
+GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+
+log() { printf 'build-helm: %s\n' "$*" >&2; }
+
+if [[ ! -x $GO ]] && ! command -v "$GO" >/dev/null; then
+  log "no Go toolchain ($GO); install Go 1.24 or later"
+  exit 1
+fi
+
+key=$(printf '%s\n' "$HELM_VERSION" "$("$GO" env GOVERSION GOOS GOARCH)" | sha256sum | cut -c1-16)
+dest=$PREFIX/$key
+binary=$dest/helm
+
+if [[ ${1:-} == --print-path ]]; then
+  printf '%s\n' "$binary"
+  exit 0
+fi
+
+mkdir -p "$PREFIX"
+exec 8>"$PREFIX/.build.lock"
+flock 8
+if [[ -x $binary ]]; then
+  log "up to date: $binary"
+else
+  log "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION into $dest (about 1.5 minutes when Go's caches are cold)"
+  started=$SECONDS
+  rm -rf "$PREFIX"/*.tmp
+  mkdir -p "$dest.tmp"
+  CGO_ENABLED=0 GOBIN=$dest.tmp GOFLAGS=-trimpath "$GO" install \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  rm -rf "$dest"
+  mv "$dest.tmp" "$dest"
+  log "built $binary in $((SECONDS - started)) s"
+fi
+ln -sfn "$key" "$PREFIX/current.tmp"
+mv -T "$PREFIX/current.tmp" "$PREFIX/current"
+printf '%s\n' "$binary"

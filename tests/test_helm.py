@@ -1,0 +1,440 @@
+"""The Helm chart ``packaging/helm/runtime-hook-proxy``: ``helm lint`` passes and ``helm template``
+renders, for the defaults and for every switch, objects that load as the kubernetes client's
+models without losing a key; values the schema refuses are refused; the pods' commands parse with
+our CLIs and their probes name their ports; RBAC grants eviction only with eviction, reporting
+rights only with reporting; the node config is the host package's; and each kustomize overlay
+renders the same node config, RBAC and containers as the chart with the matching values (the
+overlays stay in step with the chart: docs/helm.md).
+
+helm comes from ``scripts/build-helm.sh`` (``scripts/install-deps.sh`` runs it); without it these
+tests skip, unless ``RHP_REQUIRE_HELM=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_packaging import HOST_CONFIG, _policies, render
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "packaging" / "helm" / "runtime-hook-proxy"
+CRDS = REPO / "packaging" / "crds"
+RELEASE, NAMESPACE = "rhp", "kube-system"
+FULL = f"{RELEASE}-runtime-hook-proxy"
+EVICTION_PLUGINS = {"memory_evict", "cpu_evict"}
+
+
+def helm_binary() -> Path | None:
+    """The helm that scripts/build-helm.sh built (or would build), else one on PATH."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "build-helm.sh"), "--print-path"], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    built = Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else None
+    if built is not None and built.is_file():
+        return built
+    found = shutil.which("helm")
+    return Path(found) if found else None
+
+
+HELM = helm_binary()
+
+
+def _helm() -> Path:
+    if HELM is None:
+        reason = "helm is not built: run scripts/build-helm.sh (scripts/install-deps.sh does)"
+        if os.environ.get("RHP_REQUIRE_HELM", "") not in ("", "0"):
+            pytest.fail(reason + " (RHP_REQUIRE_HELM is set)")
+        pytest.skip(reason)
+    return HELM
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(_helm()), *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+_rendered: dict[str, list[dict[str, Any]]] = {}
+
+
+def template(values: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``helm template`` of the chart with *values* (a values file), as objects."""
+    key = json.dumps(values or {}, sort_keys=True)
+    if key not in _rendered:
+        args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+        if values:
+            args += ["--values", "-"]
+        proc = subprocess.run([str(_helm()), *args], input=yaml.safe_dump(dict(values or {})), capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        _rendered[key] = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return _rendered[key]
+
+
+def kinds(values: Mapping[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for doc in template(values):
+        out.setdefault(doc["kind"], []).append(doc)
+    return out
+
+
+def one(values: Mapping[str, Any] | None, kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in kinds(values).get(kind, []) if d["metadata"]["name"] == name]
+    return found
+
+
+def containers(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in doc["spec"]["template"]["spec"]["containers"]}
+
+
+def node_config(values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(one(values, "ConfigMap", f"{FULL}-node")["data"]["config.yaml"])
+    return config
+
+
+def granted(role: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    return {(group, res, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for res in rule["resources"] for verb in rule["verbs"]}  # fmt: skip
+
+
+def cluster_roles(values: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    return {r["metadata"]["name"]: r for r in kinds(values).get("ClusterRole", [])}
+
+
+EVERYTHING: dict[str, Any] = {"manager": {"enabled": True}, "podMonitors": {"enabled": True},
+                              "node": {"report": {"enabled": True}},
+                              "apiServer": {"host": "127.0.0.1", "port": 6443}, "hostNetwork": True}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "everything": EVERYTHING,
+    "hook-server": {"node": {"mode": "hook-server"}},
+    "no-eviction": {"node": {"eviction": {"enabled": False}}},
+    "no-crds-no-scheduler": {"crds": {"install": False}, "scheduler": {"enabled": False}},
+    "local-images": {"image": {"registry": "", "pullPolicy": "Never",
+                               "node": {"repository": "localhost/runtime-hook-proxy-node", "tag": "0.1.0"},
+                               "cluster": {"repository": "localhost/runtime-hook-proxy-cluster", "tag": "0.1.0"}}},
+}
+
+
+def test_helm_lint_passes_strictly() -> None:
+    proc = run_helm("lint", "--strict", str(CHART))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_helm("lint", "--strict", str(CHART), "--set", "manager.enabled=true,podMonitors.enabled=true,"
+                    "node.mode=hook-server,node.report.enabled=true")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_rendered_object_loads_as_a_kubernetes_model_without_losing_a_key(variant: str) -> None:
+    from kubernetes import client
+
+    api = client.ApiClient()
+    for doc in template(VARIANTS[variant]):
+        labels = doc["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/instance") == RELEASE, f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] in ("CustomResourceDefinition", "PodMonitor"):
+            continue  # CRDs: tests/formats/test_crds.py; PodMonitor: no model in the client
+        model = api.deserialize(json.dumps(doc), f"V1{doc['kind']}", "application/json")
+        assert api.sanitize_for_serialization(model) == doc, f"{doc['kind']}/{doc['metadata']['name']}: a key " \
+            "the model does not know was dropped"
+
+
+@pytest.mark.parametrize(("values", "error"), [
+    ({"node": {"mode": "proxy"}}, "/node/mode"),
+    ({"node": {"plugins": [{"name": "cpuset", "policy": "Sometimes"}]}}, "/node/plugins/0/policy"),
+    ({"apiServer": {"host": "127.0.0.1", "port": ""}}, "/apiServer/port"),
+    ({"apiServer": {"host": "", "port": 6443}}, "/apiServer/port"),
+    ({"scheduler": {"extender": {"port": 0}}}, "/scheduler/extender/port"),
+    ({"scheduler": {"schedulerName": "Not A Name"}}, "/scheduler/schedulerName"),
+    ({"node": {"typo": True}}, "typo"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+])  # fmt: skip
+def test_the_schema_refuses_values_that_cannot_work(values: dict[str, Any], error: str) -> None:
+    proc = subprocess.run([str(_helm()), "template", RELEASE, str(CHART), "--values", "-"],
+                          input=yaml.safe_dump(values), capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode != 0
+    assert "schema" in proc.stderr and error in proc.stderr, proc.stderr
+
+
+def test_the_defaults_install_the_nri_node_agent_our_scheduler_and_the_crds_but_no_manager() -> None:
+    k = kinds()
+    assert [d["metadata"]["name"] for d in k["DaemonSet"]] == [f"{FULL}-node"]
+    assert [d["metadata"]["name"] for d in k["Deployment"]] == [f"{FULL}-scheduler"]
+    assert "PodMonitor" not in k
+    crds = {c["metadata"]["name"] for c in k["CustomResourceDefinition"]}
+    assert crds == {yaml.safe_load(p.read_text())["metadata"]["name"] for p in CRDS.glob("*.yaml")
+                    if p.name != "kustomization.yaml"}  # fmt: skip
+    assert not kinds({"crds": {"install": False}}).get("CustomResourceDefinition")
+    for doc in template():
+        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            if container["name"] != "kube-scheduler":
+                assert container["image"].startswith("registry.example.com/runtime-hook-proxy-")
+            env = {e["name"] for e in container.get("env", [])}
+            assert "KUBERNETES_SERVICE_HOST" not in env, "the pod's own API address unless apiServer is set"
+
+
+def test_the_images_are_the_built_ones_and_the_upstream_kube_scheduler() -> None:
+    daemonset = one(None, "DaemonSet", f"{FULL}-node")
+    assert containers(daemonset)["node-agent"]["image"] == "registry.example.com/runtime-hook-proxy-node:0.1.0"
+    scheduler = containers(one(None, "Deployment", f"{FULL}-scheduler"))
+    assert scheduler["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.34.4"
+    assert scheduler["kube-scheduler"]["command"][0] == "kube-scheduler"
+    assert scheduler["scheduler-ext"]["image"] == "registry.example.com/runtime-hook-proxy-cluster:0.1.0"
+    local = VARIANTS["local-images"]
+    daemonset = one(local, "DaemonSet", f"{FULL}-node")
+    assert containers(daemonset)["node-agent"]["image"] == "localhost/runtime-hook-proxy-node:0.1.0"
+    assert containers(daemonset)["node-agent"]["imagePullPolicy"] == "Never"
+
+
+def test_api_server_and_host_network_values_reach_every_pod() -> None:
+    for doc in kinds(EVERYTHING)["DaemonSet"] + kinds(EVERYTHING)["Deployment"]:
+        spec = doc["spec"]["template"]["spec"]
+        assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        for container in spec["containers"]:
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1" and env["KUBERNETES_SERVICE_PORT"] == "6443"
+
+
+def test_the_scheduler_pod_runs_kube_scheduler_with_the_extender_on_loopback() -> None:
+    from scheduler_ext.cli import build_parser
+
+    config_map = one(None, "ConfigMap", f"{FULL}-scheduler")
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["profiles"] == [{"schedulerName": "runtime-hook-proxy-scheduler"}]
+    assert "clientConnection" not in config, "the pod's service account"
+    (extender,) = config["extenders"]
+    deployment = one(None, "Deployment", f"{FULL}-scheduler")
+    pod = containers(deployment)
+    args = build_parser().parse_args(pod["scheduler-ext"]["command"][1:])
+    assert args.command == "serve" and args.in_cluster and args.seal_key_file
+    assert args.listen.startswith("127.0.0.1:") and not args.tls_cert and not args.insecure
+    assert extender["urlPrefix"] == f"http://{args.listen}"
+    assert extender["bindVerb"] == "bind" and extender["nodeCacheCapable"] is True and extender["ignorable"] is False
+    assert args.ledger_namespace == NAMESPACE
+    health = int(args.health_listen.rsplit(":", 1)[1])
+    assert pod["scheduler-ext"]["ports"] == [{"name": "metrics", "containerPort": health}]
+    assert pod["scheduler-ext"]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert pod["scheduler-ext"]["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    kube = pod["kube-scheduler"]
+    assert "--config=/etc/kube-scheduler/config.yaml" in kube["command"]
+    assert kube["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    for container in pod.values():
+        assert container["securityContext"]["runAsNonRoot"] is True
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"]
+    assert volumes["seal"]["secret"]["secretName"] == f"{FULL}-seal"
+    seal = one(None, "Secret", f"{FULL}-seal")
+    assert len(seal["data"]["seal.key"]) >= 24  # 16 bytes and more, base64
+    mine = kinds({"scheduler": {"sealKey": {"existingSecret": "my-seal"}}})
+    assert "Secret" not in mine
+    (deployment,) = mine["Deployment"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["seal"]["secret"]["secretName"] == "my-seal"
+
+
+def test_the_scheduler_service_account_has_kube_schedulers_roles_and_the_extenders_rights() -> None:
+    bindings = {b["metadata"]["name"]: b for b in kinds()["ClusterRoleBinding"]}
+    sa = {"kind": "ServiceAccount", "name": f"{FULL}-scheduler", "namespace": NAMESPACE}
+    refs = {b["roleRef"]["name"] for b in bindings.values() if b["subjects"] == [sa]}
+    assert refs == {"system:kube-scheduler", "system:volume-scheduler", f"{FULL}-scheduler-extender"}
+    extender = granted(cluster_roles()[f"{FULL}-scheduler-extender"])
+    packaged = yaml.safe_load_all((REPO / "packaging" / "scheduler" / "rbac.yaml").read_text())
+    (ours,) = [d for d in packaged if d["kind"] == "ClusterRole"]
+    assert extender == granted(ours), "the same rights as packaging/scheduler/rbac.yaml"
+    (lease_role,) = kinds()["Role"]
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    assert granted(lease_role) == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+
+
+def test_the_nri_node_agent_command_parses_and_serves_probes_on_its_metrics_port() -> None:
+    from runtime_proxy.commands.nri import add_parser
+
+    daemonset = one(None, "DaemonSet", f"{FULL}-node")
+    container = containers(daemonset)["node-agent"]
+    assert container["command"][:2] == ["runtime-proxy", "nri"]
+    assert "--no-entry-points" not in container["command"]
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(container["command"][1:])
+    assert args.metrics_addr == "0.0.0.0:9464" and args.hook_server_dir is None
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9464}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    spec = daemonset["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts[str(Path(args.nri_socket).parent)]]["hostPath"] == {"path": "/var/run/nri",
+                                                                             "type": "DirectoryOrCreate"}  # fmt: skip
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"/var/run/nri", "/sys/fs/cgroup"}, "nothing else of the host"
+    assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+    ctx = container["securityContext"]
+    assert ctx.get("privileged") is not True and ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]} and ctx["readOnlyRootFilesystem"] is True
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    # Other hook servers: only where asked for, read-only.
+    calls = one({"node": {"hookServerDir": "/etc/runtime/hookserver.d"}}, "DaemonSet", f"{FULL}-node")
+    assert "--hook-server-dir=/etc/runtime/hookserver.d" in containers(calls)["node-agent"]["command"]
+
+
+def test_the_hook_server_node_agent_command_parses_and_registers_its_host_path() -> None:
+    from runtime_proxy.commands import hook_server
+
+    values = VARIANTS["hook-server"]
+    daemonset = one(values, "DaemonSet", f"{FULL}-node")
+    container = containers(daemonset)["node-agent"]
+    assert container["command"][:2] == ["runtime-proxy", "hook-server"]
+    parser = argparse.ArgumentParser()
+    hook_server.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(container["command"][1:])
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    socket_dir = str(Path(args.listen).parent)
+    assert volumes[mounts[socket_dir]]["hostPath"]["path"] == socket_dir, "the registered endpoint is the host's path"
+    assert volumes[mounts[args.register_dir]]["hostPath"]["path"] == "/etc/runtime/hookserver.d"
+    assert container["startupProbe"]["exec"]["command"] == ["test", "-S", args.listen]
+    assert "ports" not in container
+    assert not [p for p in kinds({**values, "podMonitors": {"enabled": True}})["PodMonitor"]
+                if p["metadata"]["name"].endswith("-node")], "no metrics to scrape in hook-server mode"
+
+
+@pytest.mark.parametrize("variant", ["defaults", "hook-server", "everything"])
+def test_the_node_config_is_valid_and_runs_the_host_packages_plugins(variant: str, tmp_path: Path) -> None:
+    from runtime_proxy.config import load_config
+
+    config = node_config(VARIANTS[variant])
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert load_config(str(path)).fromCluster is True
+    assert _policies(config) == _policies(yaml.safe_load(HOST_CONFIG.read_text()))
+    assert "cgroupDriver" not in config, "detected at start"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_eviction_grant_goes_with_the_eviction_plugins(variant: str) -> None:
+    values = VARIANTS[variant]
+    config = node_config(values)
+    evicts = bool({p["name"] for p in config["plugins"]} & EVICTION_PLUGINS) and \
+        config.get("usageLoop", {}).get("evictBy", "api") == "api"
+    grants = any("pods/eviction" in rule["resources"] for role in cluster_roles(values).values()
+                 for rule in role["rules"])  # fmt: skip
+    assert grants == evicts
+    assert evicts == (variant != "no-eviction")
+
+
+def test_reporting_rights_and_mounts_only_with_reporting(tmp_path: Path) -> None:
+    from runtime_proxy.config import load_config
+    from tests.test_packaging_report import REPORT_RIGHTS
+
+    assert f"{FULL}-node-report" not in cluster_roles()
+    assert "report" not in node_config()
+    roles = cluster_roles(EVERYTHING)
+    assert granted(roles[f"{FULL}-node-report"]) == REPORT_RIGHTS
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(node_config(EVERYTHING)))
+    config = load_config(str(path))
+    assert config.report.enable and not config.report.createNodeMetric
+    daemonset = one(EVERYTHING, "DaemonSet", f"{FULL}-node")
+    mounts = {m["mountPath"]: m for m in containers(daemonset)["node-agent"]["volumeMounts"]}
+    assert mounts[config.report.kubeletConfigFile]["readOnly"] is True
+    assert mounts[config.report.kubeletCPUManagerStateFile]["readOnly"] is True
+
+
+def test_the_manager_runs_with_the_rights_it_uses() -> None:
+    from scheduler_ext.cli import build_parser
+
+    deployment = one(EVERYTHING, "Deployment", f"{FULL}-manager")
+    container = containers(deployment)["manager"]
+    args = build_parser().parse_args(container["command"][1:])
+    assert args.command == "manager" and args.in_cluster and not args.webhook_listen
+    assert (args.config_namespace, args.lease_namespace, args.lease_name) == (NAMESPACE, NAMESPACE, f"{FULL}-manager")
+    assert container["ports"] == [{"name": "metrics", "containerPort": int(args.metrics_listen.rsplit(":", 1)[1])}]
+    role = cluster_roles(EVERYTHING)[f"{FULL}-manager"]
+    writes = {(res, verb) for _, res, verb in granted(role) if verb in ("create", "update", "patch", "delete")}
+    assert writes == {("nodes/status", "patch"), ("noderesourcetopologies", "patch")} | {
+        (kind, verb) for kind in ("nodemetrics", "nodeslos") for verb in ("create", "patch", "delete")}
+    assert not {res for _, res, _ in granted(role)} & {"clustercolocationprofiles", "namespaces", "priorityclasses"}, \
+        "the webhook's reads only with the webhook, which the chart does not deploy"
+
+
+def test_pod_monitors_scrape_each_part_with_metrics() -> None:
+    monitors = {m["metadata"]["name"]: m for m in kinds(EVERYTHING)["PodMonitor"]}
+    assert set(monitors) == {f"{FULL}-{part}" for part in ("node", "scheduler", "manager")}
+    for name, monitor in monitors.items():
+        part = name.rsplit("-", 1)[1]
+        assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == part
+        assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+# ---- the kustomize overlays stay in step with the chart ------------------------------------------
+
+
+def _normalized_container(container: Mapping[str, Any]) -> dict[str, Any]:
+    """What both renderings must agree on: the command, ports, probes, resources, security and
+    the mounts; not the image (set per overlay) or names."""
+    keep = ("ports", "livenessProbe", "readinessProbe", "startupProbe", "resources", "securityContext")
+    out = {k: container.get(k) for k in keep}
+    out["command"] = [*container["command"][:2], *sorted(container["command"][2:])]
+    out["mounts"] = sorted((m["mountPath"], bool(m.get("readOnly"))) for m in container.get("volumeMounts", [])
+                           if m["mountPath"] != "/tmp")  # fmt: skip
+    return out
+
+
+def _config_model(config_map: Mapping[str, Any]) -> dict[str, Any]:
+    from runtime_proxy.config import ProxyConfig
+
+    dumped: dict[str, Any] = ProxyConfig.model_validate(yaml.safe_load(config_map["data"]["config.yaml"])).model_dump()
+    return dumped
+
+
+def _host_paths(doc: Mapping[str, Any]) -> set[tuple[str, str]]:
+    return {(v["hostPath"]["path"], v["hostPath"].get("type", "")) for v in doc["spec"]["template"]["spec"]["volumes"]
+            if "hostPath" in v}  # fmt: skip
+
+
+def _grants_by_role(docs: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, set[tuple[str, str, str]]]:
+    return {d["metadata"]["name"].removeprefix(prefix): granted(d) for d in docs if d["kind"] == "ClusterRole"}
+
+
+@pytest.mark.parametrize(("overlay", "values"), [
+    ("node", {}),
+    ("node-hook-server", {"node": {"mode": "hook-server"}}),
+    ("node-colocation", {"node": {"report": {"enabled": True}}}),
+])  # fmt: skip
+def test_each_node_overlay_renders_what_the_chart_renders(overlay: str, values: dict[str, Any]) -> None:
+    ours = [d for d in template(values) if d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+            in ("node", None) or d["kind"] == "CustomResourceDefinition"]  # fmt: skip
+    theirs = render(overlay)
+    (chart_config,) = [d for d in ours if d["kind"] == "ConfigMap"]
+    (kustomize_config,) = [d for d in theirs if d["kind"] == "ConfigMap"]
+    assert _config_model(chart_config) == _config_model(kustomize_config)
+    assert _grants_by_role(ours, f"{FULL}-") == _grants_by_role(theirs, "runtime-hook-proxy-")
+    (chart_ds,) = [d for d in ours if d["kind"] == "DaemonSet"]
+    (kustomize_ds,) = [d for d in theirs if d["kind"] == "DaemonSet"]
+    (chart_container,) = chart_ds["spec"]["template"]["spec"]["containers"]
+    (kustomize_container,) = kustomize_ds["spec"]["template"]["spec"]["containers"]
+    assert _normalized_container(chart_container) == _normalized_container(kustomize_container)
+    assert _host_paths(chart_ds) == _host_paths(kustomize_ds)
+    chart_crds = {d["metadata"]["name"] for d in ours if d["kind"] == "CustomResourceDefinition"}
+    kustomize_crds = {d["metadata"]["name"] for d in theirs if d["kind"] == "CustomResourceDefinition"}
+    assert kustomize_crds <= chart_crds
+
+
+def test_the_manager_overlay_renders_what_the_chart_renders() -> None:
+    chart = containers(one(EVERYTHING, "Deployment", f"{FULL}-manager"))["manager"]
+    (kustomize_deployment,) = [d for d in render("manager") if d["kind"] == "Deployment"]
+    (theirs,) = kustomize_deployment["spec"]["template"]["spec"]["containers"]
+    assert chart["command"][:3] == theirs["command"][:3] == ["scheduler-ext", "manager", "--in-cluster"]
+    assert chart["resources"] == theirs["resources"]
+    (role,) = [d for d in render("manager") if d["kind"] == "ClusterRole"]
+    webhook_reads = {g for g in granted(role) if g[1] in ("clustercolocationprofiles", "namespaces", "priorityclasses")}
+    assert granted(cluster_roles(EVERYTHING)[f"{FULL}-manager"]) == granted(role) - webhook_reads
