@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -58,6 +59,7 @@ __all__ = [
     "parse_go_duration",
     "parse_node_metric_status",
     "parse_prod_reclaimable",
+    "parse_update_time",
 ]
 
 API_GROUP = "slo.koordinator.sh"
@@ -374,3 +376,16 @@ def parse_prod_reclaimable(status: object) -> Usage | None:
         return None
     resource = read_object(raw, "prodReclaimableMetric").get("resource")
     return None if resource is None else _usage(resource, "prodReclaimableMetric resource")
+
+
+def parse_update_time(text: object) -> float:
+    """``status.updateTime`` (RFC 3339, as ``"2026-11-27T08:00:00Z"``) in seconds since the
+    epoch; ``FormatError`` when it is not a bounded string with a time zone."""
+    raw = read_str(text, "updateTime", _MAX_TIME_CHARS)
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError as exc:
+        raise FormatError(f"updateTime: {exc}") from None
+    if moment.tzinfo is None:
+        raise FormatError("updateTime: no time zone")
+    return moment.timestamp()
