@@ -29,14 +29,9 @@ from runtime_proxy.config import DEFAULT_BACKEND, ProxyConfig
 from runtime_proxy.nri.plugin import DEFAULT_SOCKET, PluginIdentity
 
 if TYPE_CHECKING:
-    import pluggy
-
     from runtime_proxy.compose import Parts
-    from runtime_proxy.engine.pipeline import Pipeline
-    from runtime_proxy.host.apply import FileApplier, RecordingApplier
     from runtime_proxy.nri.adapter import NriEngine
     from runtime_proxy.nri.plugin import NriPlugin
-    from runtime_proxy.state.nodeconfig import NodeConfig
 
 log = structlog.get_logger(__name__)
 
@@ -64,14 +59,11 @@ class NriOptions:
 
 @dataclass
 class NriParts:
-    """What ``build`` makes; nothing is started."""
+    """What ``build`` makes; nothing is started: the plugin, its engine and the parts they share
+    with the loops (``runtime_proxy.compose.Parts``)."""
 
     plugin: NriPlugin
     engine: NriEngine
-    node_watch: NodeConfig
-    pm: pluggy.PluginManager
-    pipeline: Pipeline
-    applier: FileApplier | RecordingApplier
     parts: Parts
 
 
@@ -135,8 +127,7 @@ def build(opts: NriOptions) -> NriParts:
     engine = NriEngine(parts.pipeline, node_source=parts.node_source, applier=parts.applier, background=True,
                        kubelet_root=parts.kubelet_root)
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
-    return NriParts(plugin=plugin, engine=engine, node_watch=parts.node_source, pm=parts.pm,
-                    pipeline=parts.pipeline, applier=parts.applier, parts=parts)
+    return NriParts(plugin=plugin, engine=engine, parts=parts)
 
 
 async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
@@ -146,8 +137,9 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     from runtime_proxy.nri.backend import NriBackend
 
     memory.map_large_blocks()  # a large Synchronize's buffers are unmapped once freed
-    parts = build(opts)
-    plugin, engine, node_watch = parts.plugin, parts.engine, parts.node_watch
+    built = build(opts)
+    plugin, engine, parts = built.plugin, built.engine, built.parts
+    node_watch = parts.node_source
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -179,10 +171,10 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
             from runtime_proxy.state.store import RuntimeClient
 
             runtime = RuntimeClient(opts.backend)
-        loops = compose.loops(parts.parts, backend, ready=plugin.synchronized, runtime=runtime)
+        loops = compose.loops(parts, backend, ready=plugin.synchronized, runtime=runtime)
         engine.on_store_change = loops.store_changed
         # In a dry run nothing rides on a reply, so the reconciler's round is not waited for.
-        if not opts.unsolicited_updates and not parts.parts.dry_run:
+        if not opts.unsolicited_updates and not parts.dry_run:
             reconciler = loops.reconciler
             engine.settle = lambda: reconciler.reconcile_once("pools")
     # What start-up built lives as long as the process: the cyclic collector's full passes (tens
@@ -190,7 +182,7 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     gc.collect()
     gc.freeze()
     log.info("NRI plugin starting", socket=opts.socket, name=opts.identity.name, idx=opts.identity.idx,
-             dry_run=parts.parts.dry_run)
+             dry_run=parts.dry_run)
     try:
         await plugin.run(stop)
     finally:
