@@ -28,6 +28,7 @@ import structlog
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import SERVER_STREAMING, is_known_unary
 from runtime_proxy.cri.transport import CallInterceptor, HookRejected, InterceptedCall
+from runtime_proxy.state.store import RUNTIME_CHANNEL_OPTIONS
 
 if TYPE_CHECKING:
     # Messages stay bytes both ways: no serializers on either side.
@@ -45,16 +46,9 @@ log = structlog.get_logger(__name__)
 
 __all__ = ["CHANNEL_OPTIONS", "GrpcTransport"]
 
-# Messages of any size pass (CRI image lists and exec output can be large); reconnect quickly
-# once the runtime is back instead of grpc's default back-off of up to two minutes.
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.max_send_message_length", -1),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.enable_retries", 0),
-]
+# The upstream channel: the options of every channel to the runtime (messages of any size,
+# quick reconnects).
+CHANNEL_OPTIONS = RUNTIME_CHANNEL_OPTIONS
 SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),

@@ -93,8 +93,8 @@ from koord_formats.errors import FormatError
 from rhp_ops.files import FileRefused, read_regular_file
 from runtime_proxy import metrics
 from runtime_proxy.config import validation_message
+from runtime_proxy.engine.background import Background, every
 from runtime_proxy.engine.pipeline import Pipeline, StepError
-from runtime_proxy.loops.background import Background, every
 
 if TYPE_CHECKING:
     import grpc

@@ -50,10 +50,10 @@ from hooks.facts import (
 )
 from hooks.plan import Plan
 from hooks.usage import BurstDecision, BurstRound, BurstState, ContainerCPU
+from runtime_proxy.engine.background import Background, every
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.host.cgroups import CgroupError, Cgroups
-from runtime_proxy.loops.background import Background, every
 from runtime_proxy.loops.usage import PROC_STAT_HEAD_BYTES, parse_proc_stat, read_bounded
 
 __all__ = ["STAGE", "BurstBackend", "CPUBurstLoop", "QuotaChange", "SharePoolLoad"]

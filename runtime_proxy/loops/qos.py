@@ -64,10 +64,10 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts, with_bound_pods
 from hooks.plan import Eviction, Plan
 from hooks.usage import EVICTION_MEMORY_SECONDS, EvictionRecord, SuppressDecision, UsageSample
 from koord_formats import keys
+from runtime_proxy.engine.background import Background, every
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier
 from runtime_proxy.host.cgroups import Cgroups
-from runtime_proxy.loops.background import Background, every
 from runtime_proxy.loops.usage import UsageSampler
 
 __all__ = [

@@ -52,12 +52,12 @@ from hooks.facts import (
 )
 from hooks.manager import plugin_order
 from hooks.plan import Plan
+from runtime_proxy.engine.background import Background
 from runtime_proxy.engine.bound import BoundCpusets
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.host.resctrl import Resctrl
-from runtime_proxy.loops.background import Background
 
 __all__ = ["RESOURCE_FILES", "ReconcileBackend", "ReconcileReport", "Reconciler"]
 

@@ -100,6 +100,19 @@ def container_facts_from_config(config: api_pb2.ContainerConfig, container_id: s
     )
 
 
+# Options of every gRPC channel to the runtime (this client's, the grpc transport's): messages of
+# any size pass (CRI image lists and exec output can be large); reconnect quickly once the
+# runtime is back instead of grpc's default back-off of up to two minutes.
+RUNTIME_CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+]
+
+
 class RuntimeClient:
     """Decoded CRI calls to the runtime, for the store and the reconciler (never for forwarding)."""
 
@@ -109,9 +122,8 @@ class RuntimeClient:
         import grpc
 
         from cri_protos import api_pb2_grpc
-        from runtime_proxy.cri.grpc_transport import CHANNEL_OPTIONS
 
-        self.channel = grpc.aio.insecure_channel(f"unix://{backend}", options=CHANNEL_OPTIONS)
+        self.channel = grpc.aio.insecure_channel(f"unix://{backend}", options=RUNTIME_CHANNEL_OPTIONS)
         self.runtime = api_pb2_grpc.RuntimeServiceStub(self.channel)
         self.timeout = timeout
 
