@@ -193,9 +193,9 @@ class SuppressDecision(Record):
 class ContainerCPU:
     """What the CPU burst loop read from one container's cgroup this round: its CFS quota now
     (``-1``: unlimited), ``nr_periods`` and ``nr_throttled`` of ``cpu.stat``, its CPU time
-    (``cpuacct.usage``, ns; None when unreadable) and ``draw``, a uniform random number in
-    [0, 1) drawn for this container this round (a decision that needs chance uses it, so the
-    decision itself stays a pure function)."""
+    (``cpuacct.usage``, ns; None when unreadable or not asked for, see ``BurstState``) and
+    ``draw``, a uniform random number in [0, 1) drawn for this container this round (a decision
+    that needs chance uses it, so the decision itself stays a pure function)."""
 
     cfs_quota_us: int
     nr_periods: int = 0
@@ -209,11 +209,13 @@ class BurstState:
     """One container's burst state from one round to the next, as the plugin reported it:
     ``throttle`` the last ``(nr_periods, nr_throttled, at)`` sample, ``usage`` the last
     ``(cpuacct.usage ns, at)``, ``bucket`` the token bucket ``(capacity, tokens, last update)``
-    (None: none)."""
+    (None: none); ``read_usage``: the loop reads the container's ``cpuacct.usage`` next round
+    (it always does for a container without a state)."""
 
     throttle: tuple[int, int, float] | None = None
     usage: tuple[int, float] | None = None
     bucket: tuple[float, float, float] | None = None
+    read_usage: bool = True
 
 
 def _no_containers() -> Mapping[str, ContainerCPU]:

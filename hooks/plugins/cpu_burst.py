@@ -36,6 +36,7 @@ Leaves alone
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -298,14 +299,15 @@ def quota_decision(
     current = sample.cfs_quota_us
     node_state = share_pool_state(burst.share_pool_ratio, cfg.share_pool_threshold_percent)
     throttled: float | None = None
-    state = prev
+    # cpuacct.usage is read again only while a token bucket needs it
+    state = dataclasses.replace(prev, read_usage=False)
     if not cfg.cfs_quota_burst_enabled:
         op, target = RESET, base
     else:
         cur = (sample.nr_periods, sample.nr_throttled, burst.at)
         throttled = throttled_ratio(prev.throttle, cur, 2 * burst.interval)
         ok, usage, bucket = _bucket_ok(prev, sample, container, base, cfg, burst)
-        state = BurstState(cur, usage, bucket)
+        state = BurstState(cur, usage, bucket, read_usage=bucket is not None)
         op = decide_operation(throttled, node_state, ok)
         target = next_quota(current, base, quota_ceiling(base, cfg), op)
     writes: tuple[CgroupWrite, ...] = ()

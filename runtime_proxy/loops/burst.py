@@ -6,9 +6,11 @@ Started by the composition root (``runtime_proxy.wiring.loops``) next to the rec
 backend: ``node()``, ``pods()``, ``containers()``), with the entry point's hook runner and
 applier. One round (``step``):
 
-1. reads, off the event loop, for every running container of a pod that calls hooks: its
+1. reads, off the event loop, for every running container with a CFS quota (CRI ``cpu_quota``
+   above 0) of a pod that calls hooks: its
    ``cpu.cfs_quota_us`` (a container whose quota cannot be read is left out), ``cpu.stat``
-   (``nr_periods``, ``nr_throttled``) and ``cpuacct.usage``; each such pod's
+   (``nr_periods``, ``nr_throttled``) and, when the container's last state asks for it (or it
+   has none), ``cpuacct.usage``; each such pod's
    ``cpu.cfs_quota_us``; and the share pool's load (``SharePoolLoad``: node CPU usage from
    ``/proc/stat`` minus LSE/LSR/BE pods' usage, over the node's CPUs minus the bound ones);
 2. runs ``ReconcileCpuBurst`` (``hooks.spec.rhp_reconcile_cpu_burst``: ``node``, the pods with
@@ -191,7 +193,7 @@ class CPUBurstLoop:
         by_pod: dict[str, tuple[PodFacts, list[ContainerFacts]]] = {}
         readings: dict[str, ContainerCPU] = {}
         for pod, container in self.backend.containers():
-            if pod.skips_hooks or not container.id:
+            if pod.skips_hooks or not container.id or container.resources.cpu_quota <= 0:
                 continue
             try:
                 path = container_cgroup_path(pod, container.id, node.cgroup.driver)
@@ -199,7 +201,8 @@ class CPUBurstLoop:
                 if quota is None:
                     continue
                 stat = self.cgroups.read_stat(path)
-                usage = self.cgroups.read_int(path, "cpuacct.usage")
+                state = self._states.get(container.id)
+                usage = self.cgroups.read_int(path, "cpuacct.usage") if state is None or state.read_usage else None
             except (ValueError, CgroupError):
                 continue
             readings[container.id] = ContainerCPU(

@@ -170,7 +170,8 @@ def test_the_stage_scales_each_container_and_moves_the_pod_by_every_delta() -> N
     first = cpu_burst.rhp_reconcile_cpu_burst(node=node(slo=AUTO), pods=(the_pod,), burst=burst_round(1.0, 0))
     assert first is not None and first.writes == []
     states = {d.container_id: d.state for d in first.records if isinstance(d, BurstDecision)}
-    assert states == {"a": BurstState((10, 0, 1.0), None, None), "b": BurstState((10, 0, 1.0), None, None)}
+    no_bucket = BurstState((10, 0, 1.0), None, None, read_usage=False)
+    assert states == {"a": no_bucket, "b": no_bucket}, "without a token bucket cpuacct.usage is not needed"
     plan = cpu_burst.rhp_reconcile_cpu_burst(node=node(slo=AUTO), pods=(the_pod,), burst=burst_round(2.0, 5, states))
     assert plan is not None
     assert [(w.level, w.path, w.value) for w in plan.writes] == [
@@ -191,6 +192,7 @@ def test_the_stage_keeps_its_token_bucket_in_the_state() -> None:
     (decision,) = [d for d in plan.records if isinstance(d, BurstDecision)]
     assert decision.state.usage == (0, 1.0)
     assert decision.state.bucket == (2000.0, 0.25 * 0.5 * 2000.0, 1.0), "a new bucket filled by the round's draw"
+    assert decision.state.read_usage
 
 
 def test_the_stage_leaves_out_what_it_does_not_decide() -> None:
