@@ -318,7 +318,7 @@ def rhp_reconcile_cpu_burst(node: NodeFacts, pods: tuple[PodFacts, ...], burst: 
     its ``state``, handed back in the next round's ``burst.states``.
 
     :param node: the node's config, topology and bound cpusets.
-    :param pods: the pods that call hooks with a running container, with ``pod.containers``.
+    :param pods: the pods that call hooks, each with the containers the loop read.
     :param burst: this round's readings and last round's states (``hooks.usage.BurstRound``).
     """
 

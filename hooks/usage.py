@@ -232,12 +232,12 @@ def _no_states() -> Mapping[str, BurstState]:
 
 @dataclass(frozen=True, slots=True)
 class BurstRound:
-    """One round of the CPU burst loop: when (``at``, the loop's monotonic clock), its interval
-    in seconds, the share pool's usage ratio (None: not known yet), what it read per container
-    id (``containers``: the containers of pods that call hooks, with an id and a readable quota)
-    and per pod cgroup path (``pod_quotas``: the pod's ``cpu.cfs_quota_us``), and the states the
-    plugin reported last round, by container id (``states``; a container it decided nothing
-    for has none)."""
+    """One round of the CPU burst loop: when (``at``, the loop's monotonic clock), its interval in
+    seconds, the share pool's usage ratio (None: not known yet), what it read per container
+    id (``containers``: the running containers with a CFS quota, CRI ``cpu_quota`` above 0,
+    of pods that call hooks, whose quota file could be read) and per pod cgroup path
+    (``pod_quotas``: the pod's ``cpu.cfs_quota_us``), and the states the plugin reported
+    last round, by container id (``states``; a container it decided nothing for has none)."""
 
     at: float
     interval: float = 1.0
