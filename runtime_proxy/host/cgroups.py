@@ -348,10 +348,6 @@ class Cgroups:
         """True once a write found ``file`` missing in an existing cgroup directory."""
         return file in self._unsupported
 
-    @property
-    def unsupported_files(self) -> frozenset[str]:
-        return frozenset(self._unsupported)
-
     def write(self, path: str, file: str, value: str | int, *, dry_run: bool = False) -> WriteResult:
         """Write ``value`` (v1 terms) to ``file`` of cgroup ``path`` unless it already holds it.
 

@@ -343,9 +343,6 @@ class Store:
         """Sandbox ids of the stored pods that do not hold their CPUs."""
         return frozenset(self._released)
 
-    def sandbox_stopped(self, sandbox_id: str) -> bool:
-        return sandbox_id in self._ended
-
     def __len__(self) -> int:
         return len(self._pods) + len(self._containers)
 
