@@ -10,10 +10,11 @@ config into running parts here, and only here.
   cannot be imported, registered or configured is a ``PluginLoadError`` naming it.
 - ``pipeline``: the one hook runner over that manager, with the config's order, policies and
   timeouts, less the plugins whose hardware this node lacks (``wiring.plugin_settings``).
-- ``build``: both, and the node config source, kubelet's cgroup root and the applier, as one
-  ``Parts``. The dry-run choice is made here, once (``--dry-run`` or the config's ``dryRun``):
-  the applier the doors and the loops hand plans to is then ``RecordingApplier``, which records
-  and logs them and changes nothing, instead of ``FileApplier``.
+- ``build``: both, and the node config source, kubelet's cgroup root, the applier and the
+  recorder of Events on pods (``wiring.events``), as one ``Parts``. The dry-run choice is made
+  here, once (``--dry-run`` or the config's ``dryRun``): the applier the doors and the loops
+  hand plans to is then ``RecordingApplier``, which records and logs them and changes nothing,
+  instead of ``FileApplier``.
 - ``loops``: the periodic loops (``wiring.loops``) over a command's backend and its ``Parts``.
 - ``check_plugins``: ``plugin_manager`` and ``pipeline`` without logging, so that ``serve``
   refuses a bad plugin config before anything starts.
@@ -36,6 +37,7 @@ import pluggy
 from hooks.manager import make_plugin_manager
 from runtime_proxy import wiring
 from runtime_proxy.config import ProxyConfig
+from runtime_proxy.engine.events import EventRecorder
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.loops.reconciler import ReconcileBackend
@@ -152,6 +154,7 @@ class Parts:
     applier: FileApplier | RecordingApplier  # what the doors and the loops hand plans to
     kubelet_root: KubeletRoot
     dry_run: bool  # log plans, change and apply nothing
+    events: EventRecorder  # Events on pods for hook failures and refusals (the doors' Lifecycle)
 
 
 def build(
@@ -179,6 +182,7 @@ def build(
         applier=chosen,
         kubelet_root=wiring.kubelet_root(config),
         dry_run=dry_run,
+        events=wiring.events(config),
     )
 
 

@@ -25,12 +25,13 @@ import structlog
 from hooks.facts import CgroupInfo
 from hooks.manager import installed_entry_points, plugin_order
 from runtime_proxy.config import Policy, ProxyConfig
+from runtime_proxy.engine.events import EventRecorder, KubeEventsApi
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.host.cgroups import Cgroups, detect_cgroup_driver, detect_cgroup_version
 from runtime_proxy.host.resctrl import RESCTRL_PLUGINS, Resctrl
 from runtime_proxy.loops.burst import CPUBurstLoop
-from runtime_proxy.loops.evict import evictor_for
+from runtime_proxy.loops.evict import _load_api_client, evictor_for
 from runtime_proxy.loops.qos import Evictor, UsageLoop
 from runtime_proxy.loops.reconciler import ReconcileBackend, Reconciler
 from runtime_proxy.report.loop import Reporter, reporter
@@ -143,17 +144,33 @@ def node_source(config: ProxyConfig) -> tuple[NodeConfig, NodeConfig]:
     """The node config: a local file (``nodeConfigFile``) watched for changes, and the cluster's
     Node, NodeSLO and NodeResourceTopology when ``fromCluster`` is set; topology from sysfs.
     Returned twice (as the source of ``NodeFacts`` and as the watch to start and stop)."""
-    node_name = config.nodeName or os.environ.get("NODE_NAME", "") or socket.gethostname()
+    name = node_name(config)
     source = NodeConfig(
         path=config.nodeConfigFile,
-        cluster=ClusterWatch(node_name) if config.fromCluster else None,
-        node_name=node_name,
+        cluster=ClusterWatch(name) if config.fromCluster else None,
+        node_name=name,
         topology=read_cpu_topology(),
         resctrl=Resctrl(config.resctrlRoot).facts(),
         cgroup=CgroupInfo(version=detect_cgroup_version(config.cgroupRoot), driver=cgroup_driver(config),
                           kubelet_root=config.kubeletCgroupRoot or "/"),
     )
     return source, source
+
+
+def node_name(config: ProxyConfig) -> str:
+    """This node's name: ``nodeName``, else ``NODE_NAME``, else the host name."""
+    return config.nodeName or os.environ.get("NODE_NAME", "") or socket.gethostname()
+
+
+def events(config: ProxyConfig) -> EventRecorder:
+    """The recorder of Events on pods (``runtime_proxy.engine.events``): sent through the API
+    with the node's credentials (in-cluster, else ``KUBECONFIG``) when ``fromCluster`` is set,
+    else counted only."""
+
+    def api() -> KubeEventsApi:
+        return KubeEventsApi(_load_api_client())
+
+    return EventRecorder(api if config.fromCluster else None, host=node_name(config))
 
 
 def kubelet_root(config: ProxyConfig) -> KubeletRoot:

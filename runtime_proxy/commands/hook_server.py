@@ -157,7 +157,7 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, part
         parts = build(opts)
     pipeline, node_watch = parts.pipeline, parts.node_source
     applier = parts.applier if opts.apply or parts.dry_run else None
-    service = HookService(pipeline, parts.node_source, applier)
+    service = HookService(pipeline, parts.node_source, applier, events=parts.events)
     listen = strip_unix(opts.listen)
     prepare_listen_path(listen)
     # gRPC is imported here, not with the module: ``runtime-proxy`` builds every sub-command's

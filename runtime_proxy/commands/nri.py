@@ -125,7 +125,7 @@ def build(opts: NriOptions) -> NriParts:
     parts = compose.build(opts.config, dry_run=opts.dry_run, builtins=opts.builtins,
                           entry_points=opts.entry_points, extra=opts.extra_plugins)
     engine = NriEngine(parts.pipeline, node_source=parts.node_source, applier=parts.applier, background=True,
-                       kubelet_root=parts.kubelet_root)
+                       kubelet_root=parts.kubelet_root, events=parts.events)
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
     return NriParts(plugin=plugin, engine=engine, parts=parts)
 

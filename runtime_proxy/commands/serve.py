@@ -135,6 +135,7 @@ class Proxy:
             applier=self.applier,
             on_store_change=self._store_changed,
             kubelet_root=parts.kubelet_root,
+            events=parts.events,
         )
         self.transport = make_transport(opts.transport, opts.listen, opts.backend, self.interceptor)
         self._tasks: list[asyncio.Task[None]] = []

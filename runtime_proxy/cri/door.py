@@ -40,6 +40,7 @@ from hooks.plan import CgroupWrite, Plan
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
+from runtime_proxy.engine.events import EventSink
 from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
@@ -113,9 +114,10 @@ class CriInterceptor:
         applier: Applier | None = None,
         on_store_change: Callable[[bool], None] | None = None,
         kubelet_root: KubeletRoot | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.core = Lifecycle(pipeline, store=store, node_source=node_source, applier=applier,
-                              kubelet_root=kubelet_root, where="interceptor")
+                              kubelet_root=kubelet_root, where="interceptor", events=events)
         self.client = client
         # Called after every intercepted call with "did the bound cpusets (the share pools'
         # input) change?", so the reconciler can push new pools to running containers at once.

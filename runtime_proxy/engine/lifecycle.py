@@ -16,12 +16,19 @@ facts and stage results into wire replies; everything else happens here, once:
 - whether a stage's effects go ahead (``carries``) and applying its file part (``apply``), both
   asked of the ``runtime_proxy.host.apply.Applier`` the composition root chose (the recording
   applier in dry-run: plans are logged there, replies carry no changes, no file is touched);
-- whether the share pools' input moved (``pools_moved``), for the reconciler.
+- whether the share pools' input moved (``pools_moved``), for the reconciler;
+- what happened to a pod: ``run`` binds the call's pod and container (``identity``: namespace,
+  pod, pod_uid, container) to structlog's context variables, so every line logged for the rest
+  of the call (the pipeline's, the applier's, the door's) names them; ``call_scope`` forgets
+  them when a task that serves many calls (the NRI worker) ends one; every hook failure or
+  refusal of a stage about a pod is recorded as a Kubernetes Event on it through the
+  ``EventSink`` the composition root gave (``runtime_proxy.engine.events``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Protocol
 
 import structlog
@@ -30,6 +37,7 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.plan import Plan
 from runtime_proxy import metrics
 from runtime_proxy.engine.bound import POD_INPUT_REJECTED, BoundCpusets
+from runtime_proxy.engine.events import REASON_FAILED, REASON_REFUSED, EventSink, PodEvent
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot
@@ -37,7 +45,18 @@ from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["FAILED_PRECONDITION", "Lifecycle", "NodeSource", "Pools", "StageRejected", "StaticNode"]
+__all__ = [
+    "FAILED_PRECONDITION",
+    "IDENTITY_KEYS",
+    "Lifecycle",
+    "NodeSource",
+    "Pools",
+    "StageRejected",
+    "StaticNode",
+    "bind_identity",
+    "call_scope",
+    "identity",
+]
 
 # The status code of a refused call (gRPC's and ttrpc's FAILED_PRECONDITION).
 FAILED_PRECONDITION = 9
@@ -45,6 +64,34 @@ FAILED_PRECONDITION = 9
 # The share pools' input: the CPUs bound to each pod (by uid) and the LSE pods.
 Pools = tuple[Mapping[str, frozenset[int]], frozenset[str]]
 NO_POOLS: Pools = ({}, frozenset())
+
+
+# The keys every log line about a pod or container carries (bound by ``Lifecycle.run``).
+IDENTITY_KEYS = ("namespace", "pod", "pod_uid", "container")
+
+
+def identity(pod: PodFacts, container: ContainerFacts | None) -> dict[str, str]:
+    """The log fields naming ``pod`` (and ``container``); empty values are left out."""
+    fields = {"namespace": pod.namespace, "pod": pod.name, "pod_uid": pod.uid,
+              "container": container.name if container is not None else ""}
+    return {key: value for key, value in fields.items() if value}
+
+
+def bind_identity(pod: PodFacts, container: ContainerFacts | None) -> None:
+    """Name ``pod`` and ``container`` on every line the current task logs from now on (the keys
+    of a previous call that this one lacks are forgotten)."""
+    fields = identity(pod, container)
+    structlog.contextvars.unbind_contextvars(*(key for key in IDENTITY_KEYS if key not in fields))
+    structlog.contextvars.bind_contextvars(**fields)
+
+
+@contextmanager
+def call_scope() -> Iterator[None]:
+    """One call of a task that serves many: the identity it binds is forgotten at the end."""
+    try:
+        yield
+    finally:
+        structlog.contextvars.unbind_contextvars(*IDENTITY_KEYS)
 
 
 class NodeSource(Protocol):
@@ -90,6 +137,7 @@ class Lifecycle:
         kubelet_root: KubeletRoot | None = None,
         where: str = "interceptor",
         stateless: bool = False,
+        events: EventSink | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.store = store if store is not None else Store()
@@ -101,6 +149,8 @@ class Lifecycle:
         # A door that keeps no pods (the hook server: its caller keeps them) sees the node config
         # as it is, with neither a learned kubelet root nor bound cpusets.
         self.stateless = stateless
+        # Where hook failures and refusals become Events on their pod (None: nowhere).
+        self.events = events
         self._bound = BoundCpusets(where=where)
         self._refreshed_version = -1
         self._node_cache: tuple[int, int, NodeFacts] | None = None
@@ -164,7 +214,11 @@ class Lifecycle:
 
     async def run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:
         """The one place a door runs a stage: None when the pod skips hooks or no plugin
-        implements ``stage``; raises ``StageRejected`` when a ``Fail``-policy step failed."""
+        implements ``stage``; raises ``StageRejected`` when a ``Fail``-policy step failed. Binds
+        the call's identity to the log context (``bind_identity``) and records each hook
+        failure as an Event on the pod (``record_failures``)."""
+        if pod.uid or pod.name:
+            bind_identity(pod, container)
         if pod.skips_hooks:
             metrics.HOOKS_SKIPPED.labels("skip-label").inc()
             return None
@@ -172,9 +226,27 @@ class Lifecycle:
             return None
         await self.refresh()
         result = await self.pipeline.run(stage, pod, container, self.node())
+        self.record_failures(result, pod, container)
         if result.rejected is not None:
             raise StageRejected(f"{result.rejected} (policy Fail)")
         return result
+
+    def record_failures(self, result: StageResult, pod: PodFacts, container: ContainerFacts | None) -> None:
+        """An Event on ``pod`` for each failure of ``result`` (``RuntimeHookRefused`` for the
+        one that refused the call, ``RuntimeHookFailed`` for the others); none without a sink
+        or for a stage about no pod (``ReconcileUsage``)."""
+        if self.events is None or not result.failures or not (pod.name and pod.namespace):
+            return
+        where = f"container {container.name}" if container is not None and container.name else "pod"
+        for failure in result.failures:
+            refused = failure is result.rejected
+            outcome = "call refused" if refused else "call went on without it"
+            self.events.record(PodEvent(
+                namespace=pod.namespace, name=pod.name, uid=pod.uid,
+                reason=REASON_REFUSED if refused else REASON_FAILED,
+                message=f"hook {failure.step} ({failure.policy}) at {failure.stage} of {where}: {failure.kind}: "
+                        f"{failure.message[:400]}; {outcome}",
+            ))
 
     def refusal(self, stage: str, reason: str) -> StageRejected | None:
         """A stage whose hooks could not run (an undecodable request, a pod's bad input, a bug):

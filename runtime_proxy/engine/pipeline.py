@@ -33,6 +33,7 @@ dropped) and the steps after it go on in a new job.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -342,7 +343,8 @@ class _LocalBatch:
     async def run(self) -> int:
         """Run the steps; returns how many of them are now recorded (all, up to a rejection,
         or up to and including the one that timed out)."""
-        job = asyncio.get_running_loop().run_in_executor(_EXECUTOR, self._work)
+        # The job logs with the call's context (the pod and container ``Lifecycle.run`` bound).
+        job = asyncio.get_running_loop().run_in_executor(_EXECUTOR, contextvars.copy_context().run, self._work)
         while True:
             with self.lock:
                 current, since = self.current, self.since

@@ -28,6 +28,7 @@ import structlog
 from cri_protos import hookserver_pb2 as hs
 from hooks.facts import ContainerFacts, PodFacts
 from hooks.plan import CgroupWrite, Plan
+from runtime_proxy.engine.events import EventSink
 from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.remote import (
@@ -63,9 +64,10 @@ def _needs_id(w: CgroupWrite) -> bool:
 class HookService:
     """The ``RuntimeHookService`` servicer: thin methods over ``handle``."""
 
-    def __init__(self, pipeline: Pipeline, node_source: NodeSource, applier: Applier | None) -> None:
+    def __init__(self, pipeline: Pipeline, node_source: NodeSource, applier: Applier | None, *,
+                 events: EventSink | None = None) -> None:
         self.core = Lifecycle(pipeline, node_source=node_source, applier=applier, where="hook-server",
-                              stateless=True)
+                              stateless=True, events=events)
         # Container-level writes waiting for the container id: (pod uid, name, attempt) -> writes.
         self._pending: OrderedDict[tuple[str, str, int], list[CgroupWrite]] = OrderedDict()
 

@@ -374,7 +374,13 @@ class FileApplier:
         self.last_report: ApplyReport | None = None
 
     def carries(self, plan: Plan, *, stage: str) -> bool:
-        return not self.dry_run
+        """True (False with ``dry_run``); each plan that goes ahead with changes is logged here,
+        once, at info with what it changes (the call's pod is in the log context)."""
+        if self.dry_run:
+            return False
+        if not plan.is_empty():
+            log.info("plan", stage=stage, plan=plan.to_json())
+        return True
 
     def apply_files(
         self,
@@ -399,8 +405,8 @@ class FileApplier:
         report = await asyncio.to_thread(self.apply_now, plan)
         self.last_report = report
         if report.changed or report.moved or report.removed:
-            log.info(
-                "plan applied",
+            log.debug(
+                "plan's files applied",
                 stage=stage,
                 changed=len(report.changed),
                 moved=sum(n for _, n in report.moved),

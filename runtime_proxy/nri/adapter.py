@@ -73,7 +73,8 @@ from cri_protos import nri_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
 from hooks.plan import Plan, PlanError, ResourceChanges
 from runtime_proxy import metrics
-from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, NodeSource, StageRejected
+from runtime_proxy.engine.events import EventSink
+from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, NodeSource, StageRejected, call_scope
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
@@ -285,9 +286,10 @@ class NriEngine:
         on_store_change: Callable[[bool], None] | None = None,
         background: bool = False,
         kubelet_root: KubeletRoot | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.core = Lifecycle(pipeline, node_source=node_source, applier=applier, kubelet_root=kubelet_root,
-                              where="nri")
+                              where="nri", events=events)
         # No pools before the first event: only a pod that holds CPUs makes them change.
         self.core.pools = NO_POOLS
         self.background = background
@@ -411,7 +413,8 @@ class NriEngine:
         while True:
             name, work = await queue.get()
             try:
-                await work()
+                with call_scope():
+                    await work()
             except Exception:  # one event's failure never stops the ones after it
                 log.exception("NRI event processing failed", step=name)
             finally:
