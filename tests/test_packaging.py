@@ -107,7 +107,8 @@ def test_the_node_daemonset_grants_only_what_the_node_part_needs(overlay: str) -
     assert container.get("livenessProbe")
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert host_paths <= {"/sys/fs/cgroup", "/var/run/nri", "/etc/runtime/hookserver.d", "/var/run/runtime-hook-proxy"}
-    # fromCluster: the service account may read its Node, NodeSLO and NRT and write nothing.
+    # fromCluster: the service account may read its Node, NodeSLO and NRT and write nothing but
+    # Events on pods whose hooks failed (create, and patch to count repeats).
     assert spec["serviceAccountName"] == "runtime-hook-proxy-node"
     roles = {role["metadata"]["name"]: role for role in kinds["ClusterRole"]}
     assert set(roles) == {"runtime-hook-proxy-node", "runtime-hook-proxy-node-evict"}
@@ -120,7 +121,7 @@ def test_the_node_daemonset_grants_only_what_the_node_part_needs(overlay: str) -
         (group, res, verb) for group, res in (("", "nodes"), ("slo.koordinator.sh", "nodeslos"),
                                               ("topology.node.k8s.io", "noderesourcetopologies"))
         for verb in ("get", "list", "watch")
-    }
+    } | {("", "events", "create"), ("", "events", "patch")}
     # evictBy: api only: an Eviction and an Event, nothing else written.
     assert granted("runtime-hook-proxy-node-evict") == {("", "pods/eviction", "create"), ("", "events", "create")}
 
@@ -164,6 +165,9 @@ def test_the_hook_server_daemonset_command_parses_and_registers_its_host_path() 
     socket_dir = str(Path(args.listen).parent)
     assert volumes[mounts[socket_dir]]["hostPath"]["path"] == socket_dir, "the registered endpoint is the host's path"
     assert volumes[mounts[args.register_dir]]["hostPath"]["path"] == "/etc/runtime/hookserver.d"
+    assert args.metrics_addr == "0.0.0.0:9464"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 
 
 # ---- the Containerfile (no image builder runs here: its inputs are checked) ----------------------
