@@ -29,7 +29,6 @@ import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from hooks.facts import NodeFacts, PodFacts, compute_share_pools, pod_resource_status
 from koord_formats import device as device_format
@@ -56,6 +55,7 @@ from koord_formats.nrt import (
 )
 from koord_formats.topology import CPUTopology, format_cpu_topology
 from runtime_proxy.report.sources import KubeletConfig
+from runtime_proxy.report.writer import KubeObject
 
 __all__ = [
     "MANAGED_NRT_ANNOTATIONS",
@@ -87,7 +87,7 @@ class NRTReport:
 
     annotations: Mapping[str, str]
     policy: str
-    zones: tuple[dict[str, Any], ...]
+    zones: tuple[KubeObject, ...]
 
 
 def static_reserved_cpus(topo: CPUTopology, kubelet: KubeletConfig) -> frozenset[int]:
@@ -161,19 +161,19 @@ def build_nrt(
     )
 
 
-def new_nrt(name: str, report: NRTReport, owner: Mapping[str, Any] | None) -> dict[str, Any]:
+def new_nrt(name: str, report: NRTReport, owner: Mapping[str, str] | None) -> KubeObject:
     """A NodeResourceTopology to create for node ``name`` (owned by the Node when ``owner``, a
     metadata ``ownerReferences`` entry, is given, so it goes with the Node)."""
-    meta: dict[str, Any] = {"name": name, "annotations": dict(report.annotations)}
+    meta: KubeObject = {"name": name, "annotations": dict(report.annotations)}
     if owner is not None:
         meta["ownerReferences"] = [dict(owner)]
     return {"apiVersion": f"{nrt_format.API_GROUP}/{nrt_format.API_VERSION}", "kind": nrt_format.KIND, "metadata": meta,
             _TOPOLOGY_POLICIES: [report.policy], "zones": list(report.zones)}
 
 
-def _merged_zones(existing: Sequence[Zone], ours: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _merged_zones(existing: Sequence[Zone], ours: Sequence[KubeObject]) -> list[KubeObject]:
     by_name = {z.name: z for z in existing if z.type == ZONE_TYPE_NODE}
-    out: list[dict[str, Any]] = []
+    out: list[KubeObject] = []
     for zone in ours:
         merged = copy.deepcopy(zone)
         old = by_name.get(zone["name"])
@@ -184,7 +184,7 @@ def _merged_zones(existing: Sequence[Zone], ours: Sequence[dict[str, Any]]) -> l
     return out
 
 
-def merge_nrt(existing: Mapping[str, Any], report: NRTReport) -> dict[str, Any] | None:
+def merge_nrt(existing: KubeObject, report: NRTReport) -> KubeObject | None:
     """``existing`` (a NodeResourceTopology read back, decoded from bounded JSON) with the
     managed parts of ``report`` in it, or ``None`` when they are already there. Raises
     ``FormatError`` when the parts it reads (annotations, zones, policies) are malformed."""
@@ -208,11 +208,11 @@ def merge_nrt(existing: Mapping[str, Any], report: NRTReport) -> dict[str, Any] 
     return out
 
 
-def new_device(name: str, gpus: Sequence[GPUInfo], owner: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def new_device(name: str, gpus: Sequence[GPUInfo], owner: Mapping[str, str] | None) -> KubeObject | None:
     """A Device to create for node ``name``, or ``None`` when the node has no GPU."""
     if not gpus:
         return None
-    meta: dict[str, Any] = {"name": name}
+    meta: KubeObject = {"name": name}
     if owner is not None:
         meta["ownerReferences"] = [dict(owner)]
     return {"apiVersion": f"{device_format.API_GROUP}/{device_format.API_VERSION}", "kind": device_format.KIND,
@@ -220,7 +220,7 @@ def new_device(name: str, gpus: Sequence[GPUInfo], owner: Mapping[str, Any] | No
             "spec": {"devices": format_gpu_devices(gpus)}}
 
 
-def merge_device(existing: Mapping[str, Any], gpus: Sequence[GPUInfo]) -> dict[str, Any] | None:
+def merge_device(existing: KubeObject, gpus: Sequence[GPUInfo]) -> KubeObject | None:
     """``existing`` (a Device read back) with its GPU entries replaced by ``gpus``, or ``None``
     when they are already these. Raises ``FormatError`` when its spec is malformed."""
     spec = existing.get("spec")

@@ -41,11 +41,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 from prometheus_client import Counter, Histogram
@@ -55,6 +55,7 @@ from hooks.usage import UsageSample
 from koord_formats import device as device_format
 from koord_formats import nodemetric as nm
 from koord_formats import nrt as nrt_format
+from koord_formats.device import GPUInfo
 from koord_formats.errors import FormatError
 from koord_formats.nodeslo import host_applications
 from koord_formats.topology import CPUTopology
@@ -77,7 +78,7 @@ from runtime_proxy.report.sources import (
     read_kubelet_config,
     read_numa_memory,
 )
-from runtime_proxy.report.writer import ApiError, KubeObjects, RateLimit, Ref
+from runtime_proxy.report.writer import ApiError, KubeObject, KubeObjects, RateLimit, Ref
 
 __all__ = ["ReportBackend", "Reporter", "reporter"]
 
@@ -104,11 +105,14 @@ class ReportBackend(Protocol):
     def containers(self) -> list[tuple[PodFacts, ContainerFacts]]: ...
 
 
+_T = TypeVar("_T")
+
+
 @dataclass
 class _Written:
     """What was last written to (or found in) one object, and when it was last read."""
 
-    value: Any = None
+    value: object = None
     read_at: float = float("-inf")
 
 
@@ -204,7 +208,7 @@ class Reporter:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), period)
 
-    def _warn_once(self, key: str, message: str, **fields: Any) -> None:
+    def _warn_once(self, key: str, message: str, **fields: object) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message, node=self.node_name, **fields)
@@ -230,10 +234,10 @@ class Reporter:
         gpus = discover_gpus(self.config.sysRoot, self.config.procRoot, memory_bytes=self.config.gpuMemoryBytes)
         self._sync("Device", DEVICE, gpus, self._device_new, merge_device)
 
-    def _nrt_new(self, report: NRTReport) -> dict[str, Any] | None:
+    def _nrt_new(self, report: NRTReport) -> KubeObject | None:
         return new_nrt(self.node_name, report, self.objects.node_owner(self.node_name))
 
-    def _device_new(self, gpus: Any) -> dict[str, Any] | None:
+    def _device_new(self, gpus: Sequence[GPUInfo]) -> KubeObject | None:
         if not gpus:
             return None
         return new_device(self.node_name, gpus, self.objects.node_owner(self.node_name))
@@ -242,9 +246,9 @@ class Reporter:
         self,
         kind: str,
         ref: Ref,
-        value: Any,
-        create: Callable[[Any], dict[str, Any] | None],
-        merge: Callable[[dict[str, Any], Any], dict[str, Any] | None],
+        value: _T,
+        create: Callable[[_T], KubeObject | None],
+        merge: Callable[[KubeObject, _T], KubeObject | None],
     ) -> None:
         """Write ``value``'s parts into object ``kind`` when they changed (see the module docstring)."""
         written = self._written[kind]

@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import structlog
 import yaml
@@ -67,7 +66,7 @@ _UUID = re.compile(r"GPU-[0-9A-Za-z-]{1,100}")
 _warned: set[str] = set()
 
 
-def _warn_once(key: str, message: str, **fields: Any) -> None:
+def _warn_once(key: str, message: str, **fields: object) -> None:
     if key not in _warned and len(_warned) < 4096:
         _warned.add(key)
         log.warning(message, **fields)
@@ -186,7 +185,7 @@ class KubeletConfig:
     topology_manager_scope: str = "container"
 
 
-def _str(doc: Mapping[str, Any], key: str, default: str) -> str:
+def _str(doc: Mapping[str, object], key: str, default: str) -> str:
     value = doc.get(key)
     if value is None:
         return default
@@ -195,7 +194,7 @@ def _str(doc: Mapping[str, Any], key: str, default: str) -> str:
     return value
 
 
-def _reserved_cpu(doc: Mapping[str, Any], key: str) -> int:
+def _reserved_cpu(doc: Mapping[str, object], key: str) -> int:
     section = doc.get(key)
     if section is None:
         return 0

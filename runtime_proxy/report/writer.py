@@ -23,13 +23,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from koord_formats.bounded import load_json, read_object
 from koord_formats.errors import FormatError
 from rhp_ops.files import check_kubeconfig
 
-__all__ = ["MAX_OBJECT_BYTES", "ApiError", "KubeObjects", "RateLimit", "Ref"]
+__all__ = ["MAX_OBJECT_BYTES", "ApiError", "KubeObject", "KubeObjects", "RateLimit", "Ref"]
+
+KubeObject: TypeAlias = dict[str, Any]  # Any: a Kubernetes object as JSON; each reader checks the fields it uses
 
 # The largest object read back: a NodeMetric of a few hundred pods is tens of KiB, an NRT with a
 # 4096-CPU topology about 400 KiB; etcd refuses objects above 1.5 MiB anyway.
@@ -82,10 +84,10 @@ class RateLimit:
         return False
 
 
-def _load_api_client(kubeconfig: str | None) -> Any:
+def _load_api_client(kubeconfig: str | None) -> Any:  # Any: kubernetes.client.ApiClient (untyped)
     from kubernetes import client, config
 
-    k8s_config: Any = config
+    k8s_config: Any = config  # Any: the untyped kubernetes.config module
     cfg = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         k8s_config.load_incluster_config(client_configuration=cfg)
@@ -99,7 +101,8 @@ def _load_api_client(kubeconfig: str | None) -> Any:
 class KubeObjects:
     """Bounded GET, POST and PUT of single objects (see the module docstring)."""
 
-    def __init__(self, api_client: Any = None, *, kubeconfig: str | None = None, timeout: float = 10.0,
+    def __init__(self, api_client: Any = None, *,  # Any: kubernetes.client.ApiClient (untyped)
+                 kubeconfig: str | None = None, timeout: float = 10.0,
                  max_bytes: int = MAX_OBJECT_BYTES) -> None:
         self._api_client = api_client
         self._kubeconfig = kubeconfig
@@ -107,7 +110,7 @@ class KubeObjects:
         self.timeout = timeout
         self.max_bytes = max_bytes
 
-    def _client(self) -> Any:
+    def _client(self) -> Any:  # Any: kubernetes.client.ApiClient (untyped)
         with self._lock:
             if self._api_client is None:
                 try:
@@ -116,12 +119,12 @@ class KubeObjects:
                     raise ApiError(0, f"no usable credentials: {exc}") from None
             return self._api_client
 
-    def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+    def _request(self, method: str, path: str, body: Mapping[str, object] | None = None) -> object:
         import urllib3
 
         api = self._client()
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        queries: list[Any] = []
+        queries: list[tuple[str, str]] = []
         try:
             api.update_params_for_auth(headers, queries, ["BearerToken"], path, method, body)
             response = api.rest_client.pool_manager.request(
@@ -147,7 +150,7 @@ class KubeObjects:
         except (FormatError, UnicodeDecodeError) as exc:
             raise ApiError(0, f"{method} {path}: {exc}") from None
 
-    def get(self, ref: Ref, name: str) -> dict[str, Any] | None:
+    def get(self, ref: Ref, name: str) -> KubeObject | None:
         """The object, or ``None`` when it does not exist."""
         try:
             obj = self._request("GET", ref.path(name))
@@ -160,15 +163,15 @@ class KubeObjects:
         except FormatError as exc:
             raise ApiError(0, str(exc)) from None
 
-    def create(self, ref: Ref, body: Mapping[str, Any]) -> None:
+    def create(self, ref: Ref, body: Mapping[str, object]) -> None:
         self._request("POST", ref.path(), body)
 
-    def replace(self, ref: Ref, name: str, body: Mapping[str, Any], *, status: bool = False) -> None:
+    def replace(self, ref: Ref, name: str, body: Mapping[str, object], *, status: bool = False) -> None:
         """PUT the object (or its ``status`` subresource); the body's ``resourceVersion`` makes it
         fail with 409 when the object changed since it was read."""
         self._request("PUT", ref.path(name, "status" if status else ""), body)
 
-    def node_owner(self, name: str) -> dict[str, Any] | None:
+    def node_owner(self, name: str) -> dict[str, str] | None:
         """An ``ownerReferences`` entry for Node ``name`` (so the object goes with the Node), or
         ``None`` when the Node cannot be read."""
         try:
