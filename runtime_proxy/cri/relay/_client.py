@@ -7,8 +7,6 @@ Every request header block is decoded to read ``:path``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from hpack import HPACKError
 
 from runtime_proxy.cri.methods import is_known_unary
@@ -65,8 +63,8 @@ class ClientSide(Interception):
             pos = 24
         start = 0
         mv = memoryview(buf)
-        up: list[Any] = []
-        down: list[Any] = []
+        up: list[bytes | memoryview] = []
+        down: list[bytes | memoryview] = []
         self._up_q = up
         self._down_q = down
         icpt = self._icpt

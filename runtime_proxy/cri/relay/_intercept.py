@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Coroutine, Generator
-from typing import Any
 
 from runtime_proxy.cri.relay import _wire as w
 from runtime_proxy.cri.relay._flow import FlowControl
@@ -34,7 +33,7 @@ from runtime_proxy.cri.transport import HookRejected
 class Interception(FlowControl):
     """Intercepted calls (a ``Session`` unit)."""
 
-    def _start_eager(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+    def _start_eager(self, coro: Coroutine[object, None, None]) -> asyncio.Task[None] | None:
         """Run ``coro`` at once until it first waits; only then does it get a task.
 
         A hook that answers without waiting (no plugin for the stage, say) then costs no trip
@@ -85,7 +84,7 @@ class Interception(FlowControl):
         return out
 
     def _client_icpt_data(
-        self, st: Intercepted, mv: memoryview, pos: int, length: int, flags: int, down: list[bytes]
+        self, st: Intercepted, mv: memoryview, pos: int, length: int, flags: int, down: list[bytes | memoryview]
     ) -> None:
         """Swallow request DATA of an intercepted stream; give the client its window back."""
         end_stream = flags & w.FLAG_END_STREAM
@@ -267,7 +266,7 @@ class Interception(FlowControl):
             self._vheld = None
             self.verbatim = False
 
-    def _release_down(self, st: Intercepted, down: list[bytes]) -> None:
+    def _release_down(self, st: Intercepted, down: list[bytes | memoryview]) -> None:
         """Send the response frames kept back so far; the rest of the response passes through."""
         if st.held_down:
             down.extend(st.held_down)
@@ -315,11 +314,11 @@ class _Resumed:
 
     __slots__ = ("_coro", "_first")
 
-    def __init__(self, coro: Coroutine[Any, Any, None], first: Any) -> None:
+    def __init__(self, coro: Coroutine[object, None, None], first: object) -> None:
         self._coro = coro
         self._first = first
 
-    def __await__(self) -> Generator[Any, Any, None]:
+    def __await__(self) -> Generator[object, None, None]:
         coro, waiting = self._coro, self._first
         self._first = None
         while True:
@@ -337,5 +336,5 @@ class _Resumed:
                     return
 
 
-async def resume_coro(coro: Coroutine[Any, Any, None], first: Any) -> None:
+async def resume_coro(coro: Coroutine[object, None, None], first: object) -> None:
     await _Resumed(coro, first)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runtime_proxy import metrics
 from runtime_proxy.cri.relay import _wire as w
+
+if TYPE_CHECKING:
+    from prometheus_client import Histogram
 
 # gRPC status code names by number, as ``grpc.StatusCode`` names them (the metrics' ``code``).
 CODE_NAMES = (
@@ -39,7 +42,7 @@ CODE_NAMES = (
 RST_CODES = {w.CANCEL: "CANCELLED", w.REFUSED_STREAM: "UNAVAILABLE"}
 
 perf = time.perf_counter
-_LATENCY: dict[str, Any] = {}  # method -> its child of metrics.CALL_LATENCY
+_LATENCY: dict[str, Histogram] = {}  # method -> its child of metrics.CALL_LATENCY
 
 
 def observe_call(method: str, code: str, seconds: float) -> None:

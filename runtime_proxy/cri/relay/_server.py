@@ -8,7 +8,6 @@ Intercepted streams' responses are held or copied for ``after`` (``_intercept``)
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 from hpack import HPACKError
 
@@ -65,8 +64,8 @@ class ServerSide(Interception):
         pos = 0
         start = 0
         mv = memoryview(buf)
-        down: list[Any] = []
-        up: list[Any] = []
+        down: list[bytes | memoryview] = []
+        up: list[bytes | memoryview] = []
         self._up_q = up
         self._down_q = down
         icpt = self._icpt
@@ -271,7 +270,7 @@ class ServerSide(Interception):
             del self._icpt[sid]
             self._cancel_icpt(st)
 
-    def _server_block_done(self, down: list[Any]) -> None:
+    def _server_block_done(self, down: list[bytes | memoryview]) -> None:
         block = self._s_block
         assert block is not None
         self._s_block = None

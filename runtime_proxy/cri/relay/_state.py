@@ -14,8 +14,8 @@ peer (containerd). "Up" means toward the server, "down" toward the client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -65,7 +65,7 @@ class SessionState:
         interceptor: CallInterceptor,
         backend: str,
         connect_timeout: float,
-        on_closed: Callable[[Any], None],
+        on_closed: Callable[[SessionState], None],
         *,
         limits: RelayLimits | None = None,
         budget: Budget | None = None,
@@ -151,8 +151,8 @@ class SessionState:
         self._due_before: list[Intercepted] = []
         self._due_after: list[Intercepted] = []
         # While a parse runs, frames the relay writes itself join its output in order.
-        self._up_q: list[Any] | None = None
-        self._down_q: list[Any] | None = None
+        self._up_q: list[bytes | memoryview] | None = None
+        self._down_q: list[bytes | memoryview] | None = None
 
     def _pause_down(self, why: int) -> None:
         if not self._down_stop and self.down is not None:
@@ -176,7 +176,7 @@ class SessionState:
             if not self._up_stop and self.up is not None and not self.up.is_closing():
                 self.up.resume_reading()
 
-    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+    def _spawn(self, coro: Coroutine[object, None, None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
