@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -183,7 +183,7 @@ class ProxyConfig(BaseModel):
 
 def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     """The field names of the (sub)model that holds ``loc``'s last key, for suggestions."""
-    current: Any = model
+    current: object = model
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
@@ -195,7 +195,7 @@ def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     return []
 
 
-def _inner_model(annotation: Any) -> Any:
+def _inner_model(annotation: object) -> object:
     """The pydantic model inside ``list[M] | None`` and the like (else ``annotation``)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
@@ -316,7 +316,7 @@ def check_usable(cfg: ProxyConfig) -> None:
 # ---- the reference table of docs/config.md ----------------------------------------------------
 
 
-def _type_name(annotation: Any) -> str:
+def _type_name(annotation: object) -> str:
     """``list[PluginConfig] | None`` -> ``list of objects, or null``; ``Literal['a','b']`` -> ``"a" or "b"``."""
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Literal:
@@ -330,7 +330,7 @@ def _type_name(annotation: Any) -> str:
         return "map"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "object"
-    names = {str: "string", float: "number", int: "integer", bool: "boolean"}
+    names: dict[object, str] = {str: "string", float: "number", int: "integer", bool: "boolean"}
     return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from typing import Any
 
 __all__ = ["LARGE_BLOCK", "map_large_blocks", "trim"]
 
@@ -21,7 +20,7 @@ M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
 LARGE_BLOCK = 1 << 20
 
 
-def _libc() -> Any:
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
         return None

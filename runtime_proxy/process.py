@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
 
 import structlog
 
@@ -37,11 +36,11 @@ def fail(command: str, message: str, code: int) -> int:
     return code
 
 
-def run_main(command: str, coro: Coroutine[Any, Any, None]) -> int:
+def run_main(command: str, coro: Coroutine[object, None, None]) -> int:
     """Run ``coro`` on uvloop (asyncio when uvloop is missing) and turn what escapes into an exit
     code: an ``OSError`` means the process could not take its socket or address (3), anything
     else is a failure while running (1, logged with its traceback on stderr)."""
-    runner: Callable[[Coroutine[Any, Any, None]], None]
+    runner: Callable[[Coroutine[object, None, None]], None]
     try:
         import uvloop
 

@@ -14,16 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, NoReturn
+from typing import NoReturn, Protocol
 
 __all__ = ["Background", "every"]
+
+
+class ExceptionLogger(Protocol):
+    """What ``every`` logs a failed round with (a structlog or a stdlib logger)."""
+
+    def exception(self, event: str, /) -> object: ...
 
 
 async def every(
     interval: float,
     body: Callable[[], Awaitable[object]],
     *,
-    logger: Any,
+    logger: ExceptionLogger,
     error: str,
     delay_first: bool = False,
 ) -> NoReturn:
@@ -44,14 +50,14 @@ class Background:
     """The asyncio tasks of one part, stopped together by cancel-and-await."""
 
     def __init__(self) -> None:
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tasks: list[asyncio.Task[object]] = []
 
     @property
     def running(self) -> bool:
         """True while a task started here has not finished."""
         return any(not t.done() for t in self._tasks)
 
-    def start(self, coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
+    def start(self, coro: Coroutine[object, None, object], *, name: str) -> asyncio.Task[object]:
         """Run ``coro`` as a task named ``name`` until ``stop``."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.append(task)

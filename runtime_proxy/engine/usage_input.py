@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from hooks.usage import MAX_SAMPLES, BEState, EvictionRecord, ResourceUsage, Usage, UsageSample
 from koord_formats.cpulist import parse_cpu_list
@@ -52,13 +52,13 @@ def _snake(name: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
 
 
-def _fields(value: object, where: str, names: tuple[str, ...]) -> dict[str, Any]:
+def _fields(value: object, where: str, names: tuple[str, ...]) -> dict[str, object]:
     """The object's values by camelCase name; unknown keys, and a field given in both
     spellings, are errors."""
     if not isinstance(value, Mapping):
         raise UsageInputError(f"{where} must be an object")
     spellings = {n: n for n in names} | {_snake(n): n for n in names}
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, item in value.items():
         name = spellings.get(key) if isinstance(key, str) else None
         if name is None:
@@ -94,7 +94,7 @@ def _text(value: object, where: str) -> str:
     return value
 
 
-def _list(value: object, where: str, limit: int) -> list[Any]:
+def _list(value: object, where: str, limit: int) -> list[object]:
     if not isinstance(value, list):
         raise UsageInputError(f"{where} must be a list")
     if len(value) > limit:

@@ -110,10 +110,10 @@ class _Recent:
             self.done[uid] = self.clock()
 
 
-def _load_api_client() -> Any:
+def _load_api_client() -> Any:  # Any: kubernetes.client.ApiClient (untyped)
     from kubernetes import client, config
 
-    k8s_config: Any = config
+    k8s_config: Any = config  # Any: the untyped kubernetes.config module
     cfg = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         k8s_config.load_incluster_config(client_configuration=cfg)
@@ -139,7 +139,7 @@ class ApiEvictor:
 
     def __init__(
         self,
-        api_client: Any = None,
+        api_client: Any = None,  # Any: kubernetes.client.ApiClient (untyped)
         *,
         node_name: str = "",
         backoff_initial: float = 1.0,
@@ -222,7 +222,7 @@ class ApiEvictor:
         self._event(api, e, "Warning", keys.EVENT_REASON_EVICT_POD_SUCCESS, event_message(e))
         return self._count(EvictionResult(e, "evicted"), "evicted")
 
-    def _event(self, api: Any, e: Eviction, kind: str, reason: str, message: str) -> None:
+    def _event(self, api: Any, e: Eviction, kind: str, reason: str, message: str) -> None:  # Any: untyped CoreV1Api
         """Record an Event on the pod; a failure is logged, never raised."""
         from kubernetes import client
 
@@ -251,7 +251,7 @@ class ApiEvictor:
 class _Runtime(Protocol):
     """What ``RuntimeEvictor`` needs of ``runtime_proxy.state.store.RuntimeClient``."""
 
-    runtime: Any
+    runtime: Any  # Any: api_pb2_grpc.RuntimeServiceStub, a generated stub without type hints
     timeout: float
 
 
@@ -293,13 +293,15 @@ class RuntimeEvictor:
     async def _stop_pod(self, uid: str) -> int:
         """Stop every running container of the pod ``uid``; the number stopped."""
         rt, timeout = self.client.runtime, self.client.timeout
-        sandboxes = await rt.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=timeout)
+        sandboxes: api_pb2.ListPodSandboxResponse = await rt.ListPodSandbox(
+            api_pb2.ListPodSandboxRequest(), timeout=timeout
+        )
         stopped = 0
         for sb in sandboxes.items:
             if sb.metadata.uid != uid:
                 continue
             running = api_pb2.ContainerStateValue(state=api_pb2.CONTAINER_RUNNING)
-            listed = await rt.ListContainers(
+            listed: api_pb2.ListContainersResponse = await rt.ListContainers(
                 api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sb.id, state=running)),
                 timeout=timeout,
             )
