@@ -39,12 +39,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import pluggy
 import structlog
 
-from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources
+from hooks.facts import ContainerChanges, ContainerFacts, NodeFacts, PodChanges, PodFacts, Resources
 from hooks.plan import Conflict, MergeResult, Plan, PlanError, ResourceChanges, Skip
 from hooks.spec import CRI_FIELDS, STAGES
 from hooks.usage import Usage
@@ -81,8 +81,10 @@ class Step(Protocol):
         pod: PodFacts,
         container: ContainerFacts | None,
         node: NodeFacts,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Plan | None: ...
+        extra: Mapping[str, object] | None = None,
+    ) -> object:
+        """The step's answer: a ``Plan`` or ``None`` when it keeps its contract; anything else
+        is refused as garbage when the stage records it."""
 
 
 _EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rhp-plugin")
@@ -98,7 +100,7 @@ class PluginStep:
         self.policy: Policy = policy
         self.timeout = timeout
         plugin = pm.get_plugin(name)
-        self._impls: dict[str, Any] = {}
+        self._impls: dict[str, pluggy.HookImpl] = {}
         for stage, hook_name in STAGES.items():
             caller = getattr(pm.hook, hook_name)
             for impl in caller.get_hookimpls():
@@ -114,11 +116,11 @@ class PluginStep:
         pod: PodFacts,
         container: ContainerFacts | None,
         node: NodeFacts,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Any:
-        """The hook function's return value, called in the current thread."""
+        extra: Mapping[str, object] | None = None,
+    ) -> object:
+        """The hook function's return value (checked by the stage run), called in the current thread."""
         impl = self._impls[stage]
-        available: dict[str, Any] = {"pod": pod, "container": container, "node": node, **(extra or {})}
+        available: dict[str, object] = {"pod": pod, "container": container, "node": node, **(extra or {})}
         return impl.function(**{arg: available[arg] for arg in impl.argnames})
 
     async def call(
@@ -127,11 +129,10 @@ class PluginStep:
         pod: PodFacts,
         container: ContainerFacts | None,
         node: NodeFacts,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Plan | None:
+        extra: Mapping[str, object] | None = None,
+    ) -> object:
         loop = asyncio.get_running_loop()
-        result: Plan | None = await loop.run_in_executor(_EXECUTOR, self.invoke, stage, pod, container, node, extra)
-        return result
+        return await loop.run_in_executor(_EXECUTOR, self.invoke, stage, pod, container, node, extra)
 
 
 def plugin_steps(
@@ -167,7 +168,7 @@ class StageResult:
     conflicts: list[Conflict] = field(default_factory=list)
 
 
-def _validate(raw: Any, stage: str, container: ContainerFacts | None, step: str) -> Plan | None:
+def _validate(raw: object, stage: str, container: ContainerFacts | None, step: str) -> Plan | None:
     if raw is None:
         return None
     if not isinstance(raw, Plan):
@@ -218,7 +219,7 @@ def _validate(raw: Any, stage: str, container: ContainerFacts | None, step: str)
 def _advance(pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> tuple[PodFacts, ContainerFacts | None]:
     """The facts as the next step sees them once ``plan`` is taken."""
     if container is not None:
-        changes: dict[str, Any] = {}
+        changes: ContainerChanges = {}
         if plan.resources:
             changes["resources"] = container.resources.with_changes(plan.resources)
         if plan.envs:
@@ -230,7 +231,7 @@ def _advance(pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> tup
         if plan.cgroup_parent is not None:
             pod = pod.replace(cgroup_parent=plan.cgroup_parent)
         return pod, container
-    pod_changes: dict[str, Any] = {}
+    pod_changes: PodChanges = {}
     if plan.labels:
         pod_changes["labels"] = {**pod.labels, **plan.labels}
     if plan.annotations:
@@ -245,7 +246,7 @@ class _StageRun:
     plan. ``record`` takes one step's outcome (validation, merge, failure policy)."""
 
     def __init__(self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts,
-                 extra: Mapping[str, Any] | None) -> None:
+                 extra: Mapping[str, object] | None) -> None:
         self.stage = stage
         self.node = node
         self.extra = extra
@@ -255,7 +256,7 @@ class _StageRun:
         self.container = container
         self.result = StageResult(plan=self.merged.plan, pod=pod, container=container, conflicts=self.merged.conflicts)
 
-    def record(self, step: Step, raw: Any, error: BaseException | None, elapsed: float) -> None:
+    def record(self, step: Step, raw: object, error: BaseException | None, elapsed: float) -> None:
         failure: StepFailure | None = None
         if error is None:
             try:
@@ -328,7 +329,7 @@ class _LocalBatch:
                 self.current, self.since = index, time.monotonic()
                 pod, container = run.pod, run.container
             started = time.perf_counter()
-            raw: Any = None
+            raw: object = None
             error: BaseException | None = None
             try:
                 raw = step.invoke(run.stage, pod, container, run.node, run.extra)
@@ -391,7 +392,7 @@ class Pipeline:
         container: ContainerFacts | None,
         node: NodeFacts,
         *,
-        extra: Mapping[str, Any] | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> StageResult:
         """Run every step that handles ``stage``; ``extra`` holds the stage's other keyword
         arguments (``pods`` and ``usage`` at ``ReconcileUsage``, see ``run_usage``)."""
@@ -412,7 +413,7 @@ class Pipeline:
                 call = step.call(stage, run.pod, run.container, node) if extra is None else step.call(
                     stage, run.pod, run.container, node, extra
                 )
-                raw: Any = await asyncio.wait_for(call, timeout=step.timeout)
+                raw = await asyncio.wait_for(call, timeout=step.timeout)
             except TimeoutError:
                 run.timed_out(step, time.perf_counter() - started)
             except Exception as exc:  # a hook server client's own bug must never take the proxy down
@@ -430,7 +431,7 @@ class Pipeline:
         )
 
 
-def _fields(failure: StepFailure) -> dict[str, Any]:
+def _fields(failure: StepFailure) -> dict[str, str]:
     return {
         "hook": failure.step,
         "stage": failure.stage,
