@@ -53,7 +53,7 @@ def _read(path: str) -> str:
         return f.read(MAX_DOCUMENT_CHARS + 1)
 
 
-def _plan_file(path: str, pm: pluggy.PluginManager, config: ProxyConfig) -> tuple[dict[str, Any] | None, str, int]:
+def _plan_file(path: str, pm: pluggy.PluginManager, config: ProxyConfig) -> tuple[dict[str, object] | None, str, int]:
     """``(plan, "", 0)`` or ``(None, message, exit code)`` for one input file."""
     try:
         text = _read(path)
@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compact", action="store_true", help="with --output json: one line")
 
 
-def format_text(result: Mapping[str, Any]) -> str:
+def format_text(result: Mapping[str, Any]) -> str:  # Any: the planner's JSON output, values of several shapes
     """One plan for people: one section per part, one line per change."""
     lines = [f"stage:   {result.get('stage')}", f"plugins: {', '.join(map(str, result.get('plugins', ())))}"]
     for key, value in result.items():
@@ -98,7 +98,7 @@ def format_text(result: Mapping[str, Any]) -> str:
             lines.append(f"{key}: none")
             continue
         lines.append(f"{key}:")
-        items: Iterable[Any] = value.items() if isinstance(value, Mapping) else value
+        items: Iterable[Any] = value.items() if isinstance(value, Mapping) else value  # Any: as result's values
         for item in items:
             if isinstance(item, tuple):
                 lines.append(f"  {item[0]} = {json.dumps(item[1], default=str)}")
@@ -130,7 +130,7 @@ def main_from_args(args: argparse.Namespace) -> int:
             return _fail(message, code)
         print(json.dumps(plan, indent=indent, default=str) if as_json else format_text(plan))
         return 0
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []  # Any: JSON out: a file name, a plan or an error
     worst = 0
     for path in files:
         plan, message, code = _plan_file(path, pm, config)

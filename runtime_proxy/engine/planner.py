@@ -77,7 +77,7 @@ class _Strict(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_nulls(cls, data: Any) -> Any:
+    def _drop_nulls(cls, data: object) -> object:
         if isinstance(data, Mapping):
             return {k: v for k, v in data.items() if v is not None}
         return data
@@ -89,7 +89,7 @@ class ContainerDocument(_Strict):
     labels: dict[str, StrictStr] = Field(default_factory=dict)
     annotations: dict[str, StrictStr] = Field(default_factory=dict)
     envs: dict[str, StrictStr] = Field(default_factory=dict)
-    resources: dict[str, Any] = Field(default_factory=dict)  # checked by hooks.facts.Resources.from_dict
+    resources: dict[str, Any] = Field(default_factory=dict)  # Any: JSON, checked by hooks.facts.Resources.from_dict
 
 
 class PodDocument(_Strict):
@@ -121,7 +121,7 @@ class NodeDocument(_Strict):
     name: StrictStr = ""
     labels: dict[str, StrictStr] = Field(default_factory=dict)
     annotations: dict[str, StrictStr] = Field(default_factory=dict)
-    cpuTopology: dict[str, Any] | None = None  # checked by hooks.facts.CPUTopology.from_annotation
+    cpuTopology: dict[str, Any] | None = None  # Any: JSON, checked by CPUTopology.from_annotation
     boundCPUs: dict[str, StrictStr] = Field(default_factory=dict)
     lsePods: list[StrictStr] = Field(default_factory=list)
     resctrl: ResctrlDocument = Field(default_factory=ResctrlDocument)
@@ -137,15 +137,15 @@ class PlanDocument(_Strict):
     pod: PodDocument | None = None
     container: ContainerDocument | None = None
     node: NodeDocument = Field(default_factory=NodeDocument)
-    nodeSLO: dict[str, Any] = Field(default_factory=dict)
+    nodeSLO: dict[str, Any] = Field(default_factory=dict)  # Any: JSON, read by plugins through koord_formats
     plugins: list[StrictStr] | None = None
     # The ReconcileUsage stage's input: every pod and the sampled usage window (checked by
     # runtime_proxy.engine.usage_input).
     pods: list[PodDocument] | None = Field(default=None, max_length=MAX_USAGE_PODS)
-    usage: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None  # Any: JSON, checked by engine.usage_input
 
 
-def _check_shape(doc: Mapping[str, Any]) -> None:
+def _check_shape(doc: Mapping[str, object]) -> None:
     try:
         PlanDocument.model_validate(doc)
     except ValidationError as exc:
@@ -154,21 +154,21 @@ def _check_shape(doc: Mapping[str, Any]) -> None:
         raise PlanInputError("nested too deeply") from exc
 
 
-def _map(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:
+def _map(data: Mapping[str, object], key: str, where: str) -> Mapping[str, str]:
     value = data.get(key) or {}
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise PlanInputError(f"{where}.{key} must be a map of strings")
     return frozen_map(value)
 
 
-def _str(data: Mapping[str, Any], key: str, where: str, default: str = "") -> str:
+def _str(data: Mapping[str, object], key: str, where: str, default: str = "") -> str:
     value = data.get(key, default)
     if not isinstance(value, str):
         raise PlanInputError(f"{where}.{key} must be a string")
     return value
 
 
-def container_facts_from_json(data: Mapping[str, Any], where: str = "container") -> ContainerFacts:
+def container_facts_from_json(data: object, where: str = "container") -> ContainerFacts:
     """``{"name","id","annotations","labels","resources","envs"}`` -> ``ContainerFacts``."""
     if not isinstance(data, Mapping):
         raise PlanInputError(f"{where} must be an object")
@@ -186,7 +186,7 @@ def container_facts_from_json(data: Mapping[str, Any], where: str = "container")
     )
 
 
-def pod_facts_from_json(data: Mapping[str, Any], where: str = "pod") -> PodFacts:
+def pod_facts_from_json(data: object, where: str = "pod") -> PodFacts:
     """``{"name","namespace","uid","labels","annotations","cgroupParent","kubeQOS",
     "sandboxId","containers","priority"}`` -> ``PodFacts``."""
     if not isinstance(data, Mapping):
@@ -215,7 +215,7 @@ def pod_facts_from_json(data: Mapping[str, Any], where: str = "pod") -> PodFacts
     )
 
 
-def node_facts_from_json(data: Mapping[str, Any], node_slo: Mapping[str, Any] | None = None) -> NodeFacts:
+def node_facts_from_json(data: object, node_slo: Mapping[str, object] | None = None) -> NodeFacts:
     """``{"name","labels","annotations","cpuTopology","resctrl","cgroup","boundCPUs",
     "lsePods"}`` plus the NodeSLO spec -> ``NodeFacts``."""
     if not isinstance(data, Mapping):
@@ -336,8 +336,8 @@ def _settings(
 
 
 def plan_document(
-    doc: Mapping[str, Any], *, pm: pluggy.PluginManager | None = None, config: ProxyConfig | None = None
-) -> dict[str, Any]:
+    doc: object, *, pm: pluggy.PluginManager | None = None, config: ProxyConfig | None = None
+) -> dict[str, object]:
     """The planner as a function: input document -> output document (see module doc).
 
     :param pm: the plugin manager to plan with (default: the built-in plugins only;
@@ -386,7 +386,9 @@ def plan_document(
     return out
 
 
-def _usage_input(doc: Mapping[str, Any], pod: PodFacts | None) -> tuple[tuple[PodFacts, ...], Usage]:
+def _usage_input(
+    doc: Mapping[str, Any], pod: PodFacts | None  # Any: JSON, PlanDocument checked its shape
+) -> tuple[tuple[PodFacts, ...], Usage]:
     """The ``ReconcileUsage`` arguments: ``pods`` (else the document's ``pod``) and ``usage``."""
     raw_pods = doc.get("pods")
     if raw_pods is not None:
@@ -416,7 +418,7 @@ async def _run_all(
     return merged
 
 
-def shorten(value: Any) -> str:
+def shorten(value: object) -> str:
     """``repr(value)``, cut to 80 characters for a one-line error message."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
