@@ -301,10 +301,13 @@ def test_the_hook_server_node_agent_command_parses_and_registers_its_host_path()
     socket_dir = str(Path(args.listen).parent)
     assert volumes[mounts[socket_dir]]["hostPath"]["path"] == socket_dir, "the registered endpoint is the host's path"
     assert volumes[mounts[args.register_dir]]["hostPath"]["path"] == "/etc/runtime/hookserver.d"
-    assert container["startupProbe"]["exec"]["command"] == ["test", "-S", args.listen]
-    assert "ports" not in container
-    assert not [p for p in kinds({**values, "podMonitors": {"enabled": True}})["PodMonitor"]
-                if p["metadata"]["name"].endswith("-node")], "no metrics to scrape in hook-server mode"
+    # Metrics and probes that ask the server itself (/readyz: its hook socket accepts).
+    assert args.metrics_addr == "0.0.0.0:9464"
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9464}]
+    for probe, path in (("startupProbe", "/readyz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}, probe
+    assert [p for p in kinds({**values, "podMonitors": {"enabled": True}})["PodMonitor"]
+            if p["metadata"]["name"].endswith("-node")], "the hook server's metrics are scraped too"
 
 
 @pytest.mark.parametrize("variant", ["defaults", "hook-server", "everything"])

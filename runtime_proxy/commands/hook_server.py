@@ -13,6 +13,9 @@ With ``--register-dir`` the server writes its registration (``<name>.json``, ato
 0644 in a directory of mode 0755, as the proxy's registry requires) once it listens, and removes
 it on a clean exit unless ``--keep-registration``.
 
+With ``--metrics-addr HOST:PORT`` it serves ``/metrics``, ``/healthz`` and ``/readyz`` (ready
+while the hook socket accepts connections), as ``serve`` and ``nri`` do.
+
 The listen socket: a stale socket (nobody accepts on it) is replaced; a regular file, a
 directory, anything else, or a socket another process serves is refused and left alone. The new
 socket's mode is 0660 whatever the umask.
@@ -36,7 +39,7 @@ from pathlib import Path
 import structlog
 
 from hooks.spec import KOORD_HOOK_POINTS
-from runtime_proxy import compose
+from runtime_proxy import compose, metrics
 from runtime_proxy.compose import Parts
 from runtime_proxy.config import ProxyConfig, check_usable, load_config
 from runtime_proxy.engine.pipeline import Pipeline
@@ -77,6 +80,7 @@ class HookServerOptions:
     plugins: tuple[str, ...] = ()
     apply: bool = True
     dry_run: bool = False
+    metrics_addr: str | None = None
 
 
 def served_hooks(pipeline: Pipeline, *, apply: bool) -> list[str]:
@@ -160,6 +164,10 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, part
     service = HookService(pipeline, parts.node_source, applier, events=parts.events)
     listen = strip_unix(opts.listen)
     prepare_listen_path(listen)
+    metrics_server = None
+    if opts.metrics_addr:  # first: a port in use fails the start before anything is made
+        # /readyz: the hook socket accepts a connection now (the gRPC server behind it answers).
+        metrics_server = metrics.serve(opts.metrics_addr, lambda: metrics.socket_accepts(listen))
     # gRPC is imported here, not with the module: ``runtime-proxy`` builds every sub-command's
     # parser from this module, and ``nri`` never needs the library.
     import grpc
@@ -189,7 +197,7 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, part
         )
         registered = write_registration(opts.register_dir, opts.register_name, doc)
     log.info("hook server listening", listen=listen, hooks=hooks, registration=str(registered or ""),
-             plugins=[s.name for s in pipeline.steps])
+             plugins=[s.name for s in pipeline.steps], metrics=opts.metrics_addr or "")
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -202,6 +210,10 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, part
             with contextlib.suppress(FileNotFoundError):
                 registered.unlink()
         await server.stop(2.0)
+        if metrics_server is not None:
+            await asyncio.to_thread(metrics_server.shutdown)
+            metrics_server.server_close()
+        parts.events.close()
         if node_watch is not None:
             with contextlib.suppress(Exception):
                 await node_watch.stop()
@@ -255,6 +267,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-apply", action="store_true",
                    help="do not perform cgroup/resctrl writes (logged; the protocol cannot carry them)")
     p.add_argument("--dry-run", action="store_true", help="answer with the unchanged request, apply nothing")
+    p.add_argument("--metrics-addr",
+                   help="HOST:PORT to serve Prometheus metrics, /healthz and /readyz on (:PORT is loopback)")
 
 
 def options_from_namespace(args: argparse.Namespace) -> HookServerOptions:
@@ -268,6 +282,8 @@ def options_from_namespace(args: argparse.Namespace) -> HookServerOptions:
         raise ValueError("--timeout-seconds must be in (0, 300]")
     if "/" in args.register_name or args.register_name in ("", ".", ".."):
         raise ValueError("--register-name must be a plain file name without .json")
+    if args.metrics_addr:
+        metrics.parse_addr(args.metrics_addr)
     return HookServerOptions(
         listen=listen,
         config=cfg,
@@ -283,6 +299,7 @@ def options_from_namespace(args: argparse.Namespace) -> HookServerOptions:
         plugins=tuple(args.plugin_module),
         apply=not args.no_apply,
         dry_run=args.dry_run,
+        metrics_addr=args.metrics_addr,
     )
 
 

@@ -375,3 +375,53 @@ async def test_our_hook_server_serves_plugins_and_registers(tmp_path: Path, sock
         stop.set()
         await task
     assert not (regdir / "runtime-hook-proxy.json").exists()
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+async def test_our_hook_server_serves_metrics_and_probes_that_check_its_socket(sockdir: Path) -> None:
+    from rhp_devenv.kube import free_port
+
+    port = free_port()
+    listen = sockdir / "probed.sock"
+    opts = HookServerOptions(listen=f"unix://{listen}", builtins=(), entry_points=False,
+                             plugins=("tests.integration.plugins_for_tests:PinPlugin",), apply=False,
+                             metrics_addr=f"127.0.0.1:{port}")  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(opts, stop))
+    try:
+        await _wait(lambda: listen.exists(), timeout=30)
+
+        async def ready() -> tuple[int, bytes]:
+            return await asyncio.to_thread(_get, port, "/readyz")
+
+        for _ in range(300):
+            try:
+                status, _ = await ready()
+            except OSError:
+                status = 0
+            if status == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert status == 200
+        assert (await asyncio.to_thread(_get, port, "/healthz"))[0] == 200
+        status, body = await asyncio.to_thread(_get, port, "/metrics")
+        assert status == 200 and b"rhp_plugin_duration_seconds" in body and b"rhp_build_info" in body
+        # The socket gone (the server no longer reachable): not ready, with the reason.
+        os.rename(listen, sockdir / "moved.sock")
+        status, body = await ready()
+        assert status == 503 and body.strip()
+        os.rename(sockdir / "moved.sock", listen)
+    finally:
+        stop.set()
+        await task
