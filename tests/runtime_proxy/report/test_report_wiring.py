@@ -1,5 +1,5 @@
-"""The reporter in the composition root: ``wiring.loops`` (what ``serve``, ``hook-server`` and
-``nri`` all start) builds it only with ``report.enable``, reading the usage loop's sampler when
+"""The reporter in the composition root: ``wiring.loops`` (what ``serve`` and ``nri`` start,
+through ``compose.loops``) builds it only with ``report.enable``, reading the usage loop's sampler when
 that loop runs and sampling on its own otherwise; the config keys are strict."""
 
 from __future__ import annotations
