@@ -197,6 +197,9 @@ def test_api_server_and_host_network_values_reach_every_pod() -> None:
     for doc in kinds(EVERYTHING)["DaemonSet"] + kinds(EVERYTHING)["Deployment"]:
         spec = doc["spec"]["template"]["spec"]
         assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        if doc["kind"] == "Deployment":
+            # The new pod's host ports are the old pod's: it could never start beside it.
+            assert doc["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
         for container in spec["containers"]:
             env = {e["name"]: e.get("value") for e in container["env"]}
             assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1" and env["KUBERNETES_SERVICE_PORT"] == "6443"

@@ -1,0 +1,261 @@
+"""The Helm chart (``packaging/helm/runtime-hook-proxy``) installed, upgraded and uninstalled on
+the real one-node cluster, as a user would (docs/helm.md, "End to end").
+
+The session's node is moved to NRI mode first (kubelet on containerd 2.1 directly, the session's
+proxy stopped; put back afterwards). The images of ``packaging/image/build.sh`` (node and
+cluster) and an upstream kube-scheduler image made from the harness's own Kubernetes binary are
+imported into that containerd; the chart runs them with ``pullPolicy: Never``. Every pod is on
+the host network (there is no CNI) and reaches the API server on 127.0.0.1 through
+``apiServer.host``/``port`` (the Service range is a blackhole here); every listen port is a free
+loopback port.
+
+Checked through the API server and on the node: the node agent's DaemonSet pod runs the node
+image in NRI mode and is ready (connected to containerd's NRI); the scheduler pod runs
+kube-scheduler and scheduler-ext from their images; an LSR pod with ``schedulerName`` = ours is
+bound by our extender and its container's ``cpuset.cpus`` is the CPU the extender wrote;
+``helm upgrade`` rolls the scheduler with a new value and keeps the seal key; ``helm uninstall``
+leaves no object with the release's label, none of the chart's CRDs, and nothing new on the host
+paths the chart mounts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rhp_devenv.kube import NODE_NAME, free_port
+from rhp_devenv.product_image import import_archive, kube_scheduler_image, product_images
+
+from hooks.facts import format_cpu_list, parse_cpu_list
+from tests.e2e.conftest import NRT_CRD, Stack, container_id, http_get, node_topology, pod_cgroup, pod_manifest
+from tests.e2e.test_e2e_nri import SWITCH_TIMEOUT, _wait_kubelet
+from tests.integration import qos_helpers as q
+from tests.integration.harness import REPO
+from tests.test_helm import helm_binary
+
+CHART = REPO / "packaging" / "helm" / "runtime-hook-proxy"
+CRDS = REPO / "packaging" / "crds"
+RELEASE = "rhp-e2e"
+NAMESPACE = "rhp-system"
+FULL = f"{RELEASE}-runtime-hook-proxy"
+SCHEDULER_NAME = "rhp-e2e-scheduler"
+KUBE_VERSION = "v1.34.4"
+INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
+
+pytestmark = pytest.mark.timeout(1800)  # a cold image build takes minutes before the cluster work
+
+
+def _crd_names() -> list[str]:
+    return [yaml.safe_load(p.read_text())["metadata"]["name"] for p in sorted(CRDS.glob("*.yaml"))
+            if p.name != "kustomization.yaml"]  # fmt: skip
+
+
+@dataclass
+class Helm:
+    """helm against the harness's API server, with its own config and cache directories."""
+
+    binary: Path
+    stack: Stack
+    home: Path
+
+    def __call__(self, *args: str, timeout: float = 600.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {**self.stack.cluster.kubectl_env(), "KUBECONFIG": str(self.stack.cluster.admin_kubeconfig),
+               "HELM_CONFIG_HOME": str(self.home / "config"), "HELM_CACHE_HOME": str(self.home / "cache"),
+               "HELM_DATA_HOME": str(self.home / "data"), "HOME": str(self.home)}  # fmt: skip
+        proc = subprocess.run([str(self.binary), *args], capture_output=True, text=True, timeout=timeout, env=env,
+                              check=False, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert proc.returncode == 0 or not check, f"helm {' '.join(args)}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return proc
+
+
+@pytest.fixture
+def nri_node(stack: Stack, tmp_path: Path) -> Iterator[Stack]:
+    """The node in NRI mode with the chart's images imported and no CRD of ours installed (the
+    release owns them); afterwards the proxy, kubelet's endpoint and the session's NRT are back."""
+    if stack.ctrd.version != "2.1":
+        pytest.skip("the chart's node agent runs in NRI mode, on containerd 2.1 here")
+    helm = helm_binary()
+    if helm is None:
+        pytest.skip("helm is not built: run scripts/build-helm.sh (scripts/install-deps.sh does)")
+    cluster = stack.cluster
+    images = product_images()
+    scheduler_image = kube_scheduler_image(cluster.binary, KUBE_VERSION, tmp_path / "images")
+    for archive in (images["node"].archive, images["cluster"].archive, scheduler_image.archive):
+        import_archive(stack.ctrd.binaries.ctr, stack.ctrd.socket, archive)
+    cluster.kubectl("delete", "crd", "--ignore-not-found", "--wait=true", *_crd_names())
+    try:
+        cluster.cri_socket = stack.ctrd.socket
+        cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
+        stack.proxy.terminate()
+        _wait_kubelet(stack)
+        yield stack
+    finally:
+        stack.restart_proxy()
+        cluster.cri_socket = stack.proxy_socket
+        cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
+        _wait_kubelet(stack)
+        cluster.apply(NRT_CRD.read_text())
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                        "crd/noderesourcetopologies.topology.node.k8s.io")  # fmt: skip
+        cluster.apply(node_topology())
+
+
+@pytest.fixture
+def helm(nri_node: Stack, tmp_path: Path) -> Iterator[Helm]:
+    """helm for the test; afterwards the release (if the test stopped before uninstalling it)
+    and its namespace are gone."""
+    binary = helm_binary()
+    assert binary is not None
+    tool = Helm(binary, nri_node, tmp_path / "helm")
+    try:
+        yield tool
+    finally:
+        tool("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", "--wait", "--timeout", "5m", check=False)
+        nri_node.cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+
+
+def _values(stack: Stack) -> dict[str, Any]:
+    return {
+        "image": {"registry": "", "pullPolicy": "Never",
+                  "node": {"repository": "localhost/runtime-hook-proxy-node", "tag": "0.1.0"},
+                  "cluster": {"repository": "localhost/runtime-hook-proxy-cluster", "tag": "0.1.0"}},
+        "apiServer": {"host": "127.0.0.1", "port": stack.cluster.ports["apiserver"]},
+        "hostNetwork": True,
+        "listenAddress": "127.0.0.1",
+        "node": {"nri": {"socketPath": str(stack.ctrd.nri_socket)}, "metricsPort": free_port(),
+                 "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}},
+        "scheduler": {
+            "schedulerName": SCHEDULER_NAME,
+            "kubeScheduler": {"image": {"repository": "localhost/kube-scheduler", "tag": KUBE_VERSION,
+                                        "pullPolicy": "Never"},
+                              "command": ["/usr/local/bin/kube", "kube-scheduler"], "securePort": free_port(),
+                              "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
+            "extender": {"port": free_port(), "healthPort": free_port(),
+                         "resources": {"requests": {"cpu": "20m", "memory": "128Mi"}}},
+        },
+    }  # fmt: skip
+
+
+def _pods(stack: Stack, component: str) -> list[dict[str, Any]]:
+    out = stack.cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json", "-l",
+                                f"{INSTANCE},app.kubernetes.io/component={component}").stdout  # fmt: skip
+    pods: list[dict[str, Any]] = json.loads(out)["items"]
+    return pods
+
+
+def _images(pod: dict[str, Any]) -> dict[str, str]:
+    return {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+def _labelled(stack: Stack) -> list[str]:
+    kinds = "all,configmaps,secrets,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,crds"
+    out = stack.cluster.kubectl("get", kinds, "-A", "-l", INSTANCE, "-o", "name").stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def _host_listing(paths: list[str]) -> dict[str, list[str] | None]:
+    """The names in each host directory the chart mounts (not below /sys), None when missing."""
+    return {p: (sorted(os.listdir(p)) if os.path.isdir(p) else None) for p in paths if not p.startswith("/sys/")}
+
+
+def test_the_chart_installs_schedules_an_lsr_pod_on_its_cpus_upgrades_and_uninstalls_cleanly(
+        ns: str, nri_node: Stack, helm: Helm, tmp_path: Path) -> None:  # fmt: skip
+    # ns first: its teardown (pods deleted, sandboxes collected through the proxy) runs last,
+    # after nri_node has put the proxy back.
+    stack = nri_node
+    cluster = stack.cluster
+    values = _values(stack)
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+
+    rendered = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f",
+                                                   str(values_file)).stdout) if d]  # fmt: skip
+    host_paths = sorted({v["hostPath"]["path"] for d in rendered if d["kind"] in ("DaemonSet", "Deployment")
+                         for v in d["spec"]["template"]["spec"]["volumes"] if "hostPath" in v})  # fmt: skip
+    before = _host_listing(host_paths)
+
+    # ---- install ----------------------------------------------------------------------------
+    helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", "-f", str(values_file), "--wait",
+         "--timeout", "8m")  # fmt: skip
+    # helm --wait counts a DaemonSet of one node done with none ready (maxUnavailable: 1).
+    (agent,) = cluster.wait_for(lambda: [p for p in _pods(stack, "node") if _ready(p)],
+                                what="the node agent's pod ready", timeout=180)  # fmt: skip
+    assert _images(agent) == {"node-agent": "localhost/runtime-hook-proxy-node:0.1.0"}
+    assert agent["spec"]["nodeName"] == NODE_NAME
+    assert agent["spec"]["containers"][0]["command"][:2] == ["runtime-proxy", "nri"]
+    status, _ = http_get(f"http://127.0.0.1:{values['node']['metricsPort']}/readyz")
+    assert status == 200, "the NRI plugin in the pod is connected to containerd"
+    (scheduler,) = _pods(stack, "scheduler")
+    assert _images(scheduler) == {"kube-scheduler": f"localhost/kube-scheduler:{KUBE_VERSION}",
+                                  "scheduler-ext": "localhost/runtime-hook-proxy-cluster:0.1.0"}  # fmt: skip
+    assert _ready(scheduler)
+    crds = set(_crd_names())
+    assert crds <= {line.split("/", 1)[1] for line in _labelled(stack) if line.startswith("customresourcedefinition")}
+
+    # The node's NodeResourceTopology, as koordlet (or report.enable) would write it; then the
+    # extender has seen it before the pod exists (kube-scheduler does not retry on NRT changes).
+    cluster.apply(node_topology())
+    health = f"http://127.0.0.1:{values['scheduler']['extender']['healthPort']}"
+
+    cluster.wait_for(lambda: http_get(f"{health}/readyz")[0] == 200, what="the extender's /readyz", timeout=120)
+
+    # ---- an LSR pod scheduled by our scheduler runs on the CPUs the extender wrote --------------
+    lsr = pod_manifest("lsr", ns, qos="LSR", requests={"cpu": "1", "memory": "32Mi"},
+                       limits={"cpu": "1", "memory": "32Mi"})  # fmt: skip
+    lsr["spec"]["schedulerName"] = SCHEDULER_NAME
+    cluster.apply(lsr)
+    pod = cluster.wait_pod_running(ns, "lsr", timeout=180)
+    assert pod["spec"]["nodeName"] == NODE_NAME and pod["spec"]["schedulerName"] == SCHEDULER_NAME
+    bound = parse_cpu_list(json.loads(pod["metadata"]["annotations"][q.RESOURCE_STATUS])["cpuset"])
+    assert len(bound) == 1
+    q.wait_for(lambda: q.read_container_file(pod_cgroup(pod), container_id(pod), "cpuset.cpus"),
+               format_cpu_list(bound), what="the LSR container's cpuset.cpus", timeout=60)  # fmt: skip
+
+    # ---- upgrade: a new value rolls the scheduler pod; the seal key stays -------------------------
+    seal_before = cluster.get_json("secret", f"{FULL}-seal", namespace=NAMESPACE)
+    assert seal_before is not None
+    helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(values_file), "--set",
+         "scheduler.extender.weight=7", "--wait", "--timeout", "8m")  # fmt: skip
+    config = cluster.get_json("configmap", f"{FULL}-scheduler", namespace=NAMESPACE)
+    assert config is not None
+    assert yaml.safe_load(config["data"]["config.yaml"])["extenders"][0]["weight"] == 7
+
+    def rolled() -> dict[str, Any] | None:
+        pods = _pods(stack, "scheduler")
+        if len(pods) == 1 and pods[0]["metadata"]["uid"] != scheduler["metadata"]["uid"] and _ready(pods[0]):
+            return pods[0]
+        return None
+
+    cluster.wait_for(rolled, what="the upgraded scheduler pod ready", timeout=180)
+    seal_after = cluster.get_json("secret", f"{FULL}-seal", namespace=NAMESPACE)
+    assert seal_after is not None and seal_after["data"] == seal_before["data"]
+    history = json.loads(helm("history", RELEASE, "-n", NAMESPACE, "-o", "json").stdout)
+    assert [h["status"] for h in history] == ["superseded", "deployed"]
+    pod = cluster.wait_pod_running(ns, "lsr")
+    assert q.read_container_file(pod_cgroup(pod), container_id(pod), "cpuset.cpus") == format_cpu_list(bound)
+    cluster.kubectl("delete", "pod", "-n", ns, "lsr", "--wait=true", "--timeout=120s")
+
+    # ---- uninstall leaves nothing behind --------------------------------------------------------
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
+    cluster.wait_for(lambda: not _labelled(stack) or None, what="no object with the release's label", timeout=120)
+    for name in crds:
+        assert cluster.get_json("crd", name) is None, f"CRD {name} left behind"
+    cluster.wait_for(lambda: (not _pods(stack, "node") and not _pods(stack, "scheduler")) or None,
+                     what="the release's pods gone", timeout=120)  # fmt: skip
+    assert _host_listing(host_paths) == before, "a file the chart wrote on the host is left"
+    leftovers = cluster.kubectl("get", "all,configmaps,secrets,serviceaccounts,roles,rolebindings", "-n", NAMESPACE,
+                                "-o", "name").stdout.split()  # fmt: skip
+    # What Kubernetes itself keeps in any namespace; nothing of the chart. (The Leases the running
+    # kube-scheduler and extender took stay until the namespace goes: runtime state, not the chart's.)
+    assert [o for o in leftovers if o not in ("configmap/kube-root-ca.crt", "serviceaccount/default")] == []
