@@ -78,7 +78,7 @@ rhp_make_venv() {
   done
   sed -i "s|^command = .*|command = $RHP_PY -m venv $final|" "$stage/pyvenv.cfg"
   # The rewritten scripts' hashes and sizes in each RECORD, so RECORD stays true and names no
-  # staging path (which would make two builds of the same inputs differ).
+  # staging path or temporary file (either would make two builds of the same inputs differ).
   "$RHP_PY" - "$stage" <<'PY'
 import base64, csv, hashlib, io, os, sys
 from pathlib import Path
@@ -86,7 +86,10 @@ from pathlib import Path
 site = Path(sys.argv[1], "lib", "python3.11", "site-packages")
 for record in sorted(site.glob("*.dist-info/RECORD")):
     rows = list(csv.reader(record.read_text().splitlines()))
-    changed = False
+    # direct_url.json (removed above) names the build's temporary wheel: its entry goes too.
+    kept = [row for row in rows if not (row and row[0].endswith(".dist-info/direct_url.json"))]
+    changed = len(kept) != len(rows)
+    rows = kept
     for row in rows:
         if len(row) == 3 and row[0].startswith("../../../bin/"):
             data = Path(os.path.normpath(site / row[0])).read_bytes()
