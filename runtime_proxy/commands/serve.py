@@ -17,12 +17,13 @@ import asyncio
 import signal
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
 from cri_protos import api_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
+from hooks.plan import ResourceChanges
 from runtime_proxy import compose, memory, metrics, wiring
 from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ConfigError, ProxyConfig, check_usable, load_config
 from runtime_proxy.cri.door import CriInterceptor, set_linux_resources
@@ -97,7 +98,7 @@ class StoreBackend:
         """The containers the runtime has not stopped."""
         return self.store.running_containers()
 
-    async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
+    async def update_container_resources(self, container_id: str, changes: ResourceChanges) -> None:
         """Send only the changed fields (the runtime keeps the rest), then record them."""
         linux = api_pb2.LinuxContainerResources()
         set_linux_resources(linux, changes)

@@ -36,7 +36,7 @@ from google.protobuf.message import Message
 
 from cri_protos import api_pb2
 from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, NodeFacts, PodFacts, Resources
-from hooks.plan import CgroupWrite, Plan
+from hooks.plan import CgroupWrite, Plan, ResourceChanges
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
@@ -391,19 +391,18 @@ def _rewrite_update_container_resources(msg: api_pb2.UpdateContainerResourcesReq
     msg.annotations.update(plan.annotations)
 
 
-def set_linux_resources(target: api_pb2.LinuxContainerResources, changes: Mapping[str, Any]) -> None:
+def set_linux_resources(target: api_pb2.LinuxContainerResources, changes: ResourceChanges) -> None:
     """Write plan resource changes into a LinuxContainerResources message. Every field the plan
     names is set as given, including an empty cpuset, which clears it (Koordinator's rule)."""
-    for name, value in changes.items():
-        if name in _SCALAR_RESOURCES:
-            setattr(target, name, value)
-        elif name == "unified":
-            target.unified.clear()
-            target.unified.update(dict(value))
-        elif name == "hugepage_limits":
-            del target.hugepage_limits[:]
-            for page_size, limit in value:  # (page_size, limit) pairs: hooks.plan.ResourceChanges
-                target.hugepage_limits.add(page_size=page_size, limit=limit)
+    for name in _SCALAR_RESOURCES.intersection(changes):
+        setattr(target, name, changes[name])  # an int or a str, as its field (ResourceChanges checked)
+    if changes.unified is not None:
+        target.unified.clear()
+        target.unified.update(changes.unified)
+    if changes.hugepage_limits is not None:
+        del target.hugepage_limits[:]
+        for page_size, limit in changes.hugepage_limits:
+            target.hugepage_limits.add(page_size=page_size, limit=limit)
 
 
 def _set_envs(config: api_pb2.ContainerConfig, envs: Mapping[str, str]) -> None:
@@ -431,7 +430,7 @@ def _overlay_update(container: ContainerFacts, linux: api_pb2.LinuxContainerReso
     non-zero fields over the stored ones (a cpuset only when non-empty; oom_score_adj is not
     updatable and is ignored)."""
     incoming = resources_from_pb(linux)
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     for name in ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "memory_swap_limit_in_bytes"):
         value = getattr(incoming, name)
         if value:

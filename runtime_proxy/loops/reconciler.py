@@ -37,7 +37,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import pluggy
 import structlog
@@ -47,11 +47,12 @@ from hooks.facts import (
     ContainerFacts,
     NodeFacts,
     PodFacts,
+    ResourceValue,
     container_cgroup_path,
     parse_cpu_list,
 )
 from hooks.manager import plugin_order
-from hooks.plan import Plan
+from hooks.plan import Plan, ResourceChanges
 from runtime_proxy.engine.background import Background
 from runtime_proxy.engine.bound import BoundCpusets
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
@@ -99,7 +100,7 @@ class ReconcileBackend(Protocol):
         """Every running container (with ``id``) and its pod."""
         ...
 
-    async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
+    async def update_container_resources(self, container_id: str, changes: ResourceChanges) -> None:
         """Send ``UpdateContainerResources`` for ``container_id`` with only ``changes`` set
         (CRI ``LinuxContainerResources`` snake-case field names)."""
         ...
@@ -111,7 +112,7 @@ class ReconcileReport:
 
     reason: str
     drift: list[str] = field(default_factory=list)
-    updates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    updates: dict[str, ResourceChanges] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     removed_groups: list[str] = field(default_factory=list)
@@ -121,7 +122,7 @@ class ReconcileReport:
     missing: list[str] = field(default_factory=list)
 
 
-def _same_resource(name: str, want: Any, have: Any) -> bool:
+def _same_resource(name: str, want: ResourceValue, have: object) -> bool:
     if name in ("cpuset_cpus", "cpuset_mems"):
         try:
             return parse_cpu_list(str(want)) == parse_cpu_list(str(have))
@@ -244,16 +245,16 @@ class Reconciler:
 
     def _resource_changes(
         self, pod: PodFacts, container: ContainerFacts, plan: Plan, node: NodeFacts
-    ) -> dict[str, Any]:
+    ) -> ResourceChanges:
         """The planned CRI resources that differ from what the runtime last accepted or from
         the container's cgroup files (reads files: call it off the event loop)."""
         if not plan.resources or not container.id:
-            return {}
+            return ResourceChanges()
         try:
             path: str | None = container_cgroup_path(pod, container.id, node.cgroup.driver)
         except ValueError:
             path = None
-        changes: dict[str, Any] = {}
+        changes: dict[str, ResourceValue] = {}
         for name, want in plan.resources.items():
             if name not in RESOURCE_FILES and name != "unified":
                 continue
@@ -264,18 +265,18 @@ class Reconciler:
                 differs = on_disk is False
             if differs:
                 changes[name] = want
-        return changes
+        return ResourceChanges.parse(changes)
 
     def _container_files(
         self, pod: PodFacts, container: ContainerFacts, plan: Plan, node: NodeFacts, report: ReconcileReport
-    ) -> dict[str, Any]:
+    ) -> ResourceChanges:
         """Apply one container's files and return the resources to update (worker thread: file
         I/O stays off the event loop)."""
         self._apply(plan, "container", report)
         return self._resource_changes(pod, container, plan, node)
 
     async def _update_container(
-        self, container: ContainerFacts, changes: dict[str, Any], report: ReconcileReport, plan: Plan
+        self, container: ContainerFacts, changes: ResourceChanges, report: ReconcileReport, plan: Plan
     ) -> None:
         """Send the resources that differ (``changes``, from the container's ``plan``) unless the
         applier carries nothing (dry run)."""

@@ -65,7 +65,7 @@ import contextvars
 import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import structlog
 
@@ -168,46 +168,49 @@ def container_facts(container: nri_pb2.Container) -> ContainerFacts:
 # -- plans into NRI messages ----------------------------------------------------------------------
 
 
-# Resource changes: field name -> value, of the field's own type (a plan's ``ResourceChanges``,
-# or what the loops queue through ``queue_update``); Any: the type depends on the name.
-Changes = Mapping[str, Any]
-
-
-def linux_resources(changes: Changes) -> tuple[nri_pb2.LinuxResources, list[str]]:
-    """An NRI ``LinuxResources`` for the plan's resource changes, and the names NRI cannot carry
-    (an empty cpuset, which NRI reads as "no change"; ``oom_score_adj``, which is not a resource)."""
+def linux_resources(changes: Mapping[str, object]) -> tuple[nri_pb2.LinuxResources, list[str]]:
+    """An NRI ``LinuxResources`` for the plan's resource changes (a ``ResourceChanges``, or what
+    ``ResourceChanges.parse`` takes: ``PlanError`` otherwise), and the names NRI cannot carry (an
+    empty cpuset, which NRI reads as "no change"; ``oom_score_adj``, which is not a resource)."""
     res = nri_pb2.LinuxResources()
-    skipped: list[str] = []
-    for name, value in changes.items():
-        if name == "cpu_period" and value > 0:
-            res.cpu.period.value = value
-        elif name == "cpu_quota" and value != 0:
-            res.cpu.quota.value = value
-        elif name == "cpu_shares" and value > 0:
-            res.cpu.shares.value = value
-        elif name == "memory_limit_in_bytes" and value != 0:
-            res.memory.limit.value = value
-        elif name == "memory_swap_limit_in_bytes" and value != 0:
-            res.memory.swap.value = value
-        elif name == "cpuset_cpus" and value:
-            res.cpu.cpus = value
-        elif name == "cpuset_mems" and value:
-            res.cpu.mems = value
-        elif name == "unified" and value:
-            res.unified.update(dict(value))
-        elif name == "hugepage_limits" and value:
-            for page_size, limit in value:  # (page_size, limit) pairs: hooks.plan.ResourceChanges
-                res.hugepage_limits.add(page_size=page_size, limit=limit)
-        else:
-            skipped.append(name)
-    return res, skipped
+    carried: set[str] = set()
+    c = ResourceChanges.parse(changes)  # the same object when it already is one
+    if c.cpu_period is not None and c.cpu_period > 0:
+        res.cpu.period.value = c.cpu_period
+        carried.add("cpu_period")
+    if c.cpu_quota is not None and c.cpu_quota != 0:
+        res.cpu.quota.value = c.cpu_quota
+        carried.add("cpu_quota")
+    if c.cpu_shares is not None and c.cpu_shares > 0:
+        res.cpu.shares.value = c.cpu_shares
+        carried.add("cpu_shares")
+    if c.memory_limit_in_bytes is not None and c.memory_limit_in_bytes != 0:
+        res.memory.limit.value = c.memory_limit_in_bytes
+        carried.add("memory_limit_in_bytes")
+    if c.memory_swap_limit_in_bytes is not None and c.memory_swap_limit_in_bytes != 0:
+        res.memory.swap.value = c.memory_swap_limit_in_bytes
+        carried.add("memory_swap_limit_in_bytes")
+    if c.cpuset_cpus:
+        res.cpu.cpus = c.cpuset_cpus
+        carried.add("cpuset_cpus")
+    if c.cpuset_mems:
+        res.cpu.mems = c.cpuset_mems
+        carried.add("cpuset_mems")
+    if c.unified:
+        res.unified.update(c.unified)
+        carried.add("unified")
+    if c.hugepage_limits:
+        for page_size, limit in c.hugepage_limits:
+            res.hugepage_limits.add(page_size=page_size, limit=limit)
+        carried.add("hugepage_limits")
+    return res, [name for name in c if name not in carried]
 
 
 def adjustment(plan: Plan) -> tuple[nri_pb2.ContainerAdjustment, list[str]]:
     """The ``ContainerAdjustment`` for a ``PreCreateContainer`` plan, and what it cannot carry."""
     adjust = nri_pb2.ContainerAdjustment()
-    resources = {k: v for k, v in plan.resources.items() if k != "oom_score_adj"}
-    res, skipped = linux_resources(resources)
+    res, skipped = linux_resources(plan.resources)
+    skipped = [name for name in skipped if name != "oom_score_adj"]  # set below, outside the resources
     if res.ListFields():
         adjust.linux.resources.CopyFrom(res)
     if plan.resources.oom_score_adj is not None:
@@ -256,8 +259,8 @@ _R = TypeVar("_R")
 
 
 def _refusals_as_rpc_errors(
-    method: Callable[_P, Coroutine[Any, Any, _R]],
-) -> Callable[_P, Coroutine[Any, Any, _R]]:
+    method: Callable[_P, Coroutine[object, None, _R]],
+) -> Callable[_P, Coroutine[object, None, _R]]:
     """A ``Fail``-policy refusal from the core becomes the NRI reply's error status."""
 
     @functools.wraps(method)
@@ -309,7 +312,7 @@ class NriEngine:
         self.settle: Callable[[], Awaitable[object]] | None = None
         # Container id -> resource changes the loops want, sent in the next reply that can
         # carry container updates (CreateContainer, UpdateContainer, StopContainer).
-        self.pending_updates: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.pending_updates: OrderedDict[str, ResourceChanges] = OrderedDict()
 
     @property
     def store(self) -> Store:
@@ -435,17 +438,17 @@ class NriEngine:
 
     # -- container updates from the loops ----------------------------------------------------
 
-    def queue_update(self, container_id: str, changes: Changes) -> None:
+    def queue_update(self, container_id: str, changes: ResourceChanges) -> None:
         """Keep ``changes`` for the next reply that can carry container updates (later changes
         of the same field win), when the applier carries them (not in dry-run)."""
         try:
-            plan = Plan(resources=ResourceChanges.parse(changes))
-        except PlanError:  # queued as given; the reply drops what NRI cannot carry
-            plan = Plan()
-        if not self.core.allows(plan, "ReconcileContainer"):
+            changes = ResourceChanges.parse(changes)  # the same object when it already is one
+        except PlanError as exc:
+            log.warning("container update not queued: bad resource changes", container=container_id, error=str(exc))
             return
-        merged = self.pending_updates.pop(container_id, {})
-        merged.update(changes)
+        if not self.core.allows(Plan(resources=changes), "ReconcileContainer"):
+            return
+        merged = self.pending_updates.pop(container_id, ResourceChanges()).merged(changes)
         self.pending_updates[container_id] = merged
         while len(self.pending_updates) > MAX_DEFERRED:
             dropped, _ = self.pending_updates.popitem(last=False)

@@ -18,12 +18,13 @@ runtime with that fix. The loops run in their own tasks, never inside an NRI han
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
 from cri_protos import nri_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
+from hooks.plan import ResourceChanges
 from runtime_proxy.nri.adapter import NriEngine, linux_resources
 from runtime_proxy.nri.connection import NriConnection
 
@@ -64,7 +65,7 @@ class NriBackend:
         """The containers the runtime has not stopped."""
         return self.engine.store.running_containers()
 
-    async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
+    async def update_container_resources(self, container_id: str, changes: ResourceChanges) -> None:
         """Keep ``changes`` (CRI field names) for the engine's next reply; with ``unsolicited``,
         send them as one unsolicited ``ContainerUpdate`` naming the container and record them in
         the store once the runtime accepted them (raises ``ConnectionError`` without a session,
