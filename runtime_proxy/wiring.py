@@ -17,7 +17,7 @@ import functools
 import os
 import socket
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import pluggy
 import structlog
@@ -38,6 +38,9 @@ from runtime_proxy.report.loop import Reporter, reporter
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig
 from runtime_proxy.state.sysfs import read_cpu_topology
+
+if TYPE_CHECKING:
+    from runtime_proxy.state.store import RuntimeClient
 
 __all__ = [
     "HARDWARE",
@@ -239,7 +242,7 @@ def loops(
     applier: FileApplier | RecordingApplier,
     node_source: NodeConfig,
     ready: asyncio.Event,
-    runtime: Any = None,
+    runtime: RuntimeClient | None = None,
 ) -> Loops:
     """The reconciler (at start, on node-config changes, on store changes, every
     ``reconcilePeriodSeconds``; through the entry point's own hook runner, so plugin policies and
@@ -289,7 +292,7 @@ def loops(
     return Loops(ready, reconciler, burst, usage, report)
 
 
-def _evictor(config: ProxyConfig, runtime: Any, node_name: str) -> Evictor | None:
+def _evictor(config: ProxyConfig, runtime: RuntimeClient | None, node_name: str) -> Evictor | None:
     """The usage loop's evictor for ``usageLoop.evictBy`` (``None``: the loop's default, which
     only logs, when ``runtime`` is asked for and there is no runtime client)."""
     evict_by = config.usageLoop.evictBy

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from hooks.facts import CgroupInfo, kube_qos_cgroup_path
 from hooks.plugins import BUILTIN_PLUGINS
@@ -49,6 +49,9 @@ from runtime_proxy.config import (
 from runtime_proxy.host.cgroups import detect_cgroup_driver
 from runtime_proxy.host.mounts import is_mount_of, read_mounts
 from runtime_proxy.host.resctrl import RESCTRL_PLUGINS
+
+if TYPE_CHECKING:
+    from cri_protos import api_pb2
 
 __all__ = [
     "EXIT_FAILED",
@@ -88,7 +91,7 @@ class Check:
     detail: str
     needed_by: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | list[str]]:
         return {"check": self.name, "status": self.status, "detail": self.detail, "neededBy": list(self.needed_by)}
 
 
@@ -330,7 +333,7 @@ def _socket_state(path: str, timeout: float = 1.0) -> tuple[str, str]:
         sock.close()
 
 
-async def _runtime_version(backend: str, timeout: float) -> Any:
+async def _runtime_version(backend: str, timeout: float) -> api_pb2.VersionResponse:
     from runtime_proxy.state.store import RuntimeClient
 
     client = RuntimeClient(backend, timeout=timeout)

@@ -42,7 +42,6 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -89,8 +88,8 @@ def _is_json(text: str) -> bool:
     return text.lstrip().startswith("{")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for key, value in pairs:
         if key in out:
             raise SwitchError(f"the key {key!r} appears twice")
@@ -98,7 +97,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _parse_config(text: str) -> dict[str, Any]:
+def _parse_config(text: str) -> dict[str, object]:
     """The KubeletConfiguration in ``text`` (JSON when it starts with ``{``, else YAML)."""
     try:
         if _is_json(text):
@@ -189,7 +188,7 @@ def _edit_yaml(text: str, endpoint: str | None) -> str:
     return before + f"{indent}{KEY}: {_yaml_scalar(endpoint)}\n" + text[at:]
 
 
-def _edit_json(doc: dict[str, Any], endpoint: str | None) -> str:
+def _edit_json(doc: dict[str, object], endpoint: str | None) -> str:
     out = dict(doc)
     if endpoint is None:
         out.pop(KEY, None)
@@ -198,7 +197,7 @@ def _edit_json(doc: dict[str, Any], endpoint: str | None) -> str:
     return json.dumps(out, indent=2, ensure_ascii=False) + "\n"
 
 
-def _verify_config(before: dict[str, Any], text: str, endpoint: str | None) -> None:
+def _verify_config(before: dict[str, object], text: str, endpoint: str | None) -> None:
     """``text`` parses to ``before`` with only ``KEY`` set to ``endpoint`` (None: absent)."""
     try:
         after = _parse_config(text)

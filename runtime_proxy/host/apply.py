@@ -33,11 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
-from hooks.plan import CgroupWrite, Plan, Removal, TaskMove
+from hooks.plan import CgroupWrite, JsonValue, Plan, Removal, TaskMove
 from koord_formats.cpulist import format_cpu_list, parse_cpu_list
 from runtime_proxy.host.cgroups import CgroupError, CgroupMissingError, Cgroups, WriteResult
 from runtime_proxy.host.resctrl import Resctrl
@@ -84,7 +84,7 @@ class ApplyReport:
     def changed(self) -> list[CgroupWrite]:
         return [w for w, r in self.results if r.status in ("written", "would-write")]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return {
             "dryRun": self.dry_run,
             "changed": [w.to_json() for w in self.changed],

@@ -311,9 +311,12 @@ class RuntimeEvictor:
         return stopped
 
 
-def evictor_for(evict_by: str, *, runtime: _Runtime, node_name: str = "") -> ApiEvictor | RuntimeEvictor:
-    """The evictor the config's ``usageLoop.evictBy`` names: ``api`` or ``runtime``."""
+def evictor_for(evict_by: str, *, runtime: _Runtime | None, node_name: str = "") -> ApiEvictor | RuntimeEvictor:
+    """The evictor the config's ``usageLoop.evictBy`` names: ``api`` or ``runtime`` (which needs
+    ``runtime``, the CRI runtime client)."""
     if evict_by == "runtime":
+        if runtime is None:
+            raise ValueError("evictBy runtime needs a CRI runtime client")
         return RuntimeEvictor(runtime)
     if evict_by == "api":
         return ApiEvictor(node_name=node_name)
