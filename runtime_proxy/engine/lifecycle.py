@@ -55,6 +55,7 @@ __all__ = [
     "StaticNode",
     "bind_identity",
     "call_scope",
+    "forget_identity",
     "identity",
 ]
 
@@ -85,13 +86,18 @@ def bind_identity(pod: PodFacts, container: ContainerFacts | None) -> None:
     structlog.contextvars.bind_contextvars(**fields)
 
 
+def forget_identity() -> None:
+    """Name no pod on the current task's lines any more (``bind_identity`` undone)."""
+    structlog.contextvars.unbind_contextvars(*IDENTITY_KEYS)
+
+
 @contextmanager
 def call_scope() -> Iterator[None]:
     """One call of a task that serves many: the identity it binds is forgotten at the end."""
     try:
         yield
     finally:
-        structlog.contextvars.unbind_contextvars(*IDENTITY_KEYS)
+        forget_identity()
 
 
 class NodeSource(Protocol):
@@ -278,9 +284,13 @@ class Lifecycle:
 
     def carries(self, result: StageResult | None, stage: str) -> StageResult | None:
         """``result`` when its effects go ahead (``allows``), else None: the door then replies
-        with no changes and nothing is applied."""
+        with no changes and nothing is applied. A plan that goes ahead with changes is logged
+        here, once, at info with what it changes (the call's pod is in the log context; the
+        loops log their own rounds, and the dry-run applier logs the plans it records)."""
         if result is None or not self.allows(result.plan, stage):
             return None
+        if not result.plan.is_empty():
+            log.info("plan", stage=stage, plan=result.plan.to_json())
         return result
 
     async def apply(self, plan: Plan, stage: str) -> None:

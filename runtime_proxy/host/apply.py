@@ -374,13 +374,7 @@ class FileApplier:
         self.last_report: ApplyReport | None = None
 
     def carries(self, plan: Plan, *, stage: str) -> bool:
-        """True (False with ``dry_run``); each plan that goes ahead with changes is logged here,
-        once, at info with what it changes (the call's pod is in the log context)."""
-        if self.dry_run:
-            return False
-        if not plan.is_empty():
-            log.info("plan", stage=stage, plan=plan.to_json())
-        return True
+        return not self.dry_run
 
     def apply_files(
         self,

@@ -55,6 +55,7 @@ from hooks.manager import plugin_order
 from hooks.plan import Plan, ResourceChanges
 from runtime_proxy.engine.background import Background
 from runtime_proxy.engine.bound import BoundCpusets
+from runtime_proxy.engine.lifecycle import bind_identity, forget_identity
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier
 from runtime_proxy.host.cgroups import Cgroups
@@ -324,6 +325,7 @@ class Reconciler:
             # Leveled: pod limits grow before the containers change, and shrink after them.
             shrinks: list[tuple[PodFacts, Plan]] = []
             for pod in pods:
+                bind_identity(pod, None)  # the lines about this pod name it (engine.lifecycle)
                 try:
                     plan = await self._plan("ReconcilePod", pod, None, node)
                     await asyncio.to_thread(self._apply, plan, "pod", report, "grow")
@@ -332,6 +334,7 @@ class Reconciler:
                     self._pod_failed("pod", pod, exc, report)
             for pod, container in containers:
                 full_pod = full.get(pod.uid or pod.sandbox_id, pod)
+                bind_identity(pod, container)
                 try:
                     plan = await self._plan("ReconcileContainer", full_pod, container, node)
                     changes = await asyncio.to_thread(self._container_files, full_pod, container, plan, node, report)
@@ -339,10 +342,12 @@ class Reconciler:
                 except Exception as exc:
                     self._pod_failed("container", pod, exc, report)
             for pod, plan in shrinks:
+                bind_identity(pod, None)
                 try:
                     await asyncio.to_thread(self._apply, plan, "pod", report, "shrink")
                 except Exception as exc:
                     self._pod_failed("pod", pod, exc, report)
+            forget_identity()
             await self._collect_groups(pods, node, report)
             self._log_missing(report)
             self.rounds += 1

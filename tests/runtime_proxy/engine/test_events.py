@@ -303,3 +303,22 @@ async def test_every_line_of_a_call_names_its_pod_and_the_plan_is_logged_once(
     assert len(plans) == 1 and plans[0]["log_level"] == "info"
     assert plans[0]["stage"] == "PreCreateContainer" and plans[0]["plan"]["cri"]["resources"] == {"cpu_shares": 7}
     assert any(line["event"].startswith("hook failed") for line in logged)
+
+
+class FailsToReconcile:
+    @hookimpl
+    def rhp_reconcile_container(self, pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:
+        raise RuntimeError("reconcile broke")
+
+
+async def test_the_reconcilers_lines_about_a_container_name_it(logged: list[dict[str, Any]], tmp_path: Any) -> None:
+    from tests.runtime_proxy.loops.test_reconciler import FakeBackend, make_pod, reconciler
+
+    pod = make_pod("u9", "LS")
+    backend = FakeBackend(NodeFacts(), [pod], [(pod, ContainerFacts(name="app", id="c9"))])
+    report = await reconciler(backend, tmp_path, pipeline=_pipeline(FailsToReconcile())).reconcile_once()
+    assert report is not None
+    failed = [line for line in logged if line["event"].startswith("hook failed")]
+    assert failed and all((line["namespace"], line["pod"], line["pod_uid"], line["container"]) == (
+        "ns", "u9", "u9", "app") for line in failed)
+    assert not any(k in structlog.contextvars.get_contextvars() for k in IDENTITY_KEYS), "forgotten after the round"
