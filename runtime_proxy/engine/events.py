@@ -334,7 +334,7 @@ class KubeEventsApi:
         self.request_timeout = request_timeout
 
     def create(self, namespace: str, body: Mapping[str, object]) -> None:
-        event: Any = dict(body)  # the client sends a plain dict as the JSON body
+        event: Any = dict(body)  # Any: typed CoreV1Event, but the client sends a plain dict as the JSON body
         self._core.create_namespaced_event(namespace, event, _request_timeout=self.request_timeout)
 
     def patch(self, namespace: str, name: str, body: Mapping[str, object]) -> None:

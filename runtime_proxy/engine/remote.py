@@ -526,7 +526,7 @@ class _FileState:
 @dataclass
 class _Channel:
     channel: grpc.aio.Channel
-    stub: Any  # the generated gRPC stub (``hookserver_pb2_grpc`` has no type stubs)
+    stub: Any  # Any: the generated gRPC stub (``hookserver_pb2_grpc`` has no type stubs)
     users: set[str] = field(default_factory=set)
 
 
