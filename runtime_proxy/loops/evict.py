@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from prometheus_client import Counter
@@ -47,6 +47,9 @@ from hooks.usage import EVICTION_MEMORY_SECONDS
 from koord_formats import keys
 from rhp_ops.files import check_kubeconfig
 from runtime_proxy.loops.qos import EvictionResult
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient, CoreV1Api
 
 __all__ = ["EVICTIONS", "ApiEvictor", "RuntimeEvictor", "event_message", "evictor_for"]
 
@@ -110,10 +113,10 @@ class _Recent:
             self.done[uid] = self.clock()
 
 
-def _load_api_client() -> Any:  # Any: kubernetes.client.ApiClient (untyped)
+def _load_api_client() -> ApiClient:
     from kubernetes import client, config
 
-    k8s_config: Any = config  # Any: the untyped kubernetes.config module
+    k8s_config: Any = config  # Any: kubernetes.config's loaders have no annotations
     cfg = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         k8s_config.load_incluster_config(client_configuration=cfg)
@@ -139,7 +142,7 @@ class ApiEvictor:
 
     def __init__(
         self,
-        api_client: Any = None,  # Any: kubernetes.client.ApiClient (untyped)
+        api_client: ApiClient | None = None,
         *,
         node_name: str = "",
         backoff_initial: float = 1.0,
@@ -222,7 +225,7 @@ class ApiEvictor:
         self._event(api, e, "Warning", keys.EVENT_REASON_EVICT_POD_SUCCESS, event_message(e))
         return self._count(EvictionResult(e, "evicted"), "evicted")
 
-    def _event(self, api: Any, e: Eviction, kind: str, reason: str, message: str) -> None:  # Any: untyped CoreV1Api
+    def _event(self, api: CoreV1Api, e: Eviction, kind: str, reason: str, message: str) -> None:
         """Record an Event on the pod; a failure is logged, never raised."""
         from kubernetes import client
 

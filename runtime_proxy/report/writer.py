@@ -23,11 +23,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from koord_formats.bounded import load_json, read_object
 from koord_formats.errors import FormatError
 from rhp_ops.files import check_kubeconfig
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 __all__ = ["MAX_OBJECT_BYTES", "ApiError", "KubeObject", "KubeObjects", "RateLimit", "Ref"]
 
@@ -84,10 +87,10 @@ class RateLimit:
         return False
 
 
-def _load_api_client(kubeconfig: str | None) -> Any:  # Any: kubernetes.client.ApiClient (untyped)
+def _load_api_client(kubeconfig: str | None) -> ApiClient:
     from kubernetes import client, config
 
-    k8s_config: Any = config  # Any: the untyped kubernetes.config module
+    k8s_config: Any = config  # Any: kubernetes.config's loaders have no annotations
     cfg = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         k8s_config.load_incluster_config(client_configuration=cfg)
@@ -101,7 +104,7 @@ def _load_api_client(kubeconfig: str | None) -> Any:  # Any: kubernetes.client.A
 class KubeObjects:
     """Bounded GET, POST and PUT of single objects (see the module docstring)."""
 
-    def __init__(self, api_client: Any = None, *,  # Any: kubernetes.client.ApiClient (untyped)
+    def __init__(self, api_client: ApiClient | None = None, *,
                  kubeconfig: str | None = None, timeout: float = 10.0,
                  max_bytes: int = MAX_OBJECT_BYTES) -> None:
         self._api_client = api_client
@@ -110,7 +113,7 @@ class KubeObjects:
         self.timeout = timeout
         self.max_bytes = max_bytes
 
-    def _client(self) -> Any:  # Any: kubernetes.client.ApiClient (untyped)
+    def _client(self) -> ApiClient:
         with self._lock:
             if self._api_client is None:
                 try:
