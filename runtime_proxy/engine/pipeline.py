@@ -25,9 +25,10 @@ timeout, returns something that is not a ``Plan``/``None``, or conflicts, is a f
 
 Threads. In-process plugins run in worker threads, so one that blocks or hangs never stalls the
 event loop. The in-process steps that follow one another in a stage run in one worker job
-(``_LocalBatch``): one thread hand-off per stage instead of one per step, with the same per-step
-timeouts. When a step runs past its timeout, the job is abandoned (whatever it finishes later is
-dropped) and the steps after it go on in a new job.
+(``_LocalBatch``): one thread hand-off per stage instead of one per step, each step's timeout
+counted from that step's own start. When a step runs past its timeout, the job is abandoned
+(whatever it finishes later is dropped) and the steps after it go on in a new job; a step that
+returns past its timeout before the event loop has looked is a timeout all the same.
 """
 
 from __future__ import annotations
@@ -306,10 +307,14 @@ class _StageRun:
 
 
 class _LocalBatch:
-    """In-process steps that follow one another, run in one worker job. The job records each
-    step's outcome into the ``_StageRun`` under ``lock``; the event loop watches the running
-    step's timeout and, when it passes, abandons the job (under the same lock, so the job never
-    records anything after that) and records the timeout itself."""
+    """In-process steps that follow one another, run in one worker job. Each step's timeout
+    runs from that step's own start. The job records each step's outcome into the ``_StageRun``
+    under ``lock``; a step that returns past its timeout is recorded as timed out by the job
+    itself. The event loop watches the running step's timeout and, when it passes, abandons the
+    job (under the same lock, so the job never records anything after that) and records the
+    timeout itself. The loop waits until the deadline it last read (``deadline``) and the job
+    wakes it (through ``wake``, never by blocking the loop) only when the step it begins has an
+    earlier one."""
 
     def __init__(self, run: _StageRun, steps: list[PluginStep]) -> None:
         self.run_state = run
@@ -319,6 +324,13 @@ class _LocalBatch:
         self.done = 0  # steps recorded by the job
         self.current = 0  # index of the step the job waits for
         self.since = time.monotonic()  # when that wait began (the job's queueing counts)
+        self.deadline = self.since + steps[0].timeout  # when the event loop looks again
+        self.loop = asyncio.get_running_loop()
+        self.wake: asyncio.Future[None] = self.loop.create_future()
+
+    def _wake(self) -> None:
+        if not self.wake.done():
+            self.wake.set_result(None)
 
     def _work(self) -> None:
         run = self.run_state
@@ -327,6 +339,11 @@ class _LocalBatch:
                 if self.abandoned or run.result.rejected is not None:
                     return
                 self.current, self.since = index, time.monotonic()
+                if self.since + step.timeout < self.deadline:
+                    try:
+                        self.loop.call_soon_threadsafe(self._wake)
+                    except RuntimeError:  # the loop is closed: nobody waits for this stage
+                        return
                 pod, container = run.pod, run.container
             started = time.perf_counter()
             raw: object = None
@@ -338,20 +355,28 @@ class _LocalBatch:
             with self.lock:
                 if self.abandoned:
                     return
-                run.record(step, raw, error, time.perf_counter() - started)
+                waited = time.monotonic() - self.since
+                if waited >= step.timeout:  # returned late, before the event loop looked
+                    run.timed_out(step, waited)
+                else:
+                    run.record(step, raw, error, time.perf_counter() - started)
                 self.done = index + 1
 
     async def run(self) -> int:
         """Run the steps; returns how many of them are now recorded (all, up to a rejection,
         or up to and including the one that timed out)."""
         # The job logs with the call's context (the pod and container ``Lifecycle.run`` bound).
-        job = asyncio.get_running_loop().run_in_executor(_EXECUTOR, contextvars.copy_context().run, self._work)
+        job = self.loop.run_in_executor(_EXECUTOR, contextvars.copy_context().run, self._work)
         while True:
+            if self.wake.done():
+                self.wake = self.loop.create_future()
             with self.lock:
                 current, since = self.current, self.since
-            left = self.steps[current].timeout - (time.monotonic() - since)
-            finished, _ = await asyncio.wait({job}, timeout=max(left, 0.0))
-            if finished:
+                self.deadline = since + self.steps[current].timeout
+            left = self.deadline - time.monotonic()
+            finished, _ = await asyncio.wait({job, self.wake}, timeout=max(left, 0.0),
+                                             return_when=asyncio.FIRST_COMPLETED)
+            if job in finished:
                 job.result()
                 return self.done if self.run_state.result.rejected is not None else len(self.steps)
             with self.lock:

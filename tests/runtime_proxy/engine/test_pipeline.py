@@ -11,7 +11,7 @@ import pytest
 
 from hooks import ContainerFacts, NodeFacts, Plan, PodFacts, Resources, hookimpl
 from hooks.manager import make_plugin_manager
-from runtime_proxy.engine.pipeline import Pipeline, Policy, plugin_steps
+from runtime_proxy.engine.pipeline import Pipeline, Policy, StageResult, plugin_steps
 
 _RELEASE = threading.Event()
 
@@ -170,3 +170,121 @@ async def test_a_step_that_hangs_mid_stage_is_skipped_and_what_it_returns_later_
     await asyncio.sleep(0.05)  # the hung step has returned by now: nothing of it arrives
     assert result.plan.envs == {"SHARES": "2"}
     assert result.container is not None and "LATE" not in result.container.envs
+
+
+# Steps of one worker job with timeouts of their own: a later step's timeout runs from its own
+# start, whatever time the steps before it had left.
+LONG = 3600.0  # a timeout no step here comes near; the job's first step has it
+
+
+def _pipeline_of(*steps: tuple[object, Policy, float]) -> Pipeline:
+    pm = make_plugin_manager(builtins=(), entry_points=False)
+    settings = []
+    for i, (plugin, policy, timeout) in enumerate(steps):
+        name = f"p{i}-{type(plugin).__name__}"
+        pm.register(plugin, name=name)
+        settings.append((name, policy, timeout))
+    return Pipeline(plugin_steps(pm, settings))
+
+
+class Gate:
+    """Sets cpu_shares 2 once the test opens it."""
+
+    def __init__(self, go: threading.Event) -> None:
+        self.go = go
+
+    @hookimpl
+    def rhp_pre_create_container(self) -> Plan:
+        self.go.wait(60)
+        return Plan().set_resource("cpu_shares", 2)
+
+
+class Blocks:
+    """Blocks until the test lets it go (after the stage is over)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    @hookimpl
+    def rhp_pre_create_container(self) -> Plan:
+        self.release.wait(60)
+        return Plan().set_env("LATE", "1")
+
+
+class Overruns:
+    """Returns a plan, but only once four times its step's timeout has gone by."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+    @hookimpl
+    def rhp_pre_create_container(self) -> Plan:
+        threading.Event().wait(4 * self.timeout)
+        return Plan().set_env("LATE", "1")
+
+
+class Marks:
+    """Says that it ran."""
+
+    def __init__(self, ran: threading.Event) -> None:
+        self.ran = ran
+
+    @hookimpl
+    def rhp_pre_create_container(self) -> None:
+        self.ran.set()
+
+
+async def _run_gated(go: threading.Event, pipeline: Pipeline) -> StageResult:
+    """Run the stage, its first step held until the stage's task has begun to wait for the job
+    (so the wait begins on the first step's timeout)."""
+    stage = asyncio.create_task(pipeline.run("PreCreateContainer", POD, CONTAINER, NodeFacts()))
+    await asyncio.sleep(0)
+    go.set()
+    # The guard only fails code that waits for the first step's timeout (an hour) instead.
+    return await asyncio.wait_for(stage, 60)
+
+
+@pytest.mark.parametrize("policy", ["Ignore", "Fail"])
+async def test_a_later_step_s_timeout_runs_from_its_own_start(policy: Policy) -> None:
+    go, release = threading.Event(), threading.Event()
+    pipeline = _pipeline_of((Gate(go), "Ignore", LONG), (Blocks(release), policy, 0.2), (Env(), "Ignore", LONG))
+    try:
+        result = await _run_gated(go, pipeline)
+    finally:
+        release.set()
+    assert [(f.step, f.kind, f.policy) for f in result.failures] == [("p1-Blocks", "timeout", policy)]
+    assert result.failures[0].message == "no answer within 0.2s"
+    if policy == "Fail":
+        assert result.rejected is result.failures[0]
+        assert result.ran == ["p0-Gate", "p1-Blocks"]
+        return
+    assert result.rejected is None
+    assert result.ran == ["p0-Gate", "p1-Blocks", "p2-Env"]
+    assert result.plan.cri_json() == {"resources": {"cpu_shares": 2}, "envs": {"SHARES": "2"}}
+    assert [(s.plugin, s.reason) for s in result.plan.skipped] == [("p1-Blocks", "timeout: no answer within 0.2s")]
+
+
+@pytest.mark.parametrize("policy", ["Ignore", "Fail"])
+async def test_a_step_that_overruns_its_timeout_and_then_returns_is_a_timeout(policy: Policy) -> None:
+    go = threading.Event()
+    pipeline = _pipeline_of((Gate(go), "Ignore", LONG), (Overruns(0.1), policy, 0.1), (Env(), "Ignore", LONG))
+    result = await _run_gated(go, pipeline)
+    assert [(f.step, f.kind) for f in result.failures] == [("p1-Overruns", "timeout")]
+    assert (result.rejected.step if result.rejected else None) == ("p1-Overruns" if policy == "Fail" else None)
+    assert "LATE" not in result.plan.envs
+
+
+async def test_an_overrun_is_caught_when_the_whole_job_finishes_before_the_event_loop_looks() -> None:
+    started, last_ran = threading.Event(), threading.Event()
+    pipeline = _pipeline_of((Marks(started), "Ignore", LONG), (Overruns(0.1), "Ignore", 0.1),
+                            (Marks(last_ran), "Ignore", LONG))
+    stage = asyncio.create_task(pipeline.run("PreCreateContainer", POD, CONTAINER, NodeFacts()))
+    assert await asyncio.to_thread(started.wait, 60)
+    # A busy event loop: nothing on it runs until the job has run its last step, so the job
+    # finishes the overrunning step (and the stage) before the loop can watch the clock.
+    assert last_ran.wait(60)
+    result = await stage
+    assert result.ran == ["p0-Marks", "p1-Overruns", "p2-Marks"]
+    assert [(f.step, f.kind) for f in result.failures] == [("p1-Overruns", "timeout")]
+    assert "LATE" not in result.plan.envs
+    assert [s.plugin for s in result.plan.skipped] == ["p1-Overruns"]
