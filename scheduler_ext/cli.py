@@ -408,6 +408,12 @@ def _serve(args: argparse.Namespace) -> int:
     trust = _trust(args)
     if isinstance(trust, str):
         return _fail("serve", trust, EXIT_USAGE)
+    from scheduler_ext.extconfig import ConfigError, ExtenderFileConfig, read_config_file
+
+    try:
+        file_cfg = read_config_file(args.config) if args.config else ExtenderFileConfig()
+    except ConfigError as exc:
+        return _fail("serve", f"--config {exc}", EXIT_USAGE)
     if args.watch_timeout < 1 or args.watch_idle_timeout <= args.watch_timeout:
         return _fail("serve", "--watch-idle-timeout must be longer than --watch-timeout (at least 1 s)", EXIT_USAGE)
     stale_after = args.watch_idle_timeout + STALE_MARGIN
@@ -421,7 +427,7 @@ def _serve(args: argparse.Namespace) -> int:
         bind_api = BindClient(api_client, timeout=args.api_timeout)
     except (ValueError, OSError) as exc:  # unsupported proxy, unreadable TLS files
         return _fail("serve", f"cannot talk to the API server: {exc}", EXIT_USAGE)
-    state = ClusterState(trust)
+    state = ClusterState(trust, load_args=file_cfg.load_aware)
     # a kind whose watch said nothing for this long is stale: the idle timeout has cut the
     # silent stream and a fresh list had time to answer
     watcher = Watcher(state, kube.list, kube.watch, GoneError, stale_after=stale_after)
@@ -441,8 +447,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.topology_requeue_rate > 0:
         requeuer = Requeuer(bind_api, state.with_topology, rate=args.topology_requeue_rate)
     app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes, requeuer=requeuer)
-    log.info("serving", listen=args.listen, ha_ledger=bool(ledger), tls=bool(args.tls_cert),
-             client_certificates=bool(args.tls_client_ca), health_listen=args.health_listen or None)
+    log.info("serving", listen=args.listen, ha_ledger=bool(ledger), load_aware=state.load_args is not None,
+             tls=bool(args.tls_cert), client_certificates=bool(args.tls_client_ca),
+             health_listen=args.health_listen or None)
     ssl_kwargs: dict[str, Any] = {}
     if args.tls_cert:
         ssl_kwargs = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
@@ -489,6 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="HOST:PORT (default %(default)s, kube-scheduler in the same pod or on the same "
                             "host); any address but loopback needs --tls-cert, --tls-key and --tls-client-ca, "
                             "or --insecure")
+    serve.add_argument("--config", default="", metavar="FILE",
+                       help="the extender's config file (JSON or YAML); its loadAware section turns on "
+                            "load-aware scheduling with koord-scheduler's LoadAwareSchedulingArgs (off without it)")
     serve.add_argument("--path-prefix", default="", help="URL prefix of the verbs, e.g. /scheduler")
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, metavar="BYTES",
                        help="largest verb request body (default %(default)s); a larger one is refused "

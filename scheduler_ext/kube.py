@@ -42,7 +42,7 @@ from kubernetes.client.rest import should_bypass_proxies
 from kubernetes.watch.watch import iter_resp_lines
 from yarl import URL
 
-from koord_formats import keys
+from koord_formats import keys, nodemetric
 from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError, SilentError
 from scheduler_ext.guard import bad_object
 
@@ -56,6 +56,7 @@ _CUSTOM = {
     "noderesourcetopologies": ("topology.node.k8s.io", "v1alpha1", "noderesourcetopologies"),
     "devices": ("scheduling.koordinator.sh", "v1alpha1", "devices"),
     "reservations": (keys.RESERVATION_API_GROUP, keys.RESERVATION_API_VERSION, keys.RESERVATION_PLURAL),
+    "nodemetrics": (nodemetric.API_GROUP, nodemetric.API_VERSION, nodemetric.PLURAL),  # load-aware only
 }
 
 

@@ -64,6 +64,7 @@ from koord_formats.pod import read_resource_list
 __all__ = [
     "DEFAULT_CPU_MILLI",
     "DEFAULT_MEMORY_BYTES",
+    "MAX_LOAD_SCORE",
     "REASON_AGGREGATED_USAGE",
     "REASON_EXPIRED",
     "REASON_USAGE",

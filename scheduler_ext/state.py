@@ -41,11 +41,13 @@ from prometheus_client import Counter
 
 from koord_formats import keys
 from koord_formats.errors import FormatError
+from koord_formats.loadaware import LoadAwareArgs
 from koord_formats.reservation import Reservation, parse_reservation, parse_reservation_allocated
 from koord_formats.topology import CPUTopology
 from scheduler_ext.allocator import GPUUsage
 from scheduler_ext.annotations import EMPTY, Allocation, parse_allocation
 from scheduler_ext.guard import bad_object, decode_pod, describe
+from scheduler_ext.loadaware import NodeLoad, NodeMetricView, PodLoad, read_node_load, read_node_metric, read_pod_load
 from scheduler_ext.pods import PodRequest, exclusive_policy_of
 from scheduler_ext.reservations import NodeReservation, fold
 from scheduler_ext.topology import GPUDevice, cpu_topology, parse_gpu_devices, unbindable_cpus
@@ -63,6 +65,8 @@ UNTRUSTED = Counter(
 )
 
 KINDS = ("nodes", "pods", "noderesourcetopologies", "devices", "reservations")
+# watched too when load-aware scheduling is configured (``ClusterState.load_args``)
+NODE_METRICS = "nodemetrics"
 
 class NodeState:
     """One node. Static fields change only with Node/NRT/Device objects; derived fields are
@@ -102,6 +106,12 @@ class NodeState:
         self.avoid_numa: frozenset[int] = frozenset()
         # the reservations with the pods allocated from them (``scheduler_ext.reservations.fold``)
         self.reserved: tuple[NodeReservation, ...] = ()
+        # load-aware scheduling (``scheduler_ext.loadaware``), kept only when it is configured:
+        # the Node's allocatable and thresholds annotation, and its NodeMetric (None: missing,
+        # or unreadable, which costs only this node)
+        self.load = NodeLoad()
+        self.metric: NodeMetricView | None = None
+        self.bound: dict[str, PodLoad] = {}  # pod uid -> load of each pod bound or held here
 
     # -- static -------------------------------------------------------------------------------
     def _rebuild_static(self) -> None:
@@ -187,6 +197,7 @@ class NodeState:
 
     def drop(self, uid: str) -> None:
         self.held.pop(uid, None)
+        self.bound.pop(uid, None)
         self.foreign.discard(uid)
         if self.allocs.pop(uid, None) is not None:
             self.touch()
@@ -208,6 +219,7 @@ class PodEntry:
     # (seal annotation, spec.schedulerName) last judged; with ``ann`` and ``node`` it decides trust
     proof: tuple[str | None, str] = (None, "")
     owned: bool = False  # pending: the pod carries a scheduler-owned annotation or a seal
+    load: PodLoad | None = None  # what load-aware scheduling estimates it by (when configured)
 
 
 def _is_terminal(pod: Mapping[str, Any]) -> bool:
@@ -233,6 +245,7 @@ class _PodUpdate:
     trust: str | None = None  # ``Trust.judge`` of ``ann`` ("" untrusted); None when not judged
     owned: bool = False  # the pod carries a scheduler-owned annotation or a seal
     annotations: Mapping[str, str] = field(default_factory=dict)  # bound pods: all of them, for ``trust``
+    load: PodLoad | None = None  # load-aware scheduling's view (when configured)
 
 
 _NO_ANN: tuple[str | None, str | None, str, str | None] = (None, None, "None", None)
@@ -287,6 +300,29 @@ def _read_reservation(event: str, obj: Mapping[str, Any]) -> tuple[str, Reservat
     return uid, parse_reservation(obj)
 
 
+def _read_node_load(obj: Mapping[str, Any]) -> NodeLoad:
+    """Load-aware scheduling's view of a Node; an unreadable allocatable costs only this node
+    (allocatable 0: its thresholds cannot be judged, so it is not refused by them)."""
+    try:
+        load = read_node_load(obj)
+    except FormatError as exc:
+        bad_object("nodes", "allocatable", _name_of("nodes", obj), exc)
+        return NodeLoad()
+    if load.custom_error:
+        bad_object("nodes", "usage-thresholds", _name_of("nodes", obj), load.custom_error)
+    return load
+
+
+def _read_pod_load(pod: Mapping[str, Any], namespace: str, name: str) -> PodLoad:
+    """Load-aware scheduling's view of a pod; one that cannot be read is estimated as a pod
+    without amounts (250m CPU, 200 MiB), logged and counted."""
+    try:
+        return read_pod_load(pod)
+    except FormatError as exc:
+        bad_object("pods", "load", f"{namespace}/{name}", exc)
+        return PodLoad(namespace, name)
+
+
 class BadObject(ValueError):
     """An object whose own structure has the wrong types; ``state`` skips it."""
 
@@ -332,8 +368,11 @@ class ClusterState:
     """All nodes and pods. Every public method takes ``lock`` itself; callers that combine
     several reads and a hold (bind) take it around the whole sequence (it is re-entrant)."""
 
-    def __init__(self, trust: Trust = TRUST_ALL) -> None:
+    def __init__(self, trust: Trust = TRUST_ALL, *, load_args: LoadAwareArgs | None = None) -> None:
         self.trust = trust  # whose allocation annotations count (``scheduler_ext.trust``)
+        # load-aware scheduling's args; None: off, and NodeMetrics are not watched
+        self.load_args = load_args
+        self.kinds: tuple[str, ...] = KINDS if load_args is None else (*KINDS, NODE_METRICS)
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodEntry] = {}  # uid -> entry
@@ -361,7 +400,7 @@ class ClusterState:
     @property
     def ready(self) -> bool:
         """Every kind listed once and none stale (``stale_kinds``)."""
-        return self.synced >= set(KINDS) and not self.stale_kinds()
+        return self.synced >= set(self.kinds) and not self.stale_kinds()
 
     def heard(self, kind: str, *, absent: bool | None = None) -> None:
         """The API server answered for ``kind`` (``absent``: whether its CRD is missing)."""
@@ -378,14 +417,14 @@ class ClusterState:
         if self.stale_after is None:
             return []
         now = self.monotonic()
-        return [k for k in KINDS if k not in self.synced or now - self.contact.get(k, 0.0) > self.stale_after]
+        return [k for k in self.kinds if k not in self.synced or now - self.contact.get(k, 0.0) > self.stale_after]
 
     def health(self) -> dict[str, str]:
         """Each kind's state for ``/readyz``: ok, not synced, stale (N s without a word), or
         not installed (a missing optional CRD: the cluster has none of them, not a fault)."""
         now = self.monotonic()
         out: dict[str, str] = {}
-        for kind in KINDS:
+        for kind in self.kinds:
             if kind not in self.synced:
                 out[kind] = "not synced"
             elif self.stale_after is not None and now - self.contact.get(kind, 0.0) > self.stale_after:
@@ -440,15 +479,20 @@ class ClusterState:
         (``scheduler_ext_bad_objects_total``); returns ``False`` then. Every field is read and
         checked before anything in the cache changes, so a skip leaves nothing half-applied.
         """
-        if kind not in KINDS:
+        if kind not in self.kinds:
             raise ValueError(f"unknown kind {kind!r}")
         resv: tuple[str, Reservation | None] | None = None
+        if kind == NODE_METRICS:
+            return self._apply_node_metric(event, obj)
+        node_load: NodeLoad | None = None
         try:
             update = self._read_pod(event, obj) if kind == "pods" else None
             if kind == "reservations":
                 resv = _read_reservation(event, obj)
             elif kind != "pods":
                 _warm_parsers(obj)
+            if kind == "nodes" and self.load_args is not None and event != "DELETED":
+                node_load = _read_node_load(obj)
         except FormatError as exc:  # a Reservation whose content cannot be read
             bad_object(kind, "reservation", _name_of(kind, obj), exc)
             with self.lock:
@@ -468,10 +512,40 @@ class ClusterState:
                     self._commit_reservation(*resv)
                 elif kind not in ("pods", "reservations"):
                     self._apply_node_object(kind, event, obj)
+                    if kind == "nodes" and self.load_args is not None:
+                        ns = self.nodes.get(_name_of(kind, obj))
+                        if ns is not None:
+                            ns.load = node_load or NodeLoad()
             except Exception as exc:  # as above
                 bad_object(kind, "object", _name_of(kind, obj), exc)
                 return False
             return True
+
+    def _apply_node_metric(self, event: str, obj: Mapping[str, Any]) -> bool:
+        """A NodeMetric event: parsed outside the lock by ``koord_formats``; one that cannot be
+        read is logged, counted and costs only its node, which then counts as having no
+        NodeMetric (load-aware filtering lets pods onto it and scores it 0, as for a missing one)."""
+        name = _name_of(NODE_METRICS, obj)
+        view: NodeMetricView | None = None
+        ok = True
+        if event != "DELETED":
+            try:
+                view = read_node_metric(obj)
+            except FormatError as exc:
+                bad_object(NODE_METRICS, "nodemetric", name, exc)
+                ok = False
+            except Exception as exc:  # the last line: one object never stops the watch
+                bad_object(NODE_METRICS, "object", name, exc)
+                ok = False
+        with self.lock:
+            self.events += 1
+            if name == "?":
+                return False
+            ns = self.nodes.get(name)
+            if ns is None and view is None:
+                return ok
+            self._node_for(name).metric = view
+        return ok
 
     def _apply_node_object(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         meta = _mapping(_mapping(obj, "object").get("metadata"), "metadata")
@@ -533,9 +607,11 @@ class ClusterState:
                     gone = {"metadata": {"name": name}}
                     if (kind == "nodes" and ns.node_seen) or (
                         kind == "noderesourcetopologies" and ns.nrt_annotations
-                    ) or (kind == "devices" and ns.device_spec is not None):
+                    ) or (kind == "devices" and ns.device_spec is not None) or (
+                        kind == NODE_METRICS and ns.metric is not None
+                    ):
                         self.apply(kind, "DELETED", gone)
-            if not self.ready and self.synced | {kind} >= set(KINDS):
+            if not self.ready and self.synced | {kind} >= set(self.kinds):
                 # the last first list: pay the derived-state cost *before* readiness lets
                 # traffic in (~1 s at 5000 nodes, which used to land on the first requests)
                 for ns in self.nodes.values():
@@ -604,6 +680,8 @@ class ClusterState:
             rv=_text(meta.get("resourceVersion"), "metadata.resourceVersion"),
             owned=Trust.carries_any(annotations),
         )
+        if self.load_args is not None:
+            update.load = _read_pod_load(pod, update.namespace, update.name)
         if not node:
             update.request = decode_pod(pod)
             return update
@@ -635,6 +713,7 @@ class ClusterState:
             entry = self.pods[uid] = PodEntry(namespace=update.namespace, name=update.name, node="", rv="")
         entry.rv = update.rv
         entry.owned = update.owned
+        entry.load = update.load
         if not node:
             entry.request = update.request
             return
@@ -680,6 +759,8 @@ class ClusterState:
         ns.held.pop(uid, None)  # confirmed: the pod's own annotations are the record now
         ns.foreign.discard(uid)
         ns.put(uid, entry.alloc)
+        if entry.load is not None:
+            ns.bound[uid] = entry.load
 
     # -- holds --------------------------------------------------------------------------------
     def hold(self, uid: str, node: str, alloc: Allocation, *, foreign: bool = False) -> None:
@@ -697,6 +778,8 @@ class ClusterState:
             if foreign:
                 ns.foreign.add(uid)
             ns.put(uid, alloc)
+            if entry is not None and entry.load is not None:
+                ns.bound[uid] = entry.load  # assigned now: estimated in full until a report shows it
 
     def release(self, uid: str, node: str) -> None:
         """Undo a hold (bind failed). A confirmed allocation is left alone."""
@@ -797,7 +880,7 @@ class Watcher:
             self.state.stale_after = self.stale_after
 
     def start(self) -> None:
-        for kind in KINDS:
+        for kind in self.state.kinds:
             t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)
             t.start()
             self.threads.append(t)

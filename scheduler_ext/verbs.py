@@ -3,6 +3,12 @@
 Who calls this: ``scheduler_ext.server`` (the HTTP verbs). Each takes the cluster lock once
 per call and asks ``scheduler_ext.decide`` for every candidate's verdict: the hot path reads the
 pod kind's memo table for all names at once and computes only the misses.
+
+With load-aware scheduling configured (``ClusterState.load_args``), filter also refuses the
+nodes ``scheduler_ext.loadaware.filter_reason`` refuses (Unschedulable: ``FailedNodes``), and
+prioritize adds the load score: a pod the allocation does not score (it needs no cpuset, NUMA
+alignment or GPU) gets the load score scaled to 0..10, any other the mean of both. These are
+judged on every call, never memoised: they depend on the clock (a NodeMetric expires).
 """
 
 from __future__ import annotations
@@ -10,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler_ext import loadaware
 from scheduler_ext.admission import Intent, pre_filter
-from scheduler_ext.decide import ExtenderConfig, Verdict, key_id, memo_verdict, verdict_of
+from scheduler_ext.decide import MAX_SCORE, ExtenderConfig, Verdict, key_id, memo_verdict, verdict_of
 from scheduler_ext.pods import PodRequest
 from scheduler_ext.state import ClusterState, NodeState
 
@@ -56,7 +63,8 @@ def filter_nodes(
         return FilterResult([], {}, dict.fromkeys(names, pod.error))
     with state.lock:
         verdicts = _verdicts(state, pod, names, cfg)
-    passed = [n for n, v in zip(names, verdicts, strict=True) if v is not None and v.ok]
+        loaded = _load_refusals(state, pod, names)
+    passed = [n for n, v in zip(names, verdicts, strict=True) if v is not None and v.ok and n not in loaded]
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     if len(passed) == len(names):
@@ -70,12 +78,54 @@ def filter_nodes(
             else:
                 failed[name] = f"node {name} is not in the extender's cache yet"
         elif v.ok:
-            passed.append(name)
+            if name in loaded:
+                failed[name] = loaded[name]
+            else:
+                passed.append(name)
         elif v.unresolvable:
             unresolvable[name] = v.reason
         else:
             failed[name] = v.reason
     return FilterResult(passed, failed, unresolvable)
+
+
+def _assigned(ns: NodeState, pod: PodRequest) -> list[loadaware.PodLoad]:
+    return [load for uid, load in ns.bound.items() if uid != pod.uid]
+
+
+def _load_refusals(state: ClusterState, pod: PodRequest, names: Sequence[str]) -> dict[str, str]:
+    """The candidates load-aware filtering refuses, with the reason; caller holds the lock."""
+    args, load = state.load_args, pod.load
+    if args is None or load is None:
+        return {}
+    now = state.wall()
+    get = state.nodes.get
+    out: dict[str, str] = {}
+    for name in names:
+        ns = get(name)
+        if ns is None or ns.metric is None:
+            continue  # no NodeMetric: load-aware filtering lets the pod pass
+        reason = loadaware.filter_reason(args, load, ns.load, ns.metric, _assigned(ns, pod), now)
+        if reason:
+            out[name] = reason
+    return out
+
+
+def _load_scores(state: ClusterState, pod: PodRequest, names: Sequence[str]) -> list[int] | None:
+    """Each candidate's load score 0..100 (None: load-aware scheduling is off); caller holds the lock."""
+    args, load = state.load_args, pod.load
+    if args is None or load is None:
+        return None
+    now = state.wall()
+    get = state.nodes.get
+    out: list[int] = []
+    for name in names:
+        ns = get(name)
+        if ns is None or ns.metric is None:
+            out.append(0)
+        else:
+            out.append(loadaware.score(args, load, ns.load, ns.metric, _assigned(ns, pod), now))
+    return out
 
 
 def _plain_anywhere(pod: PodRequest) -> bool:
@@ -94,7 +144,16 @@ def prioritize_nodes(
         return [(name, 0) for name in names]
     with state.lock:
         verdicts = _verdicts(state, pod, names, cfg)
-    return [(n, v.score if v is not None and v.ok else 0) for n, v in zip(names, verdicts, strict=True)]
+        loads = _load_scores(state, pod, names)
+    scores = [v.score if v is not None and v.ok else 0 for v in verdicts]
+    if loads is not None:
+        scale = loadaware.MAX_LOAD_SCORE // MAX_SCORE  # load scores are 0..100, ours 0..10
+        if _plain_anywhere(pod):
+            scores = [(la + scale // 2) // scale for la in loads]  # rounded
+        else:
+            scores = [(scale * s + la + scale) // (2 * scale) for s, la in zip(scores, loads, strict=True)]
+        scores = [s if v is None or v.ok else 0 for s, v in zip(scores, verdicts, strict=True)]
+    return list(zip(names, scores, strict=True))
 
 
 def preempt_nodes(
