@@ -41,7 +41,6 @@ from koord_formats.reservation import (
     read_labels,
     read_owner_references,
 )
-from scheduler_ext.loadaware import PodLoad, read_pod_load
 from scheduler_ext.reservations import PodIdentity
 
 __all__ = [
@@ -111,9 +110,6 @@ class PodRequest:
     identity: PodIdentity = field(default_factory=PodIdentity)
     # the pod's required reservation affinity (``reservation-affinity``), None when it has none
     reservation_affinity: ReservationAffinity | None = None
-    # what load-aware scheduling estimates the pod by (``scheduler_ext.loadaware``); None when
-    # it cannot be read (load-aware scheduling then lets the pod pass and scores nodes 0)
-    load: PodLoad | None = None
 
     @property
     def full_name(self) -> str:
@@ -338,10 +334,6 @@ def parse_pod(pod: object) -> PodRequest:
         )
     except FormatError as exc:
         error = f"invalid pod request: {exc}"
-    try:
-        load: PodLoad | None = read_pod_load(pod)
-    except FormatError:
-        load = None
     return PodRequest(
         uid=uid,
         namespace=namespace,
@@ -359,5 +351,4 @@ def parse_pod(pod: object) -> PodRequest:
         error=error,
         identity=identity,
         reservation_affinity=affinity,
-        load=load,
     )

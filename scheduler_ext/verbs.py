@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from koord_formats import keys
 from scheduler_ext import loadaware
 from scheduler_ext.admission import Intent, pre_filter
 from scheduler_ext.decide import MAX_SCORE, ExtenderConfig, Verdict, key_id, memo_verdict, verdict_of
@@ -93,11 +94,29 @@ def _assigned(ns: NodeState, pod: PodRequest) -> list[loadaware.PodLoad]:
     return [load for uid, load in ns.bound.items() if uid != pod.uid]
 
 
+def _incoming(state: ClusterState, pod: PodRequest) -> loadaware.PodLoad:
+    """The pod being scheduled as load-aware scheduling estimates it: what the pod watch read
+    of it (requests and limits of its priority class's resources), else, for a pod the watch
+    has not shown yet, its decoded request (cpu and memory requests only)."""
+    entry = state.pods.get(pod.uid) if pod.uid else None
+    if entry is not None and entry.load is not None:
+        return entry.load
+    return loadaware.PodLoad(
+        namespace=pod.namespace,
+        name=pod.name,
+        cpu_request=pod.cpu_milli,
+        memory_request=pod.memory,
+        prod=pod.priority_class == keys.PRIORITY_PROD,
+        daemonset=any(o.kind == "DaemonSet" for o in pod.identity.owner_refs),
+    )
+
+
 def _load_refusals(state: ClusterState, pod: PodRequest, names: Sequence[str]) -> dict[str, str]:
     """The candidates load-aware filtering refuses, with the reason; caller holds the lock."""
-    args, load = state.load_args, pod.load
-    if args is None or load is None:
+    args = state.load_args
+    if args is None:
         return {}
+    load = _incoming(state, pod)
     now = state.wall()
     get = state.nodes.get
     out: dict[str, str] = {}
@@ -113,9 +132,10 @@ def _load_refusals(state: ClusterState, pod: PodRequest, names: Sequence[str]) -
 
 def _load_scores(state: ClusterState, pod: PodRequest, names: Sequence[str]) -> list[int] | None:
     """Each candidate's load score 0..100 (None: load-aware scheduling is off); caller holds the lock."""
-    args, load = state.load_args, pod.load
-    if args is None or load is None:
+    args = state.load_args
+    if args is None:
         return None
+    load = _incoming(state, pod)
     now = state.wall()
     get = state.nodes.get
     out: list[int] = []

@@ -120,3 +120,14 @@ def test_config_file_sections(tmp_path: Any) -> None:
     assert read_config_file(str(path)).load_aware == LoadAwareArgs()
     with pytest.raises(ConfigError, match="cannot read"):
         read_config_file(str(tmp_path))
+
+
+def test_the_incoming_pod_is_estimated_from_what_the_watch_read_of_it() -> None:
+    state = state_with(nodemetric("a", "5"))
+    batch = pod("be", cpu=None, memory=None, qos="BE", priority=5500, uid="be-uid",
+                extra={"kubernetes.io/batch-cpu": "2000", "kubernetes.io/batch-memory": "1Gi"})
+    request = parse_pod(batch)
+    # not yet seen by the watch: its decoded request names no cpu, so the default 250m counts
+    assert filter_nodes(state, request, ["a"], DEFAULT_CONFIG).passed == ["a"]
+    state.apply("pods", "ADDED", batch)  # the watch reads batch-cpu: 5 + 2 x 0.85 = 67% > 65%
+    assert filter_nodes(state, request, ["a"], DEFAULT_CONFIG).failed == {"a": "node(s) cpu usage exceed threshold"}
