@@ -33,7 +33,7 @@ annotation), ``read_node_metric`` (a NodeMetric object through ``koord_formats.n
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
@@ -73,6 +73,7 @@ __all__ = [
     "PodLoad",
     "estimate",
     "estimated_used",
+    "existing_used",
     "expired",
     "filter_reason",
     "read_node_load",
@@ -137,16 +138,11 @@ class NodeMetricView:
 # ---- estimator ------------------------------------------------------------------------------------
 
 
-def _round(value: Fraction) -> int:
-    """Go's ``math.Round`` for the non-negative values here: halves away from zero."""
-    return math.floor(value + Fraction(1, 2))
-
-
 def _estimate_one(request: int, limit: int, factor: int, default: int) -> int:
     amount = max(request, limit)
     if amount <= 0:
         return default
-    used = _round(Fraction(amount * factor, 100))
+    used = (amount * factor * 2 + 100) // 200  # amount x factor / 100, halves rounded up
     return min(used, limit) if limit > 0 else used
 
 
@@ -205,6 +201,10 @@ def _needs_estimate(pod: PodLoad, reported: Usage | None, metric: NodeMetricView
     return metric.update_time - pod.scheduled_at < metric.report_interval
 
 
+# (reported or aggregated usage chosen by the caller, prod) -> what the node uses without the pod
+Existing = Callable[[Mapping[str, int] | None, bool], Mapping[str, int]]
+
+
 def estimated_used(
     args: LoadAwareArgs,
     pod: PodLoad,
@@ -216,13 +216,29 @@ def estimated_used(
 ) -> dict[str, int]:
     """What the node would use with ``pod`` on it (see the module docstring); ``base`` is the
     reported usage chosen by the caller (ignored for ``prod``)."""
+    used = estimate(pod, args.scaling_factors)
+    for r, v in existing_used(args, metric, assigned, base, prod=prod).items():
+        used[r] += v
+    return used
+
+
+def existing_used(
+    args: LoadAwareArgs,
+    metric: NodeMetricView,
+    assigned: Iterable[PodLoad],
+    base: Mapping[str, int] | None,
+    *,
+    prod: bool,
+) -> dict[str, int]:
+    """What the node uses before the pod being scheduled: ``estimated_used`` without it (the
+    part the extender can remember per node, since it does not depend on that pod)."""
     status = metric.status
     factors = args.scaling_factors
     reported: dict[tuple[str, str], Usage] = {}
     for p in status.pods:
         if not prod or p.priority == keys.PRIORITY_PROD:
             reported[(p.namespace, p.name)] = p.usage
-    used = estimate(pod, factors)
+    used = dict.fromkeys(RESOURCES, 0)
     delta = dict.fromkeys(RESOURCES, 0)
     full = dict.fromkeys(RESOURCES, 0)
     for a in assigned:
@@ -267,6 +283,17 @@ def _allocatable(node: NodeLoad, resource: str) -> int:
 # ---- filter ---------------------------------------------------------------------------------------
 
 
+def _existing_from(args: LoadAwareArgs, metric: NodeMetricView, assigned: Sequence[PodLoad]) -> Existing:
+    return lambda base, prod: existing_used(args, metric, assigned, base, prod=prod)
+
+
+def _with_pod(args: LoadAwareArgs, pod: PodLoad, existing: Mapping[str, int]) -> dict[str, int]:
+    used = estimate(pod, args.scaling_factors)
+    for r, v in existing.items():
+        used[r] += v
+    return used
+
+
 def filter_reason(
     args: LoadAwareArgs,
     pod: PodLoad,
@@ -274,8 +301,12 @@ def filter_reason(
     metric: NodeMetricView | None,
     assigned: Sequence[PodLoad],
     now: float,
+    *,
+    existing: Existing | None = None,
 ) -> str:
-    """"" when load-aware filtering lets ``pod`` onto the node, else the reason (Unschedulable)."""
+    """"" when load-aware filtering lets ``pod`` onto the node, else the reason (Unschedulable).
+    ``existing`` (optional) answers ``existing_used`` for the node (a caller's memo); without it
+    the usage is computed from ``assigned``."""
     if pod.daemonset or metric is None:
         return ""
     if args.filter_expired and expired(metric, args, now):
@@ -295,13 +326,13 @@ def filter_reason(
     else:
         base = None if metric.status.node_usage.empty else _amounts(metric.status.node_usage)
         thresholds = usage_thresholds
-    used = estimated_used(args, pod, metric, assigned, base, prod=prod)
+    used = _with_pod(args, pod, (existing or _existing_from(args, metric, assigned))(base, prod))
     for r in RESOURCES:
         limit = thresholds.get(r, 0)
         total = _allocatable(node, r)
         if limit == 0 or total <= 0:
             continue
-        if _round(Fraction(used[r] * 100, total)) > limit:
+        if (used[r] * 200 + total) // (2 * total) > limit:  # round(used / total x 100), halves up
             text = REASON_AGGREGATED_USAGE if not prod and aggregated is not None else REASON_USAGE
             return text.format(r)
     return ""
@@ -325,8 +356,11 @@ def score(
     metric: NodeMetricView | None,
     assigned: Sequence[PodLoad],
     now: float,
+    *,
+    existing: Existing | None = None,
 ) -> int:
-    """The node's load score for ``pod``, 0..100 (higher: less used)."""
+    """The node's load score for ``pod``, 0..100 (higher: less used); ``existing`` as for
+    ``filter_reason``."""
     if metric is None or expired(metric, args, now):
         return 0
     prod = pod.prod and args.score_according_prod_usage
@@ -336,7 +370,7 @@ def score(
             base = aggregated_usage(metric.status, args.aggregated.score_type, args.aggregated.score_duration)
         elif not metric.status.node_usage.empty:
             base = _amounts(metric.status.node_usage)
-    used = estimated_used(args, pod, metric, assigned, base, prod=prod)
+    used = _with_pod(args, pod, (existing or _existing_from(args, metric, assigned))(base, prod))
     total = weights = 0
     for r, w in args.resource_weights.items():
         total += _least_used(used.get(r, 0), _allocatable(node, r)) * w

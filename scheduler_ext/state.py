@@ -112,6 +112,10 @@ class NodeState:
         self.load = NodeLoad()
         self.metric: NodeMetricView | None = None
         self.bound: dict[str, PodLoad] = {}  # pod uid -> load of each pod bound or held here
+        # ``scheduler_ext.verbs``' memo of the node's usage before a pod, valid for one
+        # ``bound_version`` (bumped by every change of ``bound`` or ``metric``): (version, {(base, prod): usage})
+        self.bound_version = 0
+        self.load_memo: tuple[int, dict[Any, Mapping[str, int]]] = (-1, {})
 
     # -- static -------------------------------------------------------------------------------
     def _rebuild_static(self) -> None:
@@ -195,9 +199,15 @@ class NodeState:
             self.allocs[uid] = alloc
             self.touch()
 
+    def set_bound(self, uid: str, load: PodLoad) -> None:
+        if self.bound.get(uid) != load:
+            self.bound[uid] = load
+            self.bound_version += 1
+
     def drop(self, uid: str) -> None:
         self.held.pop(uid, None)
-        self.bound.pop(uid, None)
+        if self.bound.pop(uid, None) is not None:
+            self.bound_version += 1
         self.foreign.discard(uid)
         if self.allocs.pop(uid, None) is not None:
             self.touch()
@@ -544,7 +554,9 @@ class ClusterState:
             ns = self.nodes.get(name)
             if ns is None and view is None:
                 return ok
-            self._node_for(name).metric = view
+            ns = self._node_for(name)
+            ns.metric = view
+            ns.bound_version += 1  # drops the usage memo of ``scheduler_ext.verbs``
         return ok
 
     def _apply_node_object(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
@@ -760,7 +772,7 @@ class ClusterState:
         ns.foreign.discard(uid)
         ns.put(uid, entry.alloc)
         if entry.load is not None:
-            ns.bound[uid] = entry.load
+            ns.set_bound(uid, entry.load)
 
     # -- holds --------------------------------------------------------------------------------
     def hold(self, uid: str, node: str, alloc: Allocation, *, foreign: bool = False) -> None:
@@ -779,7 +791,7 @@ class ClusterState:
                 ns.foreign.add(uid)
             ns.put(uid, alloc)
             if entry is not None and entry.load is not None:
-                ns.bound[uid] = entry.load  # assigned now: estimated in full until a report shows it
+                ns.set_bound(uid, entry.load)  # assigned now: estimated in full until a report shows it
 
     def release(self, uid: str, node: str) -> None:
         """Undo a hold (bind failed). A confirmed allocation is left alone."""

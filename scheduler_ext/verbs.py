@@ -94,6 +94,30 @@ def _assigned(ns: NodeState, pod: PodRequest) -> list[loadaware.PodLoad]:
     return [load for uid, load in ns.bound.items() if uid != pod.uid]
 
 
+def _existing(state: ClusterState, ns: NodeState, pod: PodRequest) -> loadaware.Existing:
+    """The node's usage before ``pod`` (``loadaware.existing_used``), remembered on the node
+    until a pod is bound to it or leaves it or its NodeMetric changes; a pod counted on the node
+    already (a bind in flight being retried) is left out, without the memo."""
+    args, metric = state.load_args, ns.metric
+    assert args is not None and metric is not None
+    if pod.uid and pod.uid in ns.bound:
+        assigned = _assigned(ns, pod)
+        return lambda base, prod: loadaware.existing_used(args, metric, assigned, base, prod=prod)
+    tag = ns.bound_version
+    if ns.load_memo[0] != tag:
+        ns.load_memo = (tag, {})
+    memo = ns.load_memo[1]
+
+    def existing(base: Mapping[str, int] | None, prod: bool) -> Mapping[str, int]:
+        key = (None if base is None else tuple(sorted(base.items())), prod)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = loadaware.existing_used(args, metric, ns.bound.values(), base, prod=prod)
+        return got
+
+    return existing
+
+
 def _incoming(state: ClusterState, pod: PodRequest) -> loadaware.PodLoad:
     """The pod being scheduled as load-aware scheduling estimates it: what the pod watch read
     of it (requests and limits of its priority class's resources), else, for a pod the watch
@@ -124,7 +148,7 @@ def _load_refusals(state: ClusterState, pod: PodRequest, names: Sequence[str]) -
         ns = get(name)
         if ns is None or ns.metric is None:
             continue  # no NodeMetric: load-aware filtering lets the pod pass
-        reason = loadaware.filter_reason(args, load, ns.load, ns.metric, _assigned(ns, pod), now)
+        reason = loadaware.filter_reason(args, load, ns.load, ns.metric, (), now, existing=_existing(state, ns, pod))
         if reason:
             out[name] = reason
     return out
@@ -144,7 +168,7 @@ def _load_scores(state: ClusterState, pod: PodRequest, names: Sequence[str]) -> 
         if ns is None or ns.metric is None:
             out.append(0)
         else:
-            out.append(loadaware.score(args, load, ns.load, ns.metric, _assigned(ns, pod), now))
+            out.append(loadaware.score(args, load, ns.load, ns.metric, (), now, existing=_existing(state, ns, pod)))
     return out
 
 
