@@ -12,6 +12,9 @@ and ``apis/extension`` (``CustomUsageThresholds``):
   absent or empty; ``prodUsageThresholds`` none; ``scoreAccordingProdUsage`` false;
   ``prodUsageIncludeSys`` false;
 - ``estimatedScalingFactors`` {cpu: 85, memory: 70}, a key left out keeps its default;
+- ``estimatedSecondsAfterPodScheduled`` and ``estimatedSecondsAfterInitialized`` (unset): a pod
+  counts by its estimate until that long after it was scheduled (or initialized), even when a
+  report shows it;
 - ``aggregated``: ``usageThresholds``, ``usageAggregationType``, ``usageAggregatedDuration``,
   ``scoreAggregationType``, ``scoreAggregatedDuration`` (Go durations; absent or 0 means the
   longest duration the NodeMetric reports). Filtering by aggregation needs both thresholds and
@@ -98,6 +101,8 @@ class LoadAwareArgs:
     score_according_prod_usage: bool = False
     prod_usage_include_sys: bool = False
     scaling_factors: Mapping[str, int] = field(default_factory=lambda: _frozen({CPU: 85, MEMORY: 70}))
+    seconds_after_scheduled: int = 0  # estimatedSecondsAfterPodScheduled (0: unset)
+    seconds_after_initialized: int = 0  # estimatedSecondsAfterInitialized (0: unset)
     aggregated: AggregatedArgs = field(default_factory=AggregatedArgs)
 
 
@@ -165,6 +170,7 @@ _ARGS_KEYS = frozenset({
     "apiVersion", "kind", "filterExpiredNodeMetrics", "nodeMetricExpirationSeconds",
     "enableScheduleWhenNodeMetricsExpired", "resourceWeights", "usageThresholds", "prodUsageThresholds",
     "scoreAccordingProdUsage", "prodUsageIncludeSys", "estimatedScalingFactors", "aggregated",
+    "estimatedSecondsAfterPodScheduled", "estimatedSecondsAfterInitialized",
 })  # fmt: skip
 
 
@@ -187,6 +193,8 @@ def parse_load_aware_args(section: object) -> LoadAwareArgs:
     if not any(weights.values()):
         raise FormatError("resourceWeights: at least one weight must be above 0")
     raw_aggregated = doc.get("aggregated")
+    after_scheduled = doc.get("estimatedSecondsAfterPodScheduled")
+    after_initialized = doc.get("estimatedSecondsAfterInitialized")
     return LoadAwareArgs(
         filter_expired=_flag(doc, "filterExpiredNodeMetrics", d.filter_expired),
         expiration_seconds=d.expiration_seconds if expiration is None
@@ -198,6 +206,10 @@ def parse_load_aware_args(section: object) -> LoadAwareArgs:
         score_according_prod_usage=_flag(doc, "scoreAccordingProdUsage", d.score_according_prod_usage),
         prod_usage_include_sys=_flag(doc, "prodUsageIncludeSys", d.prod_usage_include_sys),
         scaling_factors=_frozen(factors),
+        seconds_after_scheduled=0 if after_scheduled is None
+        else read_int(after_scheduled, "estimatedSecondsAfterPodScheduled", 0, MAX_EXPIRATION_SECONDS),
+        seconds_after_initialized=0 if after_initialized is None
+        else read_int(after_initialized, "estimatedSecondsAfterInitialized", 0, MAX_EXPIRATION_SECONDS),
         aggregated=AggregatedArgs() if raw_aggregated is None else _aggregated(raw_aggregated, "aggregated"),
     )
 

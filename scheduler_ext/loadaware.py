@@ -113,6 +113,7 @@ class PodLoad:
     prod: bool = False  # priority class koord-prod
     daemonset: bool = False  # owned by a DaemonSet
     scheduled_at: float | None = None  # PodScheduled=True lastTransitionTime, epoch seconds
+    initialized_at: float | None = None  # Initialized=True lastTransitionTime, epoch seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,12 +190,27 @@ def aggregated_usage(status: NodeMetricStatus, kind: str, duration: int) -> dict
     return None
 
 
-def _needs_estimate(pod: PodLoad, reported: Usage | None, metric: NodeMetricView) -> bool:
+def _estimate_deadline(args: LoadAwareArgs, pod: PodLoad) -> float | None:
+    """Until when the pod counts by its estimate whatever the report says
+    (``estimatedSecondsAfterInitialized`` after its Initialized time, else
+    ``estimatedSecondsAfterPodScheduled`` after its PodScheduled time); None: no such time."""
+    if args.seconds_after_initialized > 0 and pod.initialized_at is not None:
+        return pod.initialized_at + args.seconds_after_initialized
+    if args.seconds_after_scheduled > 0 and pod.scheduled_at is not None:
+        return pod.scheduled_at + args.seconds_after_scheduled
+    return None
+
+
+def _needs_estimate(args: LoadAwareArgs, pod: PodLoad, reported: Usage | None, metric: NodeMetricView) -> bool:
     """The report cannot show this pod in full yet: it is missing from ``podsMetric``, or was
-    assigned after the report, or less than one report interval before it."""
+    assigned after the report, or less than one report interval before it, or its forced
+    estimation lasts past the report (``_estimate_deadline``)."""
     if reported is None or reported.empty:
         return True
     if pod.scheduled_at is None or metric.update_time is None:
+        return True
+    deadline = _estimate_deadline(args, pod)
+    if deadline is not None and deadline > metric.update_time:
         return True
     if pod.scheduled_at > metric.update_time:
         return True
@@ -248,7 +264,7 @@ def existing_used(
         for r in RESOURCES:
             full[r] += est[r]
         got = reported.get((a.namespace, a.name))
-        if _needs_estimate(a, got, metric):
+        if _needs_estimate(args, a, got, metric):
             have = _amounts(got) if got is not None else {}
             for r in RESOURCES:
                 delta[r] += max(0, est[r] - have.get(r, 0))
@@ -424,10 +440,11 @@ def _pod_amounts(spec: Mapping[str, Any], names: tuple[str, str]) -> tuple[int, 
             _whole(req.get(mem_name, zero)), _whole(lim.get(mem_name, zero)))
 
 
-def _scheduled_at(status: Mapping[str, Any]) -> float | None:
+def _condition_time(status: Mapping[str, Any], kind: str) -> float | None:
+    """When the pod's condition ``kind`` last became True; None when it is not True."""
     for raw in read_list(status.get("conditions") or [], "conditions", _MAX_CONDITIONS):
         cond = read_object(raw, "condition")
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+        if cond.get("type") == kind and cond.get("status") == "True":
             when = cond.get("lastTransitionTime")
             return None if when is None else parse_update_time(when)
     return None
@@ -460,7 +477,8 @@ def read_pod_load(pod: object) -> PodLoad:
         memory_limit=mem_lim,
         prod=klass == keys.PRIORITY_PROD,
         daemonset=daemonset,
-        scheduled_at=_scheduled_at(status),
+        scheduled_at=_condition_time(status, "PodScheduled"),
+        initialized_at=_condition_time(status, "Initialized"),
     )
 
 
