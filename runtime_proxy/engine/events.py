@@ -338,4 +338,7 @@ class KubeEventsApi:
         self._core.create_namespaced_event(namespace, event, _request_timeout=self.request_timeout)
 
     def patch(self, namespace: str, name: str, body: Mapping[str, object]) -> None:
-        self._core.patch_namespaced_event(name, namespace, dict(body), _request_timeout=self.request_timeout)
+        # A JSON merge patch (the client would otherwise send a dict as a JSON patch, which
+        # the API server refuses).
+        self._core.patch_namespaced_event(name, namespace, dict(body), _request_timeout=self.request_timeout,
+                                          _content_type="application/merge-patch+json")

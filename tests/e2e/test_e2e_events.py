@@ -83,3 +83,20 @@ def test_a_hook_that_fails_under_ignore_leaves_an_event_on_the_pod(failing: Stac
     assert event["source"] == {"component": "runtime-hook-proxy", "host": NODE_NAME}
     assert event["reportingComponent"] == "runtime-hook-proxy"
     assert PLUGIN in event["message"] and "fails for" in event["message"] and "container app" in event["message"]
+
+
+def test_repeats_on_the_same_pod_count_up_one_event(failing: Stack, ns: str) -> None:
+    """A container that keeps exiting is created again and again: its hook fails each time, and
+    the one Event's count grows (the recorder patches it) instead of a new Event per failure."""
+    cluster = failing.cluster
+    manifest = pod_manifest("crashing", ns, node_name=NODE_NAME, command=("sh", "-c", "exit 1"))
+    manifest["metadata"]["labels"][LABEL] = "true"
+    cluster.apply(manifest)
+    found: list[dict[str, Any]] = []
+
+    def counted() -> bool:
+        found[:] = _events(failing, ns, "crashing")
+        return any(int(event.get("count") or 0) >= 2 for event in found)
+
+    cluster.wait_for(counted, what="the pod's RuntimeHookFailed Event counted twice", timeout=120)
+    assert len(found) == 1, [event["metadata"]["name"] for event in found]
