@@ -386,12 +386,10 @@ def plan_document(
     return out
 
 
-def _usage_input(
-    doc: Mapping[str, Any], pod: PodFacts | None  # Any: JSON, PlanDocument checked its shape
-) -> tuple[tuple[PodFacts, ...], Usage]:
+def _usage_input(doc: Mapping[str, object], pod: PodFacts | None) -> tuple[tuple[PodFacts, ...], Usage]:
     """The ``ReconcileUsage`` arguments: ``pods`` (else the document's ``pod``) and ``usage``."""
     raw_pods = doc.get("pods")
-    if raw_pods is not None:
+    if isinstance(raw_pods, list):  # a list or absent: PlanDocument checked the shape
         pods = tuple(pod_facts_from_json(p, f"pods[{i}]") for i, p in enumerate(raw_pods))
     else:
         pods = (pod,) if pod is not None else ()
