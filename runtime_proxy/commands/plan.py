@@ -14,7 +14,6 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import pluggy
 
@@ -88,9 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compact", action="store_true", help="with --output json: one line")
 
 
-def format_text(result: Mapping[str, Any]) -> str:  # Any: the planner's JSON output, values of several shapes
+def format_text(result: Mapping[str, object]) -> str:
     """One plan for people: one section per part, one line per change."""
-    lines = [f"stage:   {result.get('stage')}", f"plugins: {', '.join(map(str, result.get('plugins', ())))}"]
+    plugins = result.get("plugins", ())
+    names = plugins if isinstance(plugins, Iterable) else (plugins,)
+    lines = [f"stage:   {result.get('stage')}", f"plugins: {', '.join(map(str, names))}"]
     for key, value in result.items():
         if key in ("stage", "plugins"):
             continue
@@ -98,7 +99,9 @@ def format_text(result: Mapping[str, Any]) -> str:  # Any: the planner's JSON ou
             lines.append(f"{key}: none")
             continue
         lines.append(f"{key}:")
-        items: Iterable[Any] = value.items() if isinstance(value, Mapping) else value  # Any: as result's values
+        items: Iterable[object] = (
+            value.items() if isinstance(value, Mapping) else value if isinstance(value, Iterable) else (value,)
+        )
         for item in items:
             if isinstance(item, tuple):
                 lines.append(f"  {item[0]} = {json.dumps(item[1], default=str)}")
@@ -130,21 +133,24 @@ def main_from_args(args: argparse.Namespace) -> int:
             return _fail(message, code)
         print(json.dumps(plan, indent=indent, default=str) if as_json else format_text(plan))
         return 0
-    results: list[dict[str, Any]] = []  # Any: JSON out: a file name, a plan or an error
+    results: list[dict[str, object]] = []
+    texts: list[str] = []
     worst = 0
     for path in files:
         plan, message, code = _plan_file(path, pm, config)
         if plan is None:
             _fail(f"{path}: {message}", code)
             results.append({"file": path, "error": message})
+            texts.append(f"== {path}\nerror: {message}")
             worst = max(worst, code)
         else:
             results.append({"file": path, "plan": plan})
+            if not as_json:
+                texts.append(f"== {path}\n" + format_text(plan))
     if as_json:
         print(json.dumps(results, indent=indent, default=str))
     else:
-        print("\n\n".join(f"== {r['file']}\n" + (format_text(r["plan"]) if "plan" in r else f"error: {r['error']}")
-                          for r in results))
+        print("\n\n".join(texts))
     return worst
 
 
