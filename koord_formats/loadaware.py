@@ -8,9 +8,10 @@ and ``apis/extension`` (``CustomUsageThresholds``):
 
 - ``filterExpiredNodeMetrics`` true, ``nodeMetricExpirationSeconds`` 180,
   ``enableScheduleWhenNodeMetricsExpired`` false;
-- ``resourceWeights`` {cpu: 1, memory: 1} and ``usageThresholds`` {cpu: 65, memory: 95} when
-  absent or empty; ``prodUsageThresholds`` none; ``scoreAccordingProdUsage`` false;
-  ``prodUsageIncludeSys`` false;
+- ``resourceWeights`` {cpu: 1, memory: 1} when absent or empty and ``dominantResourceWeight``
+  is 0 (its default; 0..100, the weight of the lowest resource score, Dominant Resource
+  Fairness); ``usageThresholds`` {cpu: 65, memory: 95} when absent or empty;
+  ``prodUsageThresholds`` none; ``scoreAccordingProdUsage`` false; ``prodUsageIncludeSys`` false;
 - ``estimatedScalingFactors`` {cpu: 85, memory: 70}, a key left out keeps its default;
 - ``estimatedSecondsAfterPodScheduled`` and ``estimatedSecondsAfterInitialized`` (unset): a pod
   counts by its estimate until that long after it was scheduled (or initialized), even when a
@@ -103,6 +104,7 @@ class LoadAwareArgs:
     scaling_factors: Mapping[str, int] = field(default_factory=lambda: _frozen({CPU: 85, MEMORY: 70}))
     seconds_after_scheduled: int = 0  # estimatedSecondsAfterPodScheduled (0: unset)
     seconds_after_initialized: int = 0  # estimatedSecondsAfterInitialized (0: unset)
+    dominant_weight: int = 0  # dominantResourceWeight: weight of the most used resource's score
     aggregated: AggregatedArgs = field(default_factory=AggregatedArgs)
 
 
@@ -170,7 +172,7 @@ _ARGS_KEYS = frozenset({
     "apiVersion", "kind", "filterExpiredNodeMetrics", "nodeMetricExpirationSeconds",
     "enableScheduleWhenNodeMetricsExpired", "resourceWeights", "usageThresholds", "prodUsageThresholds",
     "scoreAccordingProdUsage", "prodUsageIncludeSys", "estimatedScalingFactors", "aggregated",
-    "estimatedSecondsAfterPodScheduled", "estimatedSecondsAfterInitialized",
+    "estimatedSecondsAfterPodScheduled", "estimatedSecondsAfterInitialized", "dominantResourceWeight",
 })  # fmt: skip
 
 
@@ -189,9 +191,12 @@ def parse_load_aware_args(section: object) -> LoadAwareArgs:
     thresholds = _percents(doc.get("usageThresholds"), "usageThresholds")
     factors = dict(d.scaling_factors)
     factors.update(_percents(doc.get("estimatedScalingFactors"), "estimatedScalingFactors"))
-    weights = weights or d.resource_weights
-    if not any(weights.values()):
-        raise FormatError("resourceWeights: at least one weight must be above 0")
+    raw_dominant = doc.get("dominantResourceWeight")
+    dominant = 0 if raw_dominant is None else read_int(raw_dominant, "dominantResourceWeight", 0, 100)
+    if not weights and dominant == 0:
+        weights = d.resource_weights
+    if not any(weights.values()) and dominant == 0:
+        raise FormatError("resourceWeights: at least one weight (or dominantResourceWeight) must be above 0")
     raw_aggregated = doc.get("aggregated")
     after_scheduled = doc.get("estimatedSecondsAfterPodScheduled")
     after_initialized = doc.get("estimatedSecondsAfterInitialized")
@@ -206,6 +211,7 @@ def parse_load_aware_args(section: object) -> LoadAwareArgs:
         score_according_prod_usage=_flag(doc, "scoreAccordingProdUsage", d.score_according_prod_usage),
         prod_usage_include_sys=_flag(doc, "prodUsageIncludeSys", d.prod_usage_include_sys),
         scaling_factors=_frozen(factors),
+        dominant_weight=dominant,
         seconds_after_scheduled=0 if after_scheduled is None
         else read_int(after_scheduled, "estimatedSecondsAfterPodScheduled", 0, MAX_EXPIRATION_SECONDS),
         seconds_after_initialized=0 if after_initialized is None

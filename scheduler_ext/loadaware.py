@@ -21,8 +21,8 @@ Pure functions (no clock, no cache: the caller passes ``now`` and the node's fac
   usage exceed threshold``. round(used / allocatable x 100) above a non-zero threshold
   refuses. DaemonSet pods and nodes without a NodeMetric pass.
 - ``score``: 0..100, the weighted mean over ``resourceWeights`` of (allocatable - used) x
-  100 / allocatable (0 when used is above allocatable); 0 for a node without a NodeMetric or
-  with an expired one.
+  100 / allocatable (0 when used is above allocatable), the lowest of them weighted once more
+  by ``dominantResourceWeight``; 0 for a node without a NodeMetric or with an expired one.
 
 Decoding (total, each raising only ``FormatError``): ``read_pod_load`` (a Pod object's
 requests, limits, priority, DaemonSet owner and PodScheduled time), ``read_node_load`` (a Node's
@@ -388,9 +388,16 @@ def score(
             base = _amounts(metric.status.node_usage)
     used = _with_pod(args, pod, (existing or _existing_from(args, metric, assigned))(base, prod))
     total = weights = 0
-    for r, w in args.resource_weights.items():
-        total += _least_used(used.get(r, 0), _allocatable(node, r)) * w
+    lowest = MAX_LOAD_SCORE  # the dominant (most used) resource's score
+    for r in RESOURCES:  # every resource: the dominant one may have no weight of its own
+        w = args.resource_weights.get(r, 0)
+        one = _least_used(used.get(r, 0), _allocatable(node, r))
+        total += one * w
         weights += w
+        lowest = min(lowest, one)
+    if args.dominant_weight:
+        total += lowest * args.dominant_weight
+        weights += args.dominant_weight
     return total // weights if weights else 0
 
 

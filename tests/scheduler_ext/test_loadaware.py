@@ -176,6 +176,10 @@ SCORE_CASES = [
     ScoreCase("used above allocatable scores 0 for that resource", metric(20_000, round(9.3 * GI)), 45),
     ScoreCase("resourceWeights weigh the mean", metric(1150, round(9.3 * GI)), 82,
               args=LoadAwareArgs(resource_weights={"cpu": 3, "memory": 1})),
+    ScoreCase("dominantResourceWeight adds the lowest resource score: (80 + 90 + 2 x 80) / 4", metric(
+        1150, round(9.3 * GI)), 82, args=LoadAwareArgs(dominant_weight=2)),
+    ScoreCase("dominantResourceWeight without resourceWeights scores the dominant resource alone",
+              metric(1150, round(9.3 * GI)), 80, args=LoadAwareArgs(resource_weights={}, dominant_weight=1)),
     ScoreCase("scoreAggregationType scores the aggregated usage", metric(
         1150, round(9.3 * GI), aggregated=(AggregatedUsage(300, {"p99": Usage(5150, round(9.3 * GI))}),)), 65,
         args=LoadAwareArgs(aggregated=AggregatedArgs(score_type="p99"))),
@@ -266,6 +270,9 @@ ARGS_CASES = [
     ArgsCase("an unknown aggregation type is refused", {"aggregated": {"scoreAggregationType": "max"}}, None),
     ArgsCase("expiration 0 is refused (Koordinator requires > 0)", {"nodeMetricExpirationSeconds": 0}, None),
     ArgsCase("all weights 0 are refused", {"resourceWeights": {"cpu": 0, "memory": 0}}, None),
+    ArgsCase("dominantResourceWeight alone: no default resourceWeights", {"dominantResourceWeight": 5},
+             LoadAwareArgs(resource_weights={}, dominant_weight=5)),
+    ArgsCase("dominantResourceWeight above 100 is refused", {"dominantResourceWeight": 101}, None),
     ArgsCase("a section that is not an object is refused", ["cpu"], None),
 ]
 
