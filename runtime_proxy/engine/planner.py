@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 
 import pluggy
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
@@ -89,7 +89,7 @@ class ContainerDocument(_Strict):
     labels: dict[str, StrictStr] = Field(default_factory=dict)
     annotations: dict[str, StrictStr] = Field(default_factory=dict)
     envs: dict[str, StrictStr] = Field(default_factory=dict)
-    resources: dict[str, Any] = Field(default_factory=dict)  # Any: JSON, checked by hooks.facts.Resources.from_dict
+    resources: dict[str, object] = Field(default_factory=dict)  # checked by hooks.facts.Resources.from_dict
 
 
 class PodDocument(_Strict):
@@ -121,7 +121,7 @@ class NodeDocument(_Strict):
     name: StrictStr = ""
     labels: dict[str, StrictStr] = Field(default_factory=dict)
     annotations: dict[str, StrictStr] = Field(default_factory=dict)
-    cpuTopology: dict[str, Any] | None = None  # Any: JSON, checked by CPUTopology.from_annotation
+    cpuTopology: dict[str, object] | None = None  # checked by hooks.facts.CPUTopology.from_annotation
     boundCPUs: dict[str, StrictStr] = Field(default_factory=dict)
     lsePods: list[StrictStr] = Field(default_factory=list)
     resctrl: ResctrlDocument = Field(default_factory=ResctrlDocument)
@@ -137,12 +137,12 @@ class PlanDocument(_Strict):
     pod: PodDocument | None = None
     container: ContainerDocument | None = None
     node: NodeDocument = Field(default_factory=NodeDocument)
-    nodeSLO: dict[str, Any] = Field(default_factory=dict)  # Any: JSON, read by plugins through koord_formats
+    nodeSLO: dict[str, object] = Field(default_factory=dict)  # read by the plugins through koord_formats
     plugins: list[StrictStr] | None = None
     # The ReconcileUsage stage's input: every pod and the sampled usage window (checked by
     # runtime_proxy.engine.usage_input).
     pods: list[PodDocument] | None = Field(default=None, max_length=MAX_USAGE_PODS)
-    usage: dict[str, Any] | None = None  # Any: JSON, checked by engine.usage_input
+    usage: dict[str, object] | None = None  # checked by runtime_proxy.engine.usage_input
 
 
 def _check_shape(doc: Mapping[str, object]) -> None:
