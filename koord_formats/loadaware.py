@@ -13,6 +13,9 @@ and ``apis/extension`` (``CustomUsageThresholds``):
   Fairness); ``usageThresholds`` {cpu: 65, memory: 95} when absent or empty;
   ``prodUsageThresholds`` none; ``scoreAccordingProdUsage`` false; ``prodUsageIncludeSys`` false;
 - ``estimatedScalingFactors`` {cpu: 85, memory: 70}, a key left out keeps its default;
+- ``allowCustomizeEstimation`` false: with it, a pod's annotation
+  ``scheduling.koordinator.sh/load-estimated-scaling-factors`` ({"cpu": 100}) overrides the
+  factors it names;
 - ``estimatedSecondsAfterPodScheduled`` and ``estimatedSecondsAfterInitialized`` (unset): a pod
   counts by its estimate until that long after it was scheduled (or initialized), even when a
   report shows it;
@@ -39,6 +42,7 @@ from koord_formats.nodemetric import parse_go_duration
 
 __all__ = [
     "AGGREGATION_TYPES",
+    "ANNOTATION_CUSTOM_SCALING_FACTORS",
     "ANNOTATION_CUSTOM_USAGE_THRESHOLDS",
     "ANNOTATION_RAW_ALLOCATABLE",
     "CPU",
@@ -48,6 +52,7 @@ __all__ = [
     "AggregatedArgs",
     "CustomThresholds",
     "LoadAwareArgs",
+    "parse_custom_scaling_factors",
     "parse_custom_usage_thresholds",
     "parse_load_aware_args",
 ]
@@ -55,6 +60,8 @@ __all__ = [
 ANNOTATION_CUSTOM_USAGE_THRESHOLDS = "scheduling.koordinator.sh/usage-thresholds"
 # a Node's allocatable before amplification, which load-aware scheduling divides by
 ANNOTATION_RAW_ALLOCATABLE = "node.koordinator.sh/raw-allocatable"
+# a pod's own estimatedScalingFactors, read with allowCustomizeEstimation
+ANNOTATION_CUSTOM_SCALING_FACTORS = "scheduling.koordinator.sh/load-estimated-scaling-factors"
 CPU = "cpu"
 MEMORY = "memory"
 RESOURCES = (CPU, MEMORY)
@@ -105,6 +112,7 @@ class LoadAwareArgs:
     seconds_after_scheduled: int = 0  # estimatedSecondsAfterPodScheduled (0: unset)
     seconds_after_initialized: int = 0  # estimatedSecondsAfterInitialized (0: unset)
     dominant_weight: int = 0  # dominantResourceWeight: weight of the most used resource's score
+    allow_customize: bool = False  # allowCustomizeEstimation: pods' own scaling factors count
     aggregated: AggregatedArgs = field(default_factory=AggregatedArgs)
 
 
@@ -173,6 +181,7 @@ _ARGS_KEYS = frozenset({
     "enableScheduleWhenNodeMetricsExpired", "resourceWeights", "usageThresholds", "prodUsageThresholds",
     "scoreAccordingProdUsage", "prodUsageIncludeSys", "estimatedScalingFactors", "aggregated",
     "estimatedSecondsAfterPodScheduled", "estimatedSecondsAfterInitialized", "dominantResourceWeight",
+    "allowCustomizeEstimation",
 })  # fmt: skip
 
 
@@ -212,6 +221,7 @@ def parse_load_aware_args(section: object) -> LoadAwareArgs:
         prod_usage_include_sys=_flag(doc, "prodUsageIncludeSys", d.prod_usage_include_sys),
         scaling_factors=_frozen(factors),
         dominant_weight=dominant,
+        allow_customize=_flag(doc, "allowCustomizeEstimation", d.allow_customize),
         seconds_after_scheduled=0 if after_scheduled is None
         else read_int(after_scheduled, "estimatedSecondsAfterPodScheduled", 0, MAX_EXPIRATION_SECONDS),
         seconds_after_initialized=0 if after_initialized is None
@@ -236,3 +246,10 @@ def parse_custom_usage_thresholds(text: object) -> CustomThresholds:
         prod_usage_thresholds=_percents(doc.get("prodUsageThresholds"), "prodUsageThresholds"),
         aggregated=aggregated,
     )
+
+
+def parse_custom_scaling_factors(text: object) -> Mapping[str, int]:
+    """A pod's ``load-estimated-scaling-factors`` annotation (a JSON object of cpu and memory
+    percentages); ``FormatError`` when it is not a bounded object of that shape."""
+    doc = load_json(text, ANNOTATION_CUSTOM_SCALING_FACTORS, max_chars=_MAX_ANNOTATION_CHARS)
+    return _percents(read_object(doc, ANNOTATION_CUSTOM_SCALING_FACTORS), ANNOTATION_CUSTOM_SCALING_FACTORS)

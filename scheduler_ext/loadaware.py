@@ -43,6 +43,7 @@ from koord_formats import keys, qos
 from koord_formats.bounded import MAX_NAME_CHARS, load_json, read_list, read_object, read_str
 from koord_formats.errors import FormatError
 from koord_formats.loadaware import (
+    ANNOTATION_CUSTOM_SCALING_FACTORS,
     ANNOTATION_CUSTOM_USAGE_THRESHOLDS,
     ANNOTATION_RAW_ALLOCATABLE,
     CPU,
@@ -50,6 +51,7 @@ from koord_formats.loadaware import (
     RESOURCES,
     CustomThresholds,
     LoadAwareArgs,
+    parse_custom_scaling_factors,
     parse_custom_usage_thresholds,
 )
 from koord_formats.nodemetric import (
@@ -114,6 +116,8 @@ class PodLoad:
     daemonset: bool = False  # owned by a DaemonSet
     scheduled_at: float | None = None  # PodScheduled=True lastTransitionTime, epoch seconds
     initialized_at: float | None = None  # Initialized=True lastTransitionTime, epoch seconds
+    # its ``load-estimated-scaling-factors`` annotation (None: absent or unreadable)
+    factors: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,13 @@ def _estimate_one(request: int, limit: int, factor: int, default: int) -> int:
         return default
     used = (amount * factor * 2 + 100) // 200  # amount x factor / 100, halves rounded up
     return min(used, limit) if limit > 0 else used
+
+
+def _factors(args: LoadAwareArgs, pod: PodLoad) -> Mapping[str, int]:
+    """The scaling factors of ``pod``: its own over the args' with ``allowCustomizeEstimation``."""
+    if args.allow_customize and pod.factors:
+        return {**args.scaling_factors, **pod.factors}
+    return args.scaling_factors
 
 
 def estimate(pod: PodLoad, factors: Mapping[str, int]) -> dict[str, int]:
@@ -232,7 +243,7 @@ def estimated_used(
 ) -> dict[str, int]:
     """What the node would use with ``pod`` on it (see the module docstring); ``base`` is the
     reported usage chosen by the caller (ignored for ``prod``)."""
-    used = estimate(pod, args.scaling_factors)
+    used = estimate(pod, _factors(args, pod))
     for r, v in existing_used(args, metric, assigned, base, prod=prod).items():
         used[r] += v
     return used
@@ -249,7 +260,6 @@ def existing_used(
     """What the node uses before the pod being scheduled: ``estimated_used`` without it (the
     part the extender can remember per node, since it does not depend on that pod)."""
     status = metric.status
-    factors = args.scaling_factors
     reported: dict[tuple[str, str], Usage] = {}
     for p in status.pods:
         if not prod or p.priority == keys.PRIORITY_PROD:
@@ -260,7 +270,7 @@ def existing_used(
     for a in assigned:
         if prod and not a.prod:
             continue
-        est = estimate(a, factors)
+        est = estimate(a, _factors(args, a))
         for r in RESOURCES:
             full[r] += est[r]
         got = reported.get((a.namespace, a.name))
@@ -304,7 +314,7 @@ def _existing_from(args: LoadAwareArgs, metric: NodeMetricView, assigned: Sequen
 
 
 def _with_pod(args: LoadAwareArgs, pod: PodLoad, existing: Mapping[str, int]) -> dict[str, int]:
-    used = estimate(pod, args.scaling_factors)
+    used = estimate(pod, _factors(args, pod))
     for r, v in existing.items():
         used[r] += v
     return used
@@ -475,6 +485,14 @@ def read_pod_load(pod: object) -> PodLoad:
     owners = read_list(meta.get("ownerReferences") or [], "ownerReferences", _MAX_OWNERS)
     daemonset = any(read_object(o, "ownerReference").get("kind") == "DaemonSet" for o in owners)
     name, namespace = meta.get("name"), meta.get("namespace")
+    annotations = _object(meta.get("annotations"), "annotations")
+    factors = None
+    text = annotations.get(ANNOTATION_CUSTOM_SCALING_FACTORS)
+    if text is not None:
+        try:
+            factors = parse_custom_scaling_factors(text)
+        except FormatError:
+            factors = None  # as Koordinator: an unreadable annotation leaves the args' factors
     return PodLoad(
         namespace="default" if namespace is None else read_str(namespace, "namespace", MAX_NAME_CHARS),
         name="" if name is None else read_str(name, "name", MAX_NAME_CHARS),
@@ -486,6 +504,7 @@ def read_pod_load(pod: object) -> PodLoad:
         daemonset=daemonset,
         scheduled_at=_condition_time(status, "PodScheduled"),
         initialized_at=_condition_time(status, "Initialized"),
+        factors=factors,
     )
 
 

@@ -198,3 +198,11 @@ def test_args_parser_refuses_non_objects_and_bools_as_numbers() -> None:
     for bad in (None, "x", 1, [], {"usageThresholds": {"cpu": True}}, {"filterExpiredNodeMetrics": "yes"}):
         with pytest.raises(FormatError):
             parse_load_aware_args(bad)
+
+
+@pytest.mark.parametrize("text", ["{", "[" * 5000, '{"cpu": ' + "9" * 400 + "}", '{"gpu": 1}', "x" * 100_000])
+def test_a_hostile_scaling_factors_annotation_leaves_the_args_factors(text: str) -> None:
+    ann = {"scheduling.koordinator.sh/load-estimated-scaling-factors": text}
+    got = read_pod_load({"metadata": {"annotations": ann},
+                         "spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}})
+    assert got.factors is None and got.cpu_request == 1000

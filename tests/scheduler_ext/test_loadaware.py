@@ -124,6 +124,11 @@ FILTER_CASES = [
                metric(4250, GI, pods=(PodMetric("ns", "old", Usage(100, MI)),)), "",
                assigned=(PodLoad("ns", "old", cpu_request=2000, scheduled_at=NOW - 600, initialized_at=NOW - 590),),
                args=LoadAwareArgs(seconds_after_scheduled=900, seconds_after_initialized=60)),
+    FilterCase("allowCustomizeEstimation: the pod's own factor (100: 5 + 1 = 60%) counts", metric(5000, GI), "",
+               pod=PodLoad(cpu_request=1000, factors={"cpu": 100}), args=LoadAwareArgs(allow_customize=True)),
+    FilterCase("without allowCustomizeEstimation the pod's own factor is ignored (5.6 + 0.85 = 65%; 100 would be 66%)",
+               metric(5600, GI), "",
+               pod=PodLoad(cpu_request=1000, factors={"cpu": 100})),
     FilterCase("node annotation thresholds override the args", metric(5000, GI),
                "node(s) cpu usage exceed threshold",
                node=NodeLoad(10_000, 100 * GI, CustomThresholds(usage_thresholds={"cpu": 50}))),
@@ -216,6 +221,12 @@ def test_read_pod_load_sums_containers_and_takes_the_larger_init_container() -> 
     load = read_pod_load(pod)
     assert (load.cpu_request, load.cpu_limit, load.memory_request) == (2000, 1000, GI)
     assert load.prod  # no priority, no QoS label, no kube QoS: koord-prod by default
+
+
+def test_read_pod_load_custom_scaling_factors_and_an_unreadable_one() -> None:
+    ann = "scheduling.koordinator.sh/load-estimated-scaling-factors"
+    assert read_pod_load({"metadata": {"annotations": {ann: '{"cpu": 100}'}}}).factors == {"cpu": 100}
+    assert read_pod_load({"metadata": {"annotations": {ann: '{"cpu": "x"}'}}}).factors is None
 
 
 def test_read_node_load_raw_allocatable_and_bad_annotation_kept_as_error() -> None:
