@@ -191,4 +191,4 @@ def loops(parts: Parts, backend: ReconcileBackend, *, ready: asyncio.Event,
     """The periodic loops of a command (``wiring.loops``) over ``backend``, started once ``ready``
     is set; ``runtime`` is the CRI client the usage loop's ``evictBy: runtime`` stops pods with."""
     return wiring.loops(parts.config, backend, pm=parts.pm, pipeline=parts.pipeline, applier=parts.applier,
-                        node_source=parts.node_source, ready=ready, runtime=runtime)
+                        node_source=parts.node_source, ready=ready, runtime=runtime, events=parts.events)

@@ -25,7 +25,7 @@ import structlog
 from hooks.facts import CgroupInfo
 from hooks.manager import installed_entry_points, plugin_order
 from runtime_proxy.config import Policy, ProxyConfig
-from runtime_proxy.engine.events import EventRecorder, KubeEventsApi
+from runtime_proxy.engine.events import EventRecorder, EventSink, KubeEventsApi
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.host.cgroups import Cgroups, detect_cgroup_driver, detect_cgroup_version
@@ -243,6 +243,7 @@ def loops(
     node_source: NodeConfig,
     ready: asyncio.Event,
     runtime: RuntimeClient | None = None,
+    events: EventSink | None = None,
 ) -> Loops:
     """The reconciler (at start, on node-config changes, on store changes, every
     ``reconcilePeriodSeconds``; through the entry point's own hook runner, so plugin policies and
@@ -254,7 +255,8 @@ def loops(
     (``runtime_proxy.loops.evict``): ``api`` evicts through the Kubernetes Eviction API,
     ``runtime`` stops the pod's containers through ``runtime`` (the proxy's
     ``RuntimeClient``; without one, evictions are only logged). Which loops run, and why, is
-    logged once. Call it on the running event loop."""
+    logged once. Hook failures of the reconciler's pod and container stages become Events on the
+    pod through ``events``. Call it on the running event loop."""
     cgroups, resctrl = applier.cgroups, applier.resctrl
     if cgroups is None:
         raise ValueError("the periodic loops need an applier over a cgroup tree")
@@ -269,6 +271,7 @@ def loops(
         period=config.reconcilePeriodSeconds,
         applier=applier,
         node_changes=node_source.changes(),
+        events=events,
     )
     burst = CPUBurstLoop(backend, pipeline=pipeline, applier=applier, cgroups=cgroups)
     usage: UsageLoop | None = None

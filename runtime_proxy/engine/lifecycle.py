@@ -57,6 +57,7 @@ __all__ = [
     "call_scope",
     "forget_identity",
     "identity",
+    "record_failures",
 ]
 
 # The status code of a refused call (gRPC's and ttrpc's FAILED_PRECONDITION).
@@ -98,6 +99,26 @@ def call_scope() -> Iterator[None]:
         yield
     finally:
         forget_identity()
+
+
+def record_failures(events: EventSink | None, result: StageResult, pod: PodFacts,
+                    container: ContainerFacts | None) -> None:
+    """An Event on ``pod`` for each failure of ``result`` (``RuntimeHookRefused`` for the one
+    that refused the call, ``RuntimeHookFailed`` for the others); none without a sink or for a
+    stage about no pod (``ReconcileUsage``). The doors' calls (``Lifecycle.run``) and the
+    reconciler's rounds record them alike."""
+    if events is None or not result.failures or not (pod.name and pod.namespace):
+        return
+    where = f"container {container.name}" if container is not None and container.name else "pod"
+    for failure in result.failures:
+        refused = failure is result.rejected
+        outcome = "call refused" if refused else "went on without it"
+        events.record(PodEvent(
+            namespace=pod.namespace, name=pod.name, uid=pod.uid,
+            reason=REASON_REFUSED if refused else REASON_FAILED,
+            message=f"hook {failure.step} ({failure.policy}) at {failure.stage} of {where}: {failure.kind}: "
+                    f"{failure.message[:400]}; {outcome}",
+        ))
 
 
 class NodeSource(Protocol):
@@ -238,21 +259,8 @@ class Lifecycle:
         return result
 
     def record_failures(self, result: StageResult, pod: PodFacts, container: ContainerFacts | None) -> None:
-        """An Event on ``pod`` for each failure of ``result`` (``RuntimeHookRefused`` for the
-        one that refused the call, ``RuntimeHookFailed`` for the others); none without a sink
-        or for a stage about no pod (``ReconcileUsage``)."""
-        if self.events is None or not result.failures or not (pod.name and pod.namespace):
-            return
-        where = f"container {container.name}" if container is not None and container.name else "pod"
-        for failure in result.failures:
-            refused = failure is result.rejected
-            outcome = "call refused" if refused else "call went on without it"
-            self.events.record(PodEvent(
-                namespace=pod.namespace, name=pod.name, uid=pod.uid,
-                reason=REASON_REFUSED if refused else REASON_FAILED,
-                message=f"hook {failure.step} ({failure.policy}) at {failure.stage} of {where}: {failure.kind}: "
-                        f"{failure.message[:400]}; {outcome}",
-            ))
+        """``record_failures`` with this core's sink."""
+        record_failures(self.events, result, pod, container)
 
     def refusal(self, stage: str, reason: str) -> StageRejected | None:
         """A stage whose hooks could not run (an undecodable request, a pod's bad input, a bug):

@@ -55,7 +55,8 @@ from hooks.manager import plugin_order
 from hooks.plan import Plan, ResourceChanges
 from runtime_proxy.engine.background import Background
 from runtime_proxy.engine.bound import BoundCpusets
-from runtime_proxy.engine.lifecycle import bind_identity, forget_identity
+from runtime_proxy.engine.events import EventSink
+from runtime_proxy.engine.lifecycle import bind_identity, forget_identity, record_failures
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier
 from runtime_proxy.host.cgroups import Cgroups
@@ -166,8 +167,11 @@ class Reconciler:
         store_delay: float = 1.0,
         pipeline: Pipeline | None = None,
         plugin_timeout: float = 2.0,
+        events: EventSink | None = None,
     ) -> None:
         self.backend = backend
+        # Hook failures of a pod's or container's stage become Events on the pod (None: nowhere).
+        self.events = events
         self.pm = pm
         self.order = order if order is not None else plugin_order(pm)
         self.pipeline = pipeline or Pipeline(plugin_steps(pm, [(n, "Ignore", plugin_timeout) for n in self.order]))
@@ -218,6 +222,7 @@ class Reconciler:
     async def _plan(self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts) -> Plan:
         """Plan one stage through the hook runner (plugins run in its worker threads)."""
         result = await self.pipeline.run(stage, pod, container, node)
+        record_failures(self.events, result, pod, container)
         for c in result.conflicts:
             log.warning("plugin conflict during reconcile", conflict=str(c))
         return result.plan

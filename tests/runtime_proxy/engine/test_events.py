@@ -311,13 +311,19 @@ class FailsToReconcile:
         raise RuntimeError("reconcile broke")
 
 
-async def test_the_reconcilers_lines_about_a_container_name_it(logged: list[dict[str, Any]], tmp_path: Any) -> None:
+async def test_the_reconciler_names_the_container_and_records_its_failures(
+    logged: list[dict[str, Any]], tmp_path: Any
+) -> None:
     from tests.runtime_proxy.loops.test_reconciler import FakeBackend, make_pod, reconciler
 
     pod = make_pod("u9", "LS")
     backend = FakeBackend(NodeFacts(), [pod], [(pod, ContainerFacts(name="app", id="c9"))])
-    report = await reconciler(backend, tmp_path, pipeline=_pipeline(FailsToReconcile())).reconcile_once()
+    sink = ListSink()
+    report = await reconciler(backend, tmp_path, pipeline=_pipeline(FailsToReconcile()), events=sink).reconcile_once()
     assert report is not None
+    ((event,),) = [sink.events]
+    assert (event.namespace, event.name, event.uid, event.reason) == ("ns", "u9", "u9", REASON_FAILED)
+    assert "ReconcileContainer" in event.message and "reconcile broke" in event.message
     failed = [line for line in logged if line["event"].startswith("hook failed")]
     assert failed and all((line["namespace"], line["pod"], line["pod_uid"], line["container"]) == (
         "ns", "u9", "u9", "app") for line in failed)
