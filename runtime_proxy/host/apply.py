@@ -61,7 +61,7 @@ _ORDERED = ("cpuset.cpus", "cpuset.mems", "cpu.cfs_quota_us", "memory.limit_in_b
 class ApplyReport:
     """What ``apply_files`` did. ``errors`` empty means everything in the plan was applied."""
 
-    dry_run: bool = False
+    compare_only: bool = False
     # One entry per write tried: (write, result status).
     results: list[tuple[CgroupWrite, WriteResult]] = field(default_factory=list)
     unsupported: list[CgroupWrite] = field(default_factory=list)
@@ -86,7 +86,7 @@ class ApplyReport:
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
-            "dryRun": self.dry_run,
+            "dryRun": self.compare_only,
             "changed": [w.to_json() for w in self.changed],
             "unchanged": [w.to_json() for w, r in self.results if r.status == "unchanged"],
             "unsupported": [w.to_json() for w in self.unsupported],
@@ -174,7 +174,7 @@ def apply_files(
     *,
     cgroups: Cgroups,
     resctrl: Resctrl | None = None,
-    dry_run: bool = False,
+    compare_only: bool = False,
     diff: bool = False,
     atomic: bool = True,
     missing_ok: bool = False,
@@ -186,7 +186,7 @@ def apply_files(
     :param plan: a merged plan; only ``writes``, ``moves`` and ``removals`` are used.
     :param cgroups: the cgroup tree (``runtime_proxy.host.cgroups.Cgroups``).
     :param resctrl: the resctrl tree; resctrl writes, moves and removals fail without it.
-    :param dry_run: read and compare only; ``changed`` lists what would be written.
+    :param compare_only: read and compare only; ``changed`` lists what would be written.
     :param diff: reconciler mode: a write that changes a file is counted in ``drift``.
     :param atomic: restore this call's writes when one fails (default); ``False`` goes on
         with the other writes and reports every failure.
@@ -204,13 +204,13 @@ def apply_files(
         Only "all" goes with ``ordered``.
     :returns: the report; never raises for I/O errors.
     """
-    report = ApplyReport(dry_run=dry_run)
+    report = ApplyReport(compare_only=compare_only)
     undo: list[tuple[Callable[[], None], str]] = []
 
     def fail(message: str) -> bool:
         report.errors.append(message)
-        log.warning("apply failed", error=message, dry_run=dry_run)
-        if not atomic or dry_run:
+        log.warning("apply failed", error=message, compare_only=compare_only)
+        if not atomic or compare_only:
             return False
         for restore, what in reversed(undo):
             try:
@@ -242,7 +242,7 @@ def apply_files(
     for step in steps:
         w = step.write
         try:
-            result = cgroups.write(w.path, w.file, step.value, dry_run=dry_run)
+            result = cgroups.write(w.path, w.file, step.value, compare_only=compare_only)
         except CgroupMissingError as exc:
             if missing_ok:
                 if w not in report.missing:
@@ -267,7 +267,7 @@ def apply_files(
             continue
         existed = resctrl.group_dir(w.path).is_dir() if _safe_group(resctrl, w.path) else True
         try:
-            result = resctrl.write(w.path, w.file, w.value, dry_run=dry_run)
+            result = resctrl.write(w.path, w.file, w.value, compare_only=compare_only)
         except CgroupError as exc:
             if fail(f"resctrl {w.path} {w.file}: {exc}"):
                 return report
@@ -289,7 +289,7 @@ def apply_files(
             continue
         try:
             tids = cgroups.tasks(m.path)
-            moved = resctrl.add_tasks(m.group, tids, dry_run=dry_run)
+            moved = resctrl.add_tasks(m.group, tids, compare_only=compare_only)
         except CgroupError as exc:
             report.errors.append(f"move tasks of {m.level} {m.path} to {m.group}: {exc}")
             continue
@@ -300,7 +300,7 @@ def apply_files(
             report.errors.append(f"remove {r.level} {r.path}: only resctrl groups can be removed")
             continue
         try:
-            if resctrl.remove_group(r.path, dry_run=dry_run):
+            if resctrl.remove_group(r.path, compare_only=compare_only):
                 report.removed.append(r)
         except CgroupError as exc:
             report.errors.append(f"remove resctrl group {r.path}: {exc}")
@@ -367,14 +367,14 @@ class FileApplier:
     what the plan had changed). ``last_report`` keeps the latest report for tests.
     """
 
-    def __init__(self, *, cgroups: Cgroups, resctrl: Resctrl | None = None, dry_run: bool = False) -> None:
+    def __init__(self, *, cgroups: Cgroups, resctrl: Resctrl | None = None) -> None:
         self.cgroups = cgroups
         self.resctrl = resctrl
-        self.dry_run = dry_run
         self.last_report: ApplyReport | None = None
 
     def carries(self, plan: Plan, *, stage: str) -> bool:
-        return not self.dry_run
+        """True: a file applier carries out every plan (the dry run is ``RecordingApplier``)."""
+        return True
 
     def apply_files(
         self,
@@ -387,12 +387,12 @@ class FileApplier:
         phase: str = "all",
     ) -> ApplyReport:
         return apply_files(
-            plan, cgroups=self.cgroups, resctrl=self.resctrl, dry_run=self.dry_run, diff=diff, atomic=atomic,
+            plan, cgroups=self.cgroups, resctrl=self.resctrl, diff=diff, atomic=atomic,
             missing_ok=missing_ok, ordered=ordered, phase=phase,
         )
 
     def apply_now(self, plan: Plan, *, diff: bool = False, atomic: bool = True) -> ApplyReport:
-        """Synchronous ``apply_files`` with this applier's trees and dry-run setting."""
+        """Synchronous ``apply_files`` with this applier's trees."""
         return self.apply_files(plan, diff=diff, atomic=atomic)
 
     async def apply(self, plan: Plan, *, stage: str) -> None:
@@ -405,7 +405,6 @@ class FileApplier:
                 changed=len(report.changed),
                 moved=sum(n for _, n in report.moved),
                 removed=len(report.removed),
-                dry_run=self.dry_run,
             )
         if report.errors:
             raise ApplyError(report, stage)
@@ -453,9 +452,9 @@ class RecordingApplier:
         if not plan.is_empty():
             self._record("files", plan)
         if self.cgroups is None:
-            return ApplyReport(dry_run=True)
+            return ApplyReport(compare_only=True)
         report = apply_files(
-            plan, cgroups=self.cgroups, resctrl=self.resctrl, dry_run=True, diff=diff, atomic=atomic,
+            plan, cgroups=self.cgroups, resctrl=self.resctrl, compare_only=True, diff=diff, atomic=atomic,
             missing_ok=missing_ok, ordered=ordered, phase=phase,
         )
         self.last_report = report

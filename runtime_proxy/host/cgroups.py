@@ -348,7 +348,7 @@ class Cgroups:
         """True once a write found ``file`` missing in an existing cgroup directory."""
         return file in self._unsupported
 
-    def write(self, path: str, file: str, value: str | int, *, dry_run: bool = False) -> WriteResult:
+    def write(self, path: str, file: str, value: str | int, *, compare_only: bool = False) -> WriteResult:
         """Write ``value`` (v1 terms) to ``file`` of cgroup ``path`` unless it already holds it.
 
         Raises ``UnsafePathError`` for paths leaving the root, ``CgroupMissingError`` when the
@@ -373,7 +373,7 @@ class Cgroups:
             raise CgroupError(f"bad value {value!r} for {file}: {exc}") from exc
         if self._same(name if self.version == 2 else file, new_raw, old_raw):
             return WriteResult("unchanged", str(target), file, value, old_raw, old_raw)
-        if dry_run:
+        if compare_only:
             return WriteResult("would-write", str(target), file, value, old_raw, new_raw)
         self.write_raw(target, new_raw, file=file)
         log.info("cgroup write", target=str(target), value=new_raw, old=old_raw.strip())

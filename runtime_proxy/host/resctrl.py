@@ -131,12 +131,12 @@ class Resctrl:
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and p.name not in _RESERVED)
 
-    def ensure_group(self, group: str, *, dry_run: bool = False) -> bool:
+    def ensure_group(self, group: str, *, compare_only: bool = False) -> bool:
         """Create ``group`` if needed; True when it was (or would be) created."""
         path = self.group_dir(group)
         if path.is_dir():
             return False
-        if dry_run:
+        if compare_only:
             return True
         if not self.available:
             raise ResctrlError(f"resctrl is not available under {self.root}")
@@ -151,15 +151,15 @@ class Resctrl:
         log.info("resctrl group created", group=group)
         return True
 
-    def write(self, group: str, file: str, value: str, *, dry_run: bool = False) -> WriteResult:
+    def write(self, group: str, file: str, value: str, *, compare_only: bool = False) -> WriteResult:
         """Write ``value`` to ``file`` (``schemata``) of ``group``, creating the group; schemata
         entries already holding the value are not rewritten."""
         if file not in ("schemata", "mode", "cpus", "cpus_list"):
             raise UnsafePathError(f"bad resctrl file {file!r}")
         path = self.group_dir(group)
         target = path / file
-        created = self.ensure_group(group, dry_run=dry_run)
-        old = "" if created and dry_run else self._read(target)
+        created = self.ensure_group(group, compare_only=compare_only)
+        old = "" if created and compare_only else self._read(target)
         if file == "schemata":
             have = parse_schemata(old)
             want = parse_schemata(value)
@@ -167,7 +167,7 @@ class Resctrl:
                 return WriteResult("unchanged", str(target), file, value, old, old)
         elif old.strip() == value.strip():
             return WriteResult("unchanged", str(target), file, value, old, old)
-        if dry_run:
+        if compare_only:
             return WriteResult("would-write", str(target), file, value, old, value)
         self.write_raw(target, value)
         log.info("resctrl write", target=str(target), value=value.strip())
@@ -192,15 +192,15 @@ class Resctrl:
         raw = self._read(self.group_dir(group) / "tasks")
         return {int(x) for x in raw.split() if x.isdigit()}
 
-    def add_tasks(self, group: str, tids: Iterable[int], *, dry_run: bool = False) -> list[int]:
+    def add_tasks(self, group: str, tids: Iterable[int], *, compare_only: bool = False) -> list[int]:
         """Move the thread ids that are not yet in ``group`` into it (one write per id, never
         cached: ids are reused). Threads that exited meanwhile are ignored."""
         path = self.group_dir(group)
-        if not path.is_dir() and not dry_run:
+        if not path.is_dir() and not compare_only:
             raise ResctrlError(f"resctrl group {group!r} does not exist")
         have = self.tasks(group) if path.is_dir() else set()
         new = [t for t in tids if t not in have]
-        if dry_run or not new:
+        if compare_only or not new:
             return new
         moved: list[int] = []
         fd = os.open(path / "tasks", os.O_WRONLY | os.O_APPEND)
@@ -218,12 +218,12 @@ class Resctrl:
         RESCTRL_TASKS_MOVED.inc(len(moved))
         return moved
 
-    def remove_group(self, group: str, *, dry_run: bool = False) -> bool:
+    def remove_group(self, group: str, *, compare_only: bool = False) -> bool:
         """Remove ``group``; False when it did not exist."""
         path = self.group_dir(group)
         if not path.is_dir():
             return False
-        if dry_run:
+        if compare_only:
             return True
         try:
             if self.real:

@@ -278,8 +278,8 @@ class KernelV1(Cgroups):
         v = self.read_int(path, "cpu.cfs_quota_us")
         return float("inf") if v is None or v < 0 else float(v)
 
-    def write(self, path: str, file: str, value: str | int, *, dry_run: bool = False) -> WriteResult:
-        if file == "cpu.cfs_quota_us" and not dry_run:
+    def write(self, path: str, file: str, value: str | int, *, compare_only: bool = False) -> WriteResult:
+        if file == "cpu.cfs_quota_us" and not compare_only:
             new = float("inf") if int(value) < 0 else float(value)
             parent = path.rsplit("/", 1)[0]
             children = [p.name for p in self.directory(path).iterdir() if p.is_dir()]
@@ -287,9 +287,9 @@ class KernelV1(Cgroups):
                 raise CgroupError(f"write {path}/{file}: invalid argument")
             if int(value) > 0 and (self.read_int(path, "cpu.cfs_burst_us") or 0) > int(value):
                 raise CgroupError(f"write {path}/{file}: invalid argument (burst above quota)")
-        if file == "cpu.cfs_burst_us" and not dry_run and int(value) > self._quota(path):
+        if file == "cpu.cfs_burst_us" and not compare_only and int(value) > self._quota(path):
             raise CgroupError(f"write {path}/{file}: invalid argument")
-        result = super().write(path, file, value, dry_run=dry_run)
+        result = super().write(path, file, value, compare_only=compare_only)
         if result.status == "written":
             self.log.append((path, file, str(value)))
         return result

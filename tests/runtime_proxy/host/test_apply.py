@@ -81,7 +81,7 @@ def test_unsupported_is_not_an_error(tmp_path: Path) -> None:
 def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     make_files(tmp_path, "p", {"cpu.shares": "2"})
     report = apply_files(Plan().write("pod", "p", "cpu.shares", 1024), cgroups=Cgroups(tmp_path, version=1),
-                         dry_run=True)
+                         compare_only=True)
     assert [w.value for w in report.changed] == ["1024"]
     assert read_file(tmp_path, "p", "cpu.shares") == "2"
 
@@ -95,7 +95,7 @@ async def test_the_recording_applier_records_logs_and_changes_nothing(tmp_path: 
         await applier.apply(plan, stage="PreCreateContainer")
     report = applier.apply_files(plan, diff=True)
     assert [w.value for w in report.changed] == ["1024"] and [w.file for w in report.drift] == ["cpu.shares"]
-    assert report.dry_run
+    assert report.compare_only
     assert read_file(tmp_path, "p", "cpu.shares") == "2"
     assert isinstance(applier, RecordingApplier)
     assert [stage for stage, _ in applier.plans] == ["PreCreateContainer", "PreCreateContainer", "files"]

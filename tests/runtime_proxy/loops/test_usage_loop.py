@@ -20,7 +20,7 @@ from hooks.plan import Eviction, Plan
 from hooks.spec import hookimpl
 from hooks.usage import SuppressDecision, Usage
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
-from runtime_proxy.host.apply import FileApplier, RecordingApplier
+from runtime_proxy.host.apply import RecordingApplier
 from runtime_proxy.host.cgroups import Cgroups, WriteResult
 from runtime_proxy.loops.qos import EvictionResult, LoggingEvictor, UsageLoop, UsageRound
 from runtime_proxy.loops.usage import UsageSampler
@@ -78,8 +78,8 @@ class RecordingCgroups(Cgroups):
         super().__init__(*args, **kwargs)
         self.order: list[tuple[str, str, str]] = []
 
-    def write(self, path: str, file: str, value: str | int, *, dry_run: bool = False) -> WriteResult:
-        result = super().write(path, file, value, dry_run=dry_run)
+    def write(self, path: str, file: str, value: str | int, *, compare_only: bool = False) -> WriteResult:
+        result = super().write(path, file, value, compare_only=compare_only)
         self.order.append((path, file, str(value)))
         return result
 
@@ -460,7 +460,7 @@ async def test_the_loop_hands_its_plans_to_the_applier_it_is_given(tmp_path: Pat
     assert [e.uid for e in recorded.evictions] == ["b1"]
     assert evictor.calls == []
     loop, _, _, tree, clock = make_loop(tmp_path / "b", decide, evictor=evictor)
-    loop.applier = FileApplier(cgroups=loop.cgroups, dry_run=True)
+    loop.applier = RecordingApplier(cgroups=loop.cgroups)
     await two_rounds(loop, clock)
     assert (tree.root / "cpuset" / BE / "cpuset.cpus").read_text().strip() == "0-7"
     assert evictor.calls == []
