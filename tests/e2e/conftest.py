@@ -41,6 +41,7 @@ from rhp_devenv.kube import NODE_NAME, Cluster, Pki, TlsPair, free_port, kube_bi
 from cri_protos import api_pb2
 from tests.integration import qos_helpers as q
 from tests.integration.harness import REPO, ProxyProcess, required_versions
+from tests.integration.test_nri_real import NriPluginProcess
 
 E2E_DIR = Path(__file__).parent
 CONTAINERD_VERSIONS = ("2.1", "1.7")
@@ -52,6 +53,7 @@ EXTENDER_USER = "system:serviceaccount:kube-system:scheduler-ext"
 
 
 HARNESS_TESTS = "test_e2e_harness.py"
+SWITCH_TIMEOUT = 180.0  # a kubelet restart to Ready, generous under load
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -103,6 +105,63 @@ class Stack:
             self.proxy.terminate()
         argv = list(args) if args is not None else self.proxy_args
         self.proxy = ProxyProcess(argv, env=dict(env or {}), log=self.proxy_log).start(str(self.proxy_socket))
+
+    def serve_args(self, config: Path) -> list[str]:
+        """``runtime-proxy serve``'s arguments (but ``--listen``) for the proxy config file
+        *config*, on the session's containerd, without plugins from entry points."""
+        return ["--backend", str(self.ctrd.socket), "--config", str(config), "--no-entry-points"]
+
+    def restart_proxy_with_config(
+        self, config: Mapping[str, Any], name: str, *, env: Mapping[str, str] | None = None
+    ) -> None:
+        """:meth:`restart_proxy` with the proxy config *config*, written to
+        ``proxy-config-NAME.yaml`` in the stack's directory, and *env* added."""
+        path = self.work / f"proxy-config-{name}.yaml"
+        path.write_text(yaml.safe_dump(dict(config)))
+        self.restart_proxy(args=self.serve_args(path), env=env)
+
+    def wait_kubelet_ready(self) -> None:
+        """kubelet (a restarted one) answers its health check and the node is Ready."""
+        cluster = self.cluster
+        url = f"http://127.0.0.1:{cluster.ports['kubelet_healthz']}/healthz"
+
+        def healthy() -> bool:
+            try:
+                return http_get(url)[0] == 200
+            except OSError:
+                return False
+
+        cluster.wait_for(healthy, what="kubelet /healthz", timeout=SWITCH_TIMEOUT, log="kubelet")
+
+        def ready() -> bool:
+            node = cluster.get_json("node", NODE_NAME) or {}
+            return any(c.get("type") == "Ready" and c.get("status") == "True"
+                       for c in node.get("status", {}).get("conditions", []))  # fmt: skip
+
+        cluster.wait_for(ready, what="node Ready", timeout=SWITCH_TIMEOUT, log="kubelet")
+
+    def kubelet_on_containerd(self) -> None:
+        """The live node moved to NRI mode as an operator would: kubelet restarts with
+        containerd's socket, the proxy stops (start the NRI plugin first)."""
+        self.cluster.cri_socket = self.ctrd.socket
+        self.cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
+        self.proxy.terminate()
+        self.wait_kubelet_ready()
+
+    def kubelet_on_proxy(self) -> None:
+        """Back from :meth:`kubelet_on_containerd`: the proxy starts (with the session's
+        arguments) and kubelet restarts with the proxy's socket (stop the NRI plugin after)."""
+        self.restart_proxy()
+        self.cluster.cri_socket = self.proxy_socket
+        self.cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
+        self.wait_kubelet_ready()
+
+
+class NriPlugin(NriPluginProcess):
+    """``runtime-proxy nri`` with a deadline for its first Synchronize that suits a loaded machine."""
+
+    def wait_synchronized(self, times: int, timeout: float = 120.0) -> None:
+        super().wait_synchronized(times, timeout)
 
 
 def _proxy_config(work: Path) -> Path:

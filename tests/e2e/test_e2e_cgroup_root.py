@@ -34,10 +34,9 @@ from rhp_devenv.kube import NODE_NAME
 from hooks.facts import format_cpu_list
 from runtime_proxy.host.cgroups import v1_controller
 from runtime_proxy.state.sysfs import read_cpu_topology
-from tests.e2e.conftest import Stack, container_id, http_get, pod_manifest
+from tests.e2e.conftest import SWITCH_TIMEOUT, NriPlugin, Stack, container_id, pod_manifest
 from tests.integration import qos_helpers as q
 from tests.integration.test_cpu_suppress_real import prepared_proc
-from tests.integration.test_nri_real import NriPluginProcess
 
 # the first test may wait for another cluster on this machine to stop (the machine's lock)
 pytestmark = pytest.mark.timeout(1900)
@@ -50,7 +49,6 @@ MiB = 1024**2
 ROOT = f"/rhp-e2e-root-{secrets.token_hex(3)}"
 BE_QOS = f"{ROOT}/kubepods/besteffort"
 DEFAULT_BE_QOS = "/kubepods/besteffort"
-SWITCH_TIMEOUT = 180.0  # a kubelet restart to Ready, generous under load
 PLUGINS = ("cpuset", "numa", "batch_resource", "cpu_suppress")
 SUPPRESS = {"enable": True, "cpuSuppressPolicy": "cfsQuota", "cpuSuppressThresholdPercent": 100}
 BATCH = {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "1Gi"}
@@ -98,7 +96,7 @@ def rooted(stack: Stack) -> Iterator[Stack]:
     cluster.cgroup_root = ROOT
     try:
         cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
-        _wait_node_ready(stack)
+        stack.wait_kubelet_ready()
         # The Node's Ready condition may still be the old kubelet's: wait for the new one's QoS dirs.
         cluster.wait_for(lambda: qos_file(BE_QOS, "cpu.cfs_quota_us") is not None,
                          what=f"kubelet's QoS cgroups under {ROOT}", timeout=SWITCH_TIMEOUT, log="kubelet")  # fmt: skip
@@ -134,10 +132,6 @@ def write_config(stack: Stack, name: str, **extra: Any) -> Path:
     path = work / "proxy-config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def serve_args(stack: Stack, config: Path) -> list[str]:
-    return ["--backend", str(stack.ctrd.socket), "--config", str(config), "--no-entry-points"]
 
 
 def lsr_pod(name: str, ns: str) -> dict[str, Any]:
@@ -200,69 +194,37 @@ def test_serve_mode_with_another_cgroup_root(rooted: Stack, ns: str) -> None:
     dir is checked only with ``kubeletCgroupRoot`` set.)"""
     stack = rooted
     assert qos_file(BE_QOS, "cpu.cfs_quota_us") == "-1", "kubelet leaves its BE QoS dir unlimited"
-    stack.restart_proxy(args=serve_args(stack, write_config(stack, "serve-learned")))
+    stack.restart_proxy(args=stack.serve_args(write_config(stack, "serve-learned")))
     try:
         run_and_check_pods(stack, ns)
         wait_be_quota(stack, "root learned from the pods")
         # kubeletCgroupRoot set: the quota is unset and the configured proxy writes it again.
         stack.proxy.terminate()
         default_before = reset_be_quotas()
-        stack.restart_proxy(args=serve_args(stack, write_config(stack, "serve-configured", kubeletCgroupRoot=ROOT)))
+        stack.restart_proxy(args=stack.serve_args(write_config(stack, "serve-configured", kubeletCgroupRoot=ROOT)))
         wait_be_quota(stack, "kubeletCgroupRoot set")
         assert qos_file(DEFAULT_BE_QOS, "cpu.cfs_quota_us") == default_before, "the root-/ BE dir is left alone"
     finally:
         stack.restart_proxy()
 
 
-def _wait_node_ready(stack: Stack) -> None:
-    cluster = stack.cluster
-    url = f"http://127.0.0.1:{cluster.ports['kubelet_healthz']}/healthz"
-
-    def healthy() -> bool:
-        try:
-            return http_get(url)[0] == 200
-        except OSError:
-            return False
-
-    cluster.wait_for(healthy, what="kubelet /healthz", timeout=SWITCH_TIMEOUT, log="kubelet")
-
-    def ready() -> bool:
-        node = cluster.get_json("node", NODE_NAME) or {}
-        return any(c.get("type") == "Ready" and c.get("status") == "True"
-                   for c in node.get("status", {}).get("conditions", []))  # fmt: skip
-
-    cluster.wait_for(ready, what="node Ready", timeout=SWITCH_TIMEOUT, log="kubelet")
-
-
-class _Plugin(NriPluginProcess):
-    def wait_synchronized(self, times: int, timeout: float = 120.0) -> None:  # a loaded machine
-        super().wait_synchronized(times, timeout)
-
-
 def test_nri_mode_with_another_cgroup_root(rooted: Stack, ns: str) -> None:
     """kubelet → containerd 2.1 with NRI → ``runtime-proxy nri`` (no proxy running) with
     kubelet's cgroup root elsewhere: the same checks, learned then configured."""
     stack = rooted
-    cluster = stack.cluster
     reset_be_quotas()  # whatever an earlier test left
     learned = write_config(stack, "nri-learned")
-    plugin = _Plugin(stack.ctrd.nri_socket, stack.work / "nri-learned", "--config", str(learned)).start()
+    plugin = NriPlugin(stack.ctrd.nri_socket, stack.work / "nri-learned", "--config", str(learned)).start()
     try:
-        cluster.cri_socket = stack.ctrd.socket
-        cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
-        stack.proxy.terminate()
-        _wait_node_ready(stack)
+        stack.kubelet_on_containerd()
         run_and_check_pods(stack, ns)
         wait_be_quota(stack, "NRI, root learned from the pods")
         plugin.stop()
         default_before = reset_be_quotas()
         configured = write_config(stack, "nri-configured", kubeletCgroupRoot=ROOT)
-        plugin = _Plugin(stack.ctrd.nri_socket, stack.work / "nri-configured", "--config", str(configured)).start()
+        plugin = NriPlugin(stack.ctrd.nri_socket, stack.work / "nri-configured", "--config", str(configured)).start()
         wait_be_quota(stack, "NRI, kubeletCgroupRoot set")
         assert qos_file(DEFAULT_BE_QOS, "cpu.cfs_quota_us") == default_before, "the root-/ BE dir is left alone"
     finally:
-        stack.restart_proxy()
-        cluster.cri_socket = stack.proxy_socket
-        cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
-        _wait_node_ready(stack)
+        stack.kubelet_on_proxy()
         plugin.stop()

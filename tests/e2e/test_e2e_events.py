@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from rhp_devenv.kube import NODE_NAME
 
 from tests.e2e.conftest import REPO, Stack, pod_manifest
@@ -44,10 +43,7 @@ def failing(stack: Stack) -> Iterator[Stack]:
         "hookServerDir": str(hooks),
         "cgroupDriver": "cgroupfs",
     }
-    path = stack.work / "proxy-config-events.yaml"
-    path.write_text(yaml.safe_dump(config))
-    stack.restart_proxy(args=("--backend", str(stack.ctrd.socket), "--config", str(path), "--no-entry-points"),
-                        env={"KUBECONFIG": str(kubeconfig)})  # fmt: skip
+    stack.restart_proxy_with_config(config, "events", env={"KUBECONFIG": str(kubeconfig)})
     try:
         yield stack
     finally:

@@ -35,7 +35,6 @@ from rhp_devenv.product_image import import_archive, kube_scheduler_image, produ
 
 from hooks.facts import format_cpu_list, parse_cpu_list
 from tests.e2e.conftest import NRT_CRD, Stack, container_id, http_get, node_topology, pod_cgroup, pod_manifest
-from tests.e2e.test_e2e_nri import SWITCH_TIMEOUT, _wait_kubelet
 from tests.integration import qos_helpers as q
 from tests.integration.harness import REPO
 from tests.test_helm import helm_binary
@@ -91,16 +90,10 @@ def nri_node(stack: Stack, tmp_path: Path) -> Iterator[Stack]:
         import_archive(stack.ctrd.binaries.ctr, stack.ctrd.socket, archive)
     cluster.kubectl("delete", "crd", "--ignore-not-found", "--wait=true", *_crd_names())
     try:
-        cluster.cri_socket = stack.ctrd.socket
-        cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
-        stack.proxy.terminate()
-        _wait_kubelet(stack)
+        stack.kubelet_on_containerd()
         yield stack
     finally:
-        stack.restart_proxy()
-        cluster.cri_socket = stack.proxy_socket
-        cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
-        _wait_kubelet(stack)
+        stack.kubelet_on_proxy()
         cluster.apply(NRT_CRD.read_text())
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                         "crd/noderesourcetopologies.topology.node.k8s.io")  # fmt: skip

@@ -69,10 +69,7 @@ def from_cluster(stack: Stack) -> Iterator[Stack]:
         "reconcilePeriodSeconds": 2,
         "usageLoop": {"enable": True, "intervalSeconds": 1, "evictBy": "api"},
     }
-    path = stack.work / "proxy-config-from-cluster.yaml"
-    path.write_text(yaml.safe_dump(config))
-    stack.restart_proxy(args=("--backend", str(stack.ctrd.socket), "--config", str(path), "--no-entry-points"),
-                        env={"KUBECONFIG": str(kubeconfig)})  # fmt: skip
+    stack.restart_proxy_with_config(config, "from-cluster", env={"KUBECONFIG": str(kubeconfig)})
     try:
         yield stack
     finally:

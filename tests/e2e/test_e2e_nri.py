@@ -27,15 +27,15 @@ from cri_protos import api_pb2
 from hooks.facts import format_cpu_list
 from runtime_proxy.state.sysfs import read_cpu_topology
 from tests.e2e.conftest import (
+    SWITCH_TIMEOUT,
+    NriPlugin,
     Stack,
     container_id,
-    http_get,
     pod_cgroup,
     pod_manifest,
     sandboxes,
 )
 from tests.integration import qos_helpers as q
-from tests.integration.test_nri_real import NriPluginProcess
 
 TOPO = read_cpu_topology()
 ALL_CPUS = format_cpu_list(TOPO.cpus)
@@ -43,7 +43,6 @@ LSR_CPU = str(max(TOPO.cpus))
 LS_POOL_WITH_LSR = format_cpu_list(TOPO.cpus - {max(TOPO.cpus)})
 MiB = 1024**2
 NRI_CONTAINERD = "2.1"
-SWITCH_TIMEOUT = 180.0  # kubelet restart to Ready, generous under load
 BATCH = {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "1Gi"}
 BE_RESOURCES = {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "128Mi"}
 
@@ -64,58 +63,23 @@ def _two_cpus_one_numa_node_containerd_21(stack: Stack) -> None:
                     "covers the plugin on 1.7)")  # fmt: skip
 
 
-class _NriPlugin(NriPluginProcess):
-    """``runtime-proxy nri`` with a deadline for its first Synchronize that suits a loaded machine."""
-
-    def wait_synchronized(self, times: int, timeout: float = 120.0) -> None:
-        super().wait_synchronized(times, timeout)
-
-
-def _wait_kubelet(stack: Stack) -> None:
-    """kubelet (the restarted one) answers its health check and the node is Ready."""
-    cluster = stack.cluster
-    url = f"http://127.0.0.1:{cluster.ports['kubelet_healthz']}/healthz"
-
-    def healthy() -> bool:
-        try:
-            return http_get(url)[0] == 200
-        except OSError:
-            return False
-
-    cluster.wait_for(healthy, what="kubelet /healthz", timeout=SWITCH_TIMEOUT, log="kubelet")
-
-    def ready() -> bool:
-        node = cluster.get_json("node", NODE_NAME) or {}
-        return any(c.get("type") == "Ready" and c.get("status") == "True"
-                   for c in node.get("status", {}).get("conditions", []))  # fmt: skip
-
-    cluster.wait_for(ready, what="node Ready", timeout=SWITCH_TIMEOUT, log="kubelet")
-
-
 def _kubelet_endpoint(stack: Stack) -> str:
     config = json.loads((stack.cluster.work_dir / "kubelet-config.json").read_text())
     return str(config["containerRuntimeEndpoint"])
 
 
 @contextlib.contextmanager
-def nri_mode(stack: Stack) -> Iterator[_NriPlugin]:
+def nri_mode(stack: Stack) -> Iterator[NriPlugin]:
     """Switch the live node to kubelet → containerd + ``runtime-proxy nri``; back to the proxy on exit."""
-    cluster = stack.cluster
     work = stack.work / f"nri-{secrets.token_hex(3)}"
-    plugin = _NriPlugin(stack.ctrd.nri_socket, work, "--config", str(stack.work / "proxy-config.yaml"))
+    plugin = NriPlugin(stack.ctrd.nri_socket, work, "--config", str(stack.work / "proxy-config.yaml"))
     plugin.start()
     try:
-        cluster.cri_socket = stack.ctrd.socket
-        cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
-        stack.proxy.terminate()
-        _wait_kubelet(stack)
+        stack.kubelet_on_containerd()
         assert _kubelet_endpoint(stack) == f"unix://{stack.ctrd.socket}"
         yield plugin
     finally:
-        stack.restart_proxy()
-        cluster.cri_socket = stack.proxy_socket
-        cluster.restart_kubelet(rewrite_config=True, timeout=SWITCH_TIMEOUT)
-        _wait_kubelet(stack)
+        stack.kubelet_on_proxy()
         plugin.stop()
 
 
