@@ -54,8 +54,9 @@ API_VERSION = "v1alpha1"
 KIND = "NodeResourceTopology"
 PLURAL = "noderesourcetopologies"
 ZONE_TYPE_NODE = "Node"
-# Bounds of what is read back: the scheduler's own (scheduler_ext/numa.py) and an object's
-# annotations as the API server caps them (256 KiB together).
+# Bounds of what is read back (by the node agent and by the scheduler, whose
+# scheduler_ext.numa.parse_nrt_zones reads through parse_zones) and an object's annotations as
+# the API server caps them (256 KiB together).
 MAX_ZONES = 256
 MAX_ZONE_RESOURCES = 64
 MAX_ANNOTATIONS = 1024

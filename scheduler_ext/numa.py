@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from koord_formats import keys
+from koord_formats import keys, nrt
+from koord_formats.errors import FormatError
 
 __all__ = [
     "CPU",
@@ -59,8 +60,6 @@ NUMA_RESOURCES = (CPU, MEMORY)
 UNSATISFIED = "Unsatisfied NUMA {}"
 UNALIGNED = "Unaligned NUMA Hint cause {}"
 
-MAX_ZONES = 256
-MAX_ZONE_RESOURCES = 64
 _ZONE_NAME = re.compile(r"node-([0-9]{1,4})", re.ASCII)
 
 Zones = Mapping[int, Mapping[str, int]]  # NUMA node -> resource -> amount (cpu in milli)
@@ -73,41 +72,33 @@ class ZoneError(ValueError):
 def parse_nrt_zones(zones: object, parse_amount: Callable[[str, object], int]) -> dict[int, dict[str, int]]:
     """NUMA zones of a NodeResourceTopology: ``{node: {"cpu": milli, "memory": bytes}}``.
 
-    Only zones of type ``Node`` whose name is ``node-<id>`` count (other zones are skipped, as
-    Koordinator skips them); only ``cpu`` and ``memory`` are read (the extender books nothing
-    else per NUMA node). ``parse_amount(name, value)`` turns one allocatable quantity into an
-    int (milli-cores for cpu) and raises ``ValueError`` for bad input. Raises ``ZoneError``.
+    The ``zones`` value is read by the format's one parser, ``koord_formats.nrt.parse_zones``
+    (bounds, structure, every quantity). Of what it gives, only zones of type ``Node`` whose
+    name is ``node-<id>`` count (other zones are skipped, as Koordinator skips them); only
+    ``cpu`` and ``memory`` are read (the extender books nothing else per NUMA node).
+    ``parse_amount(name, value)`` turns one allocatable quantity into an int (milli-cores for
+    cpu) and raises ``ValueError`` for bad input. Raises ``ZoneError``.
     """
-    if zones is None:
-        return {}
-    if not isinstance(zones, list):
-        raise ZoneError("zones must be a list")
-    if len(zones) > MAX_ZONES:
-        raise ZoneError(f"more than {MAX_ZONES} zones")
+    try:
+        parsed = nrt.parse_zones(zones)
+    except FormatError as exc:
+        raise ZoneError(str(exc)) from None
     out: dict[int, dict[str, int]] = {}
-    for zone in zones:
-        if not isinstance(zone, dict) or zone.get("type") != "Node":
+    for zone in parsed:
+        if zone.type != nrt.ZONE_TYPE_NODE:
             continue
-        name = zone.get("name")
-        match = _ZONE_NAME.fullmatch(name) if isinstance(name, str) else None
+        match = _ZONE_NAME.fullmatch(zone.name)
         if match is None:
             continue
-        node = int(match.group(1))
-        resources = zone.get("resources") or []
-        if not isinstance(resources, list) or len(resources) > MAX_ZONE_RESOURCES:
-            raise ZoneError(f"zone {name}: resources must be a list of at most {MAX_ZONE_RESOURCES}")
         amounts: dict[str, int] = {}
-        for res in resources:
-            if not isinstance(res, dict):
-                raise ZoneError(f"zone {name}: resource entry is not an object")
-            rname = res.get("name")
-            if rname not in NUMA_RESOURCES:
+        for res in zone.resources:
+            if res.name not in NUMA_RESOURCES:
                 continue
             try:
-                amounts[str(rname)] = max(0, parse_amount(str(rname), res.get("allocatable", 0)))
+                amounts[res.name] = max(0, parse_amount(res.name, res.allocatable))
             except ValueError as exc:
-                raise ZoneError(f"zone {name}: {rname}: {exc}") from None
-        out[node] = amounts
+                raise ZoneError(f"zone {zone.name}: {res.name}: {exc}") from None
+        out[int(match.group(1))] = amounts
     return out
 
 

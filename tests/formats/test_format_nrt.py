@@ -1,5 +1,5 @@
 """koord_formats/nrt.py and the NRT annotations koord_formats/node.py writes: the zones koordlet
-writes, read back by the extender's own parser (scheduler_ext.numa.parse_nrt_zones), kubelet's
+writes, read back by the extender (scheduler_ext.numa.parse_nrt_zones, through parse_zones), kubelet's
 CPU manager policy annotation through its one parser, and the topology policy names."""
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from koord_formats.errors import FormatError
+from koord_formats.nrt import parse_zones
 from koord_formats.quantity import parse_bytes, parse_cpu_milli
 from koord_formats.topology import format_cpu_topology
 from scheduler_ext import numa
@@ -54,6 +56,26 @@ def test_nrt_zones_keep_node_zones_named_node_n_with_cpu_and_memory() -> None:
     ids=["zones-not-a-list", "resources-not-a-list", "unreadable-quantity"],
 )
 def test_bad_nrt_zones_are_refused(zones: object) -> None:
+    with pytest.raises(numa.ZoneError):
+        parse_nrt_zones(zones, _amount)
+
+
+@pytest.mark.parametrize(
+    "zones",
+    [[{"name": "node-0", "type": "Node", "resources": [{"name": "hugepages-2Mi", "allocatable": "lots"}]}],
+     [{"name": "node-0", "resources": []}],
+     [{"name": "node-0", "type": "Node", "resources": [{"allocatable": "1"}]}],
+     ["node-0"],
+     [{"name": "x" * 10_000, "type": "Node", "resources": []}]],
+    ids=["bad-quantity-of-another-resource", "zone-without-type", "resource-without-name", "zone-not-an-object",
+         "huge-name"],
+)
+def test_the_extender_refuses_what_the_one_nrt_parser_refuses(zones: object) -> None:
+    """The extender reads zones through koord_formats.nrt.parse_zones: what that parser refuses
+    (Koordinator's Go types would not decode it either) makes the zones unusable, even where
+    the bad part is a zone or resource the extender would skip."""
+    with pytest.raises(FormatError):
+        parse_zones(zones)
     with pytest.raises(numa.ZoneError):
         parse_nrt_zones(zones, _amount)
 
