@@ -189,10 +189,11 @@ def test_the_chart_installs_schedules_an_lsr_pod_on_its_cpus_upgrades_and_uninst
     assert agent["spec"]["containers"][0]["command"][:2] == ["runtime-proxy", "nri"]
     status, _ = http_get(f"http://127.0.0.1:{values['node']['metricsPort']}/readyz")
     assert status == 200, "the NRI plugin in the pod is connected to containerd"
-    (scheduler,) = _pods(stack, "scheduler")
+    # Nor does it wait for a host-network Deployment of one replica (maxUnavailable: 1).
+    (scheduler,) = cluster.wait_for(lambda: [p for p in _pods(stack, "scheduler") if _ready(p)],
+                                    what="the scheduler pod ready", timeout=180)  # fmt: skip
     assert _images(scheduler) == {"kube-scheduler": f"localhost/kube-scheduler:{KUBE_VERSION}",
                                   "scheduler-ext": "localhost/runtime-hook-proxy-cluster:0.1.0"}  # fmt: skip
-    assert _ready(scheduler)
     crds = set(_crd_names())
     assert crds <= {line.split("/", 1)[1] for line in _labelled(stack) if line.startswith("customresourcedefinition")}
 
