@@ -249,10 +249,20 @@ def test_the_scheduler_service_account_has_kube_schedulers_roles_and_the_extende
     sa = {"kind": "ServiceAccount", "name": f"{FULL}-scheduler", "namespace": NAMESPACE}
     refs = {b["roleRef"]["name"] for b in bindings.values() if b["subjects"] == [sa]}
     assert refs == {"system:kube-scheduler", "system:volume-scheduler", f"{FULL}-scheduler-extender"}
-    extender = granted(cluster_roles()[f"{FULL}-scheduler-extender"])
     packaged = yaml.safe_load_all((REPO / "packaging" / "scheduler" / "rbac.yaml").read_text())
     (ours,) = [d for d in packaged if d["kind"] == "ClusterRole"]
+    load_aware = {"scheduler": {"extender": {"config": {"loadAware": {}}}}}
+    extender = granted(cluster_roles(load_aware)[f"{FULL}-scheduler-extender"])
     assert extender == granted(ours), "the same rights as packaging/scheduler/rbac.yaml"
+    node_metrics = {("slo.koordinator.sh", "nodemetrics", verb) for verb in ("get", "list", "watch")}
+    assert granted(cluster_roles()[f"{FULL}-scheduler-extender"]) == extender - node_metrics, \
+        "NodeMetrics only for load-aware scheduling"
+    (deployment,) = kinds(load_aware)["Deployment"]
+    (config_map,) = [c for c in kinds(load_aware)["ConfigMap"] if c["metadata"]["name"] == f"{FULL}-scheduler"]
+    assert yaml.safe_load(config_map["data"]["extender.yaml"]) == {"loadAware": {}}
+    assert "--config=/etc/scheduler-ext/config/extender.yaml" in containers(deployment)["scheduler-ext"]["command"]
+    assert not [a for a in containers(one(None, "Deployment", f"{FULL}-scheduler"))["scheduler-ext"]["command"]
+                if a.startswith("--config")]  # fmt: skip
     (lease_role,) = kinds()["Role"]
     assert lease_role["metadata"]["namespace"] == NAMESPACE
     assert granted(lease_role) == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
