@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 
 from rhp_devenv import cgroupfs
 from rhp_devenv.image import DEFAULT_IMAGE, build_image_archive, import_image
+from rhp_devenv.workdir import PrivateDir
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -321,7 +321,7 @@ def reap_stale_work_dirs(base: Path = Path("/tmp"), *, min_age: float = 120.0) -
     return reaped
 
 
-class PrivateContainerd:
+class PrivateContainerd(PrivateDir):
     """A containerd of one version on private paths, started and stopped by this object.
 
     Use it as a context manager or call :meth:`start` and :meth:`stop` yourself::
@@ -402,13 +402,6 @@ class PrivateContainerd:
     def version(self) -> str:
         """The minor version this object runs (``"1.6"``, ``"1.7"``, ``"2.1"``)."""
         return self.binaries.version
-
-    @property
-    def work_dir(self) -> Path:
-        """The private directory; only valid after :meth:`start`."""
-        if self._work_dir is None:
-            raise RuntimeError("PrivateContainerd is not started")
-        return self._work_dir
 
     @property
     def socket(self) -> Path:
@@ -502,11 +495,7 @@ class PrivateContainerd:
         return self
 
     def _prepare_work_dir(self) -> None:
-        if self._requested_work_dir is None:
-            self._work_dir = Path(tempfile.mkdtemp(prefix=f"rhp-ctrd-{self.version}-", dir="/tmp"))
-        else:
-            self._work_dir = self._requested_work_dir
-            self._work_dir.mkdir(parents=True, exist_ok=True)
+        self._make_work_dir(f"rhp-ctrd-{self.version}-")
         if len(str(self.ttrpc_socket)) > 107:
             raise ContainerdError(f"work dir {self._work_dir} is too long for a unix socket path")
         for sub in ("root", "state", "opt", "runc", "cni/net.d", "nri/plugins", "nri/conf.d"):

@@ -61,6 +61,7 @@ from types import TracebackType
 from typing import IO, Any, TypeVar
 
 from rhp_devenv.cgroupfs import cgroup_hierarchies, relative_cgroup_path, remove_cgroup_tree
+from rhp_devenv.workdir import PrivateDir
 
 __all__ = [
     "KUBE_VERSION",
@@ -551,7 +552,7 @@ class _Proc:
     start_time: str | None
 
 
-class Cluster:
+class Cluster(PrivateDir):
     """A one-node Kubernetes on 127.0.0.1 whose kubelet uses the CRI socket *cri_socket*.
 
     Start and stop it with :meth:`start` and :meth:`stop`, or use it as a context manager.
@@ -637,13 +638,6 @@ class Cluster:
         """Wall time of the last :meth:`start`: certificates to node Ready."""
 
     # -- paths and identities --------------------------------------------------------------------------
-
-    @property
-    def work_dir(self) -> Path:
-        """The private directory; only valid after :meth:`start`."""
-        if self._work_dir is None:
-            raise RuntimeError("Cluster is not started")
-        return self._work_dir
 
     @property
     def server(self) -> str:
@@ -812,11 +806,7 @@ class Cluster:
             self._save_state()
 
     def _prepare(self) -> None:
-        if self._requested_work_dir is None:
-            self._work_dir = Path(tempfile.mkdtemp(prefix="rhp-kube-", dir="/tmp"))
-        else:
-            self._work_dir = self._requested_work_dir
-            self._work_dir.mkdir(parents=True, exist_ok=True)
+        self._make_work_dir("rhp-kube-")
         self._state = {
             "owner": os.getpid(),
             "work_dir": str(self._work_dir),
