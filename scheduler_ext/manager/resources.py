@@ -204,8 +204,11 @@ class _HP:
     max_used_request: Amount = ZERO
 
 
-def _hp_sums(pods: Iterable[PodInfo], metrics: Metrics) -> _HP:
-    hp = _HP()
+def _hp_usage(pods: Iterable[PodInfo], metrics: Metrics) -> tuple[list[tuple[PodInfo, Amount | None]], list[Amount]]:
+    """The pods that count as HP (running or pending, not of a batch or free priority), each
+    with its usage (None without a metric; an LSE pod's CPU is its request), and the usage of
+    the HP pods' metrics whose pod is not in the list (dangling)."""
+    counted: list[tuple[PodInfo, Amount | None]] = []
     known: set[tuple[str, str]] = set()
     for pod in pods:
         if pod.phase not in _RUNNING_OR_PENDING:
@@ -214,18 +217,30 @@ def _hp_sums(pods: Iterable[PodInfo], metrics: Metrics) -> _HP:
         known.add(key)
         if pod.priority_class in _LOW_PRIORITY:
             continue
-        hp.request = hp.request + pod.request
         metric = metrics.pods.get(key)
         if metric is None:
+            counted.append((pod, None))
+        else:
+            counted.append((pod, Amount(pod.request.cpu, metric.usage.memory) if pod.qos == keys.QOS_LSE
+                            else metric.usage))  # fmt: skip
+    dangling = [metric.usage for key, metric in metrics.pods.items()
+                if key not in known and metric.priority_class not in _LOW_PRIORITY]  # fmt: skip
+    return counted, dangling
+
+
+def _hp_sums(pods: Iterable[PodInfo], metrics: Metrics) -> _HP:
+    hp = _HP()
+    counted, dangling = _hp_usage(pods, metrics)
+    for pod, used in counted:
+        hp.request = hp.request + pod.request
+        if used is None:  # no metric: its request is its usage, and it adds nothing to max(used, request)
             hp.used = hp.used + pod.request
             continue
-        used = Amount(pod.request.cpu, metric.usage.memory) if pod.qos == keys.QOS_LSE else metric.usage
         hp.used = hp.used + used
         hp.max_used_request = hp.max_used_request + pod.request.max(used)
-    for key, metric in metrics.pods.items():
-        if key not in known and metric.priority_class not in _LOW_PRIORITY:
-            hp.used = hp.used + metric.usage
-            hp.max_used_request = hp.max_used_request + metric.usage
+    for usage in dangling:
+        hp.used = hp.used + usage
+        hp.max_used_request = hp.max_used_request + usage
     return hp
 
 
@@ -367,31 +382,19 @@ def zone_batch_resources(
     if reason or metrics is None:
         return [{keys.RESOURCE_BATCH_CPU: 0, keys.RESOURCE_BATCH_MEMORY: 0} for _ in zones]
     per_zone = [_HP() for _ in zones]
-    known: set[tuple[str, str]] = set()
-    for pod in pods:
-        if pod.phase not in _RUNNING_OR_PENDING:
-            continue
-        key = (pod.namespace, pod.name)
-        known.add(key)
-        if pod.priority_class in _LOW_PRIORITY:
-            continue
-        metric = metrics.pods.get(key)
-        if metric is None:
-            used = pod.request
-        else:
-            used = Amount(pod.request.cpu, metric.usage.memory) if pod.qos == keys.QOS_LSE else metric.usage
+    counted, dangling = _hp_usage(pods, metrics)
+    for pod, used in counted:
         requests = _zone_shares(pod.request, pod.numa_nodes, n)
-        usages = _zone_shares(used, pod.numa_nodes, n)
+        usages = _zone_shares(pod.request if used is None else used, pod.numa_nodes, n)
         for hp, req, use in zip(per_zone, requests, usages, strict=True):
             hp.request = hp.request + req
             hp.used = hp.used + use
             hp.max_used_request = hp.max_used_request + req.max(use)
-    for key, m in metrics.pods.items():
-        if key not in known and m.priority_class not in _LOW_PRIORITY:
-            share = _split(m.usage, n)
-            for hp in per_zone:
-                hp.used = hp.used + share
-                hp.max_used_request = hp.max_used_request + share
+    for usage in dangling:
+        share = _split(usage, n)
+        for hp in per_zone:
+            hp.used = hp.used + share
+            hp.max_used_request = hp.max_used_request + share
     reserved = _split(_reserved(node), n)
     system = _split(metrics.system_usage + _host_app_usage(metrics, _ABOVE_BATCH), n)
     out = []
