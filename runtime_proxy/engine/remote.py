@@ -95,6 +95,7 @@ from runtime_proxy import metrics
 from runtime_proxy.config import validation_message
 from runtime_proxy.engine.background import Background, every
 from runtime_proxy.engine.pipeline import Pipeline, StepError
+from runtime_proxy.state.store import fill_resources_pb, resources_from_pb
 
 if TYPE_CHECKING:
     import grpc
@@ -119,8 +120,6 @@ __all__ = [
     "pod_plan_from_response",
     "pod_request",
     "pod_response",
-    "resources_from_hook_pb",
-    "resources_to_hook_pb",
     "strip_unix",
 ]
 
@@ -225,42 +224,8 @@ def parse_registration(name: str, text: str | bytes, default_timeout: float) -> 
 
 
 # ---- facts <-> protocol (pure; shared with runtime_proxy.hookserver.door) ------------------------------
-
-_INT_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj",
-               "memory_swap_limit_in_bytes")
-
-
-def resources_to_hook_pb(
-    res: Resources, msg: hookserver_pb2.LinuxContainerResources | None = None
-) -> hookserver_pb2.LinuxContainerResources:
-    """Fill (or create) a ``runtime.v1alpha1.LinuxContainerResources`` from ``Resources``."""
-    out = msg if msg is not None else hookserver_pb2.LinuxContainerResources()
-    for name in _INT_FIELDS:
-        setattr(out, name, getattr(res, name))
-    out.cpuset_cpus = res.cpuset_cpus
-    out.cpuset_mems = res.cpuset_mems
-    out.unified.clear()
-    out.unified.update(dict(res.unified))
-    del out.hugepage_limits[:]
-    for page_size, limit in res.hugepage_limits:
-        out.hugepage_limits.add(page_size=page_size, limit=limit)
-    return out
-
-
-def resources_from_hook_pb(msg: hookserver_pb2.LinuxContainerResources) -> Resources:
-    """``Resources`` from a ``runtime.v1alpha1.LinuxContainerResources``."""
-    return Resources(
-        cpu_period=msg.cpu_period,
-        cpu_quota=msg.cpu_quota,
-        cpu_shares=msg.cpu_shares,
-        memory_limit_in_bytes=msg.memory_limit_in_bytes,
-        oom_score_adj=msg.oom_score_adj,
-        cpuset_cpus=msg.cpuset_cpus,
-        cpuset_mems=msg.cpuset_mems,
-        memory_swap_limit_in_bytes=msg.memory_swap_limit_in_bytes,
-        unified=frozen_map(dict(msg.unified)),
-        hugepage_limits=tuple((h.page_size, h.limit) for h in msg.hugepage_limits),
-    )
+# Container resources are read and written by runtime_proxy.state.store's functions, which
+# serve the CRI's message and the hook server protocol's alike.
 
 
 def _pod_meta(pod: PodFacts) -> hookserver_pb2.PodSandboxMetadata:
@@ -291,7 +256,7 @@ def container_request(pod: PodFacts, container: ContainerFacts) -> hookserver_pb
         pod_cgroup_parent=pod.cgroup_parent,
         container_envs=dict(container.envs),
     )
-    resources_to_hook_pb(container.resources, req.container_resources)
+    fill_resources_pb(req.container_resources, container.resources)
     return req
 
 
@@ -326,7 +291,7 @@ def container_facts_from_request(req: hookserver_pb2.ContainerResourceHookReques
         id=md.id,
         attempt=md.attempt,
         annotations=frozen_map(dict(req.container_annotations)),
-        resources=resources_from_hook_pb(req.container_resources),
+        resources=resources_from_pb(req.container_resources),
         envs=frozen_map(dict(req.container_envs)),
     )
 
@@ -351,7 +316,7 @@ def container_response(
         container_annotations=dict(container.annotations),
         pod_cgroup_parent=plan.cgroup_parent or "",
     )
-    resources_to_hook_pb(container.resources, resp.container_resources)
+    fill_resources_pb(resp.container_resources, container.resources)
     if plan.envs:
         resp.container_envs.update(dict(container.envs))
     return resp

@@ -39,19 +39,32 @@ import structlog
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from cri_protos import api_pb2
+from cri_protos import api_pb2, hookserver_pb2
 from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources, frozen_map
 from runtime_proxy import metrics
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["RuntimeClient", "Store", "container_facts_from_config", "pod_facts_from_config", "resources_from_pb"]
+__all__ = [
+    "LinuxResourcesMessage",
+    "RuntimeClient",
+    "Store",
+    "container_facts_from_config",
+    "fill_resources_pb",
+    "pod_facts_from_config",
+    "resources_from_pb",
+]
 
 _RESOURCE_SCALARS = SCALAR_RESOURCE_FIELDS
 
 
-def resources_from_pb(res: api_pb2.LinuxContainerResources) -> Resources:
-    """``Resources`` from a ``runtime.v1.LinuxContainerResources`` message."""
+# The CRI's and the hook server protocol's container resources: the same fields, one reading.
+LinuxResourcesMessage = api_pb2.LinuxContainerResources | hookserver_pb2.LinuxContainerResources
+
+
+def resources_from_pb(res: LinuxResourcesMessage) -> Resources:
+    """``Resources`` from a ``runtime.v1.LinuxContainerResources`` message (or the hook server
+    protocol's ``runtime.v1alpha1`` one)."""
     return Resources(
         cpu_period=res.cpu_period,
         cpu_quota=res.cpu_quota,
@@ -161,13 +174,14 @@ class RuntimeClient:
 
     async def update_container_resources(self, container_id: str, resources: Resources) -> None:
         linux = api_pb2.LinuxContainerResources()
-        _fill_resources(linux, resources)
+        fill_resources_pb(linux, resources)
         await self.runtime.UpdateContainerResources(
             api_pb2.UpdateContainerResourcesRequest(container_id=container_id, linux=linux), timeout=self.timeout
         )
 
 
-def _fill_resources(msg: api_pb2.LinuxContainerResources, res: Resources) -> None:
+def fill_resources_pb(msg: LinuxResourcesMessage, res: Resources) -> None:
+    """Set every field of ``msg`` (CRI or hook server container resources) from ``res``."""
     for name in _RESOURCE_SCALARS:
         setattr(msg, name, getattr(res, name))
     msg.unified.clear()
