@@ -39,7 +39,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import structlog
@@ -82,30 +81,15 @@ WRITES = Counter("rhp_manager_writes_total", "API writes of the manager, by obje
                  ["kind", "result"])
 LEADER = Gauge("rhp_manager_leader", "1 while this replica holds the manager's Lease.")
 
-_MAX_TIME_CHARS = 64
-
 
 # ---- decoding --------------------------------------------------------------------------------------
-
-
-def _epoch(text: str) -> float:
-    """An RFC 3339 time ("2026-11-27T08:00:00Z") as seconds since the epoch."""
-    if not text or len(text) > _MAX_TIME_CHARS:
-        raise FormatError("updateTime: empty or too long")
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise FormatError(f"updateTime: {exc}") from None
-    if moment.tzinfo is None:
-        raise FormatError("updateTime: no time zone")
-    return moment.timestamp()
 
 
 def metrics_of(obj: Mapping[str, Any]) -> Metrics:
     """A NodeMetric object as ``Metrics``; an unreadable status is ``Metrics.problem``."""
     try:
         status = nodemetric.parse_node_metric_status(obj.get("status"))
-        update = _epoch(status.update_time) if status.update_time else None
+        update = nodemetric.parse_update_time(status.update_time) if status.update_time else None
         reclaimable = nodemetric.parse_prod_reclaimable(obj.get("status"))
     except FormatError as exc:
         return Metrics(update_time=None, problem=describe(exc))
