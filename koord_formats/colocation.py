@@ -35,7 +35,7 @@ from typing import Any
 
 from koord_formats.bounded import MAX_JSON_DEPTH, load_json, read_list, read_object, read_str
 from koord_formats.errors import FormatError
-from koord_formats.nodemetric import MAX_SECONDS, format_go_duration, parse_go_duration
+from koord_formats.nodemetric import MAX_SECONDS, format_go_duration, parse_whole_seconds
 from koord_formats.selector import MATCH_LABELS, LabelSelector, parse_label_selector
 
 __all__ = [
@@ -164,13 +164,9 @@ def overlay(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 def _duration_seconds(value: object, what: str) -> int:
     """A Go duration of whole seconds, at least 1 and at most a day; ``FormatError`` otherwise."""
     try:
-        seconds = parse_go_duration(value)
+        return parse_whole_seconds(value)
     except FormatError as exc:
         raise FormatError(f"{what}: {exc}") from None
-    whole = round(seconds)
-    if whole < 1 or abs(whole - seconds) > 1e-6:
-        raise FormatError(f"{what}: {value!r} is not a whole number of seconds of at least 1")
-    return whole
 
 
 # ---- the typed strategy --------------------------------------------------------------------------

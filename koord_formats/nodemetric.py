@@ -60,6 +60,7 @@ __all__ = [
     "parse_node_metric_status",
     "parse_prod_reclaimable",
     "parse_update_time",
+    "parse_whole_seconds",
 ]
 
 API_GROUP = "slo.koordinator.sh"
@@ -163,7 +164,7 @@ def parse_collect_policy(spec: object) -> CollectPolicy:
         listed = read_object(policy, "nodeAggregatePolicy").get("durations")
         if listed is not None:
             items = read_list(listed, "nodeAggregatePolicy durations", MAX_DURATIONS)
-            durations = tuple(_whole_seconds(parse_go_duration(item)) for item in items)
+            durations = tuple(parse_whole_seconds(item) for item in items)
     if memory is not None and read_str(memory, "nodeMemoryCollectPolicy", 64) not in MEMORY_POLICIES:
         raise FormatError(f"nodeMemoryCollectPolicy: {memory!r} is not one of {', '.join(MEMORY_POLICIES)}")
     return CollectPolicy(
@@ -176,10 +177,13 @@ def parse_collect_policy(spec: object) -> CollectPolicy:
     )
 
 
-def _whole_seconds(seconds: float) -> int:
+def parse_whole_seconds(text: object) -> int:
+    """A Go duration (``parse_go_duration``) of whole seconds, at least 1; ``FormatError``
+    otherwise."""
+    seconds = parse_go_duration(text)
     whole = round(seconds)
     if whole < 1 or abs(whole - seconds) > 1e-6:
-        raise FormatError(f"duration: {seconds} s is not a whole number of seconds of at least 1")
+        raise FormatError(f"duration: {text!r} is not a whole number of seconds of at least 1")
     return whole
 
 
@@ -315,7 +319,7 @@ def _aggregated(value: object, what: str) -> tuple[AggregatedUsage, ...]:
                 raise FormatError(f"{what}: unknown aggregation {str(key)[:32]!r}")
             maps[key] = _usage(val, f"{what} {key}")
         duration = item.get("duration")
-        seconds = 0 if duration is None else _whole_seconds(parse_go_duration(duration))
+        seconds = 0 if duration is None else parse_whole_seconds(duration)
         out.append(AggregatedUsage(seconds, MappingProxyType(maps)))
     return tuple(out)
 
