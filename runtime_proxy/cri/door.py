@@ -35,13 +35,13 @@ import structlog
 from google.protobuf.message import Message
 
 from cri_protos import api_pb2
-from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, NodeFacts, PodFacts, Resources
+from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources
 from hooks.plan import CgroupWrite, Plan, ResourceChanges
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
 from runtime_proxy.engine.events import EventSink
-from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
+from runtime_proxy.engine.lifecycle import Lifecycle, LifecycleDoor, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot
@@ -101,7 +101,7 @@ class CriCall:
         await self._door._after(self, response)
 
 
-class CriInterceptor:
+class CriInterceptor(LifecycleDoor):
     """Implements ``CallInterceptor`` for the CRI lifecycle calls over the lifecycle core."""
 
     def __init__(
@@ -160,18 +160,6 @@ class CriInterceptor:
                 self._after_remove_container,
             ),
         }
-
-    @property
-    def store(self) -> Store:
-        return self.core.store
-
-    @property
-    def pipeline(self) -> Pipeline:
-        return self.core.pipeline
-
-    def node(self) -> NodeFacts:
-        """The node facts hooks see (``Lifecycle.node``)."""
-        return self.core.node()
 
     # -- CallInterceptor -----------------------------------------------------------------------
 

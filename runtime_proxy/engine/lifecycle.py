@@ -49,6 +49,7 @@ __all__ = [
     "FAILED_PRECONDITION",
     "IDENTITY_KEYS",
     "Lifecycle",
+    "LifecycleDoor",
     "NodeSource",
     "Pools",
     "StageRejected",
@@ -321,3 +322,22 @@ class Lifecycle:
         result = self.carries(await self.run(stage, pod, container), stage)
         if result is not None:
             await self.apply(result.plan, stage)
+
+
+class LifecycleDoor:
+    """What a door that keeps pods (the CRI interceptor, the NRI engine) shows of its lifecycle
+    core ``core``: the store, the pipeline and the node facts hooks see."""
+
+    core: Lifecycle
+
+    @property
+    def store(self) -> Store:
+        return self.core.store
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.core.pipeline
+
+    def node(self) -> NodeFacts:
+        """The node facts hooks see (``Lifecycle.node``)."""
+        return self.core.node()

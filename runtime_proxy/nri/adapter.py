@@ -70,11 +70,11 @@ from typing import ParamSpec, TypeVar
 import structlog
 
 from cri_protos import nri_pb2
-from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
+from hooks.facts import ContainerFacts, PodFacts, Resources, frozen_map
 from hooks.plan import Plan, PlanError, ResourceChanges
 from runtime_proxy import metrics
 from runtime_proxy.engine.events import EventSink
-from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, NodeSource, StageRejected, call_scope
+from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, NodeSource, StageRejected, call_scope
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
@@ -277,7 +277,7 @@ def _refusals_as_rpc_errors(
 _Queued = tuple[str, Callable[[], Awaitable[None]]]
 
 
-class NriEngine:
+class NriEngine(LifecycleDoor):
     """Implements ``runtime_proxy.nri.plugin.Events`` over the lifecycle core (``Lifecycle``)."""
 
     def __init__(
@@ -313,18 +313,6 @@ class NriEngine:
         # Container id -> resource changes the loops want, sent in the next reply that can
         # carry container updates (CreateContainer, UpdateContainer, StopContainer).
         self.pending_updates: OrderedDict[str, ResourceChanges] = OrderedDict()
-
-    @property
-    def store(self) -> Store:
-        return self.core.store
-
-    @property
-    def pipeline(self) -> Pipeline:
-        return self.core.pipeline
-
-    def node(self) -> NodeFacts:
-        """The node facts hooks see (``Lifecycle.node``)."""
-        return self.core.node()
 
     # -- helpers -------------------------------------------------------------------------------
 
