@@ -12,6 +12,8 @@
 #   RHP_PYTEST_TIMEOUT      per-test timeout in seconds (default 180)
 #   RHP_REQUIRE_CONTAINERD  versions that must not be skipped (default 1.6, the Debian package)
 #   RHP_REQUIRE_CRITEST     1 (default): the critest tests fail, not skip, without the binary
+#   RHP_REQUIRE_HELM        1 (default): the chart's tests fail, not skip, without helm
+#                           (scripts/build-helm.sh)
 #   RHP_REQUIRE_KUBE        1 (default): the end-to-end tests (tests/e2e/) fail instead of
 #                           skipping when the kube binary (scripts/build-kube.sh) is missing
 set -uo pipefail
@@ -61,6 +63,7 @@ step lint-imports .venv/bin/lint-imports --no-cache
 export RHP_REQUIRE_CONTAINERD=${RHP_REQUIRE_CONTAINERD-1.6}
 export RHP_REQUIRE_CRITEST=${RHP_REQUIRE_CRITEST-1}
 export RHP_REQUIRE_KUBE=${RHP_REQUIRE_KUBE-1}
+export RHP_REQUIRE_HELM=${RHP_REQUIRE_HELM-1}
 # With a test path among the arguments (`bash scripts/test.sh tests/e2e`), pytest runs only what
 # the arguments name; otherwise everything under tests/.
 targets=(tests/)
