@@ -65,13 +65,7 @@ class Env:
 
 
 def _pipeline(*steps: tuple[object, Policy], timeout: float = 2.0) -> Pipeline:
-    pm = make_plugin_manager(builtins=(), entry_points=False)
-    settings = []
-    for i, (plugin, policy) in enumerate(steps):
-        name = f"p{i}-{type(plugin).__name__}"
-        pm.register(plugin, name=name)
-        settings.append((name, policy, timeout))
-    return Pipeline(plugin_steps(pm, settings))
+    return _pipeline_of(*((plugin, policy, timeout) for plugin, policy in steps))
 
 
 POD = PodFacts(name="p", namespace="ns", uid="u", cgroup_parent="/kubepods/podu", sandbox_id="sb")
@@ -187,27 +181,32 @@ def _pipeline_of(*steps: tuple[object, Policy, float]) -> Pipeline:
     return Pipeline(plugin_steps(pm, settings))
 
 
-class Gate:
-    """Sets cpu_shares 2 once the test opens it."""
+class Waits:
+    """Waits (a minute at most) for the test's ``event``, then returns its ``plan()``."""
 
-    def __init__(self, go: threading.Event) -> None:
-        self.go = go
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def plan(self) -> Plan:
+        raise NotImplementedError
 
     @hookimpl
     def rhp_pre_create_container(self) -> Plan:
-        self.go.wait(60)
+        self.event.wait(60)
+        return self.plan()
+
+
+class Gate(Waits):
+    """Sets cpu_shares 2 once the test opens it."""
+
+    def plan(self) -> Plan:
         return Plan().set_resource("cpu_shares", 2)
 
 
-class Blocks:
+class Blocks(Waits):
     """Blocks until the test lets it go (after the stage is over)."""
 
-    def __init__(self, release: threading.Event) -> None:
-        self.release = release
-
-    @hookimpl
-    def rhp_pre_create_container(self) -> Plan:
-        self.release.wait(60)
+    def plan(self) -> Plan:
         return Plan().set_env("LATE", "1")
 
 
