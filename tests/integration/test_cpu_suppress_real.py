@@ -45,6 +45,7 @@ from runtime_proxy.host.cgroups import Cgroups, v1_controller
 from runtime_proxy.loops.qos import UsageLoop
 from runtime_proxy.loops.usage import UsageSampler
 from runtime_proxy.state.sysfs import read_cpu_topology
+from tests.fake_clock import Clock
 from tests.integration.harness import ProxyThread, proxy_options
 from tests.topologies import DUAL_SOCKET_HT
 from tests.usage_tree import Tree
@@ -269,14 +270,6 @@ class Backend:
 
     def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
         return [(p, c) for p in self._pods for c in p.containers]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def facts_pod(uid: str, qos: str, kube: str, cpuset: str = "", containers: tuple[str, ...] = ()) -> PodFacts:

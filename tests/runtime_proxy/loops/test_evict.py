@@ -14,15 +14,8 @@ import pytest
 from cri_protos import api_pb2
 from hooks.plan import Eviction
 from runtime_proxy.loops.evict import ApiEvictor, RuntimeEvictor, event_message, evictor_for
+from tests.fake_clock import Clock
 from tests.fakeapi import FakeAPIServer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

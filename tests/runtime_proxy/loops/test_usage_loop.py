@@ -24,6 +24,7 @@ from runtime_proxy.host.apply import RecordingApplier
 from runtime_proxy.host.cgroups import Cgroups, WriteResult
 from runtime_proxy.loops.qos import EvictionResult, LoggingEvictor, UsageLoop, UsageRound
 from runtime_proxy.loops.usage import UsageSampler
+from tests.fake_clock import Clock
 from tests.usage_tree import BE, Tree
 
 Decide = Callable[[NodeFacts, tuple[PodFacts, ...], Usage], Plan | None]
@@ -82,14 +83,6 @@ class RecordingCgroups(Cgroups):
         result = super().write(path, file, value, compare_only=compare_only)
         self.order.append((path, file, str(value)))
         return result
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def be_pod(uid: str) -> PodFacts:

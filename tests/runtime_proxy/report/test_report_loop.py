@@ -25,6 +25,7 @@ from runtime_proxy.report.writer import KubeObjects
 from scheduler_ext import numa
 from scheduler_ext.topology import parse_gpu_devices
 from scheduler_ext.views import zone_amount
+from tests.fake_clock import Clock
 from tests.fake_sysfs import add_nvidia_gpu, write_topology
 from tests.fakeapi import FakeAPIServer
 from tests.topologies import DUAL_SOCKET_HT
@@ -56,14 +57,6 @@ class Sampler:
         pods_map = MappingProxyType({k: ResourceUsage(*v) for k, v in (pods or {}).items()})
         self.samples = (*self.samples, UsageSample(at=at, node_cpu_milli=cpu, node_memory_used_bytes=1 << 30,
                                                    pods=pods_map))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
