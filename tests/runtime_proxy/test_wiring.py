@@ -16,6 +16,7 @@ from hooks.manager import make_plugin_manager
 from runtime_proxy import wiring
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from tests.runtime_proxy.fake_backend import FakeBackend
 
 
 @pytest.fixture(autouse=True)
@@ -69,22 +70,6 @@ def test_the_usage_loop_runs_when_a_plugin_needs_it(tmp_path: Path, plugins: lis
     assert wiring.usage_loop_decision(config, pm, pipeline) == (runs, why)
 
 
-class _Backend:
-    def node(self) -> Any:
-        from hooks.facts import NodeFacts
-
-        return NodeFacts()
-
-    def pods(self) -> list[Any]:
-        return []
-
-    def containers(self) -> list[Any]:
-        return []
-
-    async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
-        return None
-
-
 async def test_the_loops_log_which_run_and_why(tmp_path: Path) -> None:
     """The start names every loop and why the usage loop runs (the packaged configs list
     cpu_suppress and the evictions without usageLoop.enable)."""
@@ -92,7 +77,7 @@ async def test_the_loops_log_which_run_and_why(tmp_path: Path) -> None:
     pm, pipeline = _pipeline(config)
     node, _ = wiring.node_source(config)
     with capture_logs() as logs:
-        loops = wiring.loops(config, _Backend(), pm=pm, pipeline=pipeline, applier=wiring.applier(config),
+        loops = wiring.loops(config, FakeBackend(), pm=pm, pipeline=pipeline, applier=wiring.applier(config),
                              node_source=node, ready=asyncio.Event(), runtime=object())
     try:
         (line,) = [e for e in logs if e["event"] == "periodic loops"]

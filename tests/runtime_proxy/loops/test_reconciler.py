@@ -13,7 +13,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -35,6 +34,7 @@ from runtime_proxy.loops.burst import CPUBurstLoop, SharePoolLoad
 from runtime_proxy.loops.reconciler import RECONCILE_DRIFT, Reconciler
 from runtime_proxy.state.nodeconfig import NodeConfig
 from tests.cgroup_files import make_files, make_resctrl, read_file
+from tests.runtime_proxy.fake_backend import FakeBackend
 from tests.topologies import SINGLE_SOCKET_HT, THIS_VM
 
 RS = "scheduling.koordinator.sh/resource-status"
@@ -50,32 +50,6 @@ def make_pod(uid: str, qos: str, *, kube: str = "burstable", annotations: dict[s
         annotations=MappingProxyType(annotations or {}),
         cgroup_parent=parent if parent is not None else f"/kubepods/{kube}/pod{uid}",
     )
-
-
-@dataclass
-class FakeBackend:
-    """The store and runtime client, as the reconciler sees them."""
-
-    node_facts: NodeFacts
-    pod_list: list[PodFacts] = field(default_factory=list)
-    container_list: list[tuple[PodFacts, ContainerFacts]] = field(default_factory=list)
-    updates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    node_config: NodeConfig | None = None
-
-    def node(self) -> NodeFacts:
-        return self.node_config.current() if self.node_config is not None else self.node_facts
-
-    def pods(self) -> list[PodFacts]:
-        return list(self.pod_list)
-
-    def containers(self) -> list[tuple[PodFacts, ContainerFacts]]:
-        return list(self.container_list)
-
-    async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
-        self.updates.append((container_id, changes))
-        for i, (p, c) in enumerate(self.container_list):
-            if c.id == container_id:
-                self.container_list[i] = (p, c.replace(resources=c.resources.with_changes(changes)))
 
 
 def tree(root: Path, paths: list[str], files: dict[str, str]) -> None:

@@ -10,26 +10,12 @@ from typing import Any
 
 import pytest
 
-from hooks.facts import NodeFacts
 from hooks.manager import make_plugin_manager
 from runtime_proxy import wiring
 from runtime_proxy.config import ConfigError, ProxyConfig, load_config
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.report.loop import Reporter
-
-
-class _Backend:
-    def node(self) -> NodeFacts:
-        return NodeFacts()
-
-    def pods(self) -> list[Any]:
-        return []
-
-    def containers(self) -> list[Any]:
-        return []
-
-    async def update_container_resources(self, container_id: str, changes: dict[str, Any]) -> None:
-        return None
+from tests.runtime_proxy.fake_backend import FakeBackend
 
 
 async def _loops(tmp_path: Path, **kw: Any) -> wiring.Loops:
@@ -38,7 +24,7 @@ async def _loops(tmp_path: Path, **kw: Any) -> wiring.Loops:
     pm = make_plugin_manager(entry_points=False)
     pipeline = Pipeline(plugin_steps(pm, wiring.plugin_settings(config, pm, entry_points=False)))
     node, _ = wiring.node_source(config)
-    return wiring.loops(config, _Backend(), pm=pm, pipeline=pipeline, applier=wiring.applier(config),
+    return wiring.loops(config, FakeBackend(), pm=pm, pipeline=pipeline, applier=wiring.applier(config),
                         node_source=node, ready=asyncio.Event(), runtime=object())
 
 
