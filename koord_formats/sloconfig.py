@@ -26,7 +26,7 @@ previous value and records ``SLOCfgUnmarshalFailed``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -177,6 +177,22 @@ def _selector(entry: Mapping[str, Any], what: str) -> LabelSelector | None:
         return None
 
 
+def _node_entries(
+    value: object, what: str, problems: list[str]
+) -> Iterator[tuple[str, Mapping[str, Any], LabelSelector]]:
+    """The per-node entries of a config key (at most ``_MAX_NODE_STRATEGIES`` objects), each
+    as (its name in messages, the entry, its node selector); an entry without a valid selector
+    is a problem and left out."""
+    for i, raw in enumerate(read_list([] if value is None else value, what, _MAX_NODE_STRATEGIES)):
+        entry_what = f"{what}[{i}]"
+        entry = read_object(raw, entry_what)
+        selector = _selector(entry, entry_what)
+        if selector is None:
+            problems.append(f"{entry_what}: no valid {_NODE_SELECTOR}; it matches no node")
+            continue
+        yield entry_what, entry, selector
+
+
 def _strategy_key(key: str, spec_field: str, text: str, problems: list[str]) -> StrategyConfig:
     doc = read_object(load_json(text, key, max_chars=MAX_CONFIG_CHARS), key)
     raw_cluster = doc.get(_CLUSTER)
@@ -185,15 +201,8 @@ def _strategy_key(key: str, spec_field: str, text: str, problems: list[str]) -> 
         {} if raw_cluster is None else read_object(raw_cluster, f"{key} {_CLUSTER}"),
     )
     _check(spec_field, cluster, f"{key} {_CLUSTER}")
-    raw_nodes = doc.get(_NODES)
     nodes: list[tuple[LabelSelector, Mapping[str, Any]]] = []
-    for i, raw in enumerate(read_list([] if raw_nodes is None else raw_nodes, f"{key} {_NODES}", _MAX_NODE_STRATEGIES)):
-        what = f"{key} {_NODES}[{i}]"
-        entry = read_object(raw, what)
-        selector = _selector(entry, what)
-        if selector is None:
-            problems.append(f"{what}: no valid {_NODE_SELECTOR}; it matches no node")
-            continue
+    for what, entry, selector in _node_entries(doc.get(_NODES), f"{key} {_NODES}", problems):
         merged = overlay(cluster, {k: v for k, v in entry.items() if k not in (_NAME, _NODE_SELECTOR)})
         try:
             _check(spec_field, merged, what)
@@ -216,17 +225,8 @@ def _host_apps(text: str, problems: list[str]) -> HostAppConfig:
     key = CONFIG_KEY_HOST_APPLICATION
     doc = read_object(load_json(text, key, max_chars=MAX_CONFIG_CHARS), key)
     cluster = _apps(doc.get(_APPLICATIONS), f"{key} {_APPLICATIONS}")
-    raw_nodes = doc.get(_NODE_CONFIGS)
     nodes: list[tuple[LabelSelector, tuple[Mapping[str, Any], ...]]] = []
-    for i, raw in enumerate(
-        read_list([] if raw_nodes is None else raw_nodes, f"{key} {_NODE_CONFIGS}", _MAX_NODE_STRATEGIES)
-    ):
-        what = f"{key} {_NODE_CONFIGS}[{i}]"
-        entry = read_object(raw, what)
-        selector = _selector(entry, what)
-        if selector is None:
-            problems.append(f"{what}: no valid {_NODE_SELECTOR}; it matches no node")
-            continue
+    for what, entry, selector in _node_entries(doc.get(_NODE_CONFIGS), f"{key} {_NODE_CONFIGS}", problems):
         try:
             nodes.append((selector, _apps(entry.get(_APPLICATIONS), f"{what} {_APPLICATIONS}")))
         except FormatError as exc:
