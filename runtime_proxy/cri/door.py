@@ -28,7 +28,7 @@ pools moved, so the reconciler gives the running LS containers the CPUs back.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -445,14 +445,4 @@ def _bind_container_id(plan: Plan, container_id: str) -> Plan:
         else w
         for w in plan.writes
     ]
-    return Plan(
-        resources=plan.resources,
-        envs=plan.envs,
-        annotations=plan.annotations,
-        labels=plan.labels,
-        cgroup_parent=plan.cgroup_parent,
-        writes=writes,
-        moves=plan.moves,
-        removals=plan.removals,
-        skipped=plan.skipped,
-    )
+    return replace(plan, writes=writes)
