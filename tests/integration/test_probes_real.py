@@ -54,7 +54,7 @@ def test_readyz_follows_containerd_down_and_back(containerd: Any, tmp_path: Path
 
 
 def test_doctor_sees_containerd_answer_cri_v1(containerd: Any) -> None:
-    from runtime_proxy import doctor
+    from runtime_proxy.commands import doctor
 
     opts = doctor.DoctorOptions(backend=str(containerd.socket), skip=frozenset(doctor.CHECKS) - {"runtime"})
     (check,) = doctor.run(opts)
