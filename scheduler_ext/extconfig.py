@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 import yaml
 
 from koord_formats.errors import FormatError
 from koord_formats.loadaware import LoadAwareArgs, parse_load_aware_args
 from rhp_ops.files import FileRefused, read_text_file
+from rhp_ops.yamlsafe import NoAliasLoader
 
 __all__ = ["MAX_CONFIG_BYTES", "ConfigError", "ExtenderFileConfig", "parse_config_text", "read_config_file"]
 
@@ -38,18 +38,6 @@ class ExtenderFileConfig:
     load_aware: LoadAwareArgs | None = None
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """A safe YAML loader that refuses anchors and aliases."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.YAMLError("YAML aliases are not allowed here")
-        event = self.peek_event()  # type: ignore[no-untyped-call]
-        if getattr(event, "anchor", None):
-            raise yaml.YAMLError("YAML anchors are not allowed here")
-        return super().compose_node(parent, index)
-
-
 def parse_config_text(text: str) -> ExtenderFileConfig:
     """The config document's text as ``ExtenderFileConfig``; ``ConfigError`` when it is not a
     JSON or YAML object of known sections, each valid."""
@@ -61,7 +49,7 @@ def parse_config_text(text: str) -> ExtenderFileConfig:
         raise ConfigError("nested too deeply") from None
     except ValueError:
         try:
-            doc = yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader that also refuses aliases
+            doc = yaml.load(text, Loader=NoAliasLoader)  # a SafeLoader that also refuses aliases
         except yaml.YAMLError as exc:
             raise ConfigError(f"neither JSON nor YAML: {' '.join(str(exc).split())[:300]}") from None
         except RecursionError:

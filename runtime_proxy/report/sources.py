@@ -41,6 +41,7 @@ from koord_formats.device import MAX_DEVICES, GPUInfo
 from koord_formats.errors import FormatError
 from koord_formats.quantity import parse_cpu_milli
 from rhp_ops.files import FileRefused, read_text_file
+from rhp_ops.yamlsafe import NoAliasLoader
 from runtime_proxy.loops.usage import SampleError, read_bounded
 
 __all__ = [
@@ -210,9 +211,11 @@ def parse_kubelet_config(text: str) -> KubeletConfig:
     if len(text) > MAX_KUBELET_CONFIG_BYTES:
         raise FormatError("kubelet config: too large")
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=NoAliasLoader)  # a SafeLoader that also refuses aliases
     except yaml.YAMLError as exc:
         raise FormatError(f"kubelet config: not YAML: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise FormatError("kubelet config: nested too deeply") from None
     if doc is None:
         return KubeletConfig()
     if not isinstance(doc, dict):

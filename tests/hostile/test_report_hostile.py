@@ -137,3 +137,29 @@ def test_the_writer_refuses_unparsed(server: str, mode: str) -> None:
     with pytest.raises(ApiError) as err:
         _objects(server).get(NRT, NODE)
     assert len(str(err.value)) < 1000
+
+
+# ---- kubelet's config file, read for the CPU manager policy and reserved CPUs -----------------
+
+KUBELET_CONFIGS = [
+    ("deep nesting", "cpuManagerPolicy: " + "[" * 50_000),
+    ("alias bomb", "a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+                   "c: [*b, *b, *b, *b, *b, *b, *b, *b]\ncpuManagerPolicy: static\n"),
+    ("an anchor alone", "cpuManagerPolicy: &p static\n"),
+    ("huge repetition", "cpuManagerPolicyOptions:\n" + "".join(f"  k{i}: v\n" for i in range(30_000))),
+    ("wrong type for the policy", "cpuManagerPolicy: [static]\n"),
+    ("wrong type for reserved CPUs", "reservedSystemCPUs: {a: 1}\nkubeReserved: {cpu: [1]}\n"),
+    ("huge exponent", "kubeReserved: {cpu: 1e999999999}\n"),
+    ("not a map", "- 1\n- 2\n"),
+]
+
+
+@pytest.mark.parametrize(("text",), [(t,) for _, t in KUBELET_CONFIGS], ids=[d for d, _ in KUBELET_CONFIGS])
+def test_a_hostile_kubelet_config_gives_kubelet_s_defaults_never_an_exception(tmp_path: Path, text: str) -> None:
+    from runtime_proxy.report.sources import KubeletConfig, read_kubelet_config
+
+    path = tmp_path / "kubelet.yaml"
+    path.write_text(text)
+    config = read_kubelet_config(str(path))
+    assert isinstance(config, KubeletConfig)
+    assert config.cpu_manager_policy == "none"  # refused (logged once): kubelet's defaults
