@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = ("runtime_proxy", "hooks", "scheduler_ext", "cri_protos", "koord_formats", "rhp_ops")
+SHIPPED = ("runtime_proxy", "hooks", "scheduler_ext", "cri_protos", "koord_formats", "rhp_ops", "rhp_kube")
 NEVER_SHIPPED = ("rhp_devenv", "devenv", "tests", "benchmarks", "scripts", "examples")
 
 pytestmark = pytest.mark.slow
