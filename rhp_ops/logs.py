@@ -10,6 +10,13 @@ Two processors keep the logs readable:
 - ``RepeatLimiter`` lets one line of a kind (level warning or above, same event and values)
   through per window; the repeats inside the window are dropped and counted, and the next line
   of that kind after the window carries ``repeated=K``.
+
+Logging never raises into its caller. On the structlog side the limiter drops a repeat with
+``structlog.DropEvent``, which structlog's bound loggers catch. The standard-library side does not
+catch it (``ProcessorFormatter`` runs inside ``Handler.emit``, and ``DropEvent`` is a
+``BaseException``), so there the same limiter sits in front of the formatter as a
+``logging.Filter`` (``RepeatFilter``) that drops by returning false; a library's repeated warning
+(urllib3's "Retrying", from inside the Kubernetes client's watch thread) is dropped there.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, MutableMapping
@@ -25,7 +33,7 @@ from typing import Any, TextIO
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-__all__ = ["RepeatLimiter", "configure", "shorten_rpc_errors"]
+__all__ = ["RepeatFilter", "RepeatLimiter", "configure", "shorten_rpc_errors"]
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 # Loggers of libraries that are chatty at INFO; they log at WARNING and above unless debug is asked.
@@ -71,6 +79,7 @@ def shorten_rpc_errors(_logger: WrappedLogger, _name: str, event_dict: EventDict
 
 
 _VOLATILE = frozenset({"timestamp", "repeated"})
+_LIMITED = frozenset({"warning", "error", "critical", "exception"})
 
 
 class RepeatLimiter:
@@ -88,29 +97,68 @@ class RepeatLimiter:
         self.clock = clock
         # kind -> [time the last line was let through, repeats dropped since]
         self._seen: OrderedDict[tuple[str, ...], list[float]] = OrderedDict()
+        self._lock = threading.Lock()
 
     @staticmethod
     def _kind(event_dict: MutableMapping[str, Any]) -> tuple[str, ...]:
         return tuple(f"{k}={event_dict[k]!r}"[:512] for k in sorted(event_dict) if k not in _VOLATILE)
 
-    def __call__(self, _logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
-        level = str(event_dict.get("level", "")).lower()
-        if level not in ("warning", "error", "critical", "exception"):
-            return event_dict
-        kind = self._kind(event_dict)
-        now = self.clock()
-        seen = self._seen.get(kind)
-        if seen is not None and now - seen[0] < self.window:
-            seen[1] += 1
+    def admit(self, kind: tuple[str, ...]) -> int | None:
+        """``None`` when a line of ``kind`` is a repeat inside the window (count it, drop it);
+        else how many repeats were dropped since the last one let through. Thread-safe: the
+        standard-library side calls it from whichever thread logs."""
+        with self._lock:
+            now = self.clock()
+            seen = self._seen.get(kind)
+            if seen is not None and now - seen[0] < self.window:
+                seen[1] += 1
+                self._seen.move_to_end(kind)
+                return None
+            repeats = int(seen[1]) if seen is not None else 0
+            self._seen[kind] = [now, 0]
             self._seen.move_to_end(kind)
+            while len(self._seen) > self.max_kinds:
+                self._seen.popitem(last=False)
+            return repeats
+
+    def __call__(self, _logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+        """The structlog processor: a repeat raises ``structlog.DropEvent``, which structlog's
+        bound loggers catch. Never put it in a ``ProcessorFormatter`` chain (use ``RepeatFilter``)."""
+        level = str(event_dict.get("level", "")).lower()
+        if level not in _LIMITED:
+            return event_dict
+        repeats = self.admit(self._kind(event_dict))
+        if repeats is None:
             raise structlog.DropEvent
-        if seen is not None and seen[1]:
-            event_dict["repeated"] = int(seen[1])
-        self._seen[kind] = [now, 0]
-        self._seen.move_to_end(kind)
-        while len(self._seen) > self.max_kinds:
-            self._seen.popitem(last=False)
+        if repeats:
+            event_dict["repeated"] = repeats
         return event_dict
+
+
+class RepeatFilter(logging.Filter):
+    """The limiter on the standard-library side: a ``logging.Filter`` that drops a repeated
+    record by returning false (never by raising) and marks the next one let through with
+    ``repeated=K`` (``ExtraAdder`` carries it into the line). A record it cannot read is let
+    through; ``filter`` never raises."""
+
+    def __init__(self, limiter: RepeatLimiter) -> None:
+        super().__init__()
+        self.limiter = limiter
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            level = record.levelname.lower()
+            if level not in _LIMITED:
+                return True
+            kind = (f"level={level}", f"logger={record.name}"[:512], f"event={record.getMessage()!r}"[:512])
+            repeats = self.limiter.admit(kind)
+        except Exception:
+            return True
+        if repeats is None:
+            return False
+        if repeats:
+            record.repeated = repeats
+        return True
 
 
 class _CurrentStderr:
@@ -146,27 +194,30 @@ def configure(fmt: str = "json", level: str = "info", *, repeat_window: float = 
         structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     )
     limiter = RepeatLimiter(repeat_window)
-    shared: list[Processor] = [
+    head: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         shorten_rpc_errors,
-        limiter,
+    ]
+    tail: list[Processor] = [
         structlog.processors.StackInfoRenderer(),
         structlog.processors.format_exc_info,
     ]
     structlog.configure(
-        processors=[*shared, renderer],
+        processors=[*head, limiter, *tail, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=lambda *_: _StderrLogger(stream),
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder(), *shared],
+        # No limiter in this chain: it would raise DropEvent out of the caller's logger.warning().
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder(), *head, *tail],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
     )
     handler = logging.StreamHandler(stream if stream is not None else _CurrentStderr())
     handler.setFormatter(formatter)
+    handler.addFilter(RepeatFilter(limiter))
     handler.set_name("rhp_ops")
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -110,3 +112,71 @@ def test_repeats_end_to_end_through_structlog(stream: io.StringIO) -> None:
         log.warning("runtime not reachable", error=str(_rpc_error()))
     (only,) = _lines(stream)
     assert only["error"] == "UNAVAILABLE: failed to connect to all addresses"
+
+
+def _limiter_of_the_handler() -> logs.RepeatLimiter:
+    (handler,) = [h for h in logging.getLogger().handlers if h.get_name() == "rhp_ops"]
+    (found,) = [f for f in handler.filters if isinstance(f, logs.RepeatFilter)]
+    return found.limiter
+
+
+def _in_a_thread(body: Any) -> list[BaseException]:
+    """Run ``body`` in a thread (as the Kubernetes client's watch threads log) and return what
+    escaped it, of any kind."""
+    escaped: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            body()
+        except BaseException as exc:  # the test is that nothing escapes, of any kind
+            escaped.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    return escaped
+
+
+def test_repeated_stdlib_warnings_from_a_thread_never_raise_and_are_counted(stream: io.StringIO) -> None:
+    """urllib3's second identical "Retrying" warning, logged inside the client's watch thread,
+    raised structlog.DropEvent out of logger.warning() on the old code and ended the thread."""
+    retrying = logging.getLogger("urllib3.connectionpool")
+
+    def storm() -> None:
+        for _ in range(20):
+            retrying.warning("Retrying (%s) after connection broken by '%s'", "Retry(total=2)", "reset")
+
+    assert _in_a_thread(storm) == []  # the 20 lines take far less than the 30 s window
+    (first,) = _lines(stream)
+    assert first["event"].startswith("Retrying") and "repeated" not in first
+    later = time.monotonic() + 60
+    _limiter_of_the_handler().clock = lambda: later  # the window has passed
+    assert _in_a_thread(storm) == []
+    second = _lines(stream)[1]
+    assert second["repeated"] == 19 and second["logger"] == "urllib3.connectionpool"
+    assert len(_lines(stream)) == 2
+
+
+def test_repeated_structlog_warnings_from_a_thread_never_raise_and_are_counted(stream: io.StringIO) -> None:
+    now = [0.0]
+    _limiter_of_the_handler().clock = lambda: now[0]
+    log = structlog.get_logger("watch")
+
+    def storm() -> None:
+        for _ in range(20):
+            log.warning("watch failed", error="connection refused")
+
+    assert _in_a_thread(storm) == []
+    now[0] += 60
+    assert _in_a_thread(storm) == []
+    first, second = _lines(stream)
+    assert "repeated" not in first and second["repeated"] == 19
+
+
+def test_a_record_the_filter_cannot_read_is_let_through_without_raising() -> None:
+    # Arguments that do not match the format: the filter lets it through, and logging's own
+    # error handling (Handler.handleError, inside emit) deals with it.
+    record = logging.LogRecord("lib", logging.WARNING, __file__, 1, "%d items", ("not a number",), None)
+    repeat_filter = logs.RepeatFilter(logs.RepeatLimiter(10.0, clock=lambda: 0.0))
+    assert repeat_filter.filter(record) and repeat_filter.filter(record)
