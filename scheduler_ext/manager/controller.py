@@ -25,9 +25,9 @@ its node within that time of ``degradeTimeMinutes``.
 
 Hostile objects: each Node, Pod, NodeMetric or ConfigMap is decoded once when its event
 arrives; one that does not decode is counted (``rhp_manager_bad_objects_total{kind}``) and
-logged, and costs only itself: a bad Node or NodeMetric resets that node's batch resources, a bad
-Pod resets the batch resources of its node (its usage is unknown), a bad ConfigMap key keeps
-that key's previous value.
+logged, and costs only itself: a bad Node or NodeMetric resets that node's batch resources, a Pod
+that cannot be decoded in full is estimated from what can be read (``objects.pod_view``; counted
+and logged) and never resets its node, a bad ConfigMap key keeps that key's previous value.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from koord_formats.quantity import parse_bytes, parse_cpu_milli
 from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError
 from scheduler_ext.guard import describe
 from scheduler_ext.manager.kubeio import CONFIGMAPS, KINDS, NODEMETRICS, NODES, NODESLOS, NRTS, PODS, ManagerAPI
-from scheduler_ext.manager.objects import node_info, node_labels, pod_info, pod_node_name
+from scheduler_ext.manager.objects import node_info, node_labels, pod_node_name, pod_view
 from scheduler_ext.manager.resources import (
     BATCH_RESOURCES,
     MID_RESOURCES,
@@ -379,7 +379,11 @@ class Cache:
         node = ""
         try:
             node = pod_node_name(obj)
-            decoded: PodInfo | str = pod_info(obj)
+            decoded: PodInfo | str = pod_view(obj)
+            if isinstance(decoded, PodInfo) and decoded.estimated:
+                BAD_OBJECTS.labels(PODS).inc()
+                log.warning("Pod not decoded in full; counted by its estimate", pod=f"{key[0]}/{key[1]}",
+                            node=node, phase=decoded.phase, error=decoded.estimated)
         except FormatError as exc:
             decoded = describe(exc)
             BAD_OBJECTS.labels(PODS).inc()

@@ -12,6 +12,15 @@ batch resources are reset, since its usage is unknown).
   (``koord_formats.qos.priority_class``) and QoS class (label, else from the Kubernetes QoS
   class in ``status.qosClass``, computed from the containers when absent); the effective request
   as Kubernetes computes it: max(sum over containers, largest init container) + overhead.
+- ``pod_view``: what the controller uses; ``pod_info``, or, for a pod that cannot be decoded in
+  full (more labels, resources or containers than the bounds, a malformed field: the API server
+  accepts 4,097 labels or 65 extended resources), an estimate from what can be read, as the
+  extender estimates what it cannot decode (``scheduler_ext.loadaware``): its phase (so a
+  Succeeded or Failed pod holds nothing, as any terminal pod), its priority and QoS labels and
+  ``spec.priority`` when readable, and the cpu and memory of at most ``MAX_CONTAINERS``
+  containers, each container that cannot be read (and each beyond the bound) counted at the
+  estimator's default of 250m CPU and 200 MiB. Such a pod costs its own estimate, never its
+  node's batch resources; ``PodInfo.estimated`` says why it was estimated.
 """
 
 from __future__ import annotations
@@ -27,6 +36,9 @@ from koord_formats.bounded import MAX_NAME_CHARS, read_list, read_object, read_s
 from koord_formats.errors import FormatError
 from koord_formats.node import parse_cpu_normalization_ratio, parse_node_reservation
 from koord_formats.pod import parse_resource_status, read_resource_list
+from koord_formats.quantity import parse_quantity
+from scheduler_ext.guard import describe
+from scheduler_ext.loadaware import DEFAULT_CPU_MILLI, DEFAULT_MEMORY_BYTES
 from scheduler_ext.manager.resources import Amount, NodeInfo, PodInfo
 
 __all__ = [
@@ -37,10 +49,14 @@ __all__ = [
     "node_labels",
     "pod_info",
     "pod_node_name",
+    "pod_view",
     "string_map",
 ]
 
 MAX_CONTAINERS = 1024
+# what one container that cannot be read is estimated at (koord-scheduler's estimator defaults)
+_DEFAULT_CONTAINER = Amount(DEFAULT_CPU_MILLI, DEFAULT_MEMORY_BYTES)
+_TERMINAL = frozenset({"Succeeded", "Failed"})
 _CPU = "cpu"
 _MEMORY = "memory"
 _EMPTY: Mapping[str, Any] = {}
@@ -191,3 +207,94 @@ def _numa_nodes(annotations: Mapping[str, str]) -> tuple[int, ...]:
     except FormatError:
         return ()
     return tuple(sorted({r.node for r in status.numa_node_resources}))
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodInfo:
+    """The pod as the formulas count it (see the module docstring); never raises."""
+    try:
+        return pod_info(pod)
+    except FormatError as exc:
+        return _estimate(pod, describe(exc))
+
+
+def _get(doc: object, key: str) -> object:
+    """``doc[key]`` when ``doc`` is an object, else None."""
+    return doc.get(key) if isinstance(doc, Mapping) else None
+
+
+def _short(value: object, max_chars: int) -> str:
+    """``value`` when it is a string of at most ``max_chars``, else ""."""
+    return value if isinstance(value, str) and len(value) <= max_chars else ""
+
+
+def _quantity(value: object, scale: int) -> int | None:
+    """A quantity in milli-units (``scale`` 1000) or units (1), rounded up; None: unreadable."""
+    try:
+        return math.ceil(parse_quantity(value) * scale)
+    except FormatError:
+        return None
+
+
+def _estimate_container(container: object) -> Amount:
+    """cpu and memory of one container (a missing request defaults to its limit), read alone;
+    the estimator's default for a container whose cpu or memory cannot be read."""
+    resources = _get(container, "resources")
+    if not isinstance(container, Mapping) or not isinstance(resources or {}, Mapping):
+        return _DEFAULT_CONTAINER
+    requests, limits = _get(resources, "requests"), _get(resources, "limits")
+    out = []
+    for name, scale in ((_CPU, 1000), (_MEMORY, 1)):
+        value = _get(requests, name)
+        value = _get(limits, name) if value is None else value
+        amount = 0 if value is None else _quantity(value, scale)
+        if amount is None:
+            return _DEFAULT_CONTAINER
+        out.append(amount)
+    return Amount(out[0], out[1])
+
+
+def _estimate_all(containers: object) -> list[Amount]:
+    """The estimate of each of at most ``MAX_CONTAINERS`` containers; the rest (and a list that
+    is no list) at the default each, counted without reading them."""
+    if containers is None:
+        return []
+    if not isinstance(containers, list):
+        return [_DEFAULT_CONTAINER]
+    out = [_estimate_container(c) for c in containers[:MAX_CONTAINERS]]
+    beyond = len(containers) - MAX_CONTAINERS
+    if beyond > 0:
+        out.append(Amount(_DEFAULT_CONTAINER.cpu * beyond, _DEFAULT_CONTAINER.memory * beyond))
+    return out
+
+
+def _estimate(pod: Mapping[str, Any], problem: str) -> PodInfo:
+    """A pod ``pod_info`` refused, estimated from what can be read (the module docstring)."""
+    meta, spec, status = _get(pod, "metadata"), _get(pod, "spec"), _get(pod, "status")
+    phase = _short(_get(status, "phase"), 64)
+    if phase not in _TERMINAL:
+        phase = phase if phase == "Pending" else "Running"  # unreadable: it may run
+    labels = _get(meta, "labels")
+    readable = {k: v for k in (keys.LABEL_QOS_CLASS, keys.LABEL_PRIORITY_CLASS)
+                if (v := _short(_get(labels, k), MAX_NAME_CHARS))}  # fmt: skip
+    total = Amount()
+    for amount in _estimate_all(_get(spec, "containers")):
+        total = total + amount
+    for amount in _estimate_all(_get(spec, "initContainers")):
+        total = total.max(amount)
+    overhead = _estimate_container({"resources": {"requests": _get(spec, "overhead")}})
+    total = total + overhead
+    kube_qos = _short(_get(status, "qosClass"), 32)
+    pod_qos = qos.qos_class(readable, kube_qos)
+    priority = _get(spec, "priority")
+    annotations = _get(meta, "annotations")
+    status_text = _short(_get(annotations, keys.ANNOTATION_RESOURCE_STATUS), 16 * 1024)
+    return PodInfo(
+        namespace=_short(_get(meta, "namespace"), MAX_NAME_CHARS),
+        name=_short(_get(meta, "name"), MAX_NAME_CHARS),
+        phase=phase,
+        priority_class=qos.priority_class(readable, priority, pod_qos),
+        qos=pod_qos,
+        request=total,
+        numa_nodes=_numa_nodes({keys.ANNOTATION_RESOURCE_STATUS: status_text} if status_text else {}),
+        estimated=problem,
+    )

@@ -32,8 +32,11 @@ NUMA zones (``zone_batch_resources``): the same per zone of the node's NodeResou
 its docstring); a reset sets them to 0 there.
 
 Reset (the resources are removed from the node, not set to 0): co-location disabled for the
-node, no NodeMetric, no ``updateTime``, a metric older than ``degradeTimeMinutes``, or a node
-or pod of the node that could not be decoded (``Metrics.problem`` / ``NodeInfo.problem``).
+node, no NodeMetric, no ``updateTime``, a metric older than ``degradeTimeMinutes``, a node that
+could not be decoded (``Metrics.problem`` / ``NodeInfo.problem``), or ``pod_problem`` (the
+controller passes one only for a pod it could not even estimate: ``objects.pod_view`` estimates
+every pod it cannot decode in full, ``PodInfo.estimated``). Succeeded and Failed pods hold
+nothing.
 
 Mid (``mid_resources``), same reset rules:
 
@@ -134,6 +137,8 @@ class PodInfo:
     qos: str  # Koordinator QoS class of the pod (label, else from the Kubernetes QoS class)
     request: Amount  # Kubernetes' effective pod request (containers, init containers, overhead)
     numa_nodes: tuple[int, ...] = ()  # NUMA nodes of its resource-status; () when it names none
+    # why the pod was estimated (``objects.pod_view``) instead of decoded; "" when it was decoded
+    estimated: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,3 +138,65 @@ def test_hostile_webhook_objects_are_left_out(kind: str) -> None:
             continue
         state.apply(kind, "ADDED", obj)
         state.snapshot()
+
+
+def _pod_on_bad(phase: str = "Running", containers: Any = None, **extra: Any) -> dict[str, Any]:
+    """A pod on node "bad" the API server accepts but ``pod_info`` cannot decode in full."""
+    pod: dict[str, Any] = {
+        "metadata": {"namespace": "ns", "name": "big", "resourceVersion": "1",
+                     "labels": {f"l{i}": "v" for i in range(4097)}},
+        "spec": {"nodeName": "bad", "containers": containers if containers is not None else
+                 [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]},
+        "status": {"phase": phase},
+    }  # fmt: skip
+    for path, value in extra.items():
+        *parents, leaf = path.split("__")
+        doc = pod
+        for p in parents:
+            doc = doc[p]
+        doc[leaf] = value
+    return pod
+
+
+def _extended(n: int) -> dict[str, str]:
+    return {"cpu": "1", **{f"example.com/r{i}": "1" for i in range(n)}}
+
+
+_C = {"name": "c", "resources": {"requests": {"cpu": "1m"}}}
+# (pod on node "bad" beside its 1-CPU pod, the milli-CPU it is counted by)
+UNDECODABLE = [
+    pytest.param(_pod_on_bad(), 1000, id="4,097 labels, Running: counted by its readable 1-CPU request"),
+    pytest.param(_pod_on_bad("Pending"), 1000, id="4,097 labels, Pending: counted"),
+    pytest.param(_pod_on_bad("Failed"), 0, id="4,097 labels, Failed: holds nothing"),
+    pytest.param(_pod_on_bad("Succeeded"), 0, id="4,097 labels, Succeeded: holds nothing"),
+    pytest.param(_pod_on_bad(metadata__labels={}, containers=[{"name": "c", "resources": {"requests": _extended(65)}}]),
+                 1000, id="65 extended resources: its cpu still counts"),
+    pytest.param(_pod_on_bad(metadata__labels={}, containers=[_C] * 1025), 1024 + 250,
+                 id="1,025 containers: 1,024 read, the one beyond the bound at the default 250m"),
+    pytest.param(_pod_on_bad("Failed", metadata__labels={}, containers=[_C] * 1025), 0,
+                 id="1,025 containers, Failed: holds nothing"),
+    pytest.param(_pod_on_bad(containers=[_C, "not a container"]), 1 + 250,
+                 id="a container that is no object: the default"),
+    pytest.param(_pod_on_bad(containers=[{"name": "c", "resources": {"requests": {"cpu": "lots"}}}]), 250,
+                 id="a cpu that is no quantity: the default"),
+    pytest.param(_pod_on_bad(containers="many"), 250, id="containers that are no list: the default"),
+    pytest.param(_pod_on_bad(status__phase=7), 1000, id="a phase that is no string: counted as running"),
+    pytest.param(_pod_on_bad(spec__initContainers=[{"resources": {"requests": {"cpu": "3"}}}]), 3000,
+                 id="a larger init container: counted as Kubernetes counts it"),
+    pytest.param(_pod_on_bad(spec__overhead={"cpu": "100m"}), 1100, id="its overhead: added"),
+    pytest.param(_pod_on_bad(metadata__labels={**{f"l{i}": "v" for i in range(4097)},
+                                               keys.LABEL_PRIORITY_CLASS: keys.PRIORITY_BATCH}), 0,
+                 id="a readable koord-batch priority label: not a high-priority pod"),
+]
+
+
+@pytest.mark.parametrize(("pod", "counted"), UNDECODABLE)
+def test_a_pod_the_manager_cannot_decode_is_estimated_and_never_resets_its_node(pod: dict[str, Any],
+                                                                                counted: int) -> None:
+    cache, api = cluster("pods", POD)
+    cache.apply("pods", "ADDED", pod)
+    reconciler = Reconciler(cache, api, lambda: True, clock=lambda: NOW)  # type: ignore[arg-type]
+    asyncio.run(reconciler.reconcile_node("bad"))
+    batch = api.status["bad"]
+    assert batch[keys.RESOURCE_BATCH_CPU] == str(8000 * 60 // 100 - 500 - 1000 - counted)
+    assert batch[keys.RESOURCE_BATCH_MEMORY] is not None

@@ -135,9 +135,12 @@ def test_a_hostile_pod_costs_only_its_own_node() -> None:
     cache.replace("nodes", [node("n1"), node("n2")])
     cache.replace("pods", [pod("good", "n1"), pod("bad", "n2", cpu={"nested": 1}), {"metadata": 5}])
     assert isinstance(cache.pods["n1"][("ns", "good")], PodInfo)
-    assert isinstance(cache.pods["n2"][("ns", "bad")], str), "recorded as a problem of its node"
+    bad = cache.pods["n2"][("ns", "bad")]
+    assert isinstance(bad, PodInfo) and bad.estimated, "estimated (objects.pod_view), not a problem of its node"
+    assert bad.request.cpu == 250, "its unreadable container at the estimator's default"
     cache.apply("pods", "MODIFIED", pod("bad", "n2"))
-    assert isinstance(cache.pods["n2"][("ns", "bad")], PodInfo), "fixed by its next event"
+    fixed = cache.pods["n2"][("ns", "bad")]
+    assert isinstance(fixed, PodInfo) and not fixed.estimated, "decoded in full by its next event"
 
 
 def test_a_hostile_node_and_node_metric_cost_only_themselves() -> None:
