@@ -40,6 +40,7 @@ __all__ = [
     "AGGREGATIONS",
     "API_GROUP",
     "API_VERSION",
+    "CLOCK_SKEW_SECONDS",
     "DEFAULT_COLLECT_POLICY",
     "KIND",
     "MAX_DURATIONS",
@@ -55,6 +56,7 @@ __all__ = [
     "Usage",
     "format_go_duration",
     "format_node_metric_status",
+    "is_from_the_future",
     "parse_collect_policy",
     "parse_go_duration",
     "parse_node_metric_status",
@@ -85,6 +87,9 @@ MAX_DURATIONS = 16
 MAX_METRIC_ENTRIES = 4096
 MAX_SECONDS = 86400
 _MAX_DURATION_CHARS = 32
+# How far ahead of the reader's clock an ``updateTime`` may be (clocks of the writing node and
+# the reader differ a little); a report further ahead is not believed (``is_from_the_future``).
+CLOCK_SKEW_SECONDS = 60.0
 _MAX_TIME_CHARS = 64
 _DURATION_PART = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,9})?)(ns|us|µs|ms|s|m|h)", re.ASCII)
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -380,6 +385,13 @@ def parse_prod_reclaimable(status: object) -> Usage | None:
         return None
     resource = read_object(raw, "prodReclaimableMetric").get("resource")
     return None if resource is None else _usage(resource, "prodReclaimableMetric resource")
+
+
+def is_from_the_future(update_time: float, now: float) -> bool:
+    """True when ``update_time`` (seconds since the epoch) is more than ``CLOCK_SKEW_SECONDS``
+    after ``now``: no writer reports usage it has not measured yet, and a report stamped in 2099
+    would otherwise never expire."""
+    return update_time - now > CLOCK_SKEW_SECONDS
 
 
 def parse_update_time(text: object) -> float:

@@ -18,7 +18,8 @@ Pure functions (no clock, no cache: the caller passes ``now`` and the node's fac
   system usage with ``prodUsageIncludeSys``) and the prod pods' deltas.
 - ``filter_reason``: "" when the node passes, else Koordinator's reason text: ``node(s)
   nodeMetric expired``, ``node(s) cpu usage exceed threshold``, ``node(s) memory aggregated
-  usage exceed threshold``. round(used / allocatable x 100) above a non-zero threshold
+  usage exceed threshold``. A NodeMetric stamped more than a minute in the future counts as
+  expired (``expired``). round(used / allocatable x 100) above a non-zero threshold
   refuses. DaemonSet pods and nodes without a NodeMetric pass.
 - ``score``: 0..100, the weighted mean over ``resourceWeights`` of (allocatable - used) x
   100 / allocatable (0 when used is above allocatable), the lowest of them weighted once more
@@ -57,6 +58,7 @@ from koord_formats.loadaware import (
 from koord_formats.nodemetric import (
     NodeMetricStatus,
     Usage,
+    is_from_the_future,
     parse_collect_policy,
     parse_node_metric_status,
     parse_update_time,
@@ -298,8 +300,10 @@ def existing_used(
 
 
 def expired(metric: NodeMetricView, args: LoadAwareArgs, now: float) -> bool:
-    """No ``updateTime``, or one at least ``nodeMetricExpirationSeconds`` old."""
-    return metric.update_time is None or now - metric.update_time >= args.expiration_seconds
+    """No ``updateTime``, one at least ``nodeMetricExpirationSeconds`` old, or one in the future
+    beyond ``koord_formats.nodemetric.CLOCK_SKEW_SECONDS`` (a forged report is not believed)."""
+    return (metric.update_time is None or now - metric.update_time >= args.expiration_seconds
+            or is_from_the_future(metric.update_time, now))
 
 
 def _allocatable(node: NodeLoad, resource: str) -> int:

@@ -32,7 +32,8 @@ NUMA zones (``zone_batch_resources``): the same per zone of the node's NodeResou
 its docstring); a reset sets them to 0 there.
 
 Reset (the resources are removed from the node, not set to 0): co-location disabled for the
-node, no NodeMetric, no ``updateTime``, a metric older than ``degradeTimeMinutes``, a node that
+node, no NodeMetric, no ``updateTime``, a metric older than ``degradeTimeMinutes`` or stamped more
+than ``koord_formats.nodemetric.CLOCK_SKEW_SECONDS`` in the future, a node that
 could not be decoded (``Metrics.problem`` / ``NodeInfo.problem``), or ``pod_problem`` (the
 controller passes one only for a pod it could not even estimate: ``objects.pod_view`` estimates
 every pod it cannot decode in full, ``PodInfo.estimated``). Succeeded and Failed pods hold
@@ -66,6 +67,7 @@ from koord_formats.colocation import (
     MID_RECLAIM_STATIC,
     ColocationStrategy,
 )
+from koord_formats.nodemetric import is_from_the_future
 
 __all__ = [
     "BATCH_RESOURCES",
@@ -180,6 +182,8 @@ def is_degraded(strategy: ColocationStrategy, metrics: Metrics | None, now: floa
         return f"its NodeMetric is unreadable: {metrics.problem}"
     if metrics.update_time is None:
         return "its NodeMetric has no updateTime"
+    if is_from_the_future(metrics.update_time, now):
+        return "its NodeMetric's updateTime is in the future"
     if now > metrics.update_time + strategy.degrade_time_minutes * 60:
         return f"its NodeMetric is older than degradeTimeMinutes={strategy.degrade_time_minutes}"
     return ""

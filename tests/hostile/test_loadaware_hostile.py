@@ -206,3 +206,27 @@ def test_a_hostile_scaling_factors_annotation_leaves_the_args_factors(text: str)
     got = read_pod_load({"metadata": {"annotations": ann},
                          "spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}})
     assert got.factors is None and got.cpu_request == 1000
+
+
+FUTURE_STAMPS = {
+    "2099, idle": "2099-01-01T00:00:00Z",
+    "the last second of year 9999": "9999-12-31T23:59:59Z",
+    "an hour ahead, by a far time zone": time.strftime("%Y-%m-%dT%H:%M:%S+14:00", time.gmtime(NOW + 3600 + 14 * 3600)),
+    "two minutes ahead": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW + 120)),
+}
+
+
+@pytest.mark.parametrize("stamp", FUTURE_STAMPS.values(), ids=FUTURE_STAMPS.keys())
+def test_an_idle_report_from_the_future_never_lets_a_busy_node_pass(stamp: str) -> None:
+    """The probe of issue 37: a node agent replaced a 90%-busy node's NodeMetric with zero usage
+    stamped in 2099, and the node passed load-aware filtering forever. Now it counts as expired."""
+    state = ClusterState(load_args=LoadAwareArgs())
+    state.wall = lambda: NOW
+    state.replace("nodes", [node("victim", cpu="10")])
+    state.replace("pods", [])
+    forged = good("victim", cpu="0")
+    forged["status"]["updateTime"] = stamp
+    state.replace("nodemetrics", [forged])
+    plain = parse_pod(pod("p", cpu="1", memory="1Gi", qos=None, priority=None))
+    assert filter_nodes(state, plain, ["victim"], DEFAULT_CONFIG).failed == {"victim": "node(s) nodeMetric expired"}
+    assert dict(prioritize_nodes(state, plain, ["victim"], DEFAULT_CONFIG))["victim"] == 0
