@@ -14,6 +14,7 @@ never across an await.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from scheduler_ext.pods import PodRequest
 from scheduler_ext.state import ClusterState
 from scheduler_ext.trust import OWNED, SEAL_ANNOTATION
 
-__all__ = ["BIND_CONFLICTS", "BIND_ROLLBACKS", "BindAPI", "Binder", "Ledger"]
+__all__ = ["BIND_CONFLICTS", "BIND_ROLLBACKS", "LEDGER_EXPIRED", "BindAPI", "Binder", "Ledger"]
 
 log = structlog.get_logger("scheduler_ext.binder")
 
@@ -41,6 +42,11 @@ BIND_CONFLICTS = Counter(
     ["step"],
 )
 BIND_ROLLBACKS = Counter("scheduler_ext_bind_rollbacks_total", "Binds rolled back after a failure.")
+LEDGER_EXPIRED = Counter(
+    "scheduler_ext_ledger_expired_total",
+    "Holds learned from another replica's HA-ledger entries, released by the sweep once the "
+    "entries expired (their pod never showed up bound in this replica's cache)",
+)
 
 
 class BindAPI(Protocol):
@@ -68,6 +74,8 @@ class Ledger(Protocol):
 
     async def remove(self, node: str, uid: str) -> None: ...
 
+    def expired(self) -> list[tuple[str, str]]: ...
+
 
 # every annotation a bind writes or removes: the scheduler-owned ones and the seal
 _CLEARED: Mapping[str, None] = dict.fromkeys((*OWNED, SEAL_ANNOTATION))
@@ -83,9 +91,45 @@ class Binder:
     cfg: ExtenderConfig = DEFAULT_CONFIG
     ledger: Ledger | None = None
     attempts: int = 8
+    sweep_interval: float = 5.0  # seconds between two ``expire_foreign`` runs of the sweep
 
     def __post_init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
+        self._sweep: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the ledger sweep on the running loop (nothing to sweep without a ledger)."""
+        if self.ledger is not None and self._sweep is None:
+            self._sweep = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            try:
+                self.expire_foreign()
+            except Exception as exc:  # the sweep outlives any one bad round
+                log.warning("ledger sweep failed", error=repr(exc)[:300])
+
+    def expire_foreign(self) -> int:
+        """Release the holds learned from another replica's ledger entries (``_absorb``) whose
+        entries expired and are settled (``LeaseLedger.expired``), on every node, whether or
+        not a bind comes there; returns how many. A replica killed mid-bind leaves entries that
+        no bind of its own will ever confirm or remove: without this, the CPUs they name stayed
+        held in this replica's cache until the next bind on their node re-read the Lease."""
+        if self.ledger is None:
+            return 0
+        released = 0
+        for node, uid in self.ledger.expired():
+            with self.state.lock:
+                ns = self.state.node(node)
+                if ns is None or uid not in ns.foreign:
+                    continue  # confirmed by the watch, released already, or our own hold
+                self.state.release(uid, node)
+                released += 1
+        if released:
+            LEDGER_EXPIRED.inc(released)
+            log.info("released expired ledger entries of other replicas", holds=released)
+        return released
 
     def _node_lock(self, node: str) -> asyncio.Lock:
         """Serialises this replica's ledger commits per node (other replicas meet the CAS)."""
@@ -95,6 +139,11 @@ class Binder:
         return lock
 
     async def aclose(self) -> None:
+        sweep, self._sweep = self._sweep, None
+        if sweep is not None:
+            sweep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweep
         await self.api.aclose()
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:

@@ -27,6 +27,12 @@ Design:
   watch heard from the API server after the entry's time plus ``ttl``. A replica whose watch
   stalls therefore keeps every entry it has not seen confirmed, however old. Entries whose pod
   this replica saw deleted are dropped at the next write.
+- Expiry does not wait for a bind: every entry read is indexed by the time it expires
+  (``expired``, a heap, so a call costs only what is due). The binder's sweep
+  (``Binder.expire_foreign``, every few seconds) releases the holds it learned from another
+  replica's entries once they expired and are settled, so a replica killed mid-bind holds no CPU
+  past the TTL on a node that never sees another bind. An entry due but not yet settled is
+  looked at again ``recheck`` seconds later.
 - Single-replica fast path: the last written version is cached, so an uncontended commit is
   one PUT; only a 409 costs a GET. A node whose Lease this process has never seen is assumed
   to have none: the commit creates it (one POST), and 409 AlreadyExists is handled like any
@@ -36,6 +42,7 @@ Design:
 from __future__ import annotations
 
 import hashlib
+import heapq
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -123,6 +130,7 @@ class LeaseLedger:
         is_deleted: Callable[[str], bool] = lambda uid: False,
         settled: Callable[[str, str, float], bool] = lambda uid, node, since: True,
         clock: Callable[[], float] = time.time,
+        recheck: float = 5.0,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -133,6 +141,11 @@ class LeaseLedger:
         self.settled = settled  # (uid, node, entry time + ttl) -> may the expired entry go
         self.clock = clock
         self._cache: dict[str, dict[str, Any] | None] = {}  # node -> last Lease read or written (None: none)
+        self.recheck = recheck  # seconds until a due but unsettled entry is looked at again
+        # the expiry index: (node, uid) -> (when its entry expires, when to look at it next);
+        # ``_due`` is a heap of (when to look, node, uid), an item stale unless it matches the index
+        self._expiry: dict[tuple[str, str], tuple[float, float]] = {}
+        self._due: list[tuple[float, str, str]] = []
 
     async def _read(self, node: str) -> dict[str, Any] | None:
         """GET the node's Lease (``None`` when there is none yet) and remember it."""
@@ -164,11 +177,45 @@ class LeaseLedger:
             return {}
         now = self.clock()
         text = ((lease.get("metadata") or {}).get("annotations") or {}).get(LEDGER_ANNOTATION)
-        return {
-            uid: alloc
-            for uid, (alloc, ts) in decode_entries(text).items()
-            if now - ts <= self.ttl or not self.settled(uid, node, ts + self.ttl)
-        }
+        live: dict[str, Allocation] = {}
+        for uid, (alloc, ts) in decode_entries(text).items():
+            if now - ts <= self.ttl or not self.settled(uid, node, ts + self.ttl):
+                live[uid] = alloc
+                self._index(node, uid, ts + self.ttl)
+        return live
+
+    def _index(self, node: str, uid: str, expires: float) -> None:
+        key = (node, uid)
+        known = self._expiry.get(key)
+        if known is not None and known[0] == expires:
+            return
+        self._expiry[key] = (expires, expires)
+        heapq.heappush(self._due, (expires, node, uid))
+
+    def expired(self) -> list[tuple[str, str]]:
+        """The (node, uid) of the entries read so far that expired since the last call and may
+        go (settled, or their pod deleted), each once; costs what is due, not what is indexed.
+        An entry due but unsettled is looked at again ``recheck`` seconds later."""
+        now = self.clock()
+        out: list[tuple[str, str]] = []
+        while self._due and self._due[0][0] <= now:
+            look, node, uid = heapq.heappop(self._due)
+            key = (node, uid)
+            known = self._expiry.get(key)
+            if known is None or known[1] != look:
+                continue  # forgotten, or indexed again since this item was pushed
+            expires = known[0]
+            if self.is_deleted(uid) or self.settled(uid, node, expires):
+                del self._expiry[key]
+                out.append(key)
+            else:
+                self._expiry[key] = (expires, now + self.recheck)
+                heapq.heappush(self._due, (now + self.recheck, node, uid))
+        return out
+
+    def indexed(self) -> int:
+        """How many entries wait in the expiry index."""
+        return len(self._expiry)
 
     async def _write(self, node: str, lease: dict[str, Any] | None, entries: dict[str, Any]) -> None:
         """PUT with the version read (compare-and-swap), or POST when there was no Lease."""
@@ -232,6 +279,7 @@ class LeaseLedger:
         except NotFoundError:  # the Lease was deleted since we read it: start over like a 409
             self._cache.pop(node, None)
             raise ConflictError(409, f"ledger Lease of node {node} disappeared") from None
+        self._expiry.pop((node, uid), None)  # our own entry: the watch or a rollback ends its hold
 
     async def remove(self, node: str, uid: str) -> None:
         """Drop ``uid`` (rollback); retries on conflict, gives up quietly (the entry expires)."""

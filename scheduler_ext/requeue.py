@@ -14,6 +14,11 @@ waiting for it gets one merge patch of :data:`REQUEUE_ANNOTATION` (guarded by th
 resourceVersion it just read; only a pod that is still unbound and still the same pod), at most
 ``rate`` patches a second. The annotation is the extender's (any replica); it carries the node
 and the time and means nothing else.
+
+Fair per namespace: one tenant's many pending pods must not delay everyone's. The waiting list
+bounds each namespace (``per_namespace`` pairs) and, when it is full, makes room for a namespace
+holding fewer pairs than the largest by forgetting the largest one's oldest refusal (max-min
+fair); the patch queue (:class:`FairQueue`) serves the namespaces round-robin, each bounded.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from prometheus_client import Counter, Gauge
 
 from scheduler_ext.errors import APIError, ConflictError, NotFoundError
 
-__all__ = ["REQUEUE_ANNOTATION", "Requeuer", "TopologyWaiters", "Waiter"]
+__all__ = ["REQUEUE_ANNOTATION", "FairQueue", "Requeuer", "TopologyWaiters", "Waiter"]
 
 log = structlog.get_logger("scheduler_ext.requeue")
 
@@ -52,7 +57,10 @@ WAITING = Gauge(
 )
 
 MAX_WAITERS = 10_000
-"""(pod, node) pairs remembered at most; past it new refusals are not remembered."""
+"""(pod, node) pairs remembered at most; past it new refusals are not remembered (unless their
+namespace holds fewer pairs than the largest one: see :class:`TopologyWaiters`)."""
+MAX_WAITERS_PER_NAMESPACE = 1_000
+"""(pod, node) pairs remembered at most per namespace, and queued patches at most per namespace."""
 MAX_NODES_PER_POD = 64
 """Nodes remembered per pod: the first topology that appears requeues the pod anyway."""
 MAX_NAME = 253
@@ -71,13 +79,26 @@ class Waiter:
 
 
 class TopologyWaiters:
-    """Pods refused for a node's missing topology, by node: bounded in pairs, nodes per pod and
-    age. Pure bookkeeping; the clock is passed in."""
+    """Pods refused for a node's missing topology, by node: bounded in pairs (in all and per
+    namespace), nodes per pod and age. Pure bookkeeping; the clock is passed in.
 
-    def __init__(self, limit: int = MAX_WAITERS, per_pod: int = MAX_NODES_PER_POD, ttl: float = WAIT_TTL) -> None:
-        self.limit, self.per_pod, self.ttl = limit, per_pod, ttl
+    When the list is full, a refusal from a namespace holding at least two pairs fewer than the
+    largest namespace takes the place of that namespace's oldest pair, so a tenant with many
+    pending pods cannot keep the others' out.
+    """
+
+    def __init__(
+        self,
+        limit: int = MAX_WAITERS,
+        per_pod: int = MAX_NODES_PER_POD,
+        ttl: float = WAIT_TTL,
+        per_namespace: int = MAX_WAITERS_PER_NAMESPACE,
+    ) -> None:
+        self.limit, self.per_pod, self.ttl, self.per_namespace = limit, per_pod, ttl, per_namespace
         self._by_node: dict[str, dict[str, tuple[Waiter, float]]] = {}
         self._nodes_of: dict[str, set[str]] = {}
+        # namespace -> its (uid, node) pairs, oldest first (dicts keep insertion order)
+        self._of_namespace: dict[str, dict[tuple[str, str], None]] = {}
         self._size = 0
 
     def __len__(self) -> int:
@@ -87,32 +108,77 @@ class TopologyWaiters:
         """Nodes some pod waits for."""
         return list(self._by_node)
 
+    def held_by(self, namespace: str) -> int:
+        """Pairs ``namespace`` holds."""
+        return len(self._of_namespace.get(namespace, ()))
+
+    def _room_for(self, namespace: str) -> bool:
+        """Whether a new pair of ``namespace`` fits, making room at the largest namespace's
+        expense when the list is full and that is fairer."""
+        mine = self.held_by(namespace)
+        if mine >= self.per_namespace:
+            return False
+        if self._size < self.limit:
+            return True
+        largest = max(self._of_namespace, key=lambda ns: len(self._of_namespace[ns]), default=None)
+        if largest is None or largest == namespace or len(self._of_namespace[largest]) <= mine + 1:
+            return False
+        uid, node = next(iter(self._of_namespace[largest]))
+        self._drop_pair(largest, uid, node)
+        return True
+
+    def _drop_pair(self, namespace: str, uid: str, node: str) -> None:
+        pods = self._by_node.get(node)
+        if pods is None or pods.pop(uid, None) is None:
+            return
+        self._size -= 1
+        if not pods:
+            del self._by_node[node]
+        nodes = self._nodes_of.get(uid)
+        if nodes is not None:
+            nodes.discard(node)
+            if not nodes:
+                del self._nodes_of[uid]
+        pairs = self._of_namespace.get(namespace)
+        if pairs is not None:
+            pairs.pop((uid, node), None)
+            if not pairs:
+                del self._of_namespace[namespace]
+
     def add(self, waiter: Waiter, nodes: Iterable[str], now: float) -> int:
-        """Remember that ``waiter`` was refused on ``nodes``; returns how many pairs did not fit."""
+        """Remember that ``waiter`` was refused on ``nodes``; returns how many pairs did not fit
+        (or were forgotten to make room, as those are dropped refusals too)."""
         mine = self._nodes_of.setdefault(waiter.uid, set())
         dropped = 0
         for node in nodes:
             pods = self._by_node.get(node)
             if pods is not None and waiter.uid in pods:
-                pods[waiter.uid] = (waiter, now)  # refreshed
+                known = pods[waiter.uid][0]  # refreshed (its namespace is kept: the pair is counted there)
+                pods[waiter.uid] = (waiter if waiter.namespace == known.namespace else known, now)
                 continue
-            if self._size >= self.limit or len(mine) >= self.per_pod:
+            if len(mine) >= self.per_pod:
                 dropped += 1
                 continue
+            full = self._size >= self.limit
+            if not self._room_for(waiter.namespace):
+                dropped += 1
+                continue
+            dropped += full  # another namespace's oldest refusal was forgotten for this one
+            mine = self._nodes_of.setdefault(waiter.uid, mine)  # (making room may have dropped it)
             self._by_node.setdefault(node, {})[waiter.uid] = (waiter, now)
             mine.add(node)
+            self._of_namespace.setdefault(waiter.namespace, {})[(waiter.uid, node)] = None
             self._size += 1
         if not mine:
-            del self._nodes_of[waiter.uid]
+            self._nodes_of.pop(waiter.uid, None)
         return dropped
 
     def _forget(self, uid: str) -> None:
-        for node in self._nodes_of.pop(uid, ()):
-            pods = self._by_node.get(node)
-            if pods is not None and pods.pop(uid, None) is not None:
-                self._size -= 1
-                if not pods:
-                    del self._by_node[node]
+        for node in list(self._nodes_of.get(uid, ())):
+            entry = self._by_node.get(node, {}).get(uid)
+            if entry is not None:
+                self._drop_pair(entry[0].namespace, uid, node)
+        self._nodes_of.pop(uid, None)
 
     def take(self, ready: Iterable[str], now: float) -> list[tuple[str, Waiter]]:
         """Remove and return the pods waiting for a node of ``ready`` (each pod once, with the
@@ -126,6 +192,48 @@ class TopologyWaiters:
         for uid in expired:
             self._forget(uid)
         return out
+
+
+class FairQueue:
+    """The patch queue: one FIFO per namespace, served round-robin, bounded in all (``limit``)
+    and per namespace (``per_namespace``)."""
+
+    def __init__(self, limit: int = MAX_WAITERS, per_namespace: int = MAX_WAITERS_PER_NAMESPACE) -> None:
+        self.limit, self.per_namespace = limit, per_namespace
+        self._queues: dict[str, deque[tuple[str, Waiter]]] = {}
+        self._turns: deque[str] = deque()  # namespaces with something queued, next to serve first
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bool__(self) -> bool:
+        return self._size > 0
+
+    def push(self, item: tuple[str, Waiter]) -> bool:
+        """Queue ``(node, waiter)`` behind its namespace's others; ``False`` when it does not fit."""
+        namespace = item[1].namespace
+        queue = self._queues.get(namespace)
+        if self._size >= self.limit or (queue is not None and len(queue) >= self.per_namespace):
+            return False
+        if queue is None:
+            queue = self._queues[namespace] = deque()
+            self._turns.append(namespace)
+        queue.append(item)
+        self._size += 1
+        return True
+
+    def pop(self) -> tuple[str, Waiter]:
+        """The oldest item of the namespace whose turn it is (``IndexError`` when empty)."""
+        namespace = self._turns.popleft()
+        queue = self._queues[namespace]
+        item = queue.popleft()
+        self._size -= 1
+        if queue:
+            self._turns.append(namespace)
+        else:
+            del self._queues[namespace]
+        return item
 
 
 def topology_refusals(unresolvable: Mapping[str, str], reason: str) -> list[str]:
@@ -165,8 +273,7 @@ class Requeuer:
         self.has_topology = has_topology
         self.rate, self.interval = rate, interval
         self.waiters = TopologyWaiters()
-        self.queue: deque[tuple[str, Waiter]] = deque()
-        self.queue_limit = queue_limit
+        self.queue = FairQueue(queue_limit)
         self.clock, self.wall = clock, wall
         self._task: asyncio.Task[None] | None = None
 
@@ -203,10 +310,8 @@ class Requeuer:
         nodes = self.waiters.nodes()
         ready = self.has_topology(nodes) if nodes else []
         for item in self.waiters.take(ready, self.clock()):
-            if len(self.queue) >= self.queue_limit:
+            if not self.queue.push(item):
                 REQUEUES.labels("dropped").inc()
-                continue
-            self.queue.append(item)
         WAITING.set(len(self.waiters))
 
     async def run(self) -> None:
@@ -222,7 +327,7 @@ class Requeuer:
         self.due()
         budget = min(max(self.rate, 1.0), budget + self.rate * self.interval)
         while self.queue and budget >= 1:
-            node, waiter = self.queue.popleft()
+            node, waiter = self.queue.pop()
             budget -= 1
             REQUEUES.labels(await self.nudge(node, waiter)).inc()
         return budget

@@ -556,6 +556,8 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if requeuer is not None:
             requeuer.start()
+        if binder is not None:
+            binder.start()  # the ledger sweep
         try:
             yield
         finally:

@@ -789,6 +789,8 @@ class ClusterState:
             ns.held[uid] = time.monotonic()
             if foreign:
                 ns.foreign.add(uid)
+            else:
+                ns.foreign.discard(uid)  # this replica's own bind of the pod now
             ns.put(uid, alloc)
             if entry is not None and entry.load is not None:
                 ns.set_bound(uid, entry.load)  # assigned now: estimated in full until a report shows it

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from koord_formats.topology import format_cpu_topology
 from scheduler_ext.admission import ERR_INVALID_CPU_TOPOLOGY
@@ -18,6 +20,7 @@ from scheduler_ext.errors import ConflictError, NotFoundError
 from scheduler_ext.requeue import (
     REQUEUE_ANNOTATION,
     REQUEUES,
+    FairQueue,
     Requeuer,
     TopologyWaiters,
     Waiter,
@@ -207,3 +210,102 @@ def test_a_pod_refused_for_missing_topology_is_annotated_once_the_nrt_appears(
     for name in ("plain", "bound"):
         assert REQUEUE_ANNOTATION not in api.get("pods", name, "default")["metadata"]["annotations"]  # type: ignore[index]
     assert _filter(requeuing, lsr)["NodeNames"] == ["n1"]
+
+
+# -- fair per namespace (issue 32, item 5) ----------------------------------------------------------
+
+
+def wn(namespace: str, name: str) -> Waiter:
+    return Waiter(namespace, name, f"uid-{namespace}-{name}")
+
+
+@pytest.mark.parametrize(
+    ("queued", "first_patches"),
+    [
+        pytest.param({"big": 100, "small": 1}, ["big", "small", "big", "big"],
+                     id="one pod of a small tenant waits one turn behind a tenant with a hundred"),
+        pytest.param({"a": 3, "b": 3, "c": 1}, ["a", "b", "c", "a", "b", "a", "b"],
+                     id="namespaces take turns in the order they first queued"),
+        pytest.param({"only": 4}, ["only"] * 4, id="a single namespace is served in order"),
+    ],
+)
+def test_the_patch_queue_serves_namespaces_round_robin(queued: dict[str, int], first_patches: list[str]) -> None:
+    """On the old main the queue was one FIFO: the small tenant's pod came after all hundred."""
+    pods = {f"{ns}-{i}": {**pending(f"{ns}-{i}"), "metadata": {**pending(f"{ns}-{i}")["metadata"], "namespace": ns}}
+            for ns, n in queued.items() for i in range(n)}
+    api = StubAPI(pods)
+    req = Requeuer(api, lambda nodes: list(nodes), rate=1000.0, interval=1.0)
+    for obj in pods.values():
+        req.refused(obj, ["n1"])
+
+    async def tick() -> None:
+        await req.tick(0.0)
+
+    asyncio.run(tick())
+    assert [name.rsplit("-", 1)[0] for name, _, _ in api.patches][: len(first_patches)] == first_patches
+
+
+def test_a_tenant_filling_the_waiting_list_leaves_room_for_the_others() -> None:
+    """On the old main ``big`` took every slot and the other namespaces' refusals were dropped."""
+    waiters = TopologyWaiters(limit=10, per_namespace=8)
+    dropped = sum(waiters.add(wn("big", f"p{i}"), ["n1"], now=float(i)) for i in range(20))
+    assert dropped == 12 and waiters.held_by("big") == 8  # its own bound
+    assert waiters.add(wn("small", "p"), ["n1"], now=30.0) == 0
+    assert waiters.add(wn("other", "p"), ["n1"], now=30.0) == 0
+    assert len(waiters) == 10
+    assert waiters.add(wn("small", "q"), ["n2"], now=31.0) == 1  # full: big's oldest refusal gave way
+    assert (waiters.held_by("big"), waiters.held_by("small"), waiters.held_by("other")) == (7, 2, 1)
+    taken = {w.name for _, w in waiters.take(["n1", "n2"], now=32.0) if w.namespace == "big"}
+    assert "p0" not in taken and "p1" in taken  # the oldest went first
+    assert len(waiters) == 0 and waiters.held_by("big") == 0
+
+
+def test_the_patch_queue_is_bounded_per_namespace() -> None:
+    queue = FairQueue(limit=5, per_namespace=3)
+    assert [queue.push(("n1", wn("big", f"p{i}"))) for i in range(4)] == [True, True, True, False]
+    assert queue.push(("n1", wn("small", "p"))) and queue.push(("n1", wn("small", "q")))
+    assert not queue.push(("n1", wn("third", "p")))  # the whole queue holds 5
+    assert [queue.pop()[1].namespace for _ in range(5)] == ["big", "small", "big", "small", "big"]
+    assert not queue and len(queue) == 0
+
+
+_NAMESPACES = st.sampled_from(["a", "b", "c", "d"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_NAMESPACES, st.integers(0, 5)), max_size=80))
+def test_property_the_waiting_list_is_max_min_fair(refusals: list[tuple[str, int]]) -> None:
+    """Whatever the refusals: the bounds hold, and a refusal dropped for want of room is only
+    dropped while no namespace holds two pairs more than its own."""
+    waiters = TopologyWaiters(limit=12, per_pod=3, per_namespace=7)
+    for i, (ns, at) in enumerate(refusals):
+        before = {n: waiters.held_by(n) for n in "abcd"}
+        kept_before = waiters.held_by(ns)
+        waiters.add(wn(ns, f"p{i}"), [f"n{at}"], now=float(i))
+        assert len(waiters) <= 12
+        assert all(waiters.held_by(n) <= 7 for n in "abcd")
+        assert len(waiters) == sum(waiters.held_by(n) for n in "abcd")
+        if waiters.held_by(ns) == kept_before and kept_before < 7:  # refused although under its bound
+            assert max(before.values()) <= kept_before + 1
+    taken = waiters.take([f"n{i}" for i in range(6)], now=float(len(refusals)))
+    assert len(taken) == len({w.uid for _, w in taken})
+    assert len(waiters) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_NAMESPACES, max_size=60))
+def test_property_the_patch_queue_serves_round_robin(pushes: list[str]) -> None:
+    """Popping everything queued: at every point, a namespace that still has items queued has
+    been served at most once less than any other, and each namespace's items come in order."""
+    queue = FairQueue(limit=1000, per_namespace=1000)
+    for i, ns in enumerate(pushes):
+        assert queue.push((f"n{i}", wn(ns, f"{i:03d}")))
+    total = {ns: pushes.count(ns) for ns in set(pushes)}
+    served: dict[str, list[str]] = {ns: [] for ns in total}
+    while queue:
+        _, waiter = queue.pop()
+        served[waiter.namespace].append(waiter.name)
+        for ns, items in served.items():
+            if len(items) < total[ns]:  # still waiting: nobody got two turns more
+                assert all(len(other) <= len(items) + 1 for other in served.values())
+    assert all(items == sorted(items) and len(items) == total[ns] for ns, items in served.items())
