@@ -31,7 +31,7 @@ from koord_formats.cpulist import format_cpu_list, parse_cpu_list
 from koord_formats.errors import FormatError
 from koord_formats.node import CPUSharePool
 from koord_formats.nodeslo import CPUBurstConfig
-from koord_formats.pod import ResourceStatus
+from koord_formats.pod import ContainerResourceSpec, ResourceStatus
 from koord_formats.topology import CPUInfo, CPUTopology
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "CPUTopology",
     "CgroupInfo",
     "ContainerFacts",
+    "ContainerResourceSpec",
     "KubeletPodParent",
     "KubeletRootChoice",
     "NodeFacts",
@@ -269,6 +270,12 @@ class PodFacts:
     # it. Decisions that order pods by priority (the eviction plugins) read None as 0, the
     # priority the API server gives a pod without a priority class.
     priority: int | None = None
+    # The batch resources (``kubernetes.io/batch-cpu``, ``batch-memory``) its containers ask for
+    # in the pod spec, by container name (``koord_formats.pod.parse_pod_batch_resources``). CRI
+    # does not carry extended resources: the node agent fills this from the cluster's pod
+    # (``runtime_proxy.state.podspecs``); None when it does not know the pod (no cluster access,
+    # or not seen yet). The ``extended-resource-spec`` annotation, when present, wins.
+    batch_resources: Mapping[str, ContainerResourceSpec] | None = None
 
     @property
     def qos_label(self) -> str:
@@ -376,6 +383,7 @@ class PodChanges(TypedDict, total=False):
     kube_qos: str
     containers: tuple[ContainerFacts, ...]
     priority: int | None
+    batch_resources: Mapping[str, ContainerResourceSpec] | None
 
 
 class ContainerChanges(TypedDict, total=False):

@@ -21,6 +21,11 @@ Formats (koordinator-sh/koordinator ``apis/extension/numa_aware.go``, ``device_s
 - ``koordinator.sh/eviction-policy``: ``["BEMemoryEvict","BECPUEvict"]``
 - ``node.koordinator.sh/resctrl``: ``{"llc":{"schemata":{"range":[20,80]},
   "schemataPerCache":[{"cacheID":0,"range":[20,50]}]},"mb":{"schemata":{"percent":20}}}``
+
+And one part of a Pod object itself (``parse_pod_batch_resources``): the batch resources its
+containers ask for in ``spec.containers[].resources``, which the node agent reads from the
+cluster when no ``extended-resource-spec`` annotation carries them (CRI does not carry extended
+resources).
 """
 
 from __future__ import annotations
@@ -48,18 +53,23 @@ from koord_formats.errors import FormatError
 from koord_formats.quantity import format_quantity, parse_quantity
 
 __all__ = [
+    "MAX_BATCH_MEMORY_BYTES",
+    "MAX_BATCH_MILLI_CPU",
     "MAX_EVICTION_POLICY_CHARS",
     "MAX_NUMA_NODE_ID",
+    "MAX_POD_CONTAINERS",
     "MAX_RESOURCES",
     "ContainerResourceSpec",
     "DeviceAllocation",
     "NUMANodeResource",
     "NUMATopologySpec",
+    "PodBatchResources",
     "PodCPUQOS",
     "PodResctrl",
     "ResctrlSchemata",
     "ResourceSpec",
     "ResourceStatus",
+    "batch_amounts",
     "eviction_allowed",
     "format_device_allocated",
     "format_extended_resource_spec",
@@ -68,6 +78,7 @@ __all__ = [
     "parse_eviction_policy",
     "parse_extended_resource_spec",
     "parse_numa_topology_spec",
+    "parse_pod_batch_resources",
     "parse_pod_cpu_qos",
     "parse_pod_resctrl",
     "parse_resource_spec",
@@ -325,6 +336,87 @@ def format_extended_resource_spec(containers: Mapping[str, Mapping[str, Mapping[
     doc = {"containers": {name: {part: dict(spec.get(part, {})) for part in ("requests", "limits")}
                           for name, spec in containers.items()}}
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+# ---- a Pod object's batch resources -----------------------------------------------------------
+
+# A pod of more containers than this is refused (kubelet runs nowhere near as many; the
+# manager's pod decoder has the same bound, scheduler_ext.manager.objects.MAX_CONTAINERS).
+MAX_POD_CONTAINERS = 1024
+# The largest batch amounts taken, from either source (annotation or pod spec): 100,000 cores
+# (a quota of 10^10 us, below the kernel's largest CFS quota) and 4 EiB. Above: a malformed pod.
+MAX_BATCH_MILLI_CPU = 10**8
+MAX_BATCH_MEMORY_BYTES = 2**62
+_BATCH_RESOURCES = (keys.RESOURCE_BATCH_CPU, keys.RESOURCE_BATCH_MEMORY)
+_BATCH_BOUNDS = {keys.RESOURCE_BATCH_CPU: MAX_BATCH_MILLI_CPU, keys.RESOURCE_BATCH_MEMORY: MAX_BATCH_MEMORY_BYTES}
+
+
+def batch_amounts(section: Mapping[str, Fraction], what: str) -> Mapping[str, int]:
+    """The batch resources of one requests or limits list as whole numbers (batch-cpu in
+    milli-cores, batch-memory in bytes, rounded up); ``FormatError`` above ``MAX_BATCH_MILLI_CPU``
+    or ``MAX_BATCH_MEMORY_BYTES``. Other resources are left out."""
+    out: dict[str, int] = {}
+    for name in _BATCH_RESOURCES:
+        if name in section:
+            amount = -(-section[name].numerator // section[name].denominator)
+            if amount > _BATCH_BOUNDS[name]:
+                raise FormatError(f"{what} {name}: {amount} is above {_BATCH_BOUNDS[name]}")
+            out[name] = amount
+    return MappingProxyType(out)
+
+
+@dataclass(frozen=True, slots=True)
+class PodBatchResources:
+    """What a Pod object says of its batch resources: its identity and, for each container of
+    ``spec.containers`` that asks for any, its batch requests and limits. A limit without a
+    request gives the request (the API server's defaulting for extended resources)."""
+
+    uid: str
+    namespace: str
+    name: str
+    containers: Mapping[str, ContainerResourceSpec]
+
+
+def _present(value: object, default: object) -> object:
+    """``value``, or ``default`` for an absent (null) one; a present value of the wrong type stays
+    so its reader refuses it."""
+    return default if value is None else value
+
+
+def parse_pod_batch_resources(obj: object) -> PodBatchResources:
+    """The batch resources of a Pod object as decoded JSON (a watch event's ``object``).
+    Total: ``FormatError`` for a pod without a uid, with more than ``MAX_POD_CONTAINERS``
+    containers, a repeated container name, a resource list that is not one, or a batch amount
+    above its bound. Only metadata and ``spec.containers`` are read."""
+    pod = read_object(obj, "pod")
+    meta = read_object(_present(pod.get("metadata"), {}), "pod metadata")
+    uid = read_str(meta.get("uid"), "pod metadata.uid", 128)
+    if not uid:
+        raise FormatError("pod metadata.uid: empty")
+    namespace = read_str(meta.get("namespace", ""), "pod metadata.namespace")
+    name = read_str(meta.get("name", ""), "pod metadata.name")
+    what = f"pod {namespace[:64]}/{name[:64]}"
+    spec = read_object(_present(pod.get("spec"), {}), f"{what} spec")
+    containers = read_list(_present(spec.get("containers"), []), f"{what} containers", MAX_POD_CONTAINERS)
+    seen: set[str] = set()
+    out: dict[str, ContainerResourceSpec] = {}
+    for item in containers:
+        container = read_object(item, f"{what} container")
+        cname = read_str(container.get("name"), f"{what} container name")
+        if cname in seen:
+            raise FormatError(f"{what}: container {cname[:64]!r} twice")
+        seen.add(cname)
+        resources = read_object(_present(container.get("resources"), {}), f"{what} {cname[:64]} resources")
+        where = f"{what} {cname[:64]}"
+        limits = batch_amounts(read_resource_list(resources.get("limits"), f"{where} limits"), f"{where} limits")
+        requests = {**limits, **batch_amounts(read_resource_list(resources.get("requests"), f"{where} requests"),
+                                              f"{where} requests")}
+        if requests or limits:
+            out[cname] = ContainerResourceSpec(
+                requests=MappingProxyType({k: Fraction(v) for k, v in requests.items()}),
+                limits=MappingProxyType({k: Fraction(v) for k, v in limits.items()}),
+            )
+    return PodBatchResources(uid, namespace, name, MappingProxyType(out))
 
 
 # ---- pod-level QoS overrides: cpuQOS and resctrl ------------------------------------------------------

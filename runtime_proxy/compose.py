@@ -10,8 +10,9 @@ config into running parts here, and only here.
   cannot be imported, registered or configured is a ``PluginLoadError`` naming it.
 - ``pipeline``: the one hook runner over that manager, with the config's order, policies and
   timeouts, less the plugins whose hardware this node lacks (``wiring.plugin_settings``).
-- ``build``: both, and the node config source, kubelet's cgroup root, the applier and the
-  recorder of Events on pods (``wiring.events``), as one ``Parts``. The dry-run choice is made
+- ``build``: both, and the node config source, kubelet's cgroup root, the applier, the
+  recorder of Events on pods (``wiring.events``) and the cluster's view of the node's pods
+  (``wiring.pod_specs``), as one ``Parts``. The dry-run choice is made
   here, once (``--dry-run`` or the config's ``dryRun``): the applier the doors and the loops
   hand plans to is then ``RecordingApplier``, which records and logs them and changes nothing,
   instead of ``FileApplier``.
@@ -43,6 +44,7 @@ from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.loops.reconciler import ReconcileBackend
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.nodeconfig import NodeConfig
+from runtime_proxy.state.podspecs import ClusterPods, NoPodSpecs
 
 if TYPE_CHECKING:
     from runtime_proxy.state.store import RuntimeClient
@@ -155,6 +157,9 @@ class Parts:
     kubelet_root: KubeletRoot
     dry_run: bool  # log plans, change and apply nothing
     events: EventRecorder  # Events on pods for hook failures and refusals (the doors' Lifecycle)
+    # The cluster's view of this node's pods (their batch resources), for the doors and the
+    # reconciler; started and stopped by the command beside node_source.
+    pod_specs: ClusterPods | NoPodSpecs
 
 
 def build(
@@ -183,6 +188,7 @@ def build(
         kubelet_root=wiring.kubelet_root(config),
         dry_run=dry_run,
         events=wiring.events(config),
+        pod_specs=wiring.pod_specs(config),
     )
 
 
@@ -191,4 +197,5 @@ def loops(parts: Parts, backend: ReconcileBackend, *, ready: asyncio.Event,
     """The periodic loops of a command (``wiring.loops``) over ``backend``, started once ``ready``
     is set; ``runtime`` is the CRI client the usage loop's ``evictBy: runtime`` stops pods with."""
     return wiring.loops(parts.config, backend, pm=parts.pm, pipeline=parts.pipeline, applier=parts.applier,
-                        node_source=parts.node_source, ready=ready, runtime=runtime, events=parts.events)
+                        node_source=parts.node_source, ready=ready, runtime=runtime, events=parts.events,
+                        pod_specs=parts.pod_specs)

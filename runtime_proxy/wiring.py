@@ -37,6 +37,7 @@ from runtime_proxy.loops.reconciler import ReconcileBackend, Reconciler
 from runtime_proxy.report.loop import Reporter, reporter
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.nodeconfig import ClusterWatch, NodeConfig
+from runtime_proxy.state.podspecs import ClusterPods, NoPodSpecs, PodSpecSource
 from runtime_proxy.state.sysfs import read_cpu_topology
 
 if TYPE_CHECKING:
@@ -160,6 +161,13 @@ def node_source(config: ProxyConfig) -> tuple[NodeConfig, NodeConfig]:
     return source, source
 
 
+def pod_specs(config: ProxyConfig) -> ClusterPods | NoPodSpecs:
+    """The batch resources of this node's pods from the cluster (``runtime_proxy.state.podspecs``:
+    a pod watch by ``spec.nodeName``) when ``fromCluster`` is set; else none (then only the
+    ``extended-resource-spec`` annotation gives BE pods their limits)."""
+    return ClusterPods(node_name(config)) if config.fromCluster else NoPodSpecs()
+
+
 def node_name(config: ProxyConfig) -> str:
     """This node's name: ``nodeName``, else ``NODE_NAME``, else the host name."""
     return config.nodeName or os.environ.get("NODE_NAME", "") or socket.gethostname()
@@ -244,6 +252,7 @@ def loops(
     ready: asyncio.Event,
     runtime: RuntimeClient | None = None,
     events: EventSink | None = None,
+    pod_specs: PodSpecSource | None = None,
 ) -> Loops:
     """The reconciler (at start, on node-config changes, on store changes, every
     ``reconcilePeriodSeconds``; through the entry point's own hook runner, so plugin policies and
@@ -256,7 +265,8 @@ def loops(
     ``runtime`` stops the pod's containers through ``runtime`` (the proxy's
     ``RuntimeClient``; without one, evictions are only logged). Which loops run, and why, is
     logged once. Hook failures of the reconciler's pod and container stages become Events on the
-    pod through ``events``. Call it on the running event loop."""
+    pod through ``events``. The reconciler puts ``pod_specs``' batch resources into its pods'
+    facts and runs a round when they change. Call it on the running event loop."""
     cgroups, resctrl = applier.cgroups, applier.resctrl
     if cgroups is None:
         raise ValueError("the periodic loops need an applier over a cgroup tree")
@@ -272,6 +282,7 @@ def loops(
         applier=applier,
         node_changes=node_source.changes(),
         events=events,
+        pod_specs=pod_specs,
     )
     burst = CPUBurstLoop(backend, pipeline=pipeline, applier=applier, cgroups=cgroups)
     usage: UsageLoop | None = None

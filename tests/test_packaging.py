@@ -107,8 +107,9 @@ def test_the_node_daemonset_grants_only_what_the_node_part_needs(overlay: str) -
     assert container.get("livenessProbe")
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert host_paths <= {"/sys/fs/cgroup", "/var/run/nri", "/etc/runtime/hookserver.d", "/var/run/runtime-hook-proxy"}
-    # fromCluster: the service account may read its Node, NodeSLO and NRT and write nothing but
-    # Events on pods whose hooks failed (create, and patch to count repeats).
+    # fromCluster: the service account may read its Node, NodeSLO and NRT and the pods (their
+    # batch resources) and write nothing but Events on pods whose hooks failed (create, and patch
+    # to count repeats).
     assert spec["serviceAccountName"] == "runtime-hook-proxy-node"
     roles = {role["metadata"]["name"]: role for role in kinds["ClusterRole"]}
     assert set(roles) == {"runtime-hook-proxy-node", "runtime-hook-proxy-node-evict"}
@@ -118,7 +119,7 @@ def test_the_node_daemonset_grants_only_what_the_node_part_needs(overlay: str) -
                 for res in rule["resources"] for verb in rule["verbs"]}
 
     assert granted("runtime-hook-proxy-node") == {
-        (group, res, verb) for group, res in (("", "nodes"), ("slo.koordinator.sh", "nodeslos"),
+        (group, res, verb) for group, res in (("", "nodes"), ("", "pods"), ("slo.koordinator.sh", "nodeslos"),
                                               ("topology.node.k8s.io", "noderesourcetopologies"))
         for verb in ("get", "list", "watch")
     } | {("", "events", "create"), ("", "events", "patch")}

@@ -4,10 +4,13 @@ Stages
     ``pre_run_pod_sandbox`` and ``reconcile_pod`` (pod cgroup files), ``pre_create_container``,
     ``pre_update_container_resources`` and ``reconcile_container`` (CRI resources).
 Inputs
-    pods labelled ``koordinator.sh/qosClass: BE`` only (the raw label, as Koordinator); pod
-    annotation ``node.koordinator.sh/extended-resource-spec``
+    pods labelled ``koordinator.sh/qosClass: BE`` only (the raw label, as Koordinator); their
+    batch resources from the pod annotation ``node.koordinator.sh/extended-resource-spec``
     (``{"containers":{"c1":{"requests":{"kubernetes.io/batch-cpu":"1000"},"limits":{...}}}}``,
-    batch-cpu in milli-cores, batch-memory in bytes or a quantity such as "4Gi"); NodeSLO
+    batch-cpu in milli-cores, batch-memory in bytes or a quantity such as "4Gi"; Koordinator's
+    webhook, or ours, writes it), else from the pod spec's container resources as the node agent
+    read them from the cluster (``PodFacts.batch_resources``; CRI does not carry them): the
+    annotation wins when present, even when it does not parse (a skip); NodeSLO
     ``resourceUsedThresholdWithBE.{enable,cpuSuppressPolicy}`` (``cfsQuota`` forces quotas to
     -1); node annotation ``node.koordinator.sh/cpu-normalization-ratio`` (> 1 divides quotas,
     rounding up).
@@ -21,13 +24,13 @@ Outputs
     ``cpu.shares`` is left out, because the kernel refuses shares on an idle cgroup; the
     omission is recorded as a skip.
 Leaves alone
-    pods that are not labelled BE, pods without the annotation, containers it does not list,
-    ``mid-cpu``/``mid-memory``. Malformed annotations are recorded as skips.
+    pods that are not labelled BE, pods with neither the annotation nor known batch resources,
+    containers neither lists, ``mid-cpu``/``mid-memory``. Malformed annotations and amounts above
+    ``koord_formats.pod.MAX_BATCH_MILLI_CPU`` / ``MAX_BATCH_MEMORY_BYTES`` are recorded as skips.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -46,6 +49,7 @@ from hooks.plan import Plan
 from hooks.spec import hookimpl
 from koord_formats import FormatError, keys, nodeslo
 from koord_formats.keys import SLO
+from koord_formats.pod import ContainerResourceSpec, batch_amounts
 from koord_formats.pod import parse_extended_resource_spec as parse_spec_annotation
 
 
@@ -58,32 +62,47 @@ class BatchSpec:
     memory_limit: int | None = None  # bytes
 
 
+def _batch_specs(specs: Mapping[str, ContainerResourceSpec], what: str) -> dict[str, BatchSpec]:
+    """Container name -> batch spec; ``FormatError`` for an amount above its bound."""
+    out: dict[str, BatchSpec] = {}
+    for name, spec in specs.items():
+        requests = batch_amounts(spec.requests, f"{what} {name[:64]} requests")
+        limits = batch_amounts(spec.limits, f"{what} {name[:64]} limits")
+        out[name] = BatchSpec(requests.get(keys.RESOURCE_BATCH_CPU), limits.get(keys.RESOURCE_BATCH_CPU),
+                              limits.get(keys.RESOURCE_BATCH_MEMORY))
+    return out
+
+
 def parse_extended_resource_spec(pod: PodFacts) -> dict[str, BatchSpec] | None:
-    """Container name -> batch spec; None when absent. ``FormatError`` when malformed."""
+    """Container name -> batch spec from the annotation; None when absent. ``FormatError`` when
+    malformed."""
     raw = pod.annotations.get(keys.ANNOTATION_EXTENDED_RESOURCE_SPEC)
     if not raw:
         return None
+    return _batch_specs(parse_spec_annotation(raw), keys.ANNOTATION_EXTENDED_RESOURCE_SPEC)
 
-    def value(section: Mapping[str, Fraction], key: str) -> int | None:
-        return math.ceil(section[key]) if key in section else None
 
-    return {
-        name: BatchSpec(
-            value(spec.requests, keys.RESOURCE_BATCH_CPU),
-            value(spec.limits, keys.RESOURCE_BATCH_CPU),
-            value(spec.limits, keys.RESOURCE_BATCH_MEMORY),
-        )
-        for name, spec in parse_spec_annotation(raw).items()
-    }
+def batch_specs(pod: PodFacts) -> dict[str, BatchSpec] | None:
+    """Container name -> batch spec: from the annotation when present, else from the pod spec's
+    batch resources when known (``PodFacts.batch_resources``); None when neither.
+    ``FormatError`` (naming its source) when the one used is malformed."""
+    annotation = parse_extended_resource_spec(pod)
+    if annotation is not None:
+        return annotation
+    if pod.batch_resources:
+        return _batch_specs(pod.batch_resources, "pod spec")
+    return None
 
 
 def _specs(pod: PodFacts, plan: Plan) -> dict[str, BatchSpec] | None:
     if pod.qos_label != keys.QOS_BE:
         return None
     try:
-        return parse_extended_resource_spec(pod)
+        return batch_specs(pod)
     except FormatError as exc:
-        plan.skip(f"pod {pod.namespace}/{pod.name}: bad {keys.ANNOTATION_EXTENDED_RESOURCE_SPEC}: {exc}")
+        source = (keys.ANNOTATION_EXTENDED_RESOURCE_SPEC if pod.annotations.get(keys.ANNOTATION_EXTENDED_RESOURCE_SPEC)
+                  else "batch resources in the pod spec")
+        plan.skip(f"pod {pod.namespace}/{pod.name}: bad {source}: {exc}")
         return None
 
 

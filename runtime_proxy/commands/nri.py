@@ -125,7 +125,7 @@ def build(opts: NriOptions) -> NriParts:
     parts = compose.build(opts.config, dry_run=opts.dry_run, builtins=opts.builtins,
                           entry_points=opts.entry_points, extra=opts.extra_plugins)
     engine = NriEngine(parts.pipeline, node_source=parts.node_source, applier=parts.applier, background=True,
-                       kubelet_root=parts.kubelet_root, events=parts.events)
+                       kubelet_root=parts.kubelet_root, events=parts.events, pod_specs=parts.pod_specs)
     plugin = NriPlugin(opts.identity, engine, socket_path=opts.socket)
     return NriParts(plugin=plugin, engine=engine, parts=parts)
 
@@ -161,6 +161,7 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
                                       default_timeout=opts.config.hookServerTimeout)
         await registry.start()
     await node_watch.start()
+    await parts.pod_specs.start()
     loops = None
     runtime = None
     if opts.reconcile:
@@ -187,7 +188,7 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         await plugin.run(stop)
     finally:
         await engine.close()
-        for part in (loops, registry, node_watch):
+        for part in (loops, registry, node_watch, parts.pod_specs):
             if part is not None:
                 await part.stop()
         if runtime is not None:

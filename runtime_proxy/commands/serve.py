@@ -32,6 +32,7 @@ from runtime_proxy.engine.remote import HookServerRegistry
 from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, fail, run_main
 from runtime_proxy.state.nodeconfig import NodeConfig
+from runtime_proxy.state.podspecs import ClusterPods, NoPodSpecs
 from runtime_proxy.state.store import RuntimeClient, Store
 
 log = structlog.get_logger(__name__)
@@ -137,6 +138,7 @@ class Proxy:
             on_store_change=self._store_changed,
             kubelet_root=parts.kubelet_root,
             events=parts.events,
+            pod_specs=parts.pod_specs,
         )
         self.transport = make_transport(opts.transport, opts.listen, opts.backend, self.interceptor)
         self._tasks: list[asyncio.Task[None]] = []
@@ -195,6 +197,7 @@ class Proxy:
         if self.opts.hook_servers:
             self.hook_servers = await self._start_hook_servers()
         await self.node_watch.start()
+        await self.parts.pod_specs.start()
         if self.opts.reconcile:
             self.reconciler = self._loops()
         log.info("proxy serving", listen=self.opts.listen, backend=self.opts.backend, transport=self.opts.transport)
@@ -202,8 +205,8 @@ class Proxy:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        parts: list[wiring.Loops | HookServerRegistry | NodeConfig | None] = [
-            self.reconciler, self.hook_servers, self.node_watch
+        parts: list[wiring.Loops | HookServerRegistry | NodeConfig | ClusterPods | NoPodSpecs | None] = [
+            self.reconciler, self.hook_servers, self.node_watch, self.parts.pod_specs
         ]
         for part in parts:
             if part is None:

@@ -45,6 +45,7 @@ from runtime_proxy.engine.lifecycle import Lifecycle, LifecycleDoor, NodeSource,
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot
+from runtime_proxy.state.podspecs import PodSpecSource
 from runtime_proxy.state.store import (
     RuntimeClient,
     Store,
@@ -115,9 +116,10 @@ class CriInterceptor(LifecycleDoor):
         on_store_change: Callable[[bool], None] | None = None,
         kubelet_root: KubeletRoot | None = None,
         events: EventSink | None = None,
+        pod_specs: PodSpecSource | None = None,
     ) -> None:
         self.core = Lifecycle(pipeline, store=store, node_source=node_source, applier=applier,
-                              kubelet_root=kubelet_root, where="interceptor", events=events)
+                              kubelet_root=kubelet_root, where="interceptor", events=events, pod_specs=pod_specs)
         self.client = client
         # Called after every intercepted call with "did the bound cpusets (the share pools'
         # input) change?", so the reconciler can push new pools to running containers at once.

@@ -10,7 +10,10 @@ facts and stage results into wire replies; everything else happens here, once:
   them (``runtime_proxy.engine.bound``, parsed off the event loop by ``refresh``), cached per
   store version;
 - running a stage (``run``): pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true``
-  and stages no plugin implements are skipped; a ``Fail``-policy failure raises
+  and stages no plugin implements are skipped; the pod's facts get what only the cluster knows
+  of it (its batch resources: ``runtime_proxy.state.podspecs``, the ``PodSpecSource`` the
+  composition root gave; a ``Pre*`` stage of a BE pod the pod watch has not seen yet waits a
+  little for it); a ``Fail``-policy failure raises
   ``StageRejected`` (gRPC and ttrpc code 9, FAILED_PRECONDITION), which each door turns into its
   own error reply;
 - whether a stage's effects go ahead (``carries``) and applying its file part (``apply``), both
@@ -41,6 +44,7 @@ from runtime_proxy.engine.events import REASON_FAILED, REASON_REFUSED, EventSink
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot
+from runtime_proxy.state.podspecs import NoPodSpecs, PodSpecSource
 from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
@@ -166,8 +170,11 @@ class Lifecycle:
         where: str = "interceptor",
         stateless: bool = False,
         events: EventSink | None = None,
+        pod_specs: PodSpecSource | None = None,
     ) -> None:
         self.pipeline = pipeline
+        # What the cluster knows of a pod that the runtime does not carry (its batch resources).
+        self.pod_specs: PodSpecSource = pod_specs or NoPodSpecs()
         self.store = store if store is not None else Store()
         self.node_source = node_source or StaticNode()
         # kubelet's cgroup root in the node facts: configured, or learned from the stored pods.
@@ -252,6 +259,7 @@ class Lifecycle:
             return None
         if not self.pipeline.has_work(stage):
             return None
+        pod = await self.pod_specs.wait(pod) if stage.startswith("Pre") else self.pod_specs.facts(pod)
         await self.refresh()
         result = await self.pipeline.run(stage, pod, container, self.node())
         self.record_failures(result, pod, container)

@@ -61,6 +61,7 @@ from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.host.resctrl import Resctrl
+from runtime_proxy.state.podspecs import NoPodSpecs, PodSpecSource
 
 __all__ = ["RESOURCE_FILES", "ReconcileBackend", "ReconcileReport", "Reconciler"]
 
@@ -150,6 +151,8 @@ class Reconciler:
     :param debounce: delay after a trigger before the round (coalesces bursts).
     :param store_delay: delay before the round for store changes that leave the bound cpusets
         alone (``store_changed(pools_changed=False)``).
+    :param pod_specs: what the cluster knows of each pod (``runtime_proxy.state.podspecs``: its
+        batch resources), put into the pods' facts; a change it announces runs a round.
     """
 
     def __init__(
@@ -168,8 +171,12 @@ class Reconciler:
         pipeline: Pipeline | None = None,
         plugin_timeout: float = 2.0,
         events: EventSink | None = None,
+        pod_specs: PodSpecSource | None = None,
     ) -> None:
         self.backend = backend
+        # What the cluster knows of each pod (its batch resources); a change runs a round.
+        self.pod_specs: PodSpecSource = pod_specs or NoPodSpecs()
+        self.pod_specs.subscribe(lambda: self.trigger("pod-spec"))
         # Hook failures of a pod's or container's stage become Events on the pod (None: nowhere).
         self.events = events
         self.pm = pm
@@ -311,8 +318,9 @@ class Reconciler:
             started = time.monotonic()
             report = ReconcileReport(reason)
             RECONCILE_RUNS.labels(reason).inc()
-            pods = [p for p in self.backend.pods() if not p.skips_hooks]
-            containers = [(p, c) for p, c in self.backend.containers() if not p.skips_hooks]
+            facts = self.pod_specs.facts
+            pods = [facts(p) for p in self.backend.pods() if not p.skips_hooks]
+            containers = [(facts(p), c) for p, c in self.backend.containers() if not p.skips_hooks]
             by_pod: dict[str, list[ContainerFacts]] = {}
             for p, c in containers:
                 by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)

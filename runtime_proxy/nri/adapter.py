@@ -79,6 +79,7 @@ from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
 from runtime_proxy.state.kubelet_root import KubeletRoot
+from runtime_proxy.state.podspecs import PodSpecSource
 from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
@@ -290,9 +291,10 @@ class NriEngine(LifecycleDoor):
         background: bool = False,
         kubelet_root: KubeletRoot | None = None,
         events: EventSink | None = None,
+        pod_specs: PodSpecSource | None = None,
     ) -> None:
         self.core = Lifecycle(pipeline, node_source=node_source, applier=applier, kubelet_root=kubelet_root,
-                              where="nri", events=events)
+                              where="nri", events=events, pod_specs=pod_specs)
         # No pools before the first event: only a pod that holds CPUs makes them change.
         self.core.pools = NO_POOLS
         self.background = background

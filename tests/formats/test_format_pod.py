@@ -352,3 +352,75 @@ def test_pod_annotation_parsers_are_total_and_bounded(
 ) -> None:
     template = data.draw(st.sampled_from(templates))
     call_total(parse, fill(template, ",".join([fragment] * repeat)))
+
+
+# ---- a Pod object's batch resources -------------------------------------------------------------
+
+BCPU, BMEM = keys.RESOURCE_BATCH_CPU, keys.RESOURCE_BATCH_MEMORY
+
+
+def _pod_object(*containers: Any, uid: Any = "u1") -> dict[str, Any]:
+    return {"metadata": {"uid": uid, "namespace": "ns", "name": "p"},
+            "spec": {"containers": list(containers)}}
+
+
+def _c(name: str, requests: Any = None, limits: Any = None) -> dict[str, Any]:
+    resources = {k: v for k, v in (("requests", requests), ("limits", limits)) if v is not None}
+    return {"name": name, "image": "busybox", "resources": resources}
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        pytest.param(_pod_object(_c("c1", {BCPU: "500", BMEM: "64Mi"}, {BCPU: "500", BMEM: "64Mi"})),
+                     {"c1": ({BCPU: 500, BMEM: 64 << 20}, {BCPU: 500, BMEM: 64 << 20})}, id="issue 36's pod"),
+        pytest.param(_pod_object(_c("c1", None, {BCPU: "1", BMEM: "1Gi"})),
+                     {"c1": ({BCPU: 1, BMEM: 1 << 30}, {BCPU: 1, BMEM: 1 << 30})},
+                     id="limits alone give the requests"),
+        pytest.param(_pod_object(_c("c1", {BCPU: "250", "cpu": "1"}, {BCPU: "500", "memory": "1Gi"})),
+                     {"c1": ({BCPU: 250}, {BCPU: 500})}, id="other resources are left out"),
+        pytest.param(_pod_object(_c("c1", {BCPU: "0.5"}, {BCPU: "0.5"})), {"c1": ({BCPU: 1}, {BCPU: 1})},
+                     id="fractions round up"),
+        pytest.param(_pod_object(_c("a"), _c("b", {"cpu": "1"}, {"cpu": "1"}), _c("c", {BCPU: 100}, {BCPU: 100})),
+                     {"c": ({BCPU: 100}, {BCPU: 100})}, id="only the containers asking for batch resources"),
+        pytest.param({"metadata": {"uid": "u1"}}, {}, id="no spec: none"),
+        pytest.param(_pod_object(*[_c(f"c{i}") for i in range(1024)]), {}, id="1024 containers"),
+    ],
+)
+def test_pod_batch_resources(obj: dict[str, Any], expected: dict[str, Any]) -> None:
+    parsed = pod.parse_pod_batch_resources(obj)
+    assert parsed.uid == "u1"
+    got = {name: ({k: int(v) for k, v in spec.requests.items()}, {k: int(v) for k, v in spec.limits.items()})
+           for name, spec in parsed.containers.items()}
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pytest.param(_pod_object(*[_c(f"c{i}") for i in range(1025)]), id="1025 containers"),
+        pytest.param(_pod_object(_c("c1", None, {BCPU: "100000001"})), id="batch-cpu above 10^8 milli"),
+        pytest.param(_pod_object(_c("c1", None, {BMEM: "5Ei"})), id="batch-memory above 4 EiB"),
+        pytest.param(_pod_object(_c("c1", None, {BMEM: "1e30"})), id="quantity above int64"),
+        pytest.param(_pod_object(_c("c1", None, {BCPU: "-1"})), id="negative quantity"),
+        pytest.param(_pod_object(_c("c1", None, {BCPU: "lots"})), id="not a quantity"),
+        pytest.param(_pod_object(_c("c1", None, {BCPU: True})), id="boolean quantity"),
+        pytest.param(_pod_object(_c("c1", None, {f"r{i}": "1" for i in range(65)})), id="65 resources"),
+        pytest.param(_pod_object(_c("c1"), _c("c1")), id="a container name twice"),
+        pytest.param(_pod_object({"resources": {}}), id="a container without a name"),
+        pytest.param(_pod_object({"name": "x" * 254}), id="a container name too long"),
+        pytest.param(_pod_object({"name": "c1", "resources": []}), id="resources not an object"),
+        pytest.param(_pod_object({"name": "c1", "resources": {"limits": [1]}}), id="limits not an object"),
+        pytest.param(_pod_object("c1"), id="a container not an object"),
+        pytest.param({"metadata": {"uid": "u1"}, "spec": {"containers": {}}}, id="containers not a list"),
+        pytest.param({"metadata": {"uid": "u1"}, "spec": []}, id="spec not an object"),
+        pytest.param(_pod_object(uid=None), id="no uid"),
+        pytest.param(_pod_object(uid=""), id="empty uid"),
+        pytest.param(_pod_object(uid=7), id="uid not a string"),
+        pytest.param(_pod_object(uid="u" * 129), id="uid too long"),
+        pytest.param([], id="not an object"),
+        pytest.param(None, id="null"),
+    ],
+)
+def test_pod_batch_resources_refuses(obj: Any) -> None:
+    assert call_total(pod.parse_pod_batch_resources, obj) is None
