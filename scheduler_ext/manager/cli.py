@@ -122,10 +122,10 @@ def _host_port(text: str) -> tuple[str, int] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM or SIGINT."""
+    from rhp_kube.lease import Elector
     from scheduler_ext.kube import api_client_from_flags
     from scheduler_ext.manager.controller import Cache, Reconciler, Watches
-    from scheduler_ext.manager.kubeio import ManagerAPI, ManagerKube
-    from scheduler_ext.manager.lease import Elector
+    from scheduler_ext.manager.kubeio import LeaseCalls, ManagerAPI, ManagerKube
 
     log = structlog.get_logger("scheduler_ext.manager")
     metrics_listen = _host_port(args.metrics_listen) if args.metrics_listen else None
@@ -154,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
     kube = ManagerKube(api_client, args.config_namespace, args.slo_config_name, watch_timeout=args.watch_timeout)
     api = ManagerAPI(api_client, timeout=args.api_timeout)
     cache = Cache()
-    elector = Elector(api, args.lease_namespace, args.lease_name, args.identity)
-    reconciler = Reconciler(cache, api, elector.is_leader, mid_resources=args.mid_resources,
+    elector = Elector(LeaseCalls(api), args.lease_namespace, args.lease_name, args.identity)
+    reconciler = Reconciler(cache, api, elector, mid_resources=args.mid_resources,
                             resync_seconds=args.resync_seconds)
     watches = [Watches(cache, kube)]
     webhook = None
@@ -187,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
             w.start()
         log.info("manager started", identity=args.identity, lease=f"{args.lease_namespace}/{args.lease_name}",
                  config=f"{args.config_namespace}/{args.slo_config_name}")
-        tasks = [asyncio.create_task(elector.run(stop)), asyncio.create_task(reconciler.run(stop))]
+        electing = asyncio.create_task(elector.run(stop))
+        tasks = [asyncio.create_task(reconciler.run(stop))]
         if webhook is not None:
             tasks.append(asyncio.create_task(webhook.serve()))
         try:
@@ -200,6 +201,10 @@ def run(args: argparse.Namespace) -> int:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            stop.set()
+            # the elector hands the Lease back when it sees stop (writes ended above)
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(electing, 15.0)
             await api.aclose()
 
     try:

@@ -3,8 +3,11 @@ pure functions decide.
 
 Who calls this: ``scheduler_ext.manager.cli`` (``scheduler-ext manager``) builds a ``Cache``,
 starts a ``Watches`` thread per kind (``scheduler_ext.manager.kubeio.ManagerKube``), an
-``Elector`` (``lease.py``) and ``Reconciler.run`` on one event loop. Nothing is written before
-every kind has been listed once, or while this replica does not hold the Lease.
+``Elector`` (``rhp_kube.lease``) and ``Reconciler.run`` on one event loop. Nothing is written before
+every kind has been listed once. Every write goes through the elector's fence
+(``Elector.write``): it is started only inside this replica's term as the Lease's holder and
+cancelled when the term ends, so a deposed or partitioned leader writes nothing after its Lease
+lapses, even in the middle of a round.
 
 Per node (``Reconciler.reconcile_node``), each step costing only that node:
 
@@ -37,9 +40,9 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from prometheus_client import Counter, Gauge
@@ -52,6 +55,7 @@ from koord_formats.colocation import (
     parse_colocation_config,
 )
 from koord_formats.quantity import parse_bytes, parse_cpu_milli
+from rhp_kube.lease import NotLeader
 from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError
 from scheduler_ext.guard import describe
 from scheduler_ext.manager.kubeio import CONFIGMAPS, KINDS, NODEMETRICS, NODES, NODESLOS, NRTS, PODS, ManagerAPI
@@ -70,7 +74,7 @@ from scheduler_ext.manager.resources import (
     zone_batch_resources,
 )
 
-__all__ = ["BAD_OBJECTS", "WRITES", "Cache", "Reconciler", "Watches", "merge_patch", "metrics_of"]
+__all__ = ["BAD_OBJECTS", "WRITES", "Cache", "Fence", "Reconciler", "Watches", "merge_patch", "metrics_of"]
 
 log = structlog.get_logger("scheduler_ext.manager")
 
@@ -489,13 +493,26 @@ class Watches:
                 delay = min(delay * 2, 10.0)
 
 
-class Reconciler:
-    """Writes what the pure functions decide, node by node, while this replica leads."""
+_T = TypeVar("_T")
 
-    def __init__(self, cache: Cache, api: ManagerAPI, is_leader: Callable[[], bool], *,
+
+class Fence(Protocol):
+    """What the reconciler needs of the leader election (``rhp_kube.lease.Elector``)."""
+
+    def is_leader(self) -> bool: ...
+
+    async def write(self, call: Awaitable[_T]) -> _T:
+        """Await the write ``call`` only while leading; else ``rhp_kube.lease.NotLeader``."""
+        ...
+
+
+class Reconciler:
+    """Writes what the pure functions decide, node by node, each write through ``fence``."""
+
+    def __init__(self, cache: Cache, api: ManagerAPI, fence: Fence, *,
                  mid_resources: bool = False, resync_seconds: float = 30.0, concurrency: int = 8,
                  clock: Callable[[], float] = time.time) -> None:
-        self.cache, self.api, self.is_leader = cache, api, is_leader
+        self.cache, self.api, self.fence = cache, api, fence
         self.concurrency = max(concurrency, 1)  # nodes reconciled at once
         self.mid, self.resync_seconds, self.clock = mid_resources, resync_seconds, clock
         self.last_write: dict[str, float] = {}
@@ -512,7 +529,7 @@ class Reconciler:
         self.cache.wake = self._wake
         next_resync = 0.0
         while not stop.is_set():
-            LEADER.set(1 if self.is_leader() else 0)
+            LEADER.set(1 if self.fence.is_leader() else 0)
             if time.monotonic() >= next_resync:
                 with self.cache.lock:
                     self.cache.dirty.update(self.cache.nodes)
@@ -530,13 +547,13 @@ class Reconciler:
 
     async def round(self) -> None:
         """Reconcile every dirty node (while leading and after every kind was listed once)."""
-        if not self.ready() or not self.is_leader():
+        if not self.ready() or not self.fence.is_leader():
             return
         with self.cache.lock:
             names = sorted(self.cache.dirty)
             self.cache.dirty.clear()
         for start in range(0, len(names), self.concurrency):
-            if not self.is_leader():  # lost the Lease: stop writing at once, keep the rest for later
+            if not self.fence.is_leader():  # lost the Lease: keep the rest for later (each write checks too)
                 with self.cache.lock:
                     self.cache.dirty.update(names[start:])
                 return
@@ -546,14 +563,21 @@ class Reconciler:
     async def _reconcile_logged(self, name: str) -> None:
         try:
             await self.reconcile_node(name)
+        except NotLeader:  # the term ended: this node is for the next leader (or our next term)
+            with self.cache.lock:
+                self.cache.dirty.add(name)
         except APIError as exc:
             log.warning("reconcile failed; retried next round", node=name, error=describe(exc))
             with self.cache.lock:
                 self.cache.dirty.add(name)
 
-    async def _write(self, kind: str, call: Any, node: str) -> bool:
+    async def _write(self, kind: str, call: Awaitable[Any], node: str) -> bool:
+        """Make one write through the fence; ``NotLeader`` ends the node's reconcile."""
         try:
-            await call
+            await self.fence.write(call)
+        except NotLeader:
+            WRITES.labels(kind, "fenced").inc()
+            raise
         except ConflictError as exc:
             WRITES.labels(kind, "conflict").inc()
             log.info("write conflicted; retried with fresh data", kind=kind, node=node, error=describe(exc))

@@ -3,8 +3,9 @@
 Who calls this: ``scheduler_ext.manager.controller``. ``ManagerKube`` lists and watches the kinds
 the manager caches (Nodes, Pods, NodeMetrics, NodeSLOs and the one ConfigMap) with
 ``KubeClient``'s bounded, model-free list and watch; ``ManagerAPI`` adds the writes to
-``BindClient`` (aiohttp on the event loop, typed errors, the Lease calls the elector uses):
-NodeMetric and NodeSLO create, spec replace and delete, and the Node status merge patch.
+``BindClient`` (aiohttp on the event loop, typed errors): NodeMetric and NodeSLO create, spec
+replace and delete, and the Node status merge patch. ``LeaseCalls`` gives the election
+(``rhp_kube.lease.Elector``) the Lease calls of ``BindClient``, a conflict as ``None``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 import kubernetes
 
 from koord_formats import nodemetric, nrt, profile, sloconfig
+from scheduler_ext.errors import ConflictError, NotFoundError
 from scheduler_ext.kube import MERGE_PATCH, BindClient, KubeClient, _json, _seg
 
-__all__ = ["KINDS", "ManagerAPI", "ManagerKube"]
+__all__ = ["KINDS", "LeaseCalls", "ManagerAPI", "ManagerKube"]
 
 NODES, PODS, NODEMETRICS, NODESLOS, CONFIGMAPS = "nodes", "pods", "nodemetrics", "nodeslos", "configmaps"
 NRTS = nrt.PLURAL
@@ -83,3 +85,29 @@ class ManagerAPI(BindClient):
         """JSON merge patch of the Node's status subresource (``null`` removes a key; a
         ``metadata.resourceVersion`` makes it conditional)."""
         return _json(await self._request("PATCH", f"/api/v1/nodes/{_seg(name)}/status", patch, MERGE_PATCH))
+
+
+class LeaseCalls:
+    """``rhp_kube.lease.LeaseAPI`` over ``BindClient``'s Lease calls: 404 on a read and 409 (or
+    404) on a write are answers (``None``); every other failure raises."""
+
+    def __init__(self, client: BindClient) -> None:
+        self.client = client
+
+    async def get_lease(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return await self.client.get_lease(namespace, name)
+        except NotFoundError:
+            return None
+
+    async def create_lease(self, namespace: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        try:
+            return await self.client.create_lease(namespace, body)
+        except ConflictError:
+            return None
+
+    async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        try:
+            return await self.client.replace_lease(namespace, name, body)
+        except (ConflictError, NotFoundError):
+            return None

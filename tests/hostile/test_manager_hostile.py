@@ -20,6 +20,7 @@ from koord_formats.colocation import parse_colocation_config
 from scheduler_ext.manager.controller import Cache, Reconciler
 from scheduler_ext.manager.webhook import WebhookState
 from tests.formats.hostile import FRAGMENTS, fill
+from tests.scheduler_ext.test_manager_shell import Always
 
 NOW = time.time()
 STAMP = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - 10))
@@ -95,7 +96,7 @@ def test_hostile_watched_objects_cost_only_their_node(kind: str) -> None:
     for template in HOLES[kind]:
         for fragment in FRAGMENTS:
             cache, api = cluster(kind, fill(template, fragment))
-            reconciler = Reconciler(cache, api, lambda: True, clock=lambda: NOW)  # type: ignore[arg-type]
+            reconciler = Reconciler(cache, api, Always(), clock=lambda: NOW)  # type: ignore[arg-type]
             start = time.thread_time()
             for name in ("good", "bad"):
                 asyncio.run(reconciler.reconcile_node(name))

@@ -1,114 +1,38 @@
-"""The manager's shell parts that decide without I/O: the Lease rules (``lease.decide``,
-``lease_body``, ``Elector`` against an in-memory Lease store), the NodeSLO merge patch, and the
-cache's handling of hostile objects (each costs only itself)."""
+"""The manager's shell parts that decide without I/O: the NodeSLO merge patch, the reconciler's
+writes (through a fence; the election itself is tests/rhp_kube/test_lease.py), and the cache's
+handling of hostile objects (each costs only itself)."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import pytest
 
 from koord_formats import keys
-from scheduler_ext.errors import ConflictError, NotFoundError
+from rhp_kube.lease import NotLeader
 from scheduler_ext.manager.controller import Cache, merge_patch, metrics_of
-from scheduler_ext.manager.lease import Elector, Observed, decide, lease_body
 from scheduler_ext.manager.resources import Amount, PodInfo
 
-
-def lease(holder: str, renew: str = "t1") -> dict[str, Any]:
-    return {"metadata": {"resourceVersion": "7"}, "spec": {"holderIdentity": holder, "renewTime": renew,
-                                                         "leaseDurationSeconds": 15}}
+T = TypeVar("T")
 
 
-@pytest.mark.parametrize(
-    ("description", "doc", "observed", "now", "action"),
-    [
-        ("no Lease: create it", None, None, 100.0, "create"),
-        ("ours: renew it", lease("me"), None, 100.0, "renew"),
-        ("empty holder: take it", lease(""), None, 100.0, "acquire"),
-        ("another holder seen for the first time: wait", lease("other"), None, 100.0, "wait"),
-        ("another holder renewing: wait", lease("other", "t2"), Observed("other", "t1", 50.0), 100.0, "wait"),
-        ("another holder silent for less than the lease: wait", lease("other"), Observed("other", "t1", 90.0),
-         100.0, "wait"),
-        ("another holder silent for the whole lease, by our clock: take it", lease("other"),
-         Observed("other", "t1", 85.0), 100.0, "acquire"),
-    ],
-)
-def test_decide(description: str, doc: dict[str, Any] | None, observed: Observed | None, now: float,
-                action: str) -> None:
-    assert decide(doc, "me", observed, now, 15).action == action, description
+class Always:
+    """A fence that always leads (the election is tested in tests/rhp_kube/test_lease.py)."""
 
+    def __init__(self, leader: Callable[[], bool] = lambda: True) -> None:
+        self.leader = leader
 
-def test_lease_body_guards_the_write_and_counts_transitions() -> None:
-    body = lease_body("rhp-manager", "ns", "me", 15, 0.0, lease("other"))
-    assert body["metadata"]["resourceVersion"] == "7"
-    assert body["spec"]["holderIdentity"] == "me"
-    assert body["spec"]["leaseTransitions"] == 1
-    assert body["spec"]["renewTime"] == "1970-01-01T00:00:00.000000Z"
-    renewed = lease_body("rhp-manager", "ns", "me", 15, 1.0, body)
-    assert renewed["spec"]["leaseTransitions"] == 1
-    assert renewed["spec"]["acquireTime"] == body["spec"]["acquireTime"]
+    def is_leader(self) -> bool:
+        return self.leader()
 
-
-class FakeLeases:
-    """One Lease store with resourceVersion checks, shared by two electors."""
-
-    def __init__(self) -> None:
-        self.doc: dict[str, Any] | None = None
-        self.version = 0
-
-    async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
-        if self.doc is None:
-            raise NotFoundError(404, "not found")
-        return copy.deepcopy(self.doc)
-
-    async def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        if self.doc is not None:
-            raise ConflictError(409, "exists")
-        return self._store(body)
-
-    async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        if self.doc is None or body["metadata"].get("resourceVersion") != self.doc["metadata"]["resourceVersion"]:
-            raise ConflictError(409, "changed")
-        return self._store(body)
-
-    def _store(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        self.version += 1
-        self.doc = copy.deepcopy(dict(body))
-        self.doc["metadata"]["resourceVersion"] = str(self.version)
-        return copy.deepcopy(self.doc)
-
-
-def test_two_electors_never_lead_at_once_and_the_second_takes_over_a_silent_first() -> None:
-    store = FakeLeases()
-    clock = [0.0]
-    a = Elector(store, "ns", "l", "a", clock=lambda: clock[0], wall=lambda: clock[0])
-    b = Elector(store, "ns", "l", "b", clock=lambda: clock[0], wall=lambda: clock[0])
-
-    async def rounds() -> None:
-        last_renewal = 0.0
-        for _ in range(20):  # both running: a got it first and keeps it
-            assert await a.try_once()
-            last_renewal = clock[0]
-            assert not await b.try_once()
-            assert not (a.is_leader() and b.is_leader())
-            clock[0] += 2
-        assert a.is_leader() and not b.is_leader()
-        # a stops renewing: it stops leading after the renew deadline, b takes over only after the lease
-        stopped = last_renewal
-        while not b.is_leader():
-            await b.try_once()
-            assert not (a.is_leader() and b.is_leader()), "two leaders"
-            if b.is_leader():
-                assert clock[0] - stopped >= 15, "taken over before the lease ran out"
-            clock[0] += 1
-        assert not a.is_leader()
-
-    asyncio.run(rounds())
+    async def write(self, call: Awaitable[T]) -> T:
+        if not self.leader():
+            call.close()  # type: ignore[attr-defined]
+            raise NotLeader("not leading")
+        return await call
 
 
 def test_merge_patch_removes_what_is_gone() -> None:
@@ -204,7 +128,7 @@ def test_kinds_whose_crd_is_missing_are_not_written() -> None:
     cache.replace("nodemetrics", [], absent=True)
     cache.replace("nodeslos", [])
     api = RecordingAPI()
-    reconciler = Reconciler(cache, api, lambda: True)  # type: ignore[arg-type]
+    reconciler = Reconciler(cache, api, Always())  # type: ignore[arg-type]
     asyncio.run(reconciler.reconcile_node("n1"))
     assert api.calls == [("create", "nodeslos")]
     cache.replace("nodemetrics", [])  # the CRD got installed
@@ -242,7 +166,7 @@ def test_numa_zones_get_batch_values_and_keep_what_others_wrote() -> None:
                 patches.append(patch)
             return {}
 
-    asyncio.run(Reconciler(cache, API(), lambda: True).reconcile_node("n1"))  # type: ignore[arg-type]
+    asyncio.run(Reconciler(cache, API(), Always()).reconcile_node("n1"))  # type: ignore[arg-type]
     (patch,) = patches
     assert patch["metadata"]["resourceVersion"] == "9", "guarded by the version read"
     zone0 = {r["name"]: r for r in patch["zones"][0]["resources"]}
@@ -305,22 +229,26 @@ def test_a_round_overlaps_api_calls_a_few_nodes_at_a_time() -> None:
             return {}
 
     cache = _ready_cache(20)
-    asyncio.run(Reconciler(cache, SlowAPI(), lambda: True, concurrency=8).round())  # type: ignore[arg-type]
+    asyncio.run(Reconciler(cache, SlowAPI(), Always(), concurrency=8).round())  # type: ignore[arg-type]
     assert most[0] == 8
 
 
-def test_a_replica_that_loses_the_lease_mid_round_stops_writing() -> None:
+def test_a_replica_whose_term_ends_mid_batch_writes_nothing_after() -> None:
+    """The fence is asked at every write, not once per batch: the term ends after the sixth
+    write, in the middle of the first batch of four nodes, and no seventh write is made."""
     from scheduler_ext.manager.controller import Reconciler
 
     cache = _ready_cache(20)
     api = RecordingAPI()
-    calls = [0]
+    leading = [True]
 
-    def leader() -> bool:  # leads for the readiness check and the first batch only
-        calls[0] += 1
-        return calls[0] <= 2
+    class EndsAfterSix(Always):
+        async def write(self, call: Awaitable[T]) -> T:
+            result = await super().write(call)
+            leading[0] = len(api.calls) < 6
+            return result
 
-    asyncio.run(Reconciler(cache, api, leader, concurrency=4).round())  # type: ignore[arg-type]
-    written = {kind for _, kind in api.calls}
-    assert len([c for c in api.calls if c[0] == "create" and c[1] == "nodemetrics"]) == 4, written
-    assert len(cache.dirty) == 16, "the rest waits for the next round"
+    asyncio.run(Reconciler(cache, api, EndsAfterSix(lambda: leading[0]), concurrency=4).round())  # type: ignore[arg-type]
+    assert len(api.calls) == 6, api.calls
+    done = {n for n in (f"n{i}" for i in range(20)) if n not in cache.dirty}
+    assert len(done) < 4, "every node not finished is left for the next leader"
