@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, TypeVar
 import pluggy
 
 from hooks.manager import make_plugin_manager
+from rhp_kube.events import EventRecorder
 from runtime_proxy import wiring
 from runtime_proxy.config import ProxyConfig
-from runtime_proxy.engine.events import EventRecorder
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.loops.reconciler import ReconcileBackend

@@ -24,8 +24,8 @@ import structlog
 
 from hooks.facts import CgroupInfo
 from hooks.manager import installed_entry_points, plugin_order
+from rhp_kube.events import EventRecorder, EventSink, KubeEventsApi
 from runtime_proxy.config import Policy, ProxyConfig
-from runtime_proxy.engine.events import EventRecorder, EventSink, KubeEventsApi
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.host.cgroups import Cgroups, detect_cgroup_driver, detect_cgroup_version
@@ -174,7 +174,7 @@ def node_name(config: ProxyConfig) -> str:
 
 
 def events(config: ProxyConfig) -> EventRecorder:
-    """The recorder of Events on pods (``runtime_proxy.engine.events``): sent through the API
+    """The recorder of Events on pods (``rhp_kube.events``): sent through the API
     with the node's credentials (in-cluster, else ``KUBECONFIG``) when ``fromCluster`` is set,
     else counted only."""
 

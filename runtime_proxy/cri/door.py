@@ -37,10 +37,10 @@ from google.protobuf.message import Message
 from cri_protos import api_pb2
 from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources
 from hooks.plan import CgroupWrite, Plan, ResourceChanges
+from rhp_kube.events import EventSink
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
-from runtime_proxy.engine.events import EventSink
 from runtime_proxy.engine.lifecycle import Lifecycle, LifecycleDoor, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier

@@ -25,7 +25,8 @@ facts and stage results into wire replies; everything else happens here, once:
   of the call (the pipeline's, the applier's, the door's) names them; ``call_scope`` forgets
   them when a task that serves many calls (the NRI worker) ends one; every hook failure or
   refusal of a stage about a pod is recorded as a Kubernetes Event on it through the
-  ``EventSink`` the composition root gave (``runtime_proxy.engine.events``).
+  ``EventSink`` the composition root gave (``rhp_kube.events``; the reasons are
+  ``runtime_proxy.engine.events``).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ import structlog
 
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.plan import Plan
+from rhp_kube.events import EventSink, PodEvent
 from runtime_proxy import metrics
 from runtime_proxy.engine.bound import POD_INPUT_REJECTED, BoundCpusets
-from runtime_proxy.engine.events import REASON_FAILED, REASON_REFUSED, EventSink, PodEvent
+from runtime_proxy.engine.events import REASON_FAILED, REASON_REFUSED
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot

@@ -28,7 +28,7 @@ import structlog
 from cri_protos import hookserver_pb2 as hs
 from hooks.facts import ContainerFacts, PodFacts
 from hooks.plan import CgroupWrite, Plan
-from runtime_proxy.engine.events import EventSink
+from rhp_kube.events import EventSink
 from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.remote import (

@@ -53,9 +53,9 @@ from hooks.facts import (
 )
 from hooks.manager import plugin_order
 from hooks.plan import Plan, ResourceChanges
+from rhp_kube.events import EventSink
 from runtime_proxy.engine.background import Background
 from runtime_proxy.engine.bound import BoundCpusets
-from runtime_proxy.engine.events import EventSink
 from runtime_proxy.engine.lifecycle import bind_identity, forget_identity, record_failures
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier

@@ -72,8 +72,8 @@ import structlog
 from cri_protos import nri_pb2
 from hooks.facts import ContainerFacts, PodFacts, Resources, frozen_map
 from hooks.plan import Plan, PlanError, ResourceChanges
+from rhp_kube.events import EventSink
 from runtime_proxy import metrics
-from runtime_proxy.engine.events import EventSink
 from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, NodeSource, StageRejected, call_scope
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier

@@ -1,5 +1,5 @@
 """The manager's shell parts that decide without I/O: the NodeSLO merge patch, the reconciler's
-writes (through a fence; the election itself is tests/rhp_kube/test_lease.py), and the cache's
+writes (through a fence; the election itself is tests/rhp_kube/test_kube_lease.py), and the cache's
 handling of hostile objects (each costs only itself)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 
 class Always:
-    """A fence that always leads (the election is tested in tests/rhp_kube/test_lease.py)."""
+    """A fence that always leads (the election is tested in tests/rhp_kube/test_kube_lease.py)."""
 
     def __init__(self, leader: Callable[[], bool] = lambda: True) -> None:
         self.leader = leader

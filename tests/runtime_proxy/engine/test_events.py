@@ -1,7 +1,8 @@
-"""Events on pods for hook failures and refusals (``runtime_proxy.engine.events``, issue 27 item 5):
-the recorder aggregates and rate-limits, keeps its queue bounded, only counts without cluster
-access, and never blocks its caller on a slow or hostile API server; every door's call records
-them through ``Lifecycle``, whose log lines name the call's pod and container."""
+"""Events on pods for hook failures and refusals (issue 27 item 5; the recorder is
+``rhp_kube.events``, its caps are tests/rhp_kube/test_event_caps.py): the recorder aggregates and
+rate-limits, keeps its queue bounded, only counts without cluster access, and never blocks its
+caller on a slow or hostile API server; every door's call records them through ``Lifecycle``,
+whose log lines name the call's pod and container."""
 
 from __future__ import annotations
 
@@ -20,16 +21,10 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from rhp_kube.events import EventRecorder, EventsApi, PodEvent, event_body
 from runtime_proxy.cri.door import CriInterceptor
 from runtime_proxy.cri.transport import HookRejected
-from runtime_proxy.engine.events import (
-    REASON_FAILED,
-    REASON_REFUSED,
-    EventRecorder,
-    EventsApi,
-    PodEvent,
-    event_body,
-)
+from runtime_proxy.engine.events import REASON_FAILED, REASON_REFUSED
 from runtime_proxy.engine.lifecycle import IDENTITY_KEYS, call_scope
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import FileApplier
@@ -110,7 +105,7 @@ def test_an_event_names_the_pod_the_reason_and_the_node() -> None:
 def test_repeats_fold_into_the_queued_event_then_patch_the_sent_one() -> None:
     gate = threading.Event()
     api = FakeApi(gate)
-    recorder = _recorder(api, per_pod=10)
+    recorder = _recorder(api)
     aggregated = _count(REASON_FAILED, "aggregated")
     recorder.record(_event("first"))
     _wait("the sender in the API", api.entered.is_set)
@@ -129,10 +124,10 @@ def test_repeats_fold_into_the_queued_event_then_patch_the_sent_one() -> None:
     recorder.close()
 
 
-def test_sends_per_pod_are_rate_limited_per_window() -> None:
+def test_sends_per_pod_are_rate_limited_by_its_token_bucket() -> None:
     now = [1000.0]
     api = FakeApi()
-    recorder = _recorder(api, per_pod=2, window=60.0, clock=lambda: now[0])
+    recorder = _recorder(api, object_burst=2, object_qps=1 / 60, clock=lambda: now[0])
     limited = _count(REASON_REFUSED, "rate_limited")
     for n in range(5):
         recorder.record(_event("web", reason=REASON_REFUSED, message=f"n{n}"))
@@ -141,7 +136,7 @@ def test_sends_per_pod_are_rate_limited_per_window() -> None:
     assert _count(REASON_REFUSED, "rate_limited") - limited == 3
     recorder.record(_event("other", reason=REASON_REFUSED))  # another pod has its own budget
     _wait("other sent", lambda: recorder.idle() and len(api.calls) == 3)
-    now[0] += 61.0
+    now[0] += 61.0  # one token back
     recorder.record(_event("web", reason=REASON_REFUSED, message="next minute"))
     _wait("sent after the window", lambda: recorder.idle() and len(api.calls) == 4)
     recorder.close()
