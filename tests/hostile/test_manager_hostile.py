@@ -196,7 +196,7 @@ def test_a_pod_the_manager_cannot_decode_is_estimated_and_never_resets_its_node(
                                                                                 counted: int) -> None:
     cache, api = cluster("pods", POD)
     cache.apply("pods", "ADDED", pod)
-    reconciler = Reconciler(cache, api, lambda: True, clock=lambda: NOW)  # type: ignore[arg-type]
+    reconciler = Reconciler(cache, api, Always(), clock=lambda: NOW)  # type: ignore[arg-type]
     asyncio.run(reconciler.reconcile_node("bad"))
     batch = api.status["bad"]
     assert batch[keys.RESOURCE_BATCH_CPU] == str(8000 * 60 // 100 - 500 - 1000 - counted)
