@@ -4,7 +4,9 @@ Who calls this: ``scheduler_ext.cli.build_parser`` adds the sub-command with ``a
 (the manager ships in the cluster package beside the extender: the same install, the same
 ``[scheduler]`` extra, the same Kubernetes client code). ``run`` wires the parts of
 ``scheduler_ext.manager``: watches, the Lease elector, the reconciler, and optionally the
-admission webhook and a metrics listener, all on one event loop (the watches in threads).
+admission webhook and a metrics listener. The elector and the reconciler share one event loop;
+the watches run in threads, and the webhook (``scheduler_ext.manager.serving``) on a thread and
+event loop of its own, so its traffic never delays the Lease.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -78,6 +79,8 @@ def add_parser(sub: Any, *, level_help: str, fmt_help: str) -> argparse.Argument
                         "and --webhook-key")
     p.add_argument("--webhook-cert", default="", help="the webhook's serving certificate (PEM)")
     p.add_argument("--webhook-key", default="", help="its private key (PEM)")
+    p.add_argument("--webhook-max-inflight", type=int, default=32,
+                   help="reviews answered at once; more get 503 at once (default %(default)s)")
     add_global_flags(p, subcommand=True, level_help=level_help, fmt_help=fmt_help)
     p.set_defaults(func=run)
     return p
@@ -131,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     metrics_listen = _host_port(args.metrics_listen) if args.metrics_listen else None
     if args.metrics_listen and metrics_listen is None:
         return _fail("--metrics-listen must be HOST:PORT", EXIT_USAGE)
+    if args.webhook_max_inflight < 1:
+        return _fail("--webhook-max-inflight must be at least 1", EXIT_USAGE)
     if args.resync_seconds <= 0 or args.api_timeout <= 0 or args.watch_timeout < 1:
         return _fail("--resync-seconds, --api-timeout and --watch-timeout must be positive", EXIT_USAGE)
     webhook_listen = _host_port(args.webhook_listen) if args.webhook_listen else None
@@ -160,23 +165,19 @@ def run(args: argparse.Namespace) -> int:
     watches = [Watches(cache, kube)]
     webhook = None
     if webhook_listen is not None:
-        import uvicorn
-
+        from scheduler_ext.manager.serving import ReloadingCertificate, WebhookServer
         from scheduler_ext.manager.webhook import WEBHOOK_KINDS, WebhookState, create_app
 
         state = WebhookState()
         watches.append(Watches(state, kube, kinds=WEBHOOK_KINDS))
-
-        class NoSignalServer(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:  # the manager handles SIGTERM and SIGINT
-                yield
-
-        webhook = NoSignalServer(uvicorn.Config(
-            create_app(state), host=webhook_listen[0], port=webhook_listen[1], log_level="warning",
-            log_config=None, access_log=False, ssl_certfile=args.webhook_cert, ssl_keyfile=args.webhook_key,
-            lifespan="off",
-        ))
+        try:
+            webhook = WebhookServer(create_app(state), webhook_listen[0], webhook_listen[1],
+                                    ReloadingCertificate(args.webhook_cert, args.webhook_key),
+                                    max_inflight=args.webhook_max_inflight)
+        except OSError as exc:
+            return _fail(f"cannot listen on {args.webhook_listen}: {exc}", EXIT_FAILED)
+        except (ssl.SSLError, FileRefused) as exc:
+            return _fail(f"cannot load --webhook-cert/--webhook-key: {exc}", EXIT_USAGE)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -189,13 +190,9 @@ def run(args: argparse.Namespace) -> int:
                  config=f"{args.config_namespace}/{args.slo_config_name}")
         electing = asyncio.create_task(elector.run(stop))
         tasks = [asyncio.create_task(reconciler.run(stop))]
-        if webhook is not None:
-            tasks.append(asyncio.create_task(webhook.serve()))
         try:
             await stop.wait()
         finally:
-            if webhook is not None:
-                webhook.should_exit = True
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -207,9 +204,13 @@ def run(args: argparse.Namespace) -> int:
                 await asyncio.wait_for(electing, 15.0)
             await api.aclose()
 
+    if webhook is not None:
+        webhook.start()  # its own thread and event loop: its traffic never delays the Lease
     try:
         asyncio.run(main())
     finally:
+        if webhook is not None:
+            webhook.stop()
         for w in watches:
             w.close()
     log.info("manager stopped")

@@ -3,8 +3,10 @@ by ``scheduler-ext manager --webhook-listen``.
 
 Who calls this: ``scheduler_ext.manager.cli`` builds a ``WebhookState`` (fed by a ``Watches``
 over Namespaces, ClusterColocationProfiles and PriorityClasses) and serves ``create_app`` with
-uvicorn beside the reconciler. The API server sends an ``admission.k8s.io/v1`` AdmissionReview;
-``review`` answers it with the pure decisions of ``scheduler_ext.manager.profile``.
+``scheduler_ext.manager.serving.WebhookServer`` (its own thread and loop, a bound on reviews in
+flight, a certificate reloaded when renewed); each review runs on a worker thread. The API
+server sends an ``admission.k8s.io/v1`` AdmissionReview; ``review`` answers it with the pure
+decisions of ``scheduler_ext.manager.profile``.
 
 Hostile input: the body is bounded (``MAX_REVIEW_BYTES``, refused unread when its declared
 length is larger, and cut off when the stream is) before one orjson decode; a review that is not
@@ -26,6 +28,7 @@ from typing import Any
 import orjson
 import structlog
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -189,7 +192,8 @@ def create_app(state: WebhookState, roll: Callable[[], int] | None = None) -> St
     def handler(action: str) -> Callable[[Request], Any]:
         async def handle(request: Request) -> Response:
             try:
-                answer = review(await _body(request), action, state, draw)
+                # On a worker thread: a review that takes long never holds the webhook's loop.
+                answer = await run_in_threadpool(review, await _body(request), action, state, draw)
             except BadReview as exc:
                 return Response(str(exc), status_code=400, media_type="text/plain")
             return Response(orjson.dumps(answer), media_type="application/json")
