@@ -136,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--metrics-listen must be HOST:PORT", EXIT_USAGE)
     if args.webhook_max_inflight < 1:
         return _fail("--webhook-max-inflight must be at least 1", EXIT_USAGE)
+    if not args.identity:
+        return _fail("--identity must not be empty (it names the Lease's holder)", EXIT_USAGE)
     if args.resync_seconds <= 0 or args.api_timeout <= 0 or args.watch_timeout < 1:
         return _fail("--resync-seconds, --api-timeout and --watch-timeout must be positive", EXIT_USAGE)
     webhook_listen = _host_port(args.webhook_listen) if args.webhook_listen else None

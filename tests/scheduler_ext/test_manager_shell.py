@@ -252,3 +252,11 @@ def test_a_replica_whose_term_ends_mid_batch_writes_nothing_after() -> None:
     assert len(api.calls) == 6, api.calls
     done = {n for n in (f"n{i}" for i in range(20)) if n not in cache.dirty}
     assert len(done) < 4, "every node not finished is left for the next leader"
+
+
+def test_an_empty_holder_identity_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from scheduler_ext import cli
+
+    assert cli.main(["manager", "--identity", ""]) == cli.EXIT_USAGE
+    _, err = capsys.readouterr()
+    assert "--identity" in err and "Traceback" not in err
