@@ -90,10 +90,13 @@ class UsageLoopConfig(BaseModel):
     intervalSeconds: float = Field(default=1.0, gt=0, le=60, description="Seconds between usage-loop rounds, "
                                    "in (0, 60] (Koordinator: 1).")
     procRoot: str = Field(default="/proc", description="Where the usage loop reads `stat` and `meminfo`.")
-    evictBy: Literal["api", "runtime"] = Field(default="api", description="How the eviction plugins' victims "
-                                               "go: `api`, a Kubernetes policy/v1 Eviction with the pod's UID as "
-                                               "precondition (PodDisruptionBudgets honoured; in-cluster or "
-                                               "kubeconfig credentials); `runtime`, every running container of the "
+    evictBy: Literal["api", "delete", "runtime"] = Field(default="api", description="How the eviction plugins' "
+                                               "victims go: `api`, a Kubernetes policy/v1 Eviction with the pod's UID "
+                                               "as precondition (PodDisruptionBudgets honoured; in-cluster or "
+                                               "kubeconfig credentials); `delete`, the pod deleted with its UID as "
+                                               "precondition, as kubelet's node-pressure eviction (no "
+                                               "PodDisruptionBudget; the API server can hold it to the node: the "
+                                               "chart's default); `runtime`, every running container of the "
                                                "pod stopped through the CRI backend, for nodes without cluster "
                                                "access. See `docs/config.md`, Eviction.")
 

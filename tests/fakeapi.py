@@ -33,6 +33,8 @@ It speaks the real REST paths and semantics that client libraries depend on, so 
   ``DisruptionBudget`` cause; more than one gives 500. Pods that are Pending, terminal
   (Succeeded, Failed) or already being deleted are deleted without a budget check, as
   kube-apiserver does (``tests/e2e/test_e2e_nodeslo.py`` compares the two).
+- ``DELETE`` of a named object honours ``preconditions.uid`` in its DeleteOptions body (409
+  Conflict when the object has another uid), as kube-apiserver does.
 - Watches wake only for events of their own resource; stored objects are never mutated in
   place, so successive versions share unchanged parts (cheap writes on the benchmark path).
 - Errors are ``Status`` objects with the real ``reason`` values.
@@ -600,11 +602,15 @@ class FakeAPIServer:
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         return self._commit(res, key, new, pre)
 
-    def _delete(self, res: Resource, ns: str, name: str) -> JSON:
+    def _delete(self, res: Resource, ns: str, name: str, want_uid: str | None = None) -> JSON:
         key = (ns, name)
-        obj = self._bucket(res).pop(key, None)
+        obj = self._bucket(res).get(key)
         if obj is None:
             raise _not_found(res, name)
+        if want_uid is not None and obj["metadata"].get("uid") != want_uid:
+            raise APIStatusError(409, "Conflict", f"Precondition failed: UID in precondition: {want_uid}, UID in "
+                                 f"object meta: {obj['metadata'].get('uid')}")
+        self._bucket(res).pop(key)
         obj = copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = self.store.next_rv()
         self.store._emit(res, "DELETED", obj)
@@ -985,9 +991,10 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(200, api._patch(res, key, body, ctype, sub))
                 return
             if method == "DELETE" and name:
-                self._body()
+                options = self._body()
+                want_uid = ((options.get("preconditions") or {}) if isinstance(options, dict) else {}).get("uid")
                 with store.cond:
-                    self._send(200, api._delete(res, key[0], name))
+                    self._send(200, api._delete(res, key[0], name, want_uid))
                 return
             raise APIStatusError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
         except APIStatusError as exc:

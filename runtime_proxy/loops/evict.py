@@ -13,6 +13,13 @@
   (``KUBECONFIG``, ``~/.kube/config``), loaded on first use; the blocking calls run in the
   evictor's own worker threads (``EVICTION_THREADS``), so calls to an API server that never
   answers never hold the default executor. RBAC: ``create`` on ``pods/eviction`` and ``events``.
+- ``DeleteEvictor`` (``evictBy: delete``): the pod deleted with its UID as a precondition, as
+  kubelet's own node-pressure eviction ends a pod (PodDisruptionBudgets are not consulted, as
+  kubelet does not), then the same Events. Unlike an Eviction, whose request names a pod but
+  not its node, a delete lets the API server see the pod: the chart's admission policy
+  (``packaging/helm/runtime-hook-proxy/templates/node-policy.yaml``) refuses a node agent's
+  delete of a pod bound to another node. 404 and 409 count as done. RBAC: ``delete`` on
+  ``pods``, ``create`` on ``events``.
 - ``RuntimeEvictor`` (``evictBy: runtime``): for nodes without cluster access, stops every
   running container of the pod through the CRI backend (``StopContainer`` with timeout 0),
   as koordlet does by default; kubelet then reports the pod's containers as exited.
@@ -22,7 +29,8 @@ evict one twice in that time (the usage loop also leaves them out). Cool-downs b
 evictions (4 s memory, 20 s CPU) are decided by the plugins from ``Usage.recent_evictions``;
 dry-run is handled by the usage loop, which logs and hands nothing to an evictor.
 
-Metric: ``rhp_evictions_total{feature, method, outcome}`` (outcome ``evicted``, ``gone``,
+Metric: ``rhp_evictions_total{feature, method, outcome}`` (method ``api``, ``delete`` or
+``runtime``; outcome ``evicted``, ``gone``,
 ``refused``, ``failed``).
 """
 
@@ -51,7 +59,7 @@ from runtime_proxy.loops.qos import EvictionResult
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, CoreV1Api
 
-__all__ = ["EVICTIONS", "ApiEvictor", "RuntimeEvictor", "event_message", "evictor_for"]
+__all__ = ["EVICTIONS", "ApiEvictor", "DeleteEvictor", "RuntimeEvictor", "event_message", "evictor_for"]
 
 log = structlog.get_logger("runtime_proxy.loops.evict")
 
@@ -191,13 +199,9 @@ class ApiEvictor:
         from kubernetes.client.exceptions import ApiException
 
         api = client.CoreV1Api(self._api_client)
-        body = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=e.name, namespace=e.namespace),
-            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=e.uid)),
-        )
         pod = f"{e.namespace}/{e.name}"
         try:
-            api.create_namespaced_pod_eviction(e.name, e.namespace, body, _request_timeout=self.request_timeout)
+            self._request(api, e)
         except ApiException as exc:
             status = int(exc.status or 0)
             if status in (404, 409):
@@ -225,6 +229,16 @@ class ApiEvictor:
         self._event(api, e, "Warning", keys.EVENT_REASON_EVICT_POD_SUCCESS, event_message(e))
         return self._count(EvictionResult(e, "evicted"), "evicted")
 
+    def _request(self, api: CoreV1Api, e: Eviction) -> None:
+        """The API call that evicts ``e``: a policy/v1 Eviction with the pod's UID."""
+        from kubernetes import client
+
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=e.name, namespace=e.namespace),
+            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=e.uid)),
+        )
+        api.create_namespaced_pod_eviction(e.name, e.namespace, body, _request_timeout=self.request_timeout)
+
     def _event(self, api: CoreV1Api, e: Eviction, kind: str, reason: str, message: str) -> None:
         """Record an Event on the pod; a failure is logged, never raised."""
         from kubernetes import client
@@ -249,6 +263,22 @@ class ApiEvictor:
             api.create_namespaced_event(e.namespace, event, _request_timeout=self.request_timeout)
         except Exception as exc:
             log.warning("eviction event not recorded", pod=f"{e.namespace}/{e.name}", error=str(exc)[:200])
+
+
+class DeleteEvictor(ApiEvictor):
+    """Evicts by deleting the pod with its UID as a precondition (see the module docstring);
+    the same parameters as ``ApiEvictor``."""
+
+    method = "delete"
+
+    def _request(self, api: CoreV1Api, e: Eviction) -> None:
+        from kubernetes import client
+
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=e.uid))
+        # The answer (the pod) is not decoded: only the status code matters.
+        answer: Any = api.delete_namespaced_pod(e.name, e.namespace, body=options, _preload_content=False,
+                                                _request_timeout=self.request_timeout)
+        answer.release_conn()
 
 
 class _Runtime(Protocol):
@@ -315,12 +345,14 @@ class RuntimeEvictor:
 
 
 def evictor_for(evict_by: str, *, runtime: _Runtime | None, node_name: str = "") -> ApiEvictor | RuntimeEvictor:
-    """The evictor the config's ``usageLoop.evictBy`` names: ``api`` or ``runtime`` (which needs
-    ``runtime``, the CRI runtime client)."""
+    """The evictor the config's ``usageLoop.evictBy`` names: ``api``, ``delete`` or ``runtime``
+    (which needs ``runtime``, the CRI runtime client)."""
     if evict_by == "runtime":
         if runtime is None:
             raise ValueError("evictBy runtime needs a CRI runtime client")
         return RuntimeEvictor(runtime)
     if evict_by == "api":
         return ApiEvictor(node_name=node_name)
-    raise ValueError(f"unknown evictBy {evict_by!r} (api or runtime)")
+    if evict_by == "delete":
+        return DeleteEvictor(node_name=node_name)
+    raise ValueError(f"unknown evictBy {evict_by!r} (api, delete or runtime)")

@@ -13,7 +13,7 @@ import pytest
 
 from cri_protos import api_pb2
 from hooks.plan import Eviction
-from runtime_proxy.loops.evict import ApiEvictor, RuntimeEvictor, event_message, evictor_for
+from runtime_proxy.loops.evict import ApiEvictor, DeleteEvictor, RuntimeEvictor, event_message, evictor_for
 from tests.fake_clock import Clock
 from tests.fakeapi import FakeAPIServer
 
@@ -241,3 +241,35 @@ def test_evictor_for_follows_evict_by() -> None:
     assert isinstance(evictor_for("runtime", runtime=runtime), RuntimeEvictor)
     with pytest.raises(ValueError, match="evictBy"):
         evictor_for("kill", runtime=runtime)
+
+
+# ---- DeleteEvictor (evictBy: delete) --------------------------------------------------------------
+
+
+def test_delete_evictor_deletes_the_pod_with_its_uid_and_records_an_event(api: FakeAPIServer) -> None:
+    uid = add_pod(api, "p", {"app": "x"})
+    add_pdb(api, "pdb", 0, {"matchLabels": {"app": "x"}})
+    evictor = DeleteEvictor(official(api), node_name="node-1")
+    assert evictor.method == "delete"
+    assert evict(evictor, eviction("p", uid)) == [("p", "evicted")]
+    assert api.get("Pod", "p", "ns") is None, "deleted as kubelet's node-pressure eviction: no budget consulted"
+    assert api.evictions == [], "no Eviction request"
+    (event,) = api.objects("Event")
+    assert event["reason"] == "evictPodSuccess" and event["source"] == {"component": "runtime-hook-proxy",
+                                                                          "host": "node-1"}
+
+
+def test_delete_evictor_never_deletes_a_pod_replaced_under_the_same_name(api: FakeAPIServer) -> None:
+    add_pod(api, "p")
+    evictor = DeleteEvictor(official(api))
+    assert evict(evictor, eviction("p", "old-uid"), eviction("missing", "uid-m")) == [
+        ("p", "evicted"), ("missing", "evicted")]
+    assert api.get("Pod", "p", "ns") is not None, "the pod now under that name is not the one meant"
+    assert api.objects("Event") == []
+
+
+def test_evictor_for_names_each_method() -> None:
+    assert type(evictor_for("delete", runtime=None)) is DeleteEvictor
+    assert type(evictor_for("api", runtime=None)) is ApiEvictor
+    with pytest.raises(ValueError, match="api, delete or runtime"):
+        evictor_for("kill", runtime=None)
