@@ -149,7 +149,8 @@ class ProxyConfig(BaseModel):
     nodeName: str | None = Field(default=None, description="This node's name, for `fromCluster`; default "
                                  "the `NODE_NAME` environment variable, else the host name.")
     fromCluster: bool = Field(default=False, description="Watch this node's Node, NodeSLO and "
-                              "NodeResourceTopology in the cluster (in-cluster or kubeconfig credentials; "
+                              "NodeResourceTopology, and the pods on it (their batch resources: \"BE pods' "
+                              "batch resources\" below), in the cluster (in-cluster or kubeconfig credentials; "
                               "RBAC: `packaging/kustomize/base/node/rbac.yaml`); the cluster's values win "
                               "over `nodeConfigFile`'s. Needs the `kubernetes` client: "
                               "`pip install 'runtime-hook-proxy[cluster]'`.")
