@@ -111,6 +111,7 @@ SMP_MERGE_KEYS = {
     "tolerations": "key",
     "taints": "key",
     "ownerReferences": "uid",
+    "webhooks": "name",  # Mutating/ValidatingWebhookConfiguration
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -37,7 +38,7 @@ MAX_PEM_BYTES = 1 << 20
 
 EXIT_CODES = """exit codes:
   0  stopped by SIGTERM or SIGINT
-  1  the webhook or metrics listener could not start
+  1  the webhook or metrics listener could not start, or no webhook certificate came in time
   2  bad flags, or a kubeconfig or TLS file that cannot be read"""
 
 
@@ -79,6 +80,19 @@ def add_parser(sub: Any, *, level_help: str, fmt_help: str) -> argparse.Argument
                         "and --webhook-key")
     p.add_argument("--webhook-cert", default="", help="the webhook's serving certificate (PEM)")
     p.add_argument("--webhook-key", default="", help="its private key (PEM)")
+    p.add_argument("--webhook-cert-secret", default="", metavar="NAME",
+                   help="keep the webhook's CA and serving certificate in this Secret (in --webhook-cert-namespace), "
+                        "issued and renewed by the manager (no cert-manager); replaces --webhook-cert/--webhook-key")
+    p.add_argument("--webhook-cert-namespace", default=os.environ.get("POD_NAMESPACE", CONFIG_MAP_NAMESPACE),
+                   help="namespace of --webhook-cert-secret (default $POD_NAMESPACE or %(default)s)")
+    p.add_argument("--webhook-cert-dir", default="", help="where the Secret's serving pair is written "
+                                                          "(tls.crt, tls.key); needed with --webhook-cert-secret")
+    p.add_argument("--webhook-dns-name", action="append", default=[], metavar="NAME",
+                   help="a DNS name the API server reaches the webhook by (repeatable)")
+    p.add_argument("--webhook-ip", action="append", default=[], metavar="IP",
+                   help="an IP address the API server reaches the webhook by (repeatable)")
+    p.add_argument("--webhook-configuration", action="append", default=[], metavar="NAME",
+                   help="a MutatingWebhookConfiguration whose caBundle the manager keeps (repeatable)")
     p.add_argument("--webhook-max-inflight", type=int, default=32,
                    help="reviews answered at once; more get 503 at once (default %(default)s)")
     add_global_flags(p, subcommand=True, level_help=level_help, fmt_help=fmt_help)
@@ -123,6 +137,24 @@ def _host_port(text: str) -> tuple[str, int] | None:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+FIRST_CERT_SECONDS = 120.0
+
+
+async def _first_certificate(keeper: Any, api: Any) -> bool:
+    """Rounds of ``keeper`` until its files hold a certificate (False after FIRST_CERT_SECONDS)."""
+    stop, first = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(keeper.run(stop, first=first))
+    try:
+        await asyncio.wait_for(first.wait(), FIRST_CERT_SECONDS)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        stop.set()
+        await task
+        await api.aclose()  # its session belongs to this event loop
+
+
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM or SIGINT."""
     from rhp_kube.lease import Elector
@@ -141,9 +173,22 @@ def run(args: argparse.Namespace) -> int:
     if args.resync_seconds <= 0 or args.api_timeout <= 0 or args.watch_timeout < 1:
         return _fail("--resync-seconds, --api-timeout and --watch-timeout must be positive", EXIT_USAGE)
     webhook_listen = _host_port(args.webhook_listen) if args.webhook_listen else None
-    if args.webhook_listen and (webhook_listen is None or not args.webhook_cert or not args.webhook_key):
+    if args.webhook_cert_secret:
+        if args.webhook_cert or args.webhook_key or not args.webhook_cert_dir or webhook_listen is None:
+            return _fail("--webhook-cert-secret needs --webhook-listen and --webhook-cert-dir, and replaces "
+                         "--webhook-cert and --webhook-key", EXIT_USAGE)
+        if not args.webhook_dns_name and not args.webhook_ip:
+            return _fail("--webhook-cert-secret needs a --webhook-dns-name or --webhook-ip", EXIT_USAGE)
+        try:
+            for ip in args.webhook_ip:
+                ipaddress.ip_address(ip)
+        except ValueError as exc:
+            return _fail(f"--webhook-ip: {exc}", EXIT_USAGE)
+        args.webhook_cert = os.path.join(args.webhook_cert_dir, "tls.crt")
+        args.webhook_key = os.path.join(args.webhook_cert_dir, "tls.key")
+    elif args.webhook_listen and (webhook_listen is None or not args.webhook_cert or not args.webhook_key):
         return _fail("--webhook-listen must be HOST:PORT and needs --webhook-cert and --webhook-key", EXIT_USAGE)
-    problem = _kubeconfig_problem(args) or _pem_problem(args)
+    problem = _kubeconfig_problem(args) or ("" if args.webhook_cert_secret else _pem_problem(args))
     if problem:
         return _fail(problem, EXIT_USAGE)
     try:
@@ -166,12 +211,22 @@ def run(args: argparse.Namespace) -> int:
                             resync_seconds=args.resync_seconds)
     watches = [Watches(cache, kube)]
     webhook = None
+    keeper = None
     if webhook_listen is not None:
         from scheduler_ext.manager.serving import ReloadingCertificate, WebhookServer
         from scheduler_ext.manager.webhook import WEBHOOK_KINDS, WebhookState, create_app
 
         state = WebhookState()
         watches.append(Watches(state, kube, kinds=WEBHOOK_KINDS))
+        if args.webhook_cert_secret:
+            from scheduler_ext.manager.certs import CertKeeper
+
+            keeper = CertKeeper(api, args.webhook_cert_namespace, args.webhook_cert_secret,
+                                dns_names=args.webhook_dns_name, ips=args.webhook_ip, cert_dir=args.webhook_cert_dir,
+                                webhooks=args.webhook_configuration)
+            if not asyncio.run(_first_certificate(keeper, api)):
+                return _fail(f"no webhook certificate in Secret {args.webhook_cert_namespace}/"
+                             f"{args.webhook_cert_secret} after {FIRST_CERT_SECONDS:.0f} s", EXIT_FAILED)
         try:
             webhook = WebhookServer(create_app(state), webhook_listen[0], webhook_listen[1],
                                     ReloadingCertificate(args.webhook_cert, args.webhook_key),
@@ -192,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
                  config=f"{args.config_namespace}/{args.slo_config_name}")
         electing = asyncio.create_task(elector.run(stop))
         tasks = [asyncio.create_task(reconciler.run(stop))]
+        if keeper is not None:
+            tasks.append(asyncio.create_task(keeper.run(stop)))
         try:
             await stop.wait()
         finally:

@@ -87,6 +87,27 @@ class ManagerAPI(BindClient):
         return _json(await self._request("PATCH", f"/api/v1/nodes/{_seg(name)}/status", patch, MERGE_PATCH))
 
 
+    async def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
+        """The Secret holding the webhook's certificate (``scheduler_ext.manager.certs``)."""
+        return _json(await self._request("GET", f"/api/v1/namespaces/{_seg(namespace)}/secrets/{_seg(name)}"))
+
+    async def replace_secret(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT the Secret (its ``metadata.resourceVersion`` guards the write: 409 when stale)."""
+        path = f"/api/v1/namespaces/{_seg(namespace)}/secrets/{_seg(name)}"
+        return _json(await self._request("PUT", path, body))
+
+    async def get_mutating_webhook(self, name: str) -> dict[str, Any]:
+        return _json(await self._request("GET", f"{_WEBHOOKS}/{_seg(name)}"))
+
+    async def patch_mutating_webhook(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Strategic merge patch of a MutatingWebhookConfiguration (its webhooks merged by name)."""
+        return _json(await self._request("PATCH", f"{_WEBHOOKS}/{_seg(name)}", patch, STRATEGIC_MERGE_PATCH))
+
+
+_WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
 class LeaseCalls:
     """``rhp_kube.lease.LeaseAPI`` over ``BindClient``'s Lease calls: 404 on a read and 409 (or
     404) on a write are answers (``None``); every other failure raises."""

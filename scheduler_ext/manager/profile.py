@@ -18,7 +18,10 @@ milli-cores: "500m" -> "500", "2" -> "2000") and ``batch-memory`` (the quantity 
 koord-mid to the mid pair; cpu and memory are removed from requests and limits of every
 container, init container and the overhead; a limit without a request gets the request; the
 annotation ``node.koordinator.sh/extended-resource-spec`` records each container's new
-requests and limits. The result is a JSON patch of the fields that changed.
+requests and limits. That annotation is written for every pod created whose containers request
+or limit batch or mid resources, with or without a profile (Koordinator's
+``extended_resource_spec.go`` mutation): the node agent reads batch limits from it. The result
+is a JSON patch of the fields that changed.
 
 ``validate_pod``: batch resources need the QoS label BE; BE goes with neither no priority class
 nor koord-prod; LSR with neither no priority class nor mid, batch or free; LSR and LSE pods
@@ -102,6 +105,30 @@ def _rewrite_container(container: Mapping[str, Any], names: tuple[str, str], wha
     return out
 
 
+_EXTENDED = (keys.RESOURCE_BATCH_CPU, keys.RESOURCE_BATCH_MEMORY, keys.RESOURCE_MID_CPU, keys.RESOURCE_MID_MEMORY)
+
+
+def _extended_resources(raw: Any) -> dict[str, dict[str, dict[str, str]]]:
+    """Container name -> {"requests": {...}, "limits": {...}} of its batch and mid resources
+    (quantities checked, kept as written); containers without any are left out."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for c in read_list(raw or [], "pod containers", MAX_CONTAINERS):
+        container = read_object(c, "container")
+        res = read_object(container.get("resources") or {}, "container resources")
+        parts: dict[str, dict[str, str]] = {}
+        for part in ("requests", "limits"):
+            values = read_object(res.get(part) or {}, f"container {part}")
+            parts[part] = {}
+            for name in _EXTENDED:
+                if name in values:
+                    value = values[name]
+                    parse_quantity(value)  # refuse what the API server would not have stored
+                    parts[part][name] = value if isinstance(value, str) else str(value)
+        if parts["requests"] or parts["limits"]:
+            out[read_str(container.get("name") or "", "container name")] = parts
+    return out
+
+
 def _roll_passes(profile: ColocationProfile, roll: Callable[[], int]) -> bool:
     if profile.probability_percent <= 0:
         return False
@@ -175,35 +202,27 @@ def _mutate(
                 new_spec["preemptionPolicy"] = info.preemption_policy
         if profile.koordinator_priority is not None:
             new_labels[keys.LABEL_PRIORITY] = str(profile.koordinator_priority)
-    if not applied:
-        return Mutation()
-    if not skip_resources:
+    if applied and not skip_resources:
         merged_spec = {**spec, **new_spec}
         pod_qos = qos.qos_class(new_labels, kube_qos_of_spec(merged_spec))
         priority_class = qos.priority_class(new_labels, merged_spec.get("priority"), pod_qos)
         names = _REWRITE.get(priority_class)
         if names is not None:
-            extended: dict[str, dict[str, dict[str, str]]] = {}
             for field_name in ("containers", "initContainers"):
                 raw = spec.get(field_name)
                 if raw is None:
                     continue
-                rewritten = [_rewrite_container(read_object(c, "container"), names, "container")
-                             for c in read_list(raw, f"pod {field_name}", MAX_CONTAINERS)]
-                new_spec[field_name] = rewritten
-                if field_name == "containers":
-                    for c in rewritten:
-                        res = c["resources"]
-                        parts = {part: {k: v for k, v in res[part].items() if k in names} for part in
-                                 ("requests", "limits")}
-                        if parts["requests"] or parts["limits"]:
-                            cname = read_str(c.get("name") or "", "container name")
-                            extended[cname] = parts
+                new_spec[field_name] = [_rewrite_container(read_object(c, "container"), names, "container")
+                                        for c in read_list(raw, f"pod {field_name}", MAX_CONTAINERS)]
             overhead = spec.get("overhead")
             if overhead is not None:
                 new_spec["overhead"] = _convert(read_object(overhead, "pod overhead"), names, "pod overhead")
-            if extended:
-                new_annotations[keys.ANNOTATION_EXTENDED_RESOURCE_SPEC] = format_extended_resource_spec(extended)
+    # Koordinator's extended-resource-spec mutation, for every pod created (a profile or not):
+    # each container's batch and mid requests and limits, as the pod (rewritten above) has them,
+    # so the node side, which sees no extended resources through CRI, can enforce them.
+    extended = _extended_resources(new_spec.get("containers", spec.get("containers")))
+    if extended:
+        new_annotations[keys.ANNOTATION_EXTENDED_RESOURCE_SPEC] = format_extended_resource_spec(extended)
     patch: list[dict[str, Any]] = []
     if new_labels != labels:
         patch.append({"op": "add", "path": _pointer("metadata", "labels"), "value": new_labels})

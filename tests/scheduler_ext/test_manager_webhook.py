@@ -64,6 +64,20 @@ def test_a_pod_no_profile_matches_is_allowed_unchanged(client: TestClient) -> No
     assert response == {"uid": "u-1", "allowed": True}
 
 
+def test_a_be_pod_with_batch_requests_gets_the_extended_resource_spec_without_a_profile(client: TestClient) -> None:
+    """Issue 36's pod (no profile matches it): the annotation the node agent reads its limits
+    from, as koord-manager's webhook writes it. The old webhook let it through unchanged."""
+    batch = {keys.RESOURCE_BATCH_CPU: "500", keys.RESOURCE_BATCH_MEMORY: "64Mi"}
+    pod = {"metadata": {"name": "be", "labels": {keys.LABEL_QOS_CLASS: "BE"}},
+           "spec": {"containers": [{"name": "app", "resources": {"requests": dict(batch), "limits": dict(batch)}},
+                                   {"name": "sidecar", "resources": {"requests": {"cpu": "10m"}}}]}}
+    response = client.post("/mutate-pod", json=admission(pod)).json()["response"]
+    ops = json.loads(base64.b64decode(response["patch"]))
+    assert [op["path"] for op in ops] == ["/metadata/annotations"]
+    spec = json.loads(ops[0]["value"][keys.ANNOTATION_EXTENDED_RESOURCE_SPEC])
+    assert spec == {"containers": {"app": {"requests": batch, "limits": batch}}}
+
+
 def test_mutate_only_on_create(client: TestClient) -> None:
     response = client.post("/mutate-pod", json=admission(spark(), "UPDATE", spark())).json()["response"]
     assert "patch" not in response and response["allowed"]

@@ -8,6 +8,9 @@ as a process against the in-process fake API server, its webhook on loopback.
 - Beyond ``--webhook-max-inflight`` reviews in flight, a request gets 503 at once.
 - A certificate whose files are replaced is the one presented at the next TLS handshake, with no
   restart (the old code loaded the files once).
+- With ``--webhook-cert-secret`` (the chart's default without cert-manager) the manager issues
+  the certificate into its Secret and the CA into the webhook configuration's caBundle, serves
+  it, and a BE pod's review gets the extended-resource-spec the node agent reads.
 """
 
 from __future__ import annotations
@@ -191,3 +194,80 @@ def test_a_replaced_certificate_is_served_at_the_next_handshake(manager: Manager
     # A broken replacement keeps the renewed certificate served.
     manager.cert.write_text("not a certificate\n")
     assert _served_cert(manager.port) == _der(renewed.server_cert)
+
+
+def test_the_manager_issues_its_certificate_and_the_api_server_can_trust_it(tmp_path: Path) -> None:
+    import base64
+    import json
+
+    port = _free_port()
+    with FakeAPIServer() as api:
+        api.register("", "v1", "secrets", "Secret", True)
+        api.register("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                     "MutatingWebhookConfiguration", False)
+        api.create({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": {"name": "hook-cert", "namespace": LEASE_NS}})
+        api.create({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                    "metadata": {"name": "hook"}, "webhooks": [
+                        {"name": "pods.example.com", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                         "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate-pod"}}]})
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: f, cluster: {{server: '{api.url}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: c, context: {cluster: f, user: u}}]\n")
+        with (tmp_path / "manager.log").open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "scheduler_ext.entry", "manager", f"--kubeconfig={kubeconfig}",
+                 f"--lease-namespace={LEASE_NS}", "--identity=only", f"--webhook-listen=127.0.0.1:{port}",
+                 "--webhook-cert-secret=hook-cert", f"--webhook-cert-namespace={LEASE_NS}",
+                 f"--webhook-cert-dir={tmp_path / 'certs'}", "--webhook-ip=127.0.0.1",
+                 "--webhook-configuration=hook"], stdout=log, stderr=subprocess.STDOUT)
+            try:
+                def ca_bundle() -> str:
+                    assert proc.poll() is None, (tmp_path / "manager.log").read_text()[-2000:]
+                    hook = api.get("MutatingWebhookConfiguration", "hook") or {}
+                    return str(hook["webhooks"][0]["clientConfig"].get("caBundle", ""))
+
+                ca = base64.b64decode(_wait("the caBundle written", ca_bundle, timeout=90)).decode()
+                secret = api.get("Secret", "hook-cert", LEASE_NS) or {}
+                assert set(secret.get("data", {})) == {"tls.crt", "tls.key", "ca.crt", "ca.key"}
+                # What the API server does: trust the caBundle and check the address it dials.
+                context = ssl.create_default_context(cadata=ca)
+                batch = {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"}
+                review = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+                    "uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "default",
+                    "operation": "CREATE", "object": {
+                        "metadata": {"name": "be", "labels": {"koordinator.sh/qosClass": "BE"}},
+                        "spec": {"containers": [{"name": "app", "resources": {"requests": batch,
+                                                                               "limits": batch}}]}}}}).encode()
+
+                def answer() -> bytes | None:
+                    try:
+                        raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+                    except OSError:
+                        return None
+                    with context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+                        conn.sendall(b"POST /mutate-pod HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
+                                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                                     % (len(review), review))
+                        data = b""
+                        while chunk := conn.recv(65536):
+                            data += chunk
+                    return data
+
+                reply = _wait("the webhook's answer", answer, timeout=60)
+                assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+                response = json.loads(reply.split(b"\r\n\r\n", 1)[1])["response"]
+                ops = json.loads(base64.b64decode(response["patch"]))
+                annotations = ops[0]["value"]
+                assert json.loads(annotations["node.koordinator.sh/extended-resource-spec"]) == {
+                    "containers": {"app": {"requests": batch, "limits": batch}}}
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(30)
