@@ -108,15 +108,23 @@ def cluster_roles(values: Mapping[str, Any] | None = None) -> dict[str, dict[str
     return {r["metadata"]["name"]: r for r in kinds(values).get("ClusterRole", [])}
 
 
-EVERYTHING: dict[str, Any] = {"manager": {"enabled": True}, "podMonitors": {"enabled": True},
-                              "node": {"report": {"enabled": True}},
+EVERYTHING: dict[str, Any] = {"podMonitors": {"enabled": True},
                               "apiServer": {"host": "127.0.0.1", "port": 6443}, "hostNetwork": True}
+KOORDINATOR: dict[str, Any] = {"koordinator": {"present": True}}
+# What the chart did before koordinator.present: no manager, webhook, reports or PriorityClasses.
+BARE: dict[str, Any] = {"manager": {"enabled": False}, "node": {"report": {"enabled": False}},
+                        "priorityClasses": {"install": False}}
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "everything": EVERYTHING,
     "hook-server": {"node": {"mode": "hook-server"}},
     "no-eviction": {"node": {"eviction": {"enabled": False}}},
     "no-crds-no-scheduler": {"crds": {"install": False}, "scheduler": {"enabled": False}},
+    "koordinator-present": KOORDINATOR,
+    "bare": BARE,
+    "no-webhook": {"webhook": {"enabled": False}},
+    "webhook-cert-manager": {"webhook": {"certificate": {"source": "cert-manager"}}},
+    "webhook-url": {"webhook": {"url": "https://127.0.0.1:9443/mutate-pod"}, "hostNetwork": True},
     "local-images": {"image": {"registry": "", "pullPolicy": "Never",
                                "node": {"repository": "localhost/runtime-hook-proxy-node", "tag": "0.1.0"},
                                "cluster": {"repository": "localhost/runtime-hook-proxy-cluster", "tag": "0.1.0"}}},
@@ -139,8 +147,8 @@ def test_every_rendered_object_loads_as_a_kubernetes_model_without_losing_a_key(
     for doc in template(VARIANTS[variant]):
         labels = doc["metadata"].get("labels", {})
         assert labels.get("app.kubernetes.io/instance") == RELEASE, f"{doc['kind']}/{doc['metadata']['name']}"
-        if doc["kind"] in ("CustomResourceDefinition", "PodMonitor"):
-            continue  # CRDs: tests/formats/test_crds.py; PodMonitor: no model in the client
+        if doc["kind"] in ("CustomResourceDefinition", "PodMonitor", "Issuer", "Certificate"):
+            continue  # CRDs: tests/formats/test_crds.py; the others: no model in the client
         model = api.deserialize(json.dumps(doc), f"V1{doc['kind']}", "application/json")
         assert api.sanitize_for_serialization(model) == doc, f"{doc['kind']}/{doc['metadata']['name']}: a key " \
             "the model does not know was dropped"
@@ -163,10 +171,10 @@ def test_the_schema_refuses_values_that_cannot_work(values: dict[str, Any], erro
     assert "schema" in proc.stderr and error in proc.stderr, proc.stderr
 
 
-def test_the_defaults_install_the_nri_node_agent_our_scheduler_and_the_crds_but_no_manager() -> None:
+def test_the_defaults_install_the_node_agent_our_scheduler_the_manager_and_the_crds() -> None:
     k = kinds()
     assert [d["metadata"]["name"] for d in k["DaemonSet"]] == [f"{FULL}-node"]
-    assert [d["metadata"]["name"] for d in k["Deployment"]] == [f"{FULL}-scheduler"]
+    assert sorted(d["metadata"]["name"] for d in k["Deployment"]) == [f"{FULL}-manager", f"{FULL}-scheduler"]
     assert "PodMonitor" not in k
     crds = {c["metadata"]["name"] for c in k["CustomResourceDefinition"]}
     assert crds == {yaml.safe_load(p.read_text())["metadata"]["name"] for p in CRDS.glob("*.yaml")
@@ -237,7 +245,7 @@ def test_the_scheduler_pod_runs_kube_scheduler_with_the_extender_on_loopback() -
     assert volumes["seal"]["secret"]["secretName"] == f"{FULL}-seal"
     seal = one(None, "Secret", f"{FULL}-seal")
     assert len(seal["data"]["seal.key"]) >= 24  # 16 bytes and more, base64
-    mine = kinds({"scheduler": {"sealKey": {"existingSecret": "my-seal"}}})
+    mine = kinds({**BARE, "scheduler": {"sealKey": {"existingSecret": "my-seal"}}})
     assert "Secret" not in mine
     (deployment,) = mine["Deployment"]
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
@@ -257,13 +265,13 @@ def test_the_scheduler_service_account_has_kube_schedulers_roles_and_the_extende
     node_metrics = {("slo.koordinator.sh", "nodemetrics", verb) for verb in ("get", "list", "watch")}
     assert granted(cluster_roles()[f"{FULL}-scheduler-extender"]) == extender - node_metrics, \
         "NodeMetrics only for load-aware scheduling"
-    (deployment,) = kinds(load_aware)["Deployment"]
+    (deployment,) = kinds({**BARE, **load_aware})["Deployment"]
     (config_map,) = [c for c in kinds(load_aware)["ConfigMap"] if c["metadata"]["name"] == f"{FULL}-scheduler"]
     assert yaml.safe_load(config_map["data"]["extender.yaml"]) == {"loadAware": {}}
     assert "--config=/etc/scheduler-ext/config/extender.yaml" in containers(deployment)["scheduler-ext"]["command"]
     assert not [a for a in containers(one(None, "Deployment", f"{FULL}-scheduler"))["scheduler-ext"]["command"]
                 if a.startswith("--config")]  # fmt: skip
-    (lease_role,) = kinds()["Role"]
+    (lease_role,) = kinds(BARE)["Role"]
     assert lease_role["metadata"]["namespace"] == NAMESPACE
     assert granted(lease_role) == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 
@@ -288,7 +296,8 @@ def test_the_nri_node_agent_command_parses_and_serves_probes_on_its_metrics_port
     assert volumes[mounts[str(Path(args.nri_socket).parent)]]["hostPath"] == {"path": "/var/run/nri",
                                                                              "type": "DirectoryOrCreate"}  # fmt: skip
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {"/var/run/nri", "/sys/fs/cgroup"}, "nothing else of the host"
+    kubelet = {"/var/lib/kubelet/config.yaml", "/var/lib/kubelet/cpu_manager_state"}  # the reports', read-only
+    assert host_paths == {"/var/run/nri", "/sys/fs/cgroup"} | kubelet, "nothing else of the host"
     assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
     ctx = container["securityContext"]
     assert ctx.get("privileged") is not True and ctx["allowPrivilegeEscalation"] is False
@@ -351,8 +360,9 @@ def test_reporting_rights_and_mounts_only_with_reporting(tmp_path: Path) -> None
     from runtime_proxy.config import load_config
     from tests.test_packaging_report import REPORT_RIGHTS
 
-    assert f"{FULL}-node-report" not in cluster_roles()
-    assert "report" not in node_config()
+    for off in (BARE, KOORDINATOR):
+        assert f"{FULL}-node-report" not in cluster_roles(off)
+        assert "report" not in node_config(off)
     roles = cluster_roles(EVERYTHING)
     assert granted(roles[f"{FULL}-node-report"]) == REPORT_RIGHTS
     path = tmp_path / "config.yaml"
@@ -368,18 +378,20 @@ def test_reporting_rights_and_mounts_only_with_reporting(tmp_path: Path) -> None
 def test_the_manager_runs_with_the_rights_it_uses() -> None:
     from scheduler_ext.cli import build_parser
 
-    deployment = one(EVERYTHING, "Deployment", f"{FULL}-manager")
+    no_webhook = {"webhook": {"enabled": False}}
+    deployment = one(no_webhook, "Deployment", f"{FULL}-manager")
     container = containers(deployment)["manager"]
     args = build_parser().parse_args(container["command"][1:])
     assert args.command == "manager" and args.in_cluster and not args.webhook_listen
     assert (args.config_namespace, args.lease_namespace, args.lease_name) == (NAMESPACE, NAMESPACE, f"{FULL}-manager")
     assert container["ports"] == [{"name": "metrics", "containerPort": int(args.metrics_listen.rsplit(":", 1)[1])}]
-    role = cluster_roles(EVERYTHING)[f"{FULL}-manager"]
+    role = cluster_roles(no_webhook)[f"{FULL}-manager"]
     writes = {(res, verb) for _, res, verb in granted(role) if verb in ("create", "update", "patch", "delete")}
     assert writes == {("nodes/status", "patch"), ("noderesourcetopologies", "patch")} | {
         (kind, verb) for kind in ("nodemetrics", "nodeslos") for verb in ("create", "patch", "delete")}
     assert not {res for _, res, _ in granted(role)} & {"clustercolocationprofiles", "namespaces", "priorityclasses"}, \
-        "the webhook's reads only with the webhook, which the chart does not deploy"
+        "the webhook's reads only with the webhook"
+    assert "MutatingWebhookConfiguration" not in kinds(no_webhook)
 
 
 def test_pod_monitors_scrape_each_part_with_metrics() -> None:
@@ -422,9 +434,9 @@ def _grants_by_role(docs: Sequence[Mapping[str, Any]], prefix: str) -> dict[str,
 
 
 @pytest.mark.parametrize(("overlay", "values"), [
-    ("node", {}),
-    ("node-hook-server", {"node": {"mode": "hook-server"}}),
-    ("node-colocation", {"node": {"report": {"enabled": True}}}),
+    ("node", {"node": {"report": {"enabled": False}}}),
+    ("node-hook-server", {"node": {"mode": "hook-server", "report": {"enabled": False}}}),
+    ("node-colocation", {}),
 ])  # fmt: skip
 def test_each_node_overlay_renders_what_the_chart_renders(overlay: str, values: dict[str, Any]) -> None:
     ours = [d for d in template(values) if d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
@@ -446,11 +458,142 @@ def test_each_node_overlay_renders_what_the_chart_renders(overlay: str, values: 
 
 
 def test_the_manager_overlay_renders_what_the_chart_renders() -> None:
-    chart = containers(one(EVERYTHING, "Deployment", f"{FULL}-manager"))["manager"]
+    chart = containers(one({"webhook": {"enabled": False}}, "Deployment", f"{FULL}-manager"))["manager"]
     (kustomize_deployment,) = [d for d in render("manager") if d["kind"] == "Deployment"]
     (theirs,) = kustomize_deployment["spec"]["template"]["spec"]["containers"]
     assert chart["command"][:3] == theirs["command"][:3] == ["scheduler-ext", "manager", "--in-cluster"]
     assert chart["resources"] == theirs["resources"]
     (role,) = [d for d in render("manager") if d["kind"] == "ClusterRole"]
     webhook_reads = {g for g in granted(role) if g[1] in ("clustercolocationprofiles", "namespaces", "priorityclasses")}
-    assert granted(cluster_roles(EVERYTHING)[f"{FULL}-manager"]) == granted(role) - webhook_reads
+    assert granted(cluster_roles({"webhook": {"enabled": False}})[f"{FULL}-manager"]) == granted(role) - webhook_reads
+
+
+# ---- koordinator.present, the webhook, the PriorityClasses, the requests -------------------------
+
+
+def test_koordinator_present_leaves_the_manager_webhook_reports_and_priority_classes_to_koordinator() -> None:
+    k = kinds()
+    assert {d["metadata"]["name"]: d["value"] for d in k["PriorityClass"]} == {
+        "koord-prod": 9000, "koord-mid": 7000, "koord-batch": 5000, "koord-free": 3000}
+    assert all(d["globalDefault"] is False for d in k["PriorityClass"])
+    assert [d["metadata"]["name"] for d in k["MutatingWebhookConfiguration"]] == [FULL]
+    assert node_config()["report"]["enable"] is True
+    present = kinds(KOORDINATOR)
+    assert [d["metadata"]["name"] for d in present["Deployment"]] == [f"{FULL}-scheduler"]
+    for kind in ("PriorityClass", "MutatingWebhookConfiguration", "Service"):
+        assert kind not in present
+    assert "report" not in node_config(KOORDINATOR)
+    # Their own switches cannot turn them back on beside Koordinator.
+    forced = kinds({**KOORDINATOR, "manager": {"enabled": True}, "node": {"report": {"enabled": True}},
+                    "priorityClasses": {"install": True}})  # fmt: skip
+    assert "PriorityClass" not in forced and len(forced["Deployment"]) == 1
+
+
+def _manager_args(values: Mapping[str, Any] | None) -> argparse.Namespace:
+    from scheduler_ext.cli import build_parser
+
+    container = containers(one(values, "Deployment", f"{FULL}-manager"))["manager"]
+    return build_parser().parse_args(container["command"][1:])
+
+
+def test_the_webhook_without_cert_manager_is_issued_by_the_manager_and_reached_through_a_service() -> None:
+    args = _manager_args(None)
+    assert args.webhook_listen == "0.0.0.0:9443" and args.webhook_max_inflight == 32
+    assert args.webhook_cert_secret == f"{FULL}-webhook-cert" and args.webhook_cert_namespace == NAMESPACE
+    assert args.webhook_dns_name == [f"{FULL}-webhook.{NAMESPACE}.svc"] and args.webhook_configuration == [FULL]
+    (hook,) = one(None, "MutatingWebhookConfiguration", FULL)["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
+    (expression,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expression["operator"] == "NotIn"
+    assert set(expression["values"]) == {"kube-system", "kube-public", "kube-node-lease", NAMESPACE}
+    assert hook["clientConfig"]["service"] == {"name": f"{FULL}-webhook", "namespace": NAMESPACE,
+                                               "path": "/mutate-pod", "port": 443}  # fmt: skip
+    assert "caBundle" not in hook["clientConfig"], "the manager writes it; helm upgrades leave it"
+    service = one(None, "Service", f"{FULL}-webhook")
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "manager"
+    assert service["spec"]["ports"][0]["targetPort"] == "webhook"
+    secret = one(None, "Secret", f"{FULL}-webhook-cert")
+    assert not secret.get("data"), "empty until the manager issues (upgrades keep what it wrote: lookup)"
+    role = one(None, "Role", f"{FULL}-manager-webhook-cert")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-webhook-cert"],
+                              "verbs": ["get", "update"]}]  # fmt: skip
+    manager_role = cluster_roles()[f"{FULL}-manager"]
+    (own,) = [r for r in manager_role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
+    assert own["resourceNames"] == [FULL] and set(own["verbs"]) == {"get", "patch"}
+    assert {("", "namespaces", "watch"), ("config.koordinator.sh", "clustercolocationprofiles", "watch"),
+            ("scheduling.k8s.io", "priorityclasses", "watch")} <= granted(manager_role)
+    container = containers(one(None, "Deployment", f"{FULL}-manager"))["manager"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "webhook", "scheme": "HTTPS"}
+    assert {"name": "webhook", "containerPort": 9443} in container["ports"]
+
+
+def test_the_webhook_with_cert_manager_or_a_url() -> None:
+    values = VARIANTS["webhook-cert-manager"]
+    args = _manager_args(values)
+    assert not args.webhook_cert_secret and args.webhook_cert == "/etc/runtime-hook-proxy/webhook/tls.crt"
+    config = one(values, "MutatingWebhookConfiguration", FULL)
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{FULL}-webhook"
+    certificate = one(values, "Certificate", f"{FULL}-webhook")
+    assert certificate["spec"]["dnsNames"] == [f"{FULL}-webhook.{NAMESPACE}.svc"]
+    assert certificate["spec"]["secretName"] == f"{FULL}-webhook-tls"
+    volumes = one(values, "Deployment", f"{FULL}-manager")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "webhook-cert", "secret": {"secretName": f"{FULL}-webhook-tls"}} in volumes
+    assert "mutatingwebhookconfigurations" not in {r for _, r, _ in granted(cluster_roles(values)[f"{FULL}-manager"])}
+    url = VARIANTS["webhook-url"]
+    assert _manager_args(url).webhook_ip == ["127.0.0.1"]
+    (hook,) = one(url, "MutatingWebhookConfiguration", FULL)["webhooks"]
+    assert hook["clientConfig"] == {"url": "https://127.0.0.1:9443/mutate-pod"}
+    assert "Service" not in kinds(url)
+
+
+def _cpu_milli(value: str) -> int:
+    return int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)
+
+
+def test_the_default_release_fits_a_two_cpu_node_beside_user_pods() -> None:
+    """Issue 36: the old defaults requested 650 m (1,050 m with the manager), and a 2-CPU node
+    kept for kubelet and the system could not fit a 100 m pod beside them."""
+    total = 0
+    for doc in kinds().get("DaemonSet", []) + kinds()["Deployment"]:
+        replicas = doc["spec"].get("replicas", 1)
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            total += replicas * _cpu_milli(container["resources"]["requests"]["cpu"])
+    assert total <= 250, f"{total} m requested by one node's share of the release"
+
+
+def test_the_chart_has_no_symbolic_link_and_its_crds_are_packaging_crds() -> None:
+    """helm warned about files/crds (a link to packaging/crds) at every command."""
+    links = [p for p in CHART.rglob("*") if p.is_symlink()]
+    assert links == []
+    ours = {p.name: p.read_text() for p in (CHART / "files" / "crds").glob("*.yaml")}
+    assert ours == {p.name: p.read_text() for p in CRDS.glob("*.yaml") if p.name != "kustomization.yaml"}, \
+        "copy packaging/crds/*.yaml (not kustomization.yaml) to the chart's files/crds"
+    proc = run_helm("template", RELEASE, str(CHART))
+    assert proc.returncode == 0 and "symbolic link" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(("values", "will", "wont"), [
+    ({}, ["Manager: Deployment", "Pod webhook: MutatingWebhookConfiguration", "PriorityClasses koord-prod",
+          "reports each node as koordlet does"], ["No manager", "No pod webhook", "No node reports"]),
+    (KOORDINATOR, ["Koordinator is in the cluster", "No manager", "No pod webhook", "No node reports"],
+     ["Manager: Deployment", "PriorityClasses koord-prod"]),
+])  # fmt: skip
+def test_notes_say_what_the_release_will_and_will_not_do(values: dict[str, Any], will: list[str],
+                                                         wont: list[str], tmp_path: Path) -> None:
+    # helm template leaves NOTES.txt out: render a copy of the chart with it as a template.
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    text = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes.tpl").write_text('{{- define "test.notes" -}}' + text + "{{- end -}}")
+    (chart / "templates" / "notes.yaml").write_text('notes: {{ include "test.notes" . | toJson }}\n')
+    proc = subprocess.run([str(_helm()), "template", RELEASE, str(chart), "-n", NAMESPACE, "--show-only",
+                           "templates/notes.yaml", "--values", "-"], input=yaml.safe_dump(values),
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    notes = yaml.safe_load(proc.stdout)["notes"]
+    for line in will:
+        assert line in notes, notes
+    for line in wont:
+        assert line not in notes, notes

@@ -75,9 +75,37 @@ imagePullSecrets:
 {{- if $v.eviction.enabled -}}
 {{- $_ := set $config "usageLoop" (dict "evictBy" "api") -}}
 {{- end -}}
-{{- if $v.report.enabled -}}
+{{- if include "rhp.reportOn" . -}}
 {{- $_ := set $config "report" (dict "enable" true "kubeletConfigFile" $v.report.kubeletConfigFile
       "kubeletCPUManagerStateFile" $v.report.kubeletCPUManagerStateFile) -}}
 {{- end -}}
 {{- toYaml (mergeOverwrite $config (deepCopy $v.extraConfig)) -}}
+{{- end -}}
+
+{{/* What runs, after koordinator.present: each is "true" or empty. With Koordinator in the
+cluster, the manager, its webhook, the node reports and the PriorityClasses are Koordinator's. */}}
+{{- define "rhp.managerOn" -}}
+{{- if and .Values.manager.enabled (not .Values.koordinator.present) }}true{{ end -}}
+{{- end -}}
+{{- define "rhp.webhookOn" -}}
+{{- if and (include "rhp.managerOn" .) .Values.webhook.enabled }}true{{ end -}}
+{{- end -}}
+{{- define "rhp.reportOn" -}}
+{{- if and .Values.node.enabled .Values.node.report.enabled (not .Values.koordinator.present) }}true{{ end -}}
+{{- end -}}
+{{- define "rhp.priorityClassesOn" -}}
+{{- if and .Values.priorityClasses.install (not .Values.koordinator.present) }}true{{ end -}}
+{{- end -}}
+{{/* The webhook's certificate comes from cert-manager (else the manager issues it). */}}
+{{- define "rhp.webhookCertManager" -}}
+{{- $source := .Values.webhook.certificate.source -}}
+{{- if or (eq $source "cert-manager") (and (eq $source "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) }}true{{ end -}}
+{{- end -}}
+{{/* The host the API server dials for the webhook: the url's, else the Service's DNS name. */}}
+{{- define "rhp.webhookHost" -}}
+{{- if .Values.webhook.url -}}
+{{- (urlParse .Values.webhook.url).host | splitList ":" | first -}}
+{{- else -}}
+{{- printf "%s-webhook.%s.svc" (include "rhp.fullname" .) .Release.Namespace -}}
+{{- end -}}
 {{- end -}}
