@@ -1,6 +1,8 @@
 """Build information of the running program: the distribution's version, the Python version and
-the git commit when it is known (the ``RHP_GIT_COMMIT`` environment variable, set by the image
-build, or the checkout this package runs from)."""
+the git commit when it is known: the ``RHP_GIT_COMMIT`` environment variable, else the commit the
+wheel was built from (``rhp_ops/COMMIT``, written into the build's copy of the source by
+``packaging/lib/venv.sh``'s ``rhp_build_wheel``, which the wheel, the Debian package and the images
+are all built by), else the checkout this package runs from."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DISTRIBUTION", "build_info", "export_build_info", "git_commit", "python_version", "version", "version_line"]
+__all__ = ["COMMIT_FILE", "DISTRIBUTION", "build_info", "export_build_info", "extra_hint", "git_commit",
+           "python_version", "version", "version_line"]
 
 DISTRIBUTION = "runtime-hook-proxy"
+COMMIT_FILE = "COMMIT"
+"""The file beside this module that holds the commit a built wheel was made from."""
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
@@ -84,7 +89,19 @@ def git_commit() -> str:
     env = os.environ.get("RHP_GIT_COMMIT", "").strip().lower()
     if _SHA.fullmatch(env):
         return env
-    return _commit_in_checkout(Path(__file__).resolve().parents[1])
+    here = Path(__file__).resolve()
+    baked = _read(here.with_name(COMMIT_FILE)).lower()
+    if _SHA.fullmatch(baked):
+        return baked
+    return _commit_in_checkout(here.parents[1])
+
+
+def extra_hint(extra: str) -> str:
+    """How to install the ``extra`` (``cluster``, ``scheduler``): the project is not on PyPI, so
+    into the wheel this checkout builds (README.md, "Install the wheel")."""
+    wheel = f"dist/runtime_hook_proxy-{version()}-py3-none-any.whl"
+    return (f"pip install './{wheel}[{extra}]' (the wheel `bash packaging/wheel/build.sh` builds; "
+            f"README.md, \"Install the wheel\")")
 
 
 def build_info() -> dict[str, str]:

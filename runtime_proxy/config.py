@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hooks.facts import parse_kubelet_cgroup_root
+from rhp_ops.build import extra_hint
 from rhp_ops.files import FileRefused, read_regular_file
 from runtime_proxy.report.config import ReportConfig
 
@@ -152,8 +153,9 @@ class ProxyConfig(BaseModel):
                               "NodeResourceTopology, and the pods on it (their batch resources: \"BE pods' "
                               "batch resources\" below), in the cluster (in-cluster or kubeconfig credentials; "
                               "RBAC: `packaging/kustomize/base/node/rbac.yaml`); the cluster's values win "
-                              "over `nodeConfigFile`'s. Needs the `kubernetes` client: "
-                              "`pip install 'runtime-hook-proxy[cluster]'`.")
+                              "over `nodeConfigFile`'s. Needs the `kubernetes` client, the `[cluster]` extra (in "
+                              "the Debian package and the node image; a wheel install: README.md, \"Install the "
+                              "wheel\").")
     reconcilePeriodSeconds: float = Field(default=10.0, gt=0, description="Seconds between reconciler "
                                           "rounds (every pod's cgroup and resctrl state made to match "
                                           "its plan again).")
@@ -312,9 +314,9 @@ def check_usable(cfg: ProxyConfig) -> None:
                                   "packaging/examples/nodeslo.yaml, or remove the key)") from None
             raise ConfigError(f"nodeConfigFile {cfg.nodeConfigFile}: {exc.message}") from None
     if cfg.fromCluster and importlib.util.find_spec("kubernetes") is None:
-        raise ConfigError("fromCluster needs the kubernetes client: pip install 'runtime-hook-proxy[cluster]'")
+        raise ConfigError(f"fromCluster needs the kubernetes client: {extra_hint('cluster')}")
     if cfg.report.enable and importlib.util.find_spec("kubernetes") is None:
-        raise ConfigError("report.enable needs the kubernetes client: pip install 'runtime-hook-proxy[cluster]'")
+        raise ConfigError(f"report.enable needs the kubernetes client: {extra_hint('cluster')}")
 
 
 # ---- the reference table of docs/config.md ----------------------------------------------------

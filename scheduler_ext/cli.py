@@ -25,6 +25,7 @@ import structlog
 import yaml
 
 from rhp_ops import logs
+from rhp_ops.build import extra_hint
 from rhp_ops.cli import (
     FORMAT_HELP,
     LEVEL_HELP,
@@ -360,7 +361,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     absent = missing()
     if absent:
         return _fail("serve", f"the extender's dependencies are not installed ({', '.join(absent)}): "
-                     "pip install 'runtime-hook-proxy[scheduler]'", EXIT_MISSING_EXTRA)
+                     f"{extra_hint('scheduler')}", EXIT_MISSING_EXTRA)
     return _serve(args)
 
 

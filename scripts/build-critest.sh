@@ -19,7 +19,10 @@ MODULE=devenv/critest
 PREFIX=${RHP_CRITEST_PREFIX:-/opt/runtime-hook-proxy/critest}
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 
-log() { printf 'build-critest: %s\n' "$*" >&2; }
+RHP_PROGRESS_NAME=build-critest
+# shellcheck source=packaging/lib/progress.sh
+source packaging/lib/progress.sh  # a line per step with the elapsed time, on stderr
+log() { rhp_step "$*"; }
 
 if [[ ! -x $GO ]] && ! command -v "$GO" >/dev/null; then
   log "no Go toolchain ($GO); install Go 1.24 or later"
@@ -57,17 +60,17 @@ if [[ -x $binary ]]; then
   exit 0
 fi
 
-log "building critest $version with $("$GO" env GOVERSION) into $dest (about a minute on 2 cores)"
-started=$SECONDS
+log "building critest $version with $("$GO" env GOVERSION) into $dest"
 tmp=$(mktemp "$dest/critest.XXXXXX")
 trap 'rm -f "$tmp"' EXIT
-(
+compile() (
   cd "$MODULE"
   CGO_ENABLED=0 GOFLAGS=-mod=readonly "$GO" test -c -trimpath -ldflags "$ldflags" -o "$tmp" \
-    sigs.k8s.io/cri-tools/cmd/critest
-) >&2
+    sigs.k8s.io/cri-tools/cmd/critest >&2
+)
+rhp_run "go test -c sigs.k8s.io/cri-tools/cmd/critest (about a minute on 2 cores when Go's caches are cold)" compile
 chmod 0755 "$tmp"
 mv -f "$tmp" "$binary"
 trap - EXIT
-log "built $binary in $((SECONDS - started))s"
+log "built $binary"
 printf '%s\n' "$binary"

@@ -17,7 +17,10 @@ HELM_VERSION=v3.19.0
 PREFIX=${RHP_HELM_PREFIX:-/opt/runtime-hook-proxy/helm}
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 
-log() { printf 'build-helm: %s\n' "$*" >&2; }
+RHP_PROGRESS_NAME=build-helm
+# shellcheck source=packaging/lib/progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../packaging/lib/progress.sh"  # a line per step with the elapsed time, on stderr
+log() { rhp_step "$*"; }
 
 if [[ ! -x $GO ]] && ! command -v "$GO" >/dev/null; then
   log "no Go toolchain ($GO); install Go 1.24 or later"
@@ -39,16 +42,16 @@ flock 8
 if [[ -x $binary ]]; then
   log "up to date: $binary"
 else
-  log "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION into $dest (about 1.5 minutes when Go's caches are cold)"
-  started=$SECONDS
+  log "building helm $HELM_VERSION into $dest"
   rm -rf "$PREFIX"/*.tmp
   mkdir -p "$dest.tmp"
-  CGO_ENABLED=0 GOBIN=$dest.tmp GOFLAGS=-trimpath "$GO" install \
+  rhp_run "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION (about 1.5 minutes when Go's caches are cold)" \
+    env CGO_ENABLED=0 GOBIN="$dest.tmp" GOFLAGS=-trimpath "$GO" install \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   rm -rf "$dest"
   mv "$dest.tmp" "$dest"
-  log "built $binary in $((SECONDS - started)) s"
+  log "built $binary"
 fi
 ln -sfn "$key" "$PREFIX/current.tmp"
 mv -T "$PREFIX/current.tmp" "$PREFIX/current"

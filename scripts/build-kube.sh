@@ -17,7 +17,10 @@ SRC=devenv/kube
 PREFIX=${RHP_KUBE_PREFIX:-/opt/runtime-hook-proxy/kube}
 K8S_VERSION=v1.34.4 # the k8s.io/kubernetes version that devenv/kube/go.mod requires
 
-log() { printf 'build-kube: %s\n' "$*" >&2; }
+RHP_PROGRESS_NAME=build-kube
+# shellcheck source=packaging/lib/progress.sh
+source packaging/lib/progress.sh  # a line per step with the elapsed time, on stderr
+log() { rhp_step "$*"; }
 
 if ! command -v go >/dev/null 2>&1; then
   [[ -x /usr/local/go/bin/go ]] && PATH=$PATH:/usr/local/go/bin
@@ -51,14 +54,14 @@ flock 8
 if [[ -x $dest/kube ]]; then
   log "up to date: $dest/kube"
 else
-  log "building $SRC (k8s.io/kubernetes $K8S_VERSION) into $dest; about 5 minutes on 2 cores when Go's caches are cold"
-  started=$SECONDS
+  log "building $SRC (k8s.io/kubernetes $K8S_VERSION) into $dest"
   rm -rf "$PREFIX"/*.tmp # builds that failed or were killed (we hold the lock)
   mkdir -p "$dest.tmp"
-  (cd "$SRC" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "$LDFLAGS" -o "$dest.tmp/kube" .)
+  compile() (cd "$SRC" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "$LDFLAGS" -o "$dest.tmp/kube" .)
+  rhp_run "go build: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl and etcd (about 5 minutes on 2 cores when Go's caches are cold)" compile
   rm -rf "$dest"
   mv "$dest.tmp" "$dest"
-  log "built $dest/kube in $((SECONDS - started)) s"
+  log "built $dest/kube"
 fi
 ln -sfn "$key" "$PREFIX/current.tmp"
 mv -T "$PREFIX/current.tmp" "$PREFIX/current"

@@ -10,11 +10,15 @@ another dpkg run's lock) in one test, step by step:
   and enabled the unit without starting it (systemd is not running here), and the installed
   ``runtime-proxy doctor`` passes against a private containerd, with RDT reported as a warning
   where resctrl is not mounted (as here); the installed ``runtime-proxy serve``, started with the
-  unit's own command line on private paths, becomes ready and stops cleanly on SIGTERM;
+  unit's own command line on private paths, becomes ready and stops cleanly on SIGTERM; the venv
+  holds the ``[cluster]`` extra (a config with ``fromCluster`` and ``report.enable`` passes the
+  start-up checks) and ``--version`` names the commit the package was built from;
 - upgrade to the later version and rollback to the first (the later one's extra file goes): the
   admin's edits to both conffiles are kept, silently (no ``.dpkg-*`` files), and the command runs
   after each;
-- remove: the program and its venv go, the edited config stays;
+- remove: refused while kubelet's config names the proxy's socket and kubelet cannot be switched
+  back (the proxy keeps running); with a restart that works, the prerm switches kubelet's config
+  back to containerd first, then the program and its venv go, the edited config stays;
 - purge: nothing of the package is left (venv, config, unit, its enablement, runtime directory),
   and every path it touched is as before the test. ``/opt/runtime-hook-proxy/`` itself stays when
   ``scripts/install-deps.sh`` keeps containerd there.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -133,6 +138,9 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out.chmod(0o755)
     proc = _run(["bash", str(REPO / "packaging/deb/build.sh")], RHP_DEB_OUT=str(out), HOME=os.environ.get("HOME", "/"))
     first = Path(proc.stdout.strip().splitlines()[-1])
+    # a line per step with the elapsed time (the build took 73 s, silent, on the old main)
+    steps = re.findall(r"^packaging/deb/build\.sh: \[ *\d+s\] (.*)$", proc.stderr, re.M)
+    assert len(steps) >= 5 and steps[-1] == "done", proc.stderr[-3000:]
     assert first == out / f"{PKG}_{VERSION}_amd64.deb"
     tree = out / "tree"
     _run(["dpkg-deb", "-R", str(first), str(tree)])
@@ -268,6 +276,44 @@ def test_readme_shows_the_commands_this_test_runs() -> None:
         assert command in section, command
 
 
+def test_the_node_venv_holds_the_cluster_extra() -> None:
+    """Every documented node config works from the package: the build installs the [cluster]
+    extra's pins (on the old main it left them out and report.enable made serve exit 2)."""
+    build = (REPO / "packaging/deb/build.sh").read_text()
+    assert "packaging/image/requirements-cluster.txt" in build
+    lines = (REPO / "packaging/image/requirements-cluster.txt").read_text().splitlines()
+    pinned = {canonicalize_name(Requirement(line.split(" --hash=")[0]).name) for line in lines
+              if line and not line.startswith("#")}
+    for dep in map(Requirement, PYPROJECT["project"]["optional-dependencies"]["cluster"]):
+        assert canonicalize_name(dep.name) in pinned
+
+
+def test_prerm_guards_kubelet_before_it_stops_the_proxy() -> None:
+    prerm = (REPO / "packaging/deb/prerm").read_text()
+    guard = prerm.index("kubelet-switch --to containerd --if-on-proxy")
+    assert guard < prerm.index('deb-systemd-invoke stop "$UNIT"')
+    assert "exit 1" in prerm[guard:prerm.index('deb-systemd-invoke stop "$UNIT"')]
+
+
+def _kubelet_on_the_proxy(tmp: Path) -> Path:
+    config = tmp / "kubelet" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                      "containerRuntimeEndpoint: unix:///var/run/koord-runtimeproxy/runtimeproxy.sock\n")
+    return config
+
+
+def _cluster_configs_are_usable(tmp: Path) -> None:
+    """fromCluster and report.enable pass the installed proxy's start-up checks."""
+    node = tmp / "cluster-node.yaml"
+    node.write_text("nodeSLO: {}\n")
+    config = tmp / "cluster-config.yaml"
+    config.write_text(f"nodeConfigFile: {node}\nfromCluster: true\nreport:\n  enable: true\n")
+    check = ("from runtime_proxy.config import check_usable, load_config; "
+             f"check_usable(load_config({str(config)!r})); print('usable')")
+    assert _run([str(VENV / "bin/python3"), "-c", check]).stdout.strip() == "usable"
+
+
 @pytest.mark.slow
 @pytest.mark.requires_root
 @pytest.mark.timeout(900)
@@ -291,9 +337,14 @@ def test_install_start_upgrade_rollback_purge(debs: dict[str, Path], machine: se
     assert wants.resolve() == Path(f"/lib/systemd/system/{UNIT}").resolve()
     site = VENV / "lib/python3.11/site-packages"
     dists = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
-    assert "runtime_hook_proxy" in dists
-    assert not dists & {"pip", "setuptools", "kubernetes", "starlette", "uvicorn", "aiohttp", "orjson"}
-    assert _run(["/usr/bin/runtime-proxy", "--version"]).stdout.startswith(f"runtime-proxy {VERSION} ")
+    assert {"runtime_hook_proxy", "kubernetes"} <= dists  # the [cluster] extra
+    assert not dists & {"pip", "setuptools", "starlette", "uvicorn", "orjson"}  # no [scheduler]
+    said = _run(["/usr/bin/runtime-proxy", "--version"]).stdout
+    assert said.startswith(f"runtime-proxy {VERSION} ")
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    if head.returncode == 0:
+        assert said.rstrip().endswith(f", commit {head.stdout.strip()[:12]})"), said
+    _cluster_configs_are_usable(tmp_path)
 
     ctrd = PrivateContainerd("1.6", load_image=False).start()
     try:
@@ -330,8 +381,21 @@ def test_install_start_upgrade_rollback_purge(debs: dict[str, Path], machine: se
     assert not MARKER.exists()
     _run(["/usr/bin/runtime-proxy", "plan", "--help"])
 
-    # remove: the program goes, the admin's config stays
-    _run([*APT, "remove", PKG])
+    # remove: not while kubelet points at the proxy and cannot be switched back
+    kubelet = _kubelet_on_the_proxy(tmp_path)
+    guard = {"RHP_KUBELET_CONFIG": str(kubelet), "RHP_KUBELET_FLAGS_FILE": ""}
+    refused = subprocess.run([*APT, "remove", PKG], capture_output=True, text=True, timeout=600,
+                             stdin=subprocess.DEVNULL, env={**ENV, **guard, "RHP_KUBELET_RESTART": "false"},
+                             check=False)
+    assert refused.returncode != 0
+    assert "not removed: kubelet points at the proxy's socket" in refused.stdout + refused.stderr
+    assert _installed_version() == VERSION and os.path.lexists("/usr/bin/runtime-proxy")
+    assert "runtimeproxy.sock" in kubelet.read_text()
+    # with a restart that works, prerm switches kubelet back first; the program goes, the config stays
+    restarted = tmp_path / "kubelet-restarted"
+    _run([*APT, "remove", PKG], **guard, RHP_KUBELET_RESTART=f"touch {restarted}")
+    assert restarted.exists()
+    assert "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock" in kubelet.read_text()
     assert _installed_version() == "" and _known_to_dpkg()
     assert not os.path.lexists("/usr/bin/runtime-proxy") and not VENV.exists()
     _edits_kept(edits)

@@ -45,6 +45,7 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("README.md", "bash scripts/test.sh"): "main",
     ("README.md", "bash scripts/test.sh tests/e2e"): "main",
     ("README.md", "bash packaging/deb/build.sh"): "host",
+    ("README.md", "bash packaging/wheel/build.sh"): "host",
     ("README.md", "apt-get install -y mmdebstrap umoci"): "host",
     ("README.md",
      "podman build -f Containerfile --target node -t registry.example.com/runtime-hook-proxy-node:0.1.0 ."): "builder",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -156,12 +157,14 @@ def test_both_images_run_in_containerd_as_their_user(images: dict[str, ProductIm
     lines = node.stdout.splitlines()
     assert lines[0] == "65532"
     assert lines[1].startswith("runtime-proxy ")
+    assert re.search(r", commit [0-9a-f]{12}\)$", lines[1]), lines[1]  # the build's commit, baked into the wheel
     assert "No module named 'starlette'" in lines[2]
     cluster = _run(containerd, images["cluster"].ref, "cluster-check", "sh", "-c",
                    "id -u; scheduler-ext --version; scheduler-ext --help >/dev/null && echo help-ok")
     assert cluster.returncode == 0, cluster.stderr
     assert cluster.stdout.splitlines()[0] == "65532"
     assert cluster.stdout.splitlines()[1].startswith("scheduler-ext ")
+    assert re.search(r", commit [0-9a-f]{12}\)$", cluster.stdout.splitlines()[1])
     assert cluster.stdout.splitlines()[2] == "help-ok"
 
 

@@ -36,8 +36,8 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path("/var/cache/runtime-hook-proxy/images")
 SHIPPED = ("runtime_proxy", "hooks", "scheduler_ext", "cri_protos", "koord_formats", "rhp_ops", "rhp_kube")
-BUILD_INPUTS = ("pyproject.toml", "README.md", "packaging/image", "packaging/lib", "packaging/deb/requirements.txt",
-                "packaging/deb/build-requirements.txt")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "packaging/image", "packaging/lib",
+                "packaging/deb/requirements.txt", "packaging/deb/build-requirements.txt")
 
 
 @dataclass(frozen=True)

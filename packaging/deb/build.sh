@@ -13,8 +13,12 @@
 #   /etc/runtime-hook-proxy/node.yaml     packaging/node.yaml            the admin's edits)
 # and the maintainer scripts beside this file (postinst, prerm, postrm). The venv is made here, at
 # its final path's interpreter (/usr/bin/python3, which the package depends on) and moved into the
-# package tree; nothing is downloaded on the node. The node package leaves out the [scheduler] and
-# [cluster] extras: the extender runs in the cluster, and fromCluster is for the DaemonSet.
+# package tree; nothing is downloaded on the node. The venv holds the [cluster] extra (the
+# kubernetes client, pinned in packaging/image/requirements-cluster.txt, the node image's too), so
+# every documented node config works (fromCluster, report.enable, usageLoop.evictBy: api); it
+# leaves out the [scheduler] extra: the extender runs in the cluster.
+# It prints a line per step with the elapsed time on stderr (packaging/lib/progress.sh), and the
+# package's path on stdout.
 #
 # Needs: Debian 12 amd64 with python3 (3.11), python3-venv, python3-pip and dpkg-deb. The wheels
 # come from PyPI once and are kept in the cache directory (hashes checked on every use).
@@ -54,12 +58,20 @@ work=$(mktemp -d /tmp/rhp-deb.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 root=$work/root
 
+RHP_PROGRESS_NAME=packaging/deb/build.sh
+# shellcheck source=packaging/lib/progress.sh
+source "$repo/packaging/lib/progress.sh"
 # shellcheck source=packaging/lib/venv.sh
 RHP_PY=$PY
 source "$repo/packaging/lib/venv.sh"
-rhp_fetch_wheels "$cache" "$work" "$here/requirements.txt" "$here/build-requirements.txt"
+reqs=("$here/requirements.txt" "$repo/packaging/image/requirements-cluster.txt")
+rhp_run "checking the pinned wheels in $cache (fetched from PyPI once)" \
+  rhp_fetch_wheels "$cache" "$work" "${reqs[@]}" "$here/build-requirements.txt"
+rhp_step "building the runtime-hook-proxy $version wheel"
 wheel=$(rhp_build_wheel "$repo" "$work" "$cache" "$here/build-requirements.txt")
-rhp_make_venv "$root" "$VENV" "$wheel" "$cache" "$here/requirements.txt"
+rhp_run "making the venv $VENV (the wheel with its [cluster] extra, byte code compiled)" \
+  rhp_make_venv "$root" "$VENV" "$wheel" "$cache" "${reqs[@]}"
+rhp_step "laying out the package tree"
 
 install -D -m 0644 "$repo/packaging/runtime-proxy.service" "$root/lib/systemd/system/runtime-proxy.service"
 install -D -m 0644 "$here/tmpfiles.conf" "$root/usr/lib/tmpfiles.d/runtime-hook-proxy.conf"
@@ -90,9 +102,12 @@ Description: CRI hook proxy for Kubernetes nodes, compatible with Koordinator
  runtime-proxy sits between kubelet and containerd and runs QoS hooks (cpuset, CPU burst,
  group identity, suppress, RDT...) on pod and container lifecycle calls. This package holds
  the node part in a private venv under $VENV, the systemd unit runtime-proxy.service and
- its config in /etc/runtime-hook-proxy/. The scheduler extender is not included.
+ its config in /etc/runtime-hook-proxy/, with the Kubernetes client for fromCluster and the
+ node reports. The scheduler extender is not included.
 EOF
 
 deb=$out/${PKG}_${debver}_amd64.deb
-dpkg-deb --root-owner-group -Z"${RHP_DEB_COMPRESSION:-xz}" --build "$root" "$deb" >/dev/null
+rhp_run "compressing $(basename "$deb") (${RHP_DEB_COMPRESSION:-xz}, $size KiB unpacked)" \
+  dpkg-deb --root-owner-group -Z"${RHP_DEB_COMPRESSION:-xz}" --build "$root" "$deb" >/dev/null
+rhp_done
 echo "$deb"

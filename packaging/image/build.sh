@@ -3,7 +3,8 @@
 #
 #   bash packaging/image/build.sh [node|cluster]...     (as root; default: both)
 #
-# Prints one line per image: FLAVOUR ARCHIVE REFERENCE. Each ARCHIVE is an OCI image layout in a
+# Prints one line per image: FLAVOUR ARCHIVE REFERENCE (stdout), and a line per step with the
+# elapsed time on stderr (packaging/lib/progress.sh). Each ARCHIVE is an OCI image layout in a
 # tar (`ctr -n k8s.io images import ARCHIVE`, `skopeo copy oci-archive:ARCHIVE docker://...`).
 #
 #   node     localhost/runtime-hook-proxy-node:VERSION      runtime-proxy (serve, nri, hook-server,
@@ -71,11 +72,16 @@ mkdir -p "$out" "$cache" "$debcache"
 work=$(mktemp -d /tmp/rhp-image.XXXXXX)
 trap '[[ -n ${RHP_IMAGE_KEEP_WORK:-} ]] || rm -rf "$work"' EXIT
 
+RHP_PROGRESS_NAME=packaging/image/build.sh
+# shellcheck source=packaging/lib/progress.sh
+source "$repo/packaging/lib/progress.sh"
 # shellcheck source=packaging/lib/venv.sh
 source "$repo/packaging/lib/venv.sh"
 node_reqs=("$repo/packaging/deb/requirements.txt" "$here/requirements-cluster.txt")
 cluster_reqs=("${node_reqs[@]}" "$here/requirements-scheduler.txt")
-rhp_fetch_wheels "$cache" "$work" "${cluster_reqs[@]}" "$repo/packaging/deb/build-requirements.txt"
+rhp_run "checking the pinned wheels in $cache (fetched from PyPI once)" \
+  rhp_fetch_wheels "$cache" "$work" "${cluster_reqs[@]}" "$repo/packaging/deb/build-requirements.txt"
+rhp_step "building the runtime-hook-proxy $version wheel"
 wheel=$(rhp_build_wheel "$repo" "$work" "$cache" "$repo/packaging/deb/build-requirements.txt")
 
 layer_tar() {
@@ -89,7 +95,8 @@ layer_tar() {
 # kept in $debcache between builds (mmdebstrap's documented cache hooks), so a rebuild downloads
 # only what changed on the mirror.
 rootfs=$work/rootfs
-mmdebstrap --quiet --mode=root --variant=minbase --include=python3,ca-certificates \
+rhp_run "mmdebstrap: Debian 12 minbase with python3 and ca-certificates from $mirror (.debs cached in $debcache)" \
+  mmdebstrap --quiet --mode=root --variant=minbase --include=python3,ca-certificates \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
   --dpkgopt='path-exclude=/usr/share/info/*' \
@@ -107,14 +114,16 @@ rm -rf "$rootfs"/usr/bin/apt* "$rootfs"/usr/lib/apt "$rootfs"/etc/apt "$rootfs"/
   "$rootfs"/var/cache/apt "$rootfs"/var/cache/debconf/*-old "$rootfs"/var/cache/ldconfig/aux-cache \
   "$rootfs"/usr/lib/python3/dist-packages/pip
 find "$rootfs"/var/log -type f -delete
-layer_tar "$rootfs" "$work/base.tar"
+rhp_run "layer 1: the Debian base" layer_tar "$rootfs" "$work/base.tar"
 
 # Layer 2 (both images): the node venv. Layer 3 (cluster image only): what the [scheduler] extra
 # adds to that venv, as a second venv built the same way and compared file by file.
-rhp_make_venv "$work/node" "$FINAL" "$wheel" "$cache" "${node_reqs[@]}"
+rhp_run "layer 2: the node venv (the wheel with its [cluster] extra)" \
+  rhp_make_venv "$work/node" "$FINAL" "$wheel" "$cache" "${node_reqs[@]}"
 layer_tar "$work/node" "$work/node.tar"
 if [[ " ${flavours[*]} " == *" cluster "* ]]; then
-  rhp_make_venv "$work/cluster" "$FINAL" "$wheel" "$cache" "${cluster_reqs[@]}"
+  rhp_run "layer 3: what the [scheduler] extra adds to the node venv" \
+    rhp_make_venv "$work/cluster" "$FINAL" "$wheel" "$cache" "${cluster_reqs[@]}"
   python3 "$here/difflayer.py" "$work/node" "$work/cluster" "$SOURCE_DATE_EPOCH" "$work/scheduler.tar"
 fi
 
@@ -157,5 +166,6 @@ PY
 }
 
 for f in "${flavours[@]}"; do
-  build_one "$f"
+  rhp_run "the $f image: OCI layout and archive (umoci)" build_one "$f"
 done
+rhp_done

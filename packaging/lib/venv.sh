@@ -23,18 +23,28 @@ rhp_fetch_wheels() {
 }
 
 # rhp_build_wheel REPO WORK CACHE BUILD_REQ: our wheel, built offline from a copy of the shipped
-# packages (the checkout is left as it was); prints its path.
+# packages (the checkout is left as it was), with the checkout's commit in rhp_ops/COMMIT (what
+# rhp_build_info and --version name; RHP_GIT_COMMIT overrides it, e.g. for a tarball without .git);
+# prints its path.
 rhp_build_wheel() {
   local repo=$1 work=$2 cache=$3 build_req=$4 name version
   local src=$work/src
   mkdir -p "$src"
-  cp "$repo/pyproject.toml" "$repo/README.md" "$src/"
+  cp "$repo/pyproject.toml" "$repo/README.md" "$repo/LICENSE" "$src/"
   for name in runtime_proxy hooks scheduler_ext cri_protos koord_formats rhp_ops rhp_kube; do
     if [[ -d $repo/$name ]]; then
       cp -r "$repo/$name" "$src/$name"
     fi
   done
   find "$src" -name __pycache__ -prune -exec rm -rf {} +
+  local commit=${RHP_GIT_COMMIT:-}
+  [[ -n $commit ]] || commit=$(git -C "$repo" rev-parse HEAD 2>/dev/null || true)
+  rm -f "$src/rhp_ops/COMMIT"
+  if [[ $commit =~ ^[0-9a-f]{40}([0-9a-f]{24})?$ ]]; then
+    printf '%s\n' "$commit" >"$src/rhp_ops/COMMIT"
+  else
+    echo "rhp_build_wheel: no git commit known (no .git and no RHP_GIT_COMMIT): the build names none" >&2
+  fi
   "$RHP_PY" -m venv --without-pip "$work/build"
   rhp_pip --python "$work/build/bin/python" install -q --no-index --find-links "$cache" --require-hashes \
     -r "$build_req"

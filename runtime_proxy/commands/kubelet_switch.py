@@ -24,6 +24,13 @@ restart fails, the files are restored and kubelet restarted again. ``--to contai
 endpoint back to the value the backup holds (absent in the backup: the key is removed again; no
 backup: ``--containerd-endpoint``), leaving every other setting as it is now, and restarts
 kubelet, with no checks: rolling back must always be possible.
+
+``--to containerd --if-on-proxy`` is the guard the Debian package's prerm runs before it stops the
+proxy (``packaging/deb/prerm``): it rolls back only the files that name the proxy's endpoint (a
+missing file, or one naming anything else, is left alone), does nothing and exits 0 when none
+does, and, when kubelet's restart fails, puts the files back as they were (naming the proxy, the
+backups kept) and exits 1: the caller must then leave the proxy running, since kubelet still uses
+it.
 """
 
 from __future__ import annotations
@@ -48,8 +55,19 @@ import yaml
 from rhp_ops.files import FileRefused, read_text_file
 from runtime_proxy.commands import doctor
 
-__all__ = ["EXIT_CODES", "SwitchError", "add_arguments", "add_parser", "config_endpoint", "flag_endpoint",
-           "main_from_args", "set_config_endpoint", "set_flag_endpoint"]
+__all__ = [
+    "EXIT_CODES",
+    "SwitchError",
+    "add_arguments",
+    "add_parser",
+    "config_endpoint",
+    "flag_endpoint",
+    "main_from_args",
+    "on_proxy",
+    "rollback_if_on_proxy",
+    "set_config_endpoint",
+    "set_flag_endpoint",
+]
 
 PROXY_ENDPOINT = "unix:///var/run/koord-runtimeproxy/runtimeproxy.sock"
 CONTAINERD_ENDPOINT = "unix:///run/containerd/containerd.sock"
@@ -452,6 +470,60 @@ def rollback(files: Sequence[KubeletFile], endpoint: str, *, restart: str | None
     return 0 if _restart(restart, say) else 1
 
 
+def _same_endpoint(a: str | None, b: str) -> bool:
+    """Whether two endpoints name the same socket (``/var/run`` is ``/run``)."""
+    def norm(e: str) -> str:
+        e = e.strip()
+        e = e[len("unix://"):] if e.startswith("unix://") else e
+        return "/run/" + e[len("/var/run/"):] if e.startswith("/var/run/") else e
+
+    return a is not None and norm(a) == norm(b)
+
+
+def on_proxy(files: Sequence[KubeletFile], proxy: str, say: Callable[[str], None]) -> list[KubeletFile]:
+    """Those of ``files`` that exist and name ``proxy`` as kubelet's runtime endpoint."""
+    out: list[KubeletFile] = []
+    for f in files:
+        if not f.path.exists() and not f.path.is_symlink():
+            say(f"{f.path}: not there")
+            continue
+        text = _read(f.path)
+        try:
+            endpoint = f.endpoint_in(text)
+        except SwitchError as exc:
+            if f.kind == "flags" and not _FLAG.search(text):
+                say(f"{f.path}: names no endpoint")
+                continue
+            raise SwitchError(f"{f.path}: {exc}") from None
+        if _same_endpoint(endpoint, proxy):
+            out.append(f)
+        else:
+            say(f"{f.path}: {f.what()} is {endpoint or 'unset'}, not the proxy: left alone")
+    return out
+
+
+def rollback_if_on_proxy(files: Sequence[KubeletFile], endpoint: str, proxy: str, *, restart: str | None,
+                         preview: bool, say: Callable[[str], None]) -> int:
+    """``rollback`` of the files naming ``proxy``; on a failed restart they name the proxy again
+    (kubelet still runs on it) with their backups, and the result is 1."""
+    chosen = on_proxy(files, proxy, say)
+    if not chosen:
+        say("kubelet does not point at the proxy: nothing to switch back")
+        return 0
+    if preview:
+        return rollback(chosen, endpoint, restart=restart, preview=True, say=say)
+    before = {f.path: (_read(f.path), _read(f.backup) if f.backup.exists() else None) for f in chosen}
+    if rollback(chosen, endpoint, restart=restart, preview=False, say=say) == 0:
+        return 0
+    for f in chosen:
+        text, backup = before[f.path]
+        if backup is not None and not f.backup.exists():
+            _write_new(f.backup, backup, f.target)
+        _write_atomically(f.target, text)
+        say(f"{f.path}: restored (kubelet was not restarted, so it still runs on the proxy)")
+    return 1
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("kubelet-switch", help="point kubelet at the proxy (after doctor and /readyz) or back",
                        description="Switch kubelet's container runtime endpoint to the proxy when doctor passes and "
@@ -481,6 +553,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     own.add_argument("--no-restart", action="store_true", help="edit the files only")
     own.add_argument("--dry-run", dest="preview", action="store_true",
                      help="say what would change; write and restart nothing")
+    own.add_argument("--if-on-proxy", action="store_true",
+                     help="with --to containerd: only the files that name the proxy's endpoint (missing files "
+                          "and files naming anything else are left alone; none: exit 0, no restart); a failed "
+                          "restart puts them back as they were and exits 1 (the package's prerm runs this)")
     checks = p.add_argument_group("doctor (checked before switching to the proxy)")
     doctor.add_arguments(checks)
 
@@ -496,8 +572,14 @@ def main_from_args(args: argparse.Namespace) -> int:
         return 2
     restart = None if args.no_restart else args.restart_command
     try:
+        if args.to == "containerd" and args.if_on_proxy:
+            return rollback_if_on_proxy(files, args.containerd_endpoint, args.proxy_endpoint, restart=restart,
+                                        preview=args.preview, say=say)
         if args.to == "containerd":
             return rollback(files, args.containerd_endpoint, restart=restart, preview=args.preview, say=say)
+        if args.if_on_proxy:
+            print("runtime-proxy kubelet-switch: --if-on-proxy goes with --to containerd", file=sys.stderr)
+            return 2
         for f in files:
             f.changed(args.proxy_endpoint)  # every file must be usable before anything is checked
         checks = doctor.run(doctor.options_from_args(args))

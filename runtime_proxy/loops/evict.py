@@ -182,7 +182,8 @@ class ApiEvictor:
                     self._api_client = _load_api_client()
         except Exception as exc:  # no credentials: every eviction fails, the loop goes on
             msg = (f"no cluster access for evictions ({type(exc).__name__}: {str(exc)[:200]}); install "
-                   "runtime-hook-proxy[cluster] and give credentials, or set usageLoop.evictBy: runtime")
+                   "the [cluster] extra (the kubernetes client) and give credentials, or set "
+                   "usageLoop.evictBy: runtime")
             log.error("cannot evict", error=msg)
             return [self._count(EvictionResult(e, "failed", msg), "failed") for e in evictions]
         return [self._evict_one(e) for e in evictions]

@@ -21,7 +21,8 @@ class ReportConfig(BaseModel):
                          "pools, NUMA zones), a Device with its NVIDIA GPUs (none without GPUs) and its "
                          "NodeMetric's status (usage with percentiles, from the usage sampler). In-cluster or "
                          "kubeconfig credentials; RBAC: `packaging/kustomize/components/report`. Needs the "
-                         "`kubernetes` client: `pip install 'runtime-hook-proxy[cluster]'`. Turn it off where "
+                         "`kubernetes` client, the `[cluster]` extra (in the Debian package and the node image; a "
+                         "wheel install: README.md, \"Install the wheel\"). Turn it off where "
                          "koordlet runs.")
     intervalSeconds: float = Field(default=10.0, ge=1, le=3600, description="Seconds between two checks of the "
                                    "NodeResourceTopology and Device (written only when what they report changed, "

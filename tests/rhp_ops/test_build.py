@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +69,26 @@ def test_the_environment_names_the_commit(monkeypatch: pytest.MonkeyPatch) -> No
         assert build.version_line("x").endswith(f", commit {SHA[:12]})")
     finally:
         build.git_commit.cache_clear()
+
+
+def test_an_installed_wheel_names_the_commit_it_was_built_from(tmp_path: Path) -> None:
+    """``rhp_ops/COMMIT`` (written by ``packaging/lib/venv.sh``'s ``rhp_build_wheel``) names the
+    commit where no checkout is (site-packages); on the old main the .deb and the images named none."""
+    site = tmp_path / "site-packages"
+    (site / "rhp_ops").mkdir(parents=True)
+    (site / "rhp_ops" / "__init__.py").write_text("")
+    (site / "rhp_ops" / "build.py").write_text(Path(build.__file__).read_text())
+    code = "from rhp_ops import build; print(build.git_commit())"
+    env = {k: v for k, v in os.environ.items() if k != "RHP_GIT_COMMIT"}
+    run = [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"]
+    assert subprocess.run(run, capture_output=True, text=True, env=env, check=True).stdout.strip() == ""
+    (site / "rhp_ops" / "COMMIT").write_text(SHA + "\n")
+    assert subprocess.run(run, capture_output=True, text=True, env=env, check=True).stdout.strip() == SHA
+    (site / "rhp_ops" / "COMMIT").write_text("not a commit\n")
+    assert subprocess.run(run, capture_output=True, text=True, env=env, check=True).stdout.strip() == ""
+
+
+def test_the_missing_extra_is_named_with_the_wheel_to_install() -> None:
+    hint = build.extra_hint("cluster")
+    assert f"./dist/runtime_hook_proxy-{build.version()}-py3-none-any.whl[cluster]" in hint
+    assert "packaging/wheel/build.sh" in hint

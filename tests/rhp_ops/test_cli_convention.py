@@ -109,11 +109,11 @@ def test_scheduler_ext_entry_answers_version_without_its_extra(monkeypatch: pyte
     assert entry.main(["--version"]) == 0
     assert capsys.readouterr().out == build.version_line("scheduler-ext") + "\n"
     assert entry.main(["serve"]) == entry.EXIT_MISSING_EXTRA
-    assert "pip install 'runtime-hook-proxy[scheduler]'" in capsys.readouterr().err
+    assert build.extra_hint("scheduler") in capsys.readouterr().err
 
 
 # Runs scheduler-ext's console script with the [scheduler] extra's modules made unimportable, as on
-# a node install (``pip install runtime-hook-proxy``).
+# a node install (the wheel without extras).
 _WITHOUT_EXTRA = """
 import sys
 from scheduler_ext import entry
@@ -129,7 +129,7 @@ raise SystemExit(entry.main(sys.argv[1:]))
         pytest.param(["serve", "--help"], 0, "--listen", id="serve's help answers without the extra"),
         pytest.param(["simulate", "packaging/scheduler/simulate-example.yaml"], 0, '"feasible": true',
                      id="simulate runs without the extra"),
-        pytest.param(["serve"], 2, "pip install 'runtime-hook-proxy[scheduler]'",
+        pytest.param(["serve"], 2, "-py3-none-any.whl[scheduler]' (the wheel",
                      id="serve names the extra to install"),
     ],
 )

@@ -83,6 +83,6 @@ def test_a_missing_node_config_file_is_an_error(tmp_path: Path) -> None:
 
 def test_from_cluster_without_the_kubernetes_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"runtime-hook-proxy\[cluster\]"):
+    with pytest.raises(ConfigError, match=r"py3-none-any\.whl\[cluster\]"):
         check_usable(ProxyConfig(fromCluster=True))
     check_usable(ProxyConfig(fromCluster=False))

@@ -318,3 +318,57 @@ def test_the_written_file_is_read_back_and_checked(node: Path, readyz: dict[str,
     assert "read back after writing" in capsys.readouterr().err
     monkeypatch.setattr(kubelet, "_write_atomically", real)
     assert (node / "config.yaml").read_text().replace("cgroupfs", "systemd") == CONFIG
+
+
+# -- the package's prerm guard: --to containerd --if-on-proxy (issue 32, item 5) -------------------
+
+
+def _guard(node: Path, restart: str = "", *files: str) -> int:
+    argv = ["kubelet-switch", "--to", "containerd", "--if-on-proxy",
+            "--restart-command", restart or f"touch {node / 'restarted'}"]
+    for f in files or ("config.yaml", "kubeadm-flags.env"):
+        argv += ["--flags-file" if f.endswith(".env") else "--kubelet-config", str(node / f)]
+    return main(argv)
+
+
+def test_the_guard_does_nothing_while_kubelet_is_on_containerd(node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _guard(node, "", "config.yaml", "kubeadm-flags.env", "missing.yaml") == 0
+    assert _unchanged(node)
+    out = capsys.readouterr().out
+    assert "missing.yaml: not there" in out and "nothing to switch back" in out
+
+
+def test_the_guard_switches_back_the_files_naming_the_proxy(node: Path, readyz: dict[str, object]) -> None:
+    assert _switch(node, readyz, "--to", "proxy") == 0
+    (node / "restarted").unlink()
+    assert _guard(node) == 0
+    assert (node / "config.yaml").read_text() == CONFIG and (node / "kubeadm-flags.env").read_text() == FLAGS
+    assert (node / "restarted").exists()
+    assert not (node / "config.yaml.rhp-backup").exists()
+
+
+def test_the_guard_switches_back_a_proxy_endpoint_written_by_hand(node: Path) -> None:
+    (node / "config.yaml").write_text(CONFIG.replace(CONTAINERD, "unix:///run/koord-runtimeproxy/runtimeproxy.sock"))
+    assert _guard(node, "", "config.yaml") == 0  # /run is /var/run; no backup: containerd's socket
+    assert f"containerRuntimeEndpoint: {CONTAINERD}" in (node / "config.yaml").read_text()
+    assert (node / "restarted").exists()
+
+
+def test_a_failed_restart_leaves_kubelet_s_files_on_the_proxy(node: Path, readyz: dict[str, object],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """kubelet was not restarted, so it still runs on the proxy: the files must say so, and the
+    caller (the package's prerm) keeps the proxy running."""
+    assert _switch(node, readyz, "--to", "proxy") == 0
+    on_proxy = (node / "config.yaml").read_text(), (node / "kubeadm-flags.env").read_text()
+    assert _guard(node, "false") == 1
+    assert ((node / "config.yaml").read_text(), (node / "kubeadm-flags.env").read_text()) == on_proxy
+    assert (node / "config.yaml.rhp-backup").read_text() == CONFIG  # a later rollback still finds it
+    assert "restored (kubelet was not restarted" in capsys.readouterr().out
+    assert _guard(node) == 0
+    assert (node / "config.yaml").read_text() == CONFIG
+
+
+def test_the_guard_goes_only_with_to_containerd(node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["kubelet-switch", "--to", "proxy", "--if-on-proxy", "--kubelet-config", str(node / "config.yaml")]
+    assert main(argv) == 2
+    assert "--if-on-proxy goes with --to containerd" in capsys.readouterr().err
