@@ -6,7 +6,9 @@
 
 RHP_PY=${RHP_PY:-/usr/bin/python3}
 
-rhp_pip() { "$RHP_PY" -m pip --disable-pip-version-check --no-input "$@"; }
+# No byte code from pip's own runs: `pip --python VENV check` imports from the venv (attrs, say), and
+# byte code written then would name the staging path (rhp_make_venv compiles it for the final one).
+rhp_pip() { PYTHONDONTWRITEBYTECODE=1 "$RHP_PY" -m pip --disable-pip-version-check --no-input "$@"; }
 
 # rhp_fetch_wheels CACHE SCRATCH REQ...: every pinned wheel of REQ... in CACHE (hashes checked on
 # every use); fetched from PyPI, binary only, when one is missing.
