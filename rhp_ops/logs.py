@@ -3,10 +3,14 @@ readable text (``console``), for structlog loggers and for the standard ``loggin
 (urllib3, uvicorn, grpc, kubernetes), which goes through structlog's ``ProcessorFormatter`` and
 the same processors.
 
-Two processors keep the logs readable:
+Three processors keep the logs readable:
 
 - ``shorten_rpc_errors`` turns a gRPC error (the object, or its multi-line ``str()``) into
   ``CODE: details``;
+- ``shorten_api_errors`` turns a Kubernetes client error (``ApiException``: the object, its
+  multi-line ``str()`` anywhere in a value, or the exception of ``exc_info``) into one line,
+  ``STATUS REASON: message`` (the message from the API server's Status body), never its response
+  headers and body;
 - ``RepeatLimiter`` lets one line of a kind (level warning or above, same event and values)
   through per window; the repeats inside the window are dropped and counted, and the next line
   of that kind after the window carries ``repeated=K``.
@@ -33,7 +37,7 @@ from typing import Any, TextIO
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-__all__ = ["RepeatFilter", "RepeatLimiter", "configure", "shorten_rpc_errors"]
+__all__ = ["RepeatFilter", "RepeatLimiter", "configure", "shorten_api_errors", "shorten_rpc_errors"]
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 # Loggers of libraries that are chatty at INFO; they log at WARNING and above unless debug is asked.
@@ -73,6 +77,69 @@ def shorten_rpc_errors(_logger: WrappedLogger, _name: str, event_dict: EventDict
             short = _short_rpc(value)
             if short is not None:
                 changed[key] = short
+    if changed:
+        event_dict.update(changed)
+    return event_dict
+
+
+# The kubernetes client's ApiException.__str__: "(404)\nReason: Not Found\nHTTP response headers: ...".
+_API_TEXT = re.compile(r"\((\d{1,3})\)\nReason: ([^\n]{0,200})")
+_API_MESSAGE = re.compile(r'"message":\s*"((?:[^"\\]|\\.){0,300})')
+_MAX_API_TEXT = 1 << 20
+
+
+def _api_line(status: int, reason: object, body: object) -> str:
+    """``STATUS REASON: message`` on one line, the message from a Status body when there is one."""
+    line = f"{status} {' '.join(str(reason or '').split())[:200]}".rstrip()
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    if isinstance(text, str):
+        found = _API_MESSAGE.search(text[:65536])
+        if found:
+            message = found.group(1).replace('\\"', '"').replace("\\n", " ")
+            line += ": " + " ".join(message.split())[:300]
+    return line
+
+
+def _short_api(value: object) -> str | None:
+    """The one line of a Kubernetes client error, or of a text holding its ``str()`` (what comes
+    before it kept); ``None`` for anything else."""
+    if isinstance(value, BaseException):
+        status = getattr(value, "status", None)
+        if isinstance(status, int) and hasattr(value, "reason") and hasattr(value, "headers"):
+            return _api_line(status, getattr(value, "reason", ""), getattr(value, "body", None))
+        return None
+    if isinstance(value, str) and len(value) <= _MAX_API_TEXT and "\nReason: " in value:
+        found = _API_TEXT.search(value)
+        if found is None:
+            return None
+        rest = value[found.end():]
+        body = rest.split("HTTP response body: ", 1)[1] if "HTTP response body: " in rest else None
+        return value[: found.start()] + _api_line(int(found.group(1)), found.group(2), body)
+    return None
+
+
+def shorten_api_errors(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+    """Every Kubernetes client error in the line as one ``STATUS REASON: message``; an ``exc_info``
+    holding one becomes that line under ``error`` (its traceback would end in the header dump)."""
+    changed: dict[str, str] = {}
+    for key, value in event_dict.items():
+        looks = isinstance(value, BaseException) or (isinstance(value, str) and "\nReason: " in value)
+        if looks and key != "exc_info":
+            short = _short_api(value)
+            if short is not None:
+                changed[key] = short
+    exc_info = event_dict.get("exc_info")
+    if exc_info:
+        if exc_info is True:
+            exc: object = sys.exc_info()[1]
+        elif isinstance(exc_info, tuple):
+            exc = exc_info[1] if len(exc_info) > 1 else None
+        else:
+            exc = exc_info
+        short = _short_api(exc) if isinstance(exc, BaseException) else None
+        if short is not None:
+            del event_dict["exc_info"]
+            changed["error" if "error" not in event_dict and "error" not in changed else "api_error"] = short
     if changed:
         event_dict.update(changed)
     return event_dict
@@ -199,6 +266,7 @@ def configure(fmt: str = "json", level: str = "info", *, repeat_window: float = 
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         shorten_rpc_errors,
+        shorten_api_errors,
     ]
     tail: list[Processor] = [
         structlog.processors.StackInfoRenderer(),

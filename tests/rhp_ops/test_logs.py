@@ -180,3 +180,59 @@ def test_a_record_the_filter_cannot_read_is_let_through_without_raising() -> Non
     record = logging.LogRecord("lib", logging.WARNING, __file__, 1, "%d items", ("not a number",), None)
     repeat_filter = logs.RepeatFilter(logs.RepeatLimiter(10.0, clock=lambda: 0.0))
     assert repeat_filter.filter(record) and repeat_filter.filter(record)
+
+
+# -- the Kubernetes client's errors: one line with status and reason (issue 36, item 5) -------------
+
+
+def _api_error() -> Exception:
+    """A 404 as the kubernetes client raises it, with the headers and body the API server sent."""
+    from kubernetes.client.exceptions import ApiException
+
+    exc = ApiException(status=404, reason="Not Found")
+    exc.headers = {"Audit-Id": "4f1d2c3b-aaaa-bbbb-cccc-0123456789ab", "Cache-Control": "no-cache, private",
+                   "Content-Type": "application/json", "X-Kubernetes-Pf-Flowschema-Uid": "x" * 36}
+    exc.body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                           "message": 'nodemetrics.slo.koordinator.sh "n1" not found', "code": 404})
+    return exc
+
+
+SHORT_404 = '404 Not Found: nodemetrics.slo.koordinator.sh "n1" not found'
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(_api_error(), SHORT_404, id="the exception object"),
+        pytest.param(str(_api_error()), SHORT_404, id="its multi-line str"),
+        pytest.param(f"cannot write the NodeMetric: {_api_error()}", f"cannot write the NodeMetric: {SHORT_404}",
+                     id="its str inside a message keeps what comes before"),
+        pytest.param(str(_api_error())[:120], "404 Not Found", id="its str cut short before the body"),
+        pytest.param("(500)\nReason: Internal Server Error\nHTTP response headers: {}\nHTTP response body: "
+                     + "x" * 100_000, "500 Internal Server Error", id="a body that is no Status"),
+        pytest.param("an ordinary error", None, id="anything else is left alone"),
+        pytest.param(ValueError("(404)"), None, id="another exception is left alone"),
+    ],
+)
+def test_api_errors_are_shortened(value: object, expected: str | None) -> None:
+    assert logs._short_api(value) == expected
+
+
+def test_api_errors_are_one_line_through_structlog_and_logging(stream: io.StringIO) -> None:
+    """On the old main each of these lines carried the response headers (and the structlog
+    exception a traceback ending in them)."""
+    exc = _api_error()
+    structlog.get_logger("t").warning("report failed", error=exc)
+    structlog.get_logger("t").warning(f"report failed: {exc}")
+    try:
+        raise exc
+    except Exception:
+        structlog.get_logger("t").exception("report failed")
+        logging.getLogger("kubernetes.t").error("report failed", exc_info=True)
+    text = stream.getvalue()
+    assert "Audit-Id" not in text and "HTTP response headers" not in text and "Traceback" not in text
+    lines = _lines(stream)
+    assert len(lines) == 4 == len(text.splitlines())
+    assert lines[0]["error"] == SHORT_404
+    assert lines[1]["event"] == f"report failed: {SHORT_404}"
+    assert lines[2]["error"] == SHORT_404 and lines[3]["error"] == SHORT_404
