@@ -29,7 +29,7 @@ MiB = 1024 * 1024
 NODE_UNCOMPRESSED_BUDGET = 400 * MiB
 NODE_ARCHIVE_BUDGET = 115 * MiB
 SCHEDULER_LAYER_BUDGET = 16 * MiB
-EXTENDER_ONLY = ("starlette", "uvicorn", "orjson", "httptools", "h11", "anyio", "click")
+EXTENDER_ONLY = ("starlette", "uvicorn", "httptools", "h11", "anyio", "click")
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["id", "-u"], capture_output=True, text=True).stdout.strip() != "0",
