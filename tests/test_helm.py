@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.image_refs import image_refs
 from tests.test_packaging import HOST_CONFIG, _policies, render
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,18 +184,18 @@ def test_the_defaults_install_the_node_agent_our_scheduler_the_manager_and_the_c
     for doc in template():
         for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
             if container["name"] != "kube-scheduler":
-                assert container["image"].startswith("registry.example.com/runtime-hook-proxy-")
+                assert container["image"] in image_refs().values()  # what packaging/image/build.sh names
             env = {e["name"] for e in container.get("env", [])}
             assert "KUBERNETES_SERVICE_HOST" not in env, "the pod's own API address unless apiServer is set"
 
 
 def test_the_images_are_the_built_ones_and_the_upstream_kube_scheduler() -> None:
     daemonset = one(None, "DaemonSet", f"{FULL}-node")
-    assert containers(daemonset)["node-agent"]["image"] == "registry.example.com/runtime-hook-proxy-node:0.1.0"
+    assert containers(daemonset)["node-agent"]["image"] == image_refs()["node"]
     scheduler = containers(one(None, "Deployment", f"{FULL}-scheduler"))
     assert scheduler["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.34.4"
     assert scheduler["kube-scheduler"]["command"][0] == "kube-scheduler"
-    assert scheduler["scheduler-ext"]["image"] == "registry.example.com/runtime-hook-proxy-cluster:0.1.0"
+    assert scheduler["scheduler-ext"]["image"] == image_refs()["cluster"]
     local = VARIANTS["local-images"]
     daemonset = one(local, "DaemonSet", f"{FULL}-node")
     assert containers(daemonset)["node-agent"]["image"] == "localhost/runtime-hook-proxy-node:0.1.0"

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.image_refs import image_refs
+
 REPO = Path(__file__).resolve().parents[1]
 KUSTOMIZE = REPO / "packaging" / "kustomize"
 OVERLAYS = sorted(p.name for p in (KUSTOMIZE / "overlays").iterdir() if (p / "kustomization.yaml").exists())
@@ -68,7 +70,8 @@ def test_every_image_is_the_built_one_with_a_registry_and_tag(overlay: str) -> N
             # The node DaemonSets run the node image; the extender (and the manager) the cluster
             # image (packaging/image/build.sh).
             flavour = "cluster" if overlay in ("extender", "manager") else "node"
-            assert container["image"] == f"registry.example.com/runtime-hook-proxy-{flavour}:0.1.0"
+            # named as the chart's values say, as packaging/image/build.sh names what it builds
+            assert container["image"] == image_refs()[flavour]
 
 
 def _pod_spec(doc: dict[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = Path("/var/cache/runtime-hook-proxy/images")
 SHIPPED = ("runtime_proxy", "hooks", "scheduler_ext", "cri_protos", "koord_formats", "rhp_ops", "rhp_kube")
 BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "packaging/image", "packaging/lib",
-                "packaging/deb/requirements.txt", "packaging/deb/build-requirements.txt")
+                "packaging/deb/requirements.txt", "packaging/deb/build-requirements.txt",
+                "packaging/helm/runtime-hook-proxy/values.yaml")  # the images' names (packaging/image/refs.py)
 
 
 @dataclass(frozen=True)

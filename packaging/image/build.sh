@@ -7,10 +7,10 @@
 # elapsed time on stderr (packaging/lib/progress.sh). Each ARCHIVE is an OCI image layout in a
 # tar (`ctr -n k8s.io images import ARCHIVE`, `skopeo copy oci-archive:ARCHIVE docker://...`).
 #
-#   node     localhost/runtime-hook-proxy-node:VERSION      runtime-proxy (serve, nri, hook-server,
+#   node     localhost/runtime-hook-proxy-node:0.1.0        runtime-proxy (serve, nri, hook-server,
 #            doctor, kubelet-switch) with the [cluster] extra (the kubernetes client for fromCluster
 #            and the node reports); none of the extender's web stack.
-#   cluster  localhost/runtime-hook-proxy-cluster:VERSION   the node image's venv plus the
+#   cluster  localhost/runtime-hook-proxy-cluster:0.1.0     the node image's venv plus the
 #            [scheduler] extra: scheduler-ext (the extender, the manager).
 #
 # How: mmdebstrap (Debian 12) makes a minbase bookworm root holding Debian's python3 and
@@ -22,7 +22,13 @@
 # no entry point but a --help command. SOURCE_DATE_EPOCH (default: the last commit's time, or
 # 0) fixes every timestamp, so the same inputs give the same layer and config digests.
 #
+# The references come from one place, the image block of the chart's values
+# (packaging/helm/runtime-hook-proxy/values.yaml: registry, node/cluster repository and tag), with
+# RHP_IMAGE_VALUES's on top: give it the values file you install the chart with, and the images
+# are named as the chart will run them (packaging/image/refs.py).
+#
 # Environment:
+#   RHP_IMAGE_VALUES  a values file of yours whose image block overrides the chart's (registry, tags)
 #   RHP_IMAGE_OUT     output directory (default: dist/ in this checkout)
 #   RHP_DEBIAN_URI    Debian mirror (default: the machine's, else http://deb.debian.org/debian)
 #   RHP_DEB_WHEEL_CACHE  wheel cache shared with packaging/deb/build.sh
@@ -120,6 +126,14 @@ rhp_run "layer 1: the Debian base" layer_tar "$rootfs" "$work/base.tar"
 # adds to that venv, as a second venv built the same way and compared file by file.
 rhp_run "layer 2: the node venv (the wheel with its [cluster] extra)" \
   rhp_make_venv "$work/node" "$FINAL" "$wheel" "$cache" "${node_reqs[@]}"
+# The references, from the chart's values (and RHP_IMAGE_VALUES), read with the venv's PyYAML.
+declare -A ref_of=()
+refs_said=$("$work/node$FINAL/bin/python3" -B -s "$here/refs.py" ${RHP_IMAGE_VALUES:+"$RHP_IMAGE_VALUES"}) ||
+  die "cannot name the images from the chart's values${RHP_IMAGE_VALUES:+ and $RHP_IMAGE_VALUES}"
+while read -r flavour ref; do
+  ref_of[$flavour]=$ref
+done <<<"$refs_said"
+rhp_step "the images: ${ref_of[node]} and ${ref_of[cluster]}"
 layer_tar "$work/node" "$work/node.tar"
 if [[ " ${flavours[*]} " == *" cluster "* ]]; then
   rhp_run "layer 3: what the [scheduler] extra adds to the node venv" \
@@ -129,7 +143,7 @@ fi
 
 build_one() {
   local flavour=$1 layers
-  local layout=$work/$flavour-oci ref=localhost/runtime-hook-proxy-$flavour:$version
+  local layout=$work/$flavour-oci ref=${ref_of[$flavour]}
   if [[ $flavour == node ]]; then layers=(base node); else layers=(base node scheduler); fi
   umoci init --layout "$layout"
   umoci new --image "$layout:$version"
