@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from koord_formats.topology import format_cpu_topology  # noqa: E402
 from scheduler_ext.topology import synthetic_topology  # noqa: E402
+from scheduler_ext.trust import Signer  # noqa: E402
 from tests.scheduler_ext.builders import node, nrt, pod  # noqa: E402
 
 TARGETS = {"filter_p99_ms": 20.0, "prioritize_p99_ms": 20.0, "bind_p99_ms": 30.0,
@@ -152,9 +153,9 @@ class Cluster:
         self.url = f"http://127.0.0.1:{port}"
         self.started = time.monotonic()
         key = Path(self.tmp.name).with_suffix(".seal")
-        key.write_bytes(os.urandom(32).hex().encode())
+        key.write_bytes(Signer.generate().pem())
         args = [sys.executable, "-m", "scheduler_ext.cli", "serve", "--api-server", self.api_url,
-                "--listen", f"127.0.0.1:{port}", "--log-level", "warning", "--seal-key-file", str(key)]
+                "--listen", f"127.0.0.1:{port}", "--log-level", "warning", "--signing-key-file", str(key)]
         if not ledger:
             args.append("--no-ha-ledger")
         args += extra

@@ -67,6 +67,7 @@ from koord_formats.cpulist import parse_cpu_list  # noqa: E402
 from koord_formats.keys import ANNOTATION_RESOURCE_STATUS  # noqa: E402
 from koord_formats.topology import format_cpu_topology  # noqa: E402
 from scheduler_ext.topology import synthetic_topology  # noqa: E402
+from scheduler_ext.trust import Signer  # noqa: E402
 
 ARMS = ("none", "noop", "ours")
 EXTRA_ARMS = ("ours-noha",)  # ours with --no-ha-ledger: what the HA ledger costs
@@ -217,8 +218,8 @@ class Bench:
         self.api = Api(cluster.server, cluster.admin_tls())
         self.nodes: list[str] = []
         self.rows: list[dict[str, Any]] = []
-        self.seal = work / "seal.key"
-        self.seal.write_text(secrets.token_hex(32) + "\n")
+        self.seal = work / "signing.key"
+        self.seal.write_bytes(Signer.generate().pem())
         self.seal.chmod(0o600)
         self.ext_kubeconfig = cluster.kubeconfig_for("scheduler-ext", user=EXTENDER_USER,
                                                      groups=("system:serviceaccounts",))  # fmt: skip
@@ -271,7 +272,7 @@ class Bench:
         else:
             health = free_port()
             argv = ["serve", f"--listen=127.0.0.1:{port}", f"--health-listen=127.0.0.1:{health}",
-                    f"--kubeconfig={self.ext_kubeconfig}", f"--seal-key-file={self.seal}",
+                    f"--kubeconfig={self.ext_kubeconfig}", f"--signing-key-file={self.seal}",
                     "--ledger-namespace=kube-system", f"--identity=bench-{secrets.token_hex(3)}",
                     "--log-level=warning", "--log-format=json"]  # fmt: skip
             if arm == "ours-noha":

@@ -25,7 +25,9 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Never, TypedDict, TypeVar, Unpack
 
+from hooks.signatures import ACCEPT_UNSIGNED, BAD, SIGNED, UNSIGNED, AllocationKeys, verify_allocation
 from koord_formats import keys, node, nodeslo, pod, qos
+from koord_formats import signature as signature_format
 from koord_formats.bounded import load_json
 from koord_formats.cpulist import format_cpu_list, parse_cpu_list
 from koord_formats.errors import FormatError
@@ -53,6 +55,7 @@ __all__ = [
     "ResourceStatus",
     "Resources",
     "all_share_pool_cpus",
+    "allocation_refusal",
     "cgroup_path_of_parent",
     "choose_kubelet_root",
     "compute_share_pools",
@@ -363,6 +366,10 @@ class NodeFacts:
     bound_cpusets: Mapping[str, frozenset[int]] = field(default_factory=lambda: MappingProxyType({}))
     # Pod uids of the bound cpusets above whose QoS class is LSE (their CPUs leave the BE pool).
     lse_pods: frozenset[str] = frozenset()
+    # The public keys resource-status cpusets are verified with, and whether unsigned ones count
+    # (``hooks.signatures``; the node agent's ``allocationTrust`` config). Default: no keys,
+    # unsigned claims accepted (Koordinator's model).
+    allocation_keys: AllocationKeys = ACCEPT_UNSIGNED
 
     def replace(self, **changes: Unpack[NodeChanges]) -> NodeFacts:
         return replace(self, **changes)
@@ -406,6 +413,7 @@ class NodeChanges(TypedDict, total=False):
     cgroup: CgroupInfo
     bound_cpusets: Mapping[str, frozenset[int]]
     lse_pods: frozenset[str]
+    allocation_keys: AllocationKeys
 
 
 # ---- kubelet's cgroup conversions (pkg/kubelet/cm/cgroup_manager_linux.go, CFS helpers) -----
@@ -851,7 +859,11 @@ def all_share_pool_cpus(pools: Iterable[CPUSharePool]) -> frozenset[int]:
 #
 # The one rule for the node side of a scheduler-owned CPU allocation. The annotation is written
 # by whoever creates or binds the pod, so the node trusts a ``cpuset`` in
-# ``scheduling.koordinator.sh/resource-status`` only when (1) the pod's raw QoS label is LSE or
+# ``scheduling.koordinator.sh/resource-status`` only when (0) the claim is proven
+# (``allocation_refusal``: with public keys in ``NodeFacts.allocation_keys``, the pod's allocation
+# signature verifies for this pod on this node and the cpuset has no more CPUs than the CPU
+# request it states; without keys, or with ``acceptUnsigned``, an unsigned claim passes, one
+# whose signature a held key refutes does not), (1) the pod's raw QoS label is LSE or
 # LSR (Koordinator's scheduler binds CPUs for no other class: ``AllowUseCPUSet`` in
 # ``nodenumaresource``), (2) every CPU is one of the node's CPUs (when the topology is known) and
 # (3) no CPU is held by another pod whose claim the node accepted before (the older pod keeps
@@ -863,14 +875,58 @@ def all_share_pool_cpus(pools: Iterable[CPUSharePool]) -> frozenset[int]:
 CPUSET_QOS_CLASSES = frozenset({keys.QOS_LSE, keys.QOS_LSR})
 
 
-def cpuset_claim_refusal(pod_facts: PodFacts, cpus: frozenset[int], node_cpus: frozenset[int] | None) -> str:
-    """Why ``pod_facts`` may not hold ``cpus`` on a node with ``node_cpus`` (rules 1 and 2 of the
-    section above; ``None`` or empty when the node's CPUs are unknown), "" when it may."""
+def _verify(
+    keys_: AllocationKeys, uid: str, namespace: str, name: str, node_name: str, signed: tuple[tuple[str, str], ...]
+) -> tuple[str, int | None, str]:
+    v = verify_allocation(keys_, uid=uid, namespace=namespace, name=name, node=node_name, annotations=dict(signed))
+    return v.kind, v.cpu_milli, v.reason
+
+
+# ``_verify`` once per distinct input (the stages and loops ask again and again), for inputs of
+# at most ``_CACHED_CHARS`` characters: a hostile pod's huge annotation is verified each time
+# (its own cost) instead of being kept alive by the cache.
+_verdict = lru_cache(maxsize=4096)(_verify)
+_CACHED_CHARS = 8192
+_SIGNATURE_INPUTS = (keys.ANNOTATION_ALLOCATION_SIGNATURE, *signature_format.SIGNED_ANNOTATIONS)
+
+
+def allocation_refusal(pod_facts: PodFacts, cpus: frozenset[int], keys_: AllocationKeys, node_name: str) -> str:
+    """Why ``pod_facts``'s claim of ``cpus`` on the node ``node_name`` is not proven (rule 0 of the
+    section above), "" when it is: a signature that verifies with ``keys_`` and states a CPU
+    request of at least ``cpus`` CPUs; or, when ``keys_`` accepts unsigned claims, no signature
+    that a held key refutes."""
+    if keys_.accept_unsigned and not keys_.public_keys:
+        return ""
+    signed = tuple((k, pod_facts.annotations[k]) for k in _SIGNATURE_INPUTS if k in pod_facts.annotations)
+    verify = _verdict if sum(len(v) for _, v in signed) <= _CACHED_CHARS else _verify
+    kind, milli, why = verify(keys_, pod_facts.uid, pod_facts.namespace, pod_facts.name, node_name, signed)
+    if kind == SIGNED:
+        if milli is not None and len(cpus) * 1000 > milli:
+            return f"{len(cpus)} CPUs are more than the pod's CPU request of {milli}m"
+        return ""
+    if keys_.accept_unsigned and kind != BAD:
+        return ""
+    if kind == UNSIGNED:
+        return "not signed (no allocation signature)"
+    return f"not signed by a trusted key ({kind}: {why})"
+
+
+def cpuset_claim_refusal(
+    pod_facts: PodFacts,
+    cpus: frozenset[int],
+    node_cpus: frozenset[int] | None,
+    *,
+    keys_: AllocationKeys = ACCEPT_UNSIGNED,
+    node_name: str = "",
+) -> str:
+    """Why ``pod_facts`` may not hold ``cpus`` on a node with ``node_cpus`` (rules 0, 1 and 2 of
+    the section above; ``None`` or empty when the node's CPUs are unknown; rule 0 with
+    ``keys_`` for the node ``node_name``), "" when it may."""
     if pod_facts.qos_label not in CPUSET_QOS_CLASSES:
         return f"QoS class {pod_facts.qos_label or 'none'} may not hold a cpuset (only LSE and LSR)"
     if node_cpus and not cpus <= node_cpus:
         return f"CPUs {format_cpu_list(cpus - node_cpus)} are not on this node"
-    return ""
+    return allocation_refusal(pod_facts, cpus, keys_, node_name)
 
 
 @dataclass(frozen=True)
@@ -884,10 +940,14 @@ class BoundClaims:
 
 
 def resolve_cpuset_claims(
-    claims: Iterable[tuple[PodFacts, frozenset[int]]], node_cpus: frozenset[int] | None
+    claims: Iterable[tuple[PodFacts, frozenset[int]]],
+    node_cpus: frozenset[int] | None,
+    *,
+    keys_: AllocationKeys = ACCEPT_UNSIGNED,
+    node_name: str = "",
 ) -> BoundClaims:
     """Apply the trust rules to the pods' cpusets, given oldest pod first: a claim that breaks
-    rule 1 or 2 is refused, and so is one that overlaps CPUs an earlier accepted claim of another
+    rule 0, 1 or 2 is refused, and so is one that overlaps CPUs an earlier accepted claim of another
     pod holds. A pod uid with several claims (a sandbox and its successor) is judged once, by its
     last claim, at the place of its first."""
     # One claim per pod uid: its last (a later sandbox's), at the place of its first.
@@ -900,7 +960,7 @@ def resolve_cpuset_claims(
     refused: dict[str, str] = {}
     owner: dict[int, str] = {}
     for p, cpus in latest.values():
-        reason = cpuset_claim_refusal(p, cpus, node_cpus)
+        reason = cpuset_claim_refusal(p, cpus, node_cpus, keys_=keys_, node_name=node_name)
         if not reason:
             held = {c: owner[c] for c in cpus if c in owner}
             if held:
@@ -931,7 +991,8 @@ def trusted_cpuset(
     if status is None or not status.cpuset:
         return frozenset(), ""
     cpus = status.cpuset
-    reason = cpuset_claim_refusal(pod_facts, cpus, node_cpus(node_facts))
+    reason = cpuset_claim_refusal(pod_facts, cpus, node_cpus(node_facts), keys_=node_facts.allocation_keys,
+                                  node_name=node_facts.name)  # fmt: skip
     mine = node_facts.bound_cpusets.get(pod_facts.uid) if pod_facts.uid else None
     if not reason and mine is not None and mine != cpus:
         reason = f"the pod holds CPUs {format_cpu_list(mine)} by a later resource-status of its own"
@@ -955,7 +1016,8 @@ def with_bound_pods(node_facts: NodeFacts, pods: Iterable[PodFacts]) -> NodeFact
             continue
         if status is not None and status.cpuset:
             claims.append((p, status.cpuset))
-    resolved = resolve_cpuset_claims(claims, node_cpus(node_facts))
+    resolved = resolve_cpuset_claims(claims, node_cpus(node_facts), keys_=node_facts.allocation_keys,
+                                     node_name=node_facts.name)  # fmt: skip
     return node_facts.replace(bound_cpusets=resolved.bound, lse_pods=resolved.lse)
 
 

@@ -8,6 +8,7 @@ defines each group is named above it. Importers use these names, never the strin
 from __future__ import annotations
 
 __all__ = [
+    "ANNOTATION_ALLOCATION_SIGNATURE",
     "ANNOTATION_CPU_QUOTA_NORMALIZATION",
     "ANNOTATION_DEVICE_ALLOCATED",
     "ANNOTATION_EVICTION_POLICY",
@@ -150,6 +151,12 @@ ANNOTATION_POD_RESCTRL = "node.koordinator.sh/resctrl"
 # Pod overrides of NodeSLO strategies (apis/slo/v1alpha1/pod.go).
 ANNOTATION_POD_CPU_QOS = "koordinator.sh/cpuQOS"
 ANNOTATION_POD_CPU_BURST = "koordinator.sh/cpuBurst"
+
+# This project's own pod annotation (not Koordinator's; koord-scheduler never writes it): the
+# Ed25519 signature scheduler-ext's bind puts over the scheduler-owned annotations it writes
+# (``koord_formats.signature``: format, canonical message and parser). Only scheduler-ext's bind
+# writes it; node agents with public keys honour a resource-status cpuset only when it verifies.
+ANNOTATION_ALLOCATION_SIGNATURE = "scheduler-ext.runtime-hook-proxy.io/signature"
 
 # ---- node labels and annotations (apis/extension/{numa_aware,node_reservation,system_qos,
 # ---- cpu_normalization}.go) and NodeResourceTopology annotations ---------------------------------

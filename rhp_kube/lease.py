@@ -214,6 +214,10 @@ class Elector:
         ends = self.term_ends()
         return ends is not None and self.clock() < ends
 
+    def writes_in_flight(self) -> int:
+        """How many writes the fence let through are still being made."""
+        return self._in_flight
+
     @property
     def term(self) -> int | None:
         """The Lease's ``leaseTransitions`` when we took it (one number per holder's term), while

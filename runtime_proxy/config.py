@@ -102,6 +102,24 @@ class UsageLoopConfig(BaseModel):
                                                "access. See `docs/config.md`, Eviction.")
 
 
+class AllocationTrustConfig(BaseModel):
+    """Which resource-status cpusets the node honours (``hooks.signatures``, ``docs/signing.md``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    publicKeyFiles: list[str] = Field(default_factory=list, max_length=16, description="Public-key lists "
+                                      "(`ed25519 BASE64` lines, as scheduler-ext publishes them in its ConfigMap) "
+                                      "whose keys verify pods' allocation signatures; re-read when they change. "
+                                      "With keys, a cpuset is honoured only when its signature verifies for the "
+                                      "pod on this node and it has no more CPUs than the CPU request signed "
+                                      "with it. A missing file counts as no keys; an unreadable or malformed "
+                                      "one keeps the keys last read.")
+    acceptUnsigned: bool | None = Field(default=None, description="Honour cpusets without a signature (the "
+                                        "writer of resource-status is trusted, as beside koord-scheduler; a "
+                                        "signature a held key refutes is still refused). Unset: true without "
+                                        "`publicKeyFiles`, false with them.")
+
+
 class ProxyConfig(BaseModel):
     """The whole config file."""
 
@@ -162,6 +180,9 @@ class ProxyConfig(BaseModel):
     usageLoop: UsageLoopConfig = Field(default_factory=UsageLoopConfig, description="The usage loop "
                                        "(`runtime_proxy/loops/qos.py`): sampling and the `ReconcileUsage` "
                                        "decisions.")
+    allocationTrust: AllocationTrustConfig = Field(default_factory=AllocationTrustConfig, description="Which "
+                                                   "resource-status cpusets the node honours: signed by "
+                                                   "scheduler-ext (public keys), or also unsigned ones.")
     report: ReportConfig = Field(default_factory=ReportConfig, description="The node's reports to the cluster "
                                  "(`runtime_proxy/report/`): NodeResourceTopology, Device and NodeMetric status, "
                                  "off unless `report.enable`.")

@@ -157,6 +157,8 @@ def node_source(config: ProxyConfig) -> tuple[NodeConfig, NodeConfig]:
         resctrl=Resctrl(config.resctrlRoot).facts(),
         cgroup=CgroupInfo(version=detect_cgroup_version(config.cgroupRoot), driver=cgroup_driver(config),
                           kubelet_root=config.kubeletCgroupRoot or "/"),
+        key_files=tuple(config.allocationTrust.publicKeyFiles),
+        accept_unsigned=config.allocationTrust.acceptUnsigned,
     )
     return source, source
 

@@ -4,7 +4,7 @@ Who calls this: ``scheduler_ext.server`` (the bind verb) and ``scheduler_ext.cli
 builds it. ``Binder.bind`` is the imperative shell around ``scheduler_ext.decide.plan``: hold the
 allocation, commit it to the HA ledger, remove any scheduler-owned annotation the pending pod
 carries (``scheduler_ext.trust.OWNED``, forged or stale), and create the Binding carrying the
-new ones and their seal under the pod's resourceVersion (kube-apiserver sets them with
+new ones and their signature under the pod's resourceVersion (kube-apiserver sets them with
 ``spec.nodeName`` in one write); roll back the hold and the ledger on failure. It is a coroutine
 on the server's event loop: its API calls await, so the next pod's filter runs while a bind
 waits for the API server, and the cluster lock is only held around the (synchronous) planning,
@@ -30,7 +30,7 @@ from scheduler_ext.errors import APIError, ConflictError
 from scheduler_ext.guard import decode_pod
 from scheduler_ext.pods import PodRequest
 from scheduler_ext.state import ClusterState
-from scheduler_ext.trust import OWNED, SEAL_ANNOTATION
+from scheduler_ext.trust import LEGACY_SEAL_ANNOTATION, OWNED, SIGNATURE_ANNOTATION
 
 __all__ = ["BIND_CONFLICTS", "BIND_ROLLBACKS", "LEDGER_EXPIRED", "BindAPI", "Binder", "Ledger"]
 
@@ -77,8 +77,9 @@ class Ledger(Protocol):
     def expired(self) -> list[tuple[str, str]]: ...
 
 
-# every annotation a bind writes or removes: the scheduler-owned ones and the seal
-_CLEARED: Mapping[str, None] = dict.fromkeys((*OWNED, SEAL_ANNOTATION))
+# every annotation a bind writes or removes: the scheduler-owned ones, the signature and the
+# seal of earlier releases
+_CLEARED: Mapping[str, None] = dict.fromkeys((*OWNED, SIGNATURE_ANNOTATION, LEGACY_SEAL_ANNOTATION))
 
 
 @dataclass
@@ -163,7 +164,7 @@ class Binder:
 
     async def _pod(self, namespace: str, name: str, uid: str) -> tuple[PodRequest, str, str, bool]:
         """(request, resourceVersion, node it is bound to or "", whether it carries any owned
-        annotation or a seal), from the cache when it knows the pending pod, else a GET."""
+        annotation, signature or seal), from the cache when it knows the pending pod, else a GET."""
         entry = self.state.pending(uid)
         if entry is not None and entry.request is not None and entry.name == name:
             return entry.request, entry.rv, "", entry.owned
@@ -225,12 +226,14 @@ class Binder:
                     continue  # our own hold or confirmed by the watch
                 self.state.hold(uid, node, alloc, foreign=True)
 
-    def _written(self, uid: str, node: str, placement: Placement) -> dict[str, str]:
-        """What the Binding carries: the owned annotations of this placement and their seal."""
+    def _written(self, namespace: str, name: str, uid: str, node: str, cpu_milli: int,
+                 placement: Placement) -> dict[str, str]:  # fmt: skip
+        """What the Binding carries: the owned annotations of this placement and their
+        signature (over the pod's identity, the node and its CPU request)."""
         annotations = dict(placement.annotations)
-        seal = self.state.trust.seal(uid, node, annotations)
-        if seal is not None:
-            annotations[SEAL_ANNOTATION] = seal
+        signature = self.state.trust.sign(uid, namespace, name, node, cpu_milli, annotations)
+        if signature is not None:
+            annotations[SIGNATURE_ANNOTATION] = signature
         return annotations
 
     async def _bind(self, namespace: str, name: str, uid: str, node: str) -> str:
@@ -251,7 +254,7 @@ class Binder:
             placement = await self._place(req, uid, node)
         except AllocationError as exc:
             return f"cannot allocate on {node}: {exc}"
-        written = self._written(uid, node, placement)
+        written = self._written(namespace, name, uid, node, req.cpu_milli, placement)
         step = "clear"
         try:
             for attempt in range(3):
@@ -333,7 +336,7 @@ class Binder:
         return self._is_ours(pod, uid, node, written)
 
     async def _clear(self, namespace: str, name: str, uid: str, rv: str) -> str:
-        """Remove every owned annotation and any seal from the unbound pod (a merge patch with
+        """Remove every owned annotation and any signature or seal from the unbound pod (a merge patch with
         the resourceVersion precondition; on a stale version, re-read once); returns the new
         resourceVersion, the precondition of the Binding that follows.
 

@@ -40,9 +40,10 @@ from scheduler_ext.allocator import AllocationError
 from scheduler_ext.cleanup import add_parser as add_cleanup_parser
 from scheduler_ext.decide import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import MAX_BODY_BYTES, decode_pod, describe
+from scheduler_ext.keystore import KeyStoreError, keys_from_cluster, public_keys_from_files, signer_from_file
 from scheduler_ext.manager.cli import add_parser as add_manager_parser
 from scheduler_ext.state import ClusterState, load_objects
-from scheduler_ext.trust import DEFAULT_TRUSTED_SCHEDULERS, Trust, read_key
+from scheduler_ext.trust import DEFAULT_TRUSTED_SCHEDULERS, TRUST_ALL, Trust
 
 if TYPE_CHECKING:  # the [scheduler] extra: imported where serve runs, so --help and simulate need it not
     import uvicorn
@@ -57,7 +58,6 @@ EXIT_BAD_DOCUMENT = 3  # simulate: the document is not JSON/YAML or not of the d
 # seconds past --watch-idle-timeout after which a silent kind is stale; the ledger's TTL must
 # exceed that staleness by as much again (watch lag)
 STALE_MARGIN = 15.0
-MAX_SEAL_KEY_FILE_BYTES = 64 * 1024
 
 EXIT_CODES = """exit codes (each command's --help has its own):
   0  done, or stopped by a signal
@@ -78,10 +78,11 @@ infeasible on every node with the reason."""
 
 SERVE_EXIT_CODES = """exit codes:
   0  stopped by a signal
-  1  the listener could not start (for example the address is in use)
+  1  the listener could not start (for example the address is in use), or --key-secret could not
+     get or publish the signing keys
   2  bad flags or configuration: a non-loopback --listen without --tls-cert, --tls-key and
      --tls-client-ca (and without --insecure), unreadable TLS files, no API server configuration,
-     no --seal-key-file or an unreadable or short one"""
+     neither --signing-key-file nor --key-secret, or an unreadable key or public-key file"""
 
 
 def _fail(command: str, message: str, code: int) -> int:
@@ -111,8 +112,15 @@ def format_simulation(out: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def simulate(doc: Mapping[str, Any], cfg: ExtenderConfig = DEFAULT_CONFIG) -> dict[str, Any]:
+def simulate(
+    doc: Mapping[str, Any], cfg: ExtenderConfig = DEFAULT_CONFIG, trust: Trust | None = None
+) -> dict[str, Any]:
     """Filter, score and plan the bind of ``doc["pod"]`` over ``doc["objects"]``.
+
+    Placed pods' allocation annotations are judged by ``trust`` as the live extender judges them
+    (``scheduler_ext.trust``; default: no public key and the default trusted schedulers, so only
+    pods of those schedulers count, and signatures by unknown keys count within their pod's
+    request); ``TRUST_ALL`` counts every annotation as written (``--trust-all``).
 
     Returns ``{"pod", "nodes": [{"name", "feasible", "unresolvable", "reason", "score",
     "annotations"}], "selected", "skipped"}`` where ``annotations`` is exactly what a bind would
@@ -125,7 +133,7 @@ def simulate(doc: Mapping[str, Any], cfg: ExtenderConfig = DEFAULT_CONFIG) -> di
     pod_json = doc.get("pod")
     if not isinstance(objects, list) or not isinstance(pod_json, dict):
         raise ValueError('the document needs "objects" (a list) and "pod" (an object)')
-    state = ClusterState()
+    state = ClusterState(Trust() if trust is None else trust)
     skipped = load_objects(state, objects)
     pod = decode_pod(pod_json)
     nodes: list[dict[str, Any]] = []
@@ -198,7 +206,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     try:
         doc = _read_doc(args.input)
         try:
-            out = simulate(doc, ExtenderConfig(args.score_strategy, args.gpu_strategy))
+            public = public_keys_from_files(args.public_key_file)
+            trust = TRUST_ALL if args.trust_all else Trust.of(None, _names(args), public)
+        except KeyStoreError as exc:
+            raise _Unreadable(f"--public-key-file {' '.join(str(exc).split())}") from None
+        try:
+            out = simulate(doc, ExtenderConfig(args.score_strategy, args.gpu_strategy), trust)
         except ValueError as exc:
             raise _BadDocument(f"{args.input}: {exc}") from None
         text = format_simulation(out) if args.output == "text" else json.dumps(out, indent=2 if args.pretty else None)
@@ -338,22 +351,46 @@ async def _serve_all(main_server: uvicorn.Server, health: uvicorn.Server | None)
             await task
 
 
-def _trust(args: argparse.Namespace) -> Trust | str:
-    """The ``Trust`` from ``--seal-key-file`` and ``--trusted-scheduler-names``, or why not."""
-    if not args.seal_key_file:
-        return ("--seal-key-file is required: binds seal the annotations they write with it, and "
-                "only sealed allocations (or those of --trusted-scheduler-names) are counted, also "
-                "after a restart; every replica needs the same key (see scheduler_ext/README.md)")
-    found: list[bytes] = []
-    for path in args.seal_key_file:
-        try:
-            found.append(read_key(read_regular_file(path, limit=MAX_SEAL_KEY_FILE_BYTES), path))
-        except FileRefused as exc:
-            return f"cannot read --seal-key-file {path}: {exc.message}"
-        except ValueError as exc:
-            return f"cannot read --seal-key-file: {exc}"
-    names = [n.strip() for n in args.trusted_scheduler_names.split(",")]
-    return Trust.of(found, names)
+def _names(args: argparse.Namespace) -> list[str]:
+    return [n.strip() for n in args.trusted_scheduler_names.split(",")]
+
+
+def _trust_from_files(args: argparse.Namespace) -> Trust | str:
+    """The ``Trust`` from ``--signing-key-file``, ``--public-key-file`` and
+    ``--trusted-scheduler-names`` (with ``--key-secret``: ``_trust_from_cluster``), or why not."""
+    if args.key_secret:
+        if args.signing_key_file:
+            return "--signing-key-file and --key-secret exclude each other"
+        return Trust()  # completed by _trust_from_cluster once the API client exists
+    if not args.signing_key_file:
+        return ("a signing key is required (--signing-key-file, or --key-secret to keep it in a Secret): binds "
+                "sign the annotations they write with it, and only signed allocations (or those of "
+                "--trusted-scheduler-names) are counted and honoured by the nodes; every replica needs the "
+                "same key (see scheduler_ext/README.md)")
+    try:
+        signer = signer_from_file(args.signing_key_file)
+    except KeyStoreError as exc:
+        return f"--signing-key-file {' '.join(str(exc).split())}"
+    try:
+        public = public_keys_from_files(args.public_key_file)
+    except KeyStoreError as exc:
+        return f"--public-key-file {' '.join(str(exc).split())}"
+    return Trust.of(signer, _names(args), public)
+
+
+def _trust_from_cluster(args: argparse.Namespace, api_client: Any) -> Trust | str:  # Any: kubernetes.client.ApiClient
+    """``--key-secret``: the signing key from that Secret (made when absent), every public key of
+    ``--public-keys-configmap`` (the signing key's published there) and of ``--public-key-file``."""
+    from scheduler_ext.errors import APIError
+    from scheduler_ext.kube import KubeKeyAPI
+
+    try:
+        public = public_keys_from_files(args.public_key_file)
+        signer, published = keys_from_cluster(KubeKeyAPI(api_client), args.ledger_namespace, args.key_secret,
+                                              args.public_keys_configmap or f"{args.key_secret}-public")  # fmt: skip
+    except (KeyStoreError, APIError) as exc:
+        return f"cannot get the signing keys: {' '.join(str(exc).split())}"
+    return Trust.of(signer, _names(args), [*published, *public])
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -407,9 +444,13 @@ def _serve(args: argparse.Namespace) -> int:
             api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
         except Exception as exc:  # the kubernetes config loaders raise their own types
             return _fail("serve", f"cannot load the API server configuration: {exc}", EXIT_USAGE)
-    trust = _trust(args)
+    trust = _trust_from_files(args)
     if isinstance(trust, str):
         return _fail("serve", trust, EXIT_USAGE)
+    if args.key_secret:
+        trust = _trust_from_cluster(args, api_client)
+        if isinstance(trust, str):
+            return _fail("serve", trust, EXIT_SERVE_FAILED)
     from scheduler_ext.extconfig import ConfigError, ExtenderFileConfig, read_config_file
 
     try:
@@ -492,6 +533,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--gpu-strategy", choices=STRATEGIES, default=DEFAULT_CONFIG.gpu_strategy,
                        help="node GPU score and the GPU order inside a node")
 
+    def public_keys(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--public-key-file", action="append", default=[], metavar="PATH",
+                       help="a public-key list ('ed25519 BASE64' lines) whose keys verify allocation signatures "
+                            "too (earlier keys after a rotation); repeatable")
+
+    def trusted_schedulers(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--trusted-scheduler-names", default=",".join(DEFAULT_TRUSTED_SCHEDULERS), metavar="NAMES",
+                       help="comma-separated spec.schedulerName values whose pods' allocation annotations count "
+                            "unsigned (default %(default)s; empty for none): a trust assumption, see "
+                            "scheduler_ext/README.md")
+
     serve = sub.add_parser("serve", help="run the HTTP extender", epilog=SERVE_EXIT_CODES,
                            description="Run the HTTP extender (filter, prioritize, bind) for kube-scheduler.")
     serve.add_argument("--listen", default="127.0.0.1:8888",
@@ -534,13 +586,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a watch stream silent this long (no event, bookmark or end) is dropped and the "
                             "kind listed again (default %(default)s); 15 s later a kind still without a word "
                             "makes /readyz fail and binds refused")
-    serve.add_argument("--seal-key-file", action="append", default=[], metavar="PATH",
-                       help="secret key (at least 16 bytes) binds seal their annotations with; the same on every "
-                            "replica. Repeat to rotate: the first seals, each verifies. Required")
-    serve.add_argument("--trusted-scheduler-names", default=",".join(DEFAULT_TRUSTED_SCHEDULERS), metavar="NAMES",
-                       help="comma-separated spec.schedulerName values whose pods' allocation annotations count "
-                            "unsealed (default %(default)s; empty for none): a trust assumption, see "
-                            "scheduler_ext/README.md")
+    serve.add_argument("--signing-key-file", default="", metavar="PATH",
+                       help="the Ed25519 private key (PKCS#8 PEM) binds sign their annotations with; the same on "
+                            "every replica. This or --key-secret is required")
+    serve.add_argument("--key-secret", default="", metavar="NAME",
+                       help="keep the signing key in this Secret of --ledger-namespace: read it, or make a key and "
+                            "create the Secret when it does not exist (the first replica wins, the others read "
+                            "its key); publish the public key in --public-keys-configmap")
+    serve.add_argument("--public-keys-configmap", default="", metavar="NAME",
+                       help="with --key-secret: the ConfigMap (key 'public-keys') the public keys are published in "
+                            "and read from, old ones kept (default: the Secret's name + '-public')")
+    public_keys(serve)
+    trusted_schedulers(serve)
     serve.add_argument("--topology-requeue-rate", type=float, default=20.0, metavar="PODS_PER_SECOND",
                        help="at most this many pods a second refused for a node's missing CPU topology get the "
                             "annotation that makes kube-scheduler retry them once the topology appears "
@@ -561,6 +618,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("input", nargs="?", default="-", help="document path, '-' for stdin")
     add_output_flag(sim, default="json")
     sim.add_argument("--pretty", action="store_true", help="with --output json: indent the JSON")
+    public_keys(sim)
+    trusted_schedulers(sim)
+    sim.add_argument("--trust-all", action="store_true",
+                     help="count every placed pod's allocation annotations as written, signed or not (what-if "
+                          "documents); without it they are judged as the live extender judges them")
     add_global_flags(sim, subcommand=True, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
     scoring(sim)
     sim.set_defaults(func=_cmd_simulate)

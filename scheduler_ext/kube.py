@@ -46,7 +46,7 @@ from koord_formats import keys, nodemetric
 from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError, SilentError
 from scheduler_ext.guard import bad_object
 
-__all__ = ["BindClient", "KubeClient", "api_client_from_flags"]
+__all__ = ["BindClient", "KubeClient", "KubeKeyAPI", "api_client_from_flags"]
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_TYPE = "application/json"
@@ -359,3 +359,39 @@ class BindClient:
     async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """PUT; ``metadata.resourceVersion`` in ``body`` makes it a compare-and-swap (409)."""
         return _json(await self._request("PUT", f"{_leases(namespace)}/{_seg(name)}", body))
+
+
+class KubeKeyAPI:
+    """Secrets and ConfigMaps (``scheduler_ext.keystore.KeyAPI``) through the official client,
+    synchronously: ``serve`` calls it a few times at start, before anything else runs."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
+        core = kubernetes.client.CoreV1Api(api_client)
+        self._get: dict[str, Callable[..., Any]] = {
+            "secrets": core.read_namespaced_secret, "configmaps": core.read_namespaced_config_map}
+        self._create: dict[str, Callable[..., Any]] = {
+            "secrets": core.create_namespaced_secret, "configmaps": core.create_namespaced_config_map}
+        self._replace: dict[str, Callable[..., Any]] = {
+            "secrets": core.replace_namespaced_secret, "configmaps": core.replace_namespaced_config_map}
+
+    @staticmethod
+    def _do(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        try:
+            resp = fn(*args, _preload_content=False, _request_timeout=10)
+            try:
+                return _json(resp.data)
+            finally:
+                resp.release_conn()
+        except ApiException as exc:
+            raise _error(exc) from None
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise APIError(0, f"API server unreachable: {exc}") from None
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        return self._do(self._get[kind], name, namespace)
+
+    def create(self, kind: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._do(self._create[kind], namespace, dict(body))
+
+    def replace(self, kind: str, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._do(self._replace[kind], name, namespace, dict(body))

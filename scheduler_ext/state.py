@@ -13,9 +13,11 @@ Rules:
   (then the pod's own annotations are the record) or until the bind rolls back.
 - The cache has no other memory: a fresh process rebuilds it completely from the
   ``resource-status``, ``device-allocated`` and ``reservation-allocated`` annotations of placed
-  pods whose writer it trusts (``scheduler_ext.trust``: sealed by a bind of this extender, or
-  placed by a trusted scheduler); any other pod holds nothing, and a trusted pod whose
-  annotations stop verifying keeps the allocation last proven on its node.
+  pods whose writer it trusts (``scheduler_ext.trust``: signed by a bind of the extenders, or
+  placed by a trusted scheduler; a signature by a key it no longer holds, or an earlier
+  release's seal, is counted when its CPUs are within the pod's request); any other pod holds
+  nothing, and a trusted pod whose annotations stop verifying keeps the allocation last proven
+  on its node.
 - Each kind records when the API server last answered for it (``heard``); with
   ``stale_after`` a kind silent for longer is stale (``stale_kinds``: readiness fails, binds are
   refused).
@@ -51,7 +53,7 @@ from scheduler_ext.loadaware import NodeLoad, NodeMetricView, PodLoad, read_node
 from scheduler_ext.pods import PodRequest, exclusive_policy_of
 from scheduler_ext.reservations import NodeReservation, fold
 from scheduler_ext.topology import GPUDevice, cpu_topology, parse_gpu_devices, unbindable_cpus
-from scheduler_ext.trust import SEAL_ANNOTATION, TRUST_ALL, Trust
+from scheduler_ext.trust import LEGACY_SEAL_ANNOTATION, SIGNATURE_ANNOTATION, TRUST_ALL, UNVERIFIABLE, Trust
 
 __all__ = ["KINDS", "ClusterState", "NodeState", "PodEntry"]
 
@@ -59,8 +61,8 @@ log = structlog.get_logger("scheduler_ext.state")
 
 UNTRUSTED = Counter(
     "scheduler_ext_untrusted_allocations_total",
-    "Bound pods whose scheduler-owned annotations were not counted: no valid seal and not placed "
-    "by a trusted scheduler (reason: unsealed, seal).",
+    "Bound pods whose scheduler-owned annotations were not counted: no valid signature and not "
+    "placed by a trusted scheduler (reason: unsigned, signature).",
     ["reason"],
 )
 
@@ -226,10 +228,19 @@ class PodEntry:
     alloc: Allocation = EMPTY
     request: PodRequest | None = None  # decoded spec, kept only while pending
     bad: str = ""  # why the annotations could not be parsed, or why they are not trusted
-    # (seal annotation, spec.schedulerName) last judged; with ``ann`` and ``node`` it decides trust
+    # (signature or seal annotation, spec.schedulerName) last judged; with ``ann`` and ``node``
+    # it decides trust
     proof: tuple[str | None, str] = (None, "")
-    owned: bool = False  # pending: the pod carries a scheduler-owned annotation or a seal
+    owned: bool = False  # pending: the pod carries a scheduler-owned annotation or a signature
     load: PodLoad | None = None  # what load-aware scheduling estimates it by (when configured)
+
+
+def _within_request(trust: str, alloc: Allocation | None, cpu_milli: int | None) -> tuple[str, Allocation | None]:
+    """An unverifiable allocation counts only when its CPUs are within the pod's own CPU request
+    (``scheduler_ext.trust``): else it is untrusted, and nothing of it is counted."""
+    if alloc is not None and (cpu_milli is None or len(alloc.cpus) * 1000 > cpu_milli):
+        return "", None
+    return trust, alloc
 
 
 def _is_terminal(pod: Mapping[str, Any]) -> bool:
@@ -251,9 +262,10 @@ class _PodUpdate:
     ann: tuple[str | None, str | None, str, str | None] | None = None  # bound pods: the raw annotations
     alloc: Allocation | None = None  # parsed from ``ann``; None when not parsed or unreadable
     error: str | None = None  # why ``ann`` could not be read
-    proof: tuple[str | None, str] = (None, "")  # (seal annotation, spec.schedulerName)
+    proof: tuple[str | None, str] = (None, "")  # (signature or seal annotation, spec.schedulerName)
     trust: str | None = None  # ``Trust.judge`` of ``ann`` ("" untrusted); None when not judged
-    owned: bool = False  # the pod carries a scheduler-owned annotation or a seal
+    owned: bool = False  # the pod carries a scheduler-owned annotation or a signature
+    cpu_milli: int | None = None  # bound pods judged unverifiable: the pod's CPU request
     annotations: Mapping[str, str] = field(default_factory=dict)  # bound pods: all of them, for ``trust``
     load: PodLoad | None = None  # load-aware scheduling's view (when configured)
 
@@ -703,13 +715,17 @@ class ClusterState:
             exclusive_policy_of(annotations),
             annotations.get(keys.ANNOTATION_RESERVATION_ALLOCATED),
         )
-        update.proof = (annotations.get(SEAL_ANNOTATION), _text(spec.get("schedulerName"), "spec.schedulerName"))
+        update.proof = (annotations.get(SIGNATURE_ANNOTATION, annotations.get(LEGACY_SEAL_ANNOTATION)),
+                        _text(spec.get("schedulerName"), "spec.schedulerName"))  # fmt: skip
         update.annotations = annotations
         entry = self.pods.get(uid)  # read without the lock: only this watch thread writes entries
         if entry is None or entry.ann != update.ann or entry.node != node or entry.proof != update.proof:
-            update.trust = self.trust.judge(uid, node, update.proof[1], annotations)
+            update.trust = self.trust.judge(uid, update.namespace, update.name, node, update.proof[1], annotations)
             if update.trust:
                 update.alloc, update.error = _parse_allocation(update.namespace, update.name, update.ann)
+            if update.trust == UNVERIFIABLE:
+                update.cpu_milli = decode_pod(pod).cpu_milli
+                update.trust, update.alloc = _within_request(update.trust, update.alloc, update.cpu_milli)
         return update
 
     def _commit_pod(self, update: _PodUpdate) -> None:
@@ -735,21 +751,24 @@ class ClusterState:
             if trust is None:  # the entry changed since the read: judge and parse again
                 trust, alloc, error = "", None, None
                 if update.ann is not None:
-                    trust = self.trust.judge(uid, node, update.proof[1], update.annotations)
+                    trust = self.trust.judge(uid, entry.namespace, entry.name, node, update.proof[1],
+                                             update.annotations)  # fmt: skip
                 if trust:
                     alloc, error = _parse_allocation(entry.namespace, entry.name, update.ann or _NO_ANN)
+                if trust == UNVERIFIABLE:
+                    trust, alloc = _within_request(trust, alloc, update.cpu_milli)
             if not trust:
                 # written by someone the extender cannot vouch for: it proves nothing; the CPUs
-                # last proven on this node (by a sealed or trusted write) stay counted
+                # last proven on this node (by a signed or trusted write) stay counted
                 if entry.node != node:
                     entry.alloc = EMPTY
                 if update.owned or not entry.alloc.empty:
-                    reason = "seal" if update.proof[0] else "unsealed"
+                    reason = "signature" if update.proof[0] else "unsigned"
                     UNTRUSTED.labels(reason).inc()
                     log.warning("allocation annotations not trusted: not counted",
                                 pod=f"{entry.namespace}/{entry.name}", node=node, reason=reason,
                                 scheduler=update.proof[1][:64], kept_cpus=len(entry.alloc.cpus))
-                entry.bad = (f"untrusted ({'seal does not verify' if update.proof[0] else 'unsealed'})"
+                entry.bad = (f"untrusted ({'signature does not verify' if update.proof[0] else 'unsigned'})"
                              if update.owned else "")
             elif alloc is not None:
                 entry.alloc, entry.bad = alloc, ""

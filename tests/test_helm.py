@@ -226,7 +226,8 @@ def test_the_scheduler_pod_runs_kube_scheduler_with_the_extender_on_loopback() -
     deployment = one(None, "Deployment", f"{FULL}-scheduler")
     pod = containers(deployment)
     args = build_parser().parse_args(pod["scheduler-ext"]["command"][1:])
-    assert args.command == "serve" and args.in_cluster and args.seal_key_file
+    assert args.command == "serve" and args.in_cluster and not args.signing_key_file
+    assert args.key_secret == f"{FULL}-signing-key" and args.public_keys_configmap == f"{FULL}-public-keys"
     assert args.listen.startswith("127.0.0.1:") and not args.tls_cert and not args.insecure
     assert extender["urlPrefix"] == f"http://{args.listen}"
     assert extender["bindVerb"] == "bind" and extender["nodeCacheCapable"] is True and extender["ignorable"] is False
@@ -243,14 +244,40 @@ def test_the_scheduler_pod_runs_kube_scheduler_with_the_extender_on_loopback() -
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"]
-    assert volumes["seal"]["secret"]["secretName"] == f"{FULL}-seal"
-    seal = one(None, "Secret", f"{FULL}-seal")
-    assert len(seal["data"]["seal.key"]) >= 24  # 16 bytes and more, base64
-    mine = kinds({**BARE, "scheduler": {"sealKey": {"existingSecret": "my-seal"}}})
-    assert "Secret" not in mine
+    assert set(volumes) == {"config", "scheduler-tmp"}, "no key is mounted: the extender reads its Secret"
+    mine = kinds({**BARE, "scheduler": {"signingKey": {"secretName": "my-key", "publicKeysConfigMap": "my-public"}}})
     (deployment,) = mine["Deployment"]
-    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["seal"]["secret"]["secretName"] == "my-seal"
+    args = build_parser().parse_args(containers(deployment)["scheduler-ext"]["command"][1:])
+    assert (args.key_secret, args.public_keys_configmap) == ("my-key", "my-public")
+    (role,) = [r for r in mine["Role"] if r["metadata"]["name"].endswith("-signing-keys")]
+    assert {n for rule in role["rules"] for n in rule.get("resourceNames", [])} == {"my-key", "my-public"}
+    (ds,) = mine["DaemonSet"]
+    keys_volume = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}["public-keys"]
+    assert keys_volume["configMap"] == {"name": "my-public", "optional": True}
+
+
+def test_no_key_material_is_made_in_a_template_and_two_renders_are_the_same() -> None:
+    """Issue 37 item 2: the chart made its seal key with lookup and randAlphaNum, so every
+    ``helm template`` (GitOps, docs/helm.md) and every reinstall rendered a new key. Now nothing
+    secret is rendered: two renders are byte-identical and hold no Secret; the extender keeps
+    its key in a Secret it creates itself, outside the release."""
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    first, second = run_helm(*args), run_helm(*args)
+    assert first.returncode == 0 and first.stdout == second.stdout
+    docs = [d for d in yaml.safe_load_all(first.stdout) if d]
+    assert not [d["metadata"]["name"] for d in docs if d["kind"] == "Secret" and (d.get("data") or d.get("stringData"))]
+    templates = "".join(p.read_text() for p in (CHART / "templates").iterdir())
+    for maker in ("randAlphaNum", "randAscii", "genPrivateKey", "genCA", "genSelfSignedCert"):
+        assert maker not in templates, maker
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    config = node_config({})
+    assert config["allocationTrust"] == {"publicKeyFiles": ["/etc/runtime-hook-proxy-keys/public-keys"],
+                                         "acceptUnsigned": False}  # fmt: skip
+    (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    assert mounts["public-keys"] == "/etc/runtime-hook-proxy-keys"
+    beside_koord = node_config({"scheduler": {"enabled": False}})
+    assert "allocationTrust" not in beside_koord, "without our scheduler, unsigned cpusets count (Koordinator's)"
 
 
 def test_the_scheduler_service_account_has_kube_schedulers_roles_and_the_extenders_rights() -> None:
@@ -272,7 +299,7 @@ def test_the_scheduler_service_account_has_kube_schedulers_roles_and_the_extende
     assert "--config=/etc/scheduler-ext/config/extender.yaml" in containers(deployment)["scheduler-ext"]["command"]
     assert not [a for a in containers(one(None, "Deployment", f"{FULL}-scheduler"))["scheduler-ext"]["command"]
                 if a.startswith("--config")]  # fmt: skip
-    (lease_role,) = kinds(BARE)["Role"]
+    (lease_role,) = [r for r in kinds(BARE)["Role"] if r["metadata"]["name"].endswith("-leases")]
     assert lease_role["metadata"]["namespace"] == NAMESPACE
     assert granted(lease_role) == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 
@@ -440,6 +467,9 @@ def _grants_by_role(docs: Sequence[Mapping[str, Any]], prefix: str) -> dict[str,
     ("node-colocation", {}),
 ])  # fmt: skip
 def test_each_node_overlay_renders_what_the_chart_renders(overlay: str, values: dict[str, Any]) -> None:
+    # the overlays have no scheduler of their own: their node agents verify no signature unless
+    # given public keys (docs/signing.md), as the chart's do without its scheduler
+    values = {**values, "scheduler": {"enabled": False}}
     ours = [d for d in template(values) if d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
             in ("node", None) or d["kind"] == "CustomResourceDefinition"]  # fmt: skip
     theirs = render(overlay)

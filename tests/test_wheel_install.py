@@ -55,6 +55,7 @@ def _cache() -> Path:
                 Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "runtime-hook-proxy/deb-wheels")
 
 
+@pytest.mark.timeout(900)  # the first run on a machine fetches the pinned wheels
 def test_the_documented_commands_install_a_working_wheel(tmp_path: Path) -> None:
     if not PY.exists() or subprocess.run([str(PY), "-c", "import ensurepip, venv"], check=False).returncode:
         pytest.skip("needs /usr/bin/python3 with venv")

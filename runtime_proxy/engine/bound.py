@@ -11,8 +11,10 @@ goes on. The result of each parse is kept until the pod's annotation changes or 
 so a poisoned pod costs one parse, not one per call.
 
 A cpuset that parses is bound only under the node's trust rules (``hooks.facts``, section
-"which resource-status cpusets the node trusts"): the pod's class may hold one, its CPUs are the
-node's, and no older pod (earlier in the list the caller passes, the store's order) holds them.
+"which resource-status cpusets the node trusts"): the claim is proven (with the node agent's
+public keys: its allocation signature verifies and it is within the request it states), the
+pod's class may hold one, its CPUs are the node's, and no older pod (earlier in the list the
+caller passes, the store's order) holds them.
 A refused cpuset is logged with the pod's identity and counted in
 ``rhp_untrusted_allocations_total`` once per pod and reason; the pod's CPUs stay in the pools.
 
@@ -49,7 +51,7 @@ POD_INPUT_REJECTED = Counter(
 UNTRUSTED_ALLOCATIONS = Counter(
     "rhp_untrusted_allocations",
     "Scheduler-owned pod allocations the node ignored (counted once per pod and reason), by "
-    "annotation and reason (qos-class, off-node, held).",
+    "annotation and reason (qos-class, off-node, signature, over-request, held).",
     ["annotation", "reason"],
 )
 
@@ -173,7 +175,10 @@ class BoundCpusets:
             entry = self._known(pod.uid, raw) or self._keep(pod.uid, _parse(raw))
             if entry.cpus:
                 claims.append((pod, entry.cpus))
-        resolved = resolve_cpuset_claims(claims, node_cpus(node) if node is not None else None)
+        if node is None:
+            resolved = resolve_cpuset_claims(claims, None)
+        else:
+            resolved = resolve_cpuset_claims(claims, node_cpus(node), keys_=node.allocation_keys, node_name=node.name)
         if resolved.refused:
             by_uid = {p.uid: p for p, _ in claims}
             for uid, reason in resolved.refused.items():
@@ -198,6 +203,10 @@ def untrusted_kind(reason: str) -> str:
         return "qos-class"
     if "not on this node" in reason:
         return "off-node"
+    if reason.startswith("not signed"):
+        return "signature"
+    if "more than the pod's CPU request" in reason:
+        return "over-request"
     return "held"
 
 

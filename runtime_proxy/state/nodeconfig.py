@@ -40,9 +40,11 @@ import structlog
 from prometheus_client import Counter, Gauge
 
 from hooks.facts import CgroupInfo, CPUTopology, NodeFacts, ResctrlFacts
+from hooks.signatures import ACCEPT_UNSIGNED, AllocationKeys
 from koord_formats import FormatError
 from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
 from koord_formats.nodeslo import validate_node_slo
+from koord_formats.signature import MAX_PUBLIC_KEYS_CHARS, parse_public_keys
 from koord_formats.topology import parse_cpu_topology
 from rhp_ops.files import FileRefused, check_kubeconfig, read_text_file
 from runtime_proxy.state.nodedoc import (
@@ -72,9 +74,20 @@ CONFIG_REJECTED = Counter("rhp_node_config_rejected",
                           "node configs refused: unreadable (reason: not-regular-file, too-large, ...), invalid, "
                           "or not parsed (timeout, worker-failed); the previous one kept", ["source", "reason"])
 CONFIG_GENERATION = Gauge("rhp_node_config_generation", "generation of the node config in use")
+ALLOCATION_PUBLIC_KEYS = Gauge("rhp_allocation_public_keys",
+                               "public keys resource-status cpusets are verified with (allocationTrust.publicKeyFiles)")
 
 
 # ---- the local document (its format, bound and parser: runtime_proxy.state.nodedoc) ---------------
+
+
+def _stamp(path: Path) -> tuple[int, int, int, int] | None:
+    """(device, inode, mtime, size) of the file ``path`` names, ``None`` when it is missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def read_document_text(path: Path) -> str:
@@ -92,6 +105,7 @@ def node_facts_from_document(
     resctrl: ResctrlFacts | None = None,
     cgroup: CgroupInfo | None = None,
     name: str = "",
+    allocation_keys: AllocationKeys = ACCEPT_UNSIGNED,
 ) -> NodeFacts:
     """``NodeFacts`` from a document: node annotations overlaid by NRT annotations; the CPU
     topology from sysfs (``topology``) or else from the ``node.koordinator.sh/cpu-topology``
@@ -116,6 +130,7 @@ def node_facts_from_document(
         cpu_topology=topo,
         resctrl=resctrl or ResctrlFacts(),
         cgroup=cg,
+        allocation_keys=allocation_keys,
     )
 
 
@@ -342,6 +357,9 @@ class NodeConfig:
     :param resctrl: resctrl facts (``runtime_proxy.host.resctrl.Resctrl(root).facts()``).
     :param cgroup: the cgroup layout (version, driver).
     :param parse_deadline: seconds the parser process of one file may take before it is killed.
+    :param key_files: public-key lists (``allocationTrust.publicKeyFiles``), polled like the file;
+        their keys verify pods' allocation signatures (``NodeFacts.allocation_keys``).
+    :param accept_unsigned: ``allocationTrust.acceptUnsigned`` (``None``: true without key files).
     """
 
     def __init__(
@@ -355,6 +373,8 @@ class NodeConfig:
         cgroup: CgroupInfo | None = None,
         poll_interval: float = 1.0,
         parse_deadline: float = PARSE_DEADLINE_SECONDS,
+        key_files: tuple[str, ...] = (),
+        accept_unsigned: bool | None = None,
     ) -> None:
         self.path = Path(path) if path is not None else None
         self.cluster = cluster
@@ -365,8 +385,13 @@ class NodeConfig:
         self.poll_interval = poll_interval
         self.parse_deadline = parse_deadline
         self.generation = 0
+        self.key_files = tuple(Path(p) for p in key_files)
+        self.accept_unsigned = (not key_files) if accept_unsigned is None else accept_unsigned
         # Built in worker and watch threads under _lock: the document, the last facts built.
         self._lock = threading.Lock()
+        self._keys = AllocationKeys(accept_unsigned=self.accept_unsigned)
+        self._key_stamps: tuple[tuple[int, int, int, int] | None, ...] | None = None
+        self._load_keys()
         self._doc = NodeDocument(name=node_name)
         self._facts = self._build()
         self._last_built = self._facts
@@ -398,8 +423,48 @@ class NodeConfig:
                 node_slo=state.node_slo if state.node_slo is not None else doc.node_slo,
             )
         return node_facts_from_document(
-            doc, topology=self.topology, resctrl=self.resctrl, cgroup=self.cgroup, name=self.node_name
+            doc, topology=self.topology, resctrl=self.resctrl, cgroup=self.cgroup, name=self.node_name,
+            allocation_keys=self._keys,
         )
+
+    def _load_keys(self) -> bool:
+        """Re-read the public-key files when one changed (inode, mtime or size; a missing file has
+        no keys); True when the keys in use changed. A file that cannot be read or parsed is
+        logged and counted, and the keys last read stay. Runs in a worker thread."""
+        if not self.key_files:
+            return False
+        stamps = tuple(_stamp(p) for p in self.key_files)
+        if stamps == self._key_stamps:
+            return False
+        self._key_stamps = stamps
+        found: list[bytes] = []
+        for path, stamp in zip(self.key_files, stamps, strict=True):
+            if stamp is None:
+                continue
+            try:
+                found += parse_public_keys(read_text_file(path, limit=MAX_PUBLIC_KEYS_CHARS), str(path))
+            except FileRefused as exc:
+                CONFIG_REJECTED.labels("keys", exc.reason).inc()
+                log.warning("public-key file not read; keeping the keys in use", path=str(path), error=exc.message)
+                return False
+            except FormatError as exc:
+                CONFIG_REJECTED.labels("keys", "invalid").inc()
+                log.warning("public-key file rejected; keeping the keys in use", path=str(path), error=str(exc))
+                return False
+        try:
+            keys = AllocationKeys.of(found, accept_unsigned=self.accept_unsigned)
+        except ValueError as exc:
+            CONFIG_REJECTED.labels("keys", "invalid").inc()
+            log.warning("public keys rejected; keeping the keys in use", error=str(exc))
+            return False
+        ALLOCATION_PUBLIC_KEYS.set(len(keys.public_keys))
+        with self._lock:
+            changed = keys != self._keys
+            self._keys = keys
+        if changed:
+            log.info("allocation public keys loaded", keys=len(keys.public_keys),
+                     accept_unsigned=keys.accept_unsigned)  # fmt: skip
+        return changed
 
     def _rebuild(self, doc: NodeDocument | None = None) -> _Built | None:
         """Build the facts from the document (``doc`` when given, which then becomes the
@@ -520,6 +585,10 @@ class NodeConfig:
         while True:
             await asyncio.sleep(self.poll_interval)
             try:
+                if self.key_files:
+                    changed: bool = await asyncio.to_thread(self._load_keys)
+                    if changed:
+                        self._install(await asyncio.to_thread(self._rebuild), "keys")
                 await self.reload_async()
             except Exception:
                 log.exception("node config poll failed")
@@ -530,7 +599,7 @@ class NodeConfig:
         self._stopping = False
         if self.cluster is not None:
             self.cluster.start(self._cluster_changed)
-        if self.path is not None and self._task is None:
+        if (self.path is not None or self.key_files) and self._task is None:
             self._task = asyncio.create_task(self._poll(), name="node-config-poll")
 
     async def stop(self) -> None:

@@ -39,6 +39,7 @@ from rhp_devenv.cri import CriClient
 from rhp_devenv.kube import NODE_NAME, Cluster, Pki, TlsPair, free_port, kube_binary
 
 from cri_protos import api_pb2
+from scheduler_ext.trust import Signer
 from tests.integration import qos_helpers as q
 from tests.integration.harness import REPO, ProxyProcess, required_versions
 from tests.integration.test_nri_real import NriPluginProcess
@@ -203,14 +204,14 @@ def _start_extender(cluster: Cluster) -> tuple[dict[str, Any], str]:
     serving = ext_pki.issue(ext_ca, "extender-serving", cn="scheduler-ext", ips=("127.0.0.1",), server=True,
                             client=False)  # fmt: skip
     port, health = free_port(), free_port()
-    seal_key = seal_key_path(cluster)  # what binds seal their annotations with
-    seal_key.write_text(secrets.token_hex(32) + "\n")
-    seal_key.chmod(0o600)
+    signing_key = signing_key_path(cluster)  # what binds sign their annotations with
+    signing_key.write_bytes(Signer.generate().pem())
+    signing_key.chmod(0o600)
     kubeconfig = cluster.kubeconfig_for("scheduler-ext", user=EXTENDER_USER, groups=("system:serviceaccounts",))
     cluster.spawn("scheduler-ext", [
         sys.executable, "-m", "scheduler_ext.entry", "serve", f"--listen=127.0.0.1:{port}",
         f"--tls-cert={serving.cert}", f"--tls-key={serving.key}", f"--tls-client-ca={ext_ca.cert}",
-        f"--health-listen=127.0.0.1:{health}", f"--kubeconfig={kubeconfig}", f"--seal-key-file={seal_key}",
+        f"--health-listen=127.0.0.1:{health}", f"--kubeconfig={kubeconfig}", f"--signing-key-file={signing_key}",
         "--ledger-namespace=kube-system", "--identity=scheduler-ext-e2e", "--log-format=json",
     ], env={"PYTHONPATH": str(REPO)})  # fmt: skip
     health_url = f"http://127.0.0.1:{health}"
@@ -226,9 +227,9 @@ def _start_extender(cluster: Cluster) -> tuple[dict[str, Any], str]:
     return _scheduler_extender(ext_pki, ext_ca, port), health_url
 
 
-def seal_key_path(cluster: Cluster) -> Path:
-    """The extender's ``--seal-key-file`` (a fresh key made when the stack starts)."""
-    return cluster.work_dir / "extender-pki" / "seal.key"
+def signing_key_path(cluster: Cluster) -> Path:
+    """The extender's ``--signing-key-file`` (a fresh key made when the stack starts)."""
+    return cluster.work_dir / "extender-pki" / "signing.key"
 
 
 def http_get(url: str) -> tuple[int, bytes]:

@@ -1,6 +1,6 @@
 """Helpers of the extender's end-to-end tests (``test_e2e_extender_*.py``): API-only nodes with a
 NodeResourceTopology of our choosing (no kubelet: pods bound there never run, so CPU accounting
-can be checked past this machine's 2 CPUs), raw API calls, events, and the extender's seal."""
+can be checked past this machine's 2 CPUs), raw API calls, events, and the extender's signature."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from rhp_devenv.kube import Cluster
 
 from koord_formats.topology import format_cpu_topology
 from scheduler_ext.topology import synthetic_topology
-from scheduler_ext.trust import SEAL_ANNOTATION, SEALED, Trust, read_key
-from tests.e2e.conftest import Stack, pod_manifest, seal_key_path
+from scheduler_ext.trust import SIGNATURE_ANNOTATION, SIGNED, Signer, Trust
+from tests.e2e.conftest import Stack, pod_manifest, signing_key_path
 from tests.integration import qos_helpers as q
 
 API_ONLY_LABEL = "rhp-e2e/api-only"
@@ -156,17 +156,18 @@ def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
 
 
 def trust(cluster: Cluster) -> Trust:
-    """The extender's seal key, as every replica of the stack reads it."""
-    return Trust.of([read_key(seal_key_path(cluster).read_bytes(), "seal key")], [])
+    """The extender's signing key, as every replica of the stack reads it."""
+    return Trust.of(Signer.from_pem(signing_key_path(cluster).read_bytes()), [])
 
 
-def assert_sealed_by_extender(cluster: Cluster, pod: Mapping[str, Any]) -> None:
-    """The pod's owned annotations are exactly what a bind on its node wrote: the seal covers its
-    UID, its node and each owned annotation's value or absence."""
+def assert_signed_by_extender(cluster: Cluster, pod: Mapping[str, Any]) -> None:
+    """The pod's owned annotations are exactly what a bind on its node wrote: the signature covers
+    its UID, namespace, name, node and each owned annotation's value or absence."""
     ann = annotations_of(pod)
-    assert SEAL_ANNOTATION in ann, ann
-    verdict = trust(cluster).judge(pod["metadata"]["uid"], pod["spec"]["nodeName"], "", ann)
-    assert verdict == SEALED, f"the seal does not verify for {pod['spec']['nodeName']}: {ann}"
+    assert SIGNATURE_ANNOTATION in ann, ann
+    meta = pod["metadata"]
+    verdict = trust(cluster).judge(meta["uid"], meta["namespace"], meta["name"], pod["spec"]["nodeName"], "", ann)
+    assert verdict == SIGNED, f"the signature does not verify for {pod['spec']['nodeName']}: {ann}"
 
 
 def api_call(

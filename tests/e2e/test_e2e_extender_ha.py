@@ -29,8 +29,8 @@ from rhp_devenv.kube import Cluster, free_port
 
 from hooks.facts import parse_cpu_list
 from tests.e2e.apiproxy import ApiProxy
-from tests.e2e.conftest import EXTENDER_USER, Stack, http_get, seal_key_path
-from tests.e2e.extenderlib import STATUS, annotations_of, api_only_node, assert_sealed_by_extender, lsr, one_runtime
+from tests.e2e.conftest import EXTENDER_USER, Stack, http_get, signing_key_path
+from tests.e2e.extenderlib import STATUS, annotations_of, api_only_node, assert_signed_by_extender, lsr, one_runtime
 from tests.integration.harness import REPO
 
 WATCH_TIMEOUT, IDLE_TIMEOUT, LEDGER_TTL = 5, 8.0, 38.0
@@ -73,7 +73,7 @@ def _spawn(cluster: Cluster, name: str, api: list[str]) -> Replica:
     cluster.spawn(name, [
         sys.executable, "-m", "scheduler_ext.entry", "serve", f"--listen=127.0.0.1:{port}",
         f"--health-listen=127.0.0.1:{health}", *api, "--ledger-namespace=kube-system", f"--identity={name}",
-        f"--seal-key-file={seal_key_path(cluster)}", f"--watch-timeout={WATCH_TIMEOUT}",
+        f"--signing-key-file={signing_key_path(cluster)}", f"--watch-timeout={WATCH_TIMEOUT}",
         f"--watch-idle-timeout={IDLE_TIMEOUT}", f"--ledger-ttl={LEDGER_TTL}", "--log-format=json",
     ], env={"PYTHONPATH": str(REPO)})  # fmt: skip
     return Replica(name, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{health}")
@@ -175,7 +175,7 @@ def test_two_replicas_never_give_a_cpu_twice_even_with_a_frozen_watch(
         for i in range(16):
             pod = _pod(cluster, ns, f"p{i}")
             assert pod["spec"]["nodeName"] == node, i
-            assert_sealed_by_extender(cluster, pod)
+            assert_signed_by_extender(cluster, pod)
             for cpu in parse_cpu_list(json.loads(annotations_of(pod)[STATUS])["cpuset"]):
                 assert cpu not in held, f"CPU {cpu} given to p{i} and {held[cpu]}"
                 held[cpu] = f"p{i}"

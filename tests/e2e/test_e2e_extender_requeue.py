@@ -18,7 +18,7 @@ from tests.e2e.extenderlib import (
     STATUS,
     annotations_of,
     api_only_node,
-    assert_sealed_by_extender,
+    assert_signed_by_extender,
     lsr,
     nrt_of,
     on_node,
@@ -81,4 +81,4 @@ def test_a_pod_refused_for_missing_topology_is_bound_soon_after_it_appears(stack
         ann = annotations_of(bound)
         assert ann[REQUEUE_ANNOTATION].startswith(f"{node} "), ann
         assert len(json.loads(ann[STATUS])["cpuset"].split(",")) >= 1
-        assert_sealed_by_extender(cluster, bound)
+        assert_signed_by_extender(cluster, bound)

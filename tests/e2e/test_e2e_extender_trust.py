@@ -5,7 +5,7 @@ configuration) -> ``scheduler-ext`` -> kube-apiserver, and kubelet -> ``runtime-
   gone after bind (LS) or replaced by the extender's own allocation (LSR), and the forged CPUs
   are not counted; a pod created with ``spec.nodeName`` and a forged cpuset is not counted and,
   on the node, does not get CPUs an older pod holds (its real cgroup).
-- Annotations a replica wrote for another node (with a seal that verifies there) are replaced
+- Annotations a replica wrote for another node (with a signature that verifies there) are replaced
   at bind by the extender's own for the node it binds to.
 - kube-apiserver's Binding subresource does what the extender relies on (and the fake API server
   imitates): the Binding's annotations land on the pod with ``spec.nodeName``, a second Binding
@@ -24,7 +24,7 @@ from rhp_devenv.kube import NODE_NAME
 
 from hooks.facts import format_cpu_list, parse_cpu_list
 from runtime_proxy.state.sysfs import read_cpu_topology
-from scheduler_ext.trust import OWNED, SEAL_ANNOTATION
+from scheduler_ext.trust import OWNED, SIGNATURE_ANNOTATION
 from tests.e2e.conftest import Stack, container_id, pod_cgroup, pod_manifest
 from tests.e2e.extenderlib import (
     DEVICE_ALLOCATED,
@@ -33,7 +33,7 @@ from tests.e2e.extenderlib import (
     annotations_of,
     api_call,
     api_only_node,
-    assert_sealed_by_extender,
+    assert_signed_by_extender,
     lsr,
     on_node,
     one_runtime,
@@ -75,13 +75,13 @@ def test_forged_allocations_are_dropped_at_bind_and_never_counted(stack: Stack, 
         assert ls_pod["spec"]["nodeName"] == node
         ann = annotations_of(ls_pod)
         assert not set(OWNED) & set(ann), f"forged annotations survived bind: {ann}"
-        assert_sealed_by_extender(cluster, ls_pod)
+        assert_signed_by_extender(cluster, ls_pod)
 
         cluster.apply(on_node(lsr("lsr4", ns, 4, annotations={STATUS: json.dumps({"cpuset": "0-1"})}), node))
         lsr_pod = wait_bound(cluster, ns, "lsr4")
         status = json.loads(annotations_of(lsr_pod)[STATUS])
         assert parse_cpu_list(status["cpuset"]) == {0, 1, 2, 3}, status
-        assert_sealed_by_extender(cluster, lsr_pod)
+        assert_signed_by_extender(cluster, lsr_pod)
         assert RESERVATION_ALLOCATED not in annotations_of(lsr_pod)
 
         cluster.apply(on_node(lsr("lsr1", ns, 1), node))
@@ -121,10 +121,10 @@ def test_a_forged_cpuset_gives_no_cpus_on_the_node(stack: Stack, ns: str) -> Non
 
 
 @pytest.mark.parametrize("qos", ["LS", "LSR"])
-def test_annotations_sealed_for_another_node_are_replaced_at_bind(stack: Stack, ns: str, qos: str) -> None:
-    """A pod held by a scheduling gate gets owned annotations and a seal that verifies for another
-    node (what a replica that died mid-bind under the old design left); once the gate is
-    removed, kube-scheduler and the extender bind it with only the extender's own, sealed for the
+def test_annotations_signed_for_another_node_are_replaced_at_bind(stack: Stack, ns: str, qos: str) -> None:
+    """A pod held by a scheduling gate gets owned annotations and a signature that verifies for
+    another node (what a replica that died mid-bind under the old design left); once the gate is
+    removed, kube-scheduler and the extender bind it with only the extender's own, signed for the
     node it is bound to."""
     cluster = stack.cluster
     with api_only_node(cluster, cores=2) as node:
@@ -134,15 +134,16 @@ def test_annotations_sealed_for_another_node_are_replaced_at_bind(stack: Stack, 
         held = cluster.get_json("pod", "p", namespace=ns)
         assert held is not None
         stale = {STATUS: json.dumps({"cpuset": "0-1,8-9"})}
-        stale[SEAL_ANNOTATION] = trust(cluster).seal(held["metadata"]["uid"], "rhp-other-node", stale) or ""
+        stale[SIGNATURE_ANNOTATION] = trust(cluster).sign(held["metadata"]["uid"], ns, "p", "rhp-other-node", 2000,
+                                                          stale) or ""  # fmt: skip
         cluster.kubectl("annotate", "-n", ns, "pod", "p", *(f"{k}={v}" for k, v in stale.items()))
         cluster.kubectl("patch", "-n", ns, "pod", "p", "--type=json",
                         "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')  # fmt: skip
         pod = wait_bound(cluster, ns, "p")
         ann = annotations_of(pod)
         assert pod["spec"]["nodeName"] == node
-        assert ann[SEAL_ANNOTATION] != stale[SEAL_ANNOTATION]
-        assert_sealed_by_extender(cluster, pod)
+        assert ann[SIGNATURE_ANNOTATION] != stale[SIGNATURE_ANNOTATION]
+        assert_signed_by_extender(cluster, pod)
         if qos == "LS":
             assert STATUS not in ann
         else:

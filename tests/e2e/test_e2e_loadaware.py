@@ -24,7 +24,7 @@ import pytest
 from rhp_devenv.kube import NODE_NAME, Cluster, free_port
 
 from koord_formats.quantity import parse_quantity
-from tests.e2e.conftest import EXTENDER_USER, Stack, http_get, pod_manifest, seal_key_path
+from tests.e2e.conftest import EXTENDER_USER, Stack, http_get, pod_manifest, signing_key_path
 from tests.e2e.extenderlib import one_runtime, wait_bound, wait_event
 from tests.integration.harness import REPO
 
@@ -67,7 +67,7 @@ def load_aware(stack: Stack) -> Iterator[Cluster]:
     cluster.spawn(EXTENDER, [
         sys.executable, "-m", "scheduler_ext.entry", "serve", f"--listen=127.0.0.1:{port}",
         f"--health-listen=127.0.0.1:{health}", f"--kubeconfig={kubeconfig}", f"--config={config}",
-        f"--seal-key-file={seal_key_path(cluster)}", "--no-ha-ledger", "--identity=scheduler-ext-loadaware",
+        f"--signing-key-file={signing_key_path(cluster)}", "--no-ha-ledger", "--identity=scheduler-ext-loadaware",
         "--log-format=json",
     ], env={"PYTHONPATH": str(REPO)})  # fmt: skip
     session_extenders = [dict(e) for e in cluster.extenders]

@@ -23,7 +23,7 @@ def test_the_public_names_are_the_plugin_authors_kit() -> None:
     )
     public = {name for name in vars(hooks) if not name.startswith("_")}
     # submodules are attributes of a package once imported; they are not part of ``__all__``
-    assert public - set(hooks.__all__) <= {"facts", "plan", "spec", "manager", "plugins", "usage"}
+    assert public - set(hooks.__all__) <= {"facts", "plan", "spec", "manager", "plugins", "usage", "signatures"}
 
 
 def test_py_typed_ships_with_the_package() -> None:

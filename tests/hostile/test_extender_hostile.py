@@ -8,9 +8,10 @@
 - Hostile Reservations (wrong types, huge lists and maps, deep or bombed annotations, CPUs
   outside the node) and hostile ``reservation-affinity`` / ``reservation-allocated`` pod
   annotations: refused by their one parser, costing only their own object or pod.
-- Forged allocations: hostile seal annotations (garbage, over its bound, another version, a
-  seal of other values) verify nothing and cost only their pod; a hostile ``--seal-key-file``
-  (FIFO, directory, device, 5 GB sparse file, a key too short) is refused at start with one
+- Forged allocations: hostile signature annotations (garbage, over its bound, another version, a
+  signature of other values, another pod's, an unknown key's claiming more than its pod's
+  request) verify nothing and cost only their pod; a hostile ``--signing-key-file`` (FIFO,
+  directory, device, 5 GB sparse file, not a PEM Ed25519 key) is refused at start with one
   line, at once.
 - ``scheduler-ext simulate`` on hostile documents: no traceback, a documented exit code, the
   result alone on stdout and every log line on stderr.
@@ -39,10 +40,11 @@ import pytest
 
 from koord_formats.errors import FormatError
 from koord_formats.reservation import parse_reservation, parse_reservation_affinity, parse_reservation_allocated
+from koord_formats.signature import MAX_SIGNATURE_CHARS
 from scheduler_ext.extender import ExtenderConfig, evaluate, plan
 from scheduler_ext.pods import parse_pod
 from scheduler_ext.state import ClusterState, load_objects
-from scheduler_ext.trust import MAX_SEAL_CHARS, SEAL_ANNOTATION
+from scheduler_ext.trust import SIGNATURE_ANNOTATION, Signer, Trust
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import cluster, cpus, device, node, nrt, pod, reservation
 from tests.scheduler_ext.conftest import TRUST, Extender, start_extender
@@ -287,18 +289,25 @@ def test_a_reachable_listener_without_mutual_tls_is_refused_at_start() -> None:
     [
         pytest.param("", id="empty"),
         pytest.param("v1.", id="the version alone"),
-        pytest.param("v1." + "A" * (MAX_SEAL_CHARS * 100), id="over its bound"),
+        pytest.param("v1." + "A" * (MAX_SIGNATURE_CHARS * 100), id="over its bound"),
         pytest.param("v2.c2VhbA", id="another version"),
         pytest.param("v1.\u0000\uffff" * 8, id="control and odd characters"),
-        pytest.param(TRUST.seal("uid-p", "a", {RS: json.dumps({"cpuset": "0-1"})}), id="a seal of other values"),
-        pytest.param(TRUST.seal("uid-other", "a", {RS: json.dumps({"cpuset": "0-15"})}), id="another pod's seal"),
+        pytest.param(TRUST.sign("uid-p", "default", "p", "a", 16000, {RS: json.dumps({"cpuset": "0-1"})}),
+                     id="a signature of other values"),
+        pytest.param(TRUST.sign("uid-other", "default", "p", "a", 16000, {RS: json.dumps({"cpuset": "0-15"})}),
+                     id="another pod's signature"),
+        pytest.param(TRUST.sign("uid-p", "default", "other", "a", 16000, {RS: json.dumps({"cpuset": "0-15"})}),
+                     id="signed for another name"),
+        pytest.param(Trust.of(Signer.generate(), []).sign("uid-p", "default", "p", "a", 16000,
+                                                          {RS: json.dumps({"cpuset": "0-15"})}),
+                     id="an unknown key's, over the pod's request"),
     ],
 )
-def test_a_hostile_seal_verifies_nothing_and_costs_only_its_pod(seal: str | None) -> None:
+def test_a_hostile_signature_verifies_nothing_and_costs_only_its_pod(seal: str | None) -> None:
     assert seal is not None
     state = ClusterState(TRUST)
     forged = pod("p", cpu="1", qos="LS", node_name="a", scheduler_name="default-scheduler", uid="uid-p",
-                 annotations={RS: json.dumps({"cpuset": "0-15"}), SEAL_ANNOTATION: seal})
+                 annotations={RS: json.dumps({"cpuset": "0-15"}), SIGNATURE_ANNOTATION: seal})
     assert load_objects(state, [*cluster(["a"]), forged]) == []
     assert state.nodes["a"].allocs == {}
     ns = state.nodes["a"]
@@ -327,15 +336,15 @@ def _key_case(kind: str, tmp: Path) -> str:
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device", "sparse", "short", "symlink-to-fifo", "missing"])
-def test_a_hostile_seal_key_file_is_refused_at_start(tmp_path: Path, kind: str) -> None:
+def test_a_hostile_signing_key_file_is_refused_at_start(tmp_path: Path, kind: str) -> None:
     path = _key_case(kind, tmp_path)
     done = subprocess.run(  # a read that blocked on the FIFO would run into the timeout
         [sys.executable, "-m", "scheduler_ext.cli", "serve", "--api-server", "http://127.0.0.1:9",
-         "--listen", "127.0.0.1:0", "--no-ha-ledger", "--seal-key-file", path],
+         "--listen", "127.0.0.1:0", "--no-ha-ledger", "--signing-key-file", path],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2, done.stderr
-    assert "--seal-key-file" in done.stderr and "Traceback" not in done.stderr
+    assert "--signing-key-file" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 

@@ -236,3 +236,28 @@ def test_api_errors_are_one_line_through_structlog_and_logging(stream: io.String
     assert lines[0]["error"] == SHORT_404
     assert lines[1]["event"] == f"report failed: {SHORT_404}"
     assert lines[2]["error"] == SHORT_404 and lines[3]["error"] == SHORT_404
+
+
+def test_a_404_from_an_api_server_is_one_line(stream: io.StringIO) -> None:
+    """The same with the exception the official client raises for a real HTTP 404 (the in-process
+    fake API server's reply: its headers and Status body)."""
+    import kubernetes
+
+    from tests.fakeapi import FakeAPIServer
+
+    server = FakeAPIServer().start()
+    try:
+        conf = kubernetes.client.Configuration()
+        conf.host = server.url
+        api = kubernetes.client.CoordinationV1Api(kubernetes.client.ApiClient(conf))
+        with pytest.raises(kubernetes.client.exceptions.ApiException) as caught:
+            api.read_namespaced_lease("missing", "kube-system")
+    finally:
+        server.stop()
+    assert "HTTP response headers" in str(caught.value)  # what the old logs carried
+    structlog.get_logger("t").warning("cannot read the Lease", error=caught.value)
+    structlog.get_logger("t").warning("cannot read the Lease, as text", error=str(caught.value))
+    lines = _lines(stream)
+    assert len(lines) == 2 == len(stream.getvalue().splitlines())
+    assert lines[0]["error"] == lines[1]["error"]
+    assert lines[0]["error"].startswith("404 Not Found") and "HTTP response" not in stream.getvalue()

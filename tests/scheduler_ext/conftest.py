@@ -28,18 +28,19 @@ from scheduler_ext.ledger import LeaseLedger  # noqa: E402
 from scheduler_ext.requeue import Requeuer  # noqa: E402
 from scheduler_ext.server import create_app  # noqa: E402
 from scheduler_ext.state import ClusterState, Watcher  # noqa: E402
-from scheduler_ext.trust import Trust  # noqa: E402
+from scheduler_ext.trust import Signer, Trust  # noqa: E402
 from tests.fakeapi import FakeAPIServer  # noqa: E402
 
-# the seal key every test extender shares, as the replicas of one deployment do
-SEAL_KEY = b"test-seal-key-not-a-secret-0123456789"
-TRUST = Trust.of([SEAL_KEY], ["koord-scheduler"])
+# the signing key every test extender shares, as the replicas of one deployment do
+SIGNER = Signer.generate()
+TRUST = Trust.of(SIGNER, ["koord-scheduler"])
 
 
-def seal_key_file(directory: Path) -> Path:
-    """``SEAL_KEY`` in a file under ``directory`` (for ``scheduler-ext serve --seal-key-file``)."""
-    path = directory / "seal.key"
-    path.write_bytes(SEAL_KEY + b"\n")
+def signing_key_file(directory: Path) -> Path:
+    """``SIGNER``'s key as PEM in a file under ``directory`` (for ``scheduler-ext serve
+    --signing-key-file``)."""
+    path = directory / "signing.key"
+    path.write_bytes(SIGNER.pem())
     return path
 
 

@@ -22,7 +22,7 @@ from koord_formats.topology import format_cpu_topology
 from scheduler_ext.cli import main
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import TOPO_QUAD_NUMA, cluster, cpus, pod
-from tests.scheduler_ext.conftest import seal_key_file
+from tests.scheduler_ext.conftest import signing_key_file
 
 RS = "scheduling.koordinator.sh/resource-status"
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def _spawn(api_url: str, key: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "scheduler_ext.cli", "serve", "--api-server", api_url,
-         "--listen", f"127.0.0.1:{port}", "--log-level", "warning", "--seal-key-file", str(key)],
+         "--listen", f"127.0.0.1:{port}", "--log-level", "warning", "--signing-key-file", str(key)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
@@ -64,7 +64,7 @@ def _bind(url: str, p: dict[str, Any]) -> str:
 
 
 def test_killed_extender_is_replaced_without_double_allocation(api: FakeAPIServer, tmp_path: Path) -> None:
-    key = seal_key_file(tmp_path)  # the new process verifies the seals of the old one's binds
+    key = signing_key_file(tmp_path)  # the new process verifies the signatures of the old one's binds
     pods = [pod(f"p{i:02d}", cpu="2") for i in range(20)]  # 40 CPUs asked, node has 32
     for obj in [*cluster(["n1"], format_cpu_topology(TOPO_QUAD_NUMA)), *pods]:
         api.create(obj)

@@ -20,7 +20,7 @@ import pytest
 from scheduler_ext import cli
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import cluster, pod
-from tests.scheduler_ext.conftest import seal_key_file
+from tests.scheduler_ext.conftest import signing_key_file
 from tests.scheduler_ext.tlscerts import PKI, client_context, make_pki
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def spawn_tls(api_url: str, pki: PKI, *extra: str) -> TLSExtender:
     port, health_port = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "scheduler_ext.cli", "serve", "--api-server", api_url, "--no-ha-ledger",
-         "--seal-key-file", str(seal_key_file(pki.ca.parent)),
+         "--signing-key-file", str(signing_key_file(pki.ca.parent)),
          "--listen", f"127.0.0.1:{port}", "--health-listen", f"127.0.0.1:{health_port}",
          "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
          "--tls-client-ca", str(pki.ca), "--log-level", "warning", *extra],
@@ -204,7 +204,7 @@ raise SystemExit(cli.main(sys.argv[1:]))
 def test_insecure_serves_a_reachable_listener_and_warns(api: FakeAPIServer, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", _RECORDING_SERVE, "serve", "--api-server", api.url, "--listen", "0.0.0.0:8888",
-         "--insecure", "--no-ha-ledger", "--seal-key-file", str(seal_key_file(tmp_path))],
+         "--insecure", "--no-ha-ledger", "--signing-key-file", str(signing_key_file(tmp_path))],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == cli.EXIT_OK
@@ -214,9 +214,9 @@ def test_insecure_serves_a_reachable_listener_and_warns(api: FakeAPIServer, tmp_
 
 def test_serve_without_flags_serves_on_its_default_listen_address(api: FakeAPIServer, tmp_path: Path) -> None:
     """The default --listen is one serve accepts (loopback, plain HTTP), not one it refuses
-    (the API server and the seal key are the only things it must be told)."""
+    (the API server and the signing key are the only things it must be told)."""
     done = subprocess.run([sys.executable, "-c", _RECORDING_SERVE, "serve", "--api-server", api.url, "--no-ha-ledger",
-                           "--seal-key-file", str(seal_key_file(tmp_path))],
+                           "--signing-key-file", str(signing_key_file(tmp_path))],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == cli.EXIT_OK, done.stderr
     assert done.stdout == "serving 127.0.0.1 None\n"

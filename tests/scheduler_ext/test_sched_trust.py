@@ -2,7 +2,8 @@
 verbs against the fake API server:
 
 1. a forged allocation counts for nothing, and bind always writes or removes every owned
-   annotation; the extender's own binds still count after a restart (their seal);
+   annotation; the extender's own binds still count after a restart (their signature), and
+   after a change of key (issue 37 item 2);
 2. a stale cpuset left by a replica that died mid-bind never survives the next bind;
 3. a silent watch is dropped and listed again, makes ``/readyz`` fail and binds refused, and
    an expired HA-ledger entry stays until the replica's watch has settled it.
@@ -22,10 +23,10 @@ from koord_formats.topology import format_cpu_topology
 from scheduler_ext.extender import Binder, ExtenderConfig
 from scheduler_ext.ledger import LeaseLedger
 from scheduler_ext.state import ClusterState, load_objects
-from scheduler_ext.trust import SEAL_ANNOTATION, Trust
+from scheduler_ext.trust import LEGACY_SEAL_ANNOTATION, SIGNATURE_ANNOTATION, Signer, Trust
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import TOPO_QUAD_NUMA, cluster, cpus, pod
-from tests.scheduler_ext.conftest import SEAL_KEY, TRUST, Extender, bind_client, start_extender, wait_for
+from tests.scheduler_ext.conftest import SIGNER, TRUST, Extender, bind_client, start_extender, wait_for
 
 RS = "scheduling.koordinator.sh/resource-status"
 DA = "scheduling.koordinator.sh/device-allocated"
@@ -72,10 +73,10 @@ def test_a_forged_cpuset_on_a_pod_created_with_node_name_counts_for_nothing(
     assert ext.state.nodes["n1"].allocs.keys() == {victim["metadata"]["uid"]}
 
 
-def test_a_forged_cpuset_with_a_copied_seal_counts_for_nothing(
+def test_a_forged_cpuset_with_a_copied_signature_counts_for_nothing(
     api: FakeAPIServer, serve: Callable[..., Extender]
 ) -> None:
-    """A seal names its pod's UID and node: copied onto another pod, it does not verify."""
+    """A signature names its pod's UID, name and node: copied onto another pod, it does not verify."""
     ext = serve(cluster(["n1"]))
     real = pod("real", cpu="4")
     api.create(real)
@@ -83,11 +84,11 @@ def test_a_forged_cpuset_with_a_copied_seal_counts_for_nothing(
     assert bind(ext, real, "n1") == ""
     theirs = annotations(api, "real")
     copy = pod("copy", cpu="1", qos="LS", node_name="n1", scheduler_name="default-scheduler",
-               annotations={RS: json.dumps({"cpuset": "4-15"}), SEAL_ANNOTATION: theirs[SEAL_ANNOTATION]})
+               annotations={RS: json.dumps({"cpuset": "4-15"}), SIGNATURE_ANNOTATION: theirs[SIGNATURE_ANNOTATION]})
     api.create(copy)
     wait_for(lambda: copy["metadata"]["uid"] in ext.state.pods)
     assert ext.state.nodes["n1"].allocs.keys() == {real["metadata"]["uid"]}
-    assert ext.state.pods[copy["metadata"]["uid"]].bad == "untrusted (seal does not verify)"
+    assert ext.state.pods[copy["metadata"]["uid"]].bad == "untrusted (signature does not verify)"
 
 
 @pytest.mark.parametrize(
@@ -105,14 +106,14 @@ def test_bind_removes_every_forged_owned_annotation(
     wait_for(lambda: ext.state.pending(p["metadata"]["uid"]) is not None)
     assert bind(ext, p, "n1") == ""
     got = annotations(api, "web")
-    assert DA not in got and RA not in got and SEAL_ANNOTATION in got
+    assert DA not in got and RA not in got and SIGNATURE_ANNOTATION in got
     if qos == "LSR":
         assert json.loads(got[RS])["cpuset"] != "0-15" and len(cpus(json.loads(got[RS])["cpuset"])) == 4
     else:
         assert RS not in got
     uid = p["metadata"]["uid"]
     wait_for(lambda: ext.state.pods[uid].node == "n1" and ext.state.held_count() == 0)
-    assert ext.state.pods[uid].bad == ""  # its own seal verifies
+    assert ext.state.pods[uid].bad == ""  # its own signature verifies
 
 
 def test_the_extender_s_own_binds_still_count_after_a_restart(
@@ -129,11 +130,38 @@ def test_the_extender_s_own_binds_still_count_after_a_restart(
         json.loads(annotations(api, "mine")[RS])["cpuset"])
     other = pod("other", cpu="16")  # 16 CPUs: only 8 are left
     assert not passes(second, other, "n1")
-    stranger = serve(trust=Trust.of([b"another-deployment-key-0123"], []))  # a key that never sealed it
-    assert stranger.state.nodes["n1"].allocs == {}
+    # a new key that never signed it (the Secret replaced, the old public key dropped): the
+    # placed pod's CPUs stay counted, so a new pod cannot get them
+    stranger = serve(trust=Trust.of(Signer.generate(), []))
+    assert stranger.state.nodes["n1"].allocs[mine["metadata"]["uid"]].cpus == cpus(
+        json.loads(annotations(api, "mine")[RS])["cpuset"])
+    assert not passes(stranger, other, "n1")
 
 
-def test_a_tenant_s_later_edit_of_a_sealed_allocation_keeps_what_the_extender_gave(
+@pytest.mark.parametrize(
+    "proof",
+    [
+        pytest.param({SIGNATURE_ANNOTATION: "v1.0123456789abcdef.16000." + "A" * 86}, id="an unknown key's signature"),
+        pytest.param({LEGACY_SEAL_ANNOTATION: "v1.abc"}, id="an earlier release's seal"),
+    ],
+)
+def test_an_unverifiable_allocation_counts_only_within_its_pod_s_request(
+    serve: Callable[..., Extender], proof: dict[str, str]
+) -> None:
+    """Counted, not trusted (issue 37 item 2): a placed pod whose signature no key of the
+    extender can check keeps its CPUs counted when they are within its own CPU request; a claim
+    larger than the request counts for nothing (else a tenant could fence off a whole node)."""
+    within = pod("within", cpu="2", node_name="n1", scheduler_name="default-scheduler",
+                 annotations={RS: json.dumps({"cpuset": "0-1"}), **proof})
+    beyond = pod("beyond", cpu="1", node_name="n1", scheduler_name="default-scheduler",
+                 annotations={RS: json.dumps({"cpuset": "2-15"}), **proof})
+    ext = serve([*cluster(["n1"]), within, beyond])
+    wait_for(lambda: {within["metadata"]["uid"], beyond["metadata"]["uid"]} <= ext.state.pods.keys())
+    assert ext.state.nodes["n1"].allocs.keys() == {within["metadata"]["uid"]}
+    assert ext.state.nodes["n1"].allocs[within["metadata"]["uid"]].cpus == {0, 1}
+
+
+def test_a_tenant_s_later_edit_of_a_signed_allocation_keeps_what_the_extender_gave(
     api: FakeAPIServer, serve: Callable[..., Extender]
 ) -> None:
     ext = serve(cluster(["n1"]))
@@ -154,11 +182,11 @@ def test_a_tenant_s_later_edit_of_a_sealed_allocation_keeps_what_the_extender_ga
     [("koord-scheduler", True), ("", False)],
     ids=["koord-scheduler is trusted by default", "no scheduler trusted: its pods count for nothing"],
 )
-def test_pods_placed_by_a_trusted_scheduler_count_unsealed(
+def test_pods_placed_by_a_trusted_scheduler_count_unsigned(
     serve: Callable[..., Extender], names: str, counted: bool
 ) -> None:
     placed = pod("koord", cpu="4", node_name="n1", annotations={RS: json.dumps({"cpuset": "0-1,8-9"})})
-    ext = serve([*cluster(["n1"]), placed], trust=Trust.of([SEAL_KEY], names.split(",")))
+    ext = serve([*cluster(["n1"]), placed], trust=Trust.of(SIGNER, names.split(",")))
     wait_for(lambda: placed["metadata"]["uid"] in ext.state.pods)
     assert (placed["metadata"]["uid"] in ext.state.nodes["n1"].allocs) is counted
 

@@ -65,7 +65,7 @@ from scheduler_ext.numa import numa_node_states
 from scheduler_ext.server import create_app
 from scheduler_ext.state import KINDS, ClusterState, load_objects
 from scheduler_ext.topology import synthetic_topology
-from scheduler_ext.trust import TRUST_ALL, Trust
+from scheduler_ext.trust import TRUST_ALL, Signer, Trust
 from tests.scheduler_ext.builders import GiB, node, nrt, pod, reservation
 
 SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -620,7 +620,7 @@ def test_verbs_never_book_a_numa_zone_past_its_allocatable_with_a_reservation(
 
 # -- forged and stale allocation annotations (issue 23) ----------------------------------------------
 
-TRUST = Trust.of([b"property-seal-key-0123456789"], ["koord-scheduler"])
+TRUST = Trust.of(Signer.generate(), ["koord-scheduler"])
 OWNED_KEYS = (keys.ANNOTATION_RESOURCE_STATUS, keys.ANNOTATION_DEVICE_ALLOCATED, keys.ANNOTATION_RESERVATION_ALLOCATED)
 
 
@@ -637,8 +637,8 @@ def _forged_annotations(data: st.DataObject, topo: CPUTopology, label: str) -> d
             {"gpu": [{"minor": 0, "resources": {"koordinator.sh/gpu-core": "100"}}]})
     if data.draw(RARELY, label=f"{label}: reservation-allocated"):
         out[keys.ANNOTATION_RESERVATION_ALLOCATED] = json.dumps({"name": "r", "uid": "uid-r"})
-    if data.draw(RARELY, label=f"{label}: a seal of nothing"):
-        out["scheduler-ext.runtime-hook-proxy.io/seal"] = "v1.AAAA"
+    if data.draw(RARELY, label=f"{label}: a signature of nothing"):
+        out[keys.ANNOTATION_ALLOCATION_SIGNATURE] = "v1.AAAA"
     return out
 
 
@@ -649,7 +649,7 @@ def test_verbs_never_count_or_apply_a_forged_or_stale_allocation(
 ) -> None:
     """The cluster holds pods placed with ``spec.nodeName`` by no scheduler and forged allocation
     annotations, and every pending pod carries forged or stale ones (a replica that died
-    mid-bind). After each bind the pod carries exactly what the bind wrote (its seal verifies: no
+    mid-bind). After each bind the pod carries exactly what the bind wrote (its signature verifies: no
     pod pinned to CPUs the extender did not give it), the CPUs given are disjoint and bindable,
     and a restarted extender counts exactly the CPUs it gave, none of the forged ones."""
     topo, text = machine(shape)
@@ -673,7 +673,8 @@ def test_verbs_never_count_or_apply_a_forged_or_stale_allocation(
         assert not got.cpus & before, "two pods share a CPU"
         assert got.cpus <= bindable
         written = obj["metadata"]["annotations"]
-        assert TRUST.judge(obj["metadata"]["uid"], NODE, "default-scheduler", written) == "sealed"
+        meta = obj["metadata"]
+        assert TRUST.judge(meta["uid"], meta["namespace"], meta["name"], NODE, "default-scheduler", written) == "signed"
         assert keys.ANNOTATION_DEVICE_ALLOCATED not in written and keys.ANNOTATION_RESERVATION_ALLOCATED not in written
         if not got.cpus:
             event("bound without a cpuset")

@@ -379,3 +379,36 @@ def test_rdt_detection(tmp_path: Path, flags: str, cmdline: str, vendor: str, ex
     (tmp_path / "mounts").write_text("proc /proc proc rw 0 0\n")
     found = detect_rdt(tmp_path)
     assert (found.l3_cat, found.mba) == expected and found.mounted is False
+
+
+async def test_public_key_files_are_loaded_and_followed(tmp_path: Path) -> None:
+    """``allocationTrust.publicKeyFiles`` (issue 37 item 1): missing at start (the extender has
+    not published them yet) the node has no key and, with files configured, accepts no unsigned
+    cpuset; once the file appears, and again when a key is added, the facts carry the keys; a
+    malformed file keeps the keys in use."""
+    from koord_formats.signature import format_public_key
+    from scheduler_ext.trust import Signer
+
+    first, second = Signer.generate().public_raw, Signer.generate().public_raw
+    keys_file = tmp_path / "keys" / "public-keys"
+    cfg = NodeConfig(key_files=(str(keys_file),), poll_interval=0.05)
+    assert cfg.current().allocation_keys.public_keys == ()
+    assert cfg.current().allocation_keys.accept_unsigned is False
+    await cfg.start()
+    try:
+        keys_file.parent.mkdir()
+        write(keys_file, format_public_key(first) + "\n")
+        deadline = time.monotonic() + 20
+        while cfg.current().allocation_keys.public_keys != (first,):
+            assert time.monotonic() < deadline, cfg.current().allocation_keys
+            await asyncio.sleep(0.05)
+        assert REGISTRY.get_sample_value("rhp_allocation_public_keys") == 1.0
+        write(keys_file, format_public_key(first) + "\n" + format_public_key(second) + "\n")
+        while cfg.current().allocation_keys.public_keys != (first, second):
+            assert time.monotonic() < deadline, cfg.current().allocation_keys
+            await asyncio.sleep(0.05)
+        write(keys_file, "ed25519 broken\n")
+        await asyncio.sleep(0.3)
+        assert cfg.current().allocation_keys.public_keys == (first, second)
+    finally:
+        await cfg.stop()

@@ -79,6 +79,10 @@ imagePullSecrets:
 {{- $_ := set $config "report" (dict "enable" true "kubeletConfigFile" $v.report.kubeletConfigFile
       "kubeletCPUManagerStateFile" $v.report.kubeletCPUManagerStateFile) -}}
 {{- end -}}
+{{- if .Values.scheduler.enabled -}}
+{{- $_ := set $config "allocationTrust" (dict "publicKeyFiles" (list "/etc/runtime-hook-proxy-keys/public-keys")
+      "acceptUnsigned" false) -}}
+{{- end -}}
 {{- toYaml (mergeOverwrite $config (deepCopy $v.extraConfig)) -}}
 {{- end -}}
 
@@ -108,4 +112,14 @@ cluster, the manager, its webhook, the node reports and the PriorityClasses are 
 {{- else -}}
 {{- printf "%s-webhook.%s.svc" (include "rhp.fullname" .) .Release.Namespace -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the extenders' signing key (templates/scheduler-signing-keys.yaml). */}}
+{{- define "rhp.signingKeySecret" -}}
+{{- .Values.scheduler.signingKey.secretName | default (printf "%s-signing-key" (include "rhp.fullname" .)) -}}
+{{- end -}}
+
+{{/* The ConfigMap of the public keys the node agents verify allocations with. */}}
+{{- define "rhp.publicKeysConfigMap" -}}
+{{- .Values.scheduler.signingKey.publicKeysConfigMap | default (printf "%s-public-keys" (include "rhp.fullname" .)) -}}
 {{- end -}}
