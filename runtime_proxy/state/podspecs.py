@@ -64,8 +64,9 @@ POD_SPECS_WAITED = Counter("rhp_pod_specs_waited", "lifecycle calls of BE pods t
 MAX_POD_EVENT_CHARS = 2 << 20
 # The pods kept (kubelet's maxPods defaults to 110; a node of thousands is not one we serve).
 MAX_PODS = 4096
-# How long a lifecycle call of a BE pod the watch has not seen yet waits for it.
-WAIT_SECONDS = 2.0
+# How long a lifecycle call of a BE pod the watch has not seen yet waits for it: well inside
+# containerd's NRI plugin request timeout (2 s by default), past which containerd drops the plugin.
+WAIT_SECONDS = 0.5
 _TOO_LARGE = "TOO_LARGE"
 
 
