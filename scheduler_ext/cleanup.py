@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
 
+from rhp_kube import credentials
 from rhp_ops.cli import add_global_flags
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "add_parser", "run"]
@@ -41,9 +41,7 @@ def add_parser(sub: Any, *, level_help: str, fmt_help: str) -> argparse.Argument
         "remove-leases", help="delete a release's Leases once its pods are gone (Helm's post-delete hook)",
         description="Wait until no pod matches --wait-pods, then delete the Leases of --namespace named by --name "
                     "or starting with a --prefix.", epilog=EXIT_CODES)
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file")
-    p.add_argument("--context", default=None, help="kubeconfig context")
-    p.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    credentials.add_flags(p)
     p.add_argument("--namespace", required=True, help="the Leases' namespace")
     p.add_argument("--name", action="append", default=[], help="a Lease to delete (repeatable)")
     p.add_argument("--prefix", action="append", default=[], help="delete the Leases whose name starts so (repeatable)")
@@ -67,14 +65,13 @@ def matches(name: str, names: list[str], prefixes: list[str]) -> bool:
 def run(args: argparse.Namespace) -> int:
     import kubernetes
 
-    from scheduler_ext.kube import api_client_from_flags
 
     if not args.name and not any(args.prefix):
         return _fail("name at least one --name or --prefix", EXIT_USAGE)
     if args.timeout <= 0:
         return _fail("--timeout must be positive", EXIT_USAGE)
     try:
-        api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
+        api_client = credentials.from_args(args)
     except Exception as exc:  # the kubernetes config loaders raise their own types
         return _fail(f"cannot load the API server configuration: {exc}", EXIT_USAGE)
     core = kubernetes.client.CoreV1Api(api_client)
