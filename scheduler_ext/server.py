@@ -41,7 +41,6 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from rhp_kube.liveness import Liveness
 from rhp_ops.build import export_build_info
 from scheduler_ext.admission import ERR_INVALID_CPU_TOPOLOGY
 from scheduler_ext.binder import Binder
@@ -415,22 +414,13 @@ async def _preempt_sliced(
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _probe_endpoints(state: ClusterState, liveness: Liveness | None = None) -> tuple[Endpoint, Endpoint, Endpoint]:
-    """``/healthz``, ``/readyz`` and ``/metrics`` of one cache (with ``rhp_build_info``).
-
-    ``/healthz`` is liveness: 503 with the reason when ``liveness`` says the watches are dead or
-    have heard nothing from the API server past their bound (``rhp_kube.watch.Informer.liveness``),
-    so kubelet restarts the extender; ``/readyz`` is "can serve now" (every kind listed, none
-    stale): it fails sooner and recovers by itself when the watches hear again."""
+def _probe_endpoints(state: ClusterState) -> tuple[Endpoint, Endpoint, Endpoint]:
+    """``/healthz``, ``/readyz`` and ``/metrics`` of one cache (with ``rhp_build_info``)."""
     export_build_info("scheduler-ext")
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StateCollector(state))
 
     async def healthz(request: Request) -> Response:
-        if liveness is not None:
-            alive, why = liveness()
-            if not alive:
-                return PlainTextResponse(f"not alive: {why}"[:4096] + "\n", status_code=503)
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
@@ -451,10 +441,10 @@ def _probe_endpoints(state: ClusterState, liveness: Liveness | None = None) -> t
     return healthz, readyz, metrics
 
 
-def create_health_app(state: ClusterState, liveness: Liveness | None = None) -> Starlette:
+def create_health_app(state: ClusterState) -> Starlette:
     """Only ``GET /healthz``, ``/readyz`` and ``/metrics``: for ``serve --health-listen``, where
     kubelet probes and scrapers connect without the client certificate the verbs require."""
-    healthz, readyz, metrics = _probe_endpoints(state, liveness)
+    healthz, readyz, metrics = _probe_endpoints(state)
     return Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
@@ -472,11 +462,10 @@ def create_app(
     prefix: str = "",
     max_body: int = MAX_BODY_BYTES,
     requeuer: Requeuer | None = None,
-    liveness: Liveness | None = None,
 ) -> ExtenderApp:
     """The ASGI app. ``binder`` is ``None`` when no API server is configured; ``requeuer``
     (started and stopped with the app) is told of every pod filter refuses for a node's missing
-    CPU topology (``scheduler_ext.requeue``); ``liveness`` decides ``/healthz`` (the watches')."""
+    CPU topology (``scheduler_ext.requeue``)."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     async def filter_verb(raw: bytes) -> Reply:
@@ -542,7 +531,7 @@ def create_app(
             }
         )
 
-    healthz, readyz, metrics = _probe_endpoints(state, liveness)
+    healthz, readyz, metrics = _probe_endpoints(state)
 
     table: dict[str, tuple[VerbHandler, Refusal]] = {
         "filter": (filter_verb, _filter_refusal),

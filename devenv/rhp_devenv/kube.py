@@ -32,6 +32,13 @@ private ``--root-dir`` and pod log directory, image garbage collection that neve
 kubelet raises a few kernel sysctls and adds iptables chains when it starts; :meth:`stop`
 restores the sysctls' values and removes the chains it added.
 
+Faults, for the end-to-end tests of what survives them: :meth:`Cluster.kill` sends a signal
+(default SIGKILL) to one process by PID and keeps its record, :meth:`Cluster.respawn` starts it
+again with the same command line (etcd on the same data directory), and
+:meth:`Cluster.restart_component` does both for a control-plane component with a down time
+between and waits for its health check. The lock, the loopback-only listeners and the
+blackhole route stay throughout.
+
 :meth:`Cluster.stop` kills every process it started (by PID), removes the route, the
 ``/kubepods`` tree when the cluster created it, the cgroup roots it made (with everything below
 them), kubelet's ``/var/log/containers`` links and the work directory. Pods go with the
@@ -550,6 +557,9 @@ class _Proc:
     popen: subprocess.Popen[bytes]
     log: Path
     start_time: str | None
+    argv: list[str]
+    """The command as :meth:`Cluster.spawn` was given it (what :meth:`Cluster.respawn` runs again)."""
+    env: dict[str, str]
 
 
 class Cluster(PrivateDir):
@@ -870,9 +880,85 @@ class Cluster(PrivateDir):
                 cwd=self.work_dir,
                 start_new_session=True,
             )
-        self._procs[name] = _Proc(name, popen, log, _proc_start_time(popen.pid))
+        self._procs[name] = _Proc(name, popen, log, _proc_start_time(popen.pid), list(argv), dict(env or {}))
         self._record_pids()
         return popen
+
+    def kill(self, name: str, *, sig: int = signal.SIGKILL, timeout: float = 15.0) -> None:
+        """Send *sig* (default SIGKILL) to the process *name* by PID and wait until it exited. Its
+        record stays, so :meth:`respawn` can start it again as it was (a fault, not a stop: the
+        route, the lock and the work directory are untouched)."""
+        proc = self._procs.get(name)
+        if proc is None:
+            raise KeyError(f"no process {name} was started")
+        if proc.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.popen.pid, sig)
+            try:
+                proc.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(timeout=timeout)
+
+    def command(self, name: str) -> list[str]:
+        """The command the process *name* was last started with (as given to :meth:`spawn`)."""
+        proc = self._procs.get(name)
+        if proc is None:
+            raise KeyError(f"no process {name} was started")
+        return list(proc.argv)
+
+    def respawn(self, name: str) -> subprocess.Popen[bytes]:
+        """Start the process *name* again (after :meth:`kill`, or after it exited) with the command
+        and environment it was last started with, on the same log; etcd keeps its data
+        directory, the components their ports and certificates."""
+        proc = self._procs.get(name)
+        if proc is None:
+            raise KeyError(f"no process {name} was started")
+        if proc.popen.poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        return self.spawn(name, proc.argv, env=proc.env or None)
+
+    def health_url(self, component: str) -> tuple[str, ssl.SSLContext | None]:
+        """Where :meth:`restart_component` sees *component* ready again, and the TLS to ask with."""
+        if component == "etcd":
+            return f"http://127.0.0.1:{self.ports['etcd']}/health", None
+        if component == "kube-apiserver":
+            return f"{self.server}/readyz", self.admin_tls()
+        if component in ("kube-scheduler", "kube-controller-manager"):
+            insecure = ssl.create_default_context()
+            insecure.check_hostname = False
+            insecure.verify_mode = ssl.CERT_NONE  # self-signed serving certificates made at start
+            port = self.ports["scheduler" if component == "kube-scheduler" else "controller_manager"]
+            return f"https://127.0.0.1:{port}/healthz", insecure
+        if component == "kubelet":
+            return f"http://127.0.0.1:{self.ports['kubelet_healthz']}/healthz", None
+        raise ValueError(f"no health check for {component}")
+
+    def healthy(self, component: str) -> bool:
+        """Whether *component*'s health check (:meth:`health_url`) answers 200 now."""
+        url, tls = self.health_url(component)
+        try:
+            return _http_get(url, tls)[0] == 200
+        except OSError:
+            return False
+
+    def restart_component(
+        self, component: str, *, down: float = 0.0, sig: int = signal.SIGKILL, timeout: float = 180.0
+    ) -> float:
+        """A control-plane fault: send *sig* (default SIGKILL) to *component* (``etcd``,
+        ``kube-apiserver``, ``kube-scheduler``, ``kube-controller-manager`` or ``kubelet``), keep
+        it down *down* seconds, start it again with its own command line (etcd on the same data
+        directory) and wait until its health check answers 200. Returns the seconds from the
+        restart to healthy. The cluster's lock, its loopback-only listeners and the service
+        range's blackhole route stay as they are."""
+        url, tls = self.health_url(component)
+        self.kill(component, sig=sig)
+        if down > 0:
+            time.sleep(down)
+        began = time.monotonic()
+        self.respawn(component)
+        self._wait_http(component, url, began + timeout, tls=tls)
+        return time.monotonic() - began
 
     def stop_process(self, name: str, *, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         """Stop one process started by :meth:`spawn` (or a component), by PID."""
