@@ -77,7 +77,7 @@ def load(kubeconfig: str | None = None, context: str | None = None, in_cluster: 
     Raises ``FileRefused`` for a kubeconfig that must not be read, and whatever the kubernetes
     config loaders raise (``ConfigException``, ``OSError``) when the credentials are missing or
     unusable; a failed load is tried again by the next call."""
-    key = (kubeconfig or None, context or None, in_cluster)
+    key = (kubeconfig or os.environ.get("KUBECONFIG") or None, context or None, _in_cluster(in_cluster))
     with _lock:
         found: ApiClient | None = _loaded.get(key)
         if found is not None:

@@ -65,6 +65,7 @@ from prometheus_client import Counter, Gauge
 
 from rhp_kube.errors import APIError, GoneError, NotFoundError, SilentError
 from rhp_kube.http import KubeHTTP, seg
+from rhp_kube.liveness import DEAD_AFTER
 
 __all__ = ["DEAD_AFTER", "Informer", "KindHealth", "Resource", "Sink", "WatchOptions", "collection"]
 
@@ -93,9 +94,6 @@ LAST_SYNC = Gauge(
     "When a full list of a watched kind last succeeded.",
     ["component", "kind"],
 )
-
-# The liveness bound's default, in seconds: ``/healthz`` fails after this long without a word.
-DEAD_AFTER = 300.0
 
 
 def collection(group: str, version: str, plural: str, namespace: str = "") -> str:
@@ -235,14 +233,16 @@ def _rv(obj: Mapping[str, Any]) -> str:
 class Informer:
     """List-and-watch of ``resources`` into ``sink`` (see the module docstring).
 
-    :param http: the transport (its own; the informer's loop owns its session).
+    :param http: the transport (its own; the informer's loop owns its session), or a callable
+        that makes it, called on the informer's loop under its supervision: credentials that
+        cannot be loaded yet are a fault like any other (logged, counted, retried).
     :param component: the ``component`` label of the metrics and logs ("extender", "node", ...).
     :param on_heard: called with the kind each time the API server said something on it.
     """
 
     def __init__(
         self,
-        http: KubeHTTP,
+        http: KubeHTTP | Callable[[], KubeHTTP],
         resources: Sequence[Resource],
         sink: Sink,
         *,
@@ -251,7 +251,8 @@ class Informer:
         on_heard: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.http = http
+        self._http: KubeHTTP | None = http if isinstance(http, KubeHTTP) else None
+        self._make_http: Callable[[], KubeHTTP] | None = None if isinstance(http, KubeHTTP) else http
         self.resources = tuple(resources)
         self.sink = sink
         self.component = component
@@ -321,8 +322,9 @@ class Informer:
             for task in tasks:
                 with contextlib.suppress(BaseException):
                     await task
-            with contextlib.suppress(BaseException):
-                await self.http.aclose()
+            if self._http is not None:
+                with contextlib.suppress(BaseException):
+                    await self._http.aclose()
 
     def start_thread(self) -> None:
         """Run the informer on its own event loop in a daemon thread."""
@@ -358,6 +360,14 @@ class Informer:
                 loop.call_soon_threadsafe(main.cancel)
         if self._thread is not None:
             self._thread.join(timeout)
+
+    @property
+    def http(self) -> KubeHTTP:
+        """The transport, made on first use when a callable was given."""
+        if self._http is None:
+            assert self._make_http is not None
+            self._http = self._make_http()
+        return self._http
 
     # -- one resource ------------------------------------------------------------------------
     async def _supervise(self, res: Resource) -> None:

@@ -37,6 +37,7 @@ import pluggy
 
 from hooks.manager import make_plugin_manager
 from rhp_kube.events import EventRecorder
+from rhp_kube.liveness import all_of
 from runtime_proxy import wiring
 from runtime_proxy.config import ProxyConfig
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
@@ -160,6 +161,12 @@ class Parts:
     # The cluster's view of this node's pods (their batch resources), for the doors and the
     # reconciler; started and stopped by the command beside node_source.
     pod_specs: ClusterPods | NoPodSpecs
+
+    def liveness(self) -> tuple[bool, str]:
+        """A node command's ``/healthz``: the cluster watches it started (the node config's and
+        the pod specs', ``rhp_kube.watch``) have heard from the API server within their bound;
+        always alive without ``fromCluster``."""
+        return all_of(self.node_source.liveness, self.pod_specs.liveness)()
 
 
 def build(

@@ -1,7 +1,8 @@
 """``scheduler-ext``: run the extender (``serve``) or try a placement offline (``simulate``).
 
-Who calls this: the console script. ``serve`` wires the pieces once: API client
-(``scheduler_ext.kube``), cache and watches (``scheduler_ext.state``), HA ledger
+Who calls this: the console script. ``serve`` wires the pieces once: credentials
+(``rhp_kube.credentials``), API client and watches (``scheduler_ext.kube`` over ``rhp_kube``),
+cache (``scheduler_ext.state``), HA ledger
 (``scheduler_ext.ledger``), binder (``scheduler_ext.binder``) and the HTTP app
 (``scheduler_ext.server``) under uvicorn. ``simulate`` feeds the same cache from a document and
 prints what filter, prioritize and bind would decide, without any cluster.
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import yaml
 
+from rhp_kube import credentials
+from rhp_kube.liveness import DEAD_AFTER
 from rhp_ops import logs
 from rhp_ops.build import extra_hint
 from rhp_ops.cli import (
@@ -37,6 +40,7 @@ from rhp_ops.cli import (
 )
 from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused, kubeconfig_files, read_regular_file
 from scheduler_ext.allocator import AllocationError
+from scheduler_ext.cleanup import add_parser as add_cleanup_parser
 from scheduler_ext.decide import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import MAX_BODY_BYTES, decode_pod, describe
 from scheduler_ext.keystore import KeyStoreError, keys_from_cluster, public_keys_from_files, signer_from_file
@@ -403,13 +407,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from rhp_kube.http import KubeHTTP
+    from rhp_kube.watch import WatchOptions
     from scheduler_ext.binder import Binder
-    from scheduler_ext.errors import GoneError
-    from scheduler_ext.kube import BindClient, KubeClient, api_client_from_flags
+    from scheduler_ext.kube import BindClient, watch_cluster
     from scheduler_ext.ledger import LeaseLedger
     from scheduler_ext.requeue import Requeuer
     from scheduler_ext.server import create_app, create_health_app
-    from scheduler_ext.state import Watcher
 
     log = structlog.get_logger("scheduler_ext.cli")
     listen = _host_port(args.listen)
@@ -432,15 +436,10 @@ def _serve(args: argparse.Namespace) -> int:
         )
     cfg = ExtenderConfig(args.score_strategy, args.gpu_strategy)
     if args.api_server:
-        import kubernetes
-
-        conf = kubernetes.client.Configuration()
-        conf.host = args.api_server
-        conf.connection_pool_maxsize = 32
-        api_client = kubernetes.client.ApiClient(conf)
+        api_client = credentials.plain(args.api_server)
     else:
         try:
-            api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
+            api_client = credentials.from_args(args)
         except Exception as exc:  # the kubernetes config loaders raise their own types
             return _fail("serve", f"cannot load the API server configuration: {exc}", EXIT_USAGE)
     trust = _trust_from_files(args)
@@ -459,21 +458,25 @@ def _serve(args: argparse.Namespace) -> int:
     if args.watch_timeout < 1 or args.watch_idle_timeout <= args.watch_timeout:
         return _fail("serve", "--watch-idle-timeout must be longer than --watch-timeout (at least 1 s)", EXIT_USAGE)
     stale_after = args.watch_idle_timeout + STALE_MARGIN
+    if args.watch_dead_after < stale_after + STALE_MARGIN:
+        return _fail("serve", f"--watch-dead-after must be at least --watch-idle-timeout + {2 * STALE_MARGIN:g} s "
+                     f"({stale_after + STALE_MARGIN:g})", EXIT_USAGE)
     if args.ha_ledger and args.ledger_ttl < stale_after + STALE_MARGIN:
         # a replica binds only while its watch heard from the API server within ``stale_after``;
         # an entry leaves the Lease no sooner than its TTL: the TTL must cover that plus watch lag
         return _fail("serve", f"--ledger-ttl must be at least --watch-idle-timeout + {2 * STALE_MARGIN:g} s "
                      f"({stale_after + STALE_MARGIN:g})", EXIT_USAGE)
-    kube = KubeClient(api_client, watch_timeout=args.watch_timeout, idle_timeout=args.watch_idle_timeout)
     try:
         bind_api = BindClient(api_client, timeout=args.api_timeout)
+        watch_api = KubeHTTP(api_client, timeout=None)  # the watches' own, on their loop (each list page bounded)
     except (ValueError, OSError) as exc:  # unsupported proxy, unreadable TLS files
         return _fail("serve", f"cannot talk to the API server: {exc}", EXIT_USAGE)
     state = ClusterState(trust, load_args=file_cfg.load_aware)
     # a kind whose watch said nothing for this long is stale: the idle timeout has cut the
     # silent stream and a fresh list had time to answer
-    watcher = Watcher(state, kube.list, kube.watch, GoneError, stale_after=stale_after)
-    watcher.start()
+    state.stale_after = stale_after
+    watches = watch_cluster(state, watch_api, WatchOptions(
+        watch_timeout=args.watch_timeout, read_deadline=args.watch_idle_timeout, dead_after=args.watch_dead_after))
     ledger = None
     if args.ha_ledger:
         ledger = LeaseLedger(
@@ -488,7 +491,8 @@ def _serve(args: argparse.Namespace) -> int:
     requeuer = None
     if args.topology_requeue_rate > 0:
         requeuer = Requeuer(bind_api, state.with_topology, rate=args.topology_requeue_rate)
-    app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes, requeuer=requeuer)
+    app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes, requeuer=requeuer,
+                     liveness=watches.liveness)
     log.info("serving", listen=args.listen, ha_ledger=bool(ledger), load_aware=state.load_args is not None,
              tls=bool(args.tls_cert), client_certificates=bool(args.tls_client_ca),
              health_listen=args.health_listen or None)
@@ -505,14 +509,15 @@ def _serve(args: argparse.Namespace) -> int:
     health = None
     if health_listen is not None:
         health = _no_signal_server(
-            _uvicorn_config(create_health_app(state), health_listen[0], health_listen[1], lifespan="off")
+            _uvicorn_config(create_health_app(state, watches.liveness), health_listen[0], health_listen[1],
+                            lifespan="off")
         )
     try:
         # the loop uvicorn.run would make: uvloop when installed (about a third less CPU per verb)
         with asyncio.Runner(loop_factory=main_server.config.get_loop_factory()) as runner:
             runner.run(_serve_all(main_server, health))
     finally:
-        watcher.close()
+        watches.close()
     return EXIT_OK if main_server.started else EXIT_SERVE_FAILED
 
 
@@ -556,9 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, metavar="BYTES",
                        help="largest verb request body (default %(default)s); a larger one is refused "
                             "with the verb's error reply before it is read")
-    serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file")
-    serve.add_argument("--context", default=None, help="kubeconfig context")
-    serve.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    credentials.add_flags(serve)
     serve.add_argument("--api-server", default="", help="plain API URL without credentials (tests)")
     serve.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate")
     serve.add_argument("--tls-key", default="", help="private key of --tls-cert")
@@ -583,8 +586,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "default %(default)s)")
     serve.add_argument("--watch-idle-timeout", type=float, default=90.0, metavar="SECONDS",
                        help="a watch stream silent this long (no event, bookmark or end) is dropped and the "
-                            "kind listed again (default %(default)s); 15 s later a kind still without a word "
+                            "watch resumed (default %(default)s); 15 s later a kind still without a word "
                             "makes /readyz fail and binds refused")
+    serve.add_argument("--watch-dead-after", type=float, default=DEAD_AFTER, metavar="SECONDS",
+                       help="a watch without a word from the API server (no event, bookmark, end of stream or "
+                            "list) for this long makes /healthz fail, so kubelet restarts the extender "
+                            "(default %(default)s; at least --watch-idle-timeout + 30)")
     serve.add_argument("--signing-key-file", default="", metavar="PATH",
                        help="the Ed25519 private key (PKCS#8 PEM) binds sign their annotations with; the same on "
                             "every replica. This or --key-secret is required")
@@ -626,6 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
     scoring(sim)
     sim.set_defaults(func=_cmd_simulate)
     add_manager_parser(sub, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
+    add_cleanup_parser(sub, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
     return parser
 
 

@@ -16,7 +16,7 @@ import sys
 __all__ = ["EXIT_MISSING_EXTRA", "REQUIRED", "main", "missing"]
 
 # Import names of the [scheduler] extra's distributions (pyproject.toml).
-REQUIRED = ("kubernetes", "starlette", "uvicorn", "orjson", "httptools", "aiohttp", "cryptography")
+REQUIRED = ("kubernetes", "starlette", "uvicorn", "orjson", "httptools", "aiohttp")
 EXIT_MISSING_EXTRA = 2
 
 

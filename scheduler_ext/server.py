@@ -41,6 +41,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rhp_kube.liveness import Liveness
 from rhp_ops.build import export_build_info
 from scheduler_ext.admission import ERR_INVALID_CPU_TOPOLOGY
 from scheduler_ext.binder import Binder
@@ -414,13 +415,22 @@ async def _preempt_sliced(
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _probe_endpoints(state: ClusterState) -> tuple[Endpoint, Endpoint, Endpoint]:
-    """``/healthz``, ``/readyz`` and ``/metrics`` of one cache (with ``rhp_build_info``)."""
+def _probe_endpoints(state: ClusterState, liveness: Liveness | None = None) -> tuple[Endpoint, Endpoint, Endpoint]:
+    """``/healthz``, ``/readyz`` and ``/metrics`` of one cache (with ``rhp_build_info``).
+
+    ``/healthz`` is liveness: 503 with the reason when ``liveness`` says the watches are dead or
+    have heard nothing from the API server past their bound (``rhp_kube.watch.Informer.liveness``),
+    so kubelet restarts the extender; ``/readyz`` is "can serve now" (every kind listed, none
+    stale): it fails sooner and recovers by itself when the watches hear again."""
     export_build_info("scheduler-ext")
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StateCollector(state))
 
     async def healthz(request: Request) -> Response:
+        if liveness is not None:
+            alive, why = liveness()
+            if not alive:
+                return PlainTextResponse(f"not alive: {why}"[:4096] + "\n", status_code=503)
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
@@ -441,10 +451,10 @@ def _probe_endpoints(state: ClusterState) -> tuple[Endpoint, Endpoint, Endpoint]
     return healthz, readyz, metrics
 
 
-def create_health_app(state: ClusterState) -> Starlette:
+def create_health_app(state: ClusterState, liveness: Liveness | None = None) -> Starlette:
     """Only ``GET /healthz``, ``/readyz`` and ``/metrics``: for ``serve --health-listen``, where
     kubelet probes and scrapers connect without the client certificate the verbs require."""
-    healthz, readyz, metrics = _probe_endpoints(state)
+    healthz, readyz, metrics = _probe_endpoints(state, liveness)
     return Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
@@ -462,10 +472,11 @@ def create_app(
     prefix: str = "",
     max_body: int = MAX_BODY_BYTES,
     requeuer: Requeuer | None = None,
+    liveness: Liveness | None = None,
 ) -> ExtenderApp:
     """The ASGI app. ``binder`` is ``None`` when no API server is configured; ``requeuer``
     (started and stopped with the app) is told of every pod filter refuses for a node's missing
-    CPU topology (``scheduler_ext.requeue``)."""
+    CPU topology (``scheduler_ext.requeue``); ``liveness`` decides ``/healthz`` (the watches')."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     async def filter_verb(raw: bytes) -> Reply:
@@ -531,7 +542,7 @@ def create_app(
             }
         )
 
-    healthz, readyz, metrics = _probe_endpoints(state)
+    healthz, readyz, metrics = _probe_endpoints(state, liveness)
 
     table: dict[str, tuple[VerbHandler, Refusal]] = {
         "filter": (filter_verb, _filter_refusal),

@@ -1,7 +1,8 @@
 """The cluster cache: nodes with precomputed free sets, placed pods, and held allocations.
 
-Who calls this: watch threads (``Watcher``, fed by ``scheduler_ext.kube``) and ``simulate``
-apply Node, Pod, NodeResourceTopology and Device objects here; ``scheduler_ext.decide``,
+Who calls this: the extender's watches (``scheduler_ext.kube.watch_cluster``: the one
+list-and-watch of ``rhp_kube.watch``, on its own thread) and ``simulate`` apply Node, Pod,
+NodeResourceTopology and Device objects here; ``scheduler_ext.decide``,
 ``views`` and ``verbs`` read ``NodeState`` values under ``ClusterState.lock``; ``scheduler_ext.binder``
 holds and releases allocations during bind.
 
@@ -18,9 +19,10 @@ Rules:
   release's seal, is counted when its CPUs are within the pod's request); any other pod holds
   nothing, and a trusted pod whose annotations stop verifying keeps the allocation last proven
   on its node.
-- Each kind records when the API server last answered for it (``heard``); with
-  ``stale_after`` a kind silent for longer is stale (``stale_kinds``: readiness fails, binds are
-  refused).
+- Each kind records when the API server last answered for it (``heard``: a list, an event, a
+  bookmark, the end of a stream, a 404 for a CRD that is not installed); with ``stale_after`` a
+  kind silent for longer is stale (``stale_kinds``: ``/readyz`` fails and binds are refused
+  until the watch hears again; ``/healthz`` fails later, past the watch's liveness bound).
 - Derived per-node values (free CPUs, per-NUMA counts, GPU usage) are recomputed lazily once
   per change (``NodeState.version``), never per request; unchanged annotations are not
   parsed again (``PodEntry.ann``). Filter verdicts are memoised per pod kind and node
@@ -407,7 +409,7 @@ class ClusterState:
         # chasing five pointers into 500 scattered NodeState objects
         self.memo: dict[int, dict[str, Any]] = {}
         self.events = 0  # watch events applied (metrics)
-        # liveness of the watches (``Watcher``): when the API server last answered for each kind
+        # liveness of the watches (``scheduler_ext.kube.CacheSink``): when the API server last answered for each kind
         # (a list, an event, a bookmark, a watch it ended, a 404 for a missing CRD), monotonic
         # and wall-clock; kinds whose CRD is not installed; after how many seconds of silence a
         # kind's cache is stale (None: never, for caches fed without a watch)
@@ -880,127 +882,3 @@ def load_objects(state: ClusterState, objects: Iterable[Any]) -> list[str]:
     for kind in KINDS:
         skipped += [f"{names[kind]}/{name}" for name in state.replace(kind, by_kind[kind])]
     return skipped
-
-
-@dataclass
-class Watcher:
-    """Keeps ``state`` in sync with the API server: list, then watch, relist on 410 Gone.
-
-    ``list_fn(kind, continue_token)`` returns (items, resourceVersion, continue_token);
-    ``watch_fn(kind, resource_version)`` yields event dicts (bookmarks included) and raises
-    ``gone`` when the version is too old, or when the stream stayed silent past its read
-    timeout (``scheduler_ext.kube.KubeClient.watch``, which asks for bookmarks and bounds each
-    stream with ``timeoutSeconds``). Both come from ``scheduler_ext.kube``.
-
-    Liveness: every answer of the API server for a kind (a list, an event or bookmark, a stream
-    it ended, a 404 for a CRD that is not installed) is recorded in ``ClusterState.heard``; a
-    silent stream is abandoned and the kind listed again. With ``stale_after`` the cache of a
-    kind without a word for that long is stale: ``/readyz`` fails and binds are refused
-    (``ClusterState.stale_kinds``) until the API server answers again.
-    """
-
-    state: ClusterState
-    list_fn: Callable[[str, str], tuple[list[dict[str, Any]], str, str]]
-    watch_fn: Callable[[str, str], Iterable[dict[str, Any]]]
-    gone: type[Exception]
-    stop: threading.Event = field(default_factory=threading.Event)
-    threads: list[threading.Thread] = field(default_factory=list)
-    backoff: float = 0.5
-    stale_after: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.stale_after is not None:
-            self.state.stale_after = self.stale_after
-
-    def start(self) -> None:
-        for kind in self.state.kinds:
-            t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def close(self, timeout: float = 1.0) -> None:
-        """Stop every watch and wait up to ``timeout`` seconds in total for the threads.
-
-        A thread blocked in a watch read ends when its stream does; it is a daemon and logs
-        nothing once stopped, so the process can exit without a thread writing to stderr during
-        interpreter shutdown (which aborts the process).
-        """
-        self.stop.set()
-        deadline = time.monotonic() + timeout
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-
-    def _list(self, kind: str) -> str:
-        items: list[dict[str, Any]] = []
-        token, rv = "", ""
-        while True:
-            page, rv, token = self.list_fn(kind, token)
-            items.extend(page)
-            if not token:
-                break
-        self.state.replace(kind, items)
-        self.state.heard(kind, absent=False)
-        return rv
-
-    def _event(self, kind: str, event: Any) -> str:
-        """Apply one watch event; returns its resourceVersion ("" when it has none).
-
-        The version advances past an object the cache had to skip: retrying the same event
-        would meet the same content forever and stop the watch of every other object.
-        """
-        etype, rv, obj = _event_rv(kind, event)
-        if obj is not None and etype in ("ADDED", "MODIFIED", "DELETED"):
-            self.state.apply(kind, etype, obj)
-        return rv
-
-    def _run(self, kind: str) -> None:
-        rv = ""
-        delay = self.backoff
-        while not self.stop.is_set():
-            try:
-                if not rv:
-                    rv = self._list(kind)
-                    if self.stop.is_set():
-                        return
-                    log.info("listed", kind=kind, resource_version=rv)
-                for event in self.watch_fn(kind, rv):
-                    if self.stop.is_set():
-                        return
-                    self.state.heard(kind)
-                    rv = self._event(kind, event) or rv
-                self.state.heard(kind)  # the server ended the stream (timeoutSeconds)
-                delay = self.backoff
-            except self.gone as exc:
-                if self.stop.is_set():
-                    return
-                log.info("watch expired or went silent, relisting", kind=kind, reason=str(exc))
-                rv = ""
-            except Exception as exc:  # the API may be down; keep trying with backoff
-                if self.stop.is_set():
-                    return
-                if _is_not_found(exc):
-                    if kind not in self.state.synced:
-                        self.state.replace(kind, [])  # the CRD is not installed: nothing to know
-                    self.state.heard(kind, absent=True)
-                    rv = ""  # once installed, start from a list
-                log.warning("watch failed", kind=kind, error=str(exc))
-                self.stop.wait(delay)
-                delay = min(delay * 2, 10.0)
-
-
-def _event_rv(kind: str, event: Any) -> tuple[str, str, Mapping[str, Any] | None]:
-    """(type, resourceVersion, object) of a watch event; unreadable parts come back empty."""
-    if not isinstance(event, Mapping):
-        bad_object(kind, "object", "?", "watch event is not an object")
-        return "", "", None
-    etype, obj = event.get("type"), event.get("object")
-    if not isinstance(obj, Mapping):
-        bad_object(kind, "object", "?", "watch event without an object")
-        return "", "", None
-    meta = obj.get("metadata")
-    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
-    return (etype if isinstance(etype, str) else ""), (rv if isinstance(rv, str) else ""), obj
-
-
-def _is_not_found(exc: Exception) -> bool:
-    return getattr(exc, "status", None) == 404

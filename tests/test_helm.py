@@ -112,9 +112,9 @@ def cluster_roles(values: Mapping[str, Any] | None = None) -> dict[str, dict[str
 EVERYTHING: dict[str, Any] = {"podMonitors": {"enabled": True},
                               "apiServer": {"host": "127.0.0.1", "port": 6443}, "hostNetwork": True}
 KOORDINATOR: dict[str, Any] = {"koordinator": {"present": True}}
-# What the chart did before koordinator.present: no manager, webhook, reports or PriorityClasses.
+# What the chart did before koordinator.present: no manager, webhook, reports, PriorityClasses or hook.
 BARE: dict[str, Any] = {"manager": {"enabled": False}, "node": {"report": {"enabled": False}},
-                        "priorityClasses": {"install": False}}
+                        "priorityClasses": {"install": False}, "leaseCleanup": {"enabled": False}}
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "everything": EVERYTHING,
@@ -287,7 +287,7 @@ def test_the_scheduler_service_account_has_kube_schedulers_roles_and_the_extende
     assert refs == {"system:kube-scheduler", "system:volume-scheduler", f"{FULL}-scheduler-extender"}
     packaged = yaml.safe_load_all((REPO / "packaging" / "scheduler" / "rbac.yaml").read_text())
     (ours,) = [d for d in packaged if d["kind"] == "ClusterRole"]
-    load_aware = {"scheduler": {"extender": {"config": {"loadAware": {}}}}}
+    load_aware: dict[str, Any] = {"scheduler": {"extender": {"config": {"loadAware": {}}}}}
     extender = granted(cluster_roles(load_aware)[f"{FULL}-scheduler-extender"])
     assert extender == granted(ours), "the same rights as packaging/scheduler/rbac.yaml"
     node_metrics = {("slo.koordinator.sh", "nodemetrics", verb) for verb in ("get", "list", "watch")}
@@ -628,3 +628,23 @@ def test_notes_say_what_the_release_will_and_will_not_do(values: dict[str, Any],
         assert line in notes, notes
     for line in wont:
         assert line not in notes, notes
+
+
+def test_uninstall_removes_the_release_leases_by_a_post_delete_hook() -> None:
+    from scheduler_ext.cli import build_parser
+
+    job = one(None, "Job", f"{FULL}-lease-cleanup")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-delete"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["command"][1:])
+    assert args.command == "remove-leases" and args.in_cluster and args.namespace == NAMESPACE
+    # kube-scheduler's Lease (scheduler-config), the manager's (--lease-name), the extenders' ledger.
+    config = yaml.safe_load(one(None, "ConfigMap", f"{FULL}-scheduler")["data"]["config.yaml"])
+    manager = _manager_args(None)
+    assert set(args.name) == {config["leaderElection"]["resourceName"], manager.lease_name}
+    assert args.prefix == ["scheduler-ext-"]
+    assert args.wait_pods.startswith(f"app.kubernetes.io/instance={RELEASE},")
+    role = one(None, "Role", f"{FULL}-lease-cleanup")
+    assert granted(role) == {("coordination.k8s.io", "leases", "list"), ("coordination.k8s.io", "leases", "delete"),
+                             ("", "pods", "list")}  # fmt: skip
+    assert "Job" not in kinds({"leaseCleanup": {"enabled": False}})

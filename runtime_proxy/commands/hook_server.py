@@ -167,7 +167,7 @@ async def serve(opts: HookServerOptions, stop: asyncio.Event | None = None, part
     metrics_server = None
     if opts.metrics_addr:  # first: a port in use fails the start before anything is made
         # /readyz: the hook socket accepts a connection now (the gRPC server behind it answers).
-        metrics_server = metrics.serve(opts.metrics_addr, lambda: metrics.socket_accepts(listen))
+        metrics_server = metrics.serve(opts.metrics_addr, lambda: metrics.socket_accepts(listen), parts.liveness)
     # gRPC is imported here, not with the module: ``runtime-proxy`` builds every sub-command's
     # parser from this module, and ``nri`` never needs the library.
     import grpc

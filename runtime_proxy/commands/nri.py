@@ -154,7 +154,7 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
             ok, why = metrics.socket_accepts(opts.socket)
             return (True, "ok") if ok else (False, f"runtime's NRI socket {opts.socket}: {why}")
 
-        metrics_server = metrics.serve(opts.metrics_addr, readiness)
+        metrics_server = metrics.serve(opts.metrics_addr, readiness, parts.liveness)
     registry = None
     if opts.hook_servers:
         registry = HookServerRegistry(opts.config.hookServerDir, engine.pipeline,

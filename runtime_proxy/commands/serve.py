@@ -191,7 +191,7 @@ class Proxy:
 
     async def start(self) -> None:
         if self.opts.metrics_addr:
-            self.metrics_server = metrics.serve(self.opts.metrics_addr, self.readiness)
+            self.metrics_server = metrics.serve(self.opts.metrics_addr, self.readiness, self.parts.liveness)
         await self.transport.start()
         self._tasks.append(asyncio.create_task(self._recover()))
         if self.opts.hook_servers:

@@ -37,7 +37,6 @@ Metric: ``rhp_evictions_total{feature, method, outcome}`` (method ``api``, ``del
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 import uuid
@@ -53,7 +52,6 @@ from cri_protos import api_pb2
 from hooks.plan import Eviction
 from hooks.usage import EVICTION_MEMORY_SECONDS
 from koord_formats import keys
-from rhp_ops.files import check_kubeconfig
 from runtime_proxy.loops.qos import EvictionResult
 
 if TYPE_CHECKING:
@@ -122,18 +120,11 @@ class _Recent:
 
 
 def _load_api_client() -> ApiClient:
-    from kubernetes import client, config
+    """The node's ``ApiClient`` (``rhp_kube.credentials``: in-cluster, else ``KUBECONFIG``, read
+    when called; a FIFO or a huge file there is refused instead of holding the eviction thread)."""
+    from rhp_kube import credentials
 
-    k8s_config: Any = config  # Any: kubernetes.config's loaders have no annotations
-    cfg = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        k8s_config.load_incluster_config(client_configuration=cfg)
-    else:
-        # KUBECONFIG is read now, not when the kubernetes package was first imported; a FIFO or
-        # a huge file there is refused (rhp_ops.files) instead of holding the eviction thread.
-        check_kubeconfig()
-        k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, client_configuration=cfg)
-    return client.ApiClient(cfg)
+    return credentials.load()
 
 
 class ApiEvictor:

@@ -18,7 +18,6 @@ read), never anything else.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from koord_formats.bounded import load_json, read_object
 from koord_formats.errors import FormatError
-from rhp_ops.files import check_kubeconfig
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -88,17 +86,11 @@ class RateLimit:
 
 
 def _load_api_client(kubeconfig: str | None) -> ApiClient:
-    from kubernetes import client, config
+    """The node's ``ApiClient`` (``rhp_kube.credentials``: in-cluster, else ``kubeconfig`` /
+    ``KUBECONFIG``; a FIFO or a huge file there is refused, never read)."""
+    from rhp_kube import credentials
 
-    k8s_config: Any = config  # Any: kubernetes.config's loaders have no annotations
-    cfg = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        k8s_config.load_incluster_config(client_configuration=cfg)
-    else:
-        check_kubeconfig(kubeconfig)  # a FIFO or a huge file: refused, never read
-        k8s_config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG") or None,
-                                    client_configuration=cfg)
-    return client.ApiClient(cfg)
+    return credentials.load(kubeconfig)
 
 
 class KubeObjects:

@@ -11,10 +11,12 @@ it, hands ``current`` to the interceptor (``runtime_proxy.engine.lifecycle.NodeS
   thread reads it with the one reader of configured files (``rhp_ops.files``: regular files only,
   never blocking, bounded) and has it parsed and validated in a short-lived child process
   (``nodedoc.parse_in_worker``, one per changed file, killed past its deadline);
-- the cluster, with the official ``kubernetes`` client (in-cluster or kubeconfig credentials):
-  this node's ``Node``, its ``NodeSLO`` (``slo.koordinator.sh/v1alpha1`` ``nodeslos``) and its
-  ``NodeResourceTopology`` (``topology.node.k8s.io/v1alpha1`` ``noderesourcetopologies``), each
-  list-watched in a worker thread with reconnects.
+- the cluster, through the one Kubernetes access layer (``rhp_kube``: credentials in-cluster or
+  from a kubeconfig, loaded once; the supervised list-and-watch of ``rhp_kube.watch`` on its own
+  thread): this node's ``Node``, its ``NodeSLO`` (``slo.koordinator.sh/v1alpha1`` ``nodeslos``)
+  and its ``NodeResourceTopology`` (``topology.node.k8s.io/v1alpha1`` ``noderesourcetopologies``),
+  each selected by ``metadata.name``. ``NodeConfig.liveness`` fails when that watch has heard
+  nothing from the API server past its bound (the command's ``/healthz``).
 
 ``NodeFacts`` are built from both in the thread that saw the change (the file's worker thread, a
 watch thread); the event loop only swaps the finished value in and tells the subscribers, so no
@@ -46,7 +48,8 @@ from koord_formats.keys import NODE_ANNOTATION_CPU_TOPOLOGY
 from koord_formats.nodeslo import validate_node_slo
 from koord_formats.signature import MAX_PUBLIC_KEYS_CHARS, parse_public_keys
 from koord_formats.topology import parse_cpu_topology
-from rhp_ops.files import FileRefused, check_kubeconfig, read_text_file
+from rhp_kube.liveness import DEAD_AFTER
+from rhp_ops.files import FileRefused, read_text_file
 from runtime_proxy.state.nodedoc import (
     MAX_NODE_CONFIG_BYTES,
     PARSE_DEADLINE_SECONDS,
@@ -148,31 +151,10 @@ class ClusterObjects:
     resource_versions: dict[str, str] = field(default_factory=dict)
 
 
-# A watch event larger than this is refused before it is parsed. What we read of the three objects
-# is what a node config file holds (runtime_proxy.state.nodedoc.MAX_NODE_CONFIG_BYTES says why
-# 1 MiB holds it); a Node's status (conditions, addresses, up to 50 images) adds tens of KiB.
+# An object larger than this (as JSON) is refused before it is read. What we read of the three
+# objects is what a node config file holds (runtime_proxy.state.nodedoc.MAX_NODE_CONFIG_BYTES says
+# why 1 MiB holds it); a Node's status (conditions, addresses, up to 50 images) adds tens of KiB.
 MAX_WATCH_EVENT_CHARS = 1 << 20
-_TOO_LARGE = "TOO_LARGE"
-_BOUNDED_WATCH: list[Any] = []  # Any: the kubernetes client has no type hints
-
-
-def _bounded_watch() -> Any:  # Any: a subclass of the untyped kubernetes.watch.Watch
-    """The client's ``Watch``, with each event bounded (``MAX_WATCH_EVENT_CHARS``; a larger one
-    becomes a ``TOO_LARGE`` event) and parsed once into plain dicts: the client otherwise parses a
-    Node's event, serializes it again, parses it into model objects, and we serialized those back;
-    each JSON pass is one call that holds the GIL for the whole object."""
-    if not _BOUNDED_WATCH:
-        from kubernetes import watch
-
-        class BoundedWatch(watch.Watch):
-            def unmarshal_event(self, data: str, return_type: object) -> Any:  # Any: the client's event dict
-                if len(data) > MAX_WATCH_EVENT_CHARS:
-                    return {"type": _TOO_LARGE, "object": None, "raw_object": None, "size": len(data)}
-                return super().unmarshal_event(data, None)  # type: ignore[no-untyped-call]
-
-        _BOUNDED_WATCH.append(BoundedWatch)
-    return _BOUNDED_WATCH[0]
-
 
 _KINDS: dict[str, tuple[str, str, str]] = {
     # kind -> (group, version, plural); "" group = core API
@@ -182,12 +164,22 @@ _KINDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _too_large(obj: Mapping[str, Any], limit: int) -> int:
+    """The object's size as JSON when it is over ``limit``, else 0."""
+    import orjson
+
+    size = len(orjson.dumps(obj))
+    return size if size > limit else 0
+
+
 class ClusterWatch:
-    """Watches this node's Node, NodeSLO and NodeResourceTopology with the official client.
+    """Watches this node's Node, NodeSLO and NodeResourceTopology (``rhp_kube.watch``).
 
     :param node_name: the node (and NodeSLO / NRT object) name.
     :param api_client: a ready ``kubernetes.client.ApiClient``; when ``None`` credentials are
-        loaded in-cluster (service account) or from ``kubeconfig`` / ``~/.kube/config``.
+        loaded once by ``rhp_kube.credentials`` (in-cluster with ``KUBERNETES_SERVICE_HOST``, else
+        ``kubeconfig`` / ``KUBECONFIG`` / ``~/.kube/config``) on the watch's thread, where a
+        failure is retried like any other.
     """
 
     def __init__(
@@ -198,34 +190,44 @@ class ClusterWatch:
         kubeconfig: str | None = None,
         watch_timeout: int = 60,
         retry_seconds: float = 1.0,
+        read_deadline: float = 90.0,
+        dead_after: float = DEAD_AFTER,
     ) -> None:
         self.node_name = node_name
         self._api_client = api_client
         self._kubeconfig = kubeconfig
         self.watch_timeout = watch_timeout
         self.retry_seconds = retry_seconds
+        self.read_deadline = read_deadline
+        self.dead_after = dead_after
         self.state = ClusterObjects()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._watches: list[Any] = []  # Any: kubernetes.watch.Watch (untyped)
+        self._on_change: Callable[[], None] = lambda: None
+        self._informer: Any = None  # Any: rhp_kube.watch.Informer (imported with the [cluster] extra)
 
     def snapshot(self) -> ClusterObjects:
-        """The state as one consistent value (the watch threads replace its dicts, never edit them)."""
+        """The state as one consistent value (the watch thread replaces its dicts, never edits them)."""
         with self._lock:
             return replace(self.state, resource_versions=dict(self.state.resource_versions))
 
     # Pure part: one watch event in, state updated, "changed?" out.
     def handle_event(self, kind: str, event: Mapping[str, Any]) -> bool:  # Any: JSON not yet checked
         """Fold a watch event (``{"type": ADDED|MODIFIED|DELETED, "object": {...}}``) into the
-        state. Events for other objects and bad NodeSLO specs are ignored (logged). Returns
-        True when what the node config is built from changed."""
+        state. Events for other objects, objects over ``MAX_WATCH_EVENT_CHARS`` and bad NodeSLO
+        specs are ignored (logged, counted). Returns True when what the node config is built from
+        changed."""
         obj = event.get("object")
         etype = event.get("type")
         if not isinstance(obj, Mapping) or etype not in ("ADDED", "MODIFIED", "DELETED"):
             return False
         meta = obj.get("metadata") or {}
-        if meta.get("name") != self.node_name:
+        if not isinstance(meta, Mapping) or meta.get("name") != self.node_name:
+            return False
+        size = _too_large(obj, MAX_WATCH_EVENT_CHARS) if etype != "DELETED" else 0
+        if size:
+            CONFIG_REJECTED.labels("cluster", "too-large").inc()
+            log.warning("object from the cluster refused unread; keeping the previous one", kind=kind, chars=size,
+                        limit=MAX_WATCH_EVENT_CHARS)
             return False
         with self._lock:
             rv = str(meta.get("resourceVersion", ""))
@@ -256,71 +258,64 @@ class ClusterWatch:
                 return changed
         return False
 
-    def _client(self) -> Any:  # Any: kubernetes.client.ApiClient (untyped)
+    def _seen(self, kind: str) -> bool:
+        with self._lock:
+            state = self.state
+            return {"Node": state.labels, "NodeSLO": state.node_slo,
+                    "NodeResourceTopology": state.nrt_annotations}[kind] is not None
+
+    # ``rhp_kube.watch.Sink``: called on the watch's thread.
+    def replace(self, kind: str, items: list[dict[str, Any]], *, absent: bool) -> None:
+        """A fresh list (of this node's object: selected by name): its object, or its deletion
+        when one was seen before (a CRD that is not installed leaves the file's value)."""
+        if absent:
+            return
+        mine = [i for i in items if isinstance(i.get("metadata"), Mapping) and i["metadata"].get("name")
+                == self.node_name]
+        if mine:
+            changed = self.handle_event(kind, {"type": "ADDED", "object": mine[0]})
+        elif self._seen(kind):
+            changed = self.handle_event(kind, {"type": "DELETED", "object": {"metadata": {"name": self.node_name}}})
+        else:
+            changed = False
+        if changed:
+            self._on_change()
+
+    def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
+        if self.handle_event(kind, {"type": event, "object": obj}):
+            self._on_change()
+
+    def _http(self) -> Any:  # Any: rhp_kube.http.KubeHTTP
+        from rhp_kube import credentials
+        from rhp_kube.http import KubeHTTP
+
         if self._api_client is None:
-            from kubernetes import client, config
-
-            k8s_config: Any = config  # Any: the untyped kubernetes.config module
-            cfg = client.Configuration()
-            if os.environ.get("KUBERNETES_SERVICE_HOST"):
-                k8s_config.load_incluster_config(client_configuration=cfg)
-            else:
-                check_kubeconfig(self._kubeconfig)  # a FIFO or a huge file: refused, never read
-                k8s_config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
-            self._api_client = client.ApiClient(cfg)
-        return self._api_client
-
-    def _watch_loop(self, kind: str, on_change: Callable[[], None]) -> None:
-        from kubernetes import client
-
-        new_watch = _bounded_watch()
-        group, version, plural = _KINDS[kind]
-        selector = f"metadata.name={self.node_name}"
-        while not self._stop.is_set():
-            w = new_watch()
-            self._watches.append(w)
-            try:
-                api = self._client()  # unusable credentials are a failed watch: logged, retried
-                if group:
-                    func: Any = client.CustomObjectsApi(api).list_cluster_custom_object  # Any: untyped client
-                    args: tuple[str, ...] = (group, version, plural)
-                else:
-                    func, args = client.CoreV1Api(api).list_node, ()
-                for event in w.stream(func, *args, field_selector=selector, timeout_seconds=self.watch_timeout):
-                    if self._stop.is_set():
-                        break
-                    if event.get("type") == _TOO_LARGE:
-                        CONFIG_REJECTED.labels("cluster", "too-large").inc()
-                        log.warning("watch event refused unparsed; keeping the previous object", kind=kind,
-                                    chars=event.get("size"), limit=MAX_WATCH_EVENT_CHARS)
-                        continue
-                    obj = event.get("object")
-                    if not isinstance(obj, Mapping):
-                        obj = api.sanitize_for_serialization(obj)
-                    if self.handle_event(kind, {"type": event.get("type"), "object": obj}):
-                        on_change()
-            except Exception as exc:
-                if not self._stop.is_set():
-                    log.warning("watch failed; retrying", kind=kind, error=str(exc))
-                    self._stop.wait(self.retry_seconds)
-            finally:
-                w.stop()
-                if w in self._watches:
-                    self._watches.remove(w)
+            self._api_client = credentials.load(self._kubeconfig)
+        return KubeHTTP(self._api_client, timeout=None)
 
     def start(self, on_change: Callable[[], None]) -> None:
-        """Start one watcher thread per kind; ``on_change`` is called from those threads."""
-        self._stop.clear()
-        for kind in _KINDS:
-            t = threading.Thread(target=self._watch_loop, args=(kind, on_change), name=f"watch-{kind}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        """Start the watch thread; ``on_change`` is called from it after the objects changed."""
+        from rhp_kube.watch import Informer, Resource, WatchOptions, collection
+
+        self._on_change = on_change
+        selector = f"metadata.name={self.node_name}"
+        resources = [Resource(kind, collection(group, version, plural), field_selector=selector,
+                              optional=kind != "Node") for kind, (group, version, plural) in _KINDS.items()]
+        options = WatchOptions(watch_timeout=self.watch_timeout, read_deadline=self.read_deadline,
+                               backoff_initial=self.retry_seconds, dead_after=self.dead_after,
+                               max_line_bytes=2 * MAX_WATCH_EVENT_CHARS)
+        self._informer = Informer(self._http, resources, self, component="node", options=options)
+        self._informer.start_thread()
+
+    def liveness(self) -> tuple[bool, str]:
+        """``rhp_kube.watch.Informer.liveness`` of the watch (alive when not started)."""
+        informer = self._informer
+        return (True, "not watching") if informer is None else informer.liveness()
 
     def stop(self) -> None:
-        self._stop.set()
-        for w in list(self._watches):
-            w.stop()
-        self._threads.clear()
+        informer, self._informer = self._informer, None
+        if informer is not None:
+            informer.close()
 
 
 # ---- the node config ---------------------------------------------------------------------------
@@ -601,6 +596,10 @@ class NodeConfig:
             self.cluster.start(self._cluster_changed)
         if (self.path is not None or self.key_files) and self._task is None:
             self._task = asyncio.create_task(self._poll(), name="node-config-poll")
+
+    def liveness(self) -> tuple[bool, str]:
+        """For ``/healthz``: the cluster watch's (``ClusterWatch.liveness``); alive without one."""
+        return (True, "ok") if self.cluster is None else self.cluster.liveness()
 
     async def stop(self) -> None:
         self._stopping = True

@@ -6,15 +6,15 @@ the doors' lifecycle core (``runtime_proxy.engine.lifecycle.Lifecycle.run``) and
 (``runtime_proxy.loops.reconciler``) put what it knows into ``PodFacts.batch_resources`` before
 a stage runs, so the batch_resource plugin stays a pure function of its facts.
 
-``ClusterPods`` list-watches the pods whose ``spec.nodeName`` is this node with the official
-client in one worker thread, with reconnects (the style of ``runtime_proxy.state.nodeconfig``'s
-``ClusterWatch``). Each event is bounded before it is parsed (``MAX_POD_EVENT_CHARS``; a larger one
-is refused unparsed) and each pod is parsed by the one parser of its format
+``ClusterPods`` list-watches the pods whose ``spec.nodeName`` is this node through the one
+list-and-watch (``rhp_kube.watch``, on its own thread, supervised: no fault ends it; credentials
+from ``rhp_kube.credentials``). Each pod is bounded before it is read (``MAX_POD_EVENT_CHARS`` as
+JSON; a larger one is refused and counted) and parsed by the one parser of its format
 (``koord_formats.pod.parse_pod_batch_resources``): a malformed pod is logged, counted and
 forgotten, and costs only itself. At most ``MAX_PODS`` pods are kept (the oldest seen goes
-first). Every new stream lists the node's pods again as ADDED events; a pod missing from two
-streams in a row (of those that gave any event) is forgotten: its DELETED event was missed while
-disconnected.
+first). A list (the first, and each after a 410 or a fault) replaces what is known: a pod it
+does not hold is forgotten (its DELETED event was missed while disconnected). ``liveness`` fails
+when the watch has heard nothing from the API server past its bound (the command's ``/healthz``).
 
 A lifecycle call for a BE pod the watch has not seen yet waits for it a little (``wait``, up to
 ``WAIT_SECONDS``, only while the watch is connected): kubelet and this watch learn of a new pod
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -41,7 +40,7 @@ from prometheus_client import Counter, Gauge
 from hooks.facts import ContainerResourceSpec, PodFacts
 from koord_formats import FormatError, keys
 from koord_formats.pod import PodBatchResources, parse_pod_batch_resources
-from rhp_ops.files import check_kubeconfig
+from rhp_kube.liveness import DEAD_AFTER
 
 __all__ = [
     "MAX_PODS",
@@ -64,9 +63,9 @@ POD_SPECS_WAITED = Counter("rhp_pod_specs_waited", "lifecycle calls of BE pods t
 MAX_POD_EVENT_CHARS = 2 << 20
 # The pods kept (kubelet's maxPods defaults to 110; a node of thousands is not one we serve).
 MAX_PODS = 4096
-# How long a lifecycle call of a BE pod the watch has not seen yet waits for it.
-WAIT_SECONDS = 2.0
-_TOO_LARGE = "TOO_LARGE"
+# How long a lifecycle call of a BE pod the watch has not seen yet waits for it: well inside
+# containerd's NRI plugin request timeout (2 s by default), past which containerd drops the plugin.
+WAIT_SECONDS = 0.5
 
 
 class PodSpecSource(Protocol):
@@ -103,6 +102,10 @@ class NoPodSpecs:
     async def stop(self) -> None:
         """Nothing to stop."""
 
+    def liveness(self) -> tuple[bool, str]:
+        """Nothing watched: always alive."""
+        return True, "not watching"
+
 
 @dataclass(frozen=True)
 class _Known:
@@ -129,6 +132,8 @@ class ClusterPods:
         retry_seconds: float = 1.0,
         wait_seconds: float = WAIT_SECONDS,
         max_pods: int = MAX_PODS,
+        read_deadline: float | None = None,
+        dead_after: float = DEAD_AFTER,
     ) -> None:
         self.node_name = node_name
         self._api_client = api_client
@@ -137,14 +142,16 @@ class ClusterPods:
         self.retry_seconds = retry_seconds
         self.wait_seconds = wait_seconds
         self.max_pods = max_pods
+        # a stream silent this long is cut: past the server's end of the stream plus a margin
+        self.read_deadline = read_deadline if read_deadline is not None else watch_timeout + 30.0
+        self.dead_after = max(dead_after, self.read_deadline + 30.0)
         self._lock = threading.Lock()
         self._pods: OrderedDict[str, _Known] = OrderedDict()
         self._stream = 0
         # True while a stream is open (then a pod not seen yet is worth waiting for).
         self.connected = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._watch: Any = None  # Any: kubernetes.watch.Watch (untyped)
+        self._informer: Any = None  # Any: rhp_kube.watch.Informer (imported with the [cluster] extra)
+        self._on_change: Callable[[], None] = lambda: None
         self._subscribers: list[Callable[[], None]] = []
 
     # -- what the doors and the reconciler ask ---------------------------------------------------
@@ -182,16 +189,6 @@ class ClusterPods:
 
     # -- the watch's events (pure of I/O) ---------------------------------------------------------
 
-    def begin_stream(self) -> None:
-        """A new stream (it lists every pod of the node again): pods listed by neither the last
-        whole stream nor this one are forgotten when this one starts."""
-        with self._lock:
-            self._stream += 1
-            stale = [uid for uid, entry in self._pods.items() if entry.stream < self._stream - 2]
-            for uid in stale:
-                del self._pods[uid]
-            POD_SPECS_KNOWN.set(len(self._pods))
-
     def handle_event(self, event: Mapping[str, Any]) -> bool:  # Any: JSON not yet checked
         """Fold one watch event (``{"type": ADDED|MODIFIED|DELETED, "object": {...}}``) in; True
         when a pod's batch resources changed (arrived, changed, left). A malformed pod is
@@ -200,6 +197,16 @@ class ClusterPods:
         obj = event.get("object")
         if etype not in ("ADDED", "MODIFIED", "DELETED") or not isinstance(obj, Mapping):
             return False
+        if etype != "DELETED":
+            import orjson  # the [cluster] extra's, as the watch that calls this
+
+            size = len(orjson.dumps(obj))
+            if size > MAX_POD_EVENT_CHARS:
+                POD_SPECS_REJECTED.labels("too-large").inc()
+                uid = _uid_of(obj)
+                log.warning("pod refused unread by the pod watch; its batch resources are unknown", pod_uid=uid,
+                            chars=size, limit=MAX_POD_EVENT_CHARS)
+                return self._forget(uid) if uid else False
         try:
             pod = parse_pod_batch_resources(dict(obj))
         except FormatError as exc:
@@ -227,67 +234,59 @@ class ClusterPods:
             POD_SPECS_KNOWN.set(len(self._pods))
         return gone is not None
 
-    # -- the watch thread ---------------------------------------------------------------------
+    # -- ``rhp_kube.watch.Sink``: called on the watch's thread ----------------------------------
 
-    def _client(self) -> Any:  # Any: kubernetes.client.ApiClient (untyped)
+    def replace(self, kind: str, items: list[dict[str, Any]], *, absent: bool) -> None:
+        """A fresh list of the node's pods: each is folded in, and a pod it does not hold is
+        forgotten (its DELETED event was missed while the watch was away)."""
+        listed: set[str] = set()
+        changed = False
+        for obj in items:
+            changed = self.handle_event({"type": "ADDED", "object": obj}) or changed
+            uid = _uid_of(obj)
+            if uid:
+                listed.add(uid)
+        with self._lock:
+            gone = [uid for uid in self._pods if uid not in listed]
+        for uid in gone:
+            changed = self._forget(uid) or changed
+        self.connected = True
+        if changed:
+            self._on_change()
+
+    def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
+        self.connected = True
+        if self.handle_event({"type": event, "object": obj}):
+            self._on_change()
+
+    def _http(self) -> Any:  # Any: rhp_kube.http.KubeHTTP
+        from rhp_kube import credentials
+        from rhp_kube.http import KubeHTTP
+
         if self._api_client is None:
-            from kubernetes import client, config
-
-            k8s_config: Any = config  # Any: the untyped kubernetes.config module
-            cfg = client.Configuration()
-            if os.environ.get("KUBERNETES_SERVICE_HOST"):
-                k8s_config.load_incluster_config(client_configuration=cfg)
-            else:
-                check_kubeconfig(self._kubeconfig)
-                k8s_config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
-            self._api_client = client.ApiClient(cfg)
-        return self._api_client
-
-    def _watch_loop(self, on_change: Callable[[], None]) -> None:
-        from kubernetes import client
-
-        new_watch = _bounded_watch()
-        selector = f"spec.nodeName={self.node_name}"
-        while not self._stop.is_set():
-            w = new_watch()
-            self._watch = w
-            try:
-                api = self._client()
-                stream = w.stream(client.CoreV1Api(api).list_pod_for_all_namespaces, field_selector=selector,
-                                  timeout_seconds=self.watch_timeout)
-                self.connected = True
-                first = True
-                for event in stream:
-                    if self._stop.is_set():
-                        break
-                    if first:  # a stream that lists nothing (or fails at once) forgets nothing
-                        self.begin_stream()
-                        first = False
-                    if event.get("type") == _TOO_LARGE:
-                        POD_SPECS_REJECTED.labels("too-large").inc()
-                        log.warning("pod watch event refused unparsed", chars=event.get("size"),
-                                    limit=MAX_POD_EVENT_CHARS)
-                        continue
-                    obj = event.get("object")
-                    if not isinstance(obj, Mapping):
-                        obj = api.sanitize_for_serialization(obj)
-                    if self.handle_event({"type": event.get("type"), "object": obj}):
-                        on_change()
-            except Exception as exc:
-                self.connected = False
-                if not self._stop.is_set():
-                    log.warning("pod watch failed; retrying", error=str(exc)[:300])
-                    self._stop.wait(self.retry_seconds)
-            finally:
-                w.stop()
-        self.connected = False
+            self._api_client = credentials.load(self._kubeconfig)
+        return KubeHTTP(self._api_client, timeout=None)
 
     def start_thread(self, on_change: Callable[[], None]) -> None:
-        """Start the watch thread; ``on_change`` is called from it when a pod's batch resources
+        """Start the watch's thread; ``on_change`` is called from it when a pod's batch resources
         changed."""
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._watch_loop, args=(on_change,), name="watch-pods", daemon=True)
-        self._thread.start()
+        from rhp_kube.watch import Informer, Resource, WatchOptions, collection
+
+        self._on_change = on_change
+        resource = Resource("pods", collection("", "v1", "pods"), field_selector=f"spec.nodeName={self.node_name}")
+        options = WatchOptions(watch_timeout=self.watch_timeout, read_deadline=self.read_deadline,
+                               backoff_initial=self.retry_seconds, dead_after=self.dead_after,
+                               max_line_bytes=2 * MAX_POD_EVENT_CHARS)
+        self._informer = Informer(self._http, [resource], self, component="node-pods", options=options)
+        self._informer.start_thread()
+
+    def liveness(self) -> tuple[bool, str]:
+        """``rhp_kube.watch.Informer.liveness`` of the pod watch (alive when not started)."""
+        informer = self._informer
+        if informer is None:
+            return True, "not watching"
+        alive, why = informer.liveness()
+        return bool(alive), str(why)
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the event loop after a pod's batch resources changed."""
@@ -312,26 +311,10 @@ class ClusterPods:
         self.start_thread(changed)
 
     async def stop(self) -> None:
-        self._stop.set()
         self.connected = False
-        if self._watch is not None:
-            self._watch.stop()
-        self._thread = None
-
-
-def _bounded_watch() -> Any:  # Any: a subclass of the untyped kubernetes.watch.Watch
-    """The client's ``Watch`` with each event bounded (``MAX_POD_EVENT_CHARS``, read when the event
-    arrives; a larger one becomes a ``TOO_LARGE`` event, never parsed) and parsed once into plain
-    dicts (no model objects)."""
-    from kubernetes import watch
-
-    class BoundedWatch(watch.Watch):
-        def unmarshal_event(self, data: str, return_type: object) -> Any:  # Any: the client's event dict
-            if len(data) > MAX_POD_EVENT_CHARS:
-                return {"type": _TOO_LARGE, "object": None, "size": len(data)}
-            return super().unmarshal_event(data, None)  # type: ignore[no-untyped-call]
-
-    return BoundedWatch
+        informer, self._informer = self._informer, None
+        if informer is not None:
+            await asyncio.to_thread(informer.close)
 
 
 def _uid_of(obj: Mapping[str, Any]) -> str:  # Any: JSON not yet checked

@@ -25,6 +25,9 @@ from typing import Any
 import structlog
 
 from koord_formats.colocation import CONFIG_MAP_NAME, CONFIG_MAP_NAMESPACE
+from rhp_kube import credentials
+from rhp_kube.liveness import DEAD_AFTER, all_of
+from rhp_ops import probes
 from rhp_ops.cli import add_global_flags
 from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused, kubeconfig_files, read_regular_file
 
@@ -55,9 +58,7 @@ def add_parser(sub: Any, *, level_help: str, fmt_help: str) -> argparse.Argument
                     "NodeSLO per Node and write kubernetes.io/batch-cpu and batch-memory into each Node's "
                     "status. Only the replica holding the Lease writes.",
         epilog=EXIT_CODES)
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file")
-    p.add_argument("--context", default=None, help="kubeconfig context")
-    p.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    credentials.add_flags(p)
     p.add_argument("--config-namespace", default=CONFIG_MAP_NAMESPACE,
                    help="namespace of slo-controller-config (default %(default)s)")
     p.add_argument("--slo-config-name", default=CONFIG_MAP_NAME, help="its name (default %(default)s)")
@@ -73,7 +74,15 @@ def add_parser(sub: Any, *, level_help: str, fmt_help: str) -> argparse.Argument
     p.add_argument("--api-timeout", type=float, default=5.0, help="limit of each API write (default %(default)s)")
     p.add_argument("--watch-timeout", type=int, default=60,
                    help="seconds after which the API server ends each watch stream (default %(default)s)")
-    p.add_argument("--metrics-listen", default="", metavar="HOST:PORT", help="serve Prometheus /metrics here")
+    p.add_argument("--watch-idle-timeout", type=float, default=90.0, metavar="SECONDS",
+                   help="a watch stream silent this long (no event, bookmark or end) is dropped and the watch "
+                        "resumed (default %(default)s; longer than --watch-timeout)")
+    p.add_argument("--watch-dead-after", type=float, default=DEAD_AFTER, metavar="SECONDS",
+                   help="a watch without a word from the API server for this long makes /healthz fail, so "
+                        "kubelet restarts the manager (default %(default)s; longer than --watch-idle-timeout)")
+    p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
+                   help="serve Prometheus /metrics, /healthz (503 while a watch is dead past --watch-dead-after) "
+                        "and /readyz (503 until every kind was listed) here (:PORT is loopback)")
     p.add_argument("--webhook-listen", default="", metavar="HOST:PORT",
                    help="also serve the pod admission webhook (POST /mutate-pod: ClusterColocationProfile; "
                         "POST /validate-pod: the co-location rules) over HTTPS here; needs --webhook-cert "
@@ -110,6 +119,15 @@ def _kubeconfig_problem(args: argparse.Namespace) -> str:
             if exc.reason != "missing":
                 return f"--kubeconfig {path}: {exc.message}"
     return ""
+
+
+def _readiness(cache: Any) -> tuple[bool, str]:
+    """``/readyz``: every kind the manager caches was listed once (``Cache.synced``)."""
+    from scheduler_ext.manager.kubeio import KINDS
+
+    with cache.lock:
+        missing = [k for k in KINDS if k not in cache.synced]
+    return (False, "not listed yet: " + ", ".join(missing)) if missing else (True, "ok")
 
 
 def _pem_problem(args: argparse.Namespace) -> str:
@@ -157,21 +175,27 @@ async def _first_certificate(keeper: Any, api: Any) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM or SIGINT."""
+    from rhp_kube.http import KubeHTTP
     from rhp_kube.lease import Elector
-    from scheduler_ext.kube import api_client_from_flags
-    from scheduler_ext.manager.controller import Cache, Reconciler, Watches
-    from scheduler_ext.manager.kubeio import LeaseCalls, ManagerAPI, ManagerKube
+    from rhp_kube.watch import Informer, WatchOptions
+    from scheduler_ext.manager.controller import Cache, Reconciler
+    from scheduler_ext.manager.kubeio import LeaseCalls, ManagerAPI, manager_resources, webhook_resources
 
     log = structlog.get_logger("scheduler_ext.manager")
-    metrics_listen = _host_port(args.metrics_listen) if args.metrics_listen else None
-    if args.metrics_listen and metrics_listen is None:
-        return _fail("--metrics-listen must be HOST:PORT", EXIT_USAGE)
+    if args.metrics_listen:
+        try:
+            probes.parse_addr(args.metrics_listen)
+        except ValueError:
+            return _fail("--metrics-listen must be HOST:PORT", EXIT_USAGE)
     if args.webhook_max_inflight < 1:
         return _fail("--webhook-max-inflight must be at least 1", EXIT_USAGE)
     if not args.identity:
         return _fail("--identity must not be empty (it names the Lease's holder)", EXIT_USAGE)
     if args.resync_seconds <= 0 or args.api_timeout <= 0 or args.watch_timeout < 1:
         return _fail("--resync-seconds, --api-timeout and --watch-timeout must be positive", EXIT_USAGE)
+    if not args.watch_timeout < args.watch_idle_timeout < args.watch_dead_after:
+        return _fail("--watch-idle-timeout must be longer than --watch-timeout, and --watch-dead-after longer "
+                     "than --watch-idle-timeout", EXIT_USAGE)
     webhook_listen = _host_port(args.webhook_listen) if args.webhook_listen else None
     if args.webhook_cert_secret:
         if args.webhook_cert or args.webhook_key or not args.webhook_cert_dir or webhook_listen is None:
@@ -192,32 +216,34 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         return _fail(problem, EXIT_USAGE)
     try:
-        api_client = api_client_from_flags(args.kubeconfig, args.context, args.in_cluster)
+        api_client = credentials.from_args(args)
     except Exception as exc:  # the kubernetes config loaders raise their own types
         return _fail(f"cannot load the API server configuration: {exc}", EXIT_USAGE)
-    if metrics_listen is not None:
-        from prometheus_client import start_http_server
-
-        try:
-            start_http_server(metrics_listen[1], metrics_listen[0])
-        except OSError as exc:
-            return _fail(f"cannot listen on {args.metrics_listen}: {exc}", EXIT_FAILED)
-
-    kube = ManagerKube(api_client, args.config_namespace, args.slo_config_name, watch_timeout=args.watch_timeout)
     api = ManagerAPI(api_client, timeout=args.api_timeout)
+    options = WatchOptions(watch_timeout=args.watch_timeout, read_deadline=args.watch_idle_timeout,
+                           dead_after=args.watch_dead_after)
     cache = Cache()
     elector = Elector(LeaseCalls(api), args.lease_namespace, args.lease_name, args.identity)
     reconciler = Reconciler(cache, api, elector, mid_resources=args.mid_resources,
                             resync_seconds=args.resync_seconds)
-    watches = [Watches(cache, kube)]
+    watched = manager_resources(args.config_namespace, args.slo_config_name)
+    watches = [Informer(KubeHTTP(api_client, timeout=None), watched, cache, component="manager", options=options)]
+    server = None
+    if args.metrics_listen:
+        try:
+            server = probes.serve(args.metrics_listen, "scheduler-ext-manager", readiness=lambda: _readiness(cache),
+                                  liveness=lambda: all_of(*(w.liveness for w in watches))())
+        except OSError as exc:
+            return _fail(f"cannot listen on {args.metrics_listen}: {exc}", EXIT_FAILED)
     webhook = None
     keeper = None
     if webhook_listen is not None:
         from scheduler_ext.manager.serving import ReloadingCertificate, WebhookServer
-        from scheduler_ext.manager.webhook import WEBHOOK_KINDS, WebhookState, create_app
+        from scheduler_ext.manager.webhook import WebhookState, create_app
 
         state = WebhookState()
-        watches.append(Watches(state, kube, kinds=WEBHOOK_KINDS))
+        watches.append(Informer(KubeHTTP(api_client, timeout=None), webhook_resources(), state, component="webhook",
+                                options=options))
         if args.webhook_cert_secret:
             from scheduler_ext.manager.certs import CertKeeper
 
@@ -241,8 +267,6 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        for w in watches:
-            w.start()
         log.info("manager started", identity=args.identity, lease=f"{args.lease_namespace}/{args.lease_name}",
                  config=f"{args.config_namespace}/{args.slo_config_name}")
         electing = asyncio.create_task(elector.run(stop))
@@ -263,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
                 await asyncio.wait_for(electing, 15.0)
             await api.aclose()
 
+    for w in watches:
+        w.start_thread()  # each on its own thread and event loop
     if webhook is not None:
         webhook.start()  # its own thread and event loop: its traffic never delays the Lease
     try:
@@ -272,5 +298,8 @@ def run(args: argparse.Namespace) -> int:
             webhook.stop()
         for w in watches:
             w.close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     log.info("manager stopped")
     return EXIT_OK

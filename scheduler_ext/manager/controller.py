@@ -2,7 +2,8 @@
 pure functions decide.
 
 Who calls this: ``scheduler_ext.manager.cli`` (``scheduler-ext manager``) builds a ``Cache``,
-starts a ``Watches`` thread per kind (``scheduler_ext.manager.kubeio.ManagerKube``), an
+keeps it in step with the one list-and-watch (``rhp_kube.watch.Informer``, on its own thread,
+over ``scheduler_ext.manager.kubeio.manager_resources``), starts an
 ``Elector`` (``rhp_kube.lease``) and ``Reconciler.run`` on one event loop. Nothing is written before
 every kind has been listed once. Every write goes through the elector's fence
 (``Elector.write``): it is started only inside this replica's term as the Lease's holder and
@@ -56,7 +57,7 @@ from koord_formats.colocation import (
 )
 from koord_formats.quantity import parse_bytes, parse_cpu_milli
 from rhp_kube.lease import NotLeader
-from scheduler_ext.errors import APIError, ConflictError, GoneError, NotFoundError
+from scheduler_ext.errors import APIError, ConflictError, NotFoundError
 from scheduler_ext.guard import describe
 from scheduler_ext.manager.kubeio import CONFIGMAPS, KINDS, NODEMETRICS, NODES, NODESLOS, NRTS, PODS, ManagerAPI
 from scheduler_ext.manager.objects import node_info, node_labels, pod_node_name, pod_view
@@ -74,7 +75,7 @@ from scheduler_ext.manager.resources import (
     zone_batch_resources,
 )
 
-__all__ = ["BAD_OBJECTS", "WRITES", "Cache", "Fence", "Reconciler", "Watches", "merge_patch", "metrics_of"]
+__all__ = ["BAD_OBJECTS", "WRITES", "Cache", "Fence", "Reconciler", "merge_patch", "metrics_of"]
 
 log = structlog.get_logger("scheduler_ext.manager")
 
@@ -423,74 +424,6 @@ class Cache:
             self.colocation, self.slo = colocation, slo
             self.dirty.update(self.nodes)
             self.dirty.update(self.metrics)
-
-
-class Watches:
-    """One thread per kind: list, then watch, list again after 410 Gone or a silent stream;
-    a kind whose CRD is not installed (404) counts as listed and empty. ``cache`` is the sink
-    (``replace(kind, items)`` and ``apply(kind, event, obj)``): a ``Cache``, or the webhook's
-    ``WebhookState``."""
-
-    def __init__(self, cache: Any, kube: Any, *, kinds: tuple[str, ...] = KINDS, backoff: float = 0.5) -> None:
-        self.cache, self.kube, self.kinds, self.backoff = cache, kube, kinds, backoff
-        self.stop = threading.Event()
-        self.threads: list[threading.Thread] = []
-
-    def start(self) -> None:
-        for kind in self.kinds:
-            t = threading.Thread(target=self._run, args=(kind,), name=f"manager-{kind}", daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def close(self) -> None:
-        self.stop.set()
-
-    def _list(self, kind: str) -> str:
-        items: list[dict[str, Any]] = []
-        token, rv = "", ""
-        while True:
-            page, rv, token = self.kube.list(kind, token)
-            items.extend(page)
-            if not token:
-                return self._replace(kind, items, rv)
-
-    def _replace(self, kind: str, items: list[dict[str, Any]], rv: str, *, absent: bool = False) -> str:
-        self.cache.replace(kind, [i for i in items if isinstance(i, dict)], absent=absent)
-        return rv
-
-    def _run(self, kind: str) -> None:
-        rv, delay = "", self.backoff
-        while not self.stop.is_set():
-            try:
-                if not rv:
-                    rv = self._list(kind)
-                for event in self.kube.watch(kind, rv):
-                    if self.stop.is_set():
-                        return
-                    obj = event.get("object")
-                    etype = event.get("type")
-                    if not isinstance(obj, dict):
-                        continue
-                    meta = obj.get("metadata")
-                    new_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
-                    if etype in ("ADDED", "MODIFIED", "DELETED"):
-                        self.cache.apply(kind, str(etype), obj)
-                    if isinstance(new_rv, str) and new_rv:
-                        rv = new_rv
-                delay = self.backoff
-            except GoneError:
-                rv = ""
-            except NotFoundError:
-                log.warning("kind not served (CRD not installed?); not written until it is", kind=kind)
-                self._replace(kind, [], "", absent=True)
-                rv = ""
-                self.stop.wait(10.0)
-            except Exception as exc:  # the API may be down; keep trying with backoff
-                if self.stop.is_set():
-                    return
-                log.warning("watch failed", kind=kind, error=describe(exc))
-                self.stop.wait(delay)
-                delay = min(delay * 2, 10.0)
 
 
 _T = TypeVar("_T")

@@ -1,8 +1,10 @@
 """The manager's API calls, on the extender's client code (``scheduler_ext.kube``).
 
-Who calls this: ``scheduler_ext.manager.controller``. ``ManagerKube`` lists and watches the kinds
-the manager caches (Nodes, Pods, NodeMetrics, NodeSLOs and the one ConfigMap) with
-``KubeClient``'s bounded, model-free list and watch; ``ManagerAPI`` adds the writes to
+Who calls this: ``scheduler_ext.manager.cli``. ``manager_resources`` and ``webhook_resources``
+are what the manager's caches watch with the one list-and-watch (``rhp_kube.watch``): Nodes,
+Pods, NodeMetrics, NodeSLOs, NodeResourceTopologies and the one ConfigMap (by name in its
+namespace); Namespaces, ClusterColocationProfiles and PriorityClasses for the webhook. The CRDs
+may be missing (listed as empty and absent: not written). ``ManagerAPI`` adds the writes to
 ``BindClient`` (aiohttp on the event loop, typed errors): NodeMetric and NodeSLO create, spec
 replace and delete, and the Node status merge patch. ``LeaseCalls`` gives the election
 (``rhp_kube.lease.Elector``) the Lease calls of ``BindClient``, a conflict as ``None``.
@@ -10,17 +12,15 @@ replace and delete, and the Node status merge patch. ``LeaseCalls`` gives the el
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import kubernetes
-
 from koord_formats import nodemetric, nrt, profile, sloconfig
+from rhp_kube.watch import Resource, collection
 from scheduler_ext.errors import ConflictError, NotFoundError
-from scheduler_ext.kube import MERGE_PATCH, BindClient, KubeClient, _json, _seg
+from scheduler_ext.kube import MERGE_PATCH, BindClient, _json, _seg
 
-__all__ = ["KINDS", "LeaseCalls", "ManagerAPI", "ManagerKube"]
+__all__ = ["KINDS", "LeaseCalls", "ManagerAPI", "manager_resources", "webhook_resources"]
 
 NODES, PODS, NODEMETRICS, NODESLOS, CONFIGMAPS = "nodes", "pods", "nodemetrics", "nodeslos", "configmaps"
 NRTS = nrt.PLURAL
@@ -35,26 +35,20 @@ _GROUPS = {
 }
 
 
-class ManagerKube(KubeClient):
-    """``KubeClient`` over the manager's kinds; the ConfigMap is watched by name in its namespace."""
+def manager_resources(config_namespace: str, config_name: str) -> list[Resource]:
+    """The manager cache's kinds (``KINDS``); the ConfigMap by name in its namespace."""
+    out = [Resource(NODES, collection("", "v1", NODES)), Resource(PODS, collection("", "v1", PODS)),
+           Resource(CONFIGMAPS, collection("", "v1", CONFIGMAPS, config_namespace),
+                    field_selector=f"metadata.name={config_name}")]
+    out += [Resource(kind, _cluster_path(kind), optional=True) for kind in (NODEMETRICS, NODESLOS, NRTS)]
+    return out
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, config_namespace: str, config_name: str,
-                 **kwargs: Any) -> None:
-        super().__init__(api_client, **kwargs)
-        self.config_namespace, self.config_name = config_namespace, config_name
 
-    def _lister(self, kind: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        if kind == CONFIGMAPS:
-            fn = functools.partial(self.core.list_namespaced_config_map, self.config_namespace,
-                                   field_selector=f"metadata.name={self.config_name}")
-            return fn, ()
-        if kind in _GROUPS:
-            return self.custom.list_cluster_custom_object, _GROUPS[kind]
-        if kind == NAMESPACES:
-            return self.core.list_namespace, ()
-        if kind == PRIORITY_CLASSES:
-            return kubernetes.client.SchedulingV1Api(self.api_client).list_priority_class, ()
-        return super()._lister(kind)
+def webhook_resources() -> list[Resource]:
+    """The webhook's kinds (``scheduler_ext.manager.webhook.WEBHOOK_KINDS``)."""
+    return [Resource(NAMESPACES, collection("", "v1", NAMESPACES)),
+            Resource(profile.PLURAL, _cluster_path(profile.PLURAL), optional=True),
+            Resource(PRIORITY_CLASSES, collection("scheduling.k8s.io", "v1", PRIORITY_CLASSES))]
 
 
 def _cluster_path(kind: str, name: str = "") -> str:

@@ -2,7 +2,9 @@
 NodeResourceTopology (packaging/crds/noderesourcetopology.yaml) as real custom resources, read
 by ``runtime-proxy serve`` with ``fromCluster: true`` under the identity and RBAC of
 packaging/kustomize/base/node/rbac.yaml and packaging/kustomize/components/eviction/rbac.yaml;
-a NodeSLO change changes the node's cgroups; the usage loop's evictions go through the real
+a NodeSLO change changes the node's cgroups; a BE pod's batch requests, read from its pod spec
+through the node part's pod watch (no extended-resource-spec annotation), give its cgroups their
+quota, shares and memory limit; the usage loop's evictions go through the real
 Eviction API, where a real PodDisruptionBudget holds. Nothing here depends on the runtime: it
 runs on the containerd 2.1 stack only.
 
@@ -22,6 +24,7 @@ import pytest
 import yaml
 from rhp_devenv.kube import NODE_NAME, Cluster
 
+from tests.e2e.batchpods import be_pod, publish_batch, unpublish_batch, wait_batch_limits
 from tests.e2e.conftest import REPO, Stack, container_id, pod_cgroup, pod_manifest, wait_deleted
 from tests.integration import qos_helpers as q
 
@@ -111,6 +114,23 @@ def test_a_nodeslo_change_changes_the_cgroups_on_the_node(from_cluster: Stack, n
         q.wait_for(lambda: _burst(pod), "0", what="cpu.cfs_burst_us with the policy off", timeout=60)
     finally:
         patch_slo(cluster, {"cpuBurstStrategy": BURST})
+
+
+def test_a_be_pod_gets_its_batch_limits_from_its_pod_spec_at_the_cri_door(from_cluster: Stack, ns: str) -> None:
+    """Issue 36 through ``serve`` (the CRI door) on the real cluster: a BE pod asking for
+    batch-cpu 500 and batch-memory 64Mi, without the webhook's annotation, runs with quota 50000,
+    shares 512 and 64 MiB in its container's and its pod's cgroups. Fails on the old main (quota
+    -1, shares 2, no memory limit: the node part read only the annotation)."""
+    cluster = from_cluster.cluster
+    publish_batch(cluster)  # what the manager does from the NodeMetric (test_e2e_manager.py)
+    try:
+        cluster.apply(be_pod("be", ns))
+        pod = cluster.wait_pod_running(ns, "be", timeout=120)
+        assert q.EXTENDED_RESOURCE_SPEC not in pod["metadata"].get("annotations", {})
+        wait_batch_limits(pod)
+    finally:
+        cluster.kubectl("delete", "pod", "-n", ns, "be", "--wait=true", "--timeout=120s", check=False)
+        unpublish_batch(cluster)
 
 
 def _events(cluster: Cluster, ns: str, name: str, reason: str) -> list[dict[str, Any]]:

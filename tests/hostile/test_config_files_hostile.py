@@ -260,7 +260,7 @@ def test_the_daemons_kubeconfig_is_refused_without_blocking(work: Path, reader: 
     plant(kind, path)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(path))
-    call = _load_api_client if reader.startswith("evictions") else ClusterWatch("n1", kubeconfig=str(path))._client
+    call = _load_api_client if reader.startswith("evictions") else ClusterWatch("n1", kubeconfig=str(path))._http
     error = _outcome(call, work)
     assert isinstance(error, FileRefused), error
     assert str(error) == f"kubeconfig {path}: " + (f"larger than {MAX_KUBECONFIG_BYTES} bytes"

@@ -27,7 +27,10 @@ PATH = "/api/v1/things"
 
 
 class Scripted:
-    def __init__(self, *, page_size_cap: int = 3, history: int = 1000, huge_bytes: int = 1 << 16) -> None:
+    def __init__(self, *, page_size_cap: int = 3, history: int = 1000, huge_bytes: int = 1 << 16,
+                 path: str = PATH) -> None:
+        self.path = path
+        self.watched_from: list[str] = []  # the resourceVersion each watch asked for
         self.objects: dict[str, dict[str, Any]] = {}
         self.rv = 1
         self.events: list[tuple[int, str, dict[str, Any]]] = []
@@ -45,7 +48,7 @@ class Scripted:
     # -- the test's side ------------------------------------------------------------------------
     async def start(self) -> Scripted:
         app = web.Application()
-        app.router.add_get(PATH, self._handle)
+        app.router.add_get(self.path, self._handle)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -64,6 +67,21 @@ class Scripted:
         obj = {"metadata": {"name": name, "resourceVersion": str(self.rv)}, "data": data}
         self.objects[name] = obj
         await self._emit(etype, obj)
+
+    async def emit(self, etype: str, obj: dict[str, Any], name: str) -> str:
+        """An event with ``obj`` as it is (its own content, whatever it holds), stored under
+        ``name``, its ``metadata.resourceVersion`` set when ``metadata`` is an object; the new
+        version."""
+        self.rv += 1
+        meta = obj.get("metadata")
+        if isinstance(meta, dict):
+            meta["resourceVersion"] = str(self.rv)
+        if etype == "DELETED":
+            self.objects.pop(name, None)
+        else:
+            self.objects[name] = obj
+        await self._emit(etype, obj)
+        return str(self.rv)
 
     async def delete(self, name: str) -> None:
         obj = self.objects.pop(name, None)
@@ -119,6 +137,7 @@ class Scripted:
             return web.Response(status=499)
 
     async def _stream(self, request: web.Request, fault: str) -> web.StreamResponse:
+        self.watched_from.append(request.query.get("resourceVersion", ""))
         since = int(request.query.get("resourceVersion") or 0)
         oldest = self.events[0][0] if self.events else self.rv + 1
         if fault == "410" or (since < oldest - 1 and since < self.rv):

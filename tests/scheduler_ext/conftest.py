@@ -21,13 +21,14 @@ if str(ROOT) not in sys.path:
 import kubernetes  # noqa: E402
 import uvicorn  # noqa: E402
 
-from scheduler_ext.errors import GoneError  # noqa: E402
+from rhp_kube.http import KubeHTTP  # noqa: E402
+from rhp_kube.watch import Informer, WatchOptions  # noqa: E402
 from scheduler_ext.extender import Binder, ExtenderConfig  # noqa: E402
-from scheduler_ext.kube import BindClient, KubeClient  # noqa: E402
+from scheduler_ext.kube import BindClient, watch_cluster  # noqa: E402
 from scheduler_ext.ledger import LeaseLedger  # noqa: E402
 from scheduler_ext.requeue import Requeuer  # noqa: E402
 from scheduler_ext.server import create_app  # noqa: E402
-from scheduler_ext.state import ClusterState, Watcher  # noqa: E402
+from scheduler_ext.state import ClusterState  # noqa: E402
 from scheduler_ext.trust import Signer, Trust  # noqa: E402
 from tests.fakeapi import FakeAPIServer  # noqa: E402
 
@@ -60,10 +61,6 @@ def api_client(url: str) -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(conf)
 
 
-def kube_client(url: str) -> KubeClient:
-    return KubeClient(api_client(url), watch_timeout=30)
-
-
 def bind_client(url: str) -> BindClient:
     return BindClient(api_client(url), timeout=10)
 
@@ -82,7 +79,7 @@ class Extender:
     url: str
     state: ClusterState
     binder: Binder
-    watcher: Watcher
+    watcher: Informer
     server: uvicorn.Server
     thread: threading.Thread
 
@@ -94,7 +91,7 @@ class Extender:
             time.sleep(0.01)
 
     def stop(self) -> None:
-        self.watcher.stop.set()
+        self.watcher.close()
         self.server.should_exit = True
         self.thread.join(5)
 
@@ -112,13 +109,15 @@ def start_extender(
     ledger_ttl: float = 120.0,
     wait: bool = True,
     requeue_rate: float = 0.0,
+    dead_after: float = 300.0,
 ) -> Extender:
     client = api_client(api_url)
-    kube = KubeClient(client, watch_timeout=watch_timeout, idle_timeout=idle_timeout)
     bind_api = BindClient(client, timeout=10)
     state = ClusterState(trust)
-    watcher = Watcher(state, kube.list, kube.watch, GoneError, backoff=0.05, stale_after=stale_after)
-    watcher.start()
+    state.stale_after = stale_after
+    options = WatchOptions(watch_timeout=watch_timeout, read_deadline=idle_timeout or watch_timeout + 30.0,
+                           backoff_initial=0.05, backoff_max=1.0, dead_after=dead_after)
+    watcher = watch_cluster(state, KubeHTTP(client, timeout=None), options)
     lease = (
         LeaseLedger(bind_api, "kube-system", identity=identity, ttl=ledger_ttl,
                     is_deleted=state.recently_deleted, settled=state.settled)
@@ -127,7 +126,7 @@ def start_extender(
     )
     binder = Binder(state, bind_api, cfg or ExtenderConfig(), lease)
     requeuer = Requeuer(bind_api, state.with_topology, rate=requeue_rate, interval=0.05) if requeue_rate else None
-    app = create_app(state, binder, cfg or ExtenderConfig(), requeuer=requeuer)
+    app = create_app(state, binder, cfg or ExtenderConfig(), requeuer=requeuer, liveness=watcher.liveness)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

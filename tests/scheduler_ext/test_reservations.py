@@ -28,7 +28,7 @@ from scheduler_ext.state import ClusterState, load_objects
 from scheduler_ext.topology import synthetic_topology
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.builders import TOPO_SMALL, cluster, cpus, node, nrt, pod, reservation
-from tests.scheduler_ext.conftest import Extender, kube_client
+from tests.scheduler_ext.conftest import Extender
 
 TOPO_104 = synthetic_topology(2, 1, 26, 2)
 RS = "scheduling.koordinator.sh/resource-status"
@@ -370,9 +370,15 @@ def test_the_official_client_lists_and_watches_reservations_on_the_fake_api_serv
     assert [i["metadata"]["name"] for i in listed["items"]] == ["r"]
     rv = listed["metadata"]["resourceVersion"]
     custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", "r")
-    for event in kube_client(api.url).watch("reservations", rv):
-        if event["type"] != "BOOKMARK":
-            break
+    resp = custom.list_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", watch=True,
+                                             resource_version=rv, timeout_seconds=5, _preload_content=False)
+    try:
+        for line in resp:
+            event = json.loads(line)
+            if event["type"] != "BOOKMARK":
+                break
+    finally:
+        resp.close()
     assert (event["type"], event["object"]["metadata"]["uid"]) == ("DELETED", created["metadata"]["uid"])
 
 

@@ -11,8 +11,9 @@ import kubernetes
 import pytest
 from aiohttp import web
 
+from rhp_kube.http import _ssl_context
 from scheduler_ext.errors import APIError, ConflictError
-from scheduler_ext.kube import BindClient, _ssl_context
+from scheduler_ext.kube import BindClient
 
 
 def _config(host: str, **attrs: Any) -> kubernetes.client.Configuration:

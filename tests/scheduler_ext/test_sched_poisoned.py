@@ -3,18 +3,23 @@ past it, readiness holds, and the pods around it are still allocated exactly."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
-import threading
 import time
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
 
 from koord_formats.topology import format_cpu_topology
+from rhp_kube import credentials
+from rhp_kube.http import KubeHTTP
+from rhp_kube.watch import Informer, Resource, WatchOptions
 from scheduler_ext.guard import BAD_OBJECTS
-from scheduler_ext.state import KINDS, ClusterState, Watcher
+from scheduler_ext.kube import CacheSink
+from scheduler_ext.state import KINDS, ClusterState
+from tests.rhp_kube.scripted import Scripted
 from tests.scheduler_ext.builders import TOPO_SMALL, cluster, cpus, device, node, nrt, pod
 
 RS = "scheduling.koordinator.sh/resource-status"
@@ -153,56 +158,37 @@ def test_a_list_with_poisoned_objects_still_makes_the_cache_ready() -> None:
     assert ns.free == cpus("0-15") - cpus("0-1,8-9")
 
 
-class ScriptedAPI:
-    """``list``/``watch`` functions over a fixed event script (one watch per kind)."""
-
-    def __init__(self, pod_events: list[Any]) -> None:
-        self.pod_events = pod_events
-        self.watched_from: list[str] = []
-        self.done = threading.Event()
-
-    def list(self, kind: str, token: str) -> tuple[list[dict[str, Any]], str, str]:
-        objs = {"nodes": [node("n1")], "noderesourcetopologies": [nrt("n1", TOPO)]}.get(kind, [])
-        return objs, "10", ""
-
-    def watch(self, kind: str, rv: str) -> Iterable[dict[str, Any]]:
-        if kind != "pods":
-            self.done.wait(5)
-            return []
-        self.watched_from.append(rv)
-        return self._pods()
-
-    def _pods(self) -> Iterator[dict[str, Any]]:
-        yield from self.pod_events
-        self.pod_events = []  # a resumed watch gets nothing new
-        self.done.set()
-
-
-def test_the_watch_moves_its_resource_version_past_a_poisoned_event() -> None:
-    poisoned = with_meta(bound("bad", {DA: '{"gpu":[5]}'}), resourceVersion="11")
-    weird = {"type": "ADDED", "object": with_meta(pod("w", node_name="n1"), labels=["x"], resourceVersion="12")}
-    good = with_meta(pod("good", cpu="4", node_name="n1", annotations={RS: '{"cpuset":"0-1,8-9"}'}),
-                     resourceVersion="14")
-    script = ScriptedAPI([
-        {"type": "ADDED", "object": poisoned},
-        weird,
-        7,  # not an event at all
-        {"type": "ADDED", "object": "x"},
-        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "13"}}},
-        {"type": "ADDED", "object": good},
-    ])
+async def test_the_watch_moves_its_resource_version_past_a_poisoned_event() -> None:
+    """Events whose objects the cache must skip (wrong types, unreadable annotations) move the
+    watch on: the next stream starts after them, not before the poison (retrying would meet it
+    forever), and the good pod after them counts."""
+    server = await Scripted(path="/api/v1/pods").start()
     state = ClusterState()
-    watcher = Watcher(state, script.list, script.watch, KeyError, backoff=0.01)
-    watcher.start()
+    for kind in KINDS:
+        if kind != "pods":
+            state.replace(kind, {"nodes": [node("n1")], "noderesourcetopologies": [nrt("n1", TOPO)]}.get(kind, []))
+    informer = Informer(KubeHTTP(credentials.plain(server.url)), [Resource("pods", server.path)], CacheSink(state),
+                        component="test", options=WatchOptions(watch_timeout=1, read_deadline=5, backoff_initial=0.01))
+    task = asyncio.create_task(informer.run())
     try:
-        assert script.done.wait(10)
-        deadline = time.monotonic() + 5
-        while len(script.watched_from) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        deadline = time.monotonic() + 30
+        while not state.ready:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await server.emit("ADDED", with_meta(bound("bad", {DA: '{"gpu":[5]}'})), "bad")
+        await server.emit("ADDED", with_meta(pod("w", node_name="n1"), labels=["x"]), "w")
+        good = pod("good", cpu="4", node_name="n1", annotations={RS: '{"cpuset":"0-1,8-9"}'})
+        last = await server.emit("ADDED", good, "good")
+        while last not in server.watched_from:  # the stream ends at timeoutSeconds; the next resumes
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
     finally:
-        watcher.stop.set()
-    assert state.ready
-    assert script.watched_from[:2] == ["10", "14"]  # resumed after the last event, not before the poison
+        informer._stopping = True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.stop()
+    assert informer.kinds["pods"].restarts == 0 and informer.kinds["pods"].synced
     assert good["metadata"]["uid"] in state.pods
     ns = state.nodes["n1"]
     ns.refresh()

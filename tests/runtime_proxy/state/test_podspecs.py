@@ -183,21 +183,16 @@ def test_watch_events(events: list[dict[str, Any]], known: dict[str, set[str]], 
         assert pods.known(UID) is None
 
 
-def test_pods_missing_from_two_streams_are_forgotten_and_the_count_is_bounded() -> None:
+def test_a_list_forgets_pods_it_does_not_hold_and_the_count_is_bounded() -> None:
     pods = ClusterPods("n1", api_client=object(), max_pods=3)
-    pods.begin_stream()
-    pods.handle_event(added(pod_object("a")))
-    pods.handle_event(added(pod_object("b")))
-    pods.begin_stream()  # b's DELETED was missed: the next streams list only a
-    pods.handle_event(added(pod_object("a")))
-    assert pods.known("b") is not None
-    pods.begin_stream()
-    pods.handle_event(added(pod_object("a")))
-    assert pods.known("b") is not None  # missing from one stream only
-    pods.begin_stream()
-    assert pods.known("b") is None and pods.known("a") is not None
+    changes: list[int] = []
+    pods._on_change = lambda: changes.append(1)
+    pods.replace("pods", [pod_object("a"), pod_object("b")], absent=False)
+    assert pods.known("a") is not None and pods.known("b") is not None and changes == [1]
+    pods.replace("pods", [pod_object("a")], absent=False)  # b's DELETED was missed: the next list holds only a
+    assert pods.known("b") is None and pods.known("a") is not None and changes == [1, 1]
     for uid in ("c", "d", "e"):
-        pods.handle_event(added(pod_object(uid)))
+        pods.apply("pods", "ADDED", pod_object(uid))
     assert [uid for uid in "acde" if pods.known(uid) is not None] == ["c", "d", "e"]  # the oldest seen went
 
 
