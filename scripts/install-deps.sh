@@ -18,9 +18,12 @@
 #   5. helm (for packaging/helm/: tests/test_helm.py, tests/e2e/test_e2e_helm.py) from its Go module
 #      by scripts/build-helm.sh into $RHP_HELM_PREFIX (default /opt/runtime-hook-proxy/helm): about
 #      1.5 to 4 minutes the first time, nothing when it is there. A failed build is a warning.
+#   6. The cgroup v2 guest node for tests/v2/ by scripts/build-v2node.sh into $RHP_V2NODE_PREFIX
+#      (default /opt/runtime-hook-proxy/v2node): about 2 minutes the first time (kernel package,
+#      mmdebstrap, mke2fs), nothing when its inputs are unchanged. A failed build is a warning.
 # Environment: RHP_CONTAINERD_PREFIX (see above), RHP_SKIP_EXTRA_CONTAINERD=1 (skip step 2),
 # RHP_DEBIAN_URI (mirror for step 2; default: the machine's own Debian URI from its apt sources),
-# RHP_KUBE_PREFIX (step 4), RHP_SKIP_KUBE=1 (skip step 4).
+# RHP_KUBE_PREFIX (step 4), RHP_SKIP_KUBE=1 (skip step 4), RHP_SKIP_V2NODE=1 (skip step 6).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -46,6 +49,9 @@ declare -a SUMMARY=()
 
 # --- 1. Debian packages ---------------------------------------------------------------------------
 APT_PACKAGES=(containerd runc busybox-static containernetworking-plugins ca-certificates util-linux mmdebstrap umoci)
+# the cgroup v2 guest node (scripts/build-v2node.sh, rhp_devenv.v2node): QEMU (TCG), e2fsprogs for
+# mke2fs -d, cpio for its initrd, kmod for depmod over the unpacked kernel's modules
+APT_PACKAGES+=(qemu-system-x86 e2fsprogs cpio kmod)
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   APT_PACKAGES+=(python3-venv)
 fi
@@ -186,6 +192,17 @@ if helm_bin=$(bash scripts/build-helm.sh); then
 else
   warn "scripts/build-helm.sh failed; the chart's tests will skip (fail with RHP_REQUIRE_HELM=1)"
   SUMMARY+=("helm: MISSING (scripts/build-helm.sh failed)")
+fi
+
+# --- 6. the cgroup v2 guest node, for the v2 tier (tests/v2/) -------------------------------------
+if [[ ${RHP_SKIP_V2NODE:-0} == 1 ]]; then
+  log "RHP_SKIP_V2NODE=1: not building the v2 node"
+  SUMMARY+=("v2 node: not built (RHP_SKIP_V2NODE=1)")
+elif v2_dir=$(bash scripts/build-v2node.sh); then
+  SUMMARY+=("v2 node: $(cat "$v2_dir/kernel-version") ($v2_dir)")
+else
+  warn "scripts/build-v2node.sh failed; the v2 tier (tests/v2/) will skip (fail with RHP_REQUIRE_V2=1)"
+  SUMMARY+=("v2 node: MISSING (scripts/build-v2node.sh failed)")
 fi
 
 log "summary:"

@@ -24,6 +24,7 @@ BUILDS = {
     "scripts/build-kube.sh": ("compile",),
     "scripts/build-critest.sh": ("compile",),
     "scripts/build-helm.sh": ('"$GO" install',),
+    "scripts/build-v2node.sh": ("fetch_kernel", "debstrap", "mkimage"),
 }
 
 

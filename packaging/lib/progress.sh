@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Progress lines for the long builds (packaging/deb/build.sh, packaging/image/build.sh,
-# packaging/wheel/build.sh, scripts/build-kube.sh, scripts/build-critest.sh, scripts/build-helm.sh),
+# packaging/wheel/build.sh, scripts/build-kube.sh, scripts/build-critest.sh, scripts/build-helm.sh,
+# scripts/build-v2node.sh),
 # on stderr so that stdout keeps only what a script prints for machines. Source it, then:
 #   rhp_step WHAT          one line: "NAME: [  12s] WHAT", the seconds since the script started
 #   rhp_run WHAT CMD...    rhp_step WHAT, run CMD, a line every RHP_PROGRESS_EVERY seconds (30) while
