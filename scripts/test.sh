@@ -14,6 +14,8 @@
 #   RHP_REQUIRE_CRITEST     1 (default): the critest tests fail, not skip, without the binary
 #   RHP_REQUIRE_HELM        1 (default): the chart's tests fail, not skip, without helm
 #                           (scripts/build-helm.sh)
+#   RHP_REQUIRE_V2          1 (default): the v2 tier (tests/v2/, a cgroup v2 guest under QEMU)
+#                           fails instead of skipping without root, QEMU or its image
 #   RHP_REQUIRE_KUBE        1 (default): the end-to-end tests (tests/e2e/) fail instead of
 #                           skipping when the kube binary (scripts/build-kube.sh) is missing
 set -uo pipefail
@@ -64,6 +66,7 @@ export RHP_REQUIRE_CONTAINERD=${RHP_REQUIRE_CONTAINERD-1.6}
 export RHP_REQUIRE_CRITEST=${RHP_REQUIRE_CRITEST-1}
 export RHP_REQUIRE_KUBE=${RHP_REQUIRE_KUBE-1}
 export RHP_REQUIRE_HELM=${RHP_REQUIRE_HELM-1}
+export RHP_REQUIRE_V2=${RHP_REQUIRE_V2-1}
 # With a test path among the arguments (`bash scripts/test.sh tests/e2e`), pytest runs only what
 # the arguments name; otherwise everything under tests/.
 targets=(tests/)
