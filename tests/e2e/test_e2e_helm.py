@@ -11,11 +11,15 @@ loopback port.
 
 Checked through the API server and on the node: the node agent's DaemonSet pod runs the node
 image in NRI mode and is ready (connected to containerd's NRI); the scheduler pod runs
-kube-scheduler and scheduler-ext from their images; an LSR pod with ``schedulerName`` = ours is
-bound by our extender and its container's ``cpuset.cpus`` is the CPU the extender wrote;
+kube-scheduler and scheduler-ext from their images; the manager (koordinator.present=false, the
+default) serves the pod webhook with the certificate it issued itself and wrote its CA into the
+webhook's caBundle, and a BE pod with batch requests gets Koordinator's extended-resource-spec
+from the real API server; Koordinator's four PriorityClasses are installed; an LSR pod with
+``schedulerName`` = ours is bound by our extender and its container's ``cpuset.cpus`` is the CPU
+the extender wrote;
 ``helm upgrade`` rolls the scheduler with a new value and keeps the signing key; ``helm uninstall``
-leaves no object with the release's label, none of the chart's CRDs, and nothing new on the host
-paths the chart mounts.
+leaves no object with the release's label, none of the chart's CRDs, no Lease in the release
+namespace (the post-delete hook), and nothing new on the host paths the chart mounts.
 
 Signed allocations (issue 37 items 1 and 2): the extender makes its signing key Secret and the
 public-key ConfigMap itself (no release label); the node agent loads the public key from the
@@ -59,6 +63,7 @@ SCHEDULER_NAME = "rhp-e2e-scheduler"
 KUBE_VERSION = "v1.34.4"
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
 KEY_SECRET, PUBLIC_KEYS = f"{FULL}-signing-key", f"{FULL}-public-keys"
+PRIORITY_CLASSES = {"koord-prod": 9000, "koord-mid": 7000, "koord-batch": 5000, "koord-free": 3000}
 
 pytestmark = pytest.mark.timeout(1800)  # a cold image build takes minutes before the cluster work
 
@@ -127,6 +132,7 @@ def helm(nri_node: Stack, tmp_path: Path) -> Iterator[Helm]:
 
 
 def _values(stack: Stack) -> dict[str, Any]:
+    webhook_port = free_port()
     return {
         "image": {"registry": "", "pullPolicy": "Never",
                   "node": {"repository": "localhost/runtime-hook-proxy-node", "tag": "0.1.0"},
@@ -134,17 +140,23 @@ def _values(stack: Stack) -> dict[str, Any]:
         "apiServer": {"host": "127.0.0.1", "port": stack.cluster.ports["apiserver"]},
         "hostNetwork": True,
         "listenAddress": "127.0.0.1",
-        # no CPU requests of the chart's pods: two LSR pods of one CPU fill this 2-CPU node
+        # no CPU requests of the chart's pods (null removes the chart's): two LSR pods of one CPU
+        # fill this 2-CPU node. The reports stay off: this test gives the extender its own NRT.
         "node": {"nri": {"socketPath": str(stack.ctrd.nri_socket)}, "metricsPort": free_port(),
-                 "resources": {"requests": {"memory": "64Mi"}, "limits": {"memory": "256Mi"}}},
+                 "report": {"enabled": False},
+                 "resources": {"requests": {"cpu": None, "memory": "64Mi"}, "limits": {"memory": "256Mi"}}},
+        # One replica: on the host network a second one needs a second node. The API server runs
+        # on the node: it reaches the webhook on loopback (no Service routing here).
+        "manager": {"replicas": 1, "metricsPort": free_port(), "resources": {"requests": {"cpu": None}}},
+        "webhook": {"port": webhook_port, "url": f"https://127.0.0.1:{webhook_port}/mutate-pod"},
         "scheduler": {
             "schedulerName": SCHEDULER_NAME,
             "kubeScheduler": {"image": {"repository": "localhost/kube-scheduler", "tag": KUBE_VERSION,
                                         "pullPolicy": "Never"},
                               "command": ["/usr/local/bin/kube", "kube-scheduler"], "securePort": free_port(),
-                              "resources": {"requests": {"memory": "64Mi"}}},
+                              "resources": {"requests": {"cpu": None, "memory": "64Mi"}}},
             "extender": {"port": free_port(), "healthPort": free_port(),
-                         "resources": {"requests": {"memory": "128Mi"}}},
+                         "resources": {"requests": {"cpu": None, "memory": "128Mi"}}},
         },
     }  # fmt: skip
 
@@ -165,7 +177,8 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 
 def _labelled(stack: Stack) -> list[str]:
-    kinds = "all,configmaps,secrets,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,crds"
+    kinds = ("all,configmaps,secrets,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,crds,"
+             "priorityclasses,mutatingwebhookconfigurations")
     out = stack.cluster.kubectl("get", kinds, "-A", "-l", INSTANCE, "-o", "name").stdout
     return [line for line in out.splitlines() if line.strip()]
 
@@ -191,6 +204,9 @@ def test_the_chart_installs_schedules_an_lsr_pod_on_its_cpus_upgrades_and_uninst
                          for v in d["spec"]["template"]["spec"]["volumes"] if "hostPath" in v})  # fmt: skip
     before = _host_listing(host_paths)
 
+    # Koordinator's PriorityClasses belong to the release (another test may have made one).
+    cluster.kubectl("delete", "priorityclass", "--ignore-not-found", *PRIORITY_CLASSES)
+
     # ---- install ----------------------------------------------------------------------------
     helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", "-f", str(values_file), "--wait",
          "--timeout", "8m")  # fmt: skip
@@ -209,6 +225,31 @@ def test_the_chart_installs_schedules_an_lsr_pod_on_its_cpus_upgrades_and_uninst
                                   "scheduler-ext": "localhost/runtime-hook-proxy-cluster:0.1.0"}  # fmt: skip
     crds = set(_crd_names())
     assert crds <= {line.split("/", 1)[1] for line in _labelled(stack) if line.startswith("customresourcedefinition")}
+    classes = {name: (cluster.get_json("priorityclass", name) or {}).get("value") for name in PRIORITY_CLASSES}
+    assert classes == PRIORITY_CLASSES
+
+    # ---- the pod webhook, its certificate issued by the manager ---------------------------------
+    (manager,) = cluster.wait_for(lambda: [p for p in _pods(stack, "manager") if _ready(p)],
+                                  what="the manager's pod ready (its webhook serving)", timeout=180)  # fmt: skip
+    assert _images(manager) == {"manager": "localhost/runtime-hook-proxy-cluster:0.1.0"}
+
+    def ca_bundle() -> str | None:
+        config = cluster.get_json("mutatingwebhookconfiguration", FULL) or {}
+        return str(config["webhooks"][0]["clientConfig"].get("caBundle") or "") or None
+
+    cluster.wait_for(ca_bundle, what="the manager writing its CA into the webhook's caBundle", timeout=120)
+    batch = {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"}
+    be = pod_manifest("be", ns, qos="BE", requests=batch, limits=batch)
+
+    def mutated() -> dict[str, Any] | None:
+        out = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(be)).stdout
+        annotations = json.loads(out)["metadata"].get("annotations") or {}
+        spec = annotations.get("node.koordinator.sh/extended-resource-spec")
+        return json.loads(spec) if spec else None
+
+    # failurePolicy Ignore: until the API server trusts the new CA, pods pass unchanged.
+    spec = cluster.wait_for(mutated, what="the webhook's extended-resource-spec on a BE pod", timeout=120)
+    assert spec == {"containers": {"app": {"requests": batch, "limits": batch}}}, spec
 
     # The node's NodeResourceTopology, as koordlet (or report.enable) would write it; then the
     # extender has seen it before the pod exists (kube-scheduler does not retry on NRT changes).
@@ -282,7 +323,8 @@ def test_the_chart_installs_schedules_an_lsr_pod_on_its_cpus_upgrades_and_uninst
     # ---- two renders are the same and hold no key -----------------------------------------------
     renders = [helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(values_file)).stdout for _ in "ab"]
     assert renders[0] == renders[1]
-    assert not [d for d in yaml.safe_load_all(renders[0]) if d and d["kind"] == "Secret"]
+    # (the webhook certificate's Secret is rendered empty: the manager fills it)
+    assert not [d for d in yaml.safe_load_all(renders[0]) if d and d["kind"] == "Secret" and d.get("data")]
 
     # ---- uninstall with the signed pod running leaves only the keys -----------------------------
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
@@ -325,13 +367,17 @@ def _gone(stack: Stack, crds: set[str], host_paths: list[str], before: dict[str,
     cluster.wait_for(lambda: not _labelled(stack) or None, what="no object with the release's label", timeout=120)
     for name in crds:
         assert cluster.get_json("crd", name) is None, f"CRD {name} left behind"
-    cluster.wait_for(lambda: (not _pods(stack, "node") and not _pods(stack, "scheduler")) or None,
+    cluster.wait_for(lambda: (not _pods(stack, "node") and not _pods(stack, "scheduler")
+                              and not _pods(stack, "manager")) or None,
                      what="the release's pods gone", timeout=120)  # fmt: skip
     assert _host_listing(host_paths) == before, "a file the chart wrote on the host is left"
     leftovers = cluster.kubectl("get", "all,configmaps,secrets,serviceaccounts,roles,rolebindings", "-n", NAMESPACE,
                                 "-o", "name").stdout.split()  # fmt: skip
     # What Kubernetes itself keeps in any namespace, and the signing key and public keys, kept on
-    # purpose (docs/signing.md). (The Leases the running kube-scheduler and extender took stay
-    # until the namespace goes: runtime state, not the chart's.)
+    # purpose (docs/signing.md).
     kept = ("configmap/kube-root-ca.crt", "serviceaccount/default", f"secret/{KEY_SECRET}", f"configmap/{PUBLIC_KEYS}")
     assert [o for o in leftovers if o not in kept] == []
+    # The Leases the pods took (kube-scheduler's, the manager's, the extender's ledger): removed by
+    # the post-delete hook (helm uninstall --wait waits for it).
+    leases = cluster.kubectl("get", "leases", "-n", NAMESPACE, "-o", "name").stdout.split()
+    assert leases == [], leases
