@@ -1,6 +1,7 @@
 """The one Kubernetes Event recorder: Events about pods (today the node agent's hook failures and
-refusals, ``runtime_proxy.engine.events`` names them), rate-limited per object and node-wide,
-aggregated, and sent by their own thread. The manager and the extender record no Events.
+refusals, ``runtime_proxy.engine.events`` names them, and its evictions,
+``runtime_proxy.loops.evict``), rate-limited per object and node-wide, aggregated, and sent by
+their own thread. The manager and the extender record no Events.
 
 ``Lifecycle.run`` (``runtime_proxy.engine.lifecycle``) hands every failure of a stage about a
 pod to an ``EventSink``; ``EventRecorder`` is the production one, built by the node agent's
@@ -69,7 +70,7 @@ COMPONENT = "runtime-hook-proxy"  # the default source of Events
 
 EVENTS = Counter(
     "rhp_pod_events_total",
-    "Kubernetes Events about pods (hook failures and refusals), by reason and outcome: queued, "
+    "Kubernetes Events about pods (hook failures and refusals, evictions), by reason and outcome: queued, "
     "aggregated (folded into a queued Event's count), sent, failed (the API refused or did not "
     "answer), rate_limited (over the pod's spam-filter budget), node_capped (over the node-wide "
     "cap on Event writes), dropped (queue full), no_access (no cluster credentials).",
@@ -242,6 +243,11 @@ class EventRecorder:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._busy = False
+
+    @property
+    def has_access(self) -> bool:
+        """Whether this recorder sends Events (it has, or may still load, cluster credentials)."""
+        return self._factory is not None
 
     # -- the caller's side (any thread, the event loop included) -------------------------------
 

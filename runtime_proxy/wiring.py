@@ -299,7 +299,7 @@ def loops(
             interval=config.usageLoop.intervalSeconds,
             proc_root=config.usageLoop.procRoot,
             applier=applier,
-            evictor=_evictor(config, runtime, node_source.node_name),
+            evictor=_evictor(config, runtime, node_source.node_name, events),
         )
     # report.enable: the node's NRT, Device and NodeMetric status (runtime_proxy.report.loop).
     report = reporter(config.report, backend, node_name=node_source.node_name, cgroups=cgroups,
@@ -308,11 +308,15 @@ def loops(
     return Loops(ready, reconciler, burst, usage, report)
 
 
-def _evictor(config: ProxyConfig, runtime: RuntimeClient | None, node_name: str) -> Evictor | None:
+def _evictor(config: ProxyConfig, runtime: RuntimeClient | None, node_name: str,
+             events: EventSink | None = None) -> Evictor | None:
     """The usage loop's evictor for ``usageLoop.evictBy`` (``None``: the loop's default, which
-    only logs, when ``runtime`` is asked for and there is no runtime client)."""
+    only logs, when ``runtime`` is asked for and there is no runtime client). Its Events go
+    through the node's recorder ``events`` when that one sends (``fromCluster``), so the node-wide
+    cap covers them; else through the evictor's own recorder over the credentials it evicts with."""
     evict_by = config.usageLoop.evictBy
     if evict_by == "runtime" and runtime is None:
         log.error("usageLoop.evictBy is runtime but this command has no CRI runtime client; evictions are logged only")
         return None
-    return evictor_for(evict_by, runtime=runtime, node_name=node_name)
+    sink = events if isinstance(events, EventRecorder) and events.has_access else None
+    return evictor_for(evict_by, runtime=runtime, node_name=node_name, events=sink)

@@ -5,7 +5,9 @@
   pod with its UID as a precondition (``deleteOptions.preconditions.uid``), so
   PodDisruptionBudgets are honoured and a pod that was replaced under the same name is never
   hit; then a Warning Event on the pod naming the feature and the reason ("trigger by
-  runtime-hook-proxy feature BEMemoryEvict, evict pod: ns/name: ..."). HTTP 429 (a
+  runtime-hook-proxy feature BEMemoryEvict, evict pod: ns/name: ..."), recorded through the
+  node's one Event recorder (``rhp_kube.events``: its spam filter and node-wide cap cover
+  eviction Events too; without one, the evictor's own recorder over its credentials). HTTP 429 (a
   PodDisruptionBudget forbids it now) is ``refused``: the pod is tried again on a later round,
   no sooner than a backoff that doubles from ``backoff_initial`` to ``backoff_max`` seconds.
   404 (the pod is gone) and 409 (its UID changed: the pod we meant is gone) count as done.
@@ -39,10 +41,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
@@ -52,6 +52,7 @@ from cri_protos import api_pb2
 from hooks.plan import Eviction
 from hooks.usage import EVICTION_MEMORY_SECONDS
 from koord_formats import keys
+from rhp_kube.events import EventRecorder, EventSink, KubeEventsApi, PodEvent
 from runtime_proxy.loops.qos import EvictionResult
 
 if TYPE_CHECKING:
@@ -135,6 +136,8 @@ class ApiEvictor:
     :param backoff_initial: seconds before the first retry after a 429; doubles per refusal.
     :param backoff_max: the longest backoff.
     :param request_timeout: seconds per API call.
+    :param events: where the eviction Events go (the node's recorder); ``None``: a recorder of
+        the evictor's own, over the same credentials.
     """
 
     method = "api"
@@ -148,9 +151,12 @@ class ApiEvictor:
         backoff_max: float = 60.0,
         request_timeout: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        events: EventSink | None = None,
     ) -> None:
         self._api_client = api_client
         self.node_name = node_name
+        self._events: EventSink = events if events is not None else EventRecorder(
+            self._events_api, host=node_name, component=COMPONENT)
         self.request_timeout = request_timeout
         self._recent = _Recent(clock, backoff_initial, backoff_max)
         self._warned: set[str] = set()
@@ -231,30 +237,17 @@ class ApiEvictor:
         )
         api.create_namespaced_pod_eviction(e.name, e.namespace, body, _request_timeout=self.request_timeout)
 
-    def _event(self, api: CoreV1Api, e: Eviction, kind: str, reason: str, message: str) -> None:
-        """Record an Event on the pod; a failure is logged, never raised."""
-        from kubernetes import client
+    def _events_api(self) -> KubeEventsApi:
+        """The Events calls of the evictor's own recorder, over its credentials."""
+        with self._client_lock:
+            if self._api_client is None:
+                self._api_client = _load_api_client()
+            return KubeEventsApi(self._api_client, request_timeout=self.request_timeout)
 
-        now = datetime.now(UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{e.name}.{uuid.uuid4().hex[:16]}", namespace=e.namespace),
-            involved_object=client.V1ObjectReference(
-                api_version="v1", kind="Pod", name=e.name, namespace=e.namespace, uid=e.uid
-            ),
-            reason=reason,
-            message=message,
-            type=kind,
-            count=1,
-            first_timestamp=now,
-            last_timestamp=now,
-            source=client.V1EventSource(component=COMPONENT, host=self.node_name or None),
-            reporting_component=COMPONENT,
-            reporting_instance=self.node_name or None,
-        )
-        try:
-            api.create_namespaced_event(e.namespace, event, _request_timeout=self.request_timeout)
-        except Exception as exc:
-            log.warning("eviction event not recorded", pod=f"{e.namespace}/{e.name}", error=str(exc)[:200])
+    def _event(self, api: CoreV1Api, e: Eviction, kind: str, reason: str, message: str) -> None:
+        """Record an Event on the pod through the recorder (never blocks, never raises)."""
+        self._events.record(PodEvent(namespace=e.namespace, name=e.name, uid=e.uid, reason=reason,
+                                     message=message, type=kind))
 
 
 class DeleteEvictor(ApiEvictor):
@@ -336,15 +329,16 @@ class RuntimeEvictor:
         return stopped
 
 
-def evictor_for(evict_by: str, *, runtime: _Runtime | None, node_name: str = "") -> ApiEvictor | RuntimeEvictor:
+def evictor_for(evict_by: str, *, runtime: _Runtime | None, node_name: str = "",
+                events: EventSink | None = None) -> ApiEvictor | RuntimeEvictor:
     """The evictor the config's ``usageLoop.evictBy`` names: ``api``, ``delete`` or ``runtime``
-    (which needs ``runtime``, the CRI runtime client)."""
+    (which needs ``runtime``, the CRI runtime client); ``events`` the node's Event recorder."""
     if evict_by == "runtime":
         if runtime is None:
             raise ValueError("evictBy runtime needs a CRI runtime client")
         return RuntimeEvictor(runtime)
     if evict_by == "api":
-        return ApiEvictor(node_name=node_name)
+        return ApiEvictor(node_name=node_name, events=events)
     if evict_by == "delete":
-        return DeleteEvictor(node_name=node_name)
+        return DeleteEvictor(node_name=node_name, events=events)
     raise ValueError(f"unknown evictBy {evict_by!r} (api, delete or runtime)")

@@ -169,7 +169,9 @@ def test_usage_loop_evictions_go_through_the_eviction_api_and_a_pdb_holds(from_c
         wait_deleted(cluster, "pod", "free", ns, timeout=120)
         cluster.wait_for(lambda: _events(cluster, ns, "guarded", "evictPodFail"),
                          what="the refused eviction's Event", timeout=120)  # fmt: skip
-        assert _events(cluster, ns, "free", "evictPodSuccess")
+        # Events are sent by the node's recorder thread (rhp_kube.events), in their own time
+        cluster.wait_for(lambda: _events(cluster, ns, "free", "evictPodSuccess"),
+                         what="the eviction's Event", timeout=120)  # fmt: skip
         deadline = time.monotonic() + 5  # rounds go on every second: the refusal stays a refusal
         while time.monotonic() < deadline:
             pod = cluster.get_json("pod", "guarded", namespace=ns)

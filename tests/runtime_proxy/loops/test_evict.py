@@ -4,6 +4,7 @@ subresource, PodDisruptionBudgets, Events) and ``RuntimeEvictor`` against a fake
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from cri_protos import api_pb2
 from hooks.plan import Eviction
+from rhp_kube.events import EventRecorder, KubeEventsApi
 from runtime_proxy.loops.evict import ApiEvictor, DeleteEvictor, RuntimeEvictor, event_message, evictor_for
 from tests.fake_clock import Clock
 from tests.fakeapi import FakeAPIServer
@@ -28,6 +30,18 @@ def official(api: FakeAPIServer) -> kubernetes.client.ApiClient:
     conf = kubernetes.client.Configuration()
     conf.host = api.url
     return kubernetes.client.ApiClient(conf)
+
+
+def events(api: FakeAPIServer, evictor: ApiEvictor) -> list[dict[str, Any]]:
+    """The Events on the API server once the evictor's recorder has sent what it queued."""
+    recorder = evictor._events
+    assert isinstance(recorder, EventRecorder)
+    done = threading.Event()
+    for _ in range(6000):
+        if recorder.idle():
+            break
+        done.wait(0.01)
+    return api.objects("Event")
 
 
 def add_pod(api: FakeAPIServer, name: str, labels: dict[str, str] | None = None, phase: str = "Running") -> str:
@@ -127,7 +141,7 @@ def test_api_evictor_evicts_with_the_uid_and_records_an_event(api: FakeAPIServer
     e = eviction("p", uid)
     assert evict(evictor, e) == [("p", "evicted")]
     assert api.get("Pod", "p", "ns") is None
-    (event,) = api.objects("Event")
+    (event,) = events(api, evictor)
     assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "ns", "uid": uid}
     assert event["type"] == "Warning" and event["reason"] == "evictPodSuccess"
     assert event["message"] == event_message(e)
@@ -141,7 +155,7 @@ def test_api_evictor_counts_a_replaced_or_missing_pod_as_gone(api: FakeAPIServer
     assert evict(evictor, eviction("p", "old-uid"), eviction("missing", "uid-m")) == [
         ("p", "evicted"), ("missing", "evicted")]
     assert api.get("Pod", "p", "ns") is not None, "the pod now under that name is not the one meant"
-    assert api.objects("Event") == []
+    assert events(api, evictor) == []
 
 
 def test_api_evictor_retries_after_a_budget_refusal_with_backoff(api: FakeAPIServer) -> None:
@@ -151,20 +165,20 @@ def test_api_evictor_retries_after_a_budget_refusal_with_backoff(api: FakeAPISer
     evictor = ApiEvictor(official(api), backoff_initial=1.0, backoff_max=4.0, clock=clock)
     e = eviction("p", uid)
     assert evict(evictor, e) == [("p", "refused")]
-    posts = api.counts.get("POST", 0)
+    posts = len(api.evictions)
     assert evict(evictor, e) == [("p", "refused")]
-    assert api.counts.get("POST", 0) == posts, "within the backoff the API is not asked again"
+    assert len(api.evictions) == posts, "within the backoff the API is not asked again"
     clock.now += 1.0
     assert evict(evictor, e) == [("p", "refused")]  # asked again, refused again: backoff doubles
     clock.now += 1.5
-    posts = api.counts.get("POST", 0)
+    posts = len(api.evictions)
     assert evict(evictor, e) == [("p", "refused")]
-    assert api.counts.get("POST", 0) == posts
+    assert len(api.evictions) == posts
     api.patch_direct("PodDisruptionBudget", "pdb", {"status": {"disruptionsAllowed": 1}}, "ns")
     clock.now += 1.0
     assert evict(evictor, e) == [("p", "evicted")]
     assert api.get("Pod", "p", "ns") is None
-    reasons = sorted(ev["reason"] for ev in api.objects("Event"))
+    reasons = sorted(ev["reason"] for ev in events(api, evictor))
     assert reasons == ["evictPodFail", "evictPodSuccess"], "one refusal event per pod, then the success"
 
 
@@ -172,9 +186,9 @@ def test_api_evictor_never_evicts_a_uid_twice(api: FakeAPIServer) -> None:
     uid = add_pod(api, "p")
     evictor = ApiEvictor(official(api))
     assert evict(evictor, eviction("p", uid)) == [("p", "evicted")]
-    posts = api.counts.get("POST", 0)
+    posts = len(api.evictions)
     assert evict(evictor, eviction("p", uid, "BECPUEvict")) == [("p", "evicted")]
-    assert api.counts.get("POST", 0) == posts
+    assert len(api.evictions) == posts
 
 
 def test_api_evictor_reports_server_errors_per_pod(api: FakeAPIServer) -> None:
@@ -243,6 +257,22 @@ def test_evictor_for_follows_evict_by() -> None:
         evictor_for("kill", runtime=runtime)
 
 
+def test_eviction_events_go_through_the_nodes_one_recorder_and_its_cap(api: FakeAPIServer) -> None:
+    """The node's recorder (rhp_kube.events) is handed to the evictor, so eviction Events count
+    against the same node-wide cap as the hook-failure Events: with room for one write, the
+    second eviction's Event is held back."""
+    client = official(api)
+    recorder = EventRecorder(lambda: KubeEventsApi(client), host="node-1", node_burst=1, node_qps=1e-9)
+    wired = evictor_for("api", runtime=None, node_name="node-1", events=recorder)
+    assert isinstance(wired, ApiEvictor) and wired._events is recorder
+    evictor = ApiEvictor(client, node_name="node-1", events=recorder)
+    a, b = add_pod(api, "a"), add_pod(api, "b")
+    assert evict(evictor, eviction("a", a), eviction("b", b)) == [("a", "evicted"), ("b", "evicted")]
+    sent = events(api, evictor)
+    assert [ev["involvedObject"]["name"] for ev in sent] == ["a"]
+    recorder.close()
+
+
 # ---- DeleteEvictor (evictBy: delete) --------------------------------------------------------------
 
 
@@ -254,7 +284,7 @@ def test_delete_evictor_deletes_the_pod_with_its_uid_and_records_an_event(api: F
     assert evict(evictor, eviction("p", uid)) == [("p", "evicted")]
     assert api.get("Pod", "p", "ns") is None, "deleted as kubelet's node-pressure eviction: no budget consulted"
     assert api.evictions == [], "no Eviction request"
-    (event,) = api.objects("Event")
+    (event,) = events(api, evictor)
     assert event["reason"] == "evictPodSuccess" and event["source"] == {"component": "runtime-hook-proxy",
                                                                           "host": "node-1"}
 
@@ -265,7 +295,7 @@ def test_delete_evictor_never_deletes_a_pod_replaced_under_the_same_name(api: Fa
     assert evict(evictor, eviction("p", "old-uid"), eviction("missing", "uid-m")) == [
         ("p", "evicted"), ("missing", "evicted")]
     assert api.get("Pod", "p", "ns") is not None, "the pod now under that name is not the one meant"
-    assert api.objects("Event") == []
+    assert events(api, evictor) == []
 
 
 def test_evictor_for_names_each_method() -> None:
