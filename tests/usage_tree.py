@@ -59,7 +59,7 @@ class Tree:
         self.proc.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         if version == 2:
-            (self.root / "cgroup.controllers").write_text("cpuset cpu memory\n")
+            (self.root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma misc\n")
         self.node(busy=0)
 
     def cgroups(self) -> Cgroups:
@@ -82,7 +82,9 @@ class Tree:
     def cgroup(self, path: str, *, cpu_ns: int, memory: int) -> None:
         """CPU time (ns) and memory (bytes without cache) of cgroup ``path``."""
         if self.version == 2:
-            self.write("cpu", path, "cpu.stat", f"usage_usec {cpu_ns // 1000}\nuser_usec 1\nsystem_usec 1\n")
+            # every key the 6.1 kernel writes (seen in the v2 node, tests/v2/), not just the one read
+            self.write("cpu", path, "cpu.stat", f"usage_usec {cpu_ns // 1000}\nuser_usec 1\nsystem_usec 1\n"
+                       "nr_periods 0\nnr_throttled 0\nthrottled_usec 0\nnr_bursts 0\nburst_usec 0\n")
         else:
             self.write("cpuacct", path, "cpuacct.usage", f"{cpu_ns}\n")
         self.write("memory", path, "memory.stat", memory_stat(memory, self.version))

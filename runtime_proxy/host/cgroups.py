@@ -54,6 +54,7 @@ CGROUP_FSTYPES = ("cgroup", "cgroup2")
 # memory.limit_in_bytes reads back this (page-aligned LONG_MAX) when unlimited.
 _UNLIMITED_FLOOR = 1 << 62
 _PAGE = 4096
+_V2_PAGE_ROUNDED = frozenset({"memory.max", "memory.swap.max", "memory.high", "memory.low", "memory.min"})
 
 
 class CgroupError(Exception):
@@ -321,6 +322,9 @@ class Cgroups:
                 if want < 0 or want >= _UNLIMITED_FLOOR:
                     return have < 0 or have >= _UNLIMITED_FLOOR
                 return have == want // _PAGE * _PAGE
+            if self.version == 2 and file in _V2_PAGE_ROUNDED:
+                # the kernel keeps these in pages: 100000001 written reads back as 99999744
+                return a != "max" and b != "max" and int(b) == int(a) // _PAGE * _PAGE
             if self.version == 2 and " " in a:
                 return a.split() == b.split()
             return int(a) == int(b)

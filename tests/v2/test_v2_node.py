@@ -130,3 +130,22 @@ def test_doctor_reports_v2_and_systemd(v2node: V2Node) -> None:
     print(result.stdout)
     assert "v2" in result.stdout, result.stdout
     assert "systemd" in result.stdout, result.stdout
+
+
+def test_a_memory_limit_is_compared_in_pages_on_the_real_kernel(v2node: V2Node) -> None:
+    # The kernel keeps memory.max in pages (100000001 reads back 99999744); the second write of
+    # the same limit must be "unchanged", not a rewrite (drift) every reconcile round.
+    code = (
+        "import os\n"
+        "from runtime_proxy.host.cgroups import Cgroups\n"
+        "os.makedirs('/sys/fs/cgroup/rhp-probe.slice', exist_ok=True)\n"
+        "cg = Cgroups('/sys/fs/cgroup')\n"
+        "first = cg.write('rhp-probe.slice', 'memory.limit_in_bytes', 100000001).status\n"
+        "raw = open('/sys/fs/cgroup/rhp-probe.slice/memory.max').read().strip()\n"
+        "second = cg.write('rhp-probe.slice', 'memory.limit_in_bytes', 100000001).status\n"
+        "os.rmdir('/sys/fs/cgroup/rhp-probe.slice')\n"
+        "print(first, raw, second)\n"
+    )
+    (v2node.share / "memory_pages.py").write_text(code)
+    result = v2node.run(v2node.python(f"{GUEST_SHARE}/memory_pages.py"), timeout=300, check=True)
+    assert result.stdout.split() == ["written", "99999744", "unchanged"]

@@ -16,6 +16,7 @@ from runtime_proxy.loops.usage import (
     POD_CPU,
     SampleError,
     UsageSampler,
+    parse_cpu_stat_usage,
     parse_memory_stat,
     parse_proc_stat,
     read_bounded,
@@ -368,3 +369,23 @@ def test_older_samples_keep_only_the_node_and_be_readings(tree: Tree) -> None:
     assert all("a" in x.pods for x in kept[-DETAILED_SAMPLES:])
     assert all(not x.pods for x in kept[:-DETAILED_SAMPLES])
     assert all(x.node_memory_total_bytes > 0 for x in kept)
+
+
+# A BE pod's files as the v2 node's kernel (Debian 6.1, tests/v2/) wrote them, verbatim.
+_REAL_V2_CPU_STAT = (b"usage_usec 441088\nuser_usec 152525\nsystem_usec 288562\nnr_periods 10\nnr_throttled 2\n"
+                     b"throttled_usec 94054\nnr_bursts 0\nburst_usec 0\n")
+_REAL_V2_MEMORY_STAT = (
+    b"anon 102400\nfile 12288\nkernel 307200\nkernel_stack 32768\npagetables 40960\nsec_pagetables 0\n"
+    b"percpu 14272\nsock 0\nvmalloc 0\nshmem 0\nzswap 0\nzswapped 0\nfile_mapped 0\nfile_dirty 0\n"
+    b"file_writeback 0\nswapcached 0\nanon_thp 0\nfile_thp 0\nshmem_thp 0\ninactive_anon 94208\n"
+    b"active_anon 8192\ninactive_file 4096\nactive_file 8192\nunevictable 0\nslab_reclaimable 92016\n"
+    b"slab_unreclaimable 78048\nslab 170064\nworkingset_refault_anon 0\npgfault 941\npgmajfault 1\n"
+    b"thp_fault_alloc 2\nthp_collapse_alloc 0\n"
+)
+
+
+def test_the_v2_parsers_read_what_the_kernel_writes() -> None:
+    # The kernel's cpu.stat carries throttling and burst counters after usage_usec, and its
+    # memory.stat some thirty keys (the fakes now write cpu.stat's full set too).
+    assert parse_cpu_stat_usage(_REAL_V2_CPU_STAT) == 441088 * 1000
+    assert parse_memory_stat(_REAL_V2_MEMORY_STAT, 2) == 94208 + 8192 + 0
