@@ -55,6 +55,8 @@ SKIPPED: dict[tuple[str, str], str] = {
         "cluster",
     ("README.md", ".venv/bin/python benchmarks/proxy_overhead.py"): "slow",
     ("docs/nri.md", "runtime-proxy nri --nri-socket /var/run/nri/nri.sock \\"): "node",
+    ("docs/v2-node.md", "bash scripts/build-v2node.sh"): "host",
+    ("docs/v2-node.md", "bash scripts/test.sh tests/v2"): "main",
     ("packaging/kubelet.md", "apt-get install ./dist/runtime-hook-proxy_0.1.0_amd64.deb"): "host",
 }
 

@@ -123,13 +123,21 @@ def test_the_guest_is_a_v2_systemd_node_without_network(v2node: V2Node) -> None:
 
 
 def test_doctor_reports_v2_and_systemd(v2node: V2Node) -> None:
-    cmd = v2node.python("-m", "runtime_proxy.cli", "doctor", "--cgroup-root", "/sys/fs/cgroup")
+    # The CRI check may fail here: doctor gives the runtime 3 s, and a gRPC handshake in the
+    # emulated guest (25-35x slower) can take longer. The cgroup checks are what this is about.
+    cmd = v2node.python("-m", "runtime_proxy.cli", "doctor", "--cgroup-driver", "systemd",
+                        "--plugins", "cpuset,group_identity,batch_resource,cpu_burst,cpu_suppress")
     result = v2node.run(cmd + " 2>&1", timeout=300)
     REPORT.append("doctor in the guest:")
     REPORT.extend("  " + line for line in result.stdout.splitlines())
-    print(result.stdout)
-    assert "v2" in result.stdout, result.stdout
-    assert "systemd" in result.stdout, result.stdout
+    rows = {line[:34].strip(): line[34:].split(None, 1) for line in result.stdout.splitlines() if line[34:42].strip()}
+    assert rows["cgroup version"] == ["ok", "v2 at /sys/fs/cgroup"], result.stdout
+    assert rows["cgroup driver"][0] == "ok" and "systemd" in rows["cgroup driver"][1], result.stdout
+    for check in ("cpuset cpus (cpuset.cpus)", "cfs quota (cpu.max)", "cpu shares (cpu.weight)",
+                  "cfs burst (cpu.max.burst)", "cpu idle (cpu.idle)", "memory limit (memory.max)",
+                  "controller cpu", "controller cpuset", "controller memory"):
+        assert rows[check][0] == "ok", f"{check}: {rows.get(check)}\n{result.stdout}"
+    assert rows["group identity (cpu.bvt_warp_ns)"][0] == "warn"  # not in a mainline kernel: cpu.idle instead
 
 
 def test_a_memory_limit_is_compared_in_pages_on_the_real_kernel(v2node: V2Node) -> None:
@@ -148,4 +156,4 @@ def test_a_memory_limit_is_compared_in_pages_on_the_real_kernel(v2node: V2Node) 
     )
     (v2node.share / "memory_pages.py").write_text(code)
     result = v2node.run(v2node.python(f"{GUEST_SHARE}/memory_pages.py"), timeout=300, check=True)
-    assert result.stdout.split() == ["written", "99999744", "unchanged"]
+    assert result.stdout.splitlines()[-1].split() == ["written", "99999744", "unchanged"]  # after the log lines
