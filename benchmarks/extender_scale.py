@@ -8,7 +8,7 @@ script as kube-scheduler, over keep-alive HTTP with kube-scheduler's JSON.
 
 Phases:
 
-1. sync: time until ``/readyz`` (the extender listed everything through the official client).
+1. sync: time until ``/readyz`` (the extender listed everything through ``rhp_kube.watch``).
 2. latency: sequential cycles filter(500 names) -> prioritize(survivors) -> bind(best).
 3. throughput: the same cycle, but binds run in a pool of 4 (kube-scheduler binds
    asynchronously while it schedules the next pod); pods/s over the whole phase.
