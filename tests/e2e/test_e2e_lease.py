@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from rhp_kube import credentials
 from rhp_kube.lease import Elector, NotLeader
-from scheduler_ext.kube import MERGE_PATCH, _json, api_client_from_flags
+from scheduler_ext.kube import MERGE_PATCH, _json
 from scheduler_ext.manager.kubeio import LeaseCalls, ManagerAPI
 from tests.e2e.conftest import Stack
 
@@ -74,7 +75,7 @@ def test_a_partitioned_leader_writes_nothing_after_the_takeover(stack: Stack, ns
     refused: dict[str, int] = {"a": 0, "b": 0}
 
     async def scenario() -> None:
-        apis = {n: ManagerAPI(api_client_from_flags(kubeconfig, None, False), timeout=5.0) for n in ("a", "b")}
+        apis = {n: ManagerAPI(credentials.load(kubeconfig, None, False), timeout=5.0) for n in ("a", "b")}
         calls = {n: Cut(apis[n], n) for n in ("a", "b")}
         electors = {n: Elector(calls[n], ns, LEASE, n, lease_seconds=4, renew_deadline=2.0, retry_period=0.3)
                     for n in ("a", "b")}
