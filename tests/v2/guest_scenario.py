@@ -9,6 +9,7 @@ guest's kernel reads back. The host side compares and prints the table.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -33,7 +34,7 @@ RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
 EXTENDED = "node.koordinator.sh/extended-resource-spec"
 MiB = 1024**2
 
-BUILTINS = ["cpuset", "numa", "group_identity", "batch_resource", "cpu_burst", "cpu_suppress"]
+BUILTINS = ["cpuset", "numa", "group_identity", "batch_resource", "cpu_burst", "cpu_suppress", "host_app_qos"]
 NODE_SLO: dict[str, Any] = {
     "resourceQOSStrategy": {
         "policies": {"cpuPolicy": "coreSched"},
@@ -44,7 +45,11 @@ NODE_SLO: dict[str, Any] = {
     "resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 65,
                                     "cpuSuppressPolicy": "cpuset"},
     "cpuBurstStrategy": {"policy": "cpuBurstOnly", "cpuBurstPercent": 50},
+    # a BE application outside containers, in a systemd service of its own slice
+    "hostApplications": [{"name": "hostbe", "qos": "BE", "cgroupPath": {
+        "base": "CgroupRoot", "parentDir": "hostapps.slice", "relativePath": "hostbe.service"}}],
 }
+HOST_APP = CG / "hostapps.slice" / "hostbe.service"
 
 
 def wait_for(what: str, check: Any, timeout: float = 120.0) -> Any:
@@ -98,6 +103,7 @@ def proxy_config(path: Path, node: Path) -> None:
         "nodeConfigFile": str(node),
         "cgroupRoot": str(CG),
         "usageLoop": {"evictBy": "runtime", "intervalSeconds": 1.0},
+        "reconcilePeriodSeconds": 2.0,
     }))
 
 
@@ -138,6 +144,11 @@ def main() -> None:
         archive = build_image_archive(work / "busybox.tar")
         import_image(CTR, Path(CONTAINERD), archive.archive, timeout=180)
         (work.parent / "rhp-image-imported").write_text("1")
+    if not HOST_APP.is_dir():  # the user's job, as in Koordinator: the unit runs before the agent
+        subprocess.run(["systemd-run", "--unit=hostbe", "--slice=hostapps.slice", "-p", "CPUWeight=100",
+                        "-p", "AllowedCPUs=0-1", "sleep", "infinity"], check=True, capture_output=True)
+        wait_for("the host application's cgroup", HOST_APP.is_dir, 60)
+    (HOST_APP / "cpu.idle").write_text("0")  # what the other door's run left
     proc = start_door(door, work)
     socket = str(work / "proxy.sock") if door == "serve" else CONTAINERD
     rows: list[dict[str, Any]] = []
@@ -178,7 +189,11 @@ def main() -> None:
                         files[f"{where}/{f}"] = read(d / f)
                 info["files"] = files
             be_qos = CG / "kubepods.slice" / "kubepods-besteffort.slice"
-            rows.append({"kubeqos/cpuset.cpus": read(be_qos / "cpuset.cpus"),
+            # host_app_qos runs in the reconciler's node round (every 2 s here); the test shows what was read
+            with contextlib.suppress(TimeoutError):
+                wait_for("the host application's cpu.idle", lambda: read(HOST_APP / "cpu.idle") == "1", 60)
+            rows.append({"hostapp/cpu.idle": read(HOST_APP / "cpu.idle"),
+                         "kubeqos/cpuset.cpus": read(be_qos / "cpuset.cpus"),
                          "kubeqos/cpuset.cpus.effective": read(be_qos / "cpuset.cpus.effective"),
                          "kubeqos/cgroup.subtree_control": read(be_qos / "cgroup.subtree_control"),
                          "kubepods/cgroup.subtree_control": read(CG / "kubepods.slice" / "cgroup.subtree_control")})

@@ -1,11 +1,12 @@
 """The product on a real cgroup v2 node with systemd (the guest of ``rhp_devenv.v2node``).
 
 ``guest_scenario.py`` runs in the guest: ``runtime-proxy serve`` (CRI proxy) or ``runtime-proxy
-nri`` (NRI plugin) with the built-ins cpuset, numa, group_identity, batch_resource, cpu_burst and
-cpu_suppress in front of containerd 2.1 (``SystemdCgroup = true``), LSR, LSE, LS and BE pods under
-kubelet's slice names, and the files read back from the guest's kernel. Each door's test prints
-a table: plugin, pod, the value planned (v1 terms, as plans name it), the v2 file and what the
-kernel reads back. On the old main none of this existed (the tier is new with issue 33).
+nri`` (NRI plugin) with the built-ins cpuset, numa, group_identity, batch_resource, cpu_burst,
+cpu_suppress and host_app_qos (a BE application in ``hostapps.slice/hostbe.service``) in front
+of containerd 2.1 (``SystemdCgroup = true``), LSR, LSE, LS and BE pods under kubelet's slice
+names, and the files read back from the guest's kernel. Each door's test prints a table: plugin,
+pod, the value planned (v1 terms, as plans name it), the v2 file and what the kernel reads back.
+On the old main none of this existed (the tier is new with issue 33).
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def _table(door: str, data: dict[str, Any]) -> tuple[list[str], list[str]]:
     be_ctr = data["pods"]["BE"]["files"]["container/cpuset.cpus"]
     lines.append(f"{door}: cpu_suppress | BE | cpuset of the BE tree = suppressed set | "
                  f"kubepods.slice/kubepods-besteffort.slice/cpuset.cpus | {be_qos} (BE container: {be_ctr})")
+    host_app = data["qos"][0]["hostapp/cpu.idle"]
+    lines.append(f"{door}: host_app_qos | host app hostbe (BE) | cpu.idle=1 (beClass schedIdle) | "
+                 f"hostapps.slice/hostbe.service/cpu.idle | {host_app}")
+    if host_app != "1":
+        wrong.append(f"host_app_qos hostapps.slice/hostbe.service/cpu.idle: want '1', read {host_app!r}")
     lines.append(f"{door}: pod start times (s): " + ", ".join(f"{k} {v['seconds']}" for k, v in data["pods"].items()))
     return lines, wrong
 
