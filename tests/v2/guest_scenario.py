@@ -154,7 +154,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     pods: dict[str, Any] = {}
     try:
-        with CriClient(socket, timeout=180) as cri:
+        # wait_for_ready: under emulation on a loaded host a connection attempt can outlast gRPC's
+        # 20 s; the call then waits for the channel (up to its deadline) instead of failing
+        with CriClient(socket, timeout=180, wait_for_ready=True) as cri:
             specs = {
                 # name: (qos label, kube QoS, annotations, container resources)
                 "LSR": ("LSR", "guaranteed", {RESOURCE_STATUS: json.dumps({"cpuset": "1"})},
