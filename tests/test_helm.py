@@ -120,6 +120,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "everything": EVERYTHING,
     "hook-server": {"node": {"mode": "hook-server"}},
     "no-eviction": {"node": {"eviction": {"enabled": False}}},
+    "evict-by-api": {"node": {"eviction": {"by": "api"}}},
     "no-crds-no-scheduler": {"crds": {"install": False}, "scheduler": {"enabled": False}},
     "koordinator-present": KOORDINATOR,
     "bare": BARE,
@@ -376,12 +377,14 @@ def test_the_node_config_is_valid_and_runs_the_host_packages_plugins(variant: st
 def test_the_eviction_grant_goes_with_the_eviction_plugins(variant: str) -> None:
     values = VARIANTS[variant]
     config = node_config(values)
-    evicts = bool({p["name"] for p in config["plugins"]} & EVICTION_PLUGINS) and \
-        config.get("usageLoop", {}).get("evictBy", "api") == "api"
-    grants = any("pods/eviction" in rule["resources"] for role in cluster_roles(values).values()
-                 for rule in role["rules"])  # fmt: skip
-    assert grants == evicts
+    evicts = bool({p["name"] for p in config["plugins"]} & EVICTION_PLUGINS)
+    by = config.get("usageLoop", {}).get("evictBy")
+    grants = {g for role in cluster_roles(values).values() for g in granted(role)}
+    assert (("", "pods/eviction", "create") in grants) == (evicts and by == "api")
+    assert (("", "pods", "delete") in grants) == (evicts and by == "delete")
     assert evicts == (variant != "no-eviction")
+    assert by == (None if not evicts else "api" if variant == "evict-by-api" else "delete"), \
+        "the chart evicts by delete unless told otherwise: only a delete can be held to the node"
 
 
 def test_reporting_rights_and_mounts_only_with_reporting(tmp_path: Path) -> None:
@@ -461,10 +464,13 @@ def _grants_by_role(docs: Sequence[Mapping[str, Any]], prefix: str) -> dict[str,
     return {d["metadata"]["name"].removeprefix(prefix): granted(d) for d in docs if d["kind"] == "ClusterRole"}
 
 
+_BY_API = {"eviction": {"enabled": True, "by": "api"}}  # the overlays' eviction component
+
+
 @pytest.mark.parametrize(("overlay", "values"), [
-    ("node", {"node": {"report": {"enabled": False}}}),
-    ("node-hook-server", {"node": {"mode": "hook-server", "report": {"enabled": False}}}),
-    ("node-colocation", {}),
+    ("node", {"node": {"report": {"enabled": False}, **_BY_API}}),
+    ("node-hook-server", {"node": {"mode": "hook-server", "report": {"enabled": False}, **_BY_API}}),
+    ("node-colocation", {"node": _BY_API}),
 ])  # fmt: skip
 def test_each_node_overlay_renders_what_the_chart_renders(overlay: str, values: dict[str, Any]) -> None:
     # the overlays have no scheduler of their own: their node agents verify no signature unless
@@ -648,3 +654,64 @@ def test_uninstall_removes_the_release_leases_by_a_post_delete_hook() -> None:
     assert granted(role) == {("coordination.k8s.io", "leases", "list"), ("coordination.k8s.io", "leases", "delete"),
                              ("", "pods", "list")}  # fmt: skip
     assert "Job" not in kinds({"leaseCleanup": {"enabled": False}})
+
+
+# ---- issue 37: CRDs that stay, and a node agent held to its own node ---------------------------------
+
+_WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+# What the own-node policy cannot judge: an Eviction names a pod, not its node (docs/helm.md).
+_NOT_NODE_BOUND = {("", "pods/eviction")}
+
+
+def test_every_crd_is_kept_by_helm_on_upgrade_and_uninstall() -> None:
+    """``helm upgrade --set crds.install=false`` and ``helm uninstall`` keep the CRDs and every
+    object of their kinds (helm.sh/resource-policy: keep); ``kubectl delete crd`` removes them."""
+    crds = kinds().get("CustomResourceDefinition", [])
+    assert len(crds) == len([p for p in CRDS.glob("*.yaml") if p.name != "kustomization.yaml"])
+    for crd in crds:
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep", crd["metadata"]["name"]
+
+
+def _policy_rules(policy: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    return {(group, res, op.lower()) for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+            for group in rule["apiGroups"] for res in rule["resources"] for op in rule["operations"]}  # fmt: skip
+
+
+def _covers(rules: set[tuple[str, str, str]], group: str, resource: str, verb: str) -> bool:
+    op = {"create": "create", "update": "update", "patch": "update", "delete": "delete",
+          "deletecollection": "delete"}[verb]  # fmt: skip
+    return (group, resource, op) in rules
+
+
+@pytest.mark.parametrize("variant", ["defaults", "everything", "hook-server"])
+def test_every_write_the_node_agent_is_granted_is_held_to_its_node_by_the_admission_policy(variant: str) -> None:
+    values = VARIANTS[variant]
+    name = f"{FULL}-node"
+    policy = one(values, "ValidatingAdmissionPolicy", f"{name}-own-node")
+    binding = one(values, "ValidatingAdmissionPolicyBinding", f"{name}-own-node")
+    assert binding["spec"] == {"policyName": f"{name}-own-node", "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{name}"'
+    rules = _policy_rules(policy)
+    writes = {g for role, doc in cluster_roles(values).items() if role.startswith(name) for g in granted(doc)
+              if g[2] in _WRITES}  # fmt: skip
+    assert writes, "the node agent writes something"
+    uncovered = {w for w in writes if (w[0], w[1]) not in _NOT_NODE_BOUND and not _covers(rules, *w)}
+    assert uncovered == set(), "a write of the node agent's RBAC that the own-node policy does not judge"
+
+
+def test_without_the_node_agent_there_is_no_own_node_policy() -> None:
+    assert "ValidatingAdmissionPolicy" not in kinds({"node": {"enabled": False}})
+
+
+@pytest.mark.parametrize("overlay", ["node", "node-hook-server", "node-colocation"])
+def test_each_node_overlay_ships_the_charts_own_node_policy(overlay: str) -> None:
+    chart = one(EVERYTHING, "ValidatingAdmissionPolicy", f"{FULL}-node-own-node")
+    (theirs,) = [d for d in render(overlay) if d["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [d for d in render(overlay) if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": theirs["metadata"]["name"], "validationActions": ["Deny"]}
+    for key in ("failurePolicy", "matchConstraints", "variables", "validations"):
+        assert theirs["spec"][key] == chart["spec"][key], key
+    (condition,) = theirs["spec"]["matchConditions"]
+    assert ":runtime-hook-proxy-node" in condition["expression"]

@@ -18,8 +18,9 @@ from the real API server; Koordinator's four PriorityClasses are installed; an L
 ``schedulerName`` = ours is bound by our extender and its container's ``cpuset.cpus`` is the CPU
 the extender wrote;
 ``helm upgrade`` rolls the scheduler with a new value and keeps the signing key; ``helm uninstall``
-leaves no object with the release's label, none of the chart's CRDs, no Lease in the release
-namespace (the post-delete hook), and nothing new on the host paths the chart mounts.
+leaves no object with the release's label but the chart's CRDs (kept, with their objects:
+helm.sh/resource-policy keep), no Lease in the release namespace (the post-delete hook), and
+nothing new on the host paths the chart mounts.
 
 Signed allocations (issue 37 items 1 and 2): the extender makes its signing key Secret and the
 public-key ConfigMap itself (no release label); the node agent loads the public key from the
@@ -111,6 +112,8 @@ def nri_node(stack: Stack, tmp_path: Path) -> Iterator[Stack]:
         yield stack
     finally:
         stack.kubelet_on_proxy()
+        # helm uninstall keeps the chart's CRDs; the session had only the NRT's, which goes back.
+        cluster.kubectl("delete", "crd", "--ignore-not-found", "--wait=true", *_crd_names(), check=False)
         cluster.apply(NRT_CRD.read_text())
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                         "crd/noderesourcetopologies.topology.node.k8s.io")  # fmt: skip
@@ -335,7 +338,7 @@ def test_the_chart_installs_schedules_an_lsr_pod_on_its_cpus_upgrades_and_uninst
     helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(values_file), "--wait", "--timeout", "8m")
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                     "crd/noderesourcetopologies.topology.node.k8s.io")  # fmt: skip
-    cluster.apply(node_topology())  # the CRDs went with the release, and the NRT with them
+    cluster.apply(node_topology())  # kept with its CRD through the uninstall; the same again
     cluster.wait_for(lambda: [p for p in _pods(stack, "scheduler") if _ready(p)], what="the scheduler pod ready",
                      timeout=180)  # fmt: skip
     cluster.wait_for(lambda: http_get(f"{health}/readyz")[0] == 200, what="the extender's /readyz", timeout=120)
@@ -355,18 +358,21 @@ def test_the_chart_installs_schedules_an_lsr_pod_on_its_cpus_upgrades_and_uninst
     for name in ("lsr", "second"):
         cluster.kubectl("delete", "pod", "-n", ns, name, "--wait=true", "--timeout=120s")
 
-    # ---- uninstall leaves nothing behind but the keys -------------------------------------------
+    # ---- uninstall leaves nothing behind but the keys and the CRDs ------------------------------
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
     _gone(stack, crds, host_paths, before)
 
 
 def _gone(stack: Stack, crds: set[str], host_paths: list[str], before: dict[str, list[str] | None]) -> None:
-    """After uninstall: no object with the release's label, none of its CRDs or pods, nothing new
-    on the host, and in the namespace only what Kubernetes keeps there and the extender's keys."""
+    """After uninstall: no object with the release's label but its CRDs (kept, helm.sh/resource-policy
+    keep), none of its pods, nothing new on the host, and in the namespace only what Kubernetes keeps
+    there and the extender's keys."""
     cluster = stack.cluster
-    cluster.wait_for(lambda: not _labelled(stack) or None, what="no object with the release's label", timeout=120)
+    cluster.wait_for(lambda: all(line.startswith("customresourcedefinition") for line in _labelled(stack)) or None,
+                     what="no object with the release's label but its kept CRDs", timeout=120)  # fmt: skip
     for name in crds:
-        assert cluster.get_json("crd", name) is None, f"CRD {name} left behind"
+        live = cluster.get_json("crd", name)
+        assert live is not None and live["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep", name
     cluster.wait_for(lambda: (not _pods(stack, "node") and not _pods(stack, "scheduler")
                               and not _pods(stack, "manager")) or None,
                      what="the release's pods gone", timeout=120)  # fmt: skip

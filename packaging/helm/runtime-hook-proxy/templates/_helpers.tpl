@@ -73,7 +73,7 @@ imagePullSecrets:
 {{- $config := dict "plugins" $plugins "defaultPolicy" $v.defaultPolicy "defaultTimeout" $v.defaultTimeout
       "hookServerTimeout" $v.hookServerTimeout "cgroupRoot" $v.cgroupRoot "fromCluster" true -}}
 {{- if $v.eviction.enabled -}}
-{{- $_ := set $config "usageLoop" (dict "evictBy" "api") -}}
+{{- $_ := set $config "usageLoop" (dict "evictBy" $v.eviction.by) -}}
 {{- end -}}
 {{- if include "rhp.reportOn" . -}}
 {{- $_ := set $config "report" (dict "enable" true "kubeletConfigFile" $v.report.kubeletConfigFile
