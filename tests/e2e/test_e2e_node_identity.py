@@ -19,6 +19,8 @@ of node A goes; an Eviction is not granted at all; a token bound to the Node obj
 install's identity) is held to that node the same way; a token without a node writes nothing. Then
 ``helm upgrade --set crds.install=false`` keeps every CRD and the objects in them, a release
 whose CRDs lack the keep policy is refused with the reason, and ``helm uninstall`` keeps them.
+The kustomize node overlay's copy of the policy, applied as ``kubectl kustomize`` renders it,
+holds its ServiceAccount the same way.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ class Client:
         self.custom = client.CustomObjectsApi(self.api)
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> tuple[int, str]:
-        """(HTTP status, message) of one call."""
+        """(HTTP status, message) of one call; (200, "") when it succeeded."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -308,3 +310,33 @@ def test_a_node_agent_token_writes_only_its_own_nodes_objects_and_crds_survive_u
     assert cluster.get_json("validatingadmissionpolicy", POLICY) is None
     history = json.loads(api.helm("list", "-A", "-o", "json").stdout)
     assert history == []
+
+
+def test_the_kustomize_overlays_policy_holds_their_node_agent_to_its_node(api: Api) -> None:
+    """packaging/kustomize's copy of the policy (as ``kubectl kustomize`` renders the node
+    overlay, namespace and all) holds the overlays' ServiceAccount the same way."""
+    cluster = api.cluster
+    for name in ("node-a", "node-b"):
+        cluster.apply(_node(name))
+    rendered = cluster.kubectl("kustomize", str(REPO / "packaging" / "kustomize" / "overlays" / "node")).stdout
+    wanted = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ServiceAccount", "ClusterRole",
+              "ClusterRoleBinding")  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in wanted]
+    cluster.apply(*docs)
+    cluster.kubectl("create", "namespace", "kustomized", check=False)
+    cluster.wait_for(lambda: cluster.get_json("serviceaccount", "default", namespace="kustomized"),
+                     what="the default ServiceAccount", timeout=120)  # fmt: skip
+    cluster.apply(_pod("agent-a", "kube-system", "node-a", "runtime-hook-proxy-node"))
+    token = cluster.kubectl("create", "token", "runtime-hook-proxy-node", "-n", "kube-system", "--bound-object-kind",
+                            "Pod", "--bound-object-name", "agent-a", "--duration", "10m").stdout.strip()  # fmt: skip
+    agent = Client(cluster, token)
+
+    def event(name: str, host: str) -> tuple[int, str]:
+        body = _event(name, host, {"kind": "Pod", "namespace": "kustomized", "name": "p"})
+        return agent.call(agent.core.create_namespaced_event, "kustomized", body)
+
+    def refused(got: tuple[int, str]) -> bool:
+        return got[0] in (403, 422) and "runtime-hook-proxy-node-own-node" in got[1]
+
+    cluster.wait_for(lambda: refused(event("forged", "node-b")), what="the kustomize policy in force", timeout=120)
+    assert event("own", "node-a")[0] == 200
