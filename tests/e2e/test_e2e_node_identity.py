@@ -106,8 +106,9 @@ def _pod(name: str, namespace: str, node: str, service_account: str = "default")
 
 
 def _values() -> dict[str, Any]:
+    # Only the node agent's parts (no kubelet runs any pod here: no manager, webhook or hook Job).
     return {"image": {"registry": "", "pullPolicy": "Never"},
-            "scheduler": {"enabled": False},
+            "scheduler": {"enabled": False}, "manager": {"enabled": False}, "leaseCleanup": {"enabled": False},
             "node": {"report": {"enabled": True}, "nodeSelector": {"rhp-e2e/no-such-node": "none"}}}  # fmt: skip
 
 
