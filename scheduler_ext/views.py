@@ -247,6 +247,7 @@ def restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation],
     unmatched_used: dict[int, dict[str, int]] = {}
     matched_whole: dict[int, dict[str, int]] = {}
     tries: list[NodeReservation] = []
+    plain_match = False  # a matched reservation that reserved nothing this allocates
     for nr in ns.reserved:
         if not nr.r.active or not nr.r.available or (nr.r.allocate_once and nr.assigned):
             continue
@@ -254,6 +255,8 @@ def restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation],
             if nr.restorable:
                 tries.append(nr)
                 _plus(matched_whole, nr.numa)
+            else:
+                plain_match = True
         elif nr.assigned and nr.restorable:
             _plus(unmatched_used, nr.used)
     if not tries and not unmatched_used:
@@ -284,7 +287,10 @@ def restore(ns: NodeState, facts: NodeFacts, matched: Sequence[NodeReservation],
     hint_reusable = {n: dict(a) for n, a in unmatched_used.items()}
     _plus(hint_reusable, matched_whole)
     hint_view = restored(facts, free=facts.free | extra_all, reusable=hint_reusable)
-    restore = Restore(tuple(views[nr.r.uid] for nr in tries), node_view, hint_view, required)
+    # A pod that requires a reservation is placed outside the restorable ones when it matched one
+    # that reserved no cpuset or NUMA amounts: bind can nominate that one and take the node's CPUs
+    # (place_on), so filter falls back to the node too (filter passes exactly when bind allocates).
+    restore = Restore(tuple(views[nr.r.uid] for nr in tries), node_view, hint_view, required and not plain_match)
     return Restored(restore, views)
 
 

@@ -254,3 +254,16 @@ def test_bind_nominates_a_reservation_the_pod_fits_in() -> None:
     assert _check_one(state, obj)
     placement = state.nodes["n"].allocs[obj["metadata"]["uid"]]
     assert (placement.cpus, placement.reservation) == (frozenset({0}), "uid-r1")
+
+
+def test_a_required_pod_matching_a_reservation_that_reserved_no_cpus_passes_as_bind_places_it() -> None:
+    """Found by the property above: a pod with a reservation affinity matches r0 (reserves no CPU)
+    and r1 (Restricted, one CPU); it asks for 2 CPUs. Bind nominates r0 and takes the node's CPUs,
+    so filter must not refuse it for r1 alone (it did: "Reservation(s) not enough cpus")."""
+    topo, text = machine((1, 1, 2, 2))
+    spec = Node("", "", "", None, (Resv(0, "", ""), Resv(1, keys.RESERVATION_ALLOCATE_POLICY_RESTRICTED, "")))
+    state = _state(topo, text, spec, frozenset())
+    obj = Ask(2, False, keys.BIND_POLICY_FULL_PCPUS, False, "", keys.EXCLUSIVE_POLICY_NONE, 0, True, "{}").pod("p")
+    assert _check_one(state, obj)
+    placement = state.nodes["n"].allocs[obj["metadata"]["uid"]]
+    assert len(placement.cpus) == 2 and placement.reservation == "uid-r0"
