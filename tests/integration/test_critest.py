@@ -281,6 +281,13 @@ def test_critest_same_through_proxy(critest: Path, version: str, transport: str,
         again_proxied = run_critest(critest, version, tmp_path / "proxied-again", transport, focus=names)
         diff = differences({n: again_direct.outcomes.get(n, "absent") for n in names},
                            {n: again_proxied.outcomes.get(n, "absent") for n in names})
+        # A spec that ended differently in the two direct runs is unstable without the proxy (the
+        # OOM spec's reason, OOMKilled or Error, on a loaded machine): it says nothing of the proxy.
+        unstable = {n for n in diff if direct.outcomes.get(n, "absent") != again_direct.outcomes.get(n, "absent")}
+        if unstable:
+            warnings.warn(f"critest {transport}, containerd {version}: specs unstable without the proxy "
+                          f"(not compared): {sorted(unstable)}; logs under {tmp_path}", stacklevel=1)
+            diff = {n: v for n, v in diff.items() if n not in unstable}
         failures = {name: (again_direct.messages.get(name, ""), again_proxied.messages.get(name, ""))
                     for name in diff}
         if not diff:
