@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
@@ -72,15 +72,23 @@ class Api:
         return proc
 
 
+def _unavailable(reason: str, switch: str) -> NoReturn:
+    """Skip, or fail when scripts/test.sh requires the part (as the rest of tests/e2e does)."""
+    if os.environ.get(switch, "") not in ("", "0"):
+        pytest.fail(f"{reason} ({switch} is set)")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def api() -> Iterator[Api]:
     if os.geteuid() != 0:
         pytest.skip("needs root (the cluster's route and processes)")
     if kube_binary() is None:
-        pytest.skip("the kube binary is missing: run scripts/build-kube.sh (scripts/install-deps.sh does)")
+        _unavailable("the kube binary is missing: run scripts/build-kube.sh (scripts/install-deps.sh does)",
+                     "RHP_REQUIRE_KUBE")
     helm = helm_binary()
     if helm is None:
-        pytest.skip("helm is not built: run scripts/build-helm.sh (scripts/install-deps.sh does)")
+        _unavailable("helm is not built: run scripts/build-helm.sh (scripts/install-deps.sh does)", "RHP_REQUIRE_HELM")
     work = Path(tempfile.mkdtemp(prefix="rhp-e2e-identity-", dir="/tmp"))
     try:
         # API-only nodes: no not-ready taint, and no node lifecycle evicting their pods.
