@@ -33,7 +33,7 @@ from rhp_kube.errors import APIError, ConflictError, GoneError, NotFoundError, T
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, Configuration
 
-__all__ = ["JSON_TYPE", "MAX_REPLY_BYTES", "MERGE_PATCH", "KubeHTTP", "seg", "status_error"]
+__all__ = ["JSON_TYPE", "MAX_REPLY_BYTES", "MERGE_PATCH", "KubeHTTP", "seg", "status_error", "watch_transport"]
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_TYPE = "application/json"
@@ -209,3 +209,12 @@ class KubeHTTP:
                 resp.release()  # the connection goes back to the pool
             else:
                 resp.close()  # unread data on it: never reused
+
+
+def watch_transport(api_client: ApiClient | None, kubeconfig: str | None) -> KubeHTTP:
+    """The transport of a long-running watch (no total timeout: the watch has its read
+    deadline): over ``api_client`` when given, else over the process's credentials for
+    ``kubeconfig`` (``credentials.load`` keeps them)."""
+    from rhp_kube import credentials
+
+    return KubeHTTP(api_client if api_client is not None else credentials.load(kubeconfig), timeout=None)

@@ -286,12 +286,9 @@ class ClusterWatch:
             self._on_change()
 
     def _http(self) -> Any:  # Any: rhp_kube.http.KubeHTTP
-        from rhp_kube import credentials
-        from rhp_kube.http import KubeHTTP
+        from rhp_kube.http import watch_transport
 
-        if self._api_client is None:
-            self._api_client = credentials.load(self._kubeconfig)
-        return KubeHTTP(self._api_client, timeout=None)
+        return watch_transport(self._api_client, self._kubeconfig)
 
     def start(self, on_change: Callable[[], None]) -> None:
         """Start the watch thread; ``on_change`` is called from it after the objects changed."""

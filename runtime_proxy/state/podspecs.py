@@ -260,12 +260,9 @@ class ClusterPods:
             self._on_change()
 
     def _http(self) -> Any:  # Any: rhp_kube.http.KubeHTTP
-        from rhp_kube import credentials
-        from rhp_kube.http import KubeHTTP
+        from rhp_kube.http import watch_transport
 
-        if self._api_client is None:
-            self._api_client = credentials.load(self._kubeconfig)
-        return KubeHTTP(self._api_client, timeout=None)
+        return watch_transport(self._api_client, self._kubeconfig)
 
     def start_thread(self, on_change: Callable[[], None]) -> None:
         """Start the watch's thread; ``on_change`` is called from it when a pod's batch resources
