@@ -386,6 +386,12 @@ class Plan:
             or self.evictions
         )
 
+    def files(self, writes: Iterable[CgroupWrite] | None = None) -> Plan:
+        """The file part of the plan, the only part the applier performs: its writes (or
+        ``writes`` instead of them), task moves and removals, in fresh lists."""
+        return Plan(writes=list(self.writes if writes is None else writes), moves=list(self.moves),
+                    removals=list(self.removals))
+
     def cri_json(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {}
         if self.resources:

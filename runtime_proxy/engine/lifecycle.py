@@ -317,7 +317,7 @@ class Lifecycle:
         failure is logged and costs only this plan (the applier restored what it changed)."""
         if self.applier is None:
             return
-        files = Plan(writes=list(plan.writes), moves=list(plan.moves), removals=list(plan.removals))
+        files = plan.files()
         if files.is_empty():
             return
         try:

@@ -115,7 +115,7 @@ class HookService:
             log.info("writes without a container or sandbox id dropped", stage=stage,
                      writes=[w.to_json() for w in incomplete])
             writes = [w for w in writes if not _needs_id(w)]
-        files = Plan(writes=writes, moves=plan.moves, removals=plan.removals)
+        files = plan.files(writes)
         if files.is_empty():
             return
         if self.core.applier is None:

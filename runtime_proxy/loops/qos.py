@@ -272,7 +272,7 @@ class UsageLoop:
         """``plan`` without the writes the write cache says are already in place."""
         self._written = {k: v for k, v in self._written.items() if now - v[1] < WRITE_CACHE_SECONDS}
         writes = [w for w in plan.writes if self._written.get(w.key, ("", 0.0))[0] != w.value]
-        return Plan(writes=writes, moves=plan.moves, removals=plan.removals)
+        return plan.files(writes)
 
     def _apply(self, plan: Plan, now: float, carried: bool) -> ApplyReport:
         """The plan's writes through the applier (``carried``: they are made, not compared)."""

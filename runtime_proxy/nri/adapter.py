@@ -246,10 +246,6 @@ def stopped_sandboxes(pods: list[nri_pb2.PodSandbox], containers: list[nri_pb2.C
     return [pod.id for pod in pods if not pod.pid and pod.id not in running]
 
 
-def _files_only(plan: Plan) -> Plan:
-    return Plan(writes=list(plan.writes), moves=list(plan.moves), removals=list(plan.removals))
-
-
 def _log_failure(task: asyncio.Future[object]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("reconcile before a reply failed", error=str(task.exception()))
@@ -582,7 +578,7 @@ class NriEngine(LifecycleDoor):
             log.info("plan fields NRI cannot carry at create; dropped", fields=skipped, container=container.id)
         if adjust.ListFields():
             reply.adjust.CopyFrom(adjust)
-        files = _files_only(plan)
+        files = plan.files()
         if not files.is_empty():
             self._deferred[container.id] = files
             while len(self._deferred) > MAX_DEFERRED:

@@ -136,3 +136,17 @@ def test_resource_changes_read_as_a_mapping_of_the_changed_fields_in_proto_order
 def test_a_plan_made_with_a_plain_resource_mapping_holds_resource_changes() -> None:
     plan = Plan(resources={"cpu_quota": -1})  # type: ignore[arg-type]
     assert isinstance(plan.resources, ResourceChanges) and plan.resources.cpu_quota == -1
+
+
+def test_the_file_part_of_a_plan_is_its_writes_moves_and_removals_alone() -> None:
+    plan = (Plan().set_resource("cpu_shares", 2).set_env("A", "1").set_annotation("a", "b")
+            .write("pod", "kubepods/pod1", "cpu.shares", 2).move_tasks("container", "c/", "g").remove("resctrl", "g")
+            .evict("u", "ns", "n", "BECPUEvict", "why").skip("nothing"))
+    files = plan.files()
+    assert files.to_json() == {"cri": {}, "writes": [w.to_json() for w in plan.writes],
+                               "moves": [m.to_json() for m in plan.moves],
+                               "removals": [r.to_json() for r in plan.removals], "skipped": []}
+    assert files.writes is not plan.writes and files.moves is not plan.moves
+    other = [CgroupWrite("pod", "kubepods/pod2", "cpu.shares", "4")]
+    assert plan.files(other).writes == other and plan.files(other).moves == plan.moves
+    assert plan.files([]).writes == [] and not Plan().files().writes
