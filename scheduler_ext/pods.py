@@ -140,6 +140,7 @@ class PodRequest:
             self.qos,
             self.priority_class,
             self.cpu_milli,
+            self.memory,  # NUMA zones and the node's allocatable count memory
             self.bind_policy,
             self.bind_required,
             self.exclusive_policy,

@@ -806,3 +806,18 @@ async def _post(app: Any, path: str, body: Mapping[str, Any]) -> Any:
     await app(scope, receive, send)
     assert sent[0]["status"] == 200, sent[1]["body"]
     return orjson.loads(sent[1]["body"])
+
+
+def test_a_pod_asking_more_memory_is_not_judged_by_the_memo_of_one_asking_less() -> None:
+    """Found by ``test_verbs_never_book_a_numa_zone_past_its_allocatable``: the verdict memo's key
+    (``PodRequest.key``) left out the memory request, so an LS pod asking 2 GiB on a node whose one
+    NUMA zone holds 1 GiB reused the "fits" of an earlier pod asking none, passed filter and then
+    failed bind ("Unsatisfied NUMA cpu; Unsatisfied NUMA memory")."""
+    topo, text = machine((1, 1, 1, 1))
+    zones, _ = _zones(topo, [2, 1, 1, 1], [1, 1, 1, 1])
+    cluster = _cluster(text, zones=zones)
+    small = Op(1, True, "FullPCPUs", False, "SingleNUMANode", "NUMANodeLevel", 0)
+    large = Op(1, True, "FullPCPUs", False, "SingleNUMANode", "NUMANodeLevel", 2)
+    outcomes: list[dict[str, Any]] = []
+    run(cluster, [small.pod(0), large.pod(1)], lambda obj, before, got: outcomes.append(obj))
+    assert [o["metadata"]["name"] for o in outcomes] == ["p0"]  # p1 is refused by filter, as bind would
