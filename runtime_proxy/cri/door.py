@@ -28,7 +28,7 @@ pools moved, so the reconciler gives the running LS containers the CPUs back.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -36,12 +36,13 @@ from google.protobuf.message import Message
 
 from cri_protos import api_pb2
 from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources
-from hooks.plan import CgroupWrite, Plan, ResourceChanges
+from hooks.plan import Plan, ResourceChanges
 from rhp_kube.events import EventSink
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
 from runtime_proxy.engine.lifecycle import Lifecycle, LifecycleDoor, NodeSource, StageRejected
+from runtime_proxy.engine.pending import complete
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot
@@ -284,7 +285,7 @@ class CriInterceptor(LifecycleDoor):
         self.store.add_container(msg.pod_sandbox_id, container)
         pod = self.store.pod(msg.pod_sandbox_id)
         if result is not None:
-            await self.core.apply(_bind_container_id(result.plan, container_id), "PreCreateContainer")
+            await self.core.apply(complete(result.plan, container_id, "PreCreateContainer"), "PreCreateContainer")
         await self._post("PostCreateContainer", pod, container)
 
     async def _container_stage(self, stage: str, container_id: str) -> StageResult | None:
@@ -435,16 +436,3 @@ def _overlay_update(container: ContainerFacts, linux: api_pb2.LinuxContainerReso
         changes["hugepage_limits"] = [{"page_size": p, "limit": v} for p, v in incoming.hugepage_limits]
     return container.resources.with_changes(changes) if changes else container.resources
 
-
-def _bind_container_id(plan: Plan, container_id: str) -> Plan:
-    """Container-level writes planned before the container existed have a path ending in "/"
-    (the id was empty); give them the id the runtime returned."""
-    if not any(w.level in ("container",) and (w.path.endswith("/") or not w.path) for w in plan.writes):
-        return plan
-    writes = [
-        CgroupWrite(w.level, w.path + container_id, w.file, w.value)
-        if w.level == "container" and (w.path.endswith("/") or not w.path)
-        else w
-        for w in plan.writes
-    ]
-    return replace(plan, writes=writes)

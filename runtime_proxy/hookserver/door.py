@@ -14,22 +14,23 @@ The plan's file part (cgroup and resctrl writes, task moves, removals) is applie
 the core, because the calling proxy only applies what the protocol carries. Writes with a
 complete path are applied before answering. Container-level writes of ``PreCreateContainer``
 whose path still lacks the container id are kept and applied at the ``PreStartContainer`` hook of
-the same container (pod uid, name, attempt), which Koordinator's proxy sends with the id.
+the same container (pod uid, name, attempt), which Koordinator's proxy sends with the id, under
+the one rule of ``runtime_proxy.engine.pending``.
 Without an applier (``--no-apply``) the file part is logged and left to the caller.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import structlog
 
 from cri_protos import hookserver_pb2 as hs
 from hooks.facts import ContainerFacts, PodFacts
-from hooks.plan import CgroupWrite, Plan
+from hooks.plan import Plan
 from rhp_kube.events import EventSink
 from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
+from runtime_proxy.engine.pending import Pending, complete, lacks_id
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.remote import (
     POD_HOOKS,
@@ -47,18 +48,8 @@ log = structlog.get_logger(__name__)
 
 __all__ = ["HookService"]
 
-_PENDING_LIMIT = 1024
-
 HookRequest = hs.PodSandboxHookRequest | hs.ContainerResourceHookRequest
 HookResponse = hs.PodSandboxHookResponse | hs.ContainerResourceHookResponse
-
-
-def _bind_container_id(writes: list[CgroupWrite], container_id: str) -> list[CgroupWrite]:
-    return [CgroupWrite(w.level, w.path + container_id, w.file, w.value) for w in writes]
-
-
-def _needs_id(w: CgroupWrite) -> bool:
-    return w.level in ("container", "sandbox") and (not w.path or w.path.endswith("/"))
 
 
 class HookService:
@@ -69,7 +60,7 @@ class HookService:
         self.core = Lifecycle(pipeline, node_source=node_source, applier=applier, where="hook-server",
                               stateless=True, events=events)
         # Container-level writes waiting for the container id: (pod uid, name, attempt) -> writes.
-        self._pending: OrderedDict[tuple[str, str, int], list[CgroupWrite]] = OrderedDict()
+        self._pending: Pending[tuple[str, str, int]] = Pending()
 
     async def handle(
         self, stage: str, request: HookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
@@ -79,13 +70,16 @@ class HookService:
         if stage not in POD_HOOKS and isinstance(request, hs.ContainerResourceHookRequest):
             container = container_facts_from_request(request)
         try:
-            result = self.core.carries(await self.core.run(stage, pod, container), stage)
+            ran = await self.core.run(stage, pod, container)
+            result = self.core.carries(ran, stage)
         except StageRejected as refused:
             import grpc  # loaded by ``serve`` (the CLI builds its parser without the library)
 
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused.message("runtime-hook-proxy hook server"))
             raise AssertionError("unreachable") from None
         if result is None:
+            if ran is None:  # no hook ran (none has work): writes held for this container still go
+                await self._files(stage, pod, container, Plan())
             return self._answer(pod, container, Plan())
         await self._files(stage, pod, container, result.plan)
         return self._answer(result.pod, result.container, result.plan)
@@ -99,23 +93,17 @@ class HookService:
 
     async def _files(self, stage: str, pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> None:
         writes = list(plan.writes)
+        container_id = ""
         if container is not None:
-            key = (pod.uid, container.name, container.attempt)
+            key, container_id = (pod.uid, container.name, container.attempt), container.id
             if stage == "PreCreateContainer":
-                later = [w for w in writes if _needs_id(w)]
-                if later:
-                    self._pending[key] = later
-                    while len(self._pending) > _PENDING_LIMIT:
-                        self._pending.popitem(last=False)
-                    writes = [w for w in writes if not _needs_id(w)]
-            elif container.id and key in self._pending and stage in ("PreStartContainer", "PostStartContainer"):
-                writes = _bind_container_id(self._pending.pop(key), container.id) + writes
-        incomplete = [w for w in writes if _needs_id(w)]
-        if incomplete:
-            log.info("writes without a container or sandbox id dropped", stage=stage,
-                     writes=[w.to_json() for w in incomplete])
-            writes = [w for w in writes if not _needs_id(w)]
-        files = plan.files(writes)
+                self._pending.hold(key, Plan(writes=[w for w in writes if w.level == "container" and lacks_id(w)]))
+                writes = [w for w in writes if not (w.level == "container" and lacks_id(w))]
+            elif container.id and stage in ("PreStartContainer", "PostStartContainer"):
+                held = self._pending.take(key, container.id)
+                if held is not None:
+                    writes = held.writes + writes
+        files = complete(plan.files(writes), container_id, stage)
         if files.is_empty():
             return
         if self.core.applier is None:

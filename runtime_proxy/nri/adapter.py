@@ -75,6 +75,7 @@ from hooks.plan import Plan, PlanError, ResourceChanges
 from rhp_kube.events import EventSink
 from runtime_proxy import metrics
 from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, NodeSource, StageRejected, call_scope
+from runtime_proxy.engine.pending import Pending
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
@@ -298,7 +299,7 @@ class NriEngine(LifecycleDoor):
         self._worker: asyncio.Task[None] | None = None
         self._wanted: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
-        self._deferred: OrderedDict[str, Plan] = OrderedDict()
+        self._deferred: Pending[str] = Pending()
         self.runtime = ""
         # Called after an event changed the store with "did the bound cpusets (the share pools'
         # input) change?", so the reconciler pushes new pools to running containers at once.
@@ -578,12 +579,7 @@ class NriEngine(LifecycleDoor):
             log.info("plan fields NRI cannot carry at create; dropped", fields=skipped, container=container.id)
         if adjust.ListFields():
             reply.adjust.CopyFrom(adjust)
-        files = plan.files()
-        if not files.is_empty():
-            self._deferred[container.id] = files
-            while len(self._deferred) > MAX_DEFERRED:
-                dropped, _ = self._deferred.popitem(last=False)
-                log.warning("deferred container writes dropped (too many pending)", container=dropped)
+        self._deferred.hold(container.id, plan.files())
         return reply
 
     @_refusals_as_rpc_errors
@@ -687,12 +683,12 @@ class NriEngine(LifecycleDoor):
         elif event == E.POST_CREATE_CONTAINER:
             await core.stage_and_apply("PostCreateContainer", pod_f, container_f)
         elif event == E.START_CONTAINER:
-            deferred = self._deferred.pop(container_f.id, None)
+            deferred = self._deferred.take(container_f.id, container_f.id)
             if deferred is not None:
                 await core.apply(deferred, "PreCreateContainer")
             await core.stage_and_apply("PreStartContainer", pod_f, container_f)
         elif event == E.POST_START_CONTAINER:
-            deferred = self._deferred.pop(container_f.id, None)
+            deferred = self._deferred.take(container_f.id, container_f.id)
             if deferred is not None:
                 await core.apply(deferred, "PreCreateContainer")
             await core.stage_and_apply("PostStartContainer", pod_f, container_f)
@@ -702,6 +698,6 @@ class NriEngine(LifecycleDoor):
             self.store.stop_container(container_f.id)
             await core.stage_and_apply("PostStopContainer", pod_f, container_f)
         elif event == E.REMOVE_CONTAINER:
-            self._deferred.pop(container_f.id, None)
+            self._deferred.drop(container_f.id)
             self.store.drop_container(container_f.id)
             await core.stage_and_apply("PostRemoveContainer", pod_f, container_f)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hooks.plan import CgroupWrite, Eviction, Plan, Record
-from runtime_proxy.cri.door import _bind_container_id
+from runtime_proxy.engine.pending import complete
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ def test_binding_the_container_id_keeps_every_other_part_of_the_plan() -> None:
         records=[_Note("kept")],
         envs={"A": "1"},
     )
-    bound = _bind_container_id(plan, "c0ffee")
+    bound = complete(plan, "c0ffee", "PreCreateContainer")
     assert [w.path for w in bound.writes] == ["kubepods/pod1/c0ffee", "kubepods/pod1"]
     assert bound.evictions == [eviction]
     assert bound.records == [_Note("kept")]
