@@ -490,7 +490,8 @@ def _serve(args: argparse.Namespace) -> int:
     binder = Binder(state, bind_api, cfg, ledger)
     requeuer = None
     if args.topology_requeue_rate > 0:
-        requeuer = Requeuer(bind_api, state.with_topology, rate=args.topology_requeue_rate)
+        requeuer = Requeuer(bind_api, state.with_topology, rate=args.topology_requeue_rate,
+                            fresh=lambda: not state.stale_kinds())
     app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes, requeuer=requeuer,
                      liveness=watches.liveness)
     log.info("serving", listen=args.listen, ha_ledger=bool(ledger), load_aware=state.load_args is not None,
@@ -605,9 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
     public_keys(serve)
     trusted_schedulers(serve)
     serve.add_argument("--topology-requeue-rate", type=float, default=20.0, metavar="PODS_PER_SECOND",
-                       help="at most this many pods a second refused for a node's missing CPU topology get the "
-                            "annotation that makes kube-scheduler retry them once the topology appears "
-                            "(default %(default)s; 0 turns it off)")
+                       help="at most this many pods a second refused for a node's missing CPU topology (or while "
+                            "the cache was stale) get the annotation that makes kube-scheduler retry them once "
+                            "the topology appears (or the cache is fresh) (default %(default)s; 0 turns it off)")
     serve.add_argument("--api-timeout", type=float, default=5.0, metavar="SECONDS",
                        help="limit of each API call a bind makes (default %(default)s); a call that "
                             "runs out fails the bind, which is rolled back")

@@ -1,4 +1,5 @@
-"""Make kube-scheduler retry the pods the extender refused for a node's missing CPU topology.
+"""Make kube-scheduler retry the pods the extender refused for a node's missing CPU topology,
+or while its caches were stale.
 
 kube-scheduler watches no custom resource, so a pod refused with "node(s) invalid CPU
 Topology" before its node's NodeResourceTopology existed stays in its unschedulable pool until
@@ -14,6 +15,14 @@ waiting for it gets one merge patch of :data:`REQUEUE_ANNOTATION` (guarded by th
 resourceVersion it just read; only a pod that is still unbound and still the same pod), at most
 ``rate`` patches a second. The annotation is the extender's (any replica); it carries the node
 and the time and means nothing else.
+
+The same goes for a pod filter refused while a kind of the extender's cache was stale or not
+yet listed (``ClusterState.stale_kinds``, as after an API server outage): the refusal may have
+come from what the cache no longer knows (a pod deleted meanwhile still holding its CPUs), and
+nothing kube-scheduler watches changes when the cache catches up. Such a pod waits under the
+pseudo-node :data:`STALE_CACHE` until ``fresh()`` says no kind is stale, then gets the same
+patch, so it is retried within a second of the recovery instead of at the next unrelated
+cluster event or the 5 minute flush.
 
 Fair per namespace: one tenant's many pending pods must not delay everyone's. The waiting list
 bounds each namespace (``per_namespace`` pairs) and, when it is full, makes room for a namespace
@@ -36,24 +45,31 @@ from prometheus_client import Counter, Gauge
 
 from scheduler_ext.errors import APIError, ConflictError, NotFoundError
 
-__all__ = ["REQUEUE_ANNOTATION", "FairQueue", "Requeuer", "TopologyWaiters", "Waiter"]
+__all__ = ["REQUEUE_ANNOTATION", "STALE_CACHE", "FairQueue", "Requeuer", "TopologyWaiters", "Waiter"]
 
 log = structlog.get_logger("scheduler_ext.requeue")
 
 REQUEUE_ANNOTATION = "scheduler-ext.runtime-hook-proxy.io/topology-requeue"
 """Written by the extender on a pending pod it refused for a node's missing CPU topology, once
-that node has one: ``<node> <unix milliseconds>``. Its only purpose is to be a change."""
+that node has one (``<node> <unix milliseconds>``), or while its cache was stale, once it is
+fresh again (``(stale cache) <unix milliseconds>``). Its only purpose is to be a change."""
+
+STALE_CACHE = "(stale cache)"
+"""The pseudo-node a pod refused while the cache was stale waits for (no node is named so: a
+node name is a DNS subdomain)."""
 
 REQUEUES = Counter(
     "scheduler_ext_topology_requeues_total",
-    "Pending pods refused for a node's missing CPU topology, by what happened once the node had "
-    "one: patched (kube-scheduler retries it), bound, gone, conflict (changed meanwhile, so "
-    "retried anyway), error, dropped (over the waiting or queue bound)",
+    "Pending pods refused for a node's missing CPU topology (or while the cache was stale), by "
+    "what happened once the node had one (or the cache was fresh): patched (kube-scheduler "
+    "retries it), bound, gone, conflict (changed meanwhile, so retried anyway), error, dropped "
+    "(over the waiting or queue bound)",
     ["result"],
 )
 WAITING = Gauge(
     "scheduler_ext_topology_waiters",
-    "Pending pods the extender refused for a node's missing CPU topology and will requeue",
+    "Pending pods the extender refused for a node's missing CPU topology (or while its cache "
+    "was stale) and will requeue",
 )
 
 MAX_WAITERS = 10_000
@@ -255,7 +271,8 @@ class PodAPI(Protocol):
 class Requeuer:
     """The imperative shell around :class:`TopologyWaiters` (see the module docstring).
 
-    ``has_topology(nodes)`` returns those of ``nodes`` the cache has a CPU topology for now.
+    ``has_topology(nodes)`` returns those of ``nodes`` the cache has a CPU topology for now;
+    ``fresh()`` whether no kind of the cache is stale now (``None``: always).
     """
 
     def __init__(
@@ -268,9 +285,11 @@ class Requeuer:
         queue_limit: int = MAX_WAITERS,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        fresh: Callable[[], bool] | None = None,
     ) -> None:
         self.api = api
         self.has_topology = has_topology
+        self.fresh = fresh
         self.rate, self.interval = rate, interval
         self.waiters = TopologyWaiters()
         self.queue = FairQueue(queue_limit)
@@ -278,7 +297,8 @@ class Requeuer:
         self._task: asyncio.Task[None] | None = None
 
     def refused(self, pod: Mapping[str, Any], nodes: list[str]) -> None:
-        """Filter refused ``pod`` (its JSON) on ``nodes`` for their missing topology."""
+        """Filter refused ``pod`` (its JSON) on ``nodes`` for their missing topology (or, with
+        ``[STALE_CACHE]``, while the cache was stale: :meth:`refused_while_stale`)."""
         if not nodes:
             return
         meta = pod.get("metadata")
@@ -294,6 +314,10 @@ class Requeuer:
             REQUEUES.labels("dropped").inc(dropped)
         WAITING.set(len(self.waiters))
 
+    def refused_while_stale(self, pod: Mapping[str, Any]) -> None:
+        """Filter refused ``pod`` on some node while the cache was stale: requeue it once fresh."""
+        self.refused(pod, [STALE_CACHE])
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self.run())
@@ -307,8 +331,10 @@ class Requeuer:
 
     def due(self) -> None:
         """Move the pods whose node has a topology now into the patch queue (bounded)."""
-        nodes = self.waiters.nodes()
+        nodes = [n for n in self.waiters.nodes() if n != STALE_CACHE]
         ready = self.has_topology(nodes) if nodes else []
+        if len(nodes) < len(self.waiters.nodes()) and (self.fresh is None or self.fresh()):
+            ready.append(STALE_CACHE)
         for item in self.waiters.take(ready, self.clock()):
             if not self.queue.push(item):
                 REQUEUES.labels("dropped").inc()
@@ -360,5 +386,8 @@ class Requeuer:
         except Exception as exc:  # whatever the API answered, the loop goes on for the other pods
             log.warning("requeue after topology failed", error=repr(exc)[:300], **who)
             return "error"
-        log.info("requeued pod: its node's CPU topology appeared", **who)
+        if node == STALE_CACHE:
+            log.info("requeued pod: refused while the cache was stale, which is fresh again", **who)
+        else:
+            log.info("requeued pod: its node's CPU topology appeared", **who)
         return "patched"

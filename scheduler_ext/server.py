@@ -476,7 +476,8 @@ def create_app(
 ) -> ExtenderApp:
     """The ASGI app. ``binder`` is ``None`` when no API server is configured; ``requeuer``
     (started and stopped with the app) is told of every pod filter refuses for a node's missing
-    CPU topology (``scheduler_ext.requeue``); ``liveness`` decides ``/healthz`` (the watches')."""
+    CPU topology, or on any node while a kind of the cache is stale (``scheduler_ext.requeue``);
+    ``liveness`` decides ``/healthz`` (the watches')."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     async def filter_verb(raw: bytes) -> Reply:
@@ -484,6 +485,7 @@ def create_app(
         pod_json = _pod_arg(args)
         names, items = _names(args)
         pod = decode_pod(pod_json)
+        stale = bool(state.stale_kinds())  # before: the answer comes from the cache as it is now
         result = await _filter_sliced(state, pod, names, cfg)
         if result.failed:
             NODES_FAILED.labels("failed").inc(len(result.failed))
@@ -491,6 +493,8 @@ def create_app(
             NODES_FAILED.labels("unresolvable").inc(len(result.unresolvable))
             if requeuer is not None:
                 requeuer.refused(pod_json, topology_refusals(result.unresolvable, ERR_INVALID_CPU_TOPOLOGY))
+        if stale and requeuer is not None and (result.failed or result.unresolvable):
+            requeuer.refused_while_stale(pod_json)
         reply: dict[str, Any] = {
             "FailedNodes": result.failed,
             "FailedAndUnresolvableNodes": result.unresolvable,

@@ -125,7 +125,8 @@ def start_extender(
         else None
     )
     binder = Binder(state, bind_api, cfg or ExtenderConfig(), lease)
-    requeuer = Requeuer(bind_api, state.with_topology, rate=requeue_rate, interval=0.05) if requeue_rate else None
+    requeuer = (Requeuer(bind_api, state.with_topology, rate=requeue_rate, interval=0.05,
+                         fresh=lambda: not state.stale_kinds()) if requeue_rate else None)  # fmt: skip
     app = create_app(state, binder, cfg or ExtenderConfig(), requeuer=requeuer, liveness=watcher.liveness)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -5,6 +5,7 @@ path against the fake API server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -20,6 +21,7 @@ from scheduler_ext.errors import ConflictError, NotFoundError
 from scheduler_ext.requeue import (
     REQUEUE_ANNOTATION,
     REQUEUES,
+    STALE_CACHE,
     FairQueue,
     Requeuer,
     TopologyWaiters,
@@ -27,8 +29,8 @@ from scheduler_ext.requeue import (
     topology_refusals,
 )
 from tests.fakeapi import FakeAPIServer
-from tests.scheduler_ext.builders import TOPO_SMALL, node, nrt, pod
-from tests.scheduler_ext.conftest import Extender, start_extender
+from tests.scheduler_ext.builders import TOPO_SMALL, cluster, node, nrt, pod
+from tests.scheduler_ext.conftest import Extender, start_extender, wait_for
 
 
 def w(name: str) -> Waiter:
@@ -210,6 +212,51 @@ def test_a_pod_refused_for_missing_topology_is_annotated_once_the_nrt_appears(
     for name in ("plain", "bound"):
         assert REQUEUE_ANNOTATION not in api.get("pods", name, "default")["metadata"]["annotations"]  # type: ignore[index]
     assert _filter(requeuing, lsr)["NodeNames"] == ["n1"]
+
+
+# -- refused while the cache was stale (issue 32) ------------------------------------------------
+
+
+def test_a_pod_refused_while_the_cache_was_stale_is_patched_once_it_is_fresh() -> None:
+    api = StubAPI({"p": pending("p")})
+    fresh = [False]
+    # every node "has a topology": the stale pseudo-node must still wait for fresh()
+    req = Requeuer(api, lambda nodes: list(nodes), wall=lambda: 1.5, fresh=lambda: fresh[0])
+    req.refused_while_stale(pending("p"))
+    asyncio.run(req.tick(0.0))
+    assert api.patches == [] and len(req.waiters) == 1
+    fresh[0] = True
+    asyncio.run(req.tick(0.0))
+    assert api.patches == [("p", {REQUEUE_ANNOTATION: f"{STALE_CACHE} 1500"}, "7")]
+    assert len(req.waiters) == 0 and len(req.queue) == 0
+
+
+def test_a_pod_refused_from_a_stale_cache_is_requeued_once_the_cache_caught_up(api: FakeAPIServer) -> None:
+    """After an API server outage: the pods watch is silent (stale past 2 s; the idle timeout
+    cuts it at 8 s), a pod holding every CPU is deleted meanwhile, and filter refuses a new pod
+    from what the cache still shows. Once the relist brings the cache up to date, the refused
+    pod gets the requeue annotation, so kube-scheduler retries it at once rather than at its
+    5 minute flush (on main nothing was written)."""
+    rs = "scheduling.koordinator.sh/resource-status"
+    hog = pod("hog", cpu="16", node_name="n1", annotations={rs: json.dumps({"cpuset": "0-15"})})
+    web = pod("web", cpu="4")
+    for obj in (*cluster(["n1"]), hog, web):
+        api.create(obj)
+    ext = start_extender(api.url, watch_timeout=1, idle_timeout=8, stale_after=2, requeue_rate=50.0)
+    try:
+        wait_for(lambda: ext.state.pending(web["metadata"]["uid"]) is not None, timeout=30)
+        assert "n1" in _filter(ext, web)["FailedNodes"]  # the node is full
+        api.freeze_watches("pods")
+        wait_for(lambda: httpx.get(f"{ext.url}/readyz", timeout=5).status_code == 503, timeout=30)
+        api.delete("pods", "hog", "default")
+        assert "n1" in _filter(ext, web)["FailedNodes"]  # the stale cache still has hog there
+        value = _wait(lambda: (api.get("pods", "web", "default") or {})["metadata"]["annotations"]
+                      .get(REQUEUE_ANNOTATION), timeout=60)  # fmt: skip
+        assert value.startswith(f"{STALE_CACHE} ")
+        assert httpx.get(f"{ext.url}/readyz", timeout=5).status_code == 200
+        assert _filter(ext, web)["NodeNames"] == ["n1"]
+    finally:
+        ext.stop()
 
 
 # -- fair per namespace (issue 32, item 5) ----------------------------------------------------------
