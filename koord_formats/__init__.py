@@ -27,6 +27,8 @@ Modules (imported as modules, e.g. ``from koord_formats import keys``):
 - ``nrt``: the NodeResourceTopology object's zones and topology policy.
 - ``device``: the Device object's GPU entries.
 - ``nodemetric``: the NodeMetric object's collect policy and status.
+- ``cpunormalization``: ``node.koordinator.sh/cpu-basic-info``, slo-controller-config's
+  ``cpu-normalization-config`` and the CPU normalization ratio chosen from them.
 """
 
 from __future__ import annotations

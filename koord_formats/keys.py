@@ -52,6 +52,7 @@ __all__ = [
     "HOST_APP_BASE_KUBEPODS_BURSTABLE",
     "KOORD_QOS_CLASSES",
     "LABEL_CPU_BIND_POLICY",
+    "LABEL_CPU_NORMALIZATION_ENABLED",
     "LABEL_NUMA_ALLOCATE_STRATEGY",
     "LABEL_NUMA_TOPOLOGY_POLICY",
     "LABEL_PRIORITY",
@@ -62,6 +63,7 @@ __all__ = [
     "LEAST_ALLOCATED",
     "MOST_ALLOCATED",
     "NODE_ANNOTATION_BE_CPU_SHARED_POOLS",
+    "NODE_ANNOTATION_CPU_BASIC_INFO",
     "NODE_ANNOTATION_CPU_NORMALIZATION_RATIO",
     "NODE_ANNOTATION_CPU_SHARED_POOLS",
     "NODE_ANNOTATION_CPU_TOPOLOGY",
@@ -171,6 +173,11 @@ NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager
 NODE_ANNOTATION_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
 NODE_ANNOTATION_RESERVATION = "node.koordinator.sh/reservation"
 NODE_ANNOTATION_CPU_NORMALIZATION_RATIO = "node.koordinator.sh/cpu-normalization-ratio"
+# A node label "true"/"false" that overrides cpu-normalization-config's enable for that node.
+LABEL_CPU_NORMALIZATION_ENABLED = "node.koordinator.sh/cpu-normalization-enabled"
+# NodeResourceTopology annotation: the node's CPU model, hyper-threading and turbo
+# (koord_formats.cpunormalization, which the manager reads to choose the ratio).
+NODE_ANNOTATION_CPU_BASIC_INFO = "node.koordinator.sh/cpu-basic-info"
 # apis/extension/node_resource_amplification.go: resource name -> ratio, e.g. {"cpu": 1.5}.
 NODE_ANNOTATION_RESOURCE_AMPLIFICATION_RATIO = "node.koordinator.sh/resource-amplification-ratio"
 

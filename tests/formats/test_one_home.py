@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCANNED = ("runtime_proxy", "hooks", "scheduler_ext")
 PARSER_MODULES = (
     "pod.py", "node.py", "topology.py", "nodeslo.py", "reservation.py", "nodemetric.py", "nrt.py",
-    "colocation.py", "sloconfig.py", "selector.py", "profile.py",
+    "colocation.py", "sloconfig.py", "selector.py", "profile.py", "cpunormalization.py",
 )
 
 # Names Koordinator uses that our own config also uses with another meaning (the proxy's
