@@ -12,7 +12,9 @@ The NodeResourceTopology, as koordlet reports it (``states_noderesourcetopology.
   lowest socket, as kubelet's static policy takes them), ``node.koordinator.sh/pod-cpu-allocs``
   (under the ``static`` policy: the CPUs kubelet pinned, from its checkpoint, for each pod that
   is neither LS nor BE and has no cpuset of Koordinator's: koordlet's ``calGuaranteedCpu``,
-  ``managedByKubelet``; those CPUs leave the LS share pool);
+  ``managedByKubelet``; those CPUs leave the LS share pool), ``node.koordinator.sh/cpu-basic-info``
+  (CPU model, vendor, hyper-threading, turbo: ``runtime_proxy.report.sources.read_cpu_basic_info``;
+  the manager chooses the node's CPU normalization ratio by it);
 - ``topologyPolicies``: kubelet's topology manager policy and scope (``koord_formats.nrt``);
 - ``zones``: one ``Node`` zone per NUMA node with its CPUs and ``MemTotal`` as capacity and
   allocatable. Merged as koordlet merges them: zones that are not ours are dropped, and in ours
@@ -34,6 +36,7 @@ from hooks.facts import NodeFacts, PodFacts, compute_share_pools, pod_resource_s
 from koord_formats import device as device_format
 from koord_formats import keys
 from koord_formats import nrt as nrt_format
+from koord_formats.cpunormalization import CPUBasicInfo, format_cpu_basic_info
 from koord_formats.device import GPUInfo, format_gpu_devices, split_devices
 from koord_formats.errors import FormatError
 from koord_formats.node import (
@@ -76,6 +79,7 @@ MANAGED_NRT_ANNOTATIONS = (
     keys.NODE_ANNOTATION_CPU_SHARED_POOLS,
     keys.NODE_ANNOTATION_BE_CPU_SHARED_POOLS,
     keys.NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY,
+    keys.NODE_ANNOTATION_CPU_BASIC_INFO,
 )
 MANAGED_ZONE_RESOURCES = ("cpu", "memory")
 _TOPOLOGY_POLICIES = "topologyPolicies"
@@ -132,11 +136,13 @@ def build_nrt(
     kubelet: KubeletConfig,
     numa_memory: Mapping[int, int],
     allocs: Sequence[PodCPUAlloc] = (),
+    basic_info: CPUBasicInfo | None = None,
 ) -> NRTReport:
     """The managed parts for ``topo`` (from sysfs), ``node`` (with its bound pods),
-    ``kubelet``'s settings, each NUMA node's memory and ``allocs``, kubelet's pinned CPUs
-    (``kubelet_allocs``; reported under the ``static`` policy only). Raises ``FormatError`` when
-    the node's annotations the share pools depend on are malformed."""
+    ``kubelet``'s settings, each NUMA node's memory, ``allocs``, kubelet's pinned CPUs
+    (``kubelet_allocs``; reported under the ``static`` policy only) and ``basic_info`` (the
+    ``cpu-basic-info`` annotation; left out when ``None``). Raises ``FormatError`` when the
+    node's annotations the share pools depend on are malformed."""
     static = kubelet.cpu_manager_policy == "static"
     allocs_text = format_pod_cpu_allocs(allocs if static else ())
     facts = node.replace(cpu_topology=topo,
@@ -150,6 +156,8 @@ def build_nrt(
         keys.NODE_ANNOTATION_KUBELET_CPU_MANAGER_POLICY: format_kubelet_cpu_manager_policy(policy),
         keys.NODE_ANNOTATION_POD_CPU_ALLOCS: allocs_text,
     }
+    if basic_info is not None:
+        annotations[keys.NODE_ANNOTATION_CPU_BASIC_INFO] = format_cpu_basic_info(basic_info)
     zones = {
         n: ZoneAmounts(len(cpus) * 1000, len(cpus) * 1000, numa_memory.get(n, 0), numa_memory.get(n, 0))
         for n, cpus in topo.numa_cpus.items()

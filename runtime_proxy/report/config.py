@@ -37,9 +37,10 @@ class ReportConfig(BaseModel):
                                    "when it does not exist, for a cluster without a manager; needs `create` on "
                                    "`nodemetrics`, which the packaged RBAC does not grant. Off: the manager "
                                    "creates it, as koord-manager does, and the node only writes its status.")
-    sysRoot: str = Field(default="/sys", description="Where sysfs is read: the CPU topology, NUMA memory and "
-                         "PCI devices (GPUs).")
-    procRoot: str = Field(default="/proc", description="Where the NVIDIA driver's files "
+    sysRoot: str = Field(default="/sys", description="Where sysfs is read: the CPU topology, NUMA memory, "
+                         "PCI devices (GPUs), SMT and turbo state and resctrl's L3 mask (the CPU basic info).")
+    procRoot: str = Field(default="/proc", description="Where `cpuinfo` (the CPU model and vendor of "
+                          "`node.koordinator.sh/cpu-basic-info`) and the NVIDIA driver's files "
                           "(`driver/nvidia/gpus/<bus id>/information`) are read.")
     kubeletConfigFile: str = Field(default="/var/lib/kubelet/config.yaml", description="kubelet's config file "
                                    "(its CPU manager policy, options and reserved CPUs, its topology manager "

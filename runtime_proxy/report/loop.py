@@ -6,7 +6,8 @@ runs no loops), over the entry point's backend (the store: node facts, pods, con
 
 - topology, every ``report.intervalSeconds``: the NRT's managed parts
   (``runtime_proxy.report.build.build_nrt``: the CPU topology read from sysfs once at start, the
-  node with its bound pods, kubelet's config and NUMA memory read again each time) and the GPUs
+  node with its bound pods, kubelet's config, NUMA memory and the CPU basic info read again each
+  time) and the GPUs
   (``runtime_proxy.report.sources.discover_gpus``). What was last written is remembered; an
   object is read back (GET) only when what it should hold changed, or ``report.resyncSeconds``
   after it was last read, then merged (``build.merge_nrt`` / ``merge_device``) and written only
@@ -74,6 +75,7 @@ from runtime_proxy.report.config import ReportConfig
 from runtime_proxy.report.nodemetric import HostAppMeta, MetricWindow, PodMeta
 from runtime_proxy.report.sources import (
     discover_gpus,
+    read_cpu_basic_info,
     read_cpu_manager_state,
     read_kubelet_config,
     read_numa_memory,
@@ -223,7 +225,8 @@ class Reporter:
         allocs = kubelet_allocs(read_cpu_manager_state(self.config.kubeletCPUManagerStateFile), pods) \
             if kubelet.cpu_manager_policy == "static" else ()
         try:
-            report = build_nrt(self.topology, node, kubelet, read_numa_memory(self.config.sysRoot), allocs)
+            report = build_nrt(self.topology, node, kubelet, read_numa_memory(self.config.sysRoot), allocs,
+                               read_cpu_basic_info(self.topology, self.config.sysRoot, self.config.procRoot))
         except FormatError as exc:
             WRITES.labels("NodeResourceTopology", "error").inc()
             self._warn_once("nrt-build", "NodeResourceTopology not built: a node annotation is malformed",

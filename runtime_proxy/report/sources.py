@@ -21,6 +21,13 @@ never the report.
   kubelet's defaults (policy ``none``).
 - kubelet's CPU manager checkpoint (``cpu_manager_state``): ``entries`` pod uid -> container ->
   cpuset, the CPUs its static policy pinned; a missing or malformed file reads as none.
+- CPU basic info (``node.koordinator.sh/cpu-basic-info``, ``read_cpu_basic_info``): ``model
+  name`` and ``vendor_id`` of the first processor in ``cpuinfo`` below the proc root (its first
+  64 KiB); hyper-threading from ``devices/system/cpu/smt/active`` as koordlet reads it, else
+  from the CPU topology's siblings (a core with more than one CPU); turbo from
+  ``devices/system/cpu/intel_pstate/no_turbo`` ("0": on), else ``devices/system/cpu/cpufreq/boost``
+  ("1": on), else off (a VM without either exposes no turbo); ``catL3CbmMask`` from
+  ``fs/resctrl/info/L3/cbm_mask`` when resctrl is mounted.
 """
 
 from __future__ import annotations
@@ -37,9 +44,11 @@ import yaml
 
 from koord_formats.bounded import load_json, read_object, read_str
 from koord_formats.cpulist import MAX_CPU_LIST_CHARS, parse_cpu_list
+from koord_formats.cpunormalization import CPUBasicInfo
 from koord_formats.device import MAX_DEVICES, GPUInfo
 from koord_formats.errors import FormatError
 from koord_formats.quantity import parse_cpu_milli
+from koord_formats.topology import CPUTopology
 from rhp_ops.files import FileRefused, read_text_file
 from rhp_ops.yamlsafe import NoAliasLoader
 from runtime_proxy.loops.usage import SampleError, read_bounded
@@ -49,6 +58,7 @@ __all__ = [
     "KubeletConfig",
     "discover_gpus",
     "parse_cpu_manager_state",
+    "read_cpu_basic_info",
     "read_cpu_manager_state",
     "read_kubelet_config",
     "read_numa_memory",
@@ -295,3 +305,62 @@ def read_cpu_manager_state(path: str | None) -> dict[str, frozenset[int]]:
         _warn_once(f"state:{path}", "kubelet's cpu_manager_state unusable; no kubelet-pinned CPUs reported",
                    path=path, error=str(exc))
         return {}
+
+
+_CPUINFO_HEAD = 64 * 1024
+_CPUINFO_FIELDS = {"model name": "model", "vendor_id": "vendor"}
+_PRINTABLE = re.compile(r"[\x20-\x7e]{1,256}", re.ASCII)
+
+
+def _cpuinfo_fields(text: str) -> dict[str, str]:
+    """``model name`` and ``vendor_id`` of the first processor block (printable ASCII, at most
+    256 characters each; anything else is left out)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if out:
+                break  # the end of the first processor's block
+            continue
+        key, sep, value = line.partition(":")
+        name = _CPUINFO_FIELDS.get(key.strip())
+        value = value.strip()
+        if sep and name is not None and name not in out and _PRINTABLE.fullmatch(value):
+            out[name] = value
+    return out
+
+
+def _flag(path: Path, on: str, off: str) -> bool | None:
+    text = _text(path)
+    if text == on:
+        return True
+    if text == off:
+        return False
+    return None
+
+
+def read_cpu_basic_info(topology: CPUTopology, sys_root: str | os.PathLike[str] = "/sys",
+                        proc_root: str | os.PathLike[str] = "/proc") -> CPUBasicInfo:
+    """The node's CPU basic info (the module docstring says from where); what cannot be read
+    is left empty or off, never an error."""
+    fields: dict[str, str] = {}
+    try:
+        raw = read_bounded(Path(proc_root) / "cpuinfo", _CPUINFO_HEAD, head=True)
+        fields = _cpuinfo_fields(raw.decode("utf-8", "replace"))
+    except FileNotFoundError:
+        _warn_once("cpuinfo", "no cpuinfo below the proc root; CPU model left out", proc_root=str(proc_root))
+    except SampleError as exc:
+        _warn_once("cpuinfo", "cpuinfo unreadable; CPU model left out", error=str(exc))
+    cpu = Path(sys_root) / "devices" / "system" / "cpu"
+    smt = _flag(cpu / "smt" / "active", "1", "0")
+    hyper_threads = smt if smt is not None else any(len(c) > 1 for c in topology.core_cpus)
+    turbo = _flag(cpu / "intel_pstate" / "no_turbo", "0", "1")
+    if turbo is None:
+        turbo = bool(_flag(cpu / "cpufreq" / "boost", "1", "0"))
+    mask = _text(Path(sys_root) / "fs" / "resctrl" / "info" / "L3" / "cbm_mask") or ""
+    return CPUBasicInfo(
+        cpu_model=fields.get("model", ""),
+        hyper_thread_enabled=hyper_threads,
+        turbo_enabled=turbo,
+        cat_l3_cbm_mask=mask if re.fullmatch(r"[0-9a-fA-F]{1,64}", mask) else "",
+        vendor_id=fields.get("vendor", ""),
+    )

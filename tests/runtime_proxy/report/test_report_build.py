@@ -202,3 +202,22 @@ def test_kubelet_pinned_cpus_are_reported_under_the_static_policy_and_leave_the_
     assert unbindable_cpus({}, static.annotations) >= parse_cpu_list("4-5,12"), "the extender withholds them"
     none = build_nrt(DUAL_SOCKET_HT, NodeFacts(), KubeletConfig(), {}, allocs)
     assert none.annotations[keys.NODE_ANNOTATION_POD_CPU_ALLOCS] == "[]", "only under the static policy"
+
+
+def test_cpu_basic_info_is_reported_and_merged() -> None:
+    from koord_formats.cpunormalization import CPUBasicInfo, parse_cpu_basic_info
+
+    info = CPUBasicInfo("Intel(R) Xeon(R) Processor", True, False, "", "GenuineIntel")
+    report = build_nrt(SINGLE_SOCKET_HT, NodeFacts(), KubeletConfig(), {}, (), info)
+    assert parse_cpu_basic_info(report.annotations[keys.NODE_ANNOTATION_CPU_BASIC_INFO]) == info
+    assert keys.NODE_ANNOTATION_CPU_BASIC_INFO not in build_nrt(SINGLE_SOCKET_HT, NodeFacts(), KubeletConfig(),
+                                                                  {}).annotations
+    existing = new_nrt("n", build_nrt(SINGLE_SOCKET_HT, NodeFacts(), KubeletConfig(), {}), None)
+    merged = merge_nrt(existing, report)
+    assert merged is not None, "an NRT without the basic info gets it"
+    assert merge_nrt(merged, report) is None
+    turbo = build_nrt(SINGLE_SOCKET_HT, NodeFacts(), KubeletConfig(), {}, (),
+                      CPUBasicInfo("Intel(R) Xeon(R) Processor", True, True))
+    again = merge_nrt(merged, turbo)
+    assert again is not None and parse_cpu_basic_info(
+        again["metadata"]["annotations"][keys.NODE_ANNOTATION_CPU_BASIC_INFO]).turbo_enabled, "a change is written"

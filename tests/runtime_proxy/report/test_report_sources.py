@@ -131,3 +131,80 @@ def test_a_bad_cpu_manager_state_reads_as_none(tmp_path: Path, text: str) -> Non
     path = tmp_path / "cpu_manager_state"
     path.write_text(text)
     assert read_cpu_manager_state(str(path)) == {}
+
+
+# ---- CPU basic info (node.koordinator.sh/cpu-basic-info) -----------------------------------------
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8269CY CPU @ 2.50GHz
+flags\t\t: fpu ht
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+model name\t: Another CPU
+"""
+
+
+def _cpu_files(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("files", "ht", "turbo"),
+    [
+        pytest.param({"devices/system/cpu/smt/active": "1\n", "devices/system/cpu/intel_pstate/no_turbo": "0\n"},
+                     True, True, id="SMT active, intel_pstate turbo allowed"),
+        pytest.param({"devices/system/cpu/smt/active": "0\n", "devices/system/cpu/intel_pstate/no_turbo": "1\n"},
+                     False, False, id="SMT off (the topology's siblings do not count), no_turbo set"),
+        pytest.param({"devices/system/cpu/cpufreq/boost": "1\n"}, True, True,
+                     id="no smt file: the topology's siblings; acpi-cpufreq boost on"),
+        pytest.param({"devices/system/cpu/cpufreq/boost": "0\n", "devices/system/cpu/smt/active": "x"}, True, False,
+                     id="an smt file that says nothing: the siblings; boost off"),
+        pytest.param({}, True, False, id="a VM with no turbo control: turbo off"),
+    ],
+)
+def test_cpu_basic_info(tmp_path: Path, files: dict[str, str], ht: bool, turbo: bool) -> None:
+    from runtime_proxy.report.sources import read_cpu_basic_info
+
+    sys_root, proc = tmp_path / "sys", tmp_path / "proc"
+    _cpu_files(sys_root, files)
+    _cpu_files(proc, {"cpuinfo": CPUINFO})
+    info = read_cpu_basic_info(DUAL_SOCKET_HT, sys_root, proc)
+    assert (info.cpu_model, info.vendor_id) == ("Intel(R) Xeon(R) Platinum 8269CY CPU @ 2.50GHz", "GenuineIntel"), \
+        "the first processor's"
+    assert (info.hyper_thread_enabled, info.turbo_enabled) == (ht, turbo)
+
+
+def test_cpu_basic_info_resctrl_mask_and_garbage(tmp_path: Path) -> None:
+    from runtime_proxy.report.sources import read_cpu_basic_info
+    from tests.topologies import SINGLE_SOCKET_HT
+
+    _cpu_files(tmp_path, {"fs/resctrl/info/L3/cbm_mask": "7ff\n",
+                          "cpuinfo": "model name\t: \x1b[31mred\nvendor_id\t: " + "V" * 300 + "\n"})
+    info = read_cpu_basic_info(SINGLE_SOCKET_HT, tmp_path, tmp_path)
+    assert info.cat_l3_cbm_mask == "7ff"
+    assert info.cpu_model == "" and info.vendor_id == "", "control characters and overlong values are left out"
+    (tmp_path / "cpuinfo").write_bytes(b"\xff" * 1_000_000)
+    (tmp_path / "fs/resctrl/info/L3/cbm_mask").write_text("zz")
+    info = read_cpu_basic_info(SINGLE_SOCKET_HT, tmp_path, tmp_path)
+    assert (info.cpu_model, info.cat_l3_cbm_mask) == ("", ""), "a megabyte of garbage: only its head is read"
+    info = read_cpu_basic_info(SINGLE_SOCKET_HT, tmp_path / "absent", tmp_path / "absent")
+    assert info.cpu_model == "" and info.hyper_thread_enabled, "nothing to read: the siblings still tell"
+
+
+def test_cpu_basic_info_of_this_machine() -> None:
+    """This machine's own files: the model name /proc/cpuinfo shows and the SMT state sysfs shows."""
+    from runtime_proxy.report.sources import read_cpu_basic_info
+
+    info = read_cpu_basic_info(read_cpu_topology("/sys"), "/sys", "/proc")
+    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        models = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    if models:
+        assert info.cpu_model == models[0]
+    smt = Path("/sys/devices/system/cpu/smt/active")
+    if smt.exists():
+        assert info.hyper_thread_enabled == (smt.read_text().strip() == "1")
