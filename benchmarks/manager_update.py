@@ -32,12 +32,12 @@ from typing import Any, TypeVar
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from colocation_manager.controller import Cache, Reconciler, merge_patch  # noqa: E402
+from colocation_manager.resources import PodInfo, batch_resources, needs_write  # noqa: E402
+from colocation_manager.webhook import WebhookState, review  # noqa: E402
 from koord_formats import keys, sloconfig  # noqa: E402
 from koord_formats.colocation import metric_collect_spec  # noqa: E402
 from rhp_ops import logs  # noqa: E402
-from scheduler_ext.manager.controller import Cache, Reconciler, merge_patch  # noqa: E402
-from scheduler_ext.manager.resources import PodInfo, batch_resources, needs_write  # noqa: E402
-from scheduler_ext.manager.webhook import WebhookState, review  # noqa: E402
 
 NOW = time.time()
 CONFIG = {

@@ -47,6 +47,8 @@ __all__ = [
     "ANNOTATION_RAW_ALLOCATABLE",
     "CPU",
     "DEFAULT_ARGS",
+    "DEFAULT_CPU_MILLI",
+    "DEFAULT_MEMORY_BYTES",
     "MEMORY",
     "RESOURCES",
     "AggregatedArgs",
@@ -65,6 +67,10 @@ ANNOTATION_CUSTOM_SCALING_FACTORS = "scheduling.koordinator.sh/load-estimated-sc
 CPU = "cpu"
 MEMORY = "memory"
 RESOURCES = (CPU, MEMORY)
+# koord-scheduler's estimator defaults for a pod that names no amount (estimator/default_estimator.go);
+# the manager counts such a container the same way (colocation_manager.objects)
+DEFAULT_CPU_MILLI = 250
+DEFAULT_MEMORY_BYTES = 200 * 1024 * 1024
 AGGREGATION_TYPES = ("avg", "p50", "p90", "p95", "p99")
 MAX_EXPIRATION_SECONDS = 86400
 _MAX_ANNOTATION_CHARS = 4096

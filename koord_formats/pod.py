@@ -341,7 +341,7 @@ def format_extended_resource_spec(containers: Mapping[str, Mapping[str, Mapping[
 # ---- a Pod object's batch resources -----------------------------------------------------------
 
 # A pod of more containers than this is refused (kubelet runs nowhere near as many; the
-# manager's pod decoder has the same bound, scheduler_ext.manager.objects.MAX_CONTAINERS).
+# manager's pod decoder has the same bound, colocation_manager.objects.MAX_CONTAINERS).
 MAX_POD_CONTAINERS = 1024
 # The largest batch amounts taken, from either source (annotation or pod spec): 100,000 cores
 # (a quota of 10^10 us, below the kernel's largest CFS quota) and 4 EiB. Above: a malformed pod.

@@ -33,7 +33,10 @@ from rhp_kube.errors import APIError, ConflictError, GoneError, NotFoundError, T
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, Configuration
 
-__all__ = ["JSON_TYPE", "MAX_REPLY_BYTES", "MERGE_PATCH", "KubeHTTP", "seg", "status_error", "watch_transport"]
+__all__ = [
+    "JSON_TYPE", "MAX_REPLY_BYTES", "MERGE_PATCH", "KubeHTTP", "json_object", "lease_path", "seg", "status_error",
+    "watch_transport",
+]
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_TYPE = "application/json"
@@ -46,6 +49,18 @@ _CHUNK = 1 << 16
 def seg(value: str) -> str:
     """One URL path segment (names are DNS labels; quoted anyway, as the generated client does)."""
     return quote(value, safe="")
+
+
+def json_object(data: bytes) -> dict[str, Any]:
+    """A reply body (``KubeHTTP.request``'s, already bounded) as a JSON object; empty is ``{}``."""
+    out: dict[str, Any] = orjson.loads(data) if data else {}
+    return out
+
+
+def lease_path(namespace: str, name: str = "") -> str:
+    """The ``coordination.k8s.io/v1`` Leases of ``namespace``, or the one named ``name``."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{seg(namespace)}/leases"
+    return f"{path}/{seg(name)}" if name else path
 
 
 def status_error(status: int, reason: str, body: bytes | str | None) -> APIError:

@@ -2,8 +2,8 @@
 that every write of the leader goes through, so a deposed or partitioned leader writes nothing
 after its Lease lapses (client-go's ``leaderelection`` rules, in our own words, plus the fence).
 
-Who calls this: ``scheduler_ext.manager`` (its cli runs ``Elector.run``; its ``Reconciler``
-makes every write as ``await elector.write(call)``). Nothing else in the tree elects a leader
+Who calls this: ``colocation_manager`` (its cli runs ``Elector.run`` over ``LeaseCalls``; its
+``Reconciler`` makes every write as ``await elector.write(call)``). Nothing else in the tree elects a leader
 (the extender's per-node ledger Leases are compare-and-swap records, not an election).
 
 Election (``decide``, pure; ``Elector.try_once``, one round every ``retry_period``):
@@ -43,12 +43,16 @@ from typing import Any, Protocol, TypeVar
 import structlog
 from prometheus_client import Counter, Gauge
 
+from rhp_kube.errors import ConflictError, NotFoundError
+from rhp_kube.http import KubeHTTP, json_object, lease_path
+
 __all__ = [
     "FENCED",
     "HELD",
     "Decision",
     "Elector",
     "LeaseAPI",
+    "LeaseCalls",
     "NotLeader",
     "Observed",
     "decide",
@@ -85,6 +89,32 @@ class LeaseAPI(Protocol):
     async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """The Lease written (``metadata.resourceVersion`` in ``body`` guards it), or ``None``
         when it changed since that version or is gone (409, 404)."""
+
+
+class LeaseCalls:
+    """``LeaseAPI`` over the one HTTP transport (``rhp_kube.http.KubeHTTP``): 404 on a read and
+    409 (or 404) on a write are answers (``None``); every other failure raises."""
+
+    def __init__(self, client: KubeHTTP) -> None:
+        self.client = client
+
+    async def get_lease(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return json_object(await self.client.request("GET", lease_path(namespace, name)))
+        except NotFoundError:
+            return None
+
+    async def create_lease(self, namespace: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        try:
+            return json_object(await self.client.request("POST", lease_path(namespace), body))
+        except ConflictError:
+            return None
+
+    async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        try:
+            return json_object(await self.client.request("PUT", lease_path(namespace, name), body))
+        except (ConflictError, NotFoundError):
+            return None
 
 
 def micro_time(epoch: float) -> str:

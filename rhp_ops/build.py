@@ -6,6 +6,7 @@ are all built by), else the checkout this package runs from."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import re
@@ -14,8 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMMIT_FILE", "DISTRIBUTION", "build_info", "export_build_info", "extra_hint", "git_commit",
-           "python_version", "version", "version_line"]
+__all__ = ["COMMIT_FILE", "DISTRIBUTION", "SCHEDULER_EXTRA", "build_info", "export_build_info", "extra_hint",
+           "git_commit", "missing_modules", "python_version", "version", "version_line"]
 
 DISTRIBUTION = "runtime-hook-proxy"
 COMMIT_FILE = "COMMIT"
@@ -94,6 +95,16 @@ def git_commit() -> str:
     if _SHA.fullmatch(baked):
         return baked
     return _commit_in_checkout(here.parents[1])
+
+
+# Import names of the [scheduler] extra's distributions (pyproject.toml): what ``scheduler-ext
+# serve`` and ``colocation-manager`` need beyond a node install.
+SCHEDULER_EXTRA = ("kubernetes", "starlette", "uvicorn", "orjson", "httptools", "aiohttp")
+
+
+def missing_modules(names: tuple[str, ...]) -> list[str]:
+    """The modules of ``names`` that cannot be found (an extra not installed)."""
+    return [name for name in names if importlib.util.find_spec(name) is None]
 
 
 def extra_hint(extra: str) -> str:

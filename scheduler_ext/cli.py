@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import yaml
 
+from colocation_manager.cli import add_parser as add_manager_parser
 from rhp_kube import credentials
 from rhp_kube.liveness import DEAD_AFTER
 from rhp_ops import logs
@@ -44,7 +45,6 @@ from scheduler_ext.cleanup import add_parser as add_cleanup_parser
 from scheduler_ext.decide import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import MAX_BODY_BYTES, decode_pod, describe
 from scheduler_ext.keystore import KeyStoreError, keys_from_cluster, public_keys_from_files, signer_from_file
-from scheduler_ext.manager.cli import add_parser as add_manager_parser
 from scheduler_ext.state import ClusterState, load_objects
 from scheduler_ext.trust import DEFAULT_TRUSTED_SCHEDULERS, TRUST_ALL, Trust
 
@@ -397,7 +397,7 @@ def _trust_from_cluster(args: argparse.Namespace, api_client: Any) -> Trust | st
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from scheduler_ext.entry import EXIT_MISSING_EXTRA, missing
+    from scheduler_ext.extra import EXIT_MISSING_EXTRA, missing
 
     absent = missing()
     if absent:

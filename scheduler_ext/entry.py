@@ -1,6 +1,6 @@
-"""The ``scheduler-ext`` console script: runs ``scheduler_ext.cli.main``; ``missing`` says which
-of the extender's web and cluster dependencies (the ``runtime-hook-proxy[scheduler]`` extra) are
-absent.
+"""The ``scheduler-ext`` console script: runs ``scheduler_ext.cli.main``; ``missing`` (in
+``scheduler_ext.extra``, re-exported here) says which of the extender's web and cluster
+dependencies (the ``runtime-hook-proxy[scheduler]`` extra) are absent.
 
 A node install (``pip install runtime-hook-proxy``) carries only what the node part needs; there
 ``--version``, every ``--help`` and ``simulate`` still work (``scheduler_ext.cli`` imports the
@@ -10,19 +10,11 @@ install and exits with ``EXIT_MISSING_EXTRA``, instead of an ``ImportError`` tra
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
+from scheduler_ext.extra import EXIT_MISSING_EXTRA, REQUIRED, missing
+
 __all__ = ["EXIT_MISSING_EXTRA", "REQUIRED", "main", "missing"]
-
-# Import names of the [scheduler] extra's distributions (pyproject.toml).
-REQUIRED = ("kubernetes", "starlette", "uvicorn", "orjson", "httptools", "aiohttp")
-EXIT_MISSING_EXTRA = 2
-
-
-def missing() -> list[str]:
-    """The extra's modules that cannot be found."""
-    return [name for name in REQUIRED if importlib.util.find_spec(name) is None]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter
 
+from koord_formats.errors import describe
 from scheduler_ext.pods import PodRequest, parse_pod
 
 __all__ = ["BAD_OBJECTS", "MAX_BODY_BYTES", "REASONS", "bad_object", "decode_pod", "describe"]
@@ -52,12 +53,6 @@ BAD_OBJECTS = Counter(
     "by kind and reason.",
     ["kind", "reason"],
 )
-
-
-def describe(exc: BaseException) -> str:
-    """A one-line error text of bounded length (a parser's message may quote the input)."""
-    text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def bad_object(kind: str, reason: str, name: str, exc: BaseException | str) -> str:

@@ -1,10 +1,9 @@
-"""The extender's and the manager's use of the Kubernetes access layer (``rhp_kube``).
+"""The extender's use of the Kubernetes access layer (``rhp_kube``).
 
 Who calls this: ``scheduler_ext.cli serve`` keeps its cluster cache (``state.ClusterState``) in
 step with ``watch_cluster`` (the one list-and-watch, ``rhp_kube.watch.Informer``, on its own
 thread and event loop, into ``CacheSink``) and makes its API calls through a ``BindClient``
-(``binder.Binder`` the pod calls, ``ledger.LeaseLedger`` the Lease calls, ``requeue.Requeuer``);
-``scheduler_ext.manager.kubeio`` adds the manager's writes to ``BindClient``.
+(``binder.Binder`` the pod calls, ``ledger.LeaseLedger`` the Lease calls, ``requeue.Requeuer``).
 
 Watches: Nodes, Pods, NodeResourceTopologies, Devices and Reservations (and NodeMetrics with
 load-aware scheduling), each decoded by orjson into plain dicts, never the client's model
@@ -27,13 +26,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import kubernetes
-import orjson
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from koord_formats import keys, nodemetric
 from rhp_kube.errors import APIError
-from rhp_kube.http import JSON_TYPE, MERGE_PATCH, KubeHTTP, seg, status_error
+from rhp_kube.http import JSON_TYPE, MERGE_PATCH, KubeHTTP, json_object, lease_path, seg, status_error
 from rhp_kube.watch import Informer, Resource, WatchOptions, collection
 from scheduler_ext.state import NODE_METRICS, ClusterState
 
@@ -89,11 +87,7 @@ def watch_cluster(state: ClusterState, http: KubeHTTP, options: WatchOptions) ->
     return informer
 
 
-def _json(data: bytes) -> dict[str, Any]:
-    out: dict[str, Any] = orjson.loads(data) if data else {}
-    return out
-
-
+_json = json_object
 _seg = seg
 
 
@@ -104,10 +98,6 @@ def _error(exc: ApiException) -> APIError:
 
 def _pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{_seg(namespace)}/pods/{_seg(name)}"
-
-
-def _leases(namespace: str) -> str:
-    return f"/apis/coordination.k8s.io/v1/namespaces/{_seg(namespace)}/leases"
 
 
 class BindClient(KubeHTTP):
@@ -154,14 +144,14 @@ class BindClient(KubeHTTP):
         await self._request("POST", _pod_path(namespace, name) + "/binding", body)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
-        return _json(await self._request("GET", f"{_leases(namespace)}/{_seg(name)}"))
+        return _json(await self._request("GET", lease_path(namespace, name)))
 
     async def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return _json(await self._request("POST", _leases(namespace), body))
+        return _json(await self._request("POST", lease_path(namespace), body))
 
     async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """PUT; ``metadata.resourceVersion`` in ``body`` makes it a compare-and-swap (409)."""
-        return _json(await self._request("PUT", f"{_leases(namespace)}/{_seg(name)}", body))
+        return _json(await self._request("PUT", lease_path(namespace, name), body))
 
 
 class KubeKeyAPI:

@@ -48,6 +48,8 @@ from koord_formats.loadaware import (
     ANNOTATION_CUSTOM_USAGE_THRESHOLDS,
     ANNOTATION_RAW_ALLOCATABLE,
     CPU,
+    DEFAULT_CPU_MILLI,
+    DEFAULT_MEMORY_BYTES,
     MEMORY,
     RESOURCES,
     CustomThresholds,
@@ -86,9 +88,6 @@ __all__ = [
     "score",
 ]
 
-# koord-scheduler's estimator defaults for a pod that names no amount (estimator/default_estimator.go)
-DEFAULT_CPU_MILLI = 250
-DEFAULT_MEMORY_BYTES = 200 * 1024 * 1024
 REASON_EXPIRED = "node(s) nodeMetric expired"
 REASON_USAGE = "node(s) {} usage exceed threshold"
 REASON_AGGREGATED_USAGE = "node(s) {} aggregated usage exceed threshold"

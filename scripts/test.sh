@@ -51,7 +51,7 @@ fi
 step ruff .venv/bin/ruff check .
 
 packages=()
-for pkg in koord_formats rhp_ops rhp_kube runtime_proxy hooks scheduler_ext cri_protos examples devenv/rhp_devenv; do
+for pkg in koord_formats rhp_ops rhp_kube runtime_proxy hooks scheduler_ext colocation_manager cri_protos examples devenv/rhp_devenv; do
   if [[ -d $pkg ]] && find "$pkg" -name '*.py' -print -quit | grep -q .; then
     packages+=("$pkg")
   fi

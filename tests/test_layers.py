@@ -23,7 +23,8 @@ from cri_protos import api_pb2
 from runtime_proxy.cri import methods
 
 REPO = Path(__file__).resolve().parents[1]
-OURS = ("runtime_proxy", "hooks", "scheduler_ext", "cri_protos", "koord_formats", "rhp_devenv", "rhp_ops", "rhp_kube")
+OURS = ("runtime_proxy", "hooks", "scheduler_ext", "colocation_manager", "cri_protos", "koord_formats", "rhp_devenv",
+        "rhp_ops", "rhp_kube")
 # Where the development harness may be imported from (it is never installed on a node).
 HARNESS_USERS = ("tests", "benchmarks", "scripts", "devenv")
 _SKIP_DIRS = {".venv", "build", "dist", "__pycache__", ".git"}

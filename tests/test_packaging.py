@@ -314,7 +314,7 @@ def test_the_node_daemonsets_load_entry_point_plugins(overlay: str) -> None:
 
 def test_the_manager_overlay_runs_the_manager_with_the_rights_it_uses() -> None:
     """The Deployment's command parses with ``scheduler-ext``'s parser; its ServiceAccount may
-    write what the manager writes (scheduler_ext/manager/kubeio.py) and nothing cluster-wide
+    write what the manager writes (colocation_manager/kubeio.py) and nothing cluster-wide
     besides."""
     from scheduler_ext.cli import build_parser
 

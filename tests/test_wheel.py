@@ -24,7 +24,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = ("runtime_proxy", "hooks", "scheduler_ext", "cri_protos", "koord_formats", "rhp_ops", "rhp_kube")
+SHIPPED = ("runtime_proxy", "hooks", "scheduler_ext", "colocation_manager", "cri_protos", "koord_formats", "rhp_ops",
+           "rhp_kube")
 NEVER_SHIPPED = ("rhp_devenv", "devenv", "tests", "benchmarks", "scripts", "examples")
 
 pytestmark = pytest.mark.slow
@@ -285,6 +286,11 @@ def test_scheduler_ext_without_its_extra_names_the_extra(layouts: dict[str, Path
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "-py3-none-any.whl[scheduler]'" in proc.stderr
+    proc = _script(layouts["base"], wheel, "colocation-manager", "--help")
+    assert proc.returncode == 0 and "usage: colocation-manager" in proc.stdout, proc.stderr
+    proc = _script(layouts["base"], wheel, "colocation-manager", "--in-cluster")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "-py3-none-any.whl[scheduler]'" in proc.stderr
 
 
 def test_from_cluster_without_its_extra_names_the_extra(layouts: dict[str, Path], tmp_path: Path) -> None:
@@ -303,10 +309,14 @@ def test_the_scheduler_extra_runs_the_extender(layouts: dict[str, Path], wheel: 
     proc = _script(python, wheel, "scheduler-ext", "--help")
     assert proc.returncode == 0, proc.stderr
     assert "usage: scheduler-ext" in proc.stdout
+    proc = _script(python, wheel, "colocation-manager", "--help")
+    assert proc.returncode == 0 and "usage: colocation-manager" in proc.stdout, proc.stderr
     code = (
-        "import importlib, pkgutil, scheduler_ext\n"
-        "for info in pkgutil.walk_packages(scheduler_ext.__path__, 'scheduler_ext.'):\n"
-        "    importlib.import_module(info.name)\n"
+        "import importlib, pkgutil\n"
+        "for top in ('scheduler_ext', 'colocation_manager'):\n"
+        "    pkg = importlib.import_module(top)\n"
+        "    for info in pkgutil.walk_packages(pkg.__path__, top + '.'):\n"
+        "        importlib.import_module(info.name)\n"
     )
     proc = _python(python, "-c", code)
     assert proc.returncode == 0, proc.stderr

@@ -33,7 +33,7 @@ rhp_build_wheel() {
   local src=$work/src
   mkdir -p "$src"
   cp "$repo/pyproject.toml" "$repo/README.md" "$repo/LICENSE" "$src/"
-  for name in runtime_proxy hooks scheduler_ext cri_protos koord_formats rhp_ops rhp_kube; do
+  for name in runtime_proxy hooks scheduler_ext colocation_manager cri_protos koord_formats rhp_ops rhp_kube; do
     if [[ -d $repo/$name ]]; then
       cp -r "$repo/$name" "$src/$name"
     fi

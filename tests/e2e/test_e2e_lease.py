@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from colocation_manager.kubeio import LeaseCalls, ManagerAPI
 from rhp_kube import credentials
 from rhp_kube.lease import Elector, NotLeader
 from scheduler_ext.kube import MERGE_PATCH, _json
-from scheduler_ext.manager.kubeio import LeaseCalls, ManagerAPI
 from tests.e2e.conftest import Stack
 
 LEASE = "rhp-e2e-fence"

@@ -45,7 +45,7 @@ KUBERNETES_FIELDS |= {"schedulerName", "priorityClassName", "qosClass"}
 # Kubernetes' pod QoS classes that Koordinator also uses as a policy name; ``hooks``,
 # ``runtime_proxy`` and the manager speak of the QoS class, the extender only of the policy.
 KUBERNETES_VALUES = frozenset({"BestEffort"})
-KUBERNETES_VALUES_ALLOWED_IN = ("runtime_proxy/", "hooks/", "scheduler_ext/manager/")
+KUBERNETES_VALUES_ALLOWED_IN = ("runtime_proxy/", "hooks/", "colocation_manager/")
 
 # Files allowed to spell out a Koordinator key: none, every scanned file imports them from
 # koord_formats. The list may only shrink; a file added here needs a reason next to it.

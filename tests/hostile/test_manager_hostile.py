@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from colocation_manager.controller import Cache, Reconciler
+from colocation_manager.webhook import WebhookState
 from koord_formats import FormatError, keys
 from koord_formats.colocation import parse_colocation_config
-from scheduler_ext.manager.controller import Cache, Reconciler
-from scheduler_ext.manager.webhook import WebhookState
+from tests.colocation_manager.test_shell import Always
 from tests.formats.hostile import FRAGMENTS, fill
-from tests.scheduler_ext.test_manager_shell import Always
 
 NOW = time.time()
 STAMP = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - 10))

@@ -316,7 +316,7 @@ def test_over_http_a_partitioned_leader_stops_writing_before_its_lease_lapses() 
     """The manager's aiohttp client and Lease calls against the fake API server: a leads and
     writes a Node's status every 20 ms; then every Lease call fails (a partition between a and
     the API server). Once a's term is over the API server gets no more writes from it."""
-    from scheduler_ext.manager.kubeio import LeaseCalls, ManagerAPI
+    from colocation_manager.kubeio import LeaseCalls, ManagerAPI
 
     with FakeAPIServer() as server:
         server.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "status": {}})

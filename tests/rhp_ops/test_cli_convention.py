@@ -16,7 +16,8 @@ from rhp_ops import build
 REPO = Path(__file__).resolve().parents[2]
 PLAN = str(REPO / "packaging/examples/plan-lsr-sandbox.json")
 SIMULATE = str(REPO / "packaging/scheduler/simulate-example.yaml")
-CLIS = {"runtime-proxy": "runtime_proxy.cli", "scheduler-ext": "scheduler_ext.cli"}
+CLIS = {"runtime-proxy": "runtime_proxy.cli", "scheduler-ext": "scheduler_ext.cli",
+        "colocation-manager": "colocation_manager.entry"}
 
 
 def _run(prog: str, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -46,6 +47,8 @@ def test_version_prints_one_line_and_exits_0(prog: str) -> None:
         pytest.param("scheduler-ext", ["simulate", "--output", "yaml", SIMULATE], id="scheduler-ext, bad output"),
         pytest.param("runtime-proxy", ["frobnicate"], id="runtime-proxy, unknown sub-command"),
         pytest.param("scheduler-ext", ["--frobnicate"], id="scheduler-ext, unknown flag"),
+        pytest.param("colocation-manager", ["--log-level", "bogus"], id="colocation-manager, bad level"),
+        pytest.param("colocation-manager", ["--frobnicate"], id="colocation-manager, unknown flag"),
     ],
 )
 def test_bad_values_get_one_stderr_line_and_exit_2(prog: str, argv: list[str]) -> None:
@@ -90,6 +93,7 @@ def test_text_output_is_for_people(prog: str, argv: list[str], first_line: str) 
         pytest.param("runtime-proxy", ["hook-server"], id="runtime-proxy hook-server --help"),
         pytest.param("runtime-proxy", ["serve"], id="runtime-proxy serve --help"),
         pytest.param("scheduler-ext", ["serve"], id="scheduler-ext serve --help"),
+        pytest.param("colocation-manager", [], id="colocation-manager --help"),
     ],
 )
 def test_help_is_short_and_has_no_developer_markup(prog: str, argv: list[str]) -> None:
@@ -103,9 +107,9 @@ def test_help_is_short_and_has_no_developer_markup(prog: str, argv: list[str]) -
 
 def test_scheduler_ext_entry_answers_version_without_its_extra(monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from scheduler_ext import entry
+    from scheduler_ext import entry, extra
 
-    monkeypatch.setattr(entry, "missing", lambda: ["uvicorn"])
+    monkeypatch.setattr(extra, "missing", lambda: ["uvicorn"])
     assert entry.main(["--version"]) == 0
     assert capsys.readouterr().out == build.version_line("scheduler-ext") + "\n"
     assert entry.main(["serve"]) == entry.EXIT_MISSING_EXTRA

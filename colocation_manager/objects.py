@@ -1,6 +1,6 @@
 """Nodes and pods as the manager's formulas read them, decoded from their JSON once.
 
-Who calls this: ``scheduler_ext.manager.controller`` on every Node and Pod event it caches;
+Who calls this: ``colocation_manager.controller`` on every Node and Pod event it caches;
 ``benchmarks/manager_update.py``. Total: any malformed object raises ``FormatError`` (from
 ``koord_formats``), which the caller turns into a logged skip of that object (a pod: its node's
 batch resources are reset, since its usage is unknown).
@@ -31,15 +31,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from colocation_manager.resources import Amount, NodeInfo, PodInfo
 from koord_formats import keys, qos
 from koord_formats.bounded import MAX_NAME_CHARS, read_list, read_object, read_str
-from koord_formats.errors import FormatError
+from koord_formats.errors import FormatError, describe
+from koord_formats.loadaware import DEFAULT_CPU_MILLI, DEFAULT_MEMORY_BYTES
 from koord_formats.node import parse_cpu_normalization_ratio, parse_node_reservation
 from koord_formats.pod import parse_resource_status, read_resource_list
 from koord_formats.quantity import parse_quantity
-from scheduler_ext.guard import describe
-from scheduler_ext.loadaware import DEFAULT_CPU_MILLI, DEFAULT_MEMORY_BYTES
-from scheduler_ext.manager.resources import Amount, NodeInfo, PodInfo
 
 __all__ = [
     "MAX_CONTAINERS",

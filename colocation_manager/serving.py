@@ -2,7 +2,7 @@
 event loop, a bound on the reviews in flight, and a serving certificate re-read when its files
 change.
 
-Who calls this: ``scheduler_ext.manager.cli`` starts a ``WebhookServer`` beside the elector and
+Who calls this: ``colocation_manager.cli`` starts a ``WebhookServer`` beside the elector and
 the reconciler when ``--webhook-listen`` is given; every replica serves (leadership only gates
 the manager's writes).
 
@@ -15,7 +15,7 @@ the manager's writes).
   keep-alive connections are closed after ``KEEP_ALIVE_SECONDS``.
 - **Certificate reload.** ``ReloadingCertificate`` checks the certificate and key files (their
   device, inode, size and modification time, after following links, as a renewed Secret volume
-  or ``scheduler_ext.manager.certs`` changes them) at every TLS handshake and loads them again
+  or ``colocation_manager.certs`` changes them) at every TLS handshake and loads them again
   when they changed, so the next handshake presents the renewed certificate without a restart.
   A pair that does not load (a half-written renewal, a key of another certificate) keeps the
   previous one and is logged once; it is tried again when the files change again.
@@ -39,7 +39,7 @@ from rhp_ops.files import FileRefused, read_regular_file
 
 __all__ = ["KEEP_ALIVE_SECONDS", "MAX_PEM_BYTES", "ReloadingCertificate", "WebhookServer", "bounded"]
 
-log = structlog.get_logger("scheduler_ext.manager.serving")
+log = structlog.get_logger("colocation_manager.serving")
 
 MAX_PEM_BYTES = 1 << 20
 KEEP_ALIVE_SECONDS = 5

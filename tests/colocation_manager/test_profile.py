@@ -1,4 +1,4 @@
-"""The pod webhook's decisions (``scheduler_ext.manager.profile``): ClusterColocationProfile
+"""The pod webhook's decisions (``colocation_manager.profile``): ClusterColocationProfile
 mutation, one row per rule of Koordinator's webhook with its description, the validation rules,
 the profile parser (``koord_formats.profile``), and hostile pods and profiles."""
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from colocation_manager.profile import PriorityClassInfo, mutate_pod, validate_pod
 from koord_formats import FormatError, keys
 from koord_formats.pod import parse_extended_resource_spec
 from koord_formats.profile import ColocationProfile, parse_profile
-from scheduler_ext.manager.profile import PriorityClassInfo, mutate_pod, validate_pod
 from tests.formats.hostile import FRAGMENTS, call_total, fill
 
 BATCH_CPU, BATCH_MEM = keys.RESOURCE_BATCH_CPU, keys.RESOURCE_BATCH_MEMORY

@@ -39,7 +39,7 @@ SLOW_SECONDS = 90
 # The manager with every review sleeping SLOW_SECONDS first (a review that costs that long).
 WRAPPER = f"""
 import sys, time
-import scheduler_ext.manager.webhook as w
+import colocation_manager.webhook as w
 _review = w.review
 def slow(*args, **kwargs):
     time.sleep({SLOW_SECONDS})

@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 
 import pytest
 
+from colocation_manager.controller import Cache, merge_patch, metrics_of
+from colocation_manager.resources import Amount, PodInfo
 from koord_formats import keys
 from rhp_kube.lease import NotLeader
-from scheduler_ext.manager.controller import Cache, merge_patch, metrics_of
-from scheduler_ext.manager.resources import Amount, PodInfo
 
 T = TypeVar("T")
 
@@ -121,7 +121,7 @@ class RecordingAPI:
 def test_kinds_whose_crd_is_missing_are_not_written() -> None:
     """A cluster without the NodeMetric CRD: no create per node and resync (each would be a 404),
     and without a NodeMetric the node's batch resources stay unpublished."""
-    from scheduler_ext.manager.controller import Reconciler
+    from colocation_manager.controller import Reconciler
 
     cache = Cache()
     cache.replace("nodes", [node("n1")])
@@ -147,7 +147,7 @@ def zone(i: int, cpu: str = "4", memory: str = "4Gi", extra: list[dict[str, str]
 
 
 def test_numa_zones_get_batch_values_and_keep_what_others_wrote() -> None:
-    from scheduler_ext.manager.controller import Reconciler
+    from colocation_manager.controller import Reconciler
 
     cache = Cache()
     cache.replace("configmaps", [{"metadata": {"name": "c"}, "data": {"colocation-config": '{"enable":true}'}}])
@@ -216,7 +216,7 @@ def _ready_cache(nodes: int) -> Cache:
 
 
 def test_a_round_overlaps_api_calls_a_few_nodes_at_a_time() -> None:
-    from scheduler_ext.manager.controller import Reconciler
+    from colocation_manager.controller import Reconciler
 
     in_flight, most = [0], [0]
 
@@ -236,7 +236,7 @@ def test_a_round_overlaps_api_calls_a_few_nodes_at_a_time() -> None:
 def test_a_replica_whose_term_ends_mid_batch_writes_nothing_after() -> None:
     """The fence is asked at every write, not once per batch: the term ends after the sixth
     write, in the middle of the first batch of four nodes, and no seventh write is made."""
-    from scheduler_ext.manager.controller import Reconciler
+    from colocation_manager.controller import Reconciler
 
     cache = _ready_cache(20)
     api = RecordingAPI()

@@ -1,7 +1,7 @@
 """Batch and mid resources of one node: Koordinator's formulas as pure functions.
 
-Who calls this: ``scheduler_ext.manager.controller`` for every node it reconciles, with the
-node, its pods and its NodeMetric already decoded (``scheduler_ext.manager.objects``); the
+Who calls this: ``colocation_manager.controller`` for every node it reconciles, with the
+node, its pods and its NodeMetric already decoded (``colocation_manager.objects``); the
 benchmark ``benchmarks/manager_update.py``. Nothing here does I/O or reads a clock: ``now`` is
 an argument.
 

@@ -1,4 +1,4 @@
-"""The webhook's certificate without cert-manager (``scheduler_ext.manager.certs``): the keeper
+"""The webhook's certificate without cert-manager (``colocation_manager.certs``): the keeper
 issues a CA and a serving certificate into its Secret, writes the pair to files and the CA into
 the webhook configuration's caBundle; renews the serving certificate (same CA) and the CA (the
 bundle keeps the old CA while it is valid) in the last third of their lifetimes; a lost race
@@ -22,8 +22,8 @@ import pytest
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 
-from scheduler_ext.errors import ConflictError
-from scheduler_ext.manager.certs import DAY, Bundle, CertKeeper, issue, parse_secret, renewal_reason, secret_data
+from colocation_manager.certs import DAY, Bundle, CertKeeper, issue, parse_secret, renewal_reason, secret_data
+from rhp_kube.errors import ConflictError
 
 NS, SECRET, HOOK = "rhp-system", "rhp-webhook-cert", "rhp-webhook"
 DNS = ["rhp-manager.rhp-system.svc"]

@@ -1,4 +1,4 @@
-"""Batch and mid resources of one node (``scheduler_ext.manager.resources``): one row per rule
+"""Batch and mid resources of one node (``colocation_manager.resources``): one row per rule
 of Koordinator's formulas (``koordinator-manager.md`` sections 3 and 4), each row with its
 description.
 
@@ -15,9 +15,7 @@ from fractions import Fraction
 
 import pytest
 
-from koord_formats import keys
-from koord_formats.colocation import ColocationStrategy
-from scheduler_ext.manager.resources import (
+from colocation_manager.resources import (
     Amount,
     Metrics,
     NodeInfo,
@@ -28,6 +26,8 @@ from scheduler_ext.manager.resources import (
     needs_write,
     zone_batch_resources,
 )
+from koord_formats import keys
+from koord_formats.colocation import ColocationStrategy
 
 NOW = 1_000_000.0
 CAP = Amount(100_000, 100_000)

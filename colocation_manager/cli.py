@@ -1,11 +1,13 @@
-"""``scheduler-ext manager``: the co-location manager command.
+"""``colocation-manager`` (also ``scheduler-ext manager``): the co-location manager command.
 
-Who calls this: ``scheduler_ext.cli.build_parser`` adds the sub-command with ``add_parser``
-(the manager ships in the cluster package beside the extender: the same install, the same
-``[scheduler]`` extra, the same Kubernetes client code). ``run`` wires the parts of
-``scheduler_ext.manager``: watches, the Lease elector, the reconciler, and optionally the
+Who calls this: ``colocation_manager.entry`` (the ``colocation-manager`` console script) parses
+with ``build_parser`` and calls ``main``; ``scheduler_ext.cli.build_parser`` adds the same flags
+as its ``manager`` sub-command with ``add_parser``, the command the chart, the kustomize manifests
+and the images run (the manager ships in the cluster package beside the extender: the same
+install and the same ``[scheduler]`` extra, over the one Kubernetes access layer ``rhp_kube``).
+``run`` wires the parts of ``colocation_manager``: watches, the Lease elector, the reconciler, and optionally the
 admission webhook and a metrics listener. The elector and the reconciler share one event loop;
-the watches run in threads, and the webhook (``scheduler_ext.manager.serving``) on a thread and
+the watches run in threads, and the webhook (``colocation_manager.serving``) on a thread and
 event loop of its own, so its traffic never delays the Lease.
 """
 
@@ -27,12 +29,13 @@ import structlog
 from koord_formats.colocation import CONFIG_MAP_NAME, CONFIG_MAP_NAMESPACE
 from rhp_kube import credentials
 from rhp_kube.liveness import DEAD_AFTER, all_of
-from rhp_ops import probes
-from rhp_ops.cli import add_global_flags
+from rhp_ops import logs, probes
+from rhp_ops.cli import FORMAT_HELP, LEVEL_HELP, Parser, add_global_flags, add_version_flag, resolve_log_flags
 from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused, kubeconfig_files, read_regular_file
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "add_parser", "run"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "PROG", "add_flags", "add_parser", "build_parser", "main", "run"]
 
+PROG = "colocation-manager"
 EXIT_OK = 0
 EXIT_FAILED = 1  # a listener could not start
 EXIT_USAGE = 2  # bad flags, or a configuration file that cannot be read
@@ -45,19 +48,46 @@ EXIT_CODES = """exit codes:
   2  bad flags, or a kubeconfig or TLS file that cannot be read"""
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"scheduler-ext manager: {message}", file=sys.stderr)
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    print(f"{getattr(args, 'prog', PROG)}: {message}", file=sys.stderr)
     return code
 
 
+HELP = "publish batch resources, NodeMetrics and NodeSLOs (koord-manager's co-location part)"
+DESCRIPTION = ("Watch Nodes, Pods, NodeMetrics and slo-controller-config; keep one NodeMetric and one "
+               "NodeSLO per Node and write kubernetes.io/batch-cpu and batch-memory into each Node's "
+               "status. Only the replica holding the Lease writes.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``colocation-manager``'s own parser: the manager's flags, ``--version`` and the global flags."""
+    p = Parser(prog=PROG, description=DESCRIPTION, epilog=EXIT_CODES)
+    add_version_flag(p, PROG)
+    add_flags(p)
+    add_global_flags(p, level_help=LEVEL_HELP, fmt_help=FORMAT_HELP)
+    p.set_defaults(prog=PROG)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, set up the logs (a server's defaults: info, JSON lines, on stderr) and ``run``."""
+    args = build_parser().parse_args(argv)
+    level, fmt = resolve_log_flags(args, server=True)
+    logs.configure(fmt, level)
+    return run(args)
+
+
 def add_parser(sub: Any, *, level_help: str, fmt_help: str) -> argparse.ArgumentParser:
-    """Add ``manager`` to the ``scheduler-ext`` sub-commands."""
-    p: argparse.ArgumentParser = sub.add_parser(
-        "manager", help="publish batch resources, NodeMetrics and NodeSLOs (koord-manager's co-location part)",
-        description="Watch Nodes, Pods, NodeMetrics and slo-controller-config; keep one NodeMetric and one "
-                    "NodeSLO per Node and write kubernetes.io/batch-cpu and batch-memory into each Node's "
-                    "status. Only the replica holding the Lease writes.",
-        epilog=EXIT_CODES)
+    """Add ``manager`` to the ``scheduler-ext`` sub-commands (the same flags as ``colocation-manager``)."""
+    p: argparse.ArgumentParser = sub.add_parser("manager", help=HELP, description=DESCRIPTION, epilog=EXIT_CODES)
+    add_flags(p)
+    add_global_flags(p, subcommand=True, level_help=level_help, fmt_help=fmt_help)
+    p.set_defaults(func=run, prog="scheduler-ext manager")
+    return p
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The manager's own flags (not the global ones)."""
     credentials.add_flags(p)
     p.add_argument("--config-namespace", default=CONFIG_MAP_NAMESPACE,
                    help="namespace of slo-controller-config (default %(default)s)")
@@ -104,9 +134,6 @@ def add_parser(sub: Any, *, level_help: str, fmt_help: str) -> argparse.Argument
                    help="a MutatingWebhookConfiguration whose caBundle the manager keeps (repeatable)")
     p.add_argument("--webhook-max-inflight", type=int, default=32,
                    help="reviews answered at once; more get 503 at once (default %(default)s)")
-    add_global_flags(p, subcommand=True, level_help=level_help, fmt_help=fmt_help)
-    p.set_defaults(func=run)
-    return p
 
 
 def _kubeconfig_problem(args: argparse.Namespace) -> str:
@@ -123,7 +150,7 @@ def _kubeconfig_problem(args: argparse.Namespace) -> str:
 
 def _readiness(cache: Any) -> tuple[bool, str]:
     """``/readyz``: every kind the manager caches was listed once (``Cache.synced``)."""
-    from scheduler_ext.manager.kubeio import KINDS
+    from colocation_manager.kubeio import KINDS
 
     with cache.lock:
         missing = [k for k in KINDS if k not in cache.synced]
@@ -175,50 +202,50 @@ async def _first_certificate(keeper: Any, api: Any) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM or SIGINT."""
+    from colocation_manager.controller import Cache, Reconciler
+    from colocation_manager.kubeio import LeaseCalls, ManagerAPI, manager_resources, webhook_resources
     from rhp_kube.http import KubeHTTP
     from rhp_kube.lease import Elector
     from rhp_kube.watch import Informer, WatchOptions
-    from scheduler_ext.manager.controller import Cache, Reconciler
-    from scheduler_ext.manager.kubeio import LeaseCalls, ManagerAPI, manager_resources, webhook_resources
 
-    log = structlog.get_logger("scheduler_ext.manager")
+    log = structlog.get_logger("colocation_manager")
     if args.metrics_listen:
         try:
             probes.parse_addr(args.metrics_listen)
         except ValueError:
-            return _fail("--metrics-listen must be HOST:PORT", EXIT_USAGE)
+            return _fail(args, "--metrics-listen must be HOST:PORT", EXIT_USAGE)
     if args.webhook_max_inflight < 1:
-        return _fail("--webhook-max-inflight must be at least 1", EXIT_USAGE)
+        return _fail(args, "--webhook-max-inflight must be at least 1", EXIT_USAGE)
     if not args.identity:
-        return _fail("--identity must not be empty (it names the Lease's holder)", EXIT_USAGE)
+        return _fail(args, "--identity must not be empty (it names the Lease's holder)", EXIT_USAGE)
     if args.resync_seconds <= 0 or args.api_timeout <= 0 or args.watch_timeout < 1:
-        return _fail("--resync-seconds, --api-timeout and --watch-timeout must be positive", EXIT_USAGE)
+        return _fail(args, "--resync-seconds, --api-timeout and --watch-timeout must be positive", EXIT_USAGE)
     if not args.watch_timeout < args.watch_idle_timeout < args.watch_dead_after:
-        return _fail("--watch-idle-timeout must be longer than --watch-timeout, and --watch-dead-after longer "
+        return _fail(args, "--watch-idle-timeout must be longer than --watch-timeout, and --watch-dead-after longer "
                      "than --watch-idle-timeout", EXIT_USAGE)
     webhook_listen = _host_port(args.webhook_listen) if args.webhook_listen else None
     if args.webhook_cert_secret:
         if args.webhook_cert or args.webhook_key or not args.webhook_cert_dir or webhook_listen is None:
-            return _fail("--webhook-cert-secret needs --webhook-listen and --webhook-cert-dir, and replaces "
+            return _fail(args, "--webhook-cert-secret needs --webhook-listen and --webhook-cert-dir, and replaces "
                          "--webhook-cert and --webhook-key", EXIT_USAGE)
         if not args.webhook_dns_name and not args.webhook_ip:
-            return _fail("--webhook-cert-secret needs a --webhook-dns-name or --webhook-ip", EXIT_USAGE)
+            return _fail(args, "--webhook-cert-secret needs a --webhook-dns-name or --webhook-ip", EXIT_USAGE)
         try:
             for ip in args.webhook_ip:
                 ipaddress.ip_address(ip)
         except ValueError as exc:
-            return _fail(f"--webhook-ip: {exc}", EXIT_USAGE)
+            return _fail(args, f"--webhook-ip: {exc}", EXIT_USAGE)
         args.webhook_cert = os.path.join(args.webhook_cert_dir, "tls.crt")
         args.webhook_key = os.path.join(args.webhook_cert_dir, "tls.key")
     elif args.webhook_listen and (webhook_listen is None or not args.webhook_cert or not args.webhook_key):
-        return _fail("--webhook-listen must be HOST:PORT and needs --webhook-cert and --webhook-key", EXIT_USAGE)
+        return _fail(args, "--webhook-listen must be HOST:PORT and needs --webhook-cert and --webhook-key", EXIT_USAGE)
     problem = _kubeconfig_problem(args) or ("" if args.webhook_cert_secret else _pem_problem(args))
     if problem:
-        return _fail(problem, EXIT_USAGE)
+        return _fail(args, problem, EXIT_USAGE)
     try:
         api_client = credentials.from_args(args)
     except Exception as exc:  # the kubernetes config loaders raise their own types
-        return _fail(f"cannot load the API server configuration: {exc}", EXIT_USAGE)
+        return _fail(args, f"cannot load the API server configuration: {exc}", EXIT_USAGE)
     api = ManagerAPI(api_client, timeout=args.api_timeout)
     options = WatchOptions(watch_timeout=args.watch_timeout, read_deadline=args.watch_idle_timeout,
                            dead_after=args.watch_dead_after)
@@ -234,33 +261,33 @@ def run(args: argparse.Namespace) -> int:
             server = probes.serve(args.metrics_listen, "scheduler-ext-manager", readiness=lambda: _readiness(cache),
                                   liveness=lambda: all_of(*(w.liveness for w in watches))())
         except OSError as exc:
-            return _fail(f"cannot listen on {args.metrics_listen}: {exc}", EXIT_FAILED)
+            return _fail(args, f"cannot listen on {args.metrics_listen}: {exc}", EXIT_FAILED)
     webhook = None
     keeper = None
     if webhook_listen is not None:
-        from scheduler_ext.manager.serving import ReloadingCertificate, WebhookServer
-        from scheduler_ext.manager.webhook import WebhookState, create_app
+        from colocation_manager.serving import ReloadingCertificate, WebhookServer
+        from colocation_manager.webhook import WebhookState, create_app
 
         state = WebhookState()
         watches.append(Informer(KubeHTTP(api_client, timeout=None), webhook_resources(), state, component="webhook",
                                 options=options))
         if args.webhook_cert_secret:
-            from scheduler_ext.manager.certs import CertKeeper
+            from colocation_manager.certs import CertKeeper
 
             keeper = CertKeeper(api, args.webhook_cert_namespace, args.webhook_cert_secret,
                                 dns_names=args.webhook_dns_name, ips=args.webhook_ip, cert_dir=args.webhook_cert_dir,
                                 webhooks=args.webhook_configuration)
             if not asyncio.run(_first_certificate(keeper, api)):
-                return _fail(f"no webhook certificate in Secret {args.webhook_cert_namespace}/"
+                return _fail(args, f"no webhook certificate in Secret {args.webhook_cert_namespace}/"
                              f"{args.webhook_cert_secret} after {FIRST_CERT_SECONDS:.0f} s", EXIT_FAILED)
         try:
             webhook = WebhookServer(create_app(state), webhook_listen[0], webhook_listen[1],
                                     ReloadingCertificate(args.webhook_cert, args.webhook_key),
                                     max_inflight=args.webhook_max_inflight)
         except OSError as exc:
-            return _fail(f"cannot listen on {args.webhook_listen}: {exc}", EXIT_FAILED)
+            return _fail(args, f"cannot listen on {args.webhook_listen}: {exc}", EXIT_FAILED)
         except (ssl.SSLError, FileRefused) as exc:
-            return _fail(f"cannot load --webhook-cert/--webhook-key: {exc}", EXIT_USAGE)
+            return _fail(args, f"cannot load --webhook-cert/--webhook-key: {exc}", EXIT_USAGE)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -1,4 +1,4 @@
-"""The pod admission webhook's HTTP side (``scheduler_ext.manager.webhook``): AdmissionReview in,
+"""The pod admission webhook's HTTP side (``colocation_manager.webhook``): AdmissionReview in,
 AdmissionReview out, the watched state it reads, and hostile bodies and objects."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from colocation_manager.webhook import MAX_REVIEW_BYTES, WebhookState, create_app
 from koord_formats import keys
-from scheduler_ext.manager.webhook import MAX_REVIEW_BYTES, WebhookState, create_app
 
 PROFILE = {"metadata": {"name": "spark-be"},
            "spec": {"selector": {"matchLabels": {"app": "spark"}}, "qosClass": "BE",

@@ -1,7 +1,7 @@
 """The pod webhook's decisions, as pure functions: ClusterColocationProfile mutation and the
 co-location validation rules.
 
-Who calls this: ``scheduler_ext.manager.webhook`` for every AdmissionReview it is sent (pod
+Who calls this: ``colocation_manager.webhook`` for every AdmissionReview it is sent (pod
 CREATE for the mutation; CREATE and UPDATE for the validation). Sources: koordinator-sh/koordinator
 ``pkg/webhook/pod/mutating/cluster_colocation_profile.go`` and
 ``pkg/webhook/pod/validating/cluster_colocation_profile.go``; fact sheet
@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from colocation_manager.objects import MAX_CONTAINERS, kube_qos_of_spec, string_map
 from koord_formats import keys, qos
 from koord_formats.bounded import read_list, read_object, read_str
 from koord_formats.errors import FormatError
 from koord_formats.pod import format_extended_resource_spec, read_resource_list
 from koord_formats.profile import ColocationProfile
 from koord_formats.quantity import parse_cpu_milli, parse_quantity
-from scheduler_ext.manager.objects import MAX_CONTAINERS, kube_qos_of_spec, string_map
 
 __all__ = ["Mutation", "PriorityClassInfo", "mutate_pod", "validate_pod"]
 

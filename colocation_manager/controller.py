@@ -1,9 +1,9 @@
 """The manager's loop: a cache fed by watches, and one reconcile per node that writes what the
 pure functions decide.
 
-Who calls this: ``scheduler_ext.manager.cli`` (``scheduler-ext manager``) builds a ``Cache``,
+Who calls this: ``colocation_manager.cli`` (``scheduler-ext manager``) builds a ``Cache``,
 keeps it in step with the one list-and-watch (``rhp_kube.watch.Informer``, on its own thread,
-over ``scheduler_ext.manager.kubeio.manager_resources``), starts an
+over ``colocation_manager.kubeio.manager_resources``), starts an
 ``Elector`` (``rhp_kube.lease``) and ``Reconciler.run`` on one event loop. Nothing is written before
 every kind has been listed once. Every write goes through the elector's fence
 (``Elector.write``): it is started only inside this replica's term as the Lease's holder and
@@ -48,20 +48,9 @@ from typing import Any, Protocol, TypeVar
 import structlog
 from prometheus_client import Counter, Gauge
 
-from koord_formats import FormatError, nodemetric, nrt, sloconfig
-from koord_formats.colocation import (
-    CONFIG_KEY_COLOCATION,
-    ColocationConfig,
-    metric_collect_spec,
-    parse_colocation_config,
-)
-from koord_formats.quantity import parse_bytes, parse_cpu_milli
-from rhp_kube.lease import NotLeader
-from scheduler_ext.errors import APIError, ConflictError, NotFoundError
-from scheduler_ext.guard import describe
-from scheduler_ext.manager.kubeio import CONFIGMAPS, KINDS, NODEMETRICS, NODES, NODESLOS, NRTS, PODS, ManagerAPI
-from scheduler_ext.manager.objects import node_info, node_labels, pod_node_name, pod_view
-from scheduler_ext.manager.resources import (
+from colocation_manager.kubeio import CONFIGMAPS, KINDS, NODEMETRICS, NODES, NODESLOS, NRTS, PODS, ManagerAPI
+from colocation_manager.objects import node_info, node_labels, pod_node_name, pod_view
+from colocation_manager.resources import (
     BATCH_RESOURCES,
     MID_RESOURCES,
     Amount,
@@ -74,10 +63,21 @@ from scheduler_ext.manager.resources import (
     needs_write,
     zone_batch_resources,
 )
+from koord_formats import FormatError, nodemetric, nrt, sloconfig
+from koord_formats.colocation import (
+    CONFIG_KEY_COLOCATION,
+    ColocationConfig,
+    metric_collect_spec,
+    parse_colocation_config,
+)
+from koord_formats.errors import describe
+from koord_formats.quantity import parse_bytes, parse_cpu_milli
+from rhp_kube.errors import APIError, ConflictError, NotFoundError
+from rhp_kube.lease import NotLeader
 
 __all__ = ["BAD_OBJECTS", "WRITES", "Cache", "Fence", "Reconciler", "merge_patch", "metrics_of"]
 
-log = structlog.get_logger("scheduler_ext.manager")
+log = structlog.get_logger("colocation_manager")
 
 BAD_OBJECTS = Counter("rhp_manager_bad_objects_total",
                       "Objects the manager could not decode and skipped (or reset their node for), by kind.",

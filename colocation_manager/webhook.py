@@ -1,12 +1,12 @@
 """The pod admission webhook (``POST /mutate-pod``, ``POST /validate-pod``), served over HTTPS
 by ``scheduler-ext manager --webhook-listen``.
 
-Who calls this: ``scheduler_ext.manager.cli`` builds a ``WebhookState`` (fed by a ``Watches``
+Who calls this: ``colocation_manager.cli`` builds a ``WebhookState`` (fed by a ``Watches``
 over Namespaces, ClusterColocationProfiles and PriorityClasses) and serves ``create_app`` with
-``scheduler_ext.manager.serving.WebhookServer`` (its own thread and loop, a bound on reviews in
+``colocation_manager.serving.WebhookServer`` (its own thread and loop, a bound on reviews in
 flight, a certificate reloaded when renewed); each review runs on a worker thread. The API
 server sends an ``admission.k8s.io/v1`` AdmissionReview; ``review`` answers it with the pure
-decisions of ``scheduler_ext.manager.profile``.
+decisions of ``colocation_manager.profile``.
 
 Hostile input: the body is bounded (``MAX_REVIEW_BYTES``, refused unread when its declared
 length is larger, and cut off when the stream is) before one orjson decode; a review that is not
@@ -33,17 +33,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from colocation_manager.controller import BAD_OBJECTS
+from colocation_manager.kubeio import NAMESPACES, PRIORITY_CLASSES
+from colocation_manager.objects import string_map
+from colocation_manager.profile import PriorityClassInfo, mutate_pod, validate_pod
 from koord_formats import FormatError, profile
+from koord_formats.errors import describe
 from koord_formats.profile import ColocationProfile, parse_profile
-from scheduler_ext.guard import describe
-from scheduler_ext.manager.controller import BAD_OBJECTS
-from scheduler_ext.manager.kubeio import NAMESPACES, PRIORITY_CLASSES
-from scheduler_ext.manager.objects import string_map
-from scheduler_ext.manager.profile import PriorityClassInfo, mutate_pod, validate_pod
 
 __all__ = ["MAX_REVIEW_BYTES", "WEBHOOK_KINDS", "WebhookState", "create_app", "review"]
 
-log = structlog.get_logger("scheduler_ext.manager.webhook")
+log = structlog.get_logger("colocation_manager.webhook")
 
 # An AdmissionReview carries the pod (and on UPDATE the old pod): the API server stores objects
 # of at most 1.5 MiB, so two of them and the envelope fit.

@@ -1,4 +1,4 @@
-"""Nodes and pods as the manager's formulas read them (``scheduler_ext.manager.objects``)."""
+"""Nodes and pods as the manager's formulas read them (``colocation_manager.objects``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from colocation_manager.objects import node_info, pod_info
+from colocation_manager.resources import Amount
 from koord_formats import FormatError, keys
-from scheduler_ext.manager.objects import node_info, pod_info
-from scheduler_ext.manager.resources import Amount
 
 
 def container(requests: dict[str, str] | None = None, limits: dict[str, str] | None = None) -> dict[str, Any]:

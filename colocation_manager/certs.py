@@ -2,12 +2,12 @@
 kept in one Secret, renewed before they expire, written to files the webhook reloads, and the
 CA written into the caBundle of the webhook configurations.
 
-Who calls this: ``scheduler_ext.manager.cli`` runs ``CertKeeper.run`` beside the elector when
+Who calls this: ``colocation_manager.cli`` runs ``CertKeeper.run`` beside the elector when
 ``--webhook-cert-secret`` is given (the chart's default where cert-manager is absent). Every
 replica runs it: a write is a replace guarded by the Secret's ``resourceVersion``, so when two
 replicas renew at once one wins and the other reads the winner's certificate at its next round;
 every replica writes the Secret's certificate to its own files (``--webhook-cert-dir``), which
-``scheduler_ext.manager.serving.ReloadingCertificate`` serves from the next TLS handshake on.
+``colocation_manager.serving.ReloadingCertificate`` serves from the next TLS handshake on.
 
 Rules (``renewal_reason``, pure):
 
@@ -46,12 +46,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from scheduler_ext.errors import APIError, ConflictError
+from rhp_kube.errors import APIError, ConflictError
 
 __all__ = ["MAX_PEM_BYTES", "Bundle", "CertAPI", "CertKeeper", "issue", "parse_secret", "renewal_reason",
            "secret_data"]
 
-log = structlog.get_logger("scheduler_ext.manager.certs")
+log = structlog.get_logger("colocation_manager.certs")
 
 MAX_PEM_BYTES = 64 << 10
 MAX_CA_CERTS = 4

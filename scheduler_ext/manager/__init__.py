@@ -1,8 +1,0 @@
-"""The co-location manager (``scheduler-ext manager``): what koord-manager's slo-controller and
-pod webhook do, for clusters without Koordinator.
-
-Pure parts (no I/O, no clock): ``resources`` (batch and mid formulas, when to write),
-``objects`` (Node and Pod JSON to the formulas' inputs), ``profile`` (the
-ClusterColocationProfile mutation and the batch-resource validation). The
-``koord_formats.colocation`` and ``koord_formats.sloconfig`` modules parse slo-controller-config.
-"""
