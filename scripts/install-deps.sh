@@ -21,13 +21,28 @@
 #   6. The cgroup v2 guest node for tests/v2/ by scripts/build-v2node.sh into $RHP_V2NODE_PREFIX
 #      (default /opt/runtime-hook-proxy/v2node): about 2 minutes the first time (kernel package,
 #      mmdebstrap, mke2fs), nothing when its inputs are unchanged. A failed build is a warning.
+#
+#   bash scripts/install-deps.sh          everything above: what scripts/test.sh needs
+#   bash scripts/install-deps.sh --demo   only what scripts/demo.sh needs: step 1's packages for
+#                                         containerd 1.6 (no QEMU, mmdebstrap or umoci) and step 3
+#                                         without the dev tools (`pip install -e . -e ./devenv`);
+#                                         no containerd 1.7/2.1, critest, Kubernetes, helm or v2
+#                                         node. A later run without --demo adds the rest.
 # Environment: RHP_CONTAINERD_PREFIX (see above), RHP_SKIP_EXTRA_CONTAINERD=1 (skip step 2),
 # RHP_DEBIAN_URI (mirror for step 2; default: the machine's own Debian URI from its apt sources),
-# RHP_KUBE_PREFIX (step 4), RHP_SKIP_KUBE=1 (skip step 4), RHP_SKIP_V2NODE=1 (skip step 6).
+# RHP_KUBE_PREFIX (step 4), RHP_SKIP_KUBE=1 (skip step 4), RHP_SKIP_V2NODE=1 (skip step 6),
+# RHP_LOCK_DIR (where the machine-wide lock file is; default /run/lock). pip honours its own
+# PIP_CACHE_DIR, Go its GOCACHE and GOMODCACHE (point them at empty directories for a cold run).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO_ROOT=$(pwd)
+DEMO=0
+case "${1-}" in
+  "") ;;
+  --demo) DEMO=1 ;;
+  *) echo "usage: bash scripts/install-deps.sh [--demo]" >&2; exit 2 ;;
+esac
 PREFIX=${RHP_CONTAINERD_PREFIX:-/opt/runtime-hook-proxy/containerd}
 export DEBIAN_FRONTEND=noninteractive
 
@@ -40,7 +55,7 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 
 # Several engineers (and CI) may run this at once on one machine: serialize the whole script.
-LOCK_DIR=/run/lock
+LOCK_DIR=${RHP_LOCK_DIR:-/run/lock}
 [[ -d $LOCK_DIR && -w $LOCK_DIR ]] || LOCK_DIR=/tmp
 exec 9>"$LOCK_DIR/runtime-hook-proxy-install-deps.lock"
 flock 9
@@ -48,10 +63,14 @@ flock 9
 declare -a SUMMARY=()
 
 # --- 1. Debian packages ---------------------------------------------------------------------------
-APT_PACKAGES=(containerd runc busybox-static containernetworking-plugins ca-certificates util-linux mmdebstrap umoci)
-# the cgroup v2 guest node (scripts/build-v2node.sh, rhp_devenv.v2node): QEMU (TCG), e2fsprogs for
-# mke2fs -d, cpio for its initrd, kmod for depmod over the unpacked kernel's modules
-APT_PACKAGES+=(qemu-system-x86 e2fsprogs cpio kmod)
+# The demo's: containerd 1.6, runc, the busybox image's binary, the loopback CNI plugin.
+APT_PACKAGES=(containerd runc busybox-static containernetworking-plugins ca-certificates util-linux)
+if ((!DEMO)); then
+  # the images (packaging/image/build.sh: mmdebstrap, umoci); the cgroup v2 guest node
+  # (scripts/build-v2node.sh, rhp_devenv.v2node): QEMU (TCG), e2fsprogs for mke2fs -d, cpio for
+  # its initrd, kmod for depmod over the unpacked kernel's modules
+  APT_PACKAGES+=(mmdebstrap umoci qemu-system-x86 e2fsprogs cpio kmod)
+fi
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   APT_PACKAGES+=(python3-venv)
 fi
@@ -138,7 +157,9 @@ fetch_containerd() {
   SUMMARY+=("containerd $want: $("$dest/usr/bin/containerd" --version | awk '{print $3}') ($dest)")
 }
 
-if [[ ${RHP_SKIP_EXTRA_CONTAINERD:-0} == 1 ]]; then
+if ((DEMO)); then
+  log "--demo: not fetching containerd 1.7 and 2.1 (the demo runs on the newest one there)"
+elif [[ ${RHP_SKIP_EXTRA_CONTAINERD:-0} == 1 ]]; then
   log "RHP_SKIP_EXTRA_CONTAINERD=1: not fetching containerd 1.7 and 2.1"
 else
   fetch_containerd trixie 1.7
@@ -150,16 +171,30 @@ if [[ ! -x .venv/bin/python ]]; then
   log "creating .venv with $(command -v python3) ($(python3 -V 2>&1))"
   python3 -m venv .venv
 fi
+# The stamp is the hash of both pyproject.toml files, with " demo" after it when only the demo's
+# part is installed (no dev extra): the full install is good for the demo too, not the reverse.
 stamp=.venv/.runtime-hook-proxy-deps
 want_stamp=$(cat pyproject.toml devenv/pyproject.toml | sha256sum | awk '{print $1}')
-if [[ -r $stamp && $(cat "$stamp") == "$want_stamp" ]] && [[ -x .venv/bin/pytest ]]; then
+have_stamp=$(cat "$stamp" 2>/dev/null || true)
+if [[ $have_stamp == "$want_stamp" && -x .venv/bin/pytest ]] || { ((DEMO)) && [[ $have_stamp == "$want_stamp demo" ]]; }; then
   log ".venv is up to date with pyproject.toml"
+elif ((DEMO)); then
+  log "pip install -e . -e ./devenv into .venv (the demo's part; no dev tools)"
+  .venv/bin/python -m pip install -q -e . -e ./devenv </dev/null
+  printf '%s demo\n' "$want_stamp" >"$stamp"
 else
   log "pip install -e '.[dev]' -e ./devenv into .venv"
   .venv/bin/python -m pip install -q -e '.[dev]' -e ./devenv </dev/null
   printf '%s\n' "$want_stamp" >"$stamp"
 fi
 SUMMARY+=(".venv: $(.venv/bin/python -V 2>&1) at $REPO_ROOT/.venv")
+
+if ((DEMO)); then
+  log "--demo: not building critest, Kubernetes, helm or the v2 node (scripts/test.sh does)"
+  log "summary:"
+  printf '  %s\n' "${SUMMARY[@]}"
+  exit 0
+fi
 
 # --- critest (cri-tools' CRI validation suite, for tests/integration/test_critest.py) ------------
 # Built from devenv/critest/ by scripts/build-critest.sh into /opt/runtime-hook-proxy/critest/
