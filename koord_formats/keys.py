@@ -111,6 +111,7 @@ __all__ = [
     "RESOURCE_GPU_MEMORY",
     "RESOURCE_GPU_MEMORY_RATIO",
     "RESOURCE_GPU_SHARED",
+    "RESOURCE_MEMORY",
     "RESOURCE_MID_CPU",
     "RESOURCE_MID_MEMORY",
     "RESOURCE_NVIDIA_GPU",
@@ -209,6 +210,7 @@ RESERVATION_ALLOCATE_POLICIES = (
 # ---- resource names (apis/extension/resource.go, device_share.go) ------------------------------
 RESOURCE_BATCH_CPU = "kubernetes.io/batch-cpu"  # integer milli-cores
 RESOURCE_BATCH_MEMORY = "kubernetes.io/batch-memory"  # bytes
+RESOURCE_MEMORY = "memory"  # the pod spec's own memory request and limit, bytes
 RESOURCE_MID_CPU = "kubernetes.io/mid-cpu"
 RESOURCE_MID_MEMORY = "kubernetes.io/mid-memory"
 RESOURCE_NVIDIA_GPU = "nvidia.com/gpu"
@@ -284,6 +286,15 @@ class SLO:
     CGROUP_ROOT = "cgroupRoot"
     CPU_QOS = "cpuQOS"
     RESCTRL_QOS = "resctrlQOS"
+    MEMORY_QOS = "memoryQOS"
+    MIN_LIMIT_PERCENT = "minLimitPercent"
+    LOW_LIMIT_PERCENT = "lowLimitPercent"
+    THROTTLING_PERCENT = "throttlingPercent"
+    WMARK_RATIO = "wmarkRatio"
+    WMARK_SCALE_PERMILL = "wmarkScalePermill"
+    WMARK_MIN_ADJ = "wmarkMinAdj"
+    PRIORITY_ENABLE = "priorityEnable"
+    OOM_KILL_GROUP = "oomKillGroup"
     ENABLE = "enable"
     GROUP_IDENTITY = "groupIdentity"
     SCHED_IDLE = "schedIdle"

@@ -36,6 +36,7 @@ __all__ = [
     "Eviction",
     "HostApplication",
     "HostCgroupPath",
+    "MemoryQOS",
     "ResctrlQOS",
     "class_bvt_value",
     "cpu_burst",
@@ -47,6 +48,8 @@ __all__ = [
     "group_identity_enabled",
     "host_application",
     "host_applications",
+    "memory_qos",
+    "memory_qos_configured",
     "resctrl_qos",
     "section",
     "validate_node_slo",
@@ -178,6 +181,71 @@ def resctrl_qos(spec: Mapping[str, Any], class_key: str, problems: list[str] | N
         cat_range_end_percent=end,
         mba_percent=pct(SLO.MBA_PERCENT, mba, 1),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryQOS:
+    """``resourceQOSStrategy.<class>.memoryQOS`` after defaults. A class whose ``enable`` is
+    false takes every "close" value (koordlet's ``NoneMemoryQOS``: percentages 0, which give
+    ``memory.min`` 0, ``memory.low`` 0 and ``memory.high`` max); an enabled class takes
+    ``DefaultMemoryQOS`` for what it leaves out (percentages 0 as well: protection and
+    throttling are only what the NodeSLO asks for). The watermark, OOM priority and OOM group
+    fields drive Anolis kernel files and are kept only to be reported."""
+
+    enable: bool = False
+    min_limit_percent: int = 0  # memory.min = request x this / 100
+    low_limit_percent: int = 0  # memory.low = request x this / 100
+    throttling_percent: int = 0  # memory.high = request + (limit - request) x this / 100; 0: max
+    wmark_ratio: int = 0
+    wmark_scale_permill: int = 50
+    wmark_min_adj: int = 0
+    priority_enable: int = 0
+    priority: int = 0
+    oom_kill_group: int = 0
+
+
+# (field, key, lo, hi) of memoryQOS (nodeslo_types.go's validate tags).
+_MEMORY_QOS_FIELDS = (
+    ("min_limit_percent", SLO.MIN_LIMIT_PERCENT, 0, 100),
+    ("low_limit_percent", SLO.LOW_LIMIT_PERCENT, 0, 100),
+    ("throttling_percent", SLO.THROTTLING_PERCENT, 0, 100),
+    ("wmark_ratio", SLO.WMARK_RATIO, 0, 100),
+    ("wmark_scale_permill", SLO.WMARK_SCALE_PERMILL, 1, 1000),
+    ("wmark_min_adj", SLO.WMARK_MIN_ADJ, -25, 50),
+    ("priority_enable", SLO.PRIORITY_ENABLE, 0, 1),
+    ("priority", SLO.PRIORITY, 0, 12),
+    ("oom_kill_group", SLO.OOM_KILL_GROUP, 0, 1),
+)
+# DefaultMemoryQOS's watermark values per class (the percentages and OOM fields default to 0).
+_DEFAULT_WMARK = {
+    SLO.LSR_CLASS: (95, 20, -25),
+    SLO.LS_CLASS: (95, 20, -25),
+    SLO.BE_CLASS: (95, 20, 50),
+    SLO.SYSTEM_CLASS: (0, 50, 0),
+}
+
+
+def memory_qos(spec: Mapping[str, Any], class_key: str, problems: list[str] | None = None) -> MemoryQOS:
+    """memoryQOS of ``class_key``; a value of the wrong type or outside its range is reported
+    and takes the default."""
+    sec = section(spec, SLO.RESOURCE_QOS_STRATEGY, class_key, SLO.MEMORY_QOS)
+    enable = _typed(sec, SLO.ENABLE, bool, False, problems)
+    ratio, scale, adj = _DEFAULT_WMARK.get(class_key, (0, 50, 0))
+    base = MemoryQOS(enable=enable, wmark_ratio=ratio, wmark_scale_permill=scale, wmark_min_adj=adj)
+    values: dict[str, int] = {}
+    for name, key, lo, hi in _MEMORY_QOS_FIELDS:
+        default: int = getattr(base, name)
+        values[name] = _ranged(_typed(sec, key, int, default, problems), lo, hi, default, key, problems)
+    if not enable:
+        return MemoryQOS()
+    return MemoryQOS(enable=True, **values)
+
+
+def memory_qos_configured(spec: Mapping[str, Any]) -> bool:
+    """True when some class of ``resourceQOSStrategy`` has a ``memoryQOS`` section (enabled or
+    not): the ``memory_qos`` plugin plans only then, so a node whose NodeSLO never names memory
+    QoS keeps the files kubelet and the runtime wrote."""
+    return any(section(spec, SLO.RESOURCE_QOS_STRATEGY, k).get(SLO.MEMORY_QOS) is not None for k in _CLASS_KEYS)
 
 
 # ---- resourceUsedThresholdWithBE -------------------------------------------------------------------
@@ -324,6 +392,7 @@ def validate_node_slo(spec: object) -> None:
     for class_key in _CLASS_KEYS:
         cpu_qos(spec, class_key, problems)
         resctrl_qos(spec, class_key, problems)
+        memory_qos(spec, class_key, problems)
     cpu_burst(spec, problems)
     cpu_suppress(spec, problems)
     eviction(spec, problems)

@@ -365,11 +365,24 @@ def batch_amounts(section: Mapping[str, Fraction], what: str) -> Mapping[str, in
     return MappingProxyType(out)
 
 
+def _memory_amount(section: Mapping[str, Fraction], what: str) -> Mapping[str, int]:
+    """The plain ``memory`` of one requests or limits list in bytes (rounded up), for the
+    ``memory_qos`` plugin; ``FormatError`` above ``MAX_BATCH_MEMORY_BYTES``."""
+    if keys.RESOURCE_MEMORY not in section:
+        return {}
+    value = section[keys.RESOURCE_MEMORY]
+    amount = -(-value.numerator // value.denominator)
+    if amount > MAX_BATCH_MEMORY_BYTES:
+        raise FormatError(f"{what} memory: {amount} is above {MAX_BATCH_MEMORY_BYTES}")
+    return {keys.RESOURCE_MEMORY: amount}
+
+
 @dataclass(frozen=True, slots=True)
 class PodBatchResources:
     """What a Pod object says of its batch resources: its identity and, for each container of
-    ``spec.containers`` that asks for any, its batch requests and limits. A limit without a
-    request gives the request (the API server's defaulting for extended resources)."""
+    ``spec.containers`` that asks for any, its batch requests and limits, and its plain
+    ``memory`` request and limit (the ``memory_qos`` plugin's input; CRI does not carry the
+    request). A limit without a request gives the request (the API server's defaulting)."""
 
     uid: str
     namespace: str
@@ -408,9 +421,11 @@ def parse_pod_batch_resources(obj: object) -> PodBatchResources:
         seen.add(cname)
         resources = read_object(_present(container.get("resources"), {}), f"{what} {cname[:64]} resources")
         where = f"{what} {cname[:64]}"
-        limits = batch_amounts(read_resource_list(resources.get("limits"), f"{where} limits"), f"{where} limits")
-        requests = {**limits, **batch_amounts(read_resource_list(resources.get("requests"), f"{where} requests"),
-                                              f"{where} requests")}
+        limit_list = read_resource_list(resources.get("limits"), f"{where} limits")
+        request_list = read_resource_list(resources.get("requests"), f"{where} requests")
+        limits = {**batch_amounts(limit_list, f"{where} limits"), **_memory_amount(limit_list, f"{where} limits")}
+        requests = {**limits, **batch_amounts(request_list, f"{where} requests"),
+                    **_memory_amount(request_list, f"{where} requests")}
         if requests or limits:
             out[cname] = ContainerResourceSpec(
                 requests=MappingProxyType({k: Fraction(v) for k, v in requests.items()}),

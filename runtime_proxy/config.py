@@ -86,7 +86,8 @@ class UsageLoopConfig(BaseModel):
     enable: bool | None = Field(default=None, description="Run the usage loop (sample node, pod and BE usage "
                                 "every `intervalSeconds` and run the `ReconcileUsage` plugins: CPU suppress, "
                                 "evictions): `true` always, `false` never; unset: whenever an enabled plugin "
-                                "implements `ReconcileUsage` (`cpu_suppress`, `memory_evict`, `cpu_evict`). "
+                                "implements `ReconcileUsage` (`cpu_suppress`, `memory_qos`, `memory_evict`, "
+                                "`cpu_evict`). "
                                 "The start logs whether it runs and why.")
     intervalSeconds: float = Field(default=1.0, gt=0, le=60, description="Seconds between usage-loop rounds, "
                                    "in (0, 60] (Koordinator: 1).")

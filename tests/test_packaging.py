@@ -276,7 +276,7 @@ def test_the_usage_loop_runs_with_the_packaged_plugins_and_no_enable_key(tmp_pat
     pm = make_plugin_manager(entry_points=False)
     pipeline = Pipeline(plugin_steps(pm, wiring.plugin_settings(config, pm, entry_points=False)))
     assert wiring.usage_loop_decision(config, pm, pipeline) == (
-        True, "enabled plugins implement ReconcileUsage: cpu_suppress, memory_evict, cpu_evict")
+        True, "enabled plugins implement ReconcileUsage: cpu_suppress, memory_qos, memory_evict, cpu_evict")
     assert "rdt" not in [step.name for step in pipeline.steps], "rdt is left out where resctrl is absent"
 
 

@@ -19,6 +19,9 @@ plugin's module name, registration name and config name are the same string.
 - ``host_app_qos``: group identity and the LS cpuset for NodeSLO ``hostApplications``.
 - ``cpu_suppress``: the BE share (kube-QoS quota or BE cpusets) from sampled usage, at the
   ``ReconcileUsage`` stage run by the usage loop (``runtime_proxy.loops.qos``).
+- ``memory_qos``: ``memory.min``, ``memory.low``, ``memory.high`` by QoS class at container,
+  pod and kube-QoS level from NodeSLO ``memoryQOS``, on cgroup v2 only (stage
+  ``ReconcileUsage``).
 - ``memory_evict``: BE pods evicted when node memory crosses ``memoryEvictThresholdPercent``
   (stage ``ReconcileUsage``).
 - ``cpu_evict``: BE pods evicted when BE CPU satisfaction stays below
@@ -36,6 +39,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rdt",
     "host_app_qos",
     "cpu_suppress",
+    "memory_qos",
     "memory_evict",
     "cpu_evict",
 )

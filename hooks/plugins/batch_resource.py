@@ -62,12 +62,16 @@ class BatchSpec:
     memory_limit: int | None = None  # bytes
 
 
-def _batch_specs(specs: Mapping[str, ContainerResourceSpec], what: str) -> dict[str, BatchSpec]:
-    """Container name -> batch spec; ``FormatError`` for an amount above its bound."""
+def _batch_specs(specs: Mapping[str, ContainerResourceSpec], what: str, *, listed: bool = True) -> dict[str, BatchSpec]:
+    """Container name -> batch spec; ``FormatError`` for an amount above its bound. With
+    ``listed`` false (the pod spec, which also carries the plain memory request for
+    ``memory_qos``), a container that asks for no batch resource is left out."""
     out: dict[str, BatchSpec] = {}
     for name, spec in specs.items():
         requests = batch_amounts(spec.requests, f"{what} {name[:64]} requests")
         limits = batch_amounts(spec.limits, f"{what} {name[:64]} limits")
+        if not listed and not requests and not limits:
+            continue
         out[name] = BatchSpec(requests.get(keys.RESOURCE_BATCH_CPU), limits.get(keys.RESOURCE_BATCH_CPU),
                               limits.get(keys.RESOURCE_BATCH_MEMORY))
     return out
@@ -90,7 +94,7 @@ def batch_specs(pod: PodFacts) -> dict[str, BatchSpec] | None:
     if annotation is not None:
         return annotation
     if pod.batch_resources:
-        return _batch_specs(pod.batch_resources, "pod spec")
+        return _batch_specs(pod.batch_resources, "pod spec", listed=False) or None
     return None
 
 

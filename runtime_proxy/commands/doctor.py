@@ -221,7 +221,7 @@ def check_cgroup(opts: DoctorOptions) -> list[Check]:
         except FileRefused:
             enabled = set()
         for controller, users in (("cpu", ("cpuset", "batch_resource", "cpu_burst", *GROUP_IDENTITY_PLUGINS)),
-                                  ("cpuset", ("cpuset", "numa")), ("memory", ("batch_resource",))):
+                                  ("cpuset", ("cpuset", "numa")), ("memory", ("batch_resource", "memory_qos"))):
             name = f"controller {controller}"
             if controller in enabled:
                 checks.append(Check(name, "ok", "enabled in cgroup.subtree_control"))
@@ -245,7 +245,25 @@ def check_interfaces(opts: DoctorOptions) -> list[Check]:
         checks.append(Check(name, "ok", str(found), needed) if found else
                       _missing(name, f"no {file} under {base}", needed))
     checks += _group_identity(opts, root, version)
+    checks += _memory_qos(opts, root, version)
     return checks
+
+
+MEMORY_QOS_FILES = ("memory.min", "memory.low", "memory.high")
+
+
+def _memory_qos(opts: DoctorOptions, root: Path, version: int) -> list[Check]:
+    """memory_qos writes memory.min/low/high on cgroup v2 only (hooks/plugins/memory_qos.py)."""
+    needed = _needs(opts.plugins, ("memory_qos",))
+    name = "memory qos (memory.min, memory.low, memory.high)"
+    if version != 2:
+        what = ("cgroup v1: memory_qos writes nothing here (memory.min, memory.low and memory.high are "
+                "cgroup v2 files; only Anolis kernels add them to v1, and the plugin does not use them)")
+        return [Check(name, "warn", what, needed)] if needed else [_missing(name, what, needed)]
+    missing = [f for f in MEMORY_QOS_FILES if _find(root, f, opts.kubelet_cgroup_root) is None]
+    if missing:
+        return [_missing(name, f"no {', '.join(missing)} under {root}", needed)]
+    return [Check(name, "ok", f"found under {root}", needed)]
 
 
 def _group_identity(opts: DoctorOptions, root: Path, version: int) -> list[Check]:

@@ -246,3 +246,48 @@ def test_nodeslo_accessors_are_total_and_bounded(path: tuple[str, ...], key: str
     call_total(nodeslo.validate_node_slo, spec)
     call_total(nodeslo.host_applications, spec, [])
     call_total(nodeslo.host_application, value)
+
+
+# ---- memoryQOS ------------------------------------------------------------------------------------
+
+
+def test_memory_qos_disabled_takes_the_close_values() -> None:
+    """koordlet's NoneMemoryQOS when ``enable`` is false or absent, whatever else is given."""
+    spec = _class(SLO.LS_CLASS, SLO.MEMORY_QOS, minLimitPercent=50, throttlingPercent=80)
+    assert nodeslo.memory_qos(spec, SLO.LS_CLASS) == nodeslo.MemoryQOS()
+    assert nodeslo.memory_qos({}, SLO.BE_CLASS) == nodeslo.MemoryQOS()
+
+
+@pytest.mark.parametrize(
+    ("class_key", "wmark"),
+    [
+        pytest.param(SLO.LSR_CLASS, (95, 20, -25), id="LSR"),
+        pytest.param(SLO.LS_CLASS, (95, 20, -25), id="LS"),
+        pytest.param(SLO.BE_CLASS, (95, 20, 50), id="BE"),
+        pytest.param(SLO.SYSTEM_CLASS, (0, 50, 0), id="SYSTEM"),
+    ],
+)
+def test_memory_qos_enabled_defaults(class_key: str, wmark: tuple[int, int, int]) -> None:
+    """DefaultMemoryQOS: the percentages stay 0 (nothing protected unless asked for)."""
+    got = nodeslo.memory_qos(_class(class_key, SLO.MEMORY_QOS, enable=True), class_key)
+    assert got.enable
+    assert (got.min_limit_percent, got.low_limit_percent, got.throttling_percent) == (0, 0, 0)
+    assert (got.wmark_ratio, got.wmark_scale_permill, got.wmark_min_adj) == wmark
+
+
+def test_memory_qos_values_and_out_of_range() -> None:
+    spec = _class(SLO.LS_CLASS, SLO.MEMORY_QOS, enable=True, minLimitPercent=40, lowLimitPercent=60,
+                  throttlingPercent=101, wmarkMinAdj=-26, priority="high")
+    problems: list[str] = []
+    got = nodeslo.memory_qos(spec, SLO.LS_CLASS, problems)
+    assert (got.min_limit_percent, got.low_limit_percent, got.throttling_percent) == (40, 60, 0)
+    assert got.wmark_min_adj == -25 and got.priority == 0
+    assert len(problems) == 3
+    with pytest.raises(FormatError, match="throttlingPercent"):
+        nodeslo.validate_node_slo(spec)
+
+
+def test_memory_qos_configured() -> None:
+    assert not nodeslo.memory_qos_configured({})
+    assert not nodeslo.memory_qos_configured(_class(SLO.LS_CLASS, SLO.CPU_QOS, enable=True))
+    assert nodeslo.memory_qos_configured(_class(SLO.BE_CLASS, SLO.MEMORY_QOS, enable=False))

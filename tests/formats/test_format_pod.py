@@ -378,7 +378,8 @@ def _c(name: str, requests: Any = None, limits: Any = None) -> dict[str, Any]:
                      {"c1": ({BCPU: 1, BMEM: 1 << 30}, {BCPU: 1, BMEM: 1 << 30})},
                      id="limits alone give the requests"),
         pytest.param(_pod_object(_c("c1", {BCPU: "250", "cpu": "1"}, {BCPU: "500", "memory": "1Gi"})),
-                     {"c1": ({BCPU: 250}, {BCPU: 500})}, id="other resources are left out"),
+                     {"c1": ({BCPU: 250, "memory": 1 << 30}, {BCPU: 500, "memory": 1 << 30})},
+                     id="other resources are left out, but memory (memory_qos reads it)"),
         pytest.param(_pod_object(_c("c1", {BCPU: "0.5"}, {BCPU: "0.5"})), {"c1": ({BCPU: 1}, {BCPU: 1})},
                      id="fractions round up"),
         pytest.param(_pod_object(_c("a"), _c("b", {"cpu": "1"}, {"cpu": "1"}), _c("c", {BCPU: 100}, {BCPU: 100})),
@@ -424,3 +425,20 @@ def test_pod_batch_resources(obj: dict[str, Any], expected: dict[str, Any]) -> N
 )
 def test_pod_batch_resources_refuses(obj: Any) -> None:
     assert call_total(pod.parse_pod_batch_resources, obj) is None
+
+
+def test_pod_spec_memory_request_and_limit_for_memory_qos() -> None:
+    """The plain memory request (a limit alone gives it) rides along with the batch resources."""
+    obj = {"metadata": {"uid": "u"}, "spec": {"containers": [
+        {"name": "a", "resources": {"requests": {"memory": "256Mi"}, "limits": {"memory": "512Mi"}}},
+        {"name": "b", "resources": {"limits": {"memory": "1Gi"}}},
+        {"name": "c", "resources": {"requests": {"cpu": "1"}}},
+    ]}}
+    got = pod.parse_pod_batch_resources(obj).containers
+    assert got["a"].requests["memory"] == 256 << 20 and got["a"].limits["memory"] == 512 << 20
+    assert got["b"].requests["memory"] == 1 << 30
+    assert "c" not in got
+    huge = {"metadata": {"uid": "u"},
+            "spec": {"containers": [{"name": "a", "resources": {"requests": {"memory": "9Ei"}}}]}}
+    with pytest.raises(FormatError, match="memory"):
+        pod.parse_pod_batch_resources(huge)

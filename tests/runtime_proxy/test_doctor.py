@@ -27,7 +27,7 @@ V1_FILES = {
     "memory": ["memory.limit_in_bytes"],
 }
 V2_FILES = ["cpuset.cpus", "cpuset.mems", "cpu.max", "cpu.weight", "cpu.max.burst", "cpu.stat", "cpu.idle",
-            "memory.max"]
+            "memory.max", "memory.min", "memory.low", "memory.high"]  # as a real v2 kernel's cgroups hold
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:
@@ -194,6 +194,20 @@ def test_cgroup_v2_missing_parts(tmp_path: Path, drop: str, controllers: str, fa
     _v2_tree(tmp_path / "cg", drop, controllers)
     checks = doctor.run(_opts(tmp_path, skip=NOT_HERE | {"resctrl"}))
     assert [c.name for c in checks if c.status == "fail"] == failed
+
+
+def test_memory_qos_is_ready_on_v2_and_says_what_v1_does_instead(tmp_path: Path) -> None:
+    """memory_qos writes memory.min/low/high on cgroup v2 only; on v1 the doctor warns that it
+    writes nothing there, and a v2 tree without memory.min fails."""
+    name = "memory qos (memory.min, memory.low, memory.high)"
+    _v2_tree(tmp_path / "v2" / "cg")
+    assert _by_name(doctor.run(_opts(tmp_path / "v2", skip=NOT_HERE | {"resctrl"})))[name].status == "ok"
+    _v1_tree(tmp_path / "v1" / "cg")
+    got = _by_name(doctor.run(_opts(tmp_path / "v1", skip=NOT_HERE | {"resctrl"})))[name]
+    assert got.status == "warn" and "writes nothing" in got.detail and got.needed_by == ("memory_qos",)
+    _v2_tree(tmp_path / "v2b" / "cg", "memory.min")
+    got = _by_name(doctor.run(_opts(tmp_path / "v2b", skip=NOT_HERE | {"resctrl"})))[name]
+    assert got.status == "fail" and "memory.min" in got.detail
 
 
 def test_driver_mismatch_fails(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def _pipeline(config: ProxyConfig) -> tuple[Any, Pipeline]:
                      "not run", id="enable false turns it off and says what will not run"),
         pytest.param(["cpuset"], True, True, "usageLoop.enable is true", id="enable true runs it anyway"),
         pytest.param(None, None, True,
-                     "enabled plugins implement ReconcileUsage: cpu_suppress, memory_evict, cpu_evict",
+                     "enabled plugins implement ReconcileUsage: cpu_suppress, memory_qos, memory_evict, cpu_evict",
                      id="without a plugin list every built-in is on, so the loop is too"),
     ],
 )
