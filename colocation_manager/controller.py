@@ -22,6 +22,15 @@ Per node (``Reconciler.reconcile_node``), each step costing only that node:
 4. the batch values of each NUMA zone of its NodeResourceTopology (``zone_batch_resources``):
    one merge patch of ``zones`` (every other zone and resource kept as read), guarded by the
    object's resourceVersion so a node agent's concurrent write is never lost.
+5. its CPU normalization ratio (``koord_formats.cpunormalization.decide_ratio``: the
+   ``cpu-normalization-config`` strategy for its labels, its ``cpu-normalization-enabled`` label
+   and the ``cpu-basic-info`` of its NodeResourceTopology): the annotation
+   ``node.koordinator.sh/cpu-normalization-ratio`` set with one merge patch of that annotation
+   alone, when it differs by 0.01 or more (or is absent or unreadable); "1.00" when
+   normalization is disabled; left as it is when the ratio cannot be chosen (no basic info, an
+   unknown CPU model, a ratio out of range), as koord-manager does.
+   The batch-cpu written in step 3 is multiplied by the ratio the Node carries
+   (``resources.py``), so it follows on the Node's next event.
 
 NodeMetrics and NodeSLOs of Nodes that are gone are deleted (guarded by their uid). Every node
 is reconciled again every ``resync_seconds``, so a NodeMetric that stops being updated degrades
@@ -63,7 +72,8 @@ from colocation_manager.resources import (
     needs_write,
     zone_batch_resources,
 )
-from koord_formats import FormatError, nodemetric, nrt, sloconfig
+from koord_formats import FormatError, keys, nodemetric, nrt, sloconfig
+from koord_formats import cpunormalization as cpunorm
 from koord_formats.colocation import (
     CONFIG_KEY_COLOCATION,
     ColocationConfig,
@@ -71,6 +81,7 @@ from koord_formats.colocation import (
     parse_colocation_config,
 )
 from koord_formats.errors import describe
+from koord_formats.node import parse_cpu_normalization_ratio
 from koord_formats.quantity import parse_bytes, parse_cpu_milli
 from rhp_kube.errors import APIError, ConflictError, NotFoundError
 from rhp_kube.lease import NotLeader
@@ -249,6 +260,8 @@ class Cache:
     topologies: dict[str, _Topology] = field(default_factory=dict)
     colocation: ColocationConfig = field(default_factory=ColocationConfig)
     slo: sloconfig.SLOConfig = field(default_factory=sloconfig.SLOConfig)
+    cpu_norm: cpunorm.CPUNormalizationConfig = field(default_factory=cpunorm.CPUNormalizationConfig)
+    basic_info: dict[str, cpunorm.CPUBasicInfo | str] = field(default_factory=dict)  # NRT name -> info or why not
     synced: set[str] = field(default_factory=set)
     absent: set[str] = field(default_factory=set)  # kinds whose CRD is not installed: not written
     dirty: set[str] = field(default_factory=set)
@@ -323,6 +336,7 @@ class Cache:
             data = obj.get("data")
             self._config(data if isinstance(data, Mapping) else {})
         elif kind == NRTS:
+            self._basic_info(name, obj)
             try:
                 zones = nrt.parse_zones(obj.get("zones"))
                 numa = _numa_capacities(zones)
@@ -357,6 +371,8 @@ class Cache:
                 self.dirty.add(key)
             elif kind == NRTS:
                 self.topologies.pop(key, None)
+                self.basic_info.pop(key, None)
+                self.dirty.add(key)
         if kind == CONFIGMAPS:
             self._config(None)
 
@@ -406,6 +422,27 @@ class Cache:
             self.pods.setdefault(node, {})[key] = decoded
             self.dirty.add(node)
 
+    def _basic_info(self, name: str, obj: Mapping[str, Any]) -> None:
+        """The NRT's ``cpu-basic-info`` (absent: forgotten; unreadable: why, counted and logged)."""
+        meta = obj.get("metadata")
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        raw = annotations.get(keys.NODE_ANNOTATION_CPU_BASIC_INFO) if isinstance(annotations, Mapping) else None
+        info: cpunorm.CPUBasicInfo | str | None = None
+        if raw is not None:
+            try:
+                info = cpunorm.parse_cpu_basic_info(raw)
+            except FormatError as exc:
+                info = describe(exc)
+                BAD_OBJECTS.labels(NRTS).inc()
+                log.warning("cpu-basic-info unreadable; the node's CPU normalization ratio is left as it is",
+                            node=name, error=info)
+        with self.lock:
+            if info is None:
+                self.basic_info.pop(name, None)
+            else:
+                self.basic_info[name] = info
+            self.dirty.add(name)
+
     def _config(self, data: Mapping[str, Any] | None) -> None:
         text = None if data is None else data.get(CONFIG_KEY_COLOCATION)
         try:
@@ -417,13 +454,31 @@ class Cache:
             log.warning("colocation-config refused; the previous one is kept", error=describe(exc))
             colocation = self.colocation
         slo, problems = sloconfig.parse_slo_config(data, self.slo)
+        text = None if data is None else data.get(cpunorm.CONFIG_KEY_CPU_NORMALIZATION)
+        try:
+            cpu_norm, norm_problems = cpunorm.parse_cpu_normalization_config(text)
+            problems = (*problems, *norm_problems)
+        except FormatError as exc:
+            problems = (*problems, f"{describe(exc)}; the previous value is kept")
+            cpu_norm = self.cpu_norm
         for problem in problems:
             BAD_OBJECTS.labels(CONFIGMAPS).inc()
             log.warning("slo-controller-config problem", error=problem[:300])
         with self.lock:
-            self.colocation, self.slo = colocation, slo
+            self.colocation, self.slo, self.cpu_norm = colocation, slo, cpu_norm
             self.dirty.update(self.nodes)
             self.dirty.update(self.metrics)
+
+
+def _ratio_differs(current: str | None, wanted: str) -> bool:
+    """True when the Node's ratio annotation should be written: absent, unreadable, or 0.01 or
+    more away from ``wanted`` (koord-manager's ``NeedSyncMeta``)."""
+    if current is None:
+        return True
+    try:
+        return parse_cpu_normalization_ratio(current) != parse_cpu_normalization_ratio(wanted)
+    except FormatError:
+        return True
 
 
 _T = TypeVar("_T")
@@ -546,7 +601,8 @@ class Reconciler:
             owned_slo = self.cache.nodeslos.get(name)
             topology = self.cache.topologies.get(name)
             pods = list(self.cache.pods.get(name, {}).values())
-            colocation, slo = self.cache.colocation, self.cache.slo
+            colocation, slo, cpu_norm = self.cache.colocation, self.cache.slo, self.cache.cpu_norm
+            basic_info = self.cache.basic_info.get(name)
             absent = set(self.cache.absent)
         if node is None:  # the Node is gone: its NodeMetric and NodeSLO go too
             if owned_metric is not None:
@@ -586,12 +642,27 @@ class Reconciler:
             new.update(result.values)
         if topology is not None and topology.numa and NRTS not in absent:
             await self._write_zones(name, strategy, node.info, topology, infos, metrics, now, bad)
-        if not needs_write(node.current, new, strategy, self.last_write.get(name), now):
+        if needs_write(node.current, new, strategy, self.last_write.get(name), now):
+            values = {k: (None if v is None else str(v)) for k, v in new.items() if node.current.get(k) != v}
+            patch = {"metadata": {"resourceVersion": node.resource_version},
+                     "status": {"capacity": values, "allocatable": values}}
+            if await self._write(NODES, self.api.patch_node_status(name, patch), name):
+                self.last_write[name] = now
+                log.info("node resources written", node=name, values=values,
+                         reason="; ".join(r.reason for r in results))
+        await self._write_ratio(node, cpu_norm, basic_info)
+
+    async def _write_ratio(self, node: _Node, cpu_norm: cpunorm.CPUNormalizationConfig,
+                           basic_info: cpunorm.CPUBasicInfo | str | None) -> None:
+        """The node's CPU normalization ratio annotation, when it should change: a merge patch
+        of that one annotation (not guarded by the resourceVersion: it changes nothing else, and
+        the status write just before moved the version)."""
+        decision = cpunorm.decide_ratio(cpu_norm.for_node(node.labels),
+                                        node.labels.get(keys.LABEL_CPU_NORMALIZATION_ENABLED), basic_info)
+        current = node.annotations.get(keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO)
+        if decision.ratio is None or not _ratio_differs(current, decision.ratio):
             return
-        values = {k: (None if v is None else str(v)) for k, v in new.items() if node.current.get(k) != v}
-        patch = {"metadata": {"resourceVersion": node.resource_version},
-                 "status": {"capacity": values, "allocatable": values}}
-        if await self._write(NODES, self.api.patch_node_status(name, patch), name):
-            self.last_write[name] = now
-            log.info("node resources written", node=name, values=values,
-                     reason="; ".join(r.reason for r in results))
+        patch = {"metadata": {"annotations": {keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO: decision.ratio}}}
+        if await self._write(NODES, self.api.patch_node(node.name, patch), node.name):
+            log.info("node cpu normalization ratio written", node=node.name, ratio=decision.ratio, previous=current,
+                     reason=decision.reason)

@@ -6,9 +6,10 @@ Pods, NodeMetrics, NodeSLOs, NodeResourceTopologies and the one ConfigMap (by na
 namespace); Namespaces, ClusterColocationProfiles and PriorityClasses for the webhook. The CRDs
 may be missing (listed as empty and absent: not written). ``ManagerAPI`` makes the writes on
 ``rhp_kube.http.KubeHTTP`` (aiohttp on the event loop, typed errors): NodeMetric and NodeSLO
-create, spec replace and delete, the Node status merge patch, the webhook's Secret and
-configuration. ``LeaseCalls`` (``rhp_kube.lease``) gives the election (``rhp_kube.lease.Elector``)
-its Lease calls on the same transport, a conflict as ``None``.
+create, spec replace and delete, the Node status merge patch, the Node merge patch (its CPU
+normalization ratio annotation), the webhook's Secret and configuration. ``LeaseCalls``
+(``rhp_kube.lease``) gives the election (``rhp_kube.lease.Elector``) its Lease calls on the same
+transport, a conflict as ``None``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ class ManagerAPI(KubeHTTP):
         """DELETE a NodeMetric or NodeSLO; with ``uid`` only that incarnation of it (409 else)."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}} if uid else None
         await self.request("DELETE", _cluster_path(kind, name), body)
+
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of the Node itself (its metadata: the CPU normalization ratio
+        annotation; a ``metadata.resourceVersion`` makes it conditional)."""
+        return json_object(await self.request("PATCH", f"/api/v1/nodes/{seg(name)}", patch, MERGE_PATCH))
 
     async def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch of the Node's status subresource (``null`` removes a key; a

@@ -418,7 +418,7 @@ def test_the_manager_runs_with_the_rights_it_uses() -> None:
     assert container["ports"] == [{"name": "metrics", "containerPort": int(args.metrics_listen.rsplit(":", 1)[1])}]
     role = cluster_roles(no_webhook)[f"{FULL}-manager"]
     writes = {(res, verb) for _, res, verb in granted(role) if verb in ("create", "update", "patch", "delete")}
-    assert writes == {("nodes/status", "patch"), ("noderesourcetopologies", "patch")} | {
+    assert writes == {("nodes/status", "patch"), ("nodes", "patch"), ("noderesourcetopologies", "patch")} | {
         (kind, verb) for kind in ("nodemetrics", "nodeslos") for verb in ("create", "patch", "delete")}
     assert not {res for _, res, _ in granted(role)} & {"clustercolocationprofiles", "namespaces", "priorityclasses"}, \
         "the webhook's reads only with the webhook"

@@ -327,5 +327,5 @@ def test_the_manager_overlay_runs_the_manager_with_the_rights_it_uses() -> None:
     (role,) = kinds["ClusterRole"]
     writes = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]
               if verb in ("create", "update", "patch", "delete")}
-    assert writes == {("nodes/status", "patch"), ("noderesourcetopologies", "patch")} | {
+    assert writes == {("nodes/status", "patch"), ("nodes", "patch"), ("noderesourcetopologies", "patch")} | {
         (kind, verb) for kind in ("nodemetrics", "nodeslos") for verb in ("create", "patch", "delete")}

@@ -5,6 +5,7 @@ handling of hostile objects (each costs only itself)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -117,6 +118,10 @@ class RecordingAPI:
         self.calls.append(("status", name))
         return {}
 
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("node", name))
+        return {}
+
 
 def test_kinds_whose_crd_is_missing_are_not_written() -> None:
     """A cluster without the NodeMetric CRD: no create per node and resync (each would be a 404),
@@ -130,7 +135,7 @@ def test_kinds_whose_crd_is_missing_are_not_written() -> None:
     api = RecordingAPI()
     reconciler = Reconciler(cache, api, Always())  # type: ignore[arg-type]
     asyncio.run(reconciler.reconcile_node("n1"))
-    assert api.calls == [("create", "nodeslos")]
+    assert api.calls == [("create", "nodeslos"), ("node", "n1")], "and the ratio 1.00 (normalization off)"
     cache.replace("nodemetrics", [])  # the CRD got installed
     asyncio.run(reconciler.reconcile_node("n1"))
     assert ("create", "nodemetrics") in api.calls
@@ -260,3 +265,89 @@ def test_an_empty_holder_identity_is_a_usage_error(capsys: pytest.CaptureFixture
     assert cli.main(["manager", "--identity", ""]) == cli.EXIT_USAGE
     _, err = capsys.readouterr()
     assert "--identity" in err and "Traceback" not in err
+
+
+def _norm_config(enable: bool, ratio: float = 1.2, model: str = "M") -> dict[str, Any]:
+    text = json.dumps({"enable": enable, "ratioModel": {model: {"hyperThreadEnabledRatio": ratio}},
+                       "nodeConfigs": [{"name": "off", "nodeSelector": {"matchLabels": {"norm": "off"}},
+                                        "enable": False}]})
+    return {"metadata": {"name": "slo-controller-config"}, "data": {"cpu-normalization-config": text}}
+
+
+def _nrt_with_info(name: str, info: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "resourceVersion": "9"}
+    if info is not None:
+        meta["annotations"] = {keys.NODE_ANNOTATION_CPU_BASIC_INFO: info}
+    return {"metadata": meta, "zones": [zone(0)]}
+
+
+def test_the_ratio_annotation_follows_the_config_and_the_basic_info() -> None:
+    """cpu-normalization-config and the NRT's cpu-basic-info give each Node its ratio (one merge
+    patch of that annotation, through the fence); a config change moves it, a disabled config
+    gives 1.00, a node selector chooses per node, and an unknown model leaves it as it is."""
+    from colocation_manager.controller import Reconciler
+
+    class API(RecordingAPI):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ratios: list[tuple[str, str]] = []
+
+        async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+            assert set(patch) == {"metadata"} and set(patch["metadata"]) == {"annotations"}
+            (value,) = patch["metadata"]["annotations"].values()
+            self.ratios.append((name, value))
+            return {}
+
+    cache = _ready_cache(0)
+    cache.replace("nodes", [node("n1"), {**node("off"), "metadata": {"name": "off", "resourceVersion": "1",
+                                                                       "labels": {"norm": "off"}}}])
+    info = json.dumps({"cpuModel": "M", "hyperThreadEnabled": True})
+    cache.replace("noderesourcetopologies", [_nrt_with_info("n1", info), _nrt_with_info("off", info)])
+    cache.replace("configmaps", [_norm_config(True)])
+    api = API()
+    reconciler = Reconciler(cache, api, Always())  # type: ignore[arg-type]
+
+    def run(*names: str) -> list[tuple[str, str]]:
+        api.ratios.clear()
+        for name in names:
+            asyncio.run(reconciler.reconcile_node(name))
+        return list(api.ratios)
+
+    def annotate(name: str, ratio: str, labels: dict[str, str] | None = None) -> None:
+        obj = node(name)
+        obj["metadata"]["annotations"] = {keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO: ratio}
+        obj["metadata"]["labels"] = labels or {}
+        cache.apply("nodes", "MODIFIED", obj)
+
+    assert run("n1", "off") == [("n1", "1.20"), ("off", "1.00")], "enabled by the cluster, disabled by selector"
+    annotate("n1", "1.2")
+    assert run("n1") == [], "the same ratio (less than 0.01 apart) is not written again"
+    cache.apply("configmaps", "MODIFIED", _norm_config(True, ratio=1.5))
+    assert run("n1") == [("n1", "1.50")], "a config change moves the ratio"
+    annotate("n1", "1.50")
+    cache.apply("configmaps", "MODIFIED", _norm_config(False))
+    assert run("n1") == [("n1", "1.00")], "disabled: 1.00, as koord-manager writes it"
+    annotate("n1", "1.50", {keys.LABEL_CPU_NORMALIZATION_ENABLED: "true"})
+    assert run("n1") == [("n1", "1.20")], "the node's label enables over the config"
+    annotate("n1", "1.50")
+    cache.apply("configmaps", "MODIFIED", _norm_config(True, model="Other"))
+    assert run("n1") == [], "a model the config does not name: the annotation is left as it is"
+    cache.apply("configmaps", "MODIFIED", _norm_config(True))
+    cache.apply("noderesourcetopologies", "MODIFIED", _nrt_with_info("n1", "{not json"))
+    assert run("n1") == [], "unreadable basic info: left as it is"
+    cache.apply("noderesourcetopologies", "DELETED", _nrt_with_info("n1", None))
+    assert run("n1") == [], "no NodeResourceTopology: left as it is"
+    cache.apply("configmaps", "MODIFIED", {"metadata": {"name": "slo-controller-config"},
+                                           "data": {"cpu-normalization-config": '{"enable":"yes"}'}})
+    assert cache.cpu_norm.cluster.enable is True, "a refused config keeps the previous one"
+
+
+def test_a_deposed_manager_writes_no_ratio() -> None:
+    from colocation_manager.controller import Reconciler
+
+    cache = _ready_cache(1)
+    cache.replace("configmaps", [_norm_config(False)])
+    api = RecordingAPI()
+    with pytest.raises(NotLeader):
+        asyncio.run(Reconciler(cache, api, Always(lambda: False)).reconcile_node("n0"))  # type: ignore[arg-type]
+    assert ("node", "n0") not in api.calls

@@ -19,6 +19,7 @@ from colocation_manager.controller import Cache, Reconciler
 from colocation_manager.webhook import WebhookState
 from koord_formats import FormatError, keys
 from koord_formats.colocation import parse_colocation_config
+from koord_formats.cpunormalization import parse_cpu_basic_info
 from tests.colocation_manager.test_shell import Always
 from tests.formats.hostile import FRAGMENTS, fill
 
@@ -32,9 +33,12 @@ POD = ('{"metadata":{"namespace":"ns","name":"p-NAME","resourceVersion":"1"},'
        '"status":{"phase":"Running"}}')
 METRIC = ('{"metadata":{"name":"NAME","uid":"u","resourceVersion":"1"},"spec":{},'
           '"status":{"updateTime":"' + STAMP + '","nodeMetric":{"systemUsage":{"resources":{"cpu":"500m"}}}}}')
-NRT = ('{"metadata":{"name":"NAME","resourceVersion":"1"},"zones":[{"name":"node-0","type":"Node","resources":'
+GOOD_INFO = json.dumps({"cpuModel": "M", "hyperThreadEnabled": True})
+NRT = ('{"metadata":{"name":"NAME","resourceVersion":"1","annotations":{"' + keys.NODE_ANNOTATION_CPU_BASIC_INFO
+       + '":' + json.dumps(GOOD_INFO) + '}},"zones":[{"name":"node-0","type":"Node","resources":'
        '[{"name":"cpu","capacity":"8","allocatable":"8","available":"8"},'
        '{"name":"memory","capacity":"8Gi","allocatable":"8Gi","available":"8Gi"}]}]}')
+NORM_CONFIG = '{"enable":true,"ratioModel":{"M":{"hyperThreadEnabledRatio":1.5}}}'
 HOLES = {
     "nodes": [NODE.replace('"labels":{"a":"b"}', '"labels":HOLE'),
               NODE.replace('"cpu":"8","memory":"8Gi"},"allocatable"', '"cpu":HOLE,"memory":"8Gi"},"allocatable"'),
@@ -46,7 +50,8 @@ HOLES = {
                     METRIC.replace('"updateTime":"' + STAMP + '"', '"updateTime":HOLE'),
                     METRIC.replace('"nodeMetric":{', '"podsMetric":HOLE,"nodeMetric":{')],
     "noderesourcetopologies": [NRT.replace('"zones":[', '"zones":HOLE,"z":['),
-                               NRT.replace('"allocatable":"8"', '"allocatable":HOLE')],
+                               NRT.replace('"allocatable":"8"', '"allocatable":HOLE'),
+                               NRT.replace(json.dumps(GOOD_INFO), "HOLE")],
 }
 
 
@@ -55,6 +60,7 @@ class NoAPI:
 
     def __init__(self) -> None:
         self.status: dict[str, Mapping[str, Any]] = {}
+        self.ratio: dict[str, str] = {}
 
     async def create_object(self, *args: Any) -> dict[str, Any]:
         return {}
@@ -69,11 +75,16 @@ class NoAPI:
         self.status[name] = patch["status"]["allocatable"]
         return {}
 
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.ratio[name] = patch["metadata"]["annotations"][keys.NODE_ANNOTATION_CPU_NORMALIZATION_RATIO]
+        return {}
+
 
 def cluster(kind: str, hostile: str) -> tuple[Cache, NoAPI]:
     """Two nodes, "good" and "bad"; ``hostile`` replaces the "bad" node's object of ``kind``."""
     cache = Cache()
-    cache.replace("configmaps", [{"metadata": {"name": "c"}, "data": {"colocation-config": '{"enable":true}'}}])
+    cache.replace("configmaps", [{"metadata": {"name": "c"}, "data": {"colocation-config": '{"enable":true}',
+                                                                      "cpu-normalization-config": NORM_CONFIG}}])
     objects = {"nodes": NODE, "pods": POD, "nodemetrics": METRIC, "noderesourcetopologies": NRT}
     for k, template in objects.items():
         items = [json.loads(template.replace("NAME", "good"))]
@@ -103,6 +114,8 @@ def test_hostile_watched_objects_cost_only_their_node(kind: str) -> None:
             assert time.thread_time() - start < 1.0, (template, fragment[:40])
             assert api.status["good"][keys.RESOURCE_BATCH_CPU] == str(8000 * 60 // 100 - 1000 - 500), \
                 (template, fragment[:40])
+            assert cache.basic_info["good"] == parse_cpu_basic_info(GOOD_INFO)
+            assert api.ratio["good"] == "1.50", (template, fragment[:40])
 
 
 def test_a_hostile_config_map_keeps_the_previous_config() -> None:
