@@ -33,13 +33,16 @@ composition root:
 
 Events are core/v1 Events (``involvedObject`` the pod by namespace, name and uid; ``source``
 and ``reportingController`` the recorder's ``component``, ``reportingInstance`` and
-``source.host`` the node). RBAC: ``create`` and ``patch`` on ``events`` in the core group.
+``source.host`` the node), sent through ``rhp_kube.http`` (``KubeEventsApi``: the transport of
+every other call, on an event loop of the sending thread's own). RBAC: ``create`` and ``patch``
+on ``events`` in the core group.
 
 Metric: ``rhp_pod_events_total{reason, outcome}``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -47,10 +50,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 from prometheus_client import Counter
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 log = structlog.get_logger(__name__)
 
@@ -88,6 +94,7 @@ NODE_QPS = 2.0
 # What one Event may carry (the API server refuses messages past 1 KiB in events.k8s.io).
 _MESSAGE_MAX = 1024
 _NAME_MAX = 253
+_REPLY_MAX = 1 << 20  # the API server's echo of one Event; a larger reply is refused unread
 
 
 @dataclass(frozen=True)
@@ -406,20 +413,40 @@ class EventRecorder:
 
 
 class KubeEventsApi:
-    """``EventsApi`` over a ``kubernetes.client.ApiClient`` (core/v1 Events)."""
+    """``EventsApi`` over ``rhp_kube.http.KubeHTTP`` (core/v1 Events), the transport of every
+    other call: a create is a POST, a count update a JSON merge patch, each bounded by
+    ``request_timeout``; a failure is one of ``rhp_kube.errors``.
 
-    def __init__(self, api_client: object, *, request_timeout: float = 5.0) -> None:
-        from kubernetes import client
+    The recorder calls it from its sending thread only, so the calls run there on an event loop
+    of this object's own (made on the first call): never on the node agent's loop, and an API
+    server that does not answer holds that thread only, as before."""
 
-        self._core = client.CoreV1Api(api_client)
+    def __init__(self, api_client: ApiClient, *, request_timeout: float = 5.0) -> None:
+        from rhp_kube.http import KubeHTTP
+
+        self._http = KubeHTTP(api_client, timeout=request_timeout, limit=2)
         self.request_timeout = request_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _call(self, method: str, path: str, body: Mapping[str, object], content_type: str) -> None:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(self._http.request(method, path, dict(body), content_type,
+                                                         max_bytes=_REPLY_MAX))  # fmt: skip
 
     def create(self, namespace: str, body: Mapping[str, object]) -> None:
-        event: Any = dict(body)  # Any: typed CoreV1Event, but the client sends a plain dict as the JSON body
-        self._core.create_namespaced_event(namespace, event, _request_timeout=self.request_timeout)
+        from rhp_kube.http import JSON_TYPE, seg
+
+        self._call("POST", f"/api/v1/namespaces/{seg(namespace)}/events", body, JSON_TYPE)
 
     def patch(self, namespace: str, name: str, body: Mapping[str, object]) -> None:
-        # A JSON merge patch (the client would otherwise send a dict as a JSON patch, which
-        # the API server refuses).
-        self._core.patch_namespaced_event(name, namespace, dict(body), _request_timeout=self.request_timeout,
-                                          _content_type="application/merge-patch+json")
+        from rhp_kube.http import MERGE_PATCH, seg
+
+        self._call("PATCH", f"/api/v1/namespaces/{seg(namespace)}/events/{seg(name)}", body, MERGE_PATCH)
+
+    def close(self) -> None:
+        """Close the connections and the loop (from the thread that made the calls)."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.run_until_complete(self._http.aclose())
+            loop.close()

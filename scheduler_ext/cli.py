@@ -387,12 +387,15 @@ def _trust_from_cluster(args: argparse.Namespace, api_client: Any) -> Trust | st
     from scheduler_ext.errors import APIError
     from scheduler_ext.kube import KubeKeyAPI
 
+    key_api = KubeKeyAPI(api_client)
     try:
         public = public_keys_from_files(args.public_key_file)
-        signer, published = keys_from_cluster(KubeKeyAPI(api_client), args.ledger_namespace, args.key_secret,
+        signer, published = keys_from_cluster(key_api, args.ledger_namespace, args.key_secret,
                                               args.public_keys_configmap or f"{args.key_secret}-public")  # fmt: skip
     except (KeyStoreError, APIError) as exc:
         return f"cannot get the signing keys: {' '.join(str(exc).split())}"
+    finally:
+        key_api.close()
     return Trust.of(signer, _names(args), [*published, *public])
 
 

@@ -11,8 +11,8 @@ objects (50,000 pods as models would cost seconds and hundreds of MiB), unknown 
 The optional CRDs (everything but Nodes and Pods) may be missing: the kind is then listed as
 empty and "not installed" (``/readyz`` says so without failing).
 
-Keys (``KubeKeyAPI``): the signing key's Secret and ConfigMap through the official client's
-generated calls, synchronously, a few times at start.
+Keys (``KubeKeyAPI``): the signing key's Secret and ConfigMap through the same transport,
+synchronously on a loop of its own, a few times at start.
 
 Bind side (``BindClient``): pod GET/PATCH, Binding, Lease GET/POST/PUT as coroutines on the
 server's event loop over aiohttp (``rhp_kube.http.KubeHTTP``); a bind is usually the Binding
@@ -22,18 +22,17 @@ server's event loop over aiohttp (``rhp_kube.http.KubeHTTP``); a bind is usually
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
-
-import kubernetes
-import urllib3
-from kubernetes.client.exceptions import ApiException
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from koord_formats import keys, nodemetric
-from rhp_kube.errors import APIError
-from rhp_kube.http import JSON_TYPE, MERGE_PATCH, KubeHTTP, json_object, lease_path, seg, status_error
+from rhp_kube.http import JSON_TYPE, MERGE_PATCH, KubeHTTP, json_object, lease_path, seg
 from rhp_kube.watch import Informer, Resource, WatchOptions, collection
 from scheduler_ext.state import NODE_METRICS, ClusterState
+
+if TYPE_CHECKING:
+    import kubernetes
 
 __all__ = ["JSON_TYPE", "MERGE_PATCH", "BindClient", "CacheSink", "KubeKeyAPI", "resources", "watch_cluster"]
 
@@ -89,11 +88,7 @@ def watch_cluster(state: ClusterState, http: KubeHTTP, options: WatchOptions) ->
 
 _json = json_object
 _seg = seg
-
-
-def _error(exc: ApiException) -> APIError:
-    """The typed error of the official client's ``ApiException`` (``KubeKeyAPI``)."""
-    return status_error(int(exc.status or 0), exc.reason or "", exc.body)
+_KEYS_MAX = 4 << 20  # a Secret or ConfigMap of keys (the API server stores at most about 1.5 MiB)
 
 
 def _pod_path(namespace: str, name: str) -> str:
@@ -155,36 +150,38 @@ class BindClient(KubeHTTP):
 
 
 class KubeKeyAPI:
-    """Secrets and ConfigMaps (``scheduler_ext.keystore.KeyAPI``) through the official client,
-    synchronously: ``serve`` calls it a few times at start, before anything else runs."""
+    """Secrets and ConfigMaps (``scheduler_ext.keystore.KeyAPI``) through ``rhp_kube.http.KubeHTTP``,
+    the transport of every other call, synchronously: ``serve`` calls it a few times at start,
+    before its server runs, on an event loop of this object's own (``close`` ends it). Each
+    call is bounded by ``timeout``; a failure is one of ``rhp_kube.errors``."""
 
-    def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
-        core = kubernetes.client.CoreV1Api(api_client)
-        self._get: dict[str, Callable[..., Any]] = {
-            "secrets": core.read_namespaced_secret, "configmaps": core.read_namespaced_config_map}
-        self._create: dict[str, Callable[..., Any]] = {
-            "secrets": core.create_namespaced_secret, "configmaps": core.create_namespaced_config_map}
-        self._replace: dict[str, Callable[..., Any]] = {
-            "secrets": core.replace_namespaced_secret, "configmaps": core.replace_namespaced_config_map}
+    def __init__(self, api_client: kubernetes.client.ApiClient, *, timeout: float = 10.0) -> None:
+        self._http = KubeHTTP(api_client, timeout=timeout, limit=2)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _do(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        data = None if body is None else dict(body)
+        return _json(self._loop.run_until_complete(self._http.request(method, path, data, max_bytes=_KEYS_MAX)))
 
     @staticmethod
-    def _do(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
-        try:
-            resp = fn(*args, _preload_content=False, _request_timeout=10)
-            try:
-                return _json(resp.data)
-            finally:
-                resp.release_conn()
-        except ApiException as exc:
-            raise _error(exc) from None
-        except (OSError, urllib3.exceptions.HTTPError) as exc:
-            raise APIError(0, f"API server unreachable: {exc}") from None
+    def _path(kind: str, namespace: str) -> str:
+        if kind not in ("secrets", "configmaps"):
+            raise ValueError(f"not a key object kind: {kind}")
+        return f"/api/v1/namespaces/{_seg(namespace)}/{kind}"
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
-        return self._do(self._get[kind], name, namespace)
+        return self._do("GET", f"{self._path(kind, namespace)}/{_seg(name)}")
 
     def create(self, kind: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._do(self._create[kind], namespace, dict(body))
+        return self._do("POST", self._path(kind, namespace), body)
 
     def replace(self, kind: str, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._do(self._replace[kind], name, namespace, dict(body))
+        return self._do("PUT", f"{self._path(kind, namespace)}/{_seg(name)}", body)
+
+    def close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.run_until_complete(self._http.aclose())
+            loop.close()

@@ -125,3 +125,46 @@ def test_after_a_storm_the_node_writes_again_once_its_bucket_refills() -> None:
     _idle(recorder)
     assert api.writes[-1] == ("create", "p1001")
     recorder.close()
+
+
+# -- the transport: rhp_kube.http, the one client family (issue 32) --------------------------------
+
+
+def test_events_go_through_the_one_transport_and_a_repeat_patches_the_count(monkeypatch: Any) -> None:
+    """The recorder's calls are POST and JSON merge patch through ``rhp_kube.http.KubeHTTP``, on
+    the fake API server: an Event is created, and a repeat patches its count. The generated
+    client's CoreV1Api is made unusable: on the old main every Event went through it, and
+    none was written."""
+    import kubernetes
+
+    from rhp_kube.events import KubeEventsApi
+    from tests.fakeapi import FakeAPIServer
+
+    def no_generated_client(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an Event went through the generated client")
+
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", no_generated_client)
+    with FakeAPIServer() as api:
+        conf = kubernetes.client.Configuration()
+        conf.host = api.url
+        apis: list[KubeEventsApi] = []
+
+        def transport() -> KubeEventsApi:
+            apis.append(KubeEventsApi(kubernetes.client.ApiClient(conf)))
+            return apis[-1]
+
+        recorder = EventRecorder(transport, host="node-1")
+        try:
+            recorder.record(_event(1, "first"))
+            _idle(recorder)
+            (created,) = api.objects("Event")
+            assert created["involvedObject"]["name"] == "p1" and created["count"] == 1
+            assert created["source"] == {"component": "runtime-hook-proxy", "host": "node-1"}
+            recorder.record(_event(1, "again"))
+            _idle(recorder)
+            (patched,) = api.objects("Event")
+            assert patched["metadata"]["name"] == created["metadata"]["name"]
+            assert (patched["count"], patched["message"]) == (2, "again")
+        finally:
+            recorder.close()
+        assert len(apis) == 1

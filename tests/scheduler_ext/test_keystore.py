@@ -129,3 +129,42 @@ def test_a_broken_secret_is_a_clear_error_and_never_replaced(obj: dict[str, Any]
     with pytest.raises(KeyStoreError, match=message):
         keys_from_cluster(api, NS, SECRET, CM)
     assert api.objects == before
+
+
+def test_the_keys_go_through_the_one_transport_against_an_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``KubeKeyAPI`` (what ``serve --key-secret`` uses) on the fake API server through
+    ``rhp_kube.http``: the first start creates the Secret and the ConfigMap, the second reads the
+    same key and writes nothing; a missing object is ``NotFoundError``, a create that loses a
+    race ``ConflictError``. The generated client's CoreV1Api is made unusable: the old main's
+    KubeKeyAPI went through it."""
+    import kubernetes
+
+    from scheduler_ext.kube import KubeKeyAPI
+    from tests.fakeapi import FakeAPIServer
+
+    def no_generated_client(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a key call went through the generated client")
+
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", no_generated_client)
+    with FakeAPIServer() as server:
+        server.register("", "v1", "secrets", "Secret", True)
+        conf = kubernetes.client.Configuration()
+        conf.host = server.url
+        key_api = KubeKeyAPI(kubernetes.client.ApiClient(conf))
+        try:
+            signer, public = keys_from_cluster(key_api, NS, SECRET, CM)
+            assert public == (signer.public_raw,)
+            stored = server.get("Secret", SECRET, NS)
+            assert stored is not None and SECRET_KEY in stored["data"]
+            versions = (stored["metadata"]["resourceVersion"],
+                        server.get("ConfigMap", CM, NS)["metadata"]["resourceVersion"])  # type: ignore[index]  # fmt: skip
+            again, public_again = keys_from_cluster(key_api, NS, SECRET, CM)
+            assert again.public_raw == signer.public_raw and public_again == public
+            assert (server.get("Secret", SECRET, NS)["metadata"]["resourceVersion"],  # type: ignore[index]
+                    server.get("ConfigMap", CM, NS)["metadata"]["resourceVersion"]) == versions  # type: ignore[index]  # fmt: skip
+            with pytest.raises(NotFoundError):
+                key_api.get("secrets", NS, "absent")
+            with pytest.raises(ConflictError):
+                key_api.create("secrets", NS, {"metadata": {"name": SECRET}, "data": {}})
+        finally:
+            key_api.close()
