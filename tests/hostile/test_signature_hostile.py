@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from hooks import facts as facts_module
 from hooks.facts import PodFacts, with_bound_pods
+from hooks.facts import pools as facts_module
 from hooks.signatures import AllocationKeys
 from koord_formats import keys
 from koord_formats.signature import MAX_SIGNATURE_CHARS
