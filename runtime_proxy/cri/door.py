@@ -11,9 +11,11 @@ through the ``runtime_proxy.cri.transport.CallInterceptor`` seam. For each call:
    called. It returns the call (``CriCall``): the request to send, the decoded message and the
    stage's result, which the transport hands to ``after``.
 2. The transport forwards the (rewritten) request.
-3. ``CriCall.after`` (only when the runtime answered OK) records the pod or container in the
-   store, has the core apply the plan's file part (so a rejected call writes nothing), then runs
-   the ``Post*`` stage, whose failures are logged and never fail the call.
+3. ``CriCall.after`` (only when the runtime answered OK) decodes the answer and hands the
+   facts to ``runtime_proxy.engine.table.finish``, which does what the lifecycle table says:
+   records the pod or container in the store, has the core apply the plan's file part (so a
+   rejected call writes nothing), then runs the ``Post*`` stage, whose failures are logged and
+   never fail the call.
 
 Calls for pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` skip every hook but
 are still recorded in the store.
@@ -42,8 +44,8 @@ from runtime_proxy import metrics
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
 from runtime_proxy.engine.lifecycle import Lifecycle, LifecycleDoor, NodeSource, StageRejected
-from runtime_proxy.engine.pending import complete
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
+from runtime_proxy.engine.table import BY_CRI, finish
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.podspecs import PodSpecSource
@@ -214,13 +216,6 @@ class CriInterceptor(LifecycleDoor):
         if self.on_store_change is not None:
             self.on_store_change(await self.core.pools_moved())
 
-    async def _post(self, stage: str, pod: PodFacts | None, container: ContainerFacts | None) -> None:
-        await self.core.stage_and_apply(stage, pod, container)
-
-    async def _apply(self, result: StageResult | None, stage: str) -> None:
-        if result is not None:
-            await self.core.apply(result.plan, stage)
-
     async def _pod_for(self, sandbox_id: str) -> PodFacts | None:
         return await self.store.ensure_pod(self.client, sandbox_id)
 
@@ -241,9 +236,7 @@ class CriInterceptor(LifecycleDoor):
     ) -> None:
         sandbox_id = api_pb2.RunPodSandboxResponse.FromString(response).pod_sandbox_id
         pod = pod_facts_from_config(msg.config, runtime_handler=msg.runtime_handler, sandbox_id=sandbox_id)
-        self.store.put_pod(pod)
-        await self._apply(result, "PreRunPodSandbox")
-        await self._post("PostRunPodSandbox", pod, None)
+        await finish(self.core, BY_CRI["RunPodSandbox"], result, sandbox_id=sandbox_id, pod=pod)
 
     async def _before_stop_pod_sandbox(self, msg: api_pb2.StopPodSandboxRequest) -> StageResult | None:
         pod = await self._pod_for(msg.pod_sandbox_id)
@@ -252,9 +245,7 @@ class CriInterceptor(LifecycleDoor):
     async def _after_stop_pod_sandbox(
         self, msg: api_pb2.StopPodSandboxRequest, response: bytes, result: StageResult | None
     ) -> None:
-        self.store.stop_pod(msg.pod_sandbox_id)
-        await self._apply(result, "PreStopPodSandbox")
-        await self._post("PostStopPodSandbox", self.store.pod(msg.pod_sandbox_id), None)
+        await finish(self.core, BY_CRI["StopPodSandbox"], result, sandbox_id=msg.pod_sandbox_id)
 
     async def _before_remove_pod_sandbox(self, msg: api_pb2.RemovePodSandboxRequest) -> StageResult | None:
         pod = await self._pod_for(msg.pod_sandbox_id)
@@ -263,10 +254,7 @@ class CriInterceptor(LifecycleDoor):
     async def _after_remove_pod_sandbox(
         self, msg: api_pb2.RemovePodSandboxRequest, response: bytes, result: StageResult | None
     ) -> None:
-        pod = self.store.pod(msg.pod_sandbox_id)
-        self.store.drop_pod(msg.pod_sandbox_id)
-        await self._apply(result, "PreRemovePodSandbox")
-        await self._post("PostRemovePodSandbox", pod, None)
+        await finish(self.core, BY_CRI["RemovePodSandbox"], result, sandbox_id=msg.pod_sandbox_id)
 
     # -- container calls -----------------------------------------------------------------------
 
@@ -282,11 +270,8 @@ class CriInterceptor(LifecycleDoor):
     ) -> None:
         container_id = api_pb2.CreateContainerResponse.FromString(response).container_id
         container = container_facts_from_config(msg.config, container_id=container_id)
-        self.store.add_container(msg.pod_sandbox_id, container)
-        pod = self.store.pod(msg.pod_sandbox_id)
-        if result is not None:
-            await self.core.apply(complete(result.plan, container_id, "PreCreateContainer"), "PreCreateContainer")
-        await self._post("PostCreateContainer", pod, container)
+        await finish(self.core, BY_CRI["CreateContainer"], result, sandbox_id=msg.pod_sandbox_id,
+                     container_id=container_id, container=container)
 
     async def _container_stage(self, stage: str, container_id: str) -> StageResult | None:
         pod, container = await self._container_for(container_id)
@@ -318,16 +303,16 @@ class CriInterceptor(LifecycleDoor):
         found = self.store.container(msg.container_id)
         sandbox_id = self.store.sandbox_of(msg.container_id)
         notes = _annotations_of(result)
+        updated = None
         if found is not None and sandbox_id is not None and (msg.HasField("linux") or notes):
-            _, container = found
+            updated = found[1]
             # A created container's annotations cannot change in the runtime; what this stage's
             # plan records (cpu_normalization's quota record) lives in the store until a restart.
             if notes:
-                container = container.replace(annotations={**container.annotations, **notes})
+                updated = updated.replace(annotations={**updated.annotations, **notes})
             if msg.HasField("linux"):
-                container = container.replace(resources=_overlay_update(container, msg.linux))
-            self.store.put_container(sandbox_id, container)
-        await self._after_container("UpdateContainerResources", msg.container_id, result)
+                updated = updated.replace(resources=_overlay_update(updated, msg.linux))
+        await self._after_container("UpdateContainerResources", msg.container_id, result, updated)
 
     async def _before_stop_container(self, msg: api_pb2.StopContainerRequest) -> StageResult | None:
         return await self._container_stage("PreStopContainer", msg.container_id)
@@ -335,7 +320,6 @@ class CriInterceptor(LifecycleDoor):
     async def _after_stop_container(
         self, msg: api_pb2.StopContainerRequest, response: bytes, result: StageResult | None
     ) -> None:
-        self.store.stop_container(msg.container_id)
         await self._after_container("StopContainer", msg.container_id, result)
 
     async def _before_remove_container(self, msg: api_pb2.RemoveContainerRequest) -> StageResult | None:
@@ -344,17 +328,12 @@ class CriInterceptor(LifecycleDoor):
     async def _after_remove_container(
         self, msg: api_pb2.RemoveContainerRequest, response: bytes, result: StageResult | None
     ) -> None:
-        found = self.store.container(msg.container_id)
-        self.store.drop_container(msg.container_id)
-        await self._apply(result, "PreRemoveContainer")
-        if found is not None:
-            await self._post("PostRemoveContainer", found[0], found[1])
+        await self._after_container("RemoveContainer", msg.container_id, result)
 
-    async def _after_container(self, call: str, container_id: str, result: StageResult | None) -> None:
-        await self._apply(result, f"Pre{call}")
-        found = self.store.container(container_id)
-        if found is not None:
-            await self._post(f"Post{call}", found[0], found[1])
+    async def _after_container(self, call: str, container_id: str, result: StageResult | None,
+                               container: ContainerFacts | None = None) -> None:
+        await finish(self.core, BY_CRI[call], result, sandbox_id=self.store.sandbox_of(container_id) or "",
+                     container_id=container_id, container=container)
 
 
 # -- stage results into requests -------------------------------------------------------------------

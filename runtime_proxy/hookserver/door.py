@@ -39,6 +39,7 @@ from runtime_proxy.engine.remote import (
     pod_facts_from_request,
     pod_response,
 )
+from runtime_proxy.engine.table import BY_HOOK, BY_STAGE, RELEASES_HELD, Files
 from runtime_proxy.host.apply import Applier
 
 if TYPE_CHECKING:
@@ -96,10 +97,11 @@ class HookService:
         container_id = ""
         if container is not None:
             key, container_id = (pod.uid, container.name, container.attempt), container.id
-            if stage == "PreCreateContainer":
+            row = BY_STAGE.get(stage)
+            if row is not None and stage == row.pre and row.files is Files.AT_START:
                 self._pending.hold(key, Plan(writes=[w for w in writes if w.level == "container" and lacks_id(w)]))
                 writes = [w for w in writes if not (w.level == "container" and lacks_id(w))]
-            elif container.id and stage in ("PreStartContainer", "PostStartContainer"):
+            elif container.id and row is not None and row.name == RELEASES_HELD:
                 held = self._pending.take(key, container.id)
                 if held is not None:
                     writes = held.writes + writes
@@ -116,34 +118,34 @@ class HookService:
     async def PreRunPodSandboxHook(
         self, request: hs.PodSandboxHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
     ) -> HookResponse:
-        return await self.handle("PreRunPodSandbox", request, context)
+        return await self.handle(BY_HOOK["PreRunPodSandboxHook"][1], request, context)
 
     async def PostStopPodSandboxHook(
         self, request: hs.PodSandboxHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
     ) -> HookResponse:
-        return await self.handle("PostStopPodSandbox", request, context)
+        return await self.handle(BY_HOOK["PostStopPodSandboxHook"][1], request, context)
 
     async def PreCreateContainerHook(
         self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
     ) -> HookResponse:
-        return await self.handle("PreCreateContainer", request, context)
+        return await self.handle(BY_HOOK["PreCreateContainerHook"][1], request, context)
 
     async def PreStartContainerHook(
         self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
     ) -> HookResponse:
-        return await self.handle("PreStartContainer", request, context)
+        return await self.handle(BY_HOOK["PreStartContainerHook"][1], request, context)
 
     async def PostStartContainerHook(
         self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
     ) -> HookResponse:
-        return await self.handle("PostStartContainer", request, context)
+        return await self.handle(BY_HOOK["PostStartContainerHook"][1], request, context)
 
     async def PostStopContainerHook(
         self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
     ) -> HookResponse:
-        return await self.handle("PostStopContainer", request, context)
+        return await self.handle(BY_HOOK["PostStopContainerHook"][1], request, context)
 
     async def PreUpdateContainerResourcesHook(
         self, request: hs.ContainerResourceHookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
     ) -> HookResponse:
-        return await self.handle("PreUpdateContainerResources", request, context)
+        return await self.handle(BY_HOOK["PreUpdateContainerResourcesHook"][1], request, context)

@@ -2,7 +2,7 @@
 the same core as the CRI door's), stage results back into NRI replies; the core runs every stage
 and applies the file part of every plan through the one applier.
 
-Mapping (stage names from ``hooks.spec.STAGES``):
+Mapping (the lifecycle table, ``runtime_proxy.engine.table``, whose ``BY_NRI`` this door follows):
 
 - RunPodSandbox -> ``PreRunPodSandbox`` then ``PostRunPodSandbox``. The pod already exists, so
   the plans' pod-level writes are applied at once; labels, annotations and a cgroup parent cannot
@@ -77,6 +77,7 @@ from runtime_proxy import metrics
 from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, NodeSource, StageRejected, call_scope
 from runtime_proxy.engine.pending import Pending
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
+from runtime_proxy.engine.table import BY_NRI, EVENTS, FORGETS_HELD, RELEASES_HELD, StoreChange, change_store
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
 from runtime_proxy.state.kubelet_root import KubeletRoot
@@ -98,18 +99,16 @@ MAX_QUEUED = 4096
 SETTLE_WAIT = 0.5
 E = nri_pb2.Event
 
-# Events the store needs whatever the plugins do: pods and containers arriving, changing,
-# stopping (a stopped sandbox releases its pod's bound CPUs; the loops leave stopped containers
-# alone) and leaving.
-ALWAYS: tuple[int, ...] = (E.RUN_POD_SANDBOX, E.STOP_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CONTAINER,
-                           E.UPDATE_CONTAINER, E.STOP_CONTAINER, E.REMOVE_CONTAINER)
+# Events the store needs whatever the plugins do (the lifecycle table's store changes): pods and
+# containers arriving, changing, stopping (a stopped sandbox releases its pod's bound CPUs; the
+# loops leave stopped containers alone) and leaving.
+ALWAYS: tuple[int, ...] = tuple(sorted({E.Value(row.nri_store) for row in EVENTS
+                                         if row.nri_store is not None and row.store is not StoreChange.NONE}))
 # Further events, each wanted when one of its stages has work.
-WHEN_STAGES: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (E.POST_CREATE_CONTAINER, ("PostCreateContainer",)),
-    (E.START_CONTAINER, ("PreStartContainer",)),
-    (E.POST_START_CONTAINER, ("PostStartContainer",)),
-    (E.POST_UPDATE_CONTAINER, ("PostUpdateContainerResources",)),
-)
+WHEN_STAGES: tuple[tuple[int, tuple[str, ...]], ...] = tuple(
+    (E.Value(name), stages) for name, (_, stages) in BY_NRI.items() if E.Value(name) not in ALWAYS)
+# The events whose reply carries the plan: each has its own method, never ``state_change``.
+_REPLIED = frozenset({"CREATE_CONTAINER", "UPDATE_CONTAINER"})
 # The file part of a PreCreateContainer plan waits for the container's cgroup: it is applied at
 # StartContainer or PostStartContainer, whichever comes first; StartContainer is wanted for it
 # when neither is wanted otherwise.
@@ -655,49 +654,45 @@ class NriEngine(LifecycleDoor):
     async def _state_change_now(
         self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None
     ) -> None:
+        """One event whose reply carries nothing, as the lifecycle table says
+        (``runtime_proxy.engine.table``): the store change (at the event that tells it), the held
+        file part of the container's CreateContainer, then the stages the event runs."""
         if event != E.RUN_POD_SANDBOX and not self._known(event, pod, container):
             return
+        name = E.Name(event) if event in E.values() else ""
+        found = BY_NRI.get(name)
+        if found is None or name in _REPLIED:
+            return
+        row, stages = found
         pod_f = pod_facts(pod)
         container_f = container_facts(container) if container is not None else None
-        core = self.core
-        if event == E.RUN_POD_SANDBOX:
-            self.store.put_pod(pod_f)
-            result = await self._run("PreRunPodSandbox", pod_f, None)
-            if result is not None:
-                plan = result.plan
-                not_carried = [name for name, present in (
-                    ("labels", bool(plan.labels)), ("annotations", bool(plan.annotations)),
-                    ("cgroup_parent", plan.cgroup_parent is not None)) if present]
-                if not_carried:
-                    log.info("pod plan fields NRI cannot carry; dropped", fields=not_carried, pod=pod.id)
-                await core.apply(plan, "PreRunPodSandbox")
-            await core.stage_and_apply("PostRunPodSandbox", pod_f, None)
-        elif event == E.STOP_POD_SANDBOX:
-            self.store.stop_pod(pod_f.sandbox_id)
-            await core.stage_and_apply("PostStopPodSandbox", pod_f, None)
-        elif event == E.REMOVE_POD_SANDBOX:
-            self.store.drop_pod(pod_f.sandbox_id)
-            await core.stage_and_apply("PostRemovePodSandbox", pod_f, None)
-        elif container_f is None:
+        if row.container and container_f is None:
             return
-        elif event == E.POST_CREATE_CONTAINER:
-            await core.stage_and_apply("PostCreateContainer", pod_f, container_f)
-        elif event == E.START_CONTAINER:
-            deferred = self._deferred.take(container_f.id, container_f.id)
-            if deferred is not None:
-                await core.apply(deferred, "PreCreateContainer")
-            await core.stage_and_apply("PreStartContainer", pod_f, container_f)
-        elif event == E.POST_START_CONTAINER:
-            deferred = self._deferred.take(container_f.id, container_f.id)
-            if deferred is not None:
-                await core.apply(deferred, "PreCreateContainer")
-            await core.stage_and_apply("PostStartContainer", pod_f, container_f)
-        elif event == E.POST_UPDATE_CONTAINER:
-            await core.stage_and_apply("PostUpdateContainerResources", pod_f, container_f)
-        elif event == E.STOP_CONTAINER:
-            self.store.stop_container(container_f.id)
-            await core.stage_and_apply("PostStopContainer", pod_f, container_f)
-        elif event == E.REMOVE_CONTAINER:
-            self._deferred.drop(container_f.id)
-            self.store.drop_container(container_f.id)
-            await core.stage_and_apply("PostRemoveContainer", pod_f, container_f)
+        container_id = container_f.id if container_f is not None else ""
+        if name == row.nri_store:
+            change_store(self.store, row.store, pod_f.sandbox_id, container_id, pod_f, container_f)
+        if row.name == RELEASES_HELD:
+            held = self._deferred.take(container_id, container_id)
+            if held is not None:
+                await self.core.apply(held, "PreCreateContainer")
+        elif row.name == FORGETS_HELD:
+            self._deferred.drop(container_id)
+        for stage in stages:
+            if stage == row.pre and not row.container:
+                await self._pod_pre(stage, pod_f)
+            else:
+                await self.core.stage_and_apply(stage, pod_f, container_f)
+
+    async def _pod_pre(self, stage: str, pod_f: PodFacts) -> None:
+        """A pod's ``Pre*`` stage at an event whose reply cannot change the pod: its files are
+        applied, its CRI changes logged as not carried."""
+        result = await self._run(stage, pod_f, None)
+        if result is None:
+            return
+        plan = result.plan
+        not_carried = [name for name, present in (
+            ("labels", bool(plan.labels)), ("annotations", bool(plan.annotations)),
+            ("cgroup_parent", plan.cgroup_parent is not None)) if present]
+        if not_carried:
+            log.info("pod plan fields NRI cannot carry; dropped", fields=not_carried, pod=pod_f.sandbox_id)
+        await self.core.apply(plan, stage)
