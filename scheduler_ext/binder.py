@@ -182,6 +182,15 @@ class Binder:
             isinstance(annotations, dict) and any(k in annotations for k in _CLEARED),
         )
 
+    async def reserve(self, req: PodRequest, uid: str, node: str) -> Placement:
+        """Plan and hold a Reservation's reserve pod on ``node`` exactly as a pod's bind does
+        (``scheduler_ext.reserver``): the cache holds it and the HA ledger records it until the
+        watch shows the reservation placed; ``unreserve`` undoes it."""
+        return await self._place(req, uid, node)
+
+    async def unreserve(self, uid: str, node: str, placement: Placement) -> None:
+        await self._rollback(uid, node, placement)
+
     async def _place(self, req: PodRequest, uid: str, node: str) -> Placement:
         """Plan and hold, serialised with the other replicas through the ledger."""
         if self.ledger is None:
@@ -220,8 +229,8 @@ class Binder:
                 if uid not in foreign:
                     self.state.release(uid, node)
             for uid, alloc in foreign.items():
-                if uid == own or self.state.recently_deleted(uid):
-                    continue
+                if uid == own or self.state.recently_deleted(uid) or uid in ns.reservations:
+                    continue  # a reservation the watch shows placed counts by itself
                 if uid in ns.allocs and uid not in ns.foreign:
                     continue  # our own hold or confirmed by the watch
                 self.state.hold(uid, node, alloc, foreign=True)

@@ -478,8 +478,14 @@ def _serve(args: argparse.Namespace) -> int:
     # a kind whose watch said nothing for this long is stale: the idle timeout has cut the
     # silent stream and a fresh list had time to answer
     state.stale_after = stale_after
+    store = None
+    if args.place_reservations:
+        from scheduler_ext.reserver import ReservationStore
+
+        store = ReservationStore()
     watches = watch_cluster(state, watch_api, WatchOptions(
-        watch_timeout=args.watch_timeout, read_deadline=args.watch_idle_timeout, dead_after=args.watch_dead_after))
+        watch_timeout=args.watch_timeout, read_deadline=args.watch_idle_timeout, dead_after=args.watch_dead_after),
+        store)
     ledger = None
     if args.ha_ledger:
         ledger = LeaseLedger(
@@ -495,8 +501,14 @@ def _serve(args: argparse.Namespace) -> int:
     if args.topology_requeue_rate > 0:
         requeuer = Requeuer(bind_api, state.with_topology, rate=args.topology_requeue_rate,
                             fresh=lambda: not state.stale_kinds())
+    background = []
+    if store is not None:
+        from scheduler_ext.reserver import reservation_controller
+
+        background.append(reservation_controller(state, store, bind_api, binder, cfg, args.ledger_namespace,
+                                                 args.reservation_lease, args.identity))
     app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes, requeuer=requeuer,
-                     liveness=watches.liveness)
+                     liveness=watches.liveness, background=background)
     log.info("serving", listen=args.listen, ha_ledger=bool(ledger), load_aware=state.load_args is not None,
              tls=bool(args.tls_cert), client_certificates=bool(args.tls_client_ca),
              health_listen=args.health_listen or None)
@@ -585,6 +597,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "until this replica's watch has settled it (the pod seen bound, deleted, or the watch "
                             "alive after that time)")
     serve.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()))
+    serve.add_argument("--place-reservations", action=argparse.BooleanOptionalAction, default=True,
+                       help="place pending Koordinator Reservations, keep their owners and expire them (default "
+                            "on; one replica at a time, by the Lease --reservation-lease in --ledger-namespace)")
+    serve.add_argument("--reservation-lease", default="scheduler-ext-reservations", metavar="NAME",
+                       help="the Lease the reservation controller's replicas elect a leader by (default "
+                            "%(default)s)")
     serve.add_argument("--watch-timeout", type=int, default=60,
                        help="seconds after which the API server ends each watch stream (timeoutSeconds; "
                             "default %(default)s)")

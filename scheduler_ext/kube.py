@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from koord_formats import keys, nodemetric
 from rhp_kube.http import JSON_TYPE, MERGE_PATCH, KubeHTTP, json_object, lease_path, seg
@@ -52,16 +52,27 @@ def resources(kinds: tuple[str, ...]) -> list[Resource]:
     return [Resource(kind, _PATHS[kind], optional=kind not in ("nodes", "pods")) for kind in kinds]
 
 
+class ReservationSink(Protocol):
+    """Where the Reservation objects go besides the cache (``scheduler_ext.reserver.ReservationStore``)."""
+
+    def replace(self, items: list[dict[str, Any]]) -> None: ...
+
+    def apply(self, event: str, obj: dict[str, Any]) -> None: ...
+
+
 class CacheSink:
     """``rhp_kube.watch.Sink`` over the extender's cache: a list replaces a kind, an event is
     applied, and every word from the API server is recorded (``ClusterState.heard``) for
     ``/readyz``'s staleness and the HA ledger's ``settled``. A kind whose CRD is missing is
     empty and "not installed"."""
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, reservations: ReservationSink | None = None) -> None:
         self.state = state
+        self.reservations = reservations  # the reservation controller's copy (``scheduler_ext.reserver``)
 
     def replace(self, kind: str, items: list[dict[str, Any]], *, absent: bool) -> None:
+        if kind == "reservations" and self.reservations is not None:
+            self.reservations.replace(items)
         if absent:
             if kind not in self.state.synced:
                 self.state.replace(kind, [])  # the CRD is not installed: nothing to know
@@ -71,15 +82,20 @@ class CacheSink:
 
     def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
         self.state.apply(kind, event, obj)
+        if kind == "reservations" and self.reservations is not None:
+            self.reservations.apply(event, obj)
 
     def heard(self, kind: str) -> None:
         self.state.heard(kind)
 
 
-def watch_cluster(state: ClusterState, http: KubeHTTP, options: WatchOptions) -> Informer:
+def watch_cluster(
+    state: ClusterState, http: KubeHTTP, options: WatchOptions, reservations: ReservationSink | None = None
+) -> Informer:
     """Start the extender's watches on their own thread (``close`` stops them); ``state``'s
-    readiness and the extender's ``/healthz`` (``Informer.liveness``) follow them."""
-    sink = CacheSink(state)
+    readiness and the extender's ``/healthz`` (``Informer.liveness``) follow them. Reservation
+    objects also go to ``reservations`` (the reservation controller's store) when given."""
+    sink = CacheSink(state, reservations)
     informer = Informer(http, resources(state.kinds), sink, component="extender", options=options,
                         on_heard=sink.heard)
     informer.start_thread()

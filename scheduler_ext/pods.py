@@ -110,6 +110,9 @@ class PodRequest:
     identity: PodIdentity = field(default_factory=PodIdentity)
     # the pod's required reservation affinity (``reservation-affinity``), None when it has none
     reservation_affinity: ReservationAffinity | None = None
+    # the reserve pod of a Reservation being placed (``scheduler_ext.reserve``): it is never
+    # placed into another reservation (koord-scheduler skips reserve pods in its reservation plugin)
+    reserve: bool = False
 
     @property
     def full_name(self) -> str:
@@ -149,6 +152,7 @@ class PodRequest:
             self.gpu.key if self.gpu else None,
             self.error,
             self.reservation_affinity is not None,
+            self.reserve,
         )
 
 

@@ -26,6 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
+
+from koord_formats import keys
 
 from koord_formats.pod import ResourceStatus
 from koord_formats.reservation import (
@@ -42,6 +45,7 @@ __all__ = [
     "NodeReservation",
     "PodIdentity",
     "affinity_matches",
+    "fits_restricted",
     "fold",
     "numa_amounts",
     "owners_match",
@@ -265,3 +269,20 @@ def pod_may_use(
     if not owners_match(r, pod):
         return False
     return affinity is None or affinity_matches(affinity, r, node_labels)
+
+
+def fits_restricted(nr: NodeReservation, cpu_milli: int, memory: int) -> bool:
+    """A Restricted reservation can be nominated only when the pod's CPU and memory requests
+    fit in what it has left of them (``status.allocatable`` minus ``status.allocated``, for
+    the names it reserves; ``fitsReservation``); the other policies let the pod take the rest
+    from the node."""
+    r = nr.r
+    if r.allocate_policy != keys.RESERVATION_ALLOCATE_POLICY_RESTRICTED:
+        return True
+    for name, want in ((CPU, Fraction(cpu_milli, 1000)), (MEMORY, Fraction(memory))):
+        cap = r.allocatable.get(name)
+        if cap is None or want <= 0:
+            continue
+        if want > cap - max(r.allocated.get(name, Fraction(0)), Fraction(0)):
+            return False
+    return True

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 import structlog
@@ -464,6 +464,14 @@ def create_health_app(state: ClusterState, liveness: Liveness | None = None) -> 
     )
 
 
+class Background(Protocol):
+    """A task that runs with the app (started in its lifespan, stopped before it ends)."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 def create_app(
     state: ClusterState,
     binder: Binder | None,
@@ -473,11 +481,13 @@ def create_app(
     max_body: int = MAX_BODY_BYTES,
     requeuer: Requeuer | None = None,
     liveness: Liveness | None = None,
+    background: Sequence[Background] = (),
 ) -> ExtenderApp:
     """The ASGI app. ``binder`` is ``None`` when no API server is configured; ``requeuer``
     (started and stopped with the app) is told of every pod filter refuses for a node's missing
     CPU topology, or on any node while a kind of the cache is stale (``scheduler_ext.requeue``);
-    ``liveness`` decides ``/healthz`` (the watches')."""
+    ``liveness`` decides ``/healthz`` (the watches'); ``background`` runs on the verbs' loop with the
+    app (the reservation controller, ``scheduler_ext.reserver``)."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     async def filter_verb(raw: bytes) -> Reply:
@@ -573,9 +583,13 @@ def create_app(
             requeuer.start()
         if binder is not None:
             binder.start()  # the ledger sweep
+        for part in background:
+            part.start()
         try:
             yield
         finally:
+            for part in background:
+                await part.stop()
             if requeuer is not None:
                 await requeuer.stop()
             if binder is not None:

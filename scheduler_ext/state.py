@@ -473,8 +473,8 @@ class ClusterState:
         that could land has landed and is in the cache. A stalled watch hears nothing, so its
         replica keeps the entry for as long as it stalls."""
         with self.lock:
-            if uid in self.deleted:
-                return True
+            if uid in self.deleted or self.reservations.get(uid) == node:
+                return True  # a reservation placed on the node counts by its own resource-status
             entry = self.pods.get(uid)
             if entry is not None and entry.node == node:
                 return True
@@ -666,6 +666,11 @@ class ClusterState:
         ns = self._node_for(r.node_name)
         ns.reservations[uid] = r
         self.reservations[uid] = r.node_name
+        # placed by a reservation controller's hold (``scheduler_ext.reserver``): the reservation's
+        # own resource-status is the record now, as a bound pod's annotations are for its bind
+        held_on = self.holds.pop(uid, None)
+        if held_on is not None and held_on in self.nodes:
+            self.nodes[held_on].drop(uid)
         ns.touch()
 
     def recently_deleted(self, uid: str) -> bool:

@@ -22,6 +22,7 @@ from scheduler_ext.admission import Intent, pre_filter
 from scheduler_ext.decide import MAX_SCORE, ExtenderConfig, Verdict, key_id, memo_verdict, verdict_of
 from scheduler_ext.pods import PodRequest
 from scheduler_ext.state import ClusterState, NodeState
+from scheduler_ext.views import matched_reservations
 
 __all__ = ["FilterResult", "filter_nodes", "preempt_nodes", "prioritize_nodes"]
 
@@ -206,11 +207,15 @@ def preempt_nodes(
     victims: Mapping[str, Sequence[str]],
     cfg: ExtenderConfig,
 ) -> dict[str, list[str]]:
-    """Keep the nodes where evicting the given victims (pod UIDs) lets ``pod`` fit."""
+    """Keep the nodes where evicting the given victims (pod UIDs) lets ``pod`` fit. A victim
+    allocated from a reservation ``pod`` does not match is never evicted for it (what it holds
+    stays the reservation's): it is dropped from the node's victims, and the node is kept only
+    when the others are enough."""
     out: dict[str, list[str]] = {}
     with state.lock:
-        for name, uids in victims.items():
+        for name, given in victims.items():
             ns = state.nodes.get(name)
+            uids = _outside_reservations(state, ns, pod, given)
             if not uids:
                 continue  # kube-scheduler rejects a node returned without victims
             if ns is None:
@@ -228,6 +233,25 @@ def preempt_nodes(
                 ns.touch()
             if ok:
                 out[name] = list(uids)
+    return out
+
+
+def _outside_reservations(
+    state: ClusterState, ns: NodeState | None, pod: PodRequest, uids: Sequence[str]
+) -> list[str]:
+    """``uids`` without the pods allocated from a reservation on the node that ``pod`` may not
+    use (caller holds the lock)."""
+    if ns is None or not ns.reservations:
+        return list(uids)
+    ns.refresh()
+    mine = {nr.r.uid for nr in matched_reservations(ns, pod)}
+    out: list[str] = []
+    for u in uids:
+        entry = state.pods.get(u)
+        owner = entry.alloc.reservation if entry is not None else ""
+        if owner and owner in ns.reservations and owner not in mine:
+            continue
+        out.append(u)
     return out
 
 

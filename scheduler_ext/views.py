@@ -30,7 +30,7 @@ from scheduler_ext import numa
 from scheduler_ext.accumulator import ExclusiveUse
 from scheduler_ext.admission import NodeFacts, Restore, restored
 from scheduler_ext.pods import PodRequest
-from scheduler_ext.reservations import NodeReservation, pod_may_use
+from scheduler_ext.reservations import NodeReservation, fits_restricted, pod_may_use
 from scheduler_ext.state import NodeState
 
 __all__ = ["Restored", "matched_reservations", "node_facts", "nominate", "restore", "zone_amount"]
@@ -145,10 +145,18 @@ def _zones(ns: NodeState) -> dict[int, dict[str, int]]:
 
 
 def matched_reservations(ns: NodeState, pod: PodRequest) -> list[NodeReservation]:
-    """The reservations on ``ns`` the pod may use (caller refreshed ``ns``), in name order."""
-    if not ns.reserved:
+    """The reservations on ``ns`` the pod may use (caller refreshed ``ns``), in name order; none
+    for a reservation's reserve pod. A Restricted one whose CPU or memory left is less than the
+    pod asks is not among them (``fits_restricted``): its CPUs stay booked and the pod is placed
+    outside it, as Koordinator's reservation filter refuses it for that pod."""
+    if not ns.reserved or pod.reserve:
         return []
-    return [nr for nr in ns.reserved if pod_may_use(nr, pod.identity, pod.reservation_affinity, ns.node_labels)]
+    return [
+        nr
+        for nr in ns.reserved
+        if pod_may_use(nr, pod.identity, pod.reservation_affinity, ns.node_labels)
+        and fits_restricted(nr, pod.cpu_milli, pod.memory)
+    ]
 
 
 def _plus(into: dict[int, dict[str, int]], more: Mapping[int, Mapping[str, int]]) -> None:

@@ -1,0 +1,417 @@
+"""What placing a Reservation reads of it and of the Node it may go to: its pod template's
+scheduling constraints, its lifetime, and the parts of its status its controller keeps.
+
+Formats (koordinator-sh/koordinator ``apis/scheduling/v1alpha1/reservation_types.go``, the
+Kubernetes ``PodSpec`` and ``Node``):
+
+- ``spec.template.spec``: ``nodeName``; ``nodeSelector``;
+  ``affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms``
+  (terms ORed; ``matchExpressions`` over the node's labels with In, NotIn, Exists,
+  DoesNotExist, Gt, Lt and ``matchFields`` over ``metadata.name`` ANDed inside a term);
+  ``tolerations``; each container's ``ports[].hostPort`` (with ``protocol`` and ``hostIP``);
+  ``resources.requests`` (limits default requests) of containers and init containers, and
+  ``overhead``: the pod's request is the sum of the containers, at least each init container,
+  plus the overhead (``PodRequests``).
+- ``spec.ttl`` (a Go duration, ``"0s"`` never expires; Koordinator's CRD defaults it to 24h),
+  ``spec.expires`` (RFC 3339, checked first), ``metadata.creationTimestamp``.
+- ``status.conditions[]`` (``type``, ``status``, ``reason``, ``message``, times),
+  ``status.currentOwners[]`` (``namespace``, ``name``, ``uid``).
+- A Node's ``spec.taints[]`` (``key``, ``value``, ``effect``) and ``status.allocatable``.
+
+Every reader bounds what it reads and raises only ``FormatError``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any
+
+from koord_formats.bounded import MAX_NAME_CHARS, read_int, read_list, read_object, read_str
+from koord_formats.errors import FormatError
+from koord_formats.pod import read_resource_list
+
+__all__ = [
+    "MAX_TTL_SECONDS",
+    "HostPort",
+    "Lifetime",
+    "NodeFacts",
+    "NodeTerm",
+    "PodConstraints",
+    "Taint",
+    "Toleration",
+    "parse_lifetime",
+    "parse_node",
+    "parse_pod_constraints",
+    "parse_rfc3339",
+    "parse_ttl",
+    "read_current_owners",
+]
+
+MAX_TTL_SECONDS = 100 * 365 * 86400  # a century: longer is refused as nonsense
+_MAX_LABELS = 256
+_MAX_LABEL_CHARS = 1024
+_MAX_TERMS = 32
+_MAX_REQUIREMENTS = 64
+_MAX_VALUES = 256
+_MAX_TOLERATIONS = 128
+_MAX_TAINTS = 128
+_MAX_CONTAINERS = 64
+_MAX_PORTS = 256
+_MAX_OWNERS = 1024
+_MAX_TIME_CHARS = 64
+_MAX_DURATION_CHARS = 64
+_NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+_NAME_FIELD = "metadata.name"
+_DURATION_PART = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,9})?)(ns|us|µs|ms|s|m|h)", re.ASCII)
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _object(value: object, what: str) -> Mapping[str, Any]:
+    return MappingProxyType({}) if value is None else read_object(value, what)
+
+
+def _text(doc: Mapping[str, Any], key: str, what: str, max_chars: int = MAX_NAME_CHARS) -> str:
+    value = doc.get(key)
+    return "" if value is None else read_str(value, f"{what} {key}", max_chars)
+
+
+def _strings(value: object, what: str) -> Mapping[str, str]:
+    doc = _object(value, what)
+    if len(doc) > _MAX_LABELS:
+        raise FormatError(f"{what}: more than {_MAX_LABELS} entries")
+    for k, v in doc.items():
+        read_str(k, f"{what} key", _MAX_LABEL_CHARS)
+        read_str(v, f"{what} value", _MAX_LABEL_CHARS)
+    return MappingProxyType(dict(doc))
+
+
+# ---- times --------------------------------------------------------------------------------------
+
+
+def parse_ttl(value: object) -> float:
+    """``spec.ttl``: a Go duration (``"24h"``, ``"1h30m"``, ``"90s"``, ``"0s"``) in seconds."""
+    raw = read_str(value, "ttl", _MAX_DURATION_CHARS)
+    if raw == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    while pos < len(raw):
+        m = _DURATION_PART.match(raw, pos)
+        if m is None:
+            raise FormatError(f"ttl: {raw[:64]!r} is not a Go duration")
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    if not raw or total > MAX_TTL_SECONDS:
+        raise FormatError(f"ttl: {raw[:64]!r} is empty or longer than a century")
+    return total
+
+
+def parse_rfc3339(value: object, what: str) -> float:
+    """An RFC 3339 time (``metav1.Time``: ``2026-01-02T03:04:05Z``) as a Unix time."""
+    raw = read_str(value, what, _MAX_TIME_CHARS)
+    text = raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw
+    try:
+        parsed = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise FormatError(f"{what}: {raw[:64]!r} is not an RFC 3339 time") from None
+    if parsed.tzinfo is None:
+        raise FormatError(f"{what}: {raw[:64]!r} has no time zone")
+    return parsed.timestamp()
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """When a Reservation expires (``isReservationNeedExpiration``)."""
+
+    created: float | None  # metadata.creationTimestamp
+    ttl: float | None  # spec.ttl in seconds (None: not given; 0: never expires)
+    expires: float | None  # spec.expires
+
+    def deadline(self) -> float | None:
+        """The time it expires at; ``None`` when it never does. A ttl of 0 turns expiry off,
+        ``expires`` is checked first, then creation plus ttl."""
+        if self.ttl is not None and self.ttl == 0:
+            return None
+        if self.expires is not None:
+            return self.expires
+        if self.ttl is not None and self.created is not None:
+            return self.created + self.ttl
+        return None
+
+    def expired(self, now: float) -> bool:
+        deadline = self.deadline()
+        return deadline is not None and now > deadline
+
+
+def parse_lifetime(obj: object) -> Lifetime:
+    """A Reservation's lifetime (``metadata.creationTimestamp``, ``spec.ttl``, ``spec.expires``)."""
+    doc = read_object(obj, "Reservation")
+    meta = _object(doc.get("metadata"), "Reservation metadata")
+    spec = _object(doc.get("spec"), "Reservation spec")
+    created = meta.get("creationTimestamp")
+    ttl = spec.get("ttl")
+    expires = spec.get("expires")
+    return Lifetime(
+        created=None if created is None else parse_rfc3339(created, "creationTimestamp"),
+        ttl=None if ttl is None else parse_ttl(ttl),
+        expires=None if expires is None else parse_rfc3339(expires, "expires"),
+    )
+
+
+# ---- the template's constraints ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequirement:
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        op = self.operator
+        if op == "In":
+            return value is not None and value in self.values
+        if op == "NotIn":
+            return value is None or value not in self.values
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        if value is None:
+            return False
+        try:
+            have, want = int(value), int(self.values[0])
+        except ValueError:
+            return False
+        return have > want if op == "Gt" else have < want
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTerm:
+    """One ``nodeSelectorTerms`` entry; an empty term selects no node."""
+
+    expressions: tuple[NodeRequirement, ...] = ()
+    fields: tuple[NodeRequirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str], name: str) -> bool:
+        if not self.expressions and not self.fields:
+            return False
+        names = {_NAME_FIELD: name}
+        return all(r.matches(labels) for r in self.expressions) and all(f.matches(names) for f in self.fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # "" tolerates every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class HostPort:
+    port: int
+    protocol: str = "TCP"
+    host_ip: str = ""
+
+    def conflicts(self, other: HostPort) -> bool:
+        """Two host ports conflict on one protocol and port when either binds every address."""
+        if self.port != other.port or self.protocol != other.protocol:
+            return False
+        wild = ("", "0.0.0.0", "::")
+        return self.host_ip in wild or other.host_ip in wild or self.host_ip == other.host_ip
+
+
+@dataclass(frozen=True, slots=True)
+class PodConstraints:
+    """What kube-scheduler's default plugins read of a pod spec (NodeName, NodeAffinity,
+    TaintToleration, NodePorts, NodeResourcesFit)."""
+
+    node_name: str = ""
+    node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    terms: tuple[NodeTerm, ...] | None = None  # None: no required node affinity
+    tolerations: tuple[Toleration, ...] = ()
+    host_ports: tuple[HostPort, ...] = ()
+    requests: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def _node_requirements(value: object, what: str, *, fields: bool) -> tuple[NodeRequirement, ...]:
+    if value is None:
+        return ()
+    out: list[NodeRequirement] = []
+    for item in read_list(value, what, _MAX_REQUIREMENTS):
+        doc = read_object(item, what)
+        key = read_str(doc.get("key"), f"{what} key", _MAX_LABEL_CHARS)
+        op = read_str(doc.get("operator"), f"{what} operator", 32)
+        if op not in _NODE_OPERATORS:
+            raise FormatError(f"{what}: unknown operator {op[:32]!r}")
+        raw = doc.get("values")
+        values = tuple(
+            read_str(v, f"{what} value", _MAX_LABEL_CHARS)
+            for v in ([] if raw is None else read_list(raw, f"{what} values", _MAX_VALUES))
+        )
+        if op in ("In", "NotIn") and not values:
+            raise FormatError(f"{what}: {op} needs values")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise FormatError(f"{what}: {op} takes no values")
+        if op in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit() or len(values[0]) > 19):
+            raise FormatError(f"{what}: {op} needs one integer value")
+        if fields and (key != _NAME_FIELD or op not in ("In", "NotIn")):
+            raise FormatError(f"{what}: matchFields supports only {_NAME_FIELD} In/NotIn")
+        out.append(NodeRequirement(key, op, values))
+    return tuple(out)
+
+
+def _terms(affinity: Mapping[str, Any]) -> tuple[NodeTerm, ...] | None:
+    node_aff = _object(affinity.get("nodeAffinity"), "nodeAffinity")
+    required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return None
+    raw = read_object(required, "nodeAffinity required").get("nodeSelectorTerms")
+    terms: list[NodeTerm] = []
+    for t in [] if raw is None else read_list(raw, "nodeSelectorTerms", _MAX_TERMS):
+        doc = read_object(t, "nodeSelectorTerm")
+        terms.append(
+            NodeTerm(
+                _node_requirements(doc.get("matchExpressions"), "matchExpressions", fields=False),
+                _node_requirements(doc.get("matchFields"), "matchFields", fields=True),
+            )
+        )
+    return tuple(terms)
+
+
+def _tolerations(value: object) -> tuple[Toleration, ...]:
+    if value is None:
+        return ()
+    out: list[Toleration] = []
+    for item in read_list(value, "tolerations", _MAX_TOLERATIONS):
+        doc = read_object(item, "toleration")
+        op = _text(doc, "operator", "toleration", 32) or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise FormatError(f"toleration: unknown operator {op[:32]!r}")
+        out.append(
+            Toleration(
+                key=_text(doc, "key", "toleration", _MAX_LABEL_CHARS),
+                operator=op,
+                value=_text(doc, "value", "toleration", _MAX_LABEL_CHARS),
+                effect=_text(doc, "effect", "toleration", 32),
+            )
+        )
+    return tuple(out)
+
+
+def _add(into: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
+    for k, v in more.items():
+        into[k] = into.get(k, Fraction(0)) + v
+
+
+def _container_requests(c: Mapping[str, Any], what: str) -> dict[str, Fraction]:
+    resources = _object(c.get("resources"), f"{what} resources")
+    requests = dict(read_resource_list(resources.get("requests"), f"{what} requests"))
+    for k, v in read_resource_list(resources.get("limits"), f"{what} limits").items():
+        requests.setdefault(k, v)  # the API server defaults requests from limits
+    return requests
+
+
+def parse_pod_constraints(spec_value: object) -> PodConstraints:
+    """The scheduling constraints of a pod spec (a Reservation's ``spec.template.spec``)."""
+    spec = _object(spec_value, "pod spec")
+    total: dict[str, Fraction] = {}
+    ports: list[HostPort] = []
+    for c in read_list(spec.get("containers") or [], "containers", _MAX_CONTAINERS):
+        doc = read_object(c, "container")
+        _add(total, _container_requests(doc, "container"))
+        for p in read_list(doc.get("ports") or [], "container ports", _MAX_PORTS):
+            port = read_object(p, "container port")
+            host = port.get("hostPort")
+            if host is None or host == 0:
+                continue
+            ports.append(
+                HostPort(
+                    read_int(host, "hostPort", 1, 65535),
+                    _text(port, "protocol", "container port", 16) or "TCP",
+                    _text(port, "hostIP", "container port", 64),
+                )
+            )
+    for c in read_list(spec.get("initContainers") or [], "initContainers", _MAX_CONTAINERS):
+        for k, v in _container_requests(read_object(c, "init container"), "init container").items():
+            total[k] = max(total.get(k, Fraction(0)), v)
+    _add(total, read_resource_list(spec.get("overhead"), "overhead"))
+    return PodConstraints(
+        node_name=_text(spec, "nodeName", "pod spec"),
+        node_selector=_strings(spec.get("nodeSelector"), "nodeSelector"),
+        terms=_terms(_object(spec.get("affinity"), "affinity")),
+        tolerations=_tolerations(spec.get("tolerations")),
+        host_ports=tuple(sorted(set(ports))),
+        requests=MappingProxyType(total),
+    )
+
+
+# ---- the node -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What placing a reservation reads of a Node besides the extender's cache."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    taints: tuple[Taint, ...] = ()
+    allocatable: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
+    unschedulable: bool = False
+
+
+def parse_node(obj: object) -> NodeFacts:
+    """A Node's name, labels, taints, allocatable and ``spec.unschedulable``."""
+    doc = read_object(obj, "Node")
+    meta = _object(doc.get("metadata"), "Node metadata")
+    spec = _object(doc.get("spec"), "Node spec")
+    status = _object(doc.get("status"), "Node status")
+    taints: list[Taint] = []
+    for item in read_list(spec.get("taints") or [], "taints", _MAX_TAINTS):
+        t = read_object(item, "taint")
+        taints.append(
+            Taint(
+                read_str(t.get("key"), "taint key", _MAX_LABEL_CHARS),
+                _text(t, "value", "taint", _MAX_LABEL_CHARS),
+                _text(t, "effect", "taint", 32),
+            )
+        )
+    flag = spec.get("unschedulable")
+    return NodeFacts(
+        name=_text(meta, "name", "Node"),
+        labels=_strings(meta.get("labels"), "Node labels"),
+        taints=tuple(taints),
+        allocatable=read_resource_list(status.get("allocatable"), "Node allocatable"),
+        unschedulable=flag is True,
+    )
+
+
+def read_current_owners(status_value: object) -> tuple[tuple[str, str, str], ...]:
+    """``status.currentOwners`` as sorted (uid, namespace, name)."""
+    status = _object(status_value, "Reservation status")
+    out: list[tuple[str, str, str]] = []
+    for item in read_list(status.get("currentOwners") or [], "currentOwners", _MAX_OWNERS):
+        doc = read_object(item, "currentOwner")
+        out.append((_text(doc, "uid", "currentOwner"), _text(doc, "namespace", "currentOwner"),
+                    _text(doc, "name", "currentOwner")))  # fmt: skip
+    return tuple(sorted(out))

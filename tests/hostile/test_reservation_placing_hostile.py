@@ -1,0 +1,150 @@
+"""Hostile Reservation objects against the reservation controller (``scheduler_ext/reserver.py``):
+anyone who may create a Reservation controls its template, owners, times and annotations. Each
+bad one costs only itself (it stays Pending with the reason, or is left alone), never the round
+or the other reservations, and never reserves CPUs it was not given."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from koord_formats.cpulist import parse_cpu_list
+from scheduler_ext.reserver import ReservationStore
+from tests.scheduler_ext.test_reservation_placing import RS, Rig, reservation_obj
+
+
+def _template_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = obj["spec"]["template"]["spec"]
+    return spec
+
+
+def _bad(kind: str) -> dict[str, Any]:
+    obj = reservation_obj("bad", cpu="2")
+    if kind == "containers not a list":
+        _template_spec(obj)["containers"] = {"c": 1}
+    elif kind == "request of 1e500000":
+        _template_spec(obj)["containers"][0]["resources"]["requests"]["cpu"] = "1e500000"
+    elif kind == "a million containers":
+        _template_spec(obj)["containers"] = [{"name": "c"}] * 1_000_000
+    elif kind == "a huge label":
+        obj["spec"]["template"]["metadata"]["labels"]["x"] = "v" * (1 << 20)
+    elif kind == "bad affinity operator":
+        _template_spec(obj)["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Near"}]}]}}}
+    elif kind == "a host port of 70000":
+        _template_spec(obj)["containers"][0]["ports"] = [{"containerPort": 1, "hostPort": 70000}]
+    elif kind == "ttl of ten thousand years":
+        obj["spec"]["ttl"] = "87600000h"
+    elif kind == "ttl not a string":
+        obj["spec"]["ttl"] = {"h": 1}
+    elif kind == "expires not a time":
+        obj["spec"]["expires"] = "tomorrow"
+    elif kind == "template not an object":
+        obj["spec"]["template"] = ["x"]
+    elif kind == "owners not a list":
+        obj["spec"]["owners"] = "everyone"
+    elif kind == "unknown allocatePolicy":
+        obj["spec"]["allocatePolicy"] = "Greedy"
+    elif kind == "resource-spec garbage":
+        obj["spec"]["template"]["metadata"]["annotations"]["scheduling.koordinator.sh/resource-spec"] = "{" * 5000
+    else:  # pragma: no cover
+        raise AssertionError(kind)
+    return obj
+
+
+KINDS = [
+    "containers not a list",
+    "request of 1e500000",
+    "a million containers",
+    "a huge label",
+    "bad affinity operator",
+    "a host port of 70000",
+    "ttl of ten thousand years",
+    "ttl not a string",
+    "expires not a time",
+    "template not an object",
+    "owners not a list",
+    "unknown allocatePolicy",
+    "resource-spec garbage",
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_hostile_reservation_costs_only_itself(kind: str) -> None:
+    rig = Rig()
+    rig.add(_bad(kind))
+    rig.add(reservation_obj("good", cpu="2"))
+    rig.round()
+    bad = rig.get("bad")["status"]
+    assert bad.get("phase") == "Pending" and not bad.get("nodeName")
+    (cond,) = bad["conditions"]
+    assert cond["reason"] == "Unschedulable" and len(cond["message"]) <= 1024
+    assert RS not in rig.get("bad")["metadata"]["annotations"]  # reserved nothing
+    assert rig.get("good")["status"]["phase"] == "Available"
+
+
+def test_a_forged_resource_status_is_replaced_by_what_was_reserved() -> None:
+    """A creator writes the resource-status annotation itself (on the reservation and on its
+    template) claiming every CPU: it is not counted while Pending, and placing it overwrites it."""
+    rig = Rig()
+    forged = json.dumps({"cpuset": "0-15"})
+    obj = reservation_obj("r", cpu="2", template_annotations={RS: forged})
+    obj["metadata"]["annotations"][RS] = forged
+    rig.add(obj)
+    ns = rig.state.node("n1")
+    assert ns is not None
+    ns.refresh()
+    assert len(ns.free) == 16  # pending: its annotation holds nothing
+    rig.round()
+    got = parse_cpu_list(json.loads(rig.get("r")["metadata"]["annotations"][RS])["cpuset"])
+    assert len(got) == 2
+    ns.refresh()
+    assert len(ns.free) == 14
+
+
+def test_a_forged_status_of_a_reservation_that_needs_no_cpuset_is_cleared() -> None:
+    rig = Rig()
+    obj = reservation_obj("ls", cpu="1500m", qos="LS")  # no cpuset: nothing to reserve exactly
+    obj["metadata"]["annotations"][RS] = json.dumps({"cpuset": "0-15"})
+    rig.add(obj)
+    rig.round()
+    assert json.loads(rig.get("ls")["metadata"]["annotations"][RS]) == {}
+    ns = rig.state.node("n1")
+    assert ns is not None
+    ns.refresh()
+    assert len(ns.free) == 16
+
+
+@pytest.mark.parametrize("owners", [[{"uid": "u"}] * 5000, "x", [["nested"]]])
+def test_a_hostile_current_owners_is_left_alone(owners: object) -> None:
+    rig = Rig()
+    rig.add(reservation_obj("r", cpu="2", allocate_once=False))
+    rig.round()
+    rig.get("r")["status"]["currentOwners"] = owners
+    rig.sync()
+    rig.round()  # no exception, nothing rewritten from garbage
+    assert rig.get("r")["status"]["phase"] == "Available"
+
+
+def test_store_ignores_objects_without_a_uid() -> None:
+    store = ReservationStore()
+    store.replace([{"metadata": {"name": "x"}}, {"metadata": {"uid": "u" * 300}}, {"metadata": "x"}])  # type: ignore[list-item]
+    store.apply("ADDED", {"metadata": {"name": "y", "uid": 5}})
+    assert store.snapshot() == []
+
+
+def test_a_stale_write_does_not_undo_a_newer_one() -> None:
+    """The status is written under the resourceVersion read: a reservation changed since
+    (here by its owner) answers 409 and is looked at again with the next event."""
+    rig = Rig()
+    rig.add(reservation_obj("r", cpu="2"))
+    stale = copy.deepcopy(rig.get("r"))
+    rig.get("r")["metadata"]["resourceVersion"] = "7"
+    rig.store.replace([stale])
+    rig.round()
+    assert "phase" not in rig.get("r").get("status", {})
+    ns = rig.state.node("n1")
+    assert ns is not None and not ns.held  # the hold was rolled back
