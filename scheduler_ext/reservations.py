@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from koord_formats import keys
-
 from koord_formats.pod import ResourceStatus
 from koord_formats.reservation import (
     LabelRequirement,
