@@ -85,6 +85,8 @@ PLACED = Counter(
 )
 
 _MAX_CANDIDATES = 16  # nodes checked against the API server per reservation and round
+_NODES_PER_LOCK = 200  # nodes judged per hold of the cache's lock (the verbs wait on it)
+RETRY_UNSCHEDULABLE = 10.0  # seconds before a reservation no node could take is tried again
 _MAX_LIST_BYTES = 256 << 20
 _RS = keys.ANNOTATION_RESOURCE_STATUS
 _GROUP_PATH = f"/apis/{keys.RESERVATION_API_GROUP}/{keys.RESERVATION_API_VERSION}/{keys.RESERVATION_PLURAL}"
@@ -241,6 +243,11 @@ class Reserver:
         self.cfg, self.interval, self.clock = cfg, interval, clock
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # uid -> (resourceVersion, monotonic time) of its last failed placement: tried again
+        # after ``RETRY_UNSCHEDULABLE`` or when it changed
+        self._refused: dict[str, tuple[str, float]] = {}
+        self._written: dict[str, Mapping[str, Any]] = {}  # uid -> the object as this round wrote it
+        self._owners: dict[tuple[str, str], set[str]] = {}  # (reservation uid, node) -> owner pod uids
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -264,9 +271,25 @@ class Reserver:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval)
 
+    def _index_owners(self, objs: list[dict[str, Any]]) -> None:
+        """The pods the cache counts as allocated from each Available reservation, in one pass
+        over the cache's pods (none when no reservation is Available)."""
+        self._owners = {}
+        if not any(_status(o).get("phase") == keys.RESERVATION_PHASE_AVAILABLE for o in objs):
+            return
+        with self.state.lock:
+            for p_uid, entry in self.state.pods.items():
+                if entry.node and entry.alloc.reservation:
+                    self._owners.setdefault((entry.alloc.reservation, entry.node), set()).add(p_uid)
+
     async def round(self) -> None:
         """One pass over every Reservation (oldest first)."""
-        for obj in sorted(self.store.snapshot(), key=lambda o: (_created(o), str(_meta(o).get("name")))):
+        objs = self.store.snapshot()
+        self._index_owners(objs)
+        live = {str(_meta(o).get("uid")) for o in objs}
+        self._refused = {u: v for u, v in self._refused.items() if u in live}
+        self._written = {}
+        for obj in sorted(objs, key=lambda o: (_created(o), str(_meta(o).get("name")))):
             if not self.fence.is_leader():
                 return
             name = str(_meta(obj).get("name") or "")
@@ -306,11 +329,22 @@ class Reserver:
                 await self._sync_owners(obj, node, now)
             return
         if pending(obj):
-            await self._place(obj, now)
+            uid, rv = str(_meta(obj).get("uid") or ""), str(_meta(obj).get("resourceVersion") or "")
+            refused = self._refused.get(uid)
+            if refused is not None and refused[0] == rv and time.monotonic() - refused[1] < RETRY_UNSCHEDULABLE:
+                return  # no node took it a moment ago and it did not change
+            if not await self._place(obj, now):
+                self._refused[uid] = (str(_meta(self._latest(obj)).get("resourceVersion") or rv), time.monotonic())
+            else:
+                self._refused.pop(uid, None)
 
     # -- placing ---------------------------------------------------------------------------------
 
-    async def _place(self, obj: dict[str, Any], now: float) -> None:
+    def _latest(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self._written.get(str(_meta(obj).get("uid") or ""), obj)
+
+    async def _place(self, obj: dict[str, Any], now: float) -> bool:
+        """Place ``obj``; True when it was placed."""
         meta = _meta(obj)
         name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
         req = reserve_request(obj)
@@ -326,18 +360,23 @@ class Reserver:
             reason = "GPU reservations are not placed by this scheduler"
         if reason or constraints is None:
             await self._unschedulable(obj, reason or "invalid Reservation", now)
-            return
+            return False
         failures: dict[str, str] = {}
         candidates: list[tuple[int, str]] = []
         with self.state.lock:
-            for ns in list(self.state.nodes.values()):
-                if not ns.node_seen:
-                    continue
-                verdict = evaluate(ns, req, self.cfg)
-                if verdict.ok:
-                    candidates.append((-verdict.score, ns.name))
-                else:
-                    failures[ns.name] = verdict.reason
+            names = [name for name, ns in self.state.nodes.items() if ns.node_seen]
+        for start in range(0, len(names), _NODES_PER_LOCK):
+            with self.state.lock:  # a slice at a time: the verbs wait on this lock
+                for name in names[start:start + _NODES_PER_LOCK]:
+                    ns = self.state.node(name)
+                    if ns is None or not ns.node_seen:
+                        continue
+                    verdict = evaluate(ns, req, self.cfg)
+                    if verdict.ok:
+                        candidates.append((-verdict.score, ns.name))
+                    else:
+                        failures[ns.name] = verdict.reason
+            await asyncio.sleep(0)
         for _, node in sorted(candidates)[:_MAX_CANDIDATES]:
             why = await self._node_reason(obj, uid, constraints, node)
             if why:
@@ -356,9 +395,10 @@ class Reserver:
             PLACED.labels("available").inc()
             log.info("reservation placed", reservation=name, node=node,
                      cpuset=placement.annotations.get(_RS, ""))  # fmt: skip
-            return
+            return True
         message = "; ".join(f"node {n}: {r}" for n, r in sorted(failures.items())) or "no nodes available"
         await self._unschedulable(obj, f"0/{len(failures)} nodes are available: {message}", now)
+        return False
 
     async def _node_reason(self, obj: Mapping[str, Any], uid: str, constraints: Any, node: str) -> str:
         try:
@@ -427,14 +467,15 @@ class Reserver:
     async def _write_status(self, obj: Mapping[str, Any], status: Mapping[str, Any], result: str) -> None:
         body = dict(obj)
         body["status"] = dict(status)
-        await self.fence.write(self.api.replace_status(str(_meta(obj).get("name") or ""), body))
+        written = await self.fence.write(self.api.replace_status(str(_meta(obj).get("name") or ""), body))
+        if isinstance(written, dict):
+            self._written[str(_meta(obj).get("uid") or "")] = written
         PLACED.labels(result).inc()
 
     # -- owners ----------------------------------------------------------------------------------
 
     def _owner_uids(self, uid: str, node: str) -> set[str]:
-        with self.state.lock:
-            return {p_uid for p_uid, e in self.state.pods.items() if e.node == node and e.alloc.reservation == uid}
+        return self._owners.get((uid, node), set())
 
     async def _sync_owners(self, obj: dict[str, Any], node: str, now: float) -> None:
         meta, status = _meta(obj), _status(obj)

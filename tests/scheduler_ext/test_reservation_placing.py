@@ -609,3 +609,69 @@ def test_preemption_keeps_a_reservations_pod_for_a_non_owner() -> None:
     owner = decode_pod(web("web-1", "8"))
     assert preempt_nodes(rig.state, owner, {"n1": [inside["metadata"]["uid"]]}, DEFAULT_CONFIG) == {
         "n1": [inside["metadata"]["uid"]]}  # an owner may take its place
+
+
+# -- the controller's loop ------------------------------------------------------------------------
+
+
+def test_a_reservation_whose_node_is_gone_fails() -> None:
+    rig = Rig(("n1", "n2"))
+    rig.add(reservation_obj("r1", cpu="2"))
+    rig.round()
+    node = rig.get("r1")["status"]["nodeName"]
+    rig.state.apply("nodes", "DELETED", {"metadata": {"name": node}})
+    rig.round()
+    status = rig.get("r1")["status"]
+    assert status["phase"] == "Failed"
+    (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+    assert ready["reason"] == "Expired" and node in ready["message"]
+
+
+def test_an_unschedulable_reservation_is_tried_again_when_it_changes() -> None:
+    rig = Rig(cpu="16")
+    rig.add(reservation_obj("big", cpu="64"))
+    rig.round()
+    assert rig.get("big")["status"]["phase"] == "Pending"
+    obj = rig.get("big")
+    obj["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}
+    obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+    rig.sync()
+    rig.round()  # changed: not held back by the retry delay
+    assert rig.get("big")["status"]["phase"] == "Available"
+
+
+class Follower(Leader):
+    def __init__(self) -> None:
+        self.leading = False
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+
+def test_only_the_leader_writes_and_an_event_wakes_it() -> None:
+    rig = Rig()
+    fence = Follower()
+    rig.reserver.fence = fence
+    rig.reserver.interval = 3600.0  # only events wake it
+    for kind in ("nodes", "pods", "noderesourcetopologies", "devices", "reservations"):
+        rig.state.heard(kind)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(rig.reserver.run(stop))
+        await asyncio.sleep(0)
+        rig.add(reservation_obj("r1", cpu="2"))
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+        assert "phase" not in rig.get("r1").get("status", {})  # a follower writes nothing
+        fence.leading = True
+        rig.store.apply("MODIFIED", copy.deepcopy(rig.get("r1")))  # the next event
+        deadline = asyncio.get_running_loop().time() + 30
+        while rig.get("r1").get("status", {}).get("phase") != "Available":
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        stop.set()
+        rig.reserver._poke()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(scenario())
