@@ -600,9 +600,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--place-reservations", action=argparse.BooleanOptionalAction, default=True,
                        help="place pending Koordinator Reservations, keep their owners and expire them (default "
                             "on; one replica at a time, by the Lease --reservation-lease in --ledger-namespace)")
-    serve.add_argument("--reservation-lease", default="scheduler-ext-reservations", metavar="NAME",
+    serve.add_argument("--reservation-lease", default="scheduler-ext.reservations", metavar="NAME",
                        help="the Lease the reservation controller's replicas elect a leader by (default "
-                            "%(default)s)")
+                            "%(default)s: no node's HA-ledger Lease, scheduler-ext-<node>, can have that name)")
     serve.add_argument("--watch-timeout", type=int, default=60,
                        help="seconds after which the API server ends each watch stream (timeoutSeconds; "
                             "default %(default)s)")

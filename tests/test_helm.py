@@ -644,10 +644,12 @@ def test_uninstall_removes_the_release_leases_by_a_post_delete_hook() -> None:
     (container,) = job["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args(container["command"][1:])
     assert args.command == "remove-leases" and args.in_cluster and args.namespace == NAMESPACE
-    # kube-scheduler's Lease (scheduler-config), the manager's (--lease-name), the extenders' ledger.
+    # kube-scheduler's Lease (scheduler-config), the manager's (--lease-name), the extenders' ledger
+    # and their reservation controller's election (serve's --reservation-lease, left at its default).
     config = yaml.safe_load(one(None, "ConfigMap", f"{FULL}-scheduler")["data"]["config.yaml"])
     manager = _manager_args(None)
-    assert set(args.name) == {config["leaderElection"]["resourceName"], manager.lease_name}
+    reservations = build_parser().parse_args(["serve"]).reservation_lease
+    assert set(args.name) == {config["leaderElection"]["resourceName"], manager.lease_name, reservations}
     assert args.prefix == ["scheduler-ext-"]
     assert args.wait_pods.startswith(f"app.kubernetes.io/instance={RELEASE},")
     role = one(None, "Role", f"{FULL}-lease-cleanup")
