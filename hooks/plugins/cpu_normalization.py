@@ -10,8 +10,11 @@ Stages
 Inputs
     node annotation ``node.koordinator.sh/cpu-normalization-ratio`` ("1.00" to "5.00", at most
     two decimals; missing or "1.00" = off; anything else is a logged skip that changes
-    nothing); pod label ``koordinator.sh/qosClass`` (LS or none) and the pod annotation
-    ``scheduling.koordinator.sh/resource-status`` (a pod with a ``cpuset`` is left alone);
+    nothing), which the manager (``colocation_manager``, or koord-manager) writes from
+    slo-controller-config's ``cpu-normalization-config`` and the ``cpu-basic-info`` the node
+    reports (``koord_formats.cpunormalization``); pod label ``koordinator.sh/qosClass`` (LS or
+    none) and the pod annotation ``scheduling.koordinator.sh/resource-status`` (a pod with a
+    ``cpuset`` is left alone);
     the container's CRI ``cpu_quota`` and its annotation
     ``runtimeproxy.koordinator.sh/cpu-quota-normalization`` (``"<kubelet's quota>/<applied>"``,
     written here at creation; containerd keeps it, so the proxy knows kubelet's quota after a
