@@ -163,3 +163,37 @@ def test_a_hostile_kubelet_config_gives_kubelet_s_defaults_never_an_exception(tm
     config = read_kubelet_config(str(path))
     assert isinstance(config, KubeletConfig)
     assert config.cpu_manager_policy == "none"  # refused (logged once): kubelet's defaults
+
+
+CPUINFO_ATTACKS = [
+    pytest.param(b"model name\t: " + b"A" * 1_000_000, id="a megabyte-long model name without a newline"),
+    pytest.param(b"model name\t: Intel\x00Xeon\n", id="a NUL inside the model"),
+    pytest.param(b"\xff\xfe" * 100_000, id="200 KB of invalid UTF-8"),
+    pytest.param(b"\n" * 500_000 + b"model name\t: late\n", id="the model past the 64 KiB head"),
+    pytest.param(b"model name\t: \xe2\x80\xae reversed\n", id="a bidi override in the model"),
+    pytest.param(b"model name" + b":" * 100_000 + b"\n", id="a hundred thousand colons"),
+]
+
+
+@pytest.mark.parametrize("cpuinfo", CPUINFO_ATTACKS)
+def test_hostile_machine_files_leave_the_basic_info_empty_never_an_exception(tmp_path: Path, cpuinfo: bytes) -> None:
+    """cpuinfo, smt/active, no_turbo and cbm_mask with garbage: the CPU basic info reports
+    nothing it cannot vouch for, within the bound, and the annotation stays small."""
+    from koord_formats.cpunormalization import MAX_BASIC_INFO_CHARS, format_cpu_basic_info, parse_cpu_basic_info
+    from runtime_proxy.report.sources import read_cpu_basic_info
+
+    (tmp_path / "cpuinfo").write_bytes(cpuinfo)
+    cpu = tmp_path / "devices/system/cpu"
+    for rel, data in (("smt/active", b"1" * 100_000), ("intel_pstate/no_turbo", b"\x00"),
+                      ("cpufreq/boost", b"2")):
+        (cpu / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cpu / rel).write_bytes(data)
+    (tmp_path / "fs/resctrl/info/L3").mkdir(parents=True)
+    (tmp_path / "fs/resctrl/info/L3/cbm_mask").write_bytes(b"f" * 10_000)
+    start = time.thread_time()
+    info = read_cpu_basic_info(DUAL_SOCKET_HT, tmp_path, tmp_path)
+    assert time.thread_time() - start < 1.0
+    assert info.cpu_model == "", "none of these names a model that can be vouched for"
+    assert info.turbo_enabled is False and info.cat_l3_cbm_mask == ""
+    text = format_cpu_basic_info(info)
+    assert len(text) <= MAX_BASIC_INFO_CHARS and parse_cpu_basic_info(text) == info
