@@ -218,6 +218,16 @@ def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return status if isinstance(status, Mapping) else {}
 
 
+def _invalid(obj: Mapping[str, Any]) -> str:
+    """Why a Reservation the cache would not count is not placed (``ValidateReservation``)."""
+    spec = _spec(obj)
+    if not isinstance(spec.get("template"), Mapping):
+        return "the reservation misses the template spec"
+    if not spec.get("owners"):
+        return "the reservation misses the owner spec"
+    return "the reservation misses the expiration spec"
+
+
 def _created(obj: Mapping[str, Any]) -> str:
     value = _meta(obj).get("creationTimestamp")
     return value if isinstance(value, str) else ""
@@ -353,7 +363,8 @@ class Reserver:
         if not reason:
             try:
                 constraints = parse_pod_constraints(_template_spec(obj))
-                parse_reservation(obj)  # owners, policy, taints: what pods will be matched by
+                if not parse_reservation(obj).valid:  # owners, policy, taints: what pods are matched by
+                    reason = _invalid(obj)
             except FormatError as exc:
                 reason = f"invalid Reservation: {exc}"
         if not reason and req.gpu is not None:

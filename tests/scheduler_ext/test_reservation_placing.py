@@ -675,3 +675,27 @@ def test_only_the_leader_writes_and_an_event_wakes_it() -> None:
         await asyncio.wait_for(task, 30)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"ttl": None}, "the reservation misses the expiration spec"),
+        ({"owners": []}, "the reservation misses the owner spec"),
+    ],
+)
+def test_an_invalid_reservation_is_not_placed(change: dict[str, Any], reason: str) -> None:
+    """``ValidateReservation``: the cache would not count one without owners or a ttl or
+    expires, so placing it would give its CPUs twice; it stays Pending with Koordinator's reason."""
+    rig = Rig()
+    obj = reservation_obj("r", cpu="2")
+    for k, v in change.items():
+        if v is None:
+            obj["spec"].pop(k)
+        else:
+            obj["spec"][k] = v
+    rig.add(obj)
+    rig.round()
+    status = rig.get("r")["status"]
+    assert status["phase"] == "Pending" and status["conditions"][0]["message"] == reason
+    assert RS not in rig.get("r")["metadata"]["annotations"]
