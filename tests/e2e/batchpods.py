@@ -12,20 +12,29 @@ from typing import Any
 
 from rhp_devenv.kube import NODE_NAME, Cluster
 
+from hooks.facts import milli_cpu_to_quota, milli_cpu_to_shares
 from tests.e2e.conftest import container_id, pod_cgroup, pod_manifest
 from tests.integration import qos_helpers as q
 
 BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
-BATCH = {BATCH_CPU: "500", BATCH_MEMORY: "64Mi"}
-# What the batch requests imply (hooks/plugins/batch_resource.py): 500 milli-cores are a quota of
-# 50000 us per 100000 us period and 500 x 1024 / 1000 shares; the memory limit is the batch-memory.
-EXPECTED = {"cpu.cfs_quota_us": "50000", "cpu.shares": "512", "memory.limit_in_bytes": str(64 << 20)}
+ISSUE_36_CPU = 500  # milli-cores
+MEMORY = "64Mi"
 
 
-def be_pod(name: str, namespace: str, *, annotations: Mapping[str, str] | None = None,
+def expected(milli_cpu: int = ISSUE_36_CPU) -> dict[str, str]:
+    """What the batch requests imply (hooks/plugins/batch_resource.py, kubelet's conversions): 500
+    milli-cores are a quota of 50000 us per 100000 us period and 500 x 1024 / 1000 = 512 shares;
+    the memory limit is the batch-memory."""
+    return {"cpu.cfs_quota_us": str(milli_cpu_to_quota(milli_cpu)), "cpu.shares": str(milli_cpu_to_shares(milli_cpu)),
+            "memory.limit_in_bytes": str(64 << 20)}
+
+
+def be_pod(name: str, namespace: str, *, milli_cpu: int = ISSUE_36_CPU, annotations: Mapping[str, str] | None = None,
            scheduler: str | None = None) -> dict[str, Any]:
-    """A BE pod (label ``koordinator.sh/qosClass: BE``) whose one container asks for ``BATCH``."""
-    pod = pod_manifest(name, namespace, qos="BE", annotations=annotations, requests=BATCH, limits=BATCH)
+    """A BE pod (label ``koordinator.sh/qosClass: BE``) whose one container asks for ``milli_cpu``
+    of batch-cpu and 64Mi of batch-memory."""
+    batch = {BATCH_CPU: str(milli_cpu), BATCH_MEMORY: MEMORY}
+    pod = pod_manifest(name, namespace, qos="BE", annotations=annotations, requests=batch, limits=batch)
     if scheduler:
         pod["spec"]["schedulerName"] = scheduler
     return pod
@@ -34,14 +43,16 @@ def be_pod(name: str, namespace: str, *, annotations: Mapping[str, str] | None =
 def cgroup_values(pod: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     """The three files of the pod's container and of the pod itself."""
     parent, cid = pod_cgroup(pod), container_id(pod)
-    return {"container": {f: q.read_container_file(parent, cid, f) for f in EXPECTED},
-            "pod": {f: q.read_pod_file(parent, f) for f in EXPECTED}}
+    files = ("cpu.cfs_quota_us", "cpu.shares", "memory.limit_in_bytes")
+    return {"container": {f: q.read_container_file(parent, cid, f) for f in files},
+            "pod": {f: q.read_pod_file(parent, f) for f in files}}
 
 
-def wait_batch_limits(pod: Mapping[str, Any], *, timeout: float = 90.0) -> None:
-    """Poll the real cgroup files until the container and the pod have ``EXPECTED`` (fails with
-    the last values read: the old main left quota -1, shares 2 and no memory limit)."""
-    q.wait_for(lambda: cgroup_values(pod), {"container": EXPECTED, "pod": EXPECTED},
+def wait_batch_limits(pod: Mapping[str, Any], *, milli_cpu: int = ISSUE_36_CPU, timeout: float = 90.0) -> None:
+    """Poll the real cgroup files until the container and the pod have ``expected(milli_cpu)``
+    (fails with the last values read: the old main left quota -1, shares 2 and no memory limit)."""
+    want = expected(milli_cpu)
+    q.wait_for(lambda: cgroup_values(pod), {"container": want, "pod": want},
                what="the BE pod's batch limits in its cgroups", timeout=timeout)
 
 
