@@ -19,7 +19,9 @@ as in ``test_e2e_helm.py``, whose NRI node fixture this module reuses. Then, as 
   but those whose block is marked for another install (info string ``yaml koordinator``: clusters
   where Koordinator runs; ``yaml kustomize``: the kustomize overlays, whose namespace they name),
   each listed in ``SKIPPED``;
-- ``helm uninstall`` leaves no CRD of the chart and no Lease the release's components took.
+- ``helm uninstall`` leaves no Lease the release's components took and no object of the release
+  but its CRDs, which it keeps on purpose (``helm.sh/resource-policy: keep``: deleting a CRD
+  deletes every object of its kind; docs/helm.md, "What uninstall leaves").
 
 Fails on the old main: the webhook-less BE pod's cgroups kept quota -1, shares 2 and no memory
 limit.
@@ -180,7 +182,14 @@ def _install_values(stack: Stack) -> dict[str, Any]:
         # no Service IPs here: the API server, on this node, calls the webhook on loopback
         "webhook": {"port": webhook, "url": f"https://127.0.0.1:{webhook}/mutate-pod"},
     }
-    return _merge(_values(stack), environment)
+    values = _merge(_values(stack), environment)
+    # test_e2e_helm's values hold more than the environment: its reports off (it writes the NRT
+    # itself) and its own requests. The chart's defaults for those, as a user gets them.
+    del values["node"]["report"]["enabled"]
+    for part in (values["node"], values["manager"], values["scheduler"]["kubeScheduler"],
+                 values["scheduler"]["extender"]):
+        part.pop("resources", None)
+    return values
 
 
 def _pods(cluster: Cluster, install: Install, component: str) -> list[dict[str, Any]]:
@@ -223,16 +232,30 @@ def test_after_the_documented_install_manifests_lsr_slo_config_and_be_work_and_u
     for component in ("node", "scheduler", "manager"):
         cluster.wait_for(lambda c=component: [p for p in _pods(cluster, install, c) if _ready(p)],  # type: ignore[misc]
                          what=f"the {component} pod ready", timeout=180)  # fmt: skip
+    try:
+        _as_a_user(stack, helm, install, ns, leases_before)
+    except Exception as exc:  # what each part said, for whoever reads the failure
+        raise AssertionError(f"{exc}\n{_last_lines(cluster, install)}") from exc
+
+
+def _last_lines(cluster: Cluster, install: Install) -> str:
+    out = []
+    for component in ("node", "manager", "scheduler"):
+        for pod in _pods(cluster, install, component):
+            name = pod["metadata"]["name"]
+            logs = cluster.kubectl("logs", "-n", install.namespace, name, "--all-containers", "--tail=40",
+                                   check=False).stdout  # fmt: skip
+            out.append(f"---- {name}:\n{logs[-5000:]}")
+    return "\n".join(out) or "no pod of the release"
+
+
+def _as_a_user(stack: Stack, helm: Helm, install: Install, ns: str, leases_before: set[str]) -> None:
+    """Everything after the install, as a user (the module docstring), then the uninstall."""
+    cluster = stack.cluster
 
     # ---- an LSR pod on exactly its CPU, from the topology the node agent reported ----------------
-    try:
-        nrt = cluster.wait_for(lambda: cluster.get_json("noderesourcetopology", NODE_NAME),
-                               what="the NodeResourceTopology the node agent reports", timeout=180)  # fmt: skip
-    except Exception as exc:
-        agent = _pods(cluster, install, "node")
-        logs = cluster.kubectl("logs", "-n", install.namespace, agent[0]["metadata"]["name"], "--tail=60",
-                               check=False).stdout if agent else "no node agent pod"  # fmt: skip
-        raise AssertionError(f"{exc}\nthe node agent's last lines:\n{logs[-6000:]}") from exc
+    nrt = cluster.wait_for(lambda: cluster.get_json("noderesourcetopology", NODE_NAME),
+                           what="the NodeResourceTopology the node agent reports", timeout=180)  # fmt: skip
     assert q.CPU_TOPOLOGY in nrt["metadata"].get("annotations", {}), "reported by the node agent, not by the test"
     lsr = pod_manifest("lsr", ns, qos="LSR", requests={"cpu": "1", "memory": "32Mi"},
                        limits={"cpu": "1", "memory": "32Mi"})  # fmt: skip
@@ -304,12 +327,13 @@ def test_after_the_documented_install_manifests_lsr_slo_config_and_be_work_and_u
         if proc.returncode != 0:
             failed[manifest.where] = (proc.stderr or proc.stdout).strip()[-400:]
 
-    # ---- uninstall: no CRD of the chart, no Lease the release took --------------------------------
+    # ---- uninstall: no Lease the release took; the CRDs only, kept on purpose --------------------
     helm("uninstall", install.release, "-n", install.namespace, "--wait", "--timeout", "5m")
-    cluster.wait_for(lambda: not _labelled(cluster, install) or None, what="no object with the release's label",
-                     timeout=120)  # fmt: skip
-    for crd in _crd_names():
-        assert cluster.get_json("crd", crd) is None, f"CRD {crd} left behind"
+    cluster.wait_for(lambda: all(line.startswith("customresourcedefinition") for line in _labelled(cluster, install))
+                     or None, what="no object with the release's label but its kept CRDs", timeout=120)  # fmt: skip
+    for crd in _crd_names():  # kept with their objects (helm.sh/resource-policy: keep; docs/helm.md)
+        live = cluster.get_json("crd", crd)
+        assert live is not None and live["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep", crd
     cluster.wait_for(lambda: _leases(cluster, install.namespace) <= leases_before or None,
                      what=f"no Lease of the release left in {install.namespace}", timeout=120)  # fmt: skip
     assert failed == {}, "manifests of the documents that do not apply after the documented install"
