@@ -27,7 +27,7 @@ Every refusal is a ``FileRefused`` with a short ``reason`` (a metric label) and 
 says what was found; the message does not repeat the path, so each caller says which file it
 meant. This module is plain blocking I/O that returns quickly; on an event loop, call it through
 ``asyncio.to_thread`` (``runtime_proxy.state.nodeconfig.NodeConfig`` and
-``runtime_proxy.engine.remote.HookServerRegistry`` do).
+``runtime_proxy.hookclient.registry.HookServerRegistry`` do).
 
 Used by ``runtime_proxy`` and ``scheduler_ext``; imports nothing of ours.
 """

@@ -48,7 +48,7 @@ from runtime_proxy.state.nodeconfig import NodeConfig
 from runtime_proxy.state.podspecs import ClusterPods, NoPodSpecs
 
 if TYPE_CHECKING:
-    from runtime_proxy.state.store import RuntimeClient
+    from runtime_proxy.runtime.client import RuntimeClient
 
 __all__ = [
     "Parts",

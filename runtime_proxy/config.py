@@ -140,7 +140,7 @@ class ProxyConfig(BaseModel):
                                   "plugins that set none, in (0, 300].")
     hookServerDir: str = Field(default="/etc/runtime/hookserver.d", description="Directory of hook-server "
                                "registrations (`*.json`, Koordinator's format, see "
-                               "`runtime_proxy/engine/remote.py`); missing means none until it appears.")
+                               "`runtime_proxy/hookclient/`); missing means none until it appears.")
     hookServerTimeout: float = Field(default=2.0, gt=0, le=300, description="Seconds per hook-server call "
                                      "when a registration sets no `timeout-seconds`.")
     dryRun: bool = Field(default=False, description="Compute and log plans, change nothing "

@@ -41,7 +41,7 @@ from runtime_proxy.state.podspecs import ClusterPods, NoPodSpecs, PodSpecSource
 from runtime_proxy.state.sysfs import read_cpu_topology
 
 if TYPE_CHECKING:
-    from runtime_proxy.state.store import RuntimeClient
+    from runtime_proxy.runtime.client import RuntimeClient
 
 __all__ = [
     "HARDWARE",

@@ -352,7 +352,7 @@ def _socket_state(path: str, timeout: float = 1.0) -> tuple[str, str]:
 
 
 async def _runtime_version(backend: str, timeout: float) -> api_pb2.VersionResponse:
-    from runtime_proxy.state.store import RuntimeClient
+    from runtime_proxy.runtime.client import RuntimeClient
 
     client = RuntimeClient(backend, timeout=timeout)
     try:
@@ -455,7 +455,11 @@ def _unsafe(st: os.stat_result) -> str:
 
 
 def check_hook_servers(opts: DoctorOptions) -> list[Check]:
-    from runtime_proxy.engine.remote import MAX_REGISTRATION_BYTES, RegistrationError, parse_registration
+    from runtime_proxy.hookclient.registration import (
+        MAX_REGISTRATION_BYTES,
+        RegistrationError,
+        parse_registration,
+    )
 
     directory = Path(opts.hook_server_dir)
     try:

@@ -43,7 +43,7 @@ from runtime_proxy import compose, metrics
 from runtime_proxy.compose import Parts
 from runtime_proxy.config import ProxyConfig, check_usable, load_config
 from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.engine.remote import strip_unix
+from runtime_proxy.hookclient.registration import strip_unix
 from runtime_proxy.hookserver.door import HookService
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, run_main
 

@@ -133,7 +133,7 @@ def build(opts: NriOptions) -> NriParts:
 async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given)."""
     from runtime_proxy import compose, memory, metrics, wiring
-    from runtime_proxy.engine.remote import HookServerRegistry
+    from runtime_proxy.hookclient.registry import HookServerRegistry
     from runtime_proxy.nri.backend import NriBackend
 
     memory.map_large_blocks()  # a large Synchronize's buffers are unmapped once freed
@@ -169,7 +169,7 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         backend = NriBackend(engine, plugin, unsolicited=opts.unsolicited_updates)
         usage_loop, _ = wiring.usage_loop_decision(opts.config, parts.pm, parts.pipeline)
         if opts.backend and usage_loop and opts.config.usageLoop.evictBy == "runtime":
-            from runtime_proxy.state.store import RuntimeClient
+            from runtime_proxy.runtime.client import RuntimeClient
 
             runtime = RuntimeClient(opts.backend)
         loops = compose.loops(parts, backend, ready=plugin.synchronized, runtime=runtime)

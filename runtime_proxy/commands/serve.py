@@ -25,15 +25,17 @@ from cri_protos import api_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.plan import ResourceChanges
 from runtime_proxy import compose, memory, metrics, wiring
+from runtime_proxy.codecs.cri import set_linux_resources
 from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ConfigError, ProxyConfig, check_usable, load_config
-from runtime_proxy.cri.door import CriInterceptor, set_linux_resources
+from runtime_proxy.cri.door import CriInterceptor
 from runtime_proxy.cri.transport import CallInterceptor
-from runtime_proxy.engine.remote import HookServerRegistry
+from runtime_proxy.hookclient.registry import HookServerRegistry
 from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, fail, run_main
+from runtime_proxy.runtime.client import RuntimeClient
 from runtime_proxy.state.nodeconfig import NodeConfig
 from runtime_proxy.state.podspecs import ClusterPods, NoPodSpecs
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
 
@@ -151,7 +153,7 @@ class Proxy:
 
     async def _start_hook_servers(self) -> HookServerRegistry:
         """Watch ``hookServerDir`` and keep the pipeline's remote steps in line with it (see
-        ``runtime_proxy.engine.remote``)."""
+        ``runtime_proxy.hookclient``)."""
         cfg = self.opts.config
         registry = HookServerRegistry(cfg.hookServerDir, self.pipeline, default_timeout=cfg.hookServerTimeout,
                                       own_sockets=(self.opts.backend, self.opts.listen))

@@ -29,7 +29,7 @@ pools moved, so the reconciler gives the running LS containers the CPUs back.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -37,33 +37,33 @@ import structlog
 from google.protobuf.message import Message
 
 from cri_protos import api_pb2
-from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources
-from hooks.plan import Plan, ResourceChanges
+from hooks.facts import ContainerFacts, PodFacts
+from hooks.plan import Plan
 from rhp_kube.events import EventSink
 from runtime_proxy import metrics
+from runtime_proxy.codecs.cri import (
+    container_facts_from_config,
+    overlay_update,
+    pod_facts_from_config,
+    rewrite_create_container,
+    rewrite_run_pod_sandbox,
+    rewrite_update_container_resources,
+)
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
 from runtime_proxy.engine.lifecycle import Lifecycle, LifecycleDoor, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.engine.table import BY_CRI, finish
 from runtime_proxy.host.apply import Applier
+from runtime_proxy.runtime.client import RuntimeClient
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.podspecs import PodSpecSource
-from runtime_proxy.state.store import (
-    RuntimeClient,
-    Store,
-    container_facts_from_config,
-    pod_facts_from_config,
-    resources_from_pb,
-)
+from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["CriCall", "CriInterceptor", "set_linux_resources"]
+__all__ = ["CriCall", "CriInterceptor"]
 
-
-# Fields of LinuxContainerResources that a plan may set (the scalar ones and ``unified``).
-_SCALAR_RESOURCES = frozenset(SCALAR_RESOURCE_FIELDS)
 
 _M = TypeVar("_M", bound=Message)
 
@@ -131,7 +131,7 @@ class CriInterceptor(LifecycleDoor):
         # Any: each entry has its own request type, which only its own handlers see.
         self._handlers: dict[str, CallHandlers[Any]] = {
             "RunPodSandbox": CallHandlers(
-                api_pb2.RunPodSandboxRequest, self._before_run_pod_sandbox, _rewrite_run_pod_sandbox,
+                api_pb2.RunPodSandboxRequest, self._before_run_pod_sandbox, rewrite_run_pod_sandbox,
                 self._after_run_pod_sandbox,
             ),
             "StopPodSandbox": CallHandlers(
@@ -143,7 +143,7 @@ class CriInterceptor(LifecycleDoor):
                 self._after_remove_pod_sandbox,
             ),
             "CreateContainer": CallHandlers(
-                api_pb2.CreateContainerRequest, self._before_create_container, _rewrite_create_container,
+                api_pb2.CreateContainerRequest, self._before_create_container, rewrite_create_container,
                 self._after_create_container,
             ),
             "StartContainer": CallHandlers(
@@ -153,7 +153,7 @@ class CriInterceptor(LifecycleDoor):
             "UpdateContainerResources": CallHandlers(
                 api_pb2.UpdateContainerResourcesRequest,
                 self._before_update_container_resources,
-                _rewrite_update_container_resources,
+                rewrite_update_container_resources,
                 self._after_update_container_resources,
             ),
             "StopContainer": CallHandlers(
@@ -294,7 +294,7 @@ class CriInterceptor(LifecycleDoor):
         if pod is None or container is None:
             return None
         if msg.HasField("linux"):
-            container = container.replace(resources=_overlay_update(container, msg.linux))
+            container = container.replace(resources=overlay_update(container, msg.linux))
         return await self.core.run("PreUpdateContainerResources", pod, container)
 
     async def _after_update_container_resources(
@@ -311,7 +311,7 @@ class CriInterceptor(LifecycleDoor):
             if notes:
                 updated = updated.replace(annotations={**updated.annotations, **notes})
             if msg.HasField("linux"):
-                updated = updated.replace(resources=_overlay_update(updated, msg.linux))
+                updated = updated.replace(resources=overlay_update(updated, msg.linux))
         await self._after_container("UpdateContainerResources", msg.container_id, result, updated)
 
     async def _before_stop_container(self, msg: api_pb2.StopContainerRequest) -> StageResult | None:
@@ -339,79 +339,10 @@ class CriInterceptor(LifecycleDoor):
 # -- stage results into requests -------------------------------------------------------------------
 
 
-def _rewrite_run_pod_sandbox(msg: api_pb2.RunPodSandboxRequest, plan: Plan) -> None:
-    msg.config.labels.update(plan.labels)
-    msg.config.annotations.update(plan.annotations)
-    if plan.cgroup_parent is not None:
-        msg.config.linux.cgroup_parent = plan.cgroup_parent
-
-
-def _rewrite_create_container(msg: api_pb2.CreateContainerRequest, plan: Plan) -> None:
-    set_linux_resources(msg.config.linux.resources, plan.resources)
-    if plan.envs:
-        _set_envs(msg.config, plan.envs)
-    msg.config.annotations.update(plan.annotations)
-    if plan.cgroup_parent is not None:
-        msg.sandbox_config.linux.cgroup_parent = plan.cgroup_parent
-
-
-def _rewrite_update_container_resources(msg: api_pb2.UpdateContainerResourcesRequest, plan: Plan) -> None:
-    if plan.resources:
-        set_linux_resources(msg.linux, plan.resources)
-    msg.annotations.update(plan.annotations)
-
-
-def set_linux_resources(target: api_pb2.LinuxContainerResources, changes: ResourceChanges) -> None:
-    """Write plan resource changes into a LinuxContainerResources message. Every field the plan
-    names is set as given, including an empty cpuset, which clears it (Koordinator's rule)."""
-    for name in _SCALAR_RESOURCES.intersection(changes):
-        setattr(target, name, changes[name])  # an int or a str, as its field (ResourceChanges checked)
-    if changes.unified is not None:
-        target.unified.clear()
-        target.unified.update(changes.unified)
-    if changes.hugepage_limits is not None:
-        del target.hugepage_limits[:]
-        for page_size, limit in changes.hugepage_limits:
-            target.hugepage_limits.add(page_size=page_size, limit=limit)
-
-
-def _set_envs(config: api_pb2.ContainerConfig, envs: Mapping[str, str]) -> None:
-    """Set env values: an existing key keeps its place and gets the new value; new keys are
-    appended in the plan's order. Other entries, duplicates included, stay as kubelet sent them."""
-    remaining = dict(envs)
-    for kv in config.envs:
-        if kv.key in remaining:
-            kv.value = remaining[kv.key]
-    present = {kv.key for kv in config.envs}
-    for key, value in remaining.items():
-        if key not in present:
-            config.envs.add(key=key, value=value)
-
-
 def _annotations_of(result: StageResult | None) -> dict[str, str]:
     """The annotations a stage's carried plan sets (none when it was not carried)."""
     if result is None:
         return {}
     return dict(result.plan.annotations)
 
-
-def _overlay_update(container: ContainerFacts, linux: api_pb2.LinuxContainerResources) -> Resources:
-    """The container's resources after an UpdateContainerResources request: the request's
-    non-zero fields over the stored ones (a cpuset only when non-empty; oom_score_adj is not
-    updatable and is ignored)."""
-    incoming = resources_from_pb(linux)
-    changes: dict[str, object] = {}
-    for name in ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "memory_swap_limit_in_bytes"):
-        value = getattr(incoming, name)
-        if value:
-            changes[name] = value
-    for name in ("cpuset_cpus", "cpuset_mems"):
-        value = getattr(incoming, name)
-        if value:
-            changes[name] = value
-    if incoming.unified:
-        changes["unified"] = {**container.resources.unified, **incoming.unified}
-    if incoming.hugepage_limits:
-        changes["hugepage_limits"] = [{"page_size": p, "limit": v} for p, v in incoming.hugepage_limits]
-    return container.resources.with_changes(changes) if changes else container.resources
 

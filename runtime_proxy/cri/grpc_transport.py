@@ -28,7 +28,7 @@ import structlog
 from runtime_proxy import metrics
 from runtime_proxy.cri.methods import SERVER_STREAMING, is_known_unary
 from runtime_proxy.cri.transport import CallInterceptor, HookRejected, InterceptedCall
-from runtime_proxy.state.store import RUNTIME_CHANNEL_OPTIONS
+from runtime_proxy.runtime.client import RUNTIME_CHANNEL_OPTIONS
 
 if TYPE_CHECKING:
     # Messages stay bytes both ways: no serializers on either side.

@@ -1,7 +1,7 @@
 """Background tasks of the proxy's long-running parts: start once, stop by cancel-and-await.
 
 Used by the reconciler (``runtime_proxy.loops.reconciler``), the cfsQuotaBurst loop
-(``runtime_proxy.loops.burst``) and the hook-server registry (``runtime_proxy.engine.remote``):
+(``runtime_proxy.loops.burst``) and the hook-server registry (``runtime_proxy.hookclient``):
 
 - ``every(interval, body)``: run ``body`` forever, ``interval`` seconds apart, logging (never
   raising) what it raises, so one bad round never ends the loop;

@@ -404,7 +404,7 @@ class Pipeline:
         self._steps = list(steps)
 
     def set_remote_steps(self, steps: Sequence[Step]) -> None:
-        """Hook servers, run after the in-process plugins (see ``runtime_proxy.engine.remote``)."""
+        """Hook servers, run after the in-process plugins (see ``runtime_proxy.hookclient``)."""
         self._remote = list(steps)
 
     def has_work(self, stage: str) -> bool:

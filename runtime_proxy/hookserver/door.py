@@ -2,7 +2,7 @@
 (``runtime_proxy.engine.lifecycle``), and its stage result as the hook response.
 
 Served by ``runtime_proxy.commands.hook_server`` (``runtime-proxy hook-server``). For each hook
-call: the request becomes facts (``runtime_proxy.engine.remote`` conversions; the sandbox id is
+call: the request becomes facts (``runtime_proxy.codecs.hook``; the sandbox id is
 not part of the protocol and stays empty), the core runs the stage through the same pipeline as
 the proxy's (order, policies, timeouts, conflicts), and the answer carries the CRI-expressible
 part of the merged plan on top of an echo of the request. A ``Fail``-policy failure at a
@@ -29,16 +29,16 @@ from cri_protos import hookserver_pb2 as hs
 from hooks.facts import ContainerFacts, PodFacts
 from hooks.plan import Plan
 from rhp_kube.events import EventSink
-from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
-from runtime_proxy.engine.pending import Pending, complete, lacks_id
-from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.engine.remote import (
+from runtime_proxy.codecs.hook import (
     POD_HOOKS,
     container_facts_from_request,
     container_response,
     pod_facts_from_request,
     pod_response,
 )
+from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
+from runtime_proxy.engine.pending import Pending, complete, lacks_id
+from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.table import BY_HOOK, BY_STAGE, RELEASES_HELD, Files
 from runtime_proxy.host.apply import Applier
 

@@ -267,7 +267,7 @@ class DeleteEvictor(ApiEvictor):
 
 
 class _Runtime(Protocol):
-    """What ``RuntimeEvictor`` needs of ``runtime_proxy.state.store.RuntimeClient``."""
+    """What ``RuntimeEvictor`` needs of ``runtime_proxy.runtime.client.RuntimeClient``."""
 
     runtime: Any  # Any: api_pb2_grpc.RuntimeServiceStub, a generated stub without type hints
     timeout: float

@@ -25,7 +25,8 @@ from google.protobuf.message import DecodeError
 from cri_protos import nri_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.plan import ResourceChanges
-from runtime_proxy.nri.adapter import NriEngine, linux_resources
+from runtime_proxy.codecs.nri import linux_resources
+from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.nri.connection import NriConnection
 
 __all__ = ["NriBackend", "UpdateRefused"]

@@ -30,184 +30,38 @@ CPUs in the share pools.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol
 
 import structlog
-from google.protobuf import json_format
-from google.protobuf.message import Message
 
-from cri_protos import api_pb2, hookserver_pb2
-from hooks.facts import SCALAR_RESOURCE_FIELDS, ContainerFacts, PodFacts, Resources, frozen_map
+from cri_protos import api_pb2
+from hooks.facts import ContainerFacts, PodFacts
 from runtime_proxy import metrics
+from runtime_proxy.codecs.cri import (
+    container_facts_from_config,
+    pod_facts_from_config,
+    resources_from_pb,
+    verbose_config,
+    verbose_sandbox_id,
+)
 
 log = structlog.get_logger(__name__)
 
-__all__ = [
-    "LinuxResourcesMessage",
-    "RuntimeClient",
-    "Store",
-    "container_facts_from_config",
-    "fill_resources_pb",
-    "pod_facts_from_config",
-    "resources_from_pb",
-]
-
-_RESOURCE_SCALARS = SCALAR_RESOURCE_FIELDS
+__all__ = ["RuntimeReader", "Store"]
 
 
-# The CRI's and the hook server protocol's container resources: the same fields, one reading.
-LinuxResourcesMessage = api_pb2.LinuxContainerResources | hookserver_pb2.LinuxContainerResources
+class RuntimeReader(Protocol):
+    """What the store's rebuild reads of the runtime (``runtime_proxy.runtime.client.RuntimeClient``)."""
 
+    async def list_sandboxes(self) -> list[api_pb2.PodSandbox]: ...
 
-def resources_from_pb(res: LinuxResourcesMessage) -> Resources:
-    """``Resources`` from a ``runtime.v1.LinuxContainerResources`` message (or the hook server
-    protocol's ``runtime.v1alpha1`` one)."""
-    return Resources(
-        cpu_period=res.cpu_period,
-        cpu_quota=res.cpu_quota,
-        cpu_shares=res.cpu_shares,
-        memory_limit_in_bytes=res.memory_limit_in_bytes,
-        oom_score_adj=res.oom_score_adj,
-        cpuset_cpus=res.cpuset_cpus,
-        cpuset_mems=res.cpuset_mems,
-        memory_swap_limit_in_bytes=res.memory_swap_limit_in_bytes,
-        unified=frozen_map(dict(res.unified)),
-        hugepage_limits=tuple((h.page_size, h.limit) for h in res.hugepage_limits),
-    )
+    async def list_containers(self) -> list[api_pb2.Container]: ...
 
+    async def sandbox_status(self, sandbox_id: str) -> api_pb2.PodSandboxStatusResponse: ...
 
-def pod_facts_from_config(
-    config: api_pb2.PodSandboxConfig, runtime_handler: str = "", sandbox_id: str = ""
-) -> PodFacts:
-    """``PodFacts`` from a ``runtime.v1.PodSandboxConfig`` message."""
-    md = config.metadata
-    return PodFacts(
-        name=md.name,
-        namespace=md.namespace,
-        uid=md.uid,
-        attempt=md.attempt,
-        labels=frozen_map(dict(config.labels)),
-        annotations=frozen_map(dict(config.annotations)),
-        cgroup_parent=config.linux.cgroup_parent,
-        runtime_handler=runtime_handler,
-        sandbox_id=sandbox_id,
-    )
-
-
-def container_facts_from_config(config: api_pb2.ContainerConfig, container_id: str = "") -> ContainerFacts:
-    """``ContainerFacts`` from a ``runtime.v1.ContainerConfig`` message."""
-    envs: dict[str, str] = {}
-    for kv in config.envs:
-        envs[kv.key] = kv.value
-    return ContainerFacts(
-        name=config.metadata.name,
-        id=container_id,
-        attempt=config.metadata.attempt,
-        labels=frozen_map(dict(config.labels)),
-        annotations=frozen_map(dict(config.annotations)),
-        resources=resources_from_pb(config.linux.resources),
-        envs=frozen_map(envs),
-    )
-
-
-# Options of every gRPC channel to the runtime (this client's, the grpc transport's): messages of
-# any size pass (CRI image lists and exec output can be large); reconnect quickly once the
-# runtime is back instead of grpc's default back-off of up to two minutes.
-RUNTIME_CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.max_send_message_length", -1),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.enable_retries", 0),
-]
-
-
-class RuntimeClient:
-    """Decoded CRI calls to the runtime, for the store and the reconciler (never for forwarding)."""
-
-    def __init__(self, backend: str, *, timeout: float = 10.0) -> None:
-        # gRPC is imported here, not with the module: the NRI plugin uses the store without a
-        # runtime client, and the gRPC library is about 10 MiB of its memory.
-        import grpc
-
-        from cri_protos import api_pb2_grpc
-
-        self.channel = grpc.aio.insecure_channel(f"unix://{backend}", options=RUNTIME_CHANNEL_OPTIONS)
-        self.runtime = api_pb2_grpc.RuntimeServiceStub(self.channel)
-        self.timeout = timeout
-
-    async def close(self) -> None:
-        await self.channel.close()
-
-    # The generated stub (``api_pb2_grpc``) is untyped; each answer gets its message type here.
-    async def version(self) -> api_pb2.VersionResponse:
-        resp: api_pb2.VersionResponse = await self.runtime.Version(api_pb2.VersionRequest(), timeout=self.timeout)
-        return resp
-
-    async def list_sandboxes(self) -> list[api_pb2.PodSandbox]:
-        resp: api_pb2.ListPodSandboxResponse = await self.runtime.ListPodSandbox(
-            api_pb2.ListPodSandboxRequest(), timeout=self.timeout
-        )
-        return list(resp.items)
-
-    async def list_containers(self) -> list[api_pb2.Container]:
-        resp: api_pb2.ListContainersResponse = await self.runtime.ListContainers(
-            api_pb2.ListContainersRequest(), timeout=self.timeout
-        )
-        return list(resp.containers)
-
-    async def sandbox_status(self, sandbox_id: str) -> api_pb2.PodSandboxStatusResponse:
-        resp: api_pb2.PodSandboxStatusResponse = await self.runtime.PodSandboxStatus(
-            api_pb2.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True), timeout=self.timeout
-        )
-        return resp
-
-    async def container_status(self, container_id: str) -> api_pb2.ContainerStatusResponse:
-        resp: api_pb2.ContainerStatusResponse = await self.runtime.ContainerStatus(
-            api_pb2.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=self.timeout
-        )
-        return resp
-
-    async def update_container_resources(self, container_id: str, resources: Resources) -> None:
-        linux = api_pb2.LinuxContainerResources()
-        fill_resources_pb(linux, resources)
-        await self.runtime.UpdateContainerResources(
-            api_pb2.UpdateContainerResourcesRequest(container_id=container_id, linux=linux), timeout=self.timeout
-        )
-
-
-def fill_resources_pb(msg: LinuxResourcesMessage, res: Resources) -> None:
-    """Set every field of ``msg`` (CRI or hook server container resources) from ``res``."""
-    for name in _RESOURCE_SCALARS:
-        setattr(msg, name, getattr(res, name))
-    msg.unified.clear()
-    msg.unified.update(dict(res.unified))
-    del msg.hugepage_limits[:]
-    for page_size, limit in res.hugepage_limits:
-        msg.hugepage_limits.add(page_size=page_size, limit=limit)
-
-
-_M = TypeVar("_M", bound=Message)
-
-
-def _verbose_config(info: Mapping[str, str], message: _M) -> _M | None:
-    """Parse the ``config`` object of containerd's verbose ``info`` JSON into ``message``."""
-    raw = info.get("info")
-    if not raw:
-        return None
-    try:
-        config = json.loads(raw).get("config")
-        if not isinstance(config, dict):
-            return None
-        json_format.ParseDict(config, message, ignore_unknown_fields=True)
-    except (ValueError, json_format.ParseError, AttributeError) as exc:
-        log.warning("cannot parse runtime's verbose config", error=str(exc))
-        return None
-    return message
+    async def container_status(self, container_id: str) -> api_pb2.ContainerStatusResponse: ...
 
 
 @dataclass
@@ -362,7 +216,7 @@ class Store:
 
     # -- recovery from the runtime --------------------------------------------------------------
 
-    async def ensure_pod(self, client: RuntimeClient, sandbox_id: str) -> PodFacts | None:
+    async def ensure_pod(self, client: RuntimeReader, sandbox_id: str) -> PodFacts | None:
         """The stored pod, or the one the runtime reports (stored; released when its sandbox
         is not ready)."""
         pod = self._pods.get(sandbox_id)
@@ -376,7 +230,7 @@ class Store:
         return pod
 
     async def ensure_container(
-        self, client: RuntimeClient, container_id: str
+        self, client: RuntimeReader, container_id: str
     ) -> tuple[PodFacts | None, ContainerFacts] | None:
         found = self.container(container_id)
         if found is not None and found[0] is not None:
@@ -391,7 +245,7 @@ class Store:
             self.stop_container(container_id)
         return self.container(container_id)
 
-    async def _load_pod(self, client: RuntimeClient, sandbox_id: str) -> tuple[PodFacts, bool] | None:
+    async def _load_pod(self, client: RuntimeReader, sandbox_id: str) -> tuple[PodFacts, bool] | None:
         """The pod the runtime reports for ``sandbox_id`` and whether its sandbox is ready."""
         import grpc  # loaded with RuntimeClient (see there)
 
@@ -400,7 +254,7 @@ class Store:
         except grpc.aio.AioRpcError as err:
             log.info("cannot load pod from runtime", sandbox_id=sandbox_id, code=err.code().name)
             return None
-        config = _verbose_config(status.info, api_pb2.PodSandboxConfig())
+        config = verbose_config(status.info, api_pb2.PodSandboxConfig())
         s = status.status
         if config is None:
             # Without the verbose config we still have metadata, labels and annotations.
@@ -412,7 +266,7 @@ class Store:
         return pod, s.state == api_pb2.SANDBOX_READY
 
     async def _load_container(
-        self, client: RuntimeClient, container_id: str
+        self, client: RuntimeReader, container_id: str
     ) -> tuple[str, ContainerFacts, bool] | None:
         """The container the runtime reports: its sandbox id, facts, and whether it exited."""
         import grpc  # loaded with RuntimeClient (see there)
@@ -423,7 +277,7 @@ class Store:
             log.info("cannot load container from runtime", container_id=container_id, code=err.code().name)
             return None
         s = status.status
-        config = _verbose_config(status.info, api_pb2.ContainerConfig())
+        config = verbose_config(status.info, api_pb2.ContainerConfig())
         if config is None:
             config = api_pb2.ContainerConfig()
             config.metadata.CopyFrom(s.metadata)
@@ -441,22 +295,18 @@ class Store:
             ):
                 current = current.with_changes({"memory_swap_limit_in_bytes": 0})
             facts = facts.replace(resources=current)
-        sandbox_id = ""
-        try:
-            sandbox_id = json.loads(status.info.get("info", "{}")).get("sandboxID", "")
-        except ValueError:
-            sandbox_id = ""
+        sandbox_id = verbose_sandbox_id(status.info)
         if not sandbox_id:
             sandbox_id = await self._sandbox_id_by_listing(client, container_id)
         return sandbox_id, facts, s.state == api_pb2.CONTAINER_EXITED
 
-    async def _sandbox_id_by_listing(self, client: RuntimeClient, container_id: str) -> str:
+    async def _sandbox_id_by_listing(self, client: RuntimeReader, container_id: str) -> str:
         for c in await client.list_containers():
             if c.id == container_id:
                 return str(c.pod_sandbox_id)
         return ""
 
-    async def rebuild(self, client: RuntimeClient) -> None:
+    async def rebuild(self, client: RuntimeReader) -> None:
         """Replace the store's content with what the runtime reports now: NotReady sandboxes
         are stopped and exited containers stopped, so the pods they release stay released
         (the module docstring)."""

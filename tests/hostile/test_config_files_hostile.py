@@ -61,7 +61,7 @@ SAYS = {
     "symlink-to-fifo": "not a regular file: a FIFO",
     "sparse-5g": "larger than",
 }
-# Hook-server registrations are read without following symlinks (runtime_proxy/engine/remote.py).
+# Hook-server registrations are read without following symlinks (runtime_proxy/hookclient/).
 SAYS_NO_FOLLOW = {**SAYS, "device": "a symlink", "symlink-to-fifo": "a symlink"}
 
 

@@ -2,7 +2,7 @@
 replaces only a stale socket and makes its own with mode 0660 whatever the umask, hook-server
 registrations are read only from files root controls and never name the proxy's own sockets,
 and ``--metrics-addr :PORT`` binds loopback (``runtime_proxy.commands.hook_server``,
-``runtime_proxy.engine.remote``, ``runtime_proxy.metrics``, ``packaging/runtime-proxy.service``)."""
+``runtime_proxy.hookclient``, ``runtime_proxy.metrics``, ``packaging/runtime-proxy.service``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import pytest
 from runtime_proxy import metrics
 from runtime_proxy.commands.hook_server import HookServerOptions, prepare_listen_path, serve, write_registration
 from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.engine.remote import MAX_REGISTRATION_BYTES, HookServerRegistry
+from runtime_proxy.hookclient.registration import MAX_REGISTRATION_BYTES
+from runtime_proxy.hookclient.registry import HookServerRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 IS_ROOT = os.geteuid() == 0

@@ -1,6 +1,6 @@
 """Hostile documents against the three strict input models: the config file
 (``runtime_proxy/config.py``), the planner document (``runtime_proxy/engine/planner.py``) and
-hook-server registrations (``runtime_proxy/engine/remote.py``). Each is bounded before it is
+hook-server registrations (``runtime_proxy/hookclient/``). Each is bounded before it is
 parsed and checked by its pydantic model after; every attack gives one short error naming a key
 or a bound, never a traceback, a message that echoes the attack, or a value that slips through."""
 
@@ -14,7 +14,11 @@ import pytest
 
 from runtime_proxy.commands import plan as planner
 from runtime_proxy.config import load_config
-from runtime_proxy.engine.remote import MAX_REGISTRATION_BYTES, RegistrationError, parse_registration
+from runtime_proxy.hookclient.registration import (
+    MAX_REGISTRATION_BYTES,
+    RegistrationError,
+    parse_registration,
+)
 
 GOOD_REGISTRATION = {"remote-endpoint": "/run/x.sock", "failure-policy": "Ignore",
                      "runtime-hooks": ["PreCreateContainer"]}

@@ -31,7 +31,7 @@ from cri_protos import api_pb2
 from cri_protos import hookserver_pb2_grpc as pb_grpc
 from runtime_proxy.commands.serve import ProxyOptions
 from runtime_proxy.config import ProxyConfig
-from runtime_proxy.engine.remote import HookServerRegistry
+from runtime_proxy.hookclient.registry import HookServerRegistry
 from tests.hook_replies import echo_reply
 from tests.integration import plugins_for_tests as tp
 from tests.integration.harness import REPO, ProxyThread, proxy_options

@@ -1,5 +1,5 @@
 """An in-memory runtime for the store and the proxy's loops (no containerd): the part of
-``runtime_proxy.state.store.RuntimeClient`` they call, and a driver that makes CRI calls through
+``runtime_proxy.runtime.client.RuntimeClient`` they call, and a driver that makes CRI calls through
 a ``CriInterceptor`` the way a transport does (``before``, the runtime, ``after``)."""
 
 from __future__ import annotations

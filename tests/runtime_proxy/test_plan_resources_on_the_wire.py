@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from cri_protos import api_pb2
 from hooks.plan import Plan
-from runtime_proxy.cri.door import set_linux_resources
-from runtime_proxy.nri.adapter import linux_resources
+from runtime_proxy.codecs.cri import set_linux_resources
+from runtime_proxy.codecs.nri import linux_resources
 
 
 def _plan() -> Plan:

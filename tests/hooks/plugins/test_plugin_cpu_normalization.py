@@ -25,7 +25,8 @@ from runtime_proxy.host.cgroups import CgroupError, Cgroups, WriteResult
 from runtime_proxy.loops.burst import CPUBurstLoop
 from runtime_proxy.loops.reconciler import Reconciler
 from runtime_proxy.nri.adapter import NriEngine
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.runtime.client import RuntimeClient
+from runtime_proxy.state.store import Store
 from tests.cgroup_files import make_files, read_file
 from tests.hooks.plugins.factories import call, container, node, pod, status, writes
 

@@ -13,7 +13,8 @@ from hooks.plan import Plan
 from hooks.spec import hookimpl
 from runtime_proxy.cri.door import CriInterceptor
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.runtime.client import RuntimeClient
+from runtime_proxy.state.store import Store
 
 RUN = "/runtime.v1.RuntimeService/RunPodSandbox"
 

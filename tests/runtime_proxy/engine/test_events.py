@@ -29,7 +29,8 @@ from runtime_proxy.engine.lifecycle import IDENTITY_KEYS, call_scope
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import FileApplier
 from runtime_proxy.host.cgroups import Cgroups
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.runtime.client import RuntimeClient
+from runtime_proxy.state.store import Store
 from tests.runtime_proxy.fake_cri import FakeCri
 
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"

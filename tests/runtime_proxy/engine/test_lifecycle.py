@@ -24,7 +24,8 @@ from runtime_proxy.hookserver.door import HookService
 from runtime_proxy.host.apply import RecordingApplier
 from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.nri.connection import RpcError
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.runtime.client import RuntimeClient
+from runtime_proxy.state.store import Store
 from tests.runtime_proxy.fake_cri import FakeCri
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -22,7 +22,8 @@ from hooks.spec import CRI_FIELDS, STAGES
 from runtime_proxy.cri.door import CriInterceptor
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.engine.planner import plan_document
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.runtime.client import RuntimeClient
+from runtime_proxy.state.store import Store
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "planner.md"
 

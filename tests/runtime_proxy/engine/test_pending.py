@@ -15,7 +15,8 @@ from runtime_proxy.engine.pending import Pending, complete, lacks_id
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.hookserver.door import HookService
 from runtime_proxy.host.apply import RecordingApplier
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.runtime.client import RuntimeClient
+from runtime_proxy.state.store import Store
 from tests.runtime_proxy.fake_cri import FakeCri
 
 SYSTEMD_PARENT = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu1.slice"

@@ -25,7 +25,8 @@ from runtime_proxy.engine.lifecycle import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.loops.reconciler import Reconciler
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.runtime.client import RuntimeClient
+from runtime_proxy.state.store import Store
 from tests.cgroup_files import make_files
 from tests.runtime_proxy.fake_cri import Calls, FakeCri, sandbox_config
 from tests.topologies import SINGLE_SOCKET_HT, cpus

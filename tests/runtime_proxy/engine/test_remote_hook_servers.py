@@ -1,6 +1,6 @@
 """Hook servers without containerd: registration parsing, Koordinator's merge rules, calling
 order, the registry's reloads and channel cache, and our hook server end to end over a unix
-socket (``runtime_proxy.engine.remote``, ``runtime_proxy.commands.hook_server``)."""
+socket (``runtime_proxy.hookclient``, ``runtime_proxy.commands.hook_server``)."""
 
 from __future__ import annotations
 
@@ -17,20 +17,19 @@ import pytest
 from cri_protos import hookserver_pb2 as pb
 from cri_protos import hookserver_pb2_grpc as pb_grpc
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, Resources, frozen_map
-from runtime_proxy.commands.hook_server import HookServerOptions, serve
-from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.engine.remote import (
-    HookServerRegistry,
-    RegistrationError,
+from runtime_proxy.codecs.hook import (
     container_facts_from_request,
     container_plan_from_response,
     container_request,
     merge_resources,
-    parse_registration,
     pod_facts_from_request,
     pod_plan_from_response,
     pod_request,
 )
+from runtime_proxy.commands.hook_server import HookServerOptions, serve
+from runtime_proxy.engine.pipeline import Pipeline
+from runtime_proxy.hookclient.registration import RegistrationError, parse_registration
+from runtime_proxy.hookclient.registry import HookServerRegistry
 from tests.hook_replies import echo_reply
 
 # ---- registration files -----------------------------------------------------------------------

@@ -16,12 +16,13 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.manager import make_plugin_manager, plugin_order
 from hooks.plan import Plan
 from hooks.spec import hookimpl
+from runtime_proxy.codecs.nri import adjustment, container_facts, linux_resources, pod_facts
 from runtime_proxy.engine.lifecycle import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.apply import FileApplier
 from runtime_proxy.host.apply import RecordingApplier as DryRun
 from runtime_proxy.host.cgroups import Cgroups
-from runtime_proxy.nri.adapter import NriEngine, adjustment, container_facts, linux_resources, pod_facts
+from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.nri.connection import RpcError
 from tests.cgroup_files import make_files, read_file
 from tests.hooks.plugins.factories import node

@@ -25,9 +25,10 @@ from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.engine.planner import PlanInputError, node_facts_from_json
 from runtime_proxy.loops.usage import UsageSampler
 from runtime_proxy.nri.adapter import NriEngine
+from runtime_proxy.runtime.client import RuntimeClient
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.nodeconfig import NodeConfigDocument, NodeDocument, node_facts_from_document
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.state.store import Store
 from tests.runtime_proxy.test_doctor import NOT_HERE, _by_name, _opts, _v1_tree
 from tests.usage_tree import Tree
 

@@ -23,8 +23,9 @@ from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.loops.reconciler import Reconciler
 from runtime_proxy.nri.adapter import NriEngine
+from runtime_proxy.runtime.client import RuntimeClient
 from runtime_proxy.state.podspecs import ClusterPods, NoPodSpecs
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.state.store import Store
 from tests.cgroup_files import make_files, read_file
 from tests.runtime_proxy.fake_backend import FakeBackend
 from tests.runtime_proxy.fake_cri import FakeCri

@@ -11,7 +11,8 @@ from runtime_proxy.commands.serve import StoreBackend
 from runtime_proxy.cri.door import CriInterceptor
 from runtime_proxy.engine.lifecycle import StaticNode
 from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.state.store import RuntimeClient, Store
+from runtime_proxy.runtime.client import RuntimeClient
+from runtime_proxy.state.store import Store
 from tests.runtime_proxy.fake_cri import FakeCri, sandbox_config
 from tests.topologies import SINGLE_SOCKET_HT
 

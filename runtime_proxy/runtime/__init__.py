@@ -1,0 +1,2 @@
+"""The container runtime as a client sees it: ``client.py`` (``RuntimeClient``, the CRI gRPC
+client the store's rebuild, the loops and the commands use)."""
