@@ -351,3 +351,17 @@ class LifecycleDoor:
     def node(self) -> NodeFacts:
         """The node facts hooks see (``Lifecycle.node``)."""
         return self.core.node()
+
+    @property
+    def stopped(self) -> frozenset[str]:
+        """Ids of the stored containers the runtime stopped (``Store.stopped``)."""
+        return self.store.stopped
+
+    @property
+    def released(self) -> frozenset[str]:
+        """Sandbox ids of the stored pods that do not hold their CPUs (``Store.released``)."""
+        return self.store.released
+
+    def holding_pods(self) -> list[PodFacts]:
+        """The stored pods that hold their bound CPUs (``Store.holding_pods``)."""
+        return self.store.holding_pods()

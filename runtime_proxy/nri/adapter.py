@@ -61,16 +61,14 @@ are logged and replies carry no changes.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import ParamSpec, TypeVar
 
 import structlog
 
 from cri_protos import nri_pb2
-from hooks.facts import ContainerFacts, PodFacts
+from hooks.facts import PodFacts
 from hooks.plan import Plan, PlanError, ResourceChanges
 from rhp_kube.events import EventSink
 from runtime_proxy import metrics
@@ -81,14 +79,15 @@ from runtime_proxy.codecs.nri import (
     linux_resources,
     pod_facts,
     resources_from_nri,
-    stopped_sandboxes,
 )
-from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, NodeSource, StageRejected, call_scope
+from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, NodeSource, StageRejected
 from runtime_proxy.engine.pending import Pending
-from runtime_proxy.engine.pipeline import Pipeline, StageResult
+from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.table import BY_NRI, EVENTS, FORGETS_HELD, RELEASES_HELD, StoreChange, change_store
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
+from runtime_proxy.nri.updates import PendingUpdates, container_update, record_sent, store_from_sync
+from runtime_proxy.nri.worker import EventWorker
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.podspecs import PodSpecSource
 from runtime_proxy.state.store import Store
@@ -98,7 +97,6 @@ log = structlog.get_logger(__name__)
 __all__ = ["NriEngine"]
 
 MAX_DEFERRED = 4096
-MAX_QUEUED = 4096
 SETTLE_WAIT = 0.5
 E = nri_pb2.Event
 
@@ -142,9 +140,6 @@ def _refusals_as_rpc_errors(
     return replying
 
 
-# Work queued for the background worker: its name (for the log) and the call.
-_Queued = tuple[str, Callable[[], Awaitable[None]]]
-
 
 class NriEngine(LifecycleDoor):
     """Implements ``runtime_proxy.nri.plugin.Events`` over the lifecycle core (``Lifecycle``)."""
@@ -165,9 +160,7 @@ class NriEngine(LifecycleDoor):
                               where="nri", events=events, pod_specs=pod_specs)
         # No pools before the first event: only a pod that holds CPUs makes them change.
         self.core.pools = NO_POOLS
-        self.background = background
-        self._queue: asyncio.Queue[_Queued] | None = None
-        self._worker: asyncio.Task[None] | None = None
+        self._worker = EventWorker(background)
         self._wanted: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
         self._deferred: Pending[str] = Pending()
@@ -182,7 +175,16 @@ class NriEngine(LifecycleDoor):
         self.settle: Callable[[], Awaitable[object]] | None = None
         # Container id -> resource changes the loops want, sent in the next reply that can
         # carry container updates (CreateContainer, UpdateContainer, StopContainer).
-        self.pending_updates: OrderedDict[str, ResourceChanges] = OrderedDict()
+        self.pending_updates = PendingUpdates()
+
+    @property
+    def background(self) -> bool:
+        """Whether replyless events are processed by the worker (``runtime_proxy.nri.worker``)."""
+        return self._worker.background
+
+    @background.setter
+    def background(self, value: bool) -> None:
+        self._worker.background = value
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -198,101 +200,26 @@ class NriEngine(LifecycleDoor):
         # carry them, so the reconciler only needs its routine round (for the files) here.
         self.on_store_change(changed and self.settle is None)
 
-    @property
-    def stopped(self) -> frozenset[str]:
-        """Ids of the stored containers the runtime stopped (``Store.stopped``)."""
-        return self.store.stopped
-
-    @property
-    def released(self) -> frozenset[str]:
-        """Sandbox ids of the stored pods that do not hold their CPUs (``Store.released``)."""
-        return self.store.released
-
-    def holding_pods(self) -> list[PodFacts]:
-        """The stored pods that hold their bound CPUs (``Store.holding_pods``)."""
-        return self.store.holding_pods()
-
-    def _frees_bound_cpus(self, sandbox_id: str, uid: str, container_id: str) -> bool:
-        """Whether stopping ``container_id`` releases CPUs bound to its pod: the pod holds bound
-        CPUs and every other container of it is stopped."""
-        if uid not in self.core.bound_pods():
-            return False
-        for owner, container in self.store.containers():
-            if (owner.sandbox_id == sandbox_id and container.id != container_id
-                    and not self.store.is_stopped(container.id)):
-                return False
-        return True
-
-    async def _run(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> StageResult | None:
-        """The core's run of ``stage``, when its effects go ahead (None otherwise)."""
-        return self.core.carries(await self.core.run(stage, pod, container), stage)
-
-    def _known(self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None = None) -> bool:
-        """Whether ``pod`` is in the store. Only creating events (RunPodSandbox, CreateContainer,
-        Synchronize) add pods; any other event for a pod not in the store is ignored (logged and
-        counted), so a Stop or Remove that arrives after RemovePodSandbox cannot put the pod back,
-        where it would hold its bound CPUs until the next Synchronize."""
-        if self.store.pod(pod.id) is not None:
-            return True
-        name = E.Name(event).lower() if event in E.values() else "other"
-        metrics.NRI_EVENTS_IGNORED.labels(name).inc()
-        log.debug("NRI event for a pod not in the store ignored", nri_event=name, pod=f"{pod.namespace}/{pod.name}",
-                  uid=pod.uid, sandbox=pod.id, container=container.id if container is not None else None)
-        return False
-
     # -- background events -----------------------------------------------------------------------
 
     def wanted_events(self) -> tuple[int, ...]:
         """The events to subscribe to (see the module docstring); recomputed only when the
         pipeline's steps changed."""
         key = tuple(map(id, self.pipeline.steps))
-        if self._wanted is not None and self._wanted[0] == key:
-            return self._wanted[1]
-        wanted = set(ALWAYS)
-        for event, stages in WHEN_STAGES:
-            if any(self.pipeline.has_work(stage) for stage in stages):
-                wanted.add(event)
-        if self.pipeline.has_work(DEFERRED_STAGE) and not wanted & {E.START_CONTAINER, E.POST_START_CONTAINER}:
-            wanted.add(E.START_CONTAINER)
-        self._wanted = (key, tuple(sorted(wanted)))
+        if self._wanted is None or self._wanted[0] != key:
+            self._wanted = (key, wanted_events(self.pipeline))
         return self._wanted[1]
 
     async def _later(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
-        """Queue ``work`` for the worker (or run it now without ``background``)."""
-        if not self.background:
-            await work()
-            return
-        if self._queue is None:
-            self._queue = asyncio.Queue(MAX_QUEUED)
-        if self._worker is None or self._worker.done():
-            # A fresh context: the worker is no handler, whoever queued its first item.
-            self._worker = asyncio.get_running_loop().create_task(
-                self._work(self._queue), name="nri-events", context=contextvars.Context())
-        await self._queue.put((name, work))
-
-    async def _work(self, queue: asyncio.Queue[_Queued]) -> None:
-        while True:
-            name, work = await queue.get()
-            try:
-                with call_scope():
-                    await work()
-            except Exception:  # one event's failure never stops the ones after it
-                log.exception("NRI event processing failed", step=name)
-            finally:
-                queue.task_done()
+        await self._worker.later(name, work)
 
     async def drain(self) -> None:
         """Wait until every queued event is processed."""
-        if self._queue is not None and self._worker is not None and not self._worker.done():
-            await self._queue.join()
+        await self._worker.drain()
 
     async def close(self) -> None:
         """Process what is queued, then stop the worker."""
-        await self.drain()
-        if self._worker is not None:
-            self._worker.cancel()
-            await asyncio.gather(self._worker, return_exceptions=True)
-            self._worker = None
+        await self._worker.close()
 
     # -- container updates from the loops ----------------------------------------------------
 
@@ -306,16 +233,7 @@ class NriEngine(LifecycleDoor):
             return
         if not self.core.allows(Plan(resources=changes), "ReconcileContainer"):
             return
-        merged = self.pending_updates.pop(container_id, ResourceChanges()).merged(changes)
-        self.pending_updates[container_id] = merged
-        while len(self.pending_updates) > MAX_DEFERRED:
-            dropped, _ = self.pending_updates.popitem(last=False)
-            log.warning("pending container update dropped (too many pending)", container=dropped)
-
-    def _others_running(self, exclude: str) -> bool:
-        """True when a container other than ``exclude`` is running: only those can receive
-        updates in this reply."""
-        return any(c.id != exclude for _, c in self.store.running_containers())
+        self.pending_updates.add(container_id, changes)
 
     async def _settled(self, exclude: str = "") -> None:
         """Run ``settle`` when the share pools' input changed since it last ran, waiting for it
@@ -324,32 +242,14 @@ class NriEngine(LifecycleDoor):
         is about) no update can ride on this reply: the round is left to the reconciler's
         routine round (``on_store_change``), which writes the files, and ``pools_dirty`` stays
         set for the next reply."""
-        if not self.pools_dirty or self.settle is None or not self._others_running(exclude):
+        if not self.pools_dirty or self.settle is None:
+            return
+        if not any(c.id != exclude for _, c in self.store.running_containers()):
             return
         self.pools_dirty = False
         task = asyncio.ensure_future(self.settle())
         task.add_done_callback(_log_failure)
         await asyncio.wait({task}, timeout=SETTLE_WAIT)
-
-    def _take_updates(self, skip: str = "") -> list[nri_pb2.ContainerUpdate]:
-        """The pending updates as ``ContainerUpdate``s (``ignore_failure``: a container that is
-        gone or cannot take it is only logged by the runtime), recorded in the store as sent."""
-        updates: list[nri_pb2.ContainerUpdate] = []
-        pending, self.pending_updates = self.pending_updates, OrderedDict()
-        for container_id, changes in pending.items():
-            if container_id == skip or self.store.is_stopped(container_id):
-                continue
-            res, skipped = linux_resources(changes)
-            if not res.ListFields():
-                continue
-            update = nri_pb2.ContainerUpdate(container_id=container_id, ignore_failure=True)
-            update.linux.resources.CopyFrom(res)
-            updates.append(update)
-            found, sandbox_id = self.store.container(container_id), self.store.sandbox_of(container_id)
-            if found is not None and sandbox_id is not None:
-                sent = {k: v for k, v in changes.items() if k not in skipped}
-                self.store.put_container(sandbox_id, found[1].replace(resources=found[1].resources.with_changes(sent)))
-        return updates
 
     # -- Events --------------------------------------------------------------------------------
 
@@ -378,19 +278,7 @@ class NriEngine(LifecycleDoor):
         ``ignore_failure`` (a container that cannot take its update keeps running as it is).
         Values changed by hand in the cgroup files are repaired this way, because every
         planned resource is sent, not only those that differ from the runtime's record."""
-        store = Store()
-        for pod in pods:
-            store.put_pod(pod_facts(pod))
-        running: list[tuple[str, ContainerFacts]] = []
-        for container in containers:
-            facts = container_facts(container)
-            store.put_container(container.pod_sandbox_id, facts)
-            if container.state == nri_pb2.CONTAINER_RUNNING:
-                running.append((container.pod_sandbox_id, facts))
-            elif container.state == nri_pb2.CONTAINER_STOPPED:
-                store.stop_container(container.id)
-        for sandbox_id in stopped_sandboxes(pods, containers):
-            store.stop_pod(sandbox_id)
+        store, running = store_from_sync(pods, containers)
         self.core.replace_store(store)
         self._notified_version = -1
         for each_pod in store.live_pods():
@@ -400,18 +288,15 @@ class NriEngine(LifecycleDoor):
             owner = store.pod(sandbox_id)
             if owner is None:
                 continue
-            result = await self._run("ReconcileContainer", owner, container_f)
+            ran = await self.core.run("ReconcileContainer", owner, container_f)
+            result = self.core.carries(ran, "ReconcileContainer")
             if result is None:
                 continue
             await self.core.apply(result.plan, "ReconcileContainer")
-            res, skipped = linux_resources(result.plan.resources)
-            if res.ListFields():
-                update = nri_pb2.ContainerUpdate(container_id=container_f.id, ignore_failure=True)
-                update.linux.resources.CopyFrom(res)
+            update, sent = container_update(container_f.id, result.plan.resources)
+            if update is not None:
                 updates.append(update)
-                # Recorded as sent, so the reconciler's first round does not send them again.
-                sent = {k: v for k, v in result.plan.resources.items() if k not in skipped}
-                store.put_container(sandbox_id, container_f.replace(resources=container_f.resources.with_changes(sent)))
+                record_sent(store, sandbox_id, container_f, sent)
         return updates
 
     @_refusals_as_rpc_errors
@@ -426,7 +311,7 @@ class NriEngine(LifecycleDoor):
         result = await self._create_container(pod, container)
         await self._notify()
         await self._settled(exclude=container.id)
-        result.update.extend(self._take_updates(skip=container.id))
+        result.update.extend(self.pending_updates.take(self.store, skip=container.id))
         return result
 
     async def _create_container(
@@ -460,14 +345,14 @@ class NriEngine(LifecycleDoor):
         await self.drain()
         await self._settled()
         result = await self._update_container(pod, container, resources)
-        result = [*result, *self._take_updates(skip=container.id)]
+        result = [*result, *self.pending_updates.take(self.store, skip=container.id)]
         await self._notify()
         return result
 
     async def _update_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, resources: nri_pb2.LinuxResources
     ) -> list[nri_pb2.ContainerUpdate]:
-        if not self._known(E.UPDATE_CONTAINER, pod, container):
+        if not _known(self.store, E.UPDATE_CONTAINER, pod, container):
             return []
         pod_f, container_f = pod_facts(pod), container_facts(container)
         incoming = resources_from_nri(resources)
@@ -506,14 +391,14 @@ class NriEngine(LifecycleDoor):
         change = functools.partial(self._state_change, E.STOP_CONTAINER, pod, container)
         if self.settle is None or not pod.uid or pod.uid not in self.core.bound_pods():
             await self._later("_state_change", change)
-            return self._take_updates(skip=container.id)
+            return self.pending_updates.take(self.store, skip=container.id)
         await self.drain()
-        if not self._frees_bound_cpus(pod.id, pod.uid, container.id):
+        if pod.uid not in self.core.bound_pods() or not frees_bound_cpus(self.store, pod.id, container.id):
             await self._later("_state_change", change)
-            return self._take_updates(skip=container.id)
+            return self.pending_updates.take(self.store, skip=container.id)
         await change()
         await self._settled(exclude=container.id)
-        return self._take_updates(skip=container.id)
+        return self.pending_updates.take(self.store, skip=container.id)
 
     @_refusals_as_rpc_errors
     async def state_change(self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None) -> None:
@@ -529,7 +414,7 @@ class NriEngine(LifecycleDoor):
         """One event whose reply carries nothing, as the lifecycle table says
         (``runtime_proxy.engine.table``): the store change (at the event that tells it), the held
         file part of the container's CreateContainer, then the stages the event runs."""
-        if event != E.RUN_POD_SANDBOX and not self._known(event, pod, container):
+        if event != E.RUN_POD_SANDBOX and not _known(self.store, event, pod, container):
             return
         name = E.Name(event) if event in E.values() else ""
         found = BY_NRI.get(name)
@@ -551,20 +436,55 @@ class NriEngine(LifecycleDoor):
             self._deferred.drop(container_id)
         for stage in stages:
             if stage == row.pre and not row.container:
-                await self._pod_pre(stage, pod_f)
+                await _pod_pre(self.core, stage, pod_f)
             else:
                 await self.core.stage_and_apply(stage, pod_f, container_f)
 
-    async def _pod_pre(self, stage: str, pod_f: PodFacts) -> None:
-        """A pod's ``Pre*`` stage at an event whose reply cannot change the pod: its files are
-        applied, its CRI changes logged as not carried."""
-        result = await self._run(stage, pod_f, None)
-        if result is None:
-            return
-        plan = result.plan
-        not_carried = [name for name, present in (
-            ("labels", bool(plan.labels)), ("annotations", bool(plan.annotations)),
-            ("cgroup_parent", plan.cgroup_parent is not None)) if present]
-        if not_carried:
-            log.info("pod plan fields NRI cannot carry; dropped", fields=not_carried, pod=pod_f.sandbox_id)
-        await self.core.apply(plan, stage)
+
+async def _pod_pre(core: Lifecycle, stage: str, pod_f: PodFacts) -> None:
+    """A pod's ``Pre*`` stage at an event whose reply cannot change the pod: its files are
+    applied, its CRI changes logged as not carried."""
+    result = core.carries(await core.run(stage, pod_f, None), stage)
+    if result is None:
+        return
+    plan = result.plan
+    not_carried = [name for name, present in (
+        ("labels", bool(plan.labels)), ("annotations", bool(plan.annotations)),
+        ("cgroup_parent", plan.cgroup_parent is not None)) if present]
+    if not_carried:
+        log.info("pod plan fields NRI cannot carry; dropped", fields=not_carried, pod=pod_f.sandbox_id)
+    await core.apply(plan, stage)
+
+
+def _known(store: Store, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None = None) -> bool:
+    """Whether ``pod`` is in the store. Only creating events (RunPodSandbox, CreateContainer,
+    Synchronize) add pods; any other event for a pod not in the store is ignored (logged and
+    counted), so a Stop or Remove that arrives after RemovePodSandbox cannot put the pod back,
+    where it would hold its bound CPUs until the next Synchronize."""
+    if store.pod(pod.id) is not None:
+        return True
+    name = E.Name(event).lower() if event in E.values() else "other"
+    metrics.NRI_EVENTS_IGNORED.labels(name).inc()
+    log.debug("NRI event for a pod not in the store ignored", nri_event=name, pod=f"{pod.namespace}/{pod.name}",
+              uid=pod.uid, sandbox=pod.id, container=container.id if container is not None else None)
+    return False
+
+
+def wanted_events(pipeline: Pipeline) -> tuple[int, ...]:
+    """The events to subscribe to for ``pipeline`` (see the module docstring)."""
+    wanted = set(ALWAYS)
+    for event, stages in WHEN_STAGES:
+        if any(pipeline.has_work(stage) for stage in stages):
+            wanted.add(event)
+    if pipeline.has_work(DEFERRED_STAGE) and not wanted & {E.START_CONTAINER, E.POST_START_CONTAINER}:
+        wanted.add(E.START_CONTAINER)
+    return tuple(sorted(wanted))
+
+
+def frees_bound_cpus(store: Store, sandbox_id: str, container_id: str) -> bool:
+    """Whether stopping ``container_id`` releases CPUs its pod holds: every other container of
+    the pod is stopped (the caller checked that the pod has bound CPUs)."""
+    for owner, container in store.containers():
+        if owner.sandbox_id == sandbox_id and container.id != container_id and not store.is_stopped(container.id):
+            return False
+    return True
