@@ -12,7 +12,8 @@ when it is malformed, so a plugin catches one type and records a skip for that p
 The names live in four modules by meaning, all importable from here (the plugin authors'
 API, ``docs/plugins.md``): ``hooks.facts.types`` (the fact types), ``hooks.facts.cgroups``
 (kubelet's cgroup layout), ``hooks.facts.pools`` (share pools and the cpusets bound to pods)
-and ``hooks.facts.cpu`` (CFS conversions, CPU normalization, CPU burst configuration).
+and ``hooks.facts.cpu`` (CFS conversions, CPU normalization, CPU burst configuration); the
+NodeSLO strategies as typed rules (``NodeFacts.rules``) are ``hooks.facts.rules``.
 
 The kernel's CPU list format ("0-3,8") appears only at the edges, through the single
 ``parse_cpu_list`` / ``format_cpu_list`` pair; inside the code a CPU set is a ``frozenset[int]``.
@@ -70,6 +71,7 @@ from hooks.facts.pools import (
     trusted_cpuset,
     with_bound_pods,
 )
+from hooks.facts.rules import SLO_CLASSES, NodeSLORules, Rule, parse_rules
 from hooks.facts.types import (
     SCALAR_RESOURCE_FIELDS,
     ContainerChanges,
@@ -101,6 +103,7 @@ __all__ = [
     "MIN_QUOTA_US",
     "MIN_SHARES",
     "SCALAR_RESOURCE_FIELDS",
+    "SLO_CLASSES",
     "BoundClaims",
     "CPUInfo",
     "CPUQuota",
@@ -116,12 +119,14 @@ __all__ = [
     "KubeletRootChoice",
     "NodeChanges",
     "NodeFacts",
+    "NodeSLORules",
     "PodChanges",
     "PodFacts",
     "ResctrlFacts",
     "ResourceStatus",
     "ResourceValue",
     "Resources",
+    "Rule",
     "all_share_pool_cpus",
     "allocation_refusal",
     "cgroup_path_of_parent",
@@ -148,6 +153,7 @@ __all__ = [
     "parse_cpu_list",
     "parse_kubelet_cgroup_root",
     "parse_kubelet_pod_parent",
+    "parse_rules",
     "pod_cgroup_path",
     "pod_cpu_burst_config",
     "pod_resource_status",

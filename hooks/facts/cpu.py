@@ -76,7 +76,7 @@ def pod_cpu_burst_config(
     """The NodeSLO ``cpuBurstStrategy`` merged with the pod's ``koordinator.sh/cpuBurst``;
     malformed parts are left at their defaults and described in ``problems``."""
     found: list[str] = [] if problems is None else problems
-    cfg = nodeslo.cpu_burst(node_facts.node_slo, found)
+    cfg = node_facts.rules.cpu_burst.read(found)
     return nodeslo.cpu_burst_from_pod(cfg, pod_facts.annotations.get(keys.ANNOTATION_POD_CPU_BURST), found)
 
 

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, Never, TypedDict, TypeVar, Unpack
 
 from hooks.facts.cgroups import CgroupInfo, kube_qos_from_cgroup_parent
+from hooks.facts.rules import EMPTY_RULES, NodeSLORules, parse_rules
 from hooks.signatures import ACCEPT_UNSIGNED, AllocationKeys
 from koord_formats import keys, qos
 from koord_formats.bounded import load_json
@@ -265,8 +266,18 @@ class NodeFacts:
     # (``hooks.signatures``; the node agent's ``allocationTrust`` config). Default: no keys,
     # unsigned claims accepted (Koordinator's model).
     allocation_keys: AllocationKeys = ACCEPT_UNSIGNED
+    # ``node_slo``'s strategies as typed rules (``hooks.facts.rules``), parsed once when the facts
+    # are made and kept by ``replace`` while ``node_slo`` stays; plugins read these, not the raw
+    # mapping. Derived: left out of equality.
+    rules: NodeSLORules = field(default=EMPTY_RULES, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.rules is EMPTY_RULES and self.node_slo:
+            object.__setattr__(self, "rules", parse_rules(self.node_slo))
 
     def replace(self, **changes: Unpack[NodeChanges]) -> NodeFacts:
+        if "node_slo" in changes and "rules" not in changes:
+            changes["rules"] = EMPTY_RULES  # parsed again from the new spec (__post_init__)
         return replace(self, **changes)
 
 
@@ -309,3 +320,4 @@ class NodeChanges(TypedDict, total=False):
     bound_cpusets: Mapping[str, frozenset[int]]
     lse_pods: frozenset[str]
     allocation_keys: AllocationKeys
+    rules: NodeSLORules

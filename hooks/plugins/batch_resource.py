@@ -47,7 +47,7 @@ from hooks.facts import (
 )
 from hooks.plan import Plan
 from hooks.spec import hookimpl
-from koord_formats import FormatError, keys, nodeslo
+from koord_formats import FormatError, keys
 from koord_formats.keys import SLO
 from koord_formats.pod import ContainerResourceSpec, batch_amounts
 from koord_formats.pod import parse_extended_resource_spec as parse_spec_annotation
@@ -111,7 +111,7 @@ def _specs(pod: PodFacts, plan: Plan) -> dict[str, BatchSpec] | None:
 
 
 def _cpu_suppress_cfs_quota(node: NodeFacts) -> bool:
-    suppress = nodeslo.cpu_suppress(node.node_slo)
+    suppress = node.rules.cpu_suppress.value
     return suppress.enable and suppress.cpu_suppress_policy == keys.CPU_SUPPRESS_POLICY_CFS_QUOTA
 
 
@@ -145,9 +145,9 @@ def _container_plan(pod: PodFacts, container: ContainerFacts, node: NodeFacts) -
 
 def be_pods_are_idle(node: NodeFacts) -> bool:
     """Whether group_identity makes BE pod cgroups SCHED_IDLE (``cpu.idle`` 1) on this node."""
-    if nodeslo.cpu_policy(node.node_slo) != keys.CPU_POLICY_CORE_SCHED:
+    if node.rules.cpu_policy != keys.CPU_POLICY_CORE_SCHED:
         return False
-    q = nodeslo.cpu_qos(node.node_slo, SLO.BE_CLASS)
+    q = node.rules.cpu_qos(SLO.BE_CLASS)
     return q.enable and bool(q.sched_idle)
 
 

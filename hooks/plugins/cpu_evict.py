@@ -46,7 +46,7 @@ from hooks.facts import NodeFacts, PodFacts
 from hooks.plan import Plan
 from hooks.spec import hookimpl
 from hooks.usage import Usage, UsageSample
-from koord_formats import FormatError, keys, nodeslo
+from koord_formats import FormatError, keys
 from koord_formats.pod import eviction_allowed, parse_extended_resource_spec
 
 __all__ = [
@@ -149,7 +149,7 @@ def _node_cpus(node: NodeFacts) -> int:
 def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan | None:
     """Plan the evictions that bring BE CPU satisfaction back to the upper percentage."""
     problems: list[str] = []
-    cfg = nodeslo.eviction(node.node_slo, problems)
+    cfg = node.rules.eviction.read(problems)
     latest = usage.latest
     lower, upper = cfg.cpu_evict_be_satisfaction_lower_percent, cfg.cpu_evict_be_satisfaction_upper_percent
     if not cfg.enable or latest is None or lower is None or upper is None:

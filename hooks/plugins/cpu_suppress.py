@@ -386,7 +386,7 @@ def decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tup
 def _decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tuple[SuppressDecision, Plan]:
     plan = Plan()
     problems: list[str] = []
-    cfg = nodeslo.cpu_suppress(node_facts.node_slo, problems)
+    cfg = node_facts.rules.cpu_suppress.read(problems)
     for problem in problems:
         plan.skip(problem)
     policy = cfg.cpu_suppress_policy if cfg.enable else DISABLED
@@ -422,7 +422,7 @@ def _decide(node_facts: NodeFacts, pods: Sequence[PodFacts], usage: Usage) -> tu
         min_percent=cfg.cpu_suppress_min_percent,
         sample=sample,
         pods=by_uid,
-        host_apps=nodeslo.host_applications(node_facts.node_slo),
+        host_apps=node_facts.rules.host_applications.value,
         reserved_milli=_reserved_milli(facts),
     )
     if policy == keys.CPU_SUPPRESS_POLICY_CFS_QUOTA:

@@ -47,7 +47,7 @@ def pod_class_key(pod: PodFacts, node: NodeFacts) -> str | None:
         return keys.SLO_CLASS_KEYS[qos]
     kube = pod.effective_kube_qos
     if kube == "Guaranteed":
-        return SLO.LSR_CLASS if nodeslo.cpu_qos(node.node_slo, SLO.LSR_CLASS).enable else SLO.LS_CLASS
+        return SLO.LSR_CLASS if node.rules.cpu_qos(SLO.LSR_CLASS).enable else SLO.LS_CLASS
     return {"Burstable": SLO.LS_CLASS, "BestEffort": SLO.BE_CLASS}.get(kube)
 
 
@@ -66,12 +66,12 @@ def pod_bvt_value(pod: PodFacts, node: NodeFacts, plan: Plan) -> int:
                 return cfg.group_identity
             return nodeslo.DEFAULT_GROUP_IDENTITY[SLO.LS_CLASS]
     key = pod_class_key(pod, node)
-    return nodeslo.class_bvt_value(node.node_slo, key) if key else 0
+    return node.rules.class_bvt_value(key) if key else 0
 
 
 def _pod_plan(pod: PodFacts, node: NodeFacts, *, reconcile: bool) -> Plan:
     plan = Plan()
-    policy = nodeslo.cpu_policy(node.node_slo)
+    policy = node.rules.cpu_policy
     try:
         path = pod_cgroup_path(pod)
     except ValueError as exc:
@@ -79,13 +79,13 @@ def _pod_plan(pod: PodFacts, node: NodeFacts, *, reconcile: bool) -> Plan:
     if policy == keys.CPU_POLICY_CORE_SCHED:
         key = pod_class_key(pod, node)
         if key:
-            q = nodeslo.cpu_qos(node.node_slo, key)
+            q = node.rules.cpu_qos(key)
             if q.enable:
                 plan.write("pod", path, IDLE_FILE, 1 if q.sched_idle else 0)
         return plan
     if policy not in ("", keys.CPU_POLICY_GROUP_IDENTITY):
         return plan
-    if not nodeslo.group_identity_enabled(node.node_slo):
+    if not node.rules.group_identity_enabled:
         if reconcile:
             plan.write("pod", path, BVT_FILE, 0)
         return plan
@@ -106,13 +106,13 @@ def rhp_reconcile_pod(pod: PodFacts, node: NodeFacts) -> Plan | None:
 @hookimpl
 def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
     plan = Plan()
-    if nodeslo.cpu_policy(node.node_slo) not in ("", keys.CPU_POLICY_GROUP_IDENTITY):
+    if node.rules.cpu_policy not in ("", keys.CPU_POLICY_GROUP_IDENTITY):
         return plan
-    enabled = nodeslo.group_identity_enabled(node.node_slo)
+    enabled = node.rules.group_identity_enabled
     values = {
         "Guaranteed": 0,
-        "Burstable": nodeslo.class_bvt_value(node.node_slo, SLO.LS_CLASS) if enabled else 0,
-        "BestEffort": nodeslo.class_bvt_value(node.node_slo, SLO.BE_CLASS) if enabled else 0,
+        "Burstable": node.rules.class_bvt_value(SLO.LS_CLASS) if enabled else 0,
+        "BestEffort": node.rules.class_bvt_value(SLO.BE_CLASS) if enabled else 0,
     }
     for kube_qos, value in values.items():
         plan.write("kubeqos", kube_qos_cgroup_path(kube_qos, node.cgroup), BVT_FILE, value)

@@ -24,18 +24,18 @@ from __future__ import annotations
 from hooks.facts import NodeFacts, all_share_pool_cpus, format_cpu_list, host_app_cgroup_path, share_pools
 from hooks.plan import Plan
 from hooks.spec import hookimpl
-from koord_formats import keys, nodeslo
+from koord_formats import keys
 
 
 @hookimpl
 def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
     plan = Plan()
     problems: list[str] = []
-    apps = nodeslo.host_applications(node.node_slo, problems)
+    apps = node.rules.host_applications.read(problems)
     for problem in problems:
         plan.skip(problem)
-    policy = nodeslo.cpu_policy(node.node_slo)
-    gi_enabled = nodeslo.group_identity_enabled(node.node_slo)
+    policy = node.rules.cpu_policy
+    gi_enabled = node.rules.group_identity_enabled
     ls_cpus: str | None = None
     for app in apps:
         name, qos = app.name, app.qos
@@ -49,10 +49,10 @@ def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
             continue
         key = keys.SLO_CLASS_KEYS.get(qos)
         if policy == keys.CPU_POLICY_CORE_SCHED:
-            if key and nodeslo.cpu_qos(node.node_slo, key).enable:
-                plan.write("host-app", path, "cpu.idle", 1 if nodeslo.cpu_qos(node.node_slo, key).sched_idle else 0)
+            if key and node.rules.cpu_qos(key).enable:
+                plan.write("host-app", path, "cpu.idle", 1 if node.rules.cpu_qos(key).sched_idle else 0)
         elif policy in ("", keys.CPU_POLICY_GROUP_IDENTITY):
-            value = nodeslo.class_bvt_value(node.node_slo, key) if (gi_enabled and key) else 0
+            value = node.rules.class_bvt_value(key) if (gi_enabled and key) else 0
             plan.write("host-app", path, "cpu.bvt_warp_ns", value)
         if qos == keys.QOS_LS:
             if ls_cpus is None:

@@ -36,7 +36,7 @@ from hooks.facts import NodeFacts, PodFacts
 from hooks.plan import Plan
 from hooks.spec import hookimpl
 from hooks.usage import Usage
-from koord_formats import FormatError, keys, nodeslo
+from koord_formats import FormatError, keys
 from koord_formats.pod import eviction_allowed
 
 __all__ = ["COOL_DOWN_SECONDS", "FEATURE", "Victim", "memory_to_free", "order_victims", "rhp_reconcile_usage"]
@@ -88,7 +88,7 @@ def _candidates(pods: Iterable[PodFacts], usage: Usage, plan: Plan) -> list[Vict
 def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan | None:
     """Plan the evictions that bring node memory back under the lower percentage."""
     problems: list[str] = []
-    cfg = nodeslo.eviction(node.node_slo, problems)
+    cfg = node.rules.eviction.read(problems)
     latest = usage.latest
     if not cfg.enable or latest is None:
         return None

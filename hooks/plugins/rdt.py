@@ -45,7 +45,7 @@ from types import MappingProxyType
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, container_cgroup_path
 from hooks.plan import Plan
 from hooks.spec import hookimpl
-from koord_formats import keys, nodeslo
+from koord_formats import keys
 from koord_formats.keys import SLO
 from koord_formats.pod import PodResctrl, parse_pod_resctrl
 
@@ -110,7 +110,7 @@ def class_schemata(node: NodeFacts, class_key: str) -> tuple[str, list[str]]:
     """The schemata of a class group and why a part of it was refused. As koordlet, the L3 and
     MB lines are decided apart: a refused one is left out (its current value stays) and the
     other is still written; "" when both are refused."""
-    q = nodeslo.resctrl_qos(node.node_slo, class_key)
+    q = node.rules.resctrl_qos(class_key)
     rc = node.resctrl
     ids = rc.cache_ids or (0,)
     lines: list[str] = []
@@ -168,7 +168,7 @@ def group_of(pod: PodFacts, node: NodeFacts) -> str | None:
         except ValueError:
             return None
     group = GROUP_OF_QOS.get(pod.qos_class)
-    if group is None or not nodeslo.resctrl_qos(node.node_slo, CLASS_GROUPS[group]).enable:
+    if group is None or not node.rules.resctrl_qos(CLASS_GROUPS[group]).enable:
         return None
     return group
 
@@ -208,7 +208,7 @@ def _move(plan: Plan, pod: PodFacts, node: NodeFacts, level: str, cid: str) -> P
 @hookimpl
 def rhp_reconcile_node(node: NodeFacts) -> Plan | None:
     plan = Plan()
-    enabled = [g for g, key in CLASS_GROUPS.items() if nodeslo.resctrl_qos(node.node_slo, key).enable]
+    enabled = [g for g, key in CLASS_GROUPS.items() if node.rules.resctrl_qos(key).enable]
     if not enabled or not _facts_ok(node, plan):
         return plan
     for group in enabled:

@@ -62,7 +62,6 @@ from hooks.facts import (
 from hooks.usage import MAX_SAMPLES, BEState, EvictionRecord, ResourceUsage, Usage, UsageSample
 from koord_formats.cpulist import parse_cpu_list
 from koord_formats.errors import FormatError
-from koord_formats.nodeslo import host_applications
 from runtime_proxy.host.cgroups import CgroupError, Cgroups
 
 __all__ = [
@@ -448,7 +447,7 @@ class UsageSampler:
                 if cu is not None:
                     container_usage[c.id] = cu
         apps: dict[str, ResourceUsage] = {}
-        for app in host_applications(node.node_slo):
+        for app in node.rules.host_applications.value:
             got = self._read_usage(f"host-app:{app.name}", partial(host_app_cgroup_path, app, node.cgroup), now, seen)
             if got is not None:
                 apps[app.name] = got

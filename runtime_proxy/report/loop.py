@@ -58,7 +58,6 @@ from koord_formats import nodemetric as nm
 from koord_formats import nrt as nrt_format
 from koord_formats.device import GPUInfo
 from koord_formats.errors import FormatError
-from koord_formats.nodeslo import host_applications
 from koord_formats.topology import CPUTopology
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.loops.usage import UsageSampler
@@ -320,7 +319,7 @@ class Reporter:
             sample, pods, node = self._sample()
             new = [sample] if sample is not None else []
         metas = [(p.uid or p.sandbox_id, PodMeta.of(p)) for p in pods]
-        apps = [HostAppMeta(a.name, a.priority, a.qos) for a in host_applications(node.node_slo)]
+        apps = [HostAppMeta(a.name, a.priority, a.qos) for a in node.rules.host_applications.value]
         for sample in new:
             self.window.add(sample, metas, apps)
         now = self.clock()
