@@ -24,12 +24,12 @@ from pathlib import Path
 from types import UnionType
 from typing import Literal, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hooks.facts import parse_kubelet_cgroup_root
 from rhp_ops.build import extra_hint
 from rhp_ops.files import FileRefused, read_regular_file
+from rhp_ops.yamlsafe import DocumentError, load_yaml
 from runtime_proxy.report.config import ReportConfig
 
 __all__ = [
@@ -294,14 +294,11 @@ def load_config(path: str | None) -> ProxyConfig:
         raise ConfigError(f"{path}: {exc.message}") from None
     try:
         text = raw.decode("utf-8")
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        data = json.loads(text) if path.endswith(".json") else load_yaml(text, max_bytes=MAX_CONFIG_BYTES)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8: {exc.reason} at byte {exc.start}") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from exc
+    except DocumentError as exc:  # the one YAML reader: bounded, no anchors or aliases
+        raise ConfigError(f"{path}: {exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
     except RecursionError as exc:

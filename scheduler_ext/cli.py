@@ -23,7 +23,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
-import yaml
 
 from colocation_manager.cli import add_parser as add_manager_parser
 from rhp_kube import credentials
@@ -40,6 +39,7 @@ from rhp_ops.cli import (
     resolve_log_flags,
 )
 from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused, kubeconfig_files, read_regular_file
+from rhp_ops.yamlsafe import DocumentError, load_document
 from scheduler_ext.allocator import AllocationError
 from scheduler_ext.cleanup import add_parser as add_cleanup_parser
 from scheduler_ext.decide import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
@@ -178,28 +178,35 @@ class _BadDocument(Exception):
     """The input is not a JSON or YAML document of the expected shape (exit 3)."""
 
 
+# The largest document ``simulate`` reads (a cluster's objects as JSON or YAML).
+MAX_SIMULATE_BYTES = 64 << 20
+
+
 def _read_doc(path: str) -> dict[str, Any]:
+    """``simulate``'s document, read bounded (``MAX_SIMULATE_BYTES``; a path through the one
+    reader of files, regular files only) and parsed by the one reader of documents
+    (``rhp_ops.yamlsafe``: JSON, else YAML without anchors or aliases)."""
     try:
         if path == "-":
-            text = sys.stdin.read()
+            raw = sys.stdin.buffer.read(MAX_SIMULATE_BYTES + 1)
+            if len(raw) > MAX_SIMULATE_BYTES:
+                raise _Unreadable(f"{path}: larger than {MAX_SIMULATE_BYTES} bytes")
         else:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+            raw = read_regular_file(path, limit=MAX_SIMULATE_BYTES)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _Unreadable(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except FileRefused as exc:
+        raise _Unreadable(f"{path}: {exc.message}") from None
     except OSError as exc:
         raise _Unreadable(f"{path}: {exc.strerror or exc}") from None
     try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise _BadDocument(f"{path}: nested too deeply") from None
-    except ValueError:
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise _BadDocument(f"{path}: neither JSON nor YAML: {' '.join(str(exc).split())[:400]}") from None
-        except RecursionError:
-            raise _BadDocument(f"{path}: nested too deeply") from None
+        doc = load_document(text, max_bytes=MAX_SIMULATE_BYTES)
+    except DocumentError as exc:
+        reason = str(exc)
+        if reason.startswith("not valid YAML"):
+            reason = f"neither JSON nor YAML: {reason}"
+        raise _BadDocument(f"{path}: {reason[:400]}") from None
     if not isinstance(doc, dict):
         raise _BadDocument(f"{path}: the document must be an object with \"objects\" and \"pod\"")
     return doc

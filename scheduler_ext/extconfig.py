@@ -11,15 +11,12 @@ a feature silently off). Every problem is one ``ConfigError`` with the reason.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-
-import yaml
 
 from koord_formats.errors import FormatError
 from koord_formats.loadaware import LoadAwareArgs, parse_load_aware_args
 from rhp_ops.files import FileRefused, read_text_file
-from rhp_ops.yamlsafe import NoAliasLoader
+from rhp_ops.yamlsafe import DocumentError, load_document
 
 __all__ = ["MAX_CONFIG_BYTES", "ConfigError", "ExtenderFileConfig", "parse_config_text", "read_config_file"]
 
@@ -43,17 +40,12 @@ def parse_config_text(text: str) -> ExtenderFileConfig:
     JSON or YAML object of known sections, each valid."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(f"more than {MAX_CONFIG_BYTES} characters")
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise ConfigError("nested too deeply") from None
-    except ValueError:
-        try:
-            doc = yaml.load(text, Loader=NoAliasLoader)  # a SafeLoader that also refuses aliases
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"neither JSON nor YAML: {' '.join(str(exc).split())[:300]}") from None
-        except RecursionError:
-            raise ConfigError("nested too deeply") from None
+    try:  # the one reader of documents: JSON, else YAML without anchors or aliases
+        doc = load_document(text, max_bytes=4 * MAX_CONFIG_BYTES)
+    except DocumentError as exc:
+        reason = str(exc)
+        raise ConfigError(f"neither JSON nor YAML: {reason}"[:330] if reason.startswith("not valid YAML")
+                          else reason) from None
     if doc is None:
         return ExtenderFileConfig()
     if not isinstance(doc, dict):

@@ -53,6 +53,7 @@ from pathlib import Path
 import yaml
 
 from rhp_ops.files import FileRefused, read_text_file
+from rhp_ops.yamlsafe import DocumentError, NoAliasLoader, load_yaml
 from runtime_proxy.commands import doctor
 
 __all__ = [
@@ -121,8 +122,8 @@ def _parse_config(text: str) -> dict[str, object]:
         if _is_json(text):
             doc = json.loads(text, object_pairs_hook=_no_duplicates)
         else:
-            doc = yaml.safe_load(text) if text.strip() else {}
-            root = yaml.compose(text) if isinstance(doc, dict) and doc else None
+            doc = load_yaml(text, max_bytes=MAX_FILE_BYTES) if text.strip() else {}
+            root = yaml.compose(text, Loader=NoAliasLoader) if isinstance(doc, dict) and doc else None
             names = [k.value for k, _ in root.value if isinstance(k, yaml.ScalarNode)] \
                 if isinstance(root, yaml.MappingNode) else []
             twice = sorted({n for n in names if names.count(n) > 1})
@@ -130,6 +131,8 @@ def _parse_config(text: str) -> dict[str, object]:
                 raise SwitchError(f"the key {twice[0]!r} appears twice")
     except json.JSONDecodeError as exc:
         raise SwitchError(f"not JSON: {exc}") from None
+    except DocumentError as exc:
+        raise SwitchError(f"not YAML: {str(exc)[:200]}") from None
     except yaml.YAMLError as exc:
         raise SwitchError(f"not YAML: {' '.join(str(exc).split())[:200]}") from None
     except RecursionError:
@@ -152,7 +155,7 @@ def config_endpoint(text: str) -> str | None:
 
 
 def _yaml_scalar(value: str) -> str:
-    plain = _PLAIN.fullmatch(value) is not None and yaml.safe_load(value) == value
+    plain = _PLAIN.fullmatch(value) is not None and load_yaml(value, max_bytes=MAX_FILE_BYTES) == value
     return value if plain else json.dumps(value)
 
 
@@ -160,7 +163,7 @@ def _edit_yaml(text: str, endpoint: str | None) -> str:
     """``text`` with the top-level value of ``KEY`` replaced where the parser found it, the key
     added after the last one, or (``endpoint`` None) its lines removed."""
     try:
-        root = yaml.compose(text) if text.strip() else None
+        root = yaml.compose(text, Loader=NoAliasLoader) if text.strip() else None
     except yaml.YAMLError as exc:
         raise SwitchError(f"not YAML: {' '.join(str(exc).split())[:200]}") from None
     if root is None:

@@ -40,7 +40,6 @@ from pathlib import Path
 from types import MappingProxyType
 
 import structlog
-import yaml
 
 from koord_formats.bounded import load_json, read_object, read_str
 from koord_formats.cpulist import MAX_CPU_LIST_CHARS, parse_cpu_list
@@ -50,7 +49,7 @@ from koord_formats.errors import FormatError
 from koord_formats.quantity import parse_cpu_milli
 from koord_formats.topology import CPUTopology
 from rhp_ops.files import FileRefused, read_text_file
-from rhp_ops.yamlsafe import NoAliasLoader
+from rhp_ops.yamlsafe import DocumentError, load_yaml
 from runtime_proxy.loops.usage import SampleError, read_bounded
 
 __all__ = [
@@ -220,12 +219,10 @@ def parse_kubelet_config(text: str) -> KubeletConfig:
     ``KubeletConfig``; ``FormatError`` when a field it reads is malformed."""
     if len(text) > MAX_KUBELET_CONFIG_BYTES:
         raise FormatError("kubelet config: too large")
-    try:
-        doc = yaml.load(text, Loader=NoAliasLoader)  # a SafeLoader that also refuses aliases
-    except yaml.YAMLError as exc:
+    try:  # the one YAML reader: bounded, no anchors or aliases
+        doc = load_yaml(text, max_bytes=4 * MAX_KUBELET_CONFIG_BYTES)
+    except DocumentError as exc:
         raise FormatError(f"kubelet config: not YAML: {str(exc)[:200]}") from None
-    except RecursionError:
-        raise FormatError("kubelet config: nested too deeply") from None
     if doc is None:
         return KubeletConfig()
     if not isinstance(doc, dict):

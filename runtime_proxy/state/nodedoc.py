@@ -30,11 +30,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Never, NoReturn
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from koord_formats.bounded import MAX_ANNOTATION_CHARS
 from koord_formats.nodeslo import validate_node_slo
+from rhp_ops.yamlsafe import DocumentError, load_yaml
 
 __all__ = [
     "MAX_NODE_CONFIG_BYTES",
@@ -137,12 +137,10 @@ def load_document(text: str) -> NodeConfigDocument:
     as JSON or does not validate)."""
     if len(text) > MAX_NODE_CONFIG_BYTES:
         raise ValueError(f"larger than {MAX_NODE_CONFIG_BYTES} bytes")
-    try:
-        data = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as exc:
+    try:  # the one YAML reader: bounded, no anchors or aliases
+        data = load_yaml(text, max_bytes=4 * MAX_NODE_CONFIG_BYTES) if text.strip() else {}
+    except DocumentError as exc:
         raise ValueError(f"not YAML/JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise ValueError("nested too deeply") from exc
     if data is None:
         data = {}
     if not isinstance(data, Mapping):

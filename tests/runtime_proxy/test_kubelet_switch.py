@@ -80,7 +80,7 @@ def test_config_endpoint_edit(text: str, expected: str) -> None:
                      id="the key twice is refused"),
         pytest.param('{"containerRuntimeEndpoint": "a", "containerRuntimeEndpoint": "b"}', "appears twice",
                      id="the key twice in JSON is refused"),
-        pytest.param(f"x: &ep {CONTAINERD}\ncontainerRuntimeEndpoint: *ep\n", "nothing written",
+        pytest.param(f"x: &ep {CONTAINERD}\ncontainerRuntimeEndpoint: *ep\n", "anchors are not allowed",
                      id="an alias shared with another key is refused"),
         pytest.param("{kind: KubeletConfiguration}\n", "not JSON", id="a YAML flow mapping is refused"),
         pytest.param("containerRuntimeEndpoint: {a: 1}\n", "not a string", id="a value that is not a string"),

@@ -159,9 +159,9 @@ async def test_the_file_is_parsed_in_another_process_and_built_off_the_event_loo
     cfg = NodeConfig(path=f)
     here: list[str] = []
     built_in: list[int] = []
-    real_safe_load, real_validate, real_build = nodedoc.yaml.safe_load, nodedoc.NodeConfigDocument.model_validate, \
+    real_load_yaml, real_validate, real_build = nodedoc.load_yaml, nodedoc.NodeConfigDocument.model_validate, \
         nodeconfig.node_facts_from_document
-    monkeypatch.setattr(nodedoc.yaml, "safe_load", lambda *a, **k: here.append("yaml") or real_safe_load(*a, **k))
+    monkeypatch.setattr(nodedoc, "load_yaml", lambda *a, **k: here.append("yaml") or real_load_yaml(*a, **k))
     monkeypatch.setattr(nodedoc.NodeConfigDocument, "model_validate",
                         lambda *a, **k: here.append("pydantic") or real_validate(*a, **k))
     monkeypatch.setattr(nodeconfig, "node_facts_from_document",
