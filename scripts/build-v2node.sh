@@ -143,7 +143,9 @@ else
   }
   rhp_run "root: containerd 2.1, its config and units, the agent" customize
 
-  mkimage() { mke2fs -q -t ext4 -L v2root -d "$tree" "$tmp/rootfs.img" 3G; }
+  # stdout is this script's answer (the directory): mke2fs -d says "Creating regular file" there
+  # even with -q, which install-deps.sh then took for the path.
+  mkimage() { mke2fs -q -t ext4 -L v2root -d "$tree" "$tmp/rootfs.img" 3G >&2; }
   rhp_run "rootfs.img: mke2fs -t ext4 -d ($(du -sh "$tree" | cut -f1) tree, 3G sparse)" mkimage
   rm -rf "$tree"
   printf '%s %s\n' "$kpkg" "$kver" >"$tmp/kernel-version"

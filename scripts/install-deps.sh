@@ -196,11 +196,14 @@ if ((DEMO)); then
   exit 0
 fi
 
+# Each build script prints its result's path as its last line on stdout (a tool's chatter there
+# before it, such as mke2fs's, made the v2 node's path unreadable and the set-up fail).
+
 # --- critest (cri-tools' CRI validation suite, for tests/integration/test_critest.py) ------------
 # Built from devenv/critest/ by scripts/build-critest.sh into /opt/runtime-hook-proxy/critest/
 # (cached there: a second run builds nothing). A failed build is a warning: the critest tests then
 # skip, and fail under scripts/test.sh (RHP_REQUIRE_CRITEST=1).
-if critest_bin=$(bash scripts/build-critest.sh); then
+if critest_bin=$(bash scripts/build-critest.sh | tail -n 1); then
   SUMMARY+=("critest: $critest_bin")
 else
   warn "scripts/build-critest.sh failed; tests/integration/test_critest.py will skip (fail under scripts/test.sh)"
@@ -212,7 +215,7 @@ fi
 if [[ ${RHP_SKIP_KUBE:-0} == 1 ]]; then
   log "RHP_SKIP_KUBE=1: not building the Kubernetes components"
   SUMMARY+=("kube: not built (RHP_SKIP_KUBE=1)")
-elif kube_bin=$(bash scripts/build-kube.sh); then
+elif kube_bin=$(bash scripts/build-kube.sh | tail -n 1); then
   # sed reads to the end: `head -1` closed the pipe early, kubectl died of SIGPIPE and, under
   # pipefail and set -e, the whole script exited 141 now and then.
   SUMMARY+=("kube: $("$kube_bin" kubectl version --client 2>/dev/null | sed -n 1p) ($kube_bin)")
@@ -222,7 +225,7 @@ else
 fi
 
 # --- 5. helm, for the chart's tests (tests/test_helm.py, tests/e2e/test_e2e_helm.py) -------------
-if helm_bin=$(bash scripts/build-helm.sh); then
+if helm_bin=$(bash scripts/build-helm.sh | tail -n 1); then
   SUMMARY+=("helm: $("$helm_bin" version --short 2>/dev/null) ($helm_bin)")
 else
   warn "scripts/build-helm.sh failed; the chart's tests will skip (fail with RHP_REQUIRE_HELM=1)"
@@ -233,7 +236,7 @@ fi
 if [[ ${RHP_SKIP_V2NODE:-0} == 1 ]]; then
   log "RHP_SKIP_V2NODE=1: not building the v2 node"
   SUMMARY+=("v2 node: not built (RHP_SKIP_V2NODE=1)")
-elif v2_dir=$(bash scripts/build-v2node.sh); then
+elif v2_dir=$(bash scripts/build-v2node.sh | tail -n 1); then
   SUMMARY+=("v2 node: $(cat "$v2_dir/kernel-version") ($v2_dir)")
 else
   warn "scripts/build-v2node.sh failed; the v2 tier (tests/v2/) will skip (fail with RHP_REQUIRE_V2=1)"
