@@ -3,6 +3,11 @@
 #
 #   bash scripts/test.sh [PYTEST ARGS...]     (as root; CI runs it through .ci/run)
 #   bash scripts/test.sh tests/e2e            (the same set-up and checks, then only those tests)
+#   bash scripts/test.sh --unit [PYTEST ARGS...]
+#                                             the fast tier: no root, no cluster, no containerd,
+#                                             nothing built; the existing .venv, ruff,
+#                                             lint-imports, then the tests that need none of
+#                                             those (UNIT_ARGS below). README, "Tests".
 #
 # Steps: scripts/install-deps.sh (Debian packages, containerd 1.7/2.1, .venv), ruff, mypy on
 # the packages that exist, lint-imports (the layering contracts in pyproject.toml), then pytest
@@ -18,10 +23,30 @@
 #                           fails instead of skipping without root, QEMU or its image
 #   RHP_REQUIRE_KUBE        1 (default): the end-to-end tests (tests/e2e/) fail instead of
 #                           skipping when the kube binary (scripts/build-kube.sh) is missing
+#   HYPOTHESIS_PROFILE      ci (default: the same examples every run) or random (tests/conftest.py)
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 exec </dev/null
+export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE-ci}
+
+# The fast tier leaves out what needs root, containerd, a cluster, a VM or a build: the tests
+# marked so (pyproject.toml's markers, tests/conftest.py's requires_root) and the folders and
+# modules that build or boot something.
+UNIT_ARGS=(-m "not integration and not e2e and not v2 and not slow and not requires_root"
+  --ignore=tests/integration --ignore=tests/e2e --ignore=tests/v2
+  --ignore=tests/test_image.py --ignore=tests/test_deb.py --ignore=tests/test_wheel.py
+  --ignore=tests/test_wheel_install.py --ignore=tests/test_install_deps.py --ignore=tests/test_helm.py)
+if [[ ${1-} == --unit ]]; then
+  shift
+  [[ -x .venv/bin/pytest ]] || { echo "test.sh --unit: no .venv: run 'sudo bash scripts/install-deps.sh' once" >&2; exit 1; }
+  export RHP_REQUIRE_CONTAINERD="" RHP_REQUIRE_CRITEST=0 RHP_REQUIRE_KUBE=0 RHP_REQUIRE_HELM=0 RHP_REQUIRE_V2=0
+  rc=0
+  .venv/bin/ruff check . || rc=1
+  .venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; rc=1; }
+  .venv/bin/pytest -q -p no:cacheprovider --timeout="${RHP_PYTEST_TIMEOUT:-180}" "${UNIT_ARGS[@]}" tests/ "$@" || rc=1
+  exit "$rc"
+fi
 
 failed=()
 step() {
