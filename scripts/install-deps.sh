@@ -11,10 +11,11 @@
 #   3. The project's virtualenv in .venv with `pip install -e '.[dev]'` and the development
 #      harness (`pip install -e ./devenv`: private containerd, images, CRI client, demo).
 #   4. The one-node cluster's components (kube-apiserver, kube-controller-manager, kube-scheduler,
-#      kubelet, kubectl, etcd) built from devenv/kube's pinned Go modules by
-#      scripts/build-kube.sh into $RHP_KUBE_PREFIX (default /opt/runtime-hook-proxy/kube): about
-#      5 minutes the first time, nothing when go.mod, go.sum and main.go are unchanged. A failed
-#      build is a warning: the end-to-end tests then skip (or fail, with RHP_REQUIRE_KUBE=1).
+#      kubelet, kubectl, etcd) of Kubernetes v1.37.2 and v1.34.4, built from devenv/kube's pinned
+#      Go modules by scripts/build-kube.sh into $RHP_KUBE_PREFIX (default
+#      /opt/runtime-hook-proxy/kube): about 5 minutes each the first time, nothing when their
+#      go.mod, go.sum and main.go are unchanged. A failed build is a warning: the end-to-end tests
+#      then skip (or fail, with RHP_REQUIRE_KUBE=1).
 #   5. helm (for packaging/helm/: tests/test_helm.py, tests/e2e/test_e2e_helm.py) from its Go module
 #      by scripts/build-helm.sh into $RHP_HELM_PREFIX (default /opt/runtime-hook-proxy/helm): about
 #      1.5 to 4 minutes the first time, nothing when it is there. A failed build is a warning.
@@ -215,10 +216,13 @@ fi
 if [[ ${RHP_SKIP_KUBE:-0} == 1 ]]; then
   log "RHP_SKIP_KUBE=1: not building the Kubernetes components"
   SUMMARY+=("kube: not built (RHP_SKIP_KUBE=1)")
-elif kube_bin=$(bash scripts/build-kube.sh | tail -n 1); then
-  # sed reads to the end: `head -1` closed the pipe early, kubectl died of SIGPIPE and, under
-  # pipefail and set -e, the whole script exited 141 now and then.
-  SUMMARY+=("kube: $("$kube_bin" kubectl version --client 2>/dev/null | sed -n 1p) ($kube_bin)")
+elif kube_bins=$(bash scripts/build-kube.sh | grep '/kube$'); then
+  # a line per version built: each binary's path (no other line ends so)
+  for kube_bin in $kube_bins; do
+    # sed reads to the end: `head -1` closed the pipe early, kubectl died of SIGPIPE and, under
+    # pipefail and set -e, the whole script exited 141 now and then.
+    SUMMARY+=("kube: $("$kube_bin" kubectl version --client 2>/dev/null | sed -n 1p) ($kube_bin)")
+  done
 else
   warn "scripts/build-kube.sh failed; the end-to-end tests will skip (or fail with RHP_REQUIRE_KUBE=1)"
   SUMMARY+=("kube: MISSING (scripts/build-kube.sh failed)")

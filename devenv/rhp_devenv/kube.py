@@ -1,10 +1,11 @@
 """A real one-node Kubernetes on 127.0.0.1 for end-to-end tests, benchmarks and the demo.
 
 :class:`Cluster` runs etcd, kube-apiserver, kube-controller-manager, kubelet and (optionally)
-kube-scheduler from the one multi-call binary ``scripts/build-kube.sh`` builds from
-``devenv/kube/`` (Kubernetes |version|, cached under ``/opt/runtime-hook-proxy/kube/``), with
-kubelet talking CRI to the socket it is given (a private containerd, or ``runtime-proxy serve``
-in front of one)::
+kube-scheduler from the multi-call binary ``scripts/build-kube.sh`` builds for each supported
+Kubernetes release it covers (:data:`KUBE_VERSIONS`: v1.37.2 from ``devenv/kube/v1.37/``, the
+default, and v1.34.4, the oldest supported, from ``devenv/kube/``; cached under
+``/opt/runtime-hook-proxy/kube/<version>/``), with kubelet talking CRI to the socket it is given
+(a private containerd, or ``runtime-proxy serve`` in front of one)::
 
     with PrivateContainerd("2.1") as ctrd, Cluster(ctrd.socket) as cluster:
         cluster.apply(pod_manifest)
@@ -25,7 +26,9 @@ What :meth:`Cluster.start` does, in order:
   listening on 127.0.0.1 only (ports picked free at start), and waits until the node
   ``127.0.0.1`` is Ready and the ``default`` ServiceAccount exists.
 
-kubelet runs with the cgroupfs driver and cgroup root ``/`` (pods under ``/kubepods``; another
+kubelet runs with ``failCgroupV1: false`` (this machine's kernel mounts cgroup v1, on which
+kubelet 1.35 and later refuse to start unless told so; 1.34 only warns), the cgroupfs driver and
+cgroup root ``/`` (pods under ``/kubepods``; another
 root with *cgroup_root*, made in every hierarchy before kubelet starts, as kubelet requires), a
 private ``--root-dir`` and pod log directory, image garbage collection that never triggers
 (thresholds 100/99) and hard-eviction thresholds that never trigger on a working machine.
@@ -72,7 +75,10 @@ from rhp_devenv.workdir import PrivateDir
 
 __all__ = [
     "KUBE_VERSION",
+    "KUBE_VERSIONS",
+    "NEWEST_KUBE_VERSION",
     "NODE_NAME",
+    "OLDEST_KUBE_VERSION",
     "SERVICE_CIDR",
     "Cluster",
     "KubeError",
@@ -88,11 +94,20 @@ __all__ = [
 
 T = TypeVar("T")
 
-KUBE_VERSION = "v1.34.4"
-"""The Kubernetes version ``devenv/kube/go.mod`` pins (``scripts/build-kube.sh`` stamps it)."""
+NEWEST_KUBE_VERSION = "v1.37.2"
+"""The newest Kubernetes release the harness builds (``devenv/kube/v1.37/go.mod`` pins it)."""
+
+OLDEST_KUBE_VERSION = "v1.34.4"
+"""The oldest Kubernetes release the product supports (``devenv/kube/go.mod`` pins it)."""
+
+KUBE_VERSIONS = (NEWEST_KUBE_VERSION, OLDEST_KUBE_VERSION)
+"""Every version ``scripts/build-kube.sh`` builds (and stamps into its binary), the newest first."""
+
+KUBE_VERSION = NEWEST_KUBE_VERSION
+"""The version a :class:`Cluster` runs unless told otherwise (the end-to-end suite's)."""
 
 DEFAULT_PREFIX = Path(os.environ.get("RHP_KUBE_PREFIX", "/opt/runtime-hook-proxy/kube"))
-"""Where ``scripts/build-kube.sh`` puts the binary (``<prefix>/current/kube`` is the last build)."""
+"""Where ``scripts/build-kube.sh`` puts the binaries (``<prefix>/<version>/kube``)."""
 
 NODE_NAME = "127.0.0.1"
 """The node's name and InternalIP (kubelet's ``--hostname-override``)."""
@@ -133,10 +148,13 @@ class KubeError(RuntimeError):
     """The cluster could not be started or a call to it failed; the message has the log tail."""
 
 
-def kube_binary(prefix: Path = DEFAULT_PREFIX) -> Path | None:
-    """The multi-call binary: ``$RHP_KUBE_BINARY``, else ``<prefix>/current/kube``; None if absent."""
+def kube_binary(version: str = KUBE_VERSION, prefix: Path = DEFAULT_PREFIX) -> Path | None:
+    """The multi-call binary of Kubernetes *version* (one of :data:`KUBE_VERSIONS`):
+    ``$RHP_KUBE_BINARY`` (whatever the version), else ``<prefix>/<version>/kube``; None if absent."""
+    if version not in KUBE_VERSIONS:
+        raise ValueError(f"Kubernetes {version!r} is not built here; scripts/build-kube.sh builds {KUBE_VERSIONS}")
     override = os.environ.get("RHP_KUBE_BINARY")
-    path = Path(override) if override else prefix / "current" / "kube"
+    path = Path(override) if override else prefix / version / "kube"
     return path if os.access(path, os.X_OK) else None
 
 
@@ -255,12 +273,18 @@ def kubelet_config(
     serving: TlsPair,
     pod_logs_dir: Path,
     cgroup_root: str = "/",
+    cgroup_v1: bool = True,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """kubelet's ``KubeletConfiguration`` for the one-node cluster (see the module docstring).
 
     *cgroup_root* is kubelet's ``cgroupRoot`` (``--cgroup-root``): pods go under
     ``<cgroup_root>/kubepods``; it must exist in every hierarchy kubelet uses.
+
+    *cgroup_v1*: the node's kernel mounts cgroup v1 (this machine does), so the configuration
+    sets ``failCgroupV1: false``, without which kubelet 1.35 and later exit at start (v1 is in
+    maintenance upstream); False for a cgroup v2 node (the v2 guest), which keeps kubelet's
+    default.
 
     *extra* is merged on top (shallow), e.g. ``{"featureGates": {"EventedPLEG": True}}``.
     """
@@ -283,7 +307,6 @@ def kubelet_config(
         "containerRuntimeEndpoint": f"unix://{cri_socket}",
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": cgroup_root,
-        "failCgroupV1": False,
         "failSwapOn": False,
         "resolvConf": "",
         "podLogsDir": str(pod_logs_dir),
@@ -300,6 +323,8 @@ def kubelet_config(
         "serializeImagePulls": False,
         "registerNode": True,
     }
+    if cgroup_v1:
+        config["failCgroupV1"] = False
     config.update(extra or {})
     return config
 
@@ -574,6 +599,7 @@ class Cluster(PrivateDir):
         cri_socket: str | Path,
         *,
         binary: Path | None = None,
+        version: str = KUBE_VERSION,
         work_dir: Path | None = None,
         scheduler: bool = True,
         scheduler_base: Mapping[str, Any] | None = None,
@@ -590,7 +616,9 @@ class Cluster(PrivateDir):
         """Prepare (but do not start) a cluster.
 
         :param cri_socket: the CRI unix socket kubelet uses (containerd's or a proxy's).
-        :param binary: the multi-call binary; default :func:`kube_binary`.
+        :param binary: the multi-call binary; default ``kube_binary(version)``.
+        :param version: the Kubernetes release to run (one of :data:`KUBE_VERSIONS`; default
+            the newest); kubelet's configuration is the same for every one of them.
         :param work_dir: where certificates, configs, data and logs go; default a fresh
             ``/tmp/rhp-kube-*``; removed by :meth:`stop` unless *keep_work_dir*.
         :param scheduler: start kube-scheduler in :meth:`start` (else call :meth:`start_scheduler`).
@@ -615,10 +643,12 @@ class Cluster(PrivateDir):
         :param start_timeout: seconds for everything to come up.
         :param lock_timeout: seconds to wait for another cluster on this machine to stop.
         """
-        found = binary or kube_binary()
+        found = binary or kube_binary(version)
         if found is None:
-            raise KubeError("the kube binary is missing: run scripts/build-kube.sh (scripts/install-deps.sh does)")
+            raise KubeError(f"the kube binary of Kubernetes {version} is missing: run scripts/build-kube.sh "
+                            "(scripts/install-deps.sh does)")
         self.binary = found
+        self.version = version
         self.cri_socket = Path(cri_socket)
         self.start_scheduler_at_start = scheduler
         self.scheduler_base = dict(scheduler_base or {})

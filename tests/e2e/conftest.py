@@ -3,9 +3,12 @@ kubelet runs pods through ``runtime-proxy serve`` in front of a private containe
 1.7), and whose kube-scheduler uses ``scheduler-ext serve`` over mutual TLS.
 
 - ``stack`` (session, one per containerd version, ids ``containerd-2.1`` and ``containerd-1.7``):
-  everything above, started once per version (about 30 s) and shared by the tests; see
-  :class:`Stack`. A containerd version that is not installed is skipped with the reason
-  (``RHP_REQUIRE_CONTAINERD`` turns that into a failure, as for the integration tests).
+  everything above on the newest Kubernetes the harness builds (``rhp_devenv.kube.KUBE_VERSION``),
+  started once per version (about 30 s) and shared by the tests; see :class:`Stack`.
+  ``test_e2e_oldest.py`` opens the same stack on the oldest supported Kubernetes
+  (:func:`open_stack`) for a smoke subset. A containerd version that is not installed is
+  skipped with the reason (``RHP_REQUIRE_CONTAINERD`` turns that into a failure, as for the
+  integration tests).
 - ``ns`` (function): a fresh namespace for one test, deleted (with its pods) afterwards.
 
 The kube binary comes from ``scripts/build-kube.sh`` (``scripts/install-deps.sh`` runs it). When
@@ -36,7 +39,7 @@ import pytest
 import yaml
 from rhp_devenv.containerd import PrivateContainerd, binaries_for, reap_stale_work_dirs
 from rhp_devenv.cri import CriClient
-from rhp_devenv.kube import NODE_NAME, Cluster, Pki, TlsPair, free_port, kube_binary
+from rhp_devenv.kube import KUBE_VERSION, NODE_NAME, Cluster, Pki, TlsPair, free_port, kube_binary
 
 from cri_protos import api_pb2
 from scheduler_ext.trust import Signer
@@ -54,6 +57,10 @@ EXTENDER_USER = "system:serviceaccount:kube-system:scheduler-ext"
 
 
 HARNESS_TESTS = "test_e2e_harness.py"
+OLDEST_TESTS = "test_e2e_oldest.py"
+FIRST_MODULES = (HARNESS_TESTS, OLDEST_TESTS)
+"""Modules that start a cluster of their own (with the machine's lock, which a session stack of
+this process would hold until the session ends): they run first, before any stack starts."""
 SWITCH_TIMEOUT = 180.0  # a kubelet restart to Ready, generous under load
 
 
@@ -63,9 +70,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(600))
-    # The harness's own tests take the machine's cluster lock themselves, which a session stack
-    # of this process would hold until the session ends: they run first, before any stack starts.
-    items.sort(key=lambda item: item.path.name != HARNESS_TESTS)
+    # FIRST_MODULES take the machine's cluster lock themselves, which a session stack of this
+    # process would hold until the session ends: they run first, in that order.
+    items.sort(key=lambda item: FIRST_MODULES.index(item.path.name) if item.path.name in FIRST_MODULES
+               else len(FIRST_MODULES))  # fmt: skip
 
 
 def _require_kube() -> bool:
@@ -261,12 +269,23 @@ def node_topology() -> dict[str, Any]:
 
 @pytest.fixture(scope="session", params=CONTAINERD_VERSIONS, ids=[f"containerd-{v}" for v in CONTAINERD_VERSIONS])
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
-    """The whole end-to-end stack on one containerd version (see the module docstring)."""
-    version: str = request.param
+    """The whole end-to-end stack on one containerd version and the newest Kubernetes (see the
+    module docstring)."""
+    with open_stack(request.param) as opened:
+        yield opened
+
+
+@contextlib.contextmanager
+def open_stack(version: str, kube_version: str = KUBE_VERSION) -> Iterator[Stack]:
+    """The stack of the ``stack`` fixture on containerd *version* and Kubernetes *kube_version*
+    (one of ``rhp_devenv.kube.KUBE_VERSIONS``): skipped (or failed, as ``stack`` is) when a part
+    is missing. It takes the machine's cluster lock: open it only while no other stack of this
+    process runs (``FIRST_MODULES``)."""
     if os.geteuid() != 0:
         pytest.skip("needs root (kubelet, containerd, cgroups, routes)")
-    if kube_binary() is None:
-        reason = "the kube binary is missing: run scripts/build-kube.sh (scripts/install-deps.sh does)"
+    if kube_binary(kube_version) is None:
+        reason = (f"the kube binary of Kubernetes {kube_version} is missing: run scripts/build-kube.sh "
+                  "(scripts/install-deps.sh does)")
         if _require_kube():
             pytest.fail(reason + " (RHP_REQUIRE_KUBE is set)")
         pytest.skip(reason)
@@ -288,7 +307,7 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
         args = ["--backend", str(ctrd.socket), "--config", str(_proxy_config(work)), "--no-entry-points",
                 f"--metrics-addr=127.0.0.1:{metrics}"]  # fmt: skip
         proxy = ProxyProcess(args, log=log).start(str(socket))
-        cluster = Cluster(socket, scheduler=False).start()
+        cluster = Cluster(socket, scheduler=False, version=kube_version).start()
         extender, health = _start_extender(cluster)
         cluster.start_scheduler(extenders=[extender])
         stack = Stack(cluster, ctrd, proxy, socket, log, args, f"http://127.0.0.1:{metrics}/readyz", health, work)
@@ -306,6 +325,13 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
 @pytest.fixture
 def ns(stack: Stack) -> Iterator[str]:
     """A fresh namespace (with its ``default`` ServiceAccount), deleted with its pods afterwards."""
+    with namespace_in(stack) as name:
+        yield name
+
+
+@contextlib.contextmanager
+def namespace_in(stack: Stack) -> Iterator[str]:
+    """The ``ns`` fixture's namespace in *stack*."""
     name = f"e2e-{secrets.token_hex(3)}"
     stack.cluster.kubectl("create", "namespace", name)
     stack.cluster.wait_for(

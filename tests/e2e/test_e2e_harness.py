@@ -33,6 +33,35 @@ def test_kubelet_config_listens_on_loopback_and_never_collects_or_evicts(tmp_pat
     assert other["cgroupRoot"] == "/rhp-other"
 
 
+def test_kubelet_config_allows_cgroup_v1_only_on_a_v1_node(tmp_path: Path) -> None:
+    """kubelet 1.35 and later refuse to start on cgroup v1 unless ``failCgroupV1`` is false: the
+    harness sets it on this v1 machine and leaves kubelet's default on a v2 node."""
+    pair = kube.TlsPair(tmp_path / "s.crt", tmp_path / "s.key")
+    common = {"cri_socket": Path("/run/x.sock"), "port": 1, "healthz_port": 2, "client_ca": tmp_path / "ca",
+              "serving": pair, "pod_logs_dir": tmp_path / "logs"}  # fmt: skip
+    assert kube.kubelet_config(**common)["failCgroupV1"] is False
+    assert "failCgroupV1" not in kube.kubelet_config(**common, cgroup_v1=False)
+
+
+def test_each_supported_version_has_its_own_binary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """scripts/build-kube.sh puts each version's binary under <prefix>/<version>/; the newest
+    is the default, the oldest supported is v1.34.4, and a version it does not build is refused."""
+    assert kube.KUBE_VERSIONS == (kube.NEWEST_KUBE_VERSION, kube.OLDEST_KUBE_VERSION) == ("v1.37.2", "v1.34.4")
+    assert kube.KUBE_VERSION == kube.NEWEST_KUBE_VERSION
+    monkeypatch.delenv("RHP_KUBE_BINARY", raising=False)
+    for version in kube.KUBE_VERSIONS:
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "kube").write_text("#!/bin/sh\n")
+        (tmp_path / version / "kube").chmod(0o755)
+    assert kube.kube_binary(prefix=tmp_path) == tmp_path / "v1.37.2" / "kube"
+    assert kube.kube_binary(kube.OLDEST_KUBE_VERSION, tmp_path) == tmp_path / "v1.34.4" / "kube"
+    with pytest.raises(ValueError, match="not built here"):
+        kube.kube_binary("v1.33.0", tmp_path)
+    scripts = (Path(__file__).parents[2] / "scripts" / "build-kube.sh").read_text()
+    assert all(f"{name}={version}" in scripts for name, version in
+               (("NEWEST", kube.NEWEST_KUBE_VERSION), ("OLDEST", kube.OLDEST_KUBE_VERSION)))  # fmt: skip
+
+
 @pytest.mark.parametrize("root", ["/a/../b", "/kubelet.slice"])
 def test_a_cgroup_root_leaving_the_hierarchy_is_refused(root: str) -> None:
     if kube.kube_binary() is None:

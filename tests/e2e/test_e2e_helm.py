@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 import yaml
-from rhp_devenv.kube import NODE_NAME, free_port
+from rhp_devenv.kube import KUBE_VERSION, NODE_NAME, free_port
 from rhp_devenv.product_image import import_archive, kube_scheduler_image, product_images
 
 from hooks.facts import format_cpu_list, parse_cpu_list
@@ -61,7 +61,6 @@ RELEASE = "rhp-e2e"
 NAMESPACE = "rhp-system"
 FULL = f"{RELEASE}-runtime-hook-proxy"
 SCHEDULER_NAME = "rhp-e2e-scheduler"
-KUBE_VERSION = "v1.34.4"
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
 KEY_SECRET, PUBLIC_KEYS = f"{FULL}-signing-key", f"{FULL}-public-keys"
 PRIORITY_CLASSES = {"koord-prod": 9000, "koord-mid": 7000, "koord-batch": 5000, "koord-free": 3000}

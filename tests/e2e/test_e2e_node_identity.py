@@ -4,7 +4,7 @@ node's objects, and the chart's CRDs survive ``helm upgrade --set crds.install=f
 ``helm uninstall``.
 
 The cheapest real cluster: :class:`rhp_devenv.kube.Cluster` without kubelet (kube-apiserver
-v1.34.4, etcd and kube-controller-manager, no machine lock, so it runs beside the session's
+of the harness's default version, etcd and kube-controller-manager, no machine lock, so it runs beside the session's
 stack). The policy is the API server's, so no kubelet is needed: two API-only Nodes, ``node-a``
 and ``node-b``, a pod object of the node agent's ServiceAccount bound to ``node-a`` (what the
 DaemonSet makes there), and a token of that ServiceAccount bound to that pod through the
