@@ -1076,7 +1076,9 @@ class Cluster(PrivateDir):
         self._component("kube-controller-manager", [
             "--bind-address=127.0.0.1", f"--secure-port={self.ports['controller_manager']}",
             f"--kubeconfig={kubeconfig_path}",
-            "--controllers=*,-nodeipam,-cloud-node-lifecycle",
+            # No node IPAM (no pod CIDRs here). cloud-node-lifecycle did nothing without a cloud
+            # provider and is gone in 1.37, whose controller manager exits on its name.
+            "--controllers=*,-nodeipam",
             f"--root-ca-file={self.ca.cert}", f"--service-account-private-key-file={self.service_accounts.key}",
             "--use-service-account-credentials", "--leader-elect=false",
             f"--cluster-signing-cert-file={self.ca.cert}", f"--cluster-signing-key-file={self.ca.key}",
