@@ -27,8 +27,9 @@ def required_versions() -> set[str]:
     return {v.strip() for v in os.environ.get("RHP_REQUIRE_CONTAINERD", "").split(",") if v.strip()}
 
 
-def wait_for_socket(path: str, timeout: float = 15.0) -> None:
-    """Wait until a CRI Version call through the socket succeeds."""
+def wait_for_socket(path: str, timeout: float = 60.0) -> None:
+    """Wait until a CRI Version call through the socket succeeds (generous: on the shared 2 cores
+    at a load of 15, the proxy's imports alone took 11 s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if os.path.exists(path):
