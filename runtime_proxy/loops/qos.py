@@ -61,7 +61,7 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts, with_bound_pods
-from hooks.plan import Eviction, Plan
+from hooks.plan import Eviction, Plan, Skip
 from hooks.usage import EVICTION_MEMORY_SECONDS, EvictionRecord, SuppressDecision, UsageSample
 from koord_formats import keys
 from runtime_proxy.engine.background import Background, every
@@ -112,6 +112,7 @@ EVICTION_DEADLINE_SECONDS = 30.0
 
 # Evictions remembered at most (far more than any node evicts in EVICTION_MEMORY_SECONDS).
 MAX_EVICTION_RECORDS = 1024
+MAX_SKIPS_LOGGED = 1024  # distinct (plugin, reason) skips the usage loop remembers having logged
 # A file this loop wrote (or found holding the value) is not written the same value again
 # within this time (Koordinator's cached cgroup writes: 60 s).
 WRITE_CACHE_SECONDS = 60.0
@@ -246,6 +247,20 @@ class UsageLoop:
         self.eviction_deadline = eviction_deadline
         # pod uid -> its eviction's task, while the evictor has not answered.
         self._in_flight: dict[str, asyncio.Task[None]] = {}
+        # (plugin, reason) of the skips already logged: each is logged once, not every round.
+        self._skips_logged: set[tuple[str, str]] = set()
+
+    def _log_skips(self, skipped: Sequence[Skip]) -> None:
+        """Log each plugin's skip (such as memory_qos's "needs cgroup v2") the first time it
+        appears; at most ``MAX_SKIPS_LOGGED`` are remembered, then the memory starts over."""
+        for skip in skipped:
+            key = (skip.plugin, skip.reason[:512])
+            if key in self._skips_logged:
+                continue
+            if len(self._skips_logged) >= MAX_SKIPS_LOGGED:
+                self._skips_logged.clear()
+            self._skips_logged.add(key)
+            log.info("usage loop: plugin skipped", plugin=skip.plugin, reason=key[1])
 
     # -- one round -----------------------------------------------------------------------------
 
@@ -381,6 +396,7 @@ class UsageLoop:
             result = await self.pipeline.run_usage(node, listed, usage)
             out.plan = result.plan
             out.failures = [str(f) for f in result.failures]
+            self._log_skips(result.plan.skipped)
             carried = bool(result.plan.writes or result.plan.evictions) and self.applier.carries(
                 result.plan, stage="ReconcileUsage"
             )

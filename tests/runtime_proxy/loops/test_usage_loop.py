@@ -457,3 +457,16 @@ async def test_the_loop_hands_its_plans_to_the_applier_it_is_given(tmp_path: Pat
     await two_rounds(loop, clock)
     assert (tree.root / "cpuset" / BE / "cpuset.cpus").read_text().strip() == "0-7"
     assert evictor.calls == []
+
+
+async def test_a_plugins_skip_is_logged_once_not_every_round(tmp_path: Path) -> None:
+    """memory_qos on cgroup v1 says every round that it writes nothing; the log says it once."""
+    from structlog.testing import capture_logs
+
+    loop, _, _, _, clock = make_loop(tmp_path, lambda n, p, u: Plan().skip("needs cgroup v2"))
+    with capture_logs() as logs:
+        await two_rounds(loop, clock)
+        clock.now += 1
+        await step(loop)
+    skipped = [e for e in logs if e["event"] == "usage loop: plugin skipped"]
+    assert [(e["plugin"], e["reason"]) for e in skipped] == [("stub", "needs cgroup v2")]
