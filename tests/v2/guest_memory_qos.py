@@ -107,10 +107,10 @@ def main() -> None:
     work = Path("/run/rhp-memqos")
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    gs.wait_for("containerd", lambda: Path(gs.CONTAINERD).exists(), 180)
+    gs.wait_for("containerd", lambda: Path(gs.CONTAINERD).exists(), 300)
     if not (work.parent / "rhp-image-imported").exists():
         archive = build_image_archive(work / "busybox.tar")
-        import_image(gs.CTR, Path(gs.CONTAINERD), archive.archive, timeout=180)
+        import_image(gs.CTR, Path(gs.CONTAINERD), archive.archive, timeout=600)
         (work.parent / "rhp-image-imported").write_text("1")
     if not FILE.exists():
         subprocess.run(["dd", "if=/dev/zero", f"of={FILE}", "bs=1M", f"count={FILE_MIB}"],
@@ -128,10 +128,10 @@ def main() -> None:
     pods: dict[str, Any] = {}
     timings: dict[str, float] = {"setup": round(time.monotonic() - t0, 1)}
     try:
-        gs.wait_for("the proxy's socket", lambda: (work / "proxy.sock").exists() or proc.poll() is not None, 180)
+        gs.wait_for("the proxy's socket", lambda: (work / "proxy.sock").exists() or proc.poll() is not None, 600)
         assert proc.poll() is None, (work / "serve.log").read_text()[-3000:]
-        with CriClient(work / "proxy.sock", timeout=180, wait_for_ready=True) as cri:
-            gs.wait_for("the proxy's answer to Version", lambda: gs._answers(cri), 180)
+        with CriClient(work / "proxy.sock", timeout=300, wait_for_ready=True) as cri:
+            gs.wait_for("the proxy's answer to Version", lambda: gs._answers(cri), 600)
             timings["proxy ready"] = round(time.monotonic() - t0, 1)
             spec = {"containers": {"main": {"requests": {"memory": "256Mi"}, "limits": {"memory": "512Mi"}}}}
             for name, qos, kube_qos, annotations, resources in (
@@ -150,12 +150,12 @@ def main() -> None:
             (KUBEPODS / "memory.max").write_text(str(KUBEPODS_MAX))  # kubelet's allocatable enforcement
             # enable false: the plugin writes the close values (memory.min 0) on its first rounds
             gs.wait_for("memory_qos's first writes", lambda: (ls / "memory.min").read_text().strip() == "0"
-                        and (KUBEPODS / "kubepods-burstable.slice" / "memory.min").read_text().strip() == "0", 120)
+                        and (KUBEPODS / "kubepods-burstable.slice" / "memory.min").read_text().strip() == "0", 300)
             results.append(phase("without memory QoS (lsClass enable false: memory.min 0)", ls, be))
             timings["phase without"] = round(time.monotonic() - t0, 1)
             node.write_text(node_doc(ON))
             gs.wait_for("memory_qos's protection", lambda: (ls / "memory.min").read_text().strip() == str(LS_REQUEST)
-                        and (KUBEPODS / "memory.min").read_text().strip() == str(LS_REQUEST), 120)
+                        and (KUBEPODS / "memory.min").read_text().strip() == str(LS_REQUEST), 300)
             results.append(phase("with memory QoS (lsClass minLimitPercent 100: memory.min 256 MiB)", ls, be))
             timings["phase with"] = round(time.monotonic() - t0, 1)
             for info in pods.values():

@@ -47,7 +47,7 @@ def _lines(phase: dict[str, Any]) -> list[str]:
 
 def test_ls_working_set_survives_be_pressure(v2node: V2Node) -> None:
     out = f"{GUEST_SHARE}/out"
-    result = v2node.run(v2node.python(str(REPO / "tests" / "v2" / "guest_memory_qos.py"), out), timeout=900)
+    result = v2node.run(v2node.python(str(REPO / "tests" / "v2" / "guest_memory_qos.py"), out), timeout=1000)
     path = v2node.share / "out" / "memory_qos.json"
     assert result.rc == 0 and path.exists(), f"guest run failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     data = json.loads(path.read_text())
