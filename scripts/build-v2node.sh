@@ -5,7 +5,8 @@
 #
 # Makes $RHP_V2NODE_PREFIX/<key>/ (default prefix /opt/runtime-hook-proxy/v2node) holding
 #   vmlinuz      the kernel of linux-image-amd64, unpacked with dpkg-deb (not installed here)
-#   initrd.img   busybox-static and the modules the root needs (virtio, ext4, 9p, overlay)
+#   initrd.img   busybox-static and the modules the root needs (virtio, ext4, 9p, overlay) and
+#                virtio_net (the NIC of a guest with forwards, rhp_devenv.v2node)
 #   rootfs.img   ext4 (mke2fs -d) of a bookworm tree by mmdebstrap: systemd as PID 1, dbus, runc,
 #                python3, busybox-static, the project's containerd 2.1 (copied from
 #                $RHP_CONTAINERD_PREFIX/2.1, config: SystemdCgroup = true, NRI on) and the
@@ -21,7 +22,7 @@ PREFIX=${RHP_V2NODE_PREFIX:-/opt/runtime-hook-proxy/v2node}
 CONTAINERD=${RHP_CONTAINERD_PREFIX:-/opt/runtime-hook-proxy/containerd}/2.1
 SUITE=bookworm
 PACKAGES=systemd,systemd-sysv,dbus,runc,python3,busybox-static,ca-certificates
-MODULES=(virtio_pci virtio_blk crc32c_generic ext4 9pnet_virtio 9p overlay)
+MODULES=(virtio_pci virtio_blk virtio_net crc32c_generic ext4 9pnet_virtio 9p overlay)
 export DEBIAN_FRONTEND=noninteractive
 
 RHP_PROGRESS_NAME=build-v2node

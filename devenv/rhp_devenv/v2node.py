@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +42,11 @@ DEFAULT_PREFIX = Path(os.environ.get("RHP_V2NODE_PREFIX", "/opt/runtime-hook-pro
 GUEST_SHARE = "/mnt/xfer"
 """Where the guest mounts :attr:`V2Node.share`."""
 _QEMU = "qemu-system-x86_64"
+_BUSYBOX = "/usr/bin/busybox"
+GUEST_ADDRESS = "10.0.2.15"
+"""The guest's address on QEMU's user-mode network (only with forwards)."""
+GUEST_FORWARD_ADDRESS = "10.0.2.100"
+"""Where the guest reaches the forwards to the host's 127.0.0.1 (QEMU's ``guestfwd``)."""
 
 
 class V2NodeError(RuntimeError):
@@ -78,8 +84,14 @@ class V2Node:
     """One booted guest; a context manager (:meth:`start`, :meth:`stop`)."""
 
     def __init__(self, repo: Path, *, build_dir: Path | None = None, cpus: int = 2, memory_mb: int = 2048,
-                 boot_timeout: float = 300.0) -> None:
+                 boot_timeout: float = 300.0, forwards: Sequence[tuple[int, int]] = ()) -> None:
+        """:param forwards: (guest port, host port) pairs: a connection from the guest to
+            ``GUEST_FORWARD_ADDRESS:<guest port>`` reaches ``127.0.0.1:<host port>`` on the host.
+            Without any the guest has no network device; with some it has one NIC on QEMU's
+            user-mode stack with ``restrict=on`` (no other address is reachable) and only these
+            forwards (``guestfwd``, each connection bridged by ``busybox nc``)."""
         self.repo = repo.resolve()
+        self.forwards = tuple((int(g), int(h)) for g, h in forwards)
         self.build_dir = build_dir
         self.cpus = cpus
         self.memory_mb = memory_mb
@@ -121,13 +133,29 @@ class V2Node:
         ])
         return [
             _QEMU, "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(self.cpus), "-m", str(self.memory_mb),
-            "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-nic", "none",
+            "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", *self._network(),
             "-serial", f"file:{self.console}",
             "-kernel", str(build_dir / "vmlinuz"), "-initrd", str(build_dir / "initrd.img"), "-append", append,
             "-drive", f"file={build_dir / 'rootfs.img'},if=virtio,format=raw,snapshot=on",
             "-virtfs", f"local,path={self.share},mount_tag=xfer,security_model=none",
             "-virtfs", f"local,path={self.repo},mount_tag=repo,security_model=none,readonly=on",
         ]
+
+    def _network(self) -> list[str]:
+        """No NIC at all, or one on QEMU's user-mode stack restricted to the explicit forwards."""
+        if not self.forwards:
+            return ["-nic", "none"]
+        fwds = ",".join(f"guestfwd=tcp:{GUEST_FORWARD_ADDRESS}:{g}-cmd:{_BUSYBOX} nc 127.0.0.1 {h}"
+                        for g, h in self.forwards)
+        return ["-netdev", f"user,id=n0,restrict=on,{fwds}", "-device", "virtio-net-pci,netdev=n0"]
+
+    def network_up(self) -> None:
+        """Bring the guest's NIC up (``GUEST_ADDRESS``) for the forwards; nothing without them."""
+        if self.forwards:
+            # virtio_net is loaded by the initrd (the root has no /lib/modules)
+            self.run(f"for i in $(seq 100); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done; "
+                     f"busybox ip link set eth0 up && busybox ip addr add {GUEST_ADDRESS}/24 dev eth0",
+                     timeout=120, check=True)
 
     def start(self) -> V2Node:
         if shutil.which(_QEMU) is None:
