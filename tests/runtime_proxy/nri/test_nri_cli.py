@@ -86,7 +86,9 @@ async def test_run_with_the_packaged_plugins_logs_that_the_usage_loop_runs(tmp_p
         await runtime.stop()
     (line,) = [e for e in logs if e["event"] == "periodic loops"]
     assert line["usage_loop"] is True
-    assert line["usage_loop_why"] == "enabled plugins implement ReconcileUsage: cpu_suppress, memory_evict, cpu_evict"
+    assert line["usage_loop_why"] == (
+        "enabled plugins implement ReconcileUsage: cpu_suppress, memory_qos, memory_evict, cpu_evict"
+    )
 
 
 @pytest.mark.parametrize(
