@@ -357,9 +357,11 @@ def collect_sandboxes(stack: Stack, namespace: str, timeout: float = 60.0) -> No
     """Do kubelet's garbage collection of deleted pods early: wait until kubelet stopped every
     sandbox of *namespace*, then remove them through the proxy, as kubelet's collector would
     (it runs once a minute). Until then the proxy counts a stopped sandbox's bound CPUs as held,
-    and the next test's LSR pod would not get them (``test_e2e_pods.py`` shows it)."""
+    and the next test's LSR pod would not get them (``test_e2e_pods.py`` shows it). While kubelet
+    talks to containerd itself (NRI mode: no proxy runs), through containerd."""
     deadline = time.monotonic() + timeout
-    with CriClient(stack.proxy_socket) as cri:
+    on_proxy = stack.cluster.cri_socket == stack.proxy_socket
+    with CriClient(stack.proxy_socket if on_proxy else stack.ctrd.socket) as cri:
         while boxes := cri.list_pod_sandboxes(labels={"io.kubernetes.pod.namespace": namespace}):
             for box in boxes:
                 if box.state == api_pb2.SANDBOX_NOTREADY:

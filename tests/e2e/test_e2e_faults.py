@@ -51,6 +51,7 @@ from rhp_devenv.kube import NODE_NAME, Cluster, free_port
 from hooks.facts import format_cpu_list, parse_cpu_list
 from runtime_proxy.state.sysfs import read_cpu_topology
 from tests.e2e.conftest import (
+    NriPlugin,
     Stack,
     collect_sandboxes,
     container_id,
@@ -67,6 +68,7 @@ from tests.e2e.test_e2e_manager import (  # noqa: F401 - managers is a fixture o
     LEASE,
     NAMESPACE,
     REPLICAS,
+    SERVED,
     holder,
     managers,
     write_metric,
@@ -517,7 +519,8 @@ class Round:
         would have gone stale, and see every extender replica ready and the manager following a
         change of its ConfigMap, before the new burst."""
         bed, cluster = self.bed, self.bed.cluster
-        bound = _wait_pods(cluster, self.during, run={"during-ls"}, timeout=RECOVERY_BOUND + 30)
+        probe = _create(cluster, [on_node(lsr("probe", self.ns, 1), bed.node)])
+        bound = _wait_pods(cluster, self.during + probe, run={"during-ls"}, timeout=RECOVERY_BOUND + 30)
         recovery = max(0.0, bound - fault_end)
         if watches_outlive:
             _watches_alive(bed, fault_end)
@@ -546,7 +549,7 @@ class Round:
         holder_after, _ = _lease(cluster)
         lease = f"{self.lease_before[0]} -> {holder_after}" if holder_after != self.lease_before[0] else \
             f"{holder_after} renewed"  # fmt: skip
-        row = Row(self.fault, recovery, len(self.during) + len(after), twice,
+        row = Row(self.fault, recovery, len(self.during) + len(probe) + len(after), twice,
                   "none" if gap == 0 else f"{gap:.0f} s without", lease, notes)  # fmt: skip
         ROWS.append(row)
         assert twice == 0, which
@@ -617,6 +620,70 @@ def test_node_agent_cri_proxy_killed(bed: Bed) -> None:
     time.sleep(max(0.0, killed + 5 - time.monotonic()))
     stack.restart_proxy()
     r.finish(time.monotonic(), notes="kubelet retries the sandboxes it could not create")
+
+
+def test_node_agent_nri_plugin_killed(bed: Bed) -> None:
+    from tests.e2e.test_e2e_nri import nri_mode
+
+    stack = bed.stack
+    if stack.ctrd.version != "2.1":
+        pytest.skip("NRI mode runs on containerd 2.1 here")
+    with nri_mode(stack) as plugin:
+        plugin.kill9()
+        killed = time.monotonic()
+        r = Round(bed, "node agent (runtime-proxy nri) SIGKILL, back after 5 s").start()
+        time.sleep(max(0.0, killed + 5 - time.monotonic()))
+        again = NriPlugin(plugin.socket, Path(plugin.log).parent / "again", *_nri_extra(plugin))
+        again.start()
+        try:
+            r.finish(time.monotonic(), notes="containerd runs pods unadjusted while no plugin is registered")
+        finally:
+            again.stop()
+
+
+def _nri_extra(plugin: NriPlugin) -> list[str]:
+    """The arguments *plugin* was started with after its own (its ``--config``)."""
+    return plugin.args[plugin.args.index("--config") :]
+
+
+def test_webhook_certificate_renewed(bed: Bed) -> None:
+    cluster = bed.cluster
+    pki_dir = cluster.work_dir / "manager-webhook-pki"
+    cert, key = pki_dir / "manager-webhook.crt", pki_dir / "manager-webhook.key"
+    r = Round(bed, "webhook certificate renewed").start()
+    from rhp_devenv.kube import Pki, TlsPair
+
+    pki = Pki(pki_dir / "renewed")
+    fresh = pki.issue(TlsPair(pki_dir / "manager-webhook-ca.crt", pki_dir / "manager-webhook-ca.key"),
+                      "manager-webhook", cn="rhp-manager", ips=("127.0.0.1",), server=True, client=False)  # fmt: skip
+    os.replace(fresh.key, key)
+    os.replace(fresh.cert, cert)
+    renewed = time.monotonic()
+    want = ssl.PEM_cert_to_DER_cert(cert.read_text())
+    port = _webhook_port(cluster)
+
+    def serves_the_new_one() -> bool:
+        with contextlib.suppress(OSError):
+            return ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate(("127.0.0.1", port), timeout=5)) == want
+        return False
+
+    cluster.wait_for(serves_the_new_one, what="the webhook serving the renewed certificate", timeout=WAIT,
+                     log=REPLICAS[0])  # fmt: skip
+    took = time.monotonic() - renewed
+    served = _namespace(cluster)
+    bed.namespaces.insert(0, served)
+    cluster.kubectl("label", "namespace", served, *(f"{k}={v}" for k, v in SERVED.items()))
+    sneaky = pod_manifest("sneaky", served, requests={BATCH_CPU: "500"}, limits={BATCH_CPU: "500"})
+    refused = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(sneaky), check=False)
+    assert "must specify koordinator QoS BE" in refused.stderr, refused.stderr
+    r.finish(time.monotonic(), notes=f"served {took:.0f} s after the files changed")
+
+
+def _webhook_port(cluster: Cluster) -> int:
+    for arg in cluster.command(REPLICAS[0]):
+        if arg.startswith("--webhook-listen="):
+            return int(arg.rsplit(":", 1)[1])
+    raise AssertionError(f"{REPLICAS[0]} has no webhook")
 
 
 def _apiserver_outage(bed: Bed, seconds: float) -> None:
