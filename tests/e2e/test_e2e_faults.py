@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from rhp_devenv.kube import NODE_NAME, Cluster, free_port
 
 from hooks.facts import format_cpu_list, parse_cpu_list
@@ -93,6 +94,11 @@ manager resyncs every 2 s)."""
 WAIT = 240.0  # deadline of a wait that only a broken cluster misses
 TOPO = read_cpu_topology()
 BE_RESOURCES = {BATCH_CPU: "200", BATCH_MEMORY: "64Mi"}
+BE_LIMITS = {"cpu.cfs_quota_us": "20000", "cpu.shares": "204", "memory.limit_in_bytes": str(64 << 20)}
+"""What ``BE_RESOURCES`` give the BE pod's container and pod cgroups (hooks/plugins/batch_resource.py:
+200 milli-cores are 20000 us a 100000 us period and 200 x 1024 / 1000 shares)."""
+NODE_RBAC = REPO / "packaging" / "kustomize" / "base" / "node" / "rbac.yaml"
+NODE_USER = "system:serviceaccount:kube-system:runtime-hook-proxy-node"
 
 
 @dataclass
@@ -288,9 +294,12 @@ def _real_ls(name: str, ns: str) -> dict[str, Any]:
                                       limits={"cpu": "1"}))  # fmt: skip
 
 
-def _real_be(name: str, ns: str) -> dict[str, Any]:
+def _real_be(name: str, ns: str, *, annotated: bool = True) -> dict[str, Any]:
+    """A BE pod on batch resources; *annotated*: with the webhook's extended-resource-spec
+    annotation (else the node agent reads its batch requests from its pod spec, ``fromCluster``)."""
     spec = q.extended_resource_spec({"app": {"requests": BE_RESOURCES, "limits": BE_RESOURCES}})
-    return _on_this_node(pod_manifest(name, ns, qos="BE", annotations={q.EXTENDED_RESOURCE_SPEC: spec},
+    annotations = {q.EXTENDED_RESOURCE_SPEC: spec} if annotated else None
+    return _on_this_node(pod_manifest(name, ns, qos="BE", annotations=annotations,
                                       requests=BE_RESOURCES, limits=BE_RESOURCES))  # fmt: skip
 
 
@@ -476,6 +485,58 @@ def _holder_name(cluster: Cluster) -> str:
     return holder(cluster) or REPLICAS[0]
 
 
+# -- the node agent's own watches (fromCluster) -----------------------------------------------------
+
+
+def _burst_percent(cluster: Cluster, percent: int) -> None:
+    """slo-controller-config's cpu-burst-config, which the manager's leader writes into the NodeSLO."""
+    burst = {"clusterStrategy": {"policy": "cpuBurstOnly", "cpuBurstPercent": percent}}
+    cluster.kubectl("patch", "configmap", "slo-controller-config", "-n", NAMESPACE, "--type=merge",
+                    "-p", json.dumps({"data": {"cpu-burst-config": json.dumps(burst)}}))  # fmt: skip
+
+
+@contextlib.contextmanager
+def _node_agent_from_cluster(bed: Bed) -> Iterator[None]:
+    """The node agent restarted with ``fromCluster`` as the node's ServiceAccount (its Node,
+    NodeSLO and NodeResourceTopology and the pods on it watched through ``rhp_kube``), with
+    ``cpu_burst`` too; the session's proxy again afterwards."""
+    stack, cluster = bed.stack, bed.cluster
+    cluster.apply(NODE_RBAC.read_text())
+    groups = ("system:serviceaccounts", "system:serviceaccounts:kube-system")
+    kubeconfig = cluster.kubeconfig_for("runtime-hook-proxy-node-faults", user=NODE_USER, groups=groups)
+    _burst_percent(cluster, 50)
+    config = yaml.safe_load((stack.work / "proxy-config.yaml").read_text())
+    config["plugins"] = [*config["plugins"], {"name": "cpu_burst"}]
+    config.update(fromCluster=True, nodeName=NODE_NAME, reconcilePeriodSeconds=2)
+    stack.restart_proxy_with_config(config, "faults-from-cluster", env={"KUBECONFIG": str(kubeconfig)})
+    try:
+        yield
+    finally:
+        stack.restart_proxy()
+
+
+def _nodeslo_reaches_the_node(bed: Bed, ns: str) -> None:
+    """A cpuBurstPercent changed after the fault reaches the running LS pod's ``cpu.cfs_burst_us``
+    (1 CPU limit: percent x 1000 us) through the manager's NodeSLO and the node agent's watch."""
+    cluster = bed.cluster
+    percent = 80
+    _burst_percent(cluster, percent)
+    pod = _pods(cluster, ns)["during-ls"]
+    q.wait_for(lambda: q.read_container_file(pod_cgroup(pod), container_id(pod), "cpu.cfs_burst_us"),
+               str(percent * 1000), what="the NodeSLO's cpuBurstPercent in the LS pod", timeout=90)  # fmt: skip
+
+
+def _be_limits_from_pod_spec(cluster: Cluster, ns: str, name: str) -> None:
+    """The BE pod without the annotation has its batch limits in its container's and pod's cgroups."""
+    pod = _pods(cluster, ns)[name]
+    assert q.EXTENDED_RESOURCE_SPEC not in pod["metadata"].get("annotations", {})
+    parent, cid = pod_cgroup(pod), container_id(pod)
+    q.wait_for(lambda: {"container": {f: q.read_container_file(parent, cid, f) for f in BE_LIMITS},
+                        "pod": {f: q.read_pod_file(parent, f) for f in BE_LIMITS}},
+               {"container": BE_LIMITS, "pod": BE_LIMITS}, what="the BE pod's batch limits from its pod spec",
+               timeout=90)  # fmt: skip
+
+
 # -- a round ---------------------------------------------------------------------------------------
 
 
@@ -489,6 +550,10 @@ class Round:
     lease_before: tuple[str, str] = ("", "")
     previous: dict[str, tuple[str, str]] = field(default_factory=dict)
     """The previous round's running pods on this node: name -> (container id, cpuset.cpus)."""
+    node_watches: bool = False
+    """The node agent runs with ``fromCluster`` (:func:`_node_agent_from_cluster`): after the
+    fault, a NodeSLO change must reach the node's cgroups and the new BE pod (without the
+    annotation) must get its batch limits from its pod spec."""
 
     def start(self, *, n_api: int = 4) -> Round:
         """Note what runs, and create the *during* burst (API-only LSR pods, a real LS pod)."""
@@ -524,6 +589,8 @@ class Round:
         recovery = max(0.0, bound - fault_end)
         if watches_outlive:
             _watches_alive(bed, fault_end)
+        if self.node_watches:
+            _nodeslo_reaches_the_node(bed, self.ns)
         # what ran before the fault runs on, in the same containers with the same cpusets
         old_ns = self.bed.namespaces[-2] if len(self.bed.namespaces) > 1 else ""
         if old_ns:
@@ -538,9 +605,12 @@ class Round:
         # the after burst: API-only LSR pods, and on this node an LSR pod and a BE pod that run
         created = time.monotonic()
         after = _create(cluster, [*(on_node(lsr(f"after-{i}", self.ns, 1), bed.node) for i in range(2)),
-                                  _real_lsr("after-lsr", self.ns), _real_be("after-be", self.ns)])  # fmt: skip
+                                  _real_lsr("after-lsr", self.ns),
+                                  _real_be("after-be", self.ns, annotated=not self.node_watches)])  # fmt: skip
         _wait_pods(cluster, after, run={"after-lsr", "after-be"}, timeout=AFTER_BOUND + WAIT)
         after_seconds = time.monotonic() - created
+        if self.node_watches:
+            _be_limits_from_pod_spec(cluster, self.ns, "after-be")
         twice, which = _given_twice(cluster)
         _real_cgroups_agree(bed, [self.ns])
         gap = _longest_batch_gap(bed, self.began)
@@ -686,15 +756,20 @@ def _webhook_port(cluster: Cluster) -> int:
     raise AssertionError(f"{REPLICAS[0]} has no webhook")
 
 
-def _apiserver_outage(bed: Bed, seconds: float) -> None:
+def _apiserver_outage(bed: Bed, seconds: float, *, node_watches: bool = False) -> None:
     cluster = bed.cluster
-    r = Round(bed, f"kube-apiserver SIGKILL, down {seconds:.0f} s").start()
+    r = Round(bed, f"kube-apiserver SIGKILL, down {seconds:.0f} s", node_watches=node_watches).start()
     ready = cluster.restart_component("kube-apiserver", down=seconds, timeout=WAIT)
-    r.finish(time.monotonic(), watches_outlive=True, notes=f"API ready {ready:.1f} s after the restart")
+    also = "; the node agent's watches follow a NodeSLO change and a BE pod's spec" if node_watches else ""
+    r.finish(time.monotonic(), watches_outlive=True, notes=f"API ready {ready:.1f} s after the restart{also}")
 
 
 def test_kube_apiserver_killed_and_back_after_15_seconds(bed: Bed) -> None:
-    _apiserver_outage(bed, 15)
+    """Also the node agent's own watches (``fromCluster``: runtime_proxy/state/podspecs.py and
+    nodeconfig.py through ``rhp_kube``): after the restart a NodeSLO change reaches the node and
+    a new BE pod gets its limits from its pod spec."""
+    with _node_agent_from_cluster(bed):
+        _apiserver_outage(bed, 15, node_watches=True)
 
 
 def test_kube_apiserver_killed_and_back_after_90_seconds(bed: Bed) -> None:
