@@ -83,9 +83,9 @@ TABLE = Path(os.environ.get("RHP_FAULT_TABLE", "/tmp/rhp-e2e-faults.md"))
 WATCH_TIMEOUT, IDLE_TIMEOUT, LEDGER_TTL = 5, 8.0, 38.0  # the shortest TTL serve accepts with them
 API_CORES = 32  # the API-only node: 64 CPUs
 RECOVERY_BOUND = 300.0
-"""Seconds from a fault's end within which every pod created before or during it is bound: a pod
-the extender refused while its caches were stale waits in kube-scheduler's unschedulable queue
-for the next cluster event, at the latest its 5 minute flush."""
+"""Seconds from a fault's end within which every pod created before or during it is bound:
+kube-scheduler's 5 minute flush of its unschedulable pods, the worst case for a refusal nothing
+requeues (the extender requeues the pods it refused from a stale cache once it is fresh)."""
 AFTER_BOUND = 90.0
 """Seconds within which a pod created after the recovery is bound (and, on the node, runs)."""
 BATCH_GAP = 10.0
