@@ -27,6 +27,10 @@ Lease was renewed after the fault (and moved when its holder was killed); no ext
 holds a CPU that no live pod has once the ledger TTL passed (a pod asking for every free CPU of
 the API-only node passes the replica's filter).
 
+The node agent's NRI round moves kubelet to containerd with ``runtime-proxy nri`` and back; the
+15 s kube-apiserver round runs the node agent with ``fromCluster`` and checks its own watches
+after the outage (a NodeSLO change reaches the node, a BE pod's batch limits come from its spec).
+
 Each round adds a row (recovery time, pods bound after, CPUs given twice, batch resources lost)
 to a table printed at the end of the module and written to :data:`TABLE` (Markdown).
 """
