@@ -62,6 +62,7 @@ FIRST_MODULES = (HARNESS_TESTS, OLDEST_TESTS)
 """Modules that start a cluster of their own (with the machine's lock, which a session stack of
 this process would hold until the session ends): they run first, before any stack starts."""
 SWITCH_TIMEOUT = 180.0  # a kubelet restart to Ready, generous under load
+PROXY_START_TIMEOUT = 90.0  # a restarted proxy's socket answering (imports and the store rebuilt, under load)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -113,7 +114,9 @@ class Stack:
         else:
             self.proxy.terminate()
         argv = list(args) if args is not None else self.proxy_args
-        self.proxy = ProxyProcess(argv, env=dict(env or {}), log=self.proxy_log).start(str(self.proxy_socket))
+        self.proxy = ProxyProcess(argv, env=dict(env or {}), log=self.proxy_log).start(
+            str(self.proxy_socket), timeout=PROXY_START_TIMEOUT
+        )
 
     def serve_args(self, config: Path) -> list[str]:
         """``runtime-proxy serve``'s arguments (but ``--listen``) for the proxy config file

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,14 @@ def required_versions() -> set[str]:
     return {v.strip() for v in os.environ.get("RHP_REQUIRE_CONTAINERD", "").split(",") if v.strip()}
 
 
-def wait_for_socket(path: str, timeout: float = 60.0) -> None:
+def wait_for_socket(path: str, timeout: float = 60.0, *, exited: Callable[[], str] | None = None) -> None:
     """Wait until a CRI Version call through the socket succeeds (generous: on the shared 2 cores
-    at a load of 15, the proxy's imports alone took 11 s)."""
+    at a load of 15, the proxy's imports alone took 11 s); *exited* says why the server is gone
+    ("" while it runs), so a server that died fails at once rather than at the deadline."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if exited is not None and (why := exited()):
+            raise RuntimeError(f"the server of {path} exited before it was ready: {why}")
         if os.path.exists(path):
             try:
                 with grpc.insecure_channel(f"unix://{path}") as ch:
@@ -106,7 +110,8 @@ class ProxyProcess:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, listen: str) -> ProxyProcess:
+    def start(self, listen: str, *, timeout: float = 60.0) -> ProxyProcess:
+        """Start it and wait (at most *timeout* seconds) until its socket answers."""
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [*self.wrapper, sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level",
@@ -116,11 +121,18 @@ class ProxyProcess:
             stderr=out,
         )
         try:
-            wait_for_socket(listen)
+            wait_for_socket(listen, timeout, exited=self._exited)
         except BaseException:
             self.terminate(5.0)  # never leave a proxy that did not come up running
             raise
         return self
+
+    def _exited(self) -> str:
+        """"" while the child runs, else its exit status and the end of its log."""
+        if self.proc is None or self.proc.poll() is None:
+            return ""
+        tail = self.log.read_text(errors="replace")[-2000:] if self.log and self.log.exists() else ""
+        return f"exit status {self.proc.returncode}\n{tail}"
 
     def kill9(self) -> None:
         assert self.proc is not None
