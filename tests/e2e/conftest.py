@@ -309,7 +309,7 @@ def open_stack(version: str, kube_version: str = KUBE_VERSION) -> Iterator[Stack
         metrics = free_port()
         args = ["--backend", str(ctrd.socket), "--config", str(_proxy_config(work)), "--no-entry-points",
                 f"--metrics-addr=127.0.0.1:{metrics}"]  # fmt: skip
-        proxy = ProxyProcess(args, log=log).start(str(socket))
+        proxy = ProxyProcess(args, log=log).start(str(socket), timeout=PROXY_START_TIMEOUT)
         cluster = Cluster(socket, scheduler=False, version=kube_version).start()
         extender, health = _start_extender(cluster)
         cluster.start_scheduler(extenders=[extender])
