@@ -361,11 +361,24 @@ def collect_sandboxes(stack: Stack, namespace: str, timeout: float = 60.0) -> No
     sandbox of *namespace*, then remove them through the proxy, as kubelet's collector would
     (it runs once a minute). Until then the proxy counts a stopped sandbox's bound CPUs as held,
     and the next test's LSR pod would not get them (``test_e2e_pods.py`` shows it). While kubelet
-    talks to containerd itself (NRI mode: no proxy runs), through containerd."""
+    talks to containerd itself (NRI mode: no proxy runs), through containerd. A call the server
+    does not take yet (a proxy just restarted, on a loaded machine) is tried again until the
+    deadline."""
     deadline = time.monotonic() + timeout
     on_proxy = stack.cluster.cri_socket == stack.proxy_socket
     with CriClient(stack.proxy_socket if on_proxy else stack.ctrd.socket) as cri:
-        while boxes := cri.list_pod_sandboxes(labels={"io.kubernetes.pod.namespace": namespace}):
+
+        def sandboxes() -> list[Any]:
+            while True:
+                try:
+                    return list(cri.list_pod_sandboxes(labels={"io.kubernetes.pod.namespace": namespace}))
+                except grpc.RpcError as exc:
+                    if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or \
+                            time.monotonic() > deadline:  # fmt: skip
+                        raise
+                    time.sleep(0.5)
+
+        while boxes := sandboxes():
             for box in boxes:
                 if box.state == api_pb2.SANDBOX_NOTREADY:
                     with contextlib.suppress(grpc.RpcError):
