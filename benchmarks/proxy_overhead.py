@@ -3,9 +3,20 @@ A/B in one run, reported as p50/p99 and proxy/direct ratios.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--containerd 1.6] [--transport relay] [--quick]
     .venv/bin/python benchmarks/proxy_overhead.py --stub      # stub backend: the proxy's own cost
+    .venv/bin/python benchmarks/proxy_overhead.py --rounds 5  # ours, koord-runtime-proxy, direct
 
 The proxy runs as a real `runtime-proxy serve` process with every built-in plugin on. Targets
 are printed next to the figures; nothing here is a test.
+
+--rounds N compares, in N interleaved rounds on one containerd: direct calls, our proxy with every
+built-in plugin, our proxy with none (`plugins: []`), and Koordinator's koord-runtime-proxy (built by
+scripts/build-koord.sh; --koord PATH, or that script's cached binary). koord-runtime-proxy runs in
+its containerd mode with no hook servers registered (its hook-server directory,
+/etc/runtime/hookserver.d, is fixed in its code and must hold no *.json): its CRI server, request
+parsing, sandbox/container store and transparent image-service proxy are on, so it is a pure
+pass-through. Without the binary that arm is skipped with a message and the others still run.
+Each round measures Version pass-through latency and proxy CPU per call, the 7-call pod lifecycle,
+and each proxy's RSS; the table gives the median over rounds and the spread [min, max].
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ import asyncio
 import concurrent.futures
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -33,7 +45,7 @@ from rhp_devenv import PrivateContainerd, pod_cgroup_parent, remove_cgroup_tree 
 from rhp_devenv.cri import CriClient, container_config, linux_resources  # noqa: E402
 
 from cri_protos import api_pb2  # noqa: E402
-from tests.integration.harness import ProxyProcess  # noqa: E402
+from tests.integration.harness import ProxyProcess, wait_for_socket  # noqa: E402
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 
@@ -227,16 +239,173 @@ def run_stub(args: argparse.Namespace) -> None:
             asyncio.run_coroutine_threadsafe(stub.stop(None), loop).result(10)
 
 
+KOORD_HOOK_DIR = Path("/etc/runtime/hookserver.d")  # fixed in koord-runtime-proxy v1.8.0's code
+
+
+def koord_binary(explicit: str | None) -> tuple[Path | None, str]:
+    """The koord-runtime-proxy binary to run, or None with the reason the arm is skipped."""
+    if explicit:
+        path = Path(explicit)
+    else:
+        found = subprocess.run(["bash", str(REPO / "scripts" / "build-koord.sh"), "--print-path"],
+                               capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        lines = found.stdout.strip().splitlines()
+        if found.returncode != 0 or not lines:
+            return None, f"scripts/build-koord.sh --print-path failed: {found.stderr.strip()[-300:]}"
+        path = Path(lines[-1])
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        return None, f"no binary at {path} (bash scripts/build-koord.sh builds it)"
+    registered = sorted(KOORD_HOOK_DIR.glob("*json")) if KOORD_HOOK_DIR.is_dir() else []
+    if registered:
+        return None, f"hook servers registered in {KOORD_HOOK_DIR} ({registered[0].name}): not a pass-through"
+    return path, ""
+
+
+class KoordProcess:
+    """koord-runtime-proxy as a child process, listening on *listen*, forwarding to *backend*."""
+
+    def __init__(self, binary: Path, backend: str, log: Path) -> None:
+        self.binary, self.backend, self.log = binary, backend, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, listen: str) -> KoordProcess:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(self.binary), "--koord-runtimeproxy-endpoint", listen,
+                 "--remote-runtime-service-endpoint", self.backend, "--backend-runtime-mode", "Containerd"],
+                stdout=out, stderr=out, stdin=subprocess.DEVNULL)  # fmt: skip
+        try:
+            wait_for_socket(listen)
+        except BaseException:
+            self.terminate()
+            raise
+        return self
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spread(values: list[float], fmt: str = "{:.3f}") -> str:
+    if not values:
+        return "n/a"
+    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}, {fmt.format(max(values))}]"
+
+
+def run_rounds(args: argparse.Namespace) -> None:
+    n = 100 if args.quick else 400
+    k = 2 if args.quick else 8
+    koord, why = koord_binary(args.koord)
+    if koord is None:
+        print(f"koord-runtime-proxy arm skipped: {why}")
+    top = f"/rhp-bench-{uuid.uuid4().hex[:6]}"
+    with PrivateContainerd(args.containerd) as ctrd, tempfile.TemporaryDirectory() as tmp:
+        none_cfg = Path(tmp) / "no-plugins.json"
+        none_cfg.write_text('{"plugins": []}')
+        common = ["--backend", str(ctrd.socket), "--transport", args.transport,
+                  "--hook-server-dir", str(Path(tmp) / "hs.d")]  # fmt: skip
+        procs: dict[str, Any] = {
+            "ours, every plugin": ProxyProcess(common).start(str(Path(tmp) / "ours.sock")),
+            "ours, no plugins": ProxyProcess([*common, "--config", str(none_cfg)]).start(str(Path(tmp) / "none.sock")),
+        }
+        sockets = {"direct": str(ctrd.socket), "ours, every plugin": str(Path(tmp) / "ours.sock"),
+                   "ours, no plugins": str(Path(tmp) / "none.sock")}  # fmt: skip
+        try:
+            if koord is not None:
+                sock = str(Path(tmp) / "koord.sock")
+                koord_proc = KoordProcess(koord, str(ctrd.socket), Path(tmp) / "koord.log")
+                procs["koord-runtime-proxy"] = koord_proc.start(sock)
+                sockets["koord-runtime-proxy"] = sock
+            arms = list(sockets)
+            clients = {arm: CriClient(sock) for arm, sock in sockets.items()}
+            print(f"containerd {args.containerd}, transport {args.transport}, {args.rounds} rounds, "
+                  f"Version n={n} and {k} lifecycles per arm per round, arms interleaved: {', '.join(arms)}")
+            if koord is not None:
+                print(f"koord-runtime-proxy: {koord}, containerd mode, no hook servers "
+                      f"({KOORD_HOOK_DIR} holds no *.json)")
+            added: dict[str, list[float]] = {a: [] for a in arms}
+            version: dict[str, list[float]] = {a: [] for a in arms}
+            cpu: dict[str, list[float]] = {a: [] for a in arms}
+            life: dict[str, list[float]] = {a: [] for a in arms}
+            rss: dict[str, list[float]] = {a: [] for a in arms}
+            for rnd in range(args.rounds):
+                calls = {a: clients[a].version for a in arms}
+                for a in arms:  # warm every connection before timing
+                    calls[a]()
+                cpu0 = {a: cpu_seconds(procs[a].proc.pid) for a in procs}
+                samples: dict[str, list[float]] = {a: [] for a in arms}
+                for i in range(n):
+                    shift = i % len(arms)
+                    for a in arms[shift:] + arms[:shift]:
+                        samples[a].append(timed(calls[a]))
+                for a in procs:
+                    cpu[a].append((cpu_seconds(procs[a].proc.pid) - cpu0[a]) / n * 1e6)
+                lsamples: dict[str, list[float]] = {a: [] for a in arms}
+                for i in range(k):
+                    shift = i % len(arms)
+                    for a in arms[shift:] + arms[:shift]:
+                        lsamples[a].append(timed(lambda a=a: lifecycle(clients[a], top)))
+                d = statistics.median(samples["direct"])
+                for a in arms:
+                    version[a].append(statistics.median(samples[a]) * 1e3)
+                    added[a].append((statistics.median(samples[a]) - d) * 1e3)
+                    life[a].append(statistics.median(lsamples[a]) * 1e3)
+                for a in procs:
+                    rss[a].append(rss_kib(procs[a].proc.pid) / 1024)
+                print(f"round {rnd + 1}: " + "; ".join(
+                    f"{a} Version {version[a][-1]:.3f} ms, lifecycle {life[a][-1]:.1f} ms"
+                    + (f", RSS {rss[a][-1]:.1f} MiB" if a in procs else "") for a in arms))
+            print()
+            print("| measure | " + " | ".join(arms) + " |")
+            print("|---" * (len(arms) + 1) + "|")
+            print("| Version p50, ms | " + " | ".join(spread(version[a]) for a in arms) + " |")
+            print("| added by the proxy, ms | " + " | ".join("n/a" if a == "direct" else spread(added[a]) for a in arms)
+                  + " |")
+            print("| proxy CPU per Version call, µs | " + " | ".join(spread(cpu[a], "{:.0f}") for a in arms) + " |")
+            print("| pod lifecycle (7 calls) p50, ms | " + " | ".join(spread(life[a], "{:.1f}") for a in arms) + " |")
+            ratios = {a: [x / y for x, y in zip(life[a], life["direct"], strict=True)] for a in arms}
+            print("| lifecycle / direct | " + " | ".join(spread(ratios[a], "{:.3f}") for a in arms) + " |")
+            print("| proxy RSS per round, MiB | " + " | ".join(spread(rss[a], "{:.1f}") for a in arms) + " |")
+            print("| proxy RSS first → last round, MiB | " + " | ".join(
+                f"{rss[a][0]:.1f} → {rss[a][-1]:.1f}" if rss[a] else "n/a" for a in arms) + " |")
+            print("\nCells: median over rounds [min, max]; each round's figure is that round's median.")
+            if koord is None:
+                print(f"koord-runtime-proxy arm skipped: {why}")
+            for c in clients.values():
+                c.close()
+            CriClient(str(ctrd.socket)).remove_all_pods()
+        finally:
+            for proc in procs.values():
+                proc.terminate()
+            remove_cgroup_tree(top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--containerd", default="1.6")
     parser.add_argument("--transport", default="relay", choices=("relay", "grpc"))
     parser.add_argument("--stub", action="store_true", help="stub backend instead of containerd")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="interleaved rounds of direct, ours and koord-runtime-proxy (see above)")
+    parser.add_argument("--koord", help="koord-runtime-proxy binary (default: scripts/build-koord.sh's cached one)")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(REPO))
     os.environ.setdefault("RHP_LOG_LEVEL", "warning")
-    (run_stub if args.stub else run_real)(args)
+    if args.rounds > 0:
+        run_rounds(args)
+    else:
+        (run_stub if args.stub else run_real)(args)
 
 
 if __name__ == "__main__":
