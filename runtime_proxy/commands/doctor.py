@@ -255,7 +255,7 @@ MEMORY_QOS_FILES = ("memory.min", "memory.low", "memory.high")
 def _memory_qos(opts: DoctorOptions, root: Path, version: int) -> list[Check]:
     """memory_qos writes memory.min/low/high on cgroup v2 only (hooks/plugins/memory_qos.py)."""
     needed = _needs(opts.plugins, ("memory_qos",))
-    name = "memory qos (memory.min, memory.low, memory.high)"
+    name = "memory qos (memory.min/low/high)"
     if version != 2:
         what = ("cgroup v1: memory_qos writes nothing here (memory.min, memory.low and memory.high are "
                 "cgroup v2 files; only Anolis kernels add them to v1, and the plugin does not use them)")
