@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import statistics
 import subprocess
@@ -309,6 +310,8 @@ def run_rounds(args: argparse.Namespace) -> None:
     if koord is None:
         print(f"koord-runtime-proxy arm skipped: {why}")
     top = f"/rhp-bench-{uuid.uuid4().hex[:6]}"
+    # koord-runtime-proxy creates its hook directory; leave the machine as found.
+    made = [d for d in (KOORD_HOOK_DIR, KOORD_HOOK_DIR.parent) if not d.exists()]
     with PrivateContainerd(args.containerd) as ctrd, tempfile.TemporaryDirectory() as tmp:
         none_cfg = Path(tmp) / "no-plugins.json"
         none_cfg.write_text('{"plugins": []}')
@@ -388,6 +391,9 @@ def run_rounds(args: argparse.Namespace) -> None:
             for proc in procs.values():
                 proc.terminate()
             remove_cgroup_tree(top)
+            for d in made:
+                with contextlib.suppress(OSError):  # only if still empty
+                    d.rmdir()
 
 
 def main() -> None:
