@@ -65,6 +65,7 @@ __all__ = [
     "ReservationAffinity",
     "ReservationAllocated",
     "ReservationOwner",
+    "SelectorTerm",
     "Taint",
     "Toleration",
     "format_reservation_allocated",
@@ -73,6 +74,7 @@ __all__ = [
     "parse_reservation_allocated",
     "read_labels",
     "read_owner_references",
+    "read_selector_term",
 ]
 
 # A label key is at most 253 + 1 + 63 characters, a value at most 63; a little room beyond.
@@ -117,22 +119,45 @@ def read_labels(value: object, what: str) -> Mapping[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class LabelRequirement:
-    """One ``matchExpressions`` entry: ``key`` ``operator`` ``values``."""
+    """One ``matchExpressions`` (or ``matchFields``) entry: ``key`` ``operator`` ``values``."""
 
     key: str
     operator: str  # one of OPERATORS
     values: tuple[str, ...] = ()
 
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """The requirement holds on ``labels`` (Gt and Lt compare integers; a label that is
+        not one fails them)."""
+        value = labels.get(self.key)
+        op = self.operator
+        if op == "In":
+            return value is not None and value in self.values
+        if op == "NotIn":
+            return value is None or value not in self.values
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        if value is None or not self.values:
+            return False
+        try:
+            have, want = int(value), int(self.values[0])
+        except ValueError:
+            return False
+        return have > want if op == "Gt" else have < want
 
-def _requirement(value: object, what: str, operators: tuple[str, ...]) -> LabelRequirement:
+
+def _requirement(
+    value: object, what: str, operators: tuple[str, ...], max_chars: int = MAX_LABEL_CHARS
+) -> LabelRequirement:
     doc = read_object(value, what)
-    key = read_str(doc.get("key"), f"{what} key", MAX_LABEL_CHARS)
+    key = read_str(doc.get("key"), f"{what} key", max_chars)
     operator = read_str(doc.get("operator"), f"{what} operator", 32)
     if operator not in operators:
         raise FormatError(f"{what}: unknown operator {operator[:32]!r}")
     raw = doc.get("values")
     values = tuple(
-        read_str(v, f"{what} value", MAX_LABEL_CHARS)
+        read_str(v, f"{what} value", max_chars)
         for v in ([] if raw is None else read_list(raw, f"{what} values", MAX_VALUES))
     )
     if operator in ("In", "NotIn") and not values:
@@ -144,10 +169,12 @@ def _requirement(value: object, what: str, operators: tuple[str, ...]) -> LabelR
     return LabelRequirement(key, operator, values)
 
 
-def _requirements(value: object, what: str, operators: tuple[str, ...]) -> tuple[LabelRequirement, ...]:
+def _requirements(
+    value: object, what: str, operators: tuple[str, ...], max_chars: int = MAX_LABEL_CHARS
+) -> tuple[LabelRequirement, ...]:
     if value is None:
         return ()
-    return tuple(_requirement(v, what, operators) for v in read_list(value, what, MAX_REQUIREMENTS))
+    return tuple(_requirement(v, what, operators, max_chars) for v in read_list(value, what, MAX_REQUIREMENTS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,10 +434,33 @@ def parse_reservation(obj: object) -> Reservation:
 
 @dataclass(frozen=True, slots=True)
 class SelectorTerm:
-    """One ``reservationSelectorTerms`` entry (a ``NodeSelectorTerm`` over the reservation)."""
+    """A ``NodeSelectorTerm``: one ``reservationSelectorTerms`` entry (over the reservation) or
+    one ``nodeSelectorTerms`` entry of a pod's node affinity (over the node)."""
 
     match_expressions: tuple[LabelRequirement, ...] = ()
     match_fields: tuple[LabelRequirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str], name: str) -> bool:
+        """Every expression holds on ``labels`` and every field on ``metadata.name`` = ``name``;
+        an empty term selects nothing."""
+        if not self.match_expressions and not self.match_fields:
+            return False
+        fields = {_NAME_FIELD: name}
+        return all(e.matches(labels) for e in self.match_expressions) and all(
+            f.matches(fields) for f in self.match_fields
+        )
+
+
+def read_selector_term(value: object, what: str, max_chars: int = MAX_LABEL_CHARS) -> SelectorTerm:
+    """One decoded ``NodeSelectorTerm``: ``matchExpressions`` with every operator, and
+    ``matchFields`` naming only ``metadata.name`` with In or NotIn; strings up to ``max_chars``."""
+    term = read_object(value, what)
+    fields = _requirements(term.get("matchFields"), f"{what} matchFields", OPERATORS, max_chars)
+    for f in fields:
+        if f.key != _NAME_FIELD or f.operator not in ("In", "NotIn"):
+            raise FormatError(f"{what}: matchFields supports only {_NAME_FIELD} In/NotIn")
+    exprs = _requirements(term.get("matchExpressions"), f"{what} matchExpressions", OPERATORS, max_chars)
+    return SelectorTerm(match_expressions=exprs, match_fields=fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,13 +489,7 @@ def parse_reservation_affinity(text: str) -> ReservationAffinity:
         raw_terms = req.get("reservationSelectorTerms")
         collected: list[SelectorTerm] = []
         for t in [] if raw_terms is None else read_list(raw_terms, f"{what} terms", MAX_TERMS):
-            term = read_object(t, f"{what} term")
-            fields = _requirements(term.get("matchFields"), f"{what} matchFields", OPERATORS)
-            for f in fields:
-                if f.key != _NAME_FIELD or f.operator not in ("In", "NotIn"):
-                    raise FormatError(f"{what}: matchFields supports only {_NAME_FIELD} In/NotIn")
-            exprs = _requirements(term.get("matchExpressions"), f"{what} matchExpressions", OPERATORS)
-            collected.append(SelectorTerm(match_expressions=exprs, match_fields=fields))
+            collected.append(read_selector_term(t, f"{what} term"))
         terms = tuple(collected)
     return ReservationAffinity(
         terms=terms,

@@ -34,13 +34,13 @@ from typing import Any
 from koord_formats.bounded import MAX_NAME_CHARS, read_int, read_list, read_object, read_str
 from koord_formats.errors import FormatError
 from koord_formats.pod import read_resource_list
+from koord_formats.reservation import SelectorTerm, read_selector_term
 
 __all__ = [
     "MAX_TTL_SECONDS",
     "HostPort",
     "Lifetime",
     "NodeFacts",
-    "NodeTerm",
     "PodConstraints",
     "Taint",
     "Toleration",
@@ -56,8 +56,6 @@ MAX_TTL_SECONDS = 100 * 365 * 86400  # a century: longer is refused as nonsense
 _MAX_LABELS = 256
 _MAX_LABEL_CHARS = 1024
 _MAX_TERMS = 32
-_MAX_REQUIREMENTS = 64
-_MAX_VALUES = 256
 _MAX_TOLERATIONS = 128
 _MAX_TAINTS = 128
 _MAX_CONTAINERS = 64
@@ -65,8 +63,6 @@ _MAX_PORTS = 256
 _MAX_OWNERS = 1024
 _MAX_TIME_CHARS = 64
 _MAX_DURATION_CHARS = 64
-_NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
-_NAME_FIELD = "metadata.name"
 _DURATION_PART = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,9})?)(ns|us|µs|ms|s|m|h)", re.ASCII)
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -166,46 +162,6 @@ def parse_lifetime(obj: object) -> Lifetime:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeRequirement:
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        value = labels.get(self.key)
-        op = self.operator
-        if op == "In":
-            return value is not None and value in self.values
-        if op == "NotIn":
-            return value is None or value not in self.values
-        if op == "Exists":
-            return value is not None
-        if op == "DoesNotExist":
-            return value is None
-        if value is None:
-            return False
-        try:
-            have, want = int(value), int(self.values[0])
-        except ValueError:
-            return False
-        return have > want if op == "Gt" else have < want
-
-
-@dataclass(frozen=True, slots=True)
-class NodeTerm:
-    """One ``nodeSelectorTerms`` entry; an empty term selects no node."""
-
-    expressions: tuple[NodeRequirement, ...] = ()
-    fields: tuple[NodeRequirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str], name: str) -> bool:
-        if not self.expressions and not self.fields:
-            return False
-        names = {_NAME_FIELD: name}
-        return all(r.matches(labels) for r in self.expressions) and all(f.matches(names) for f in self.fields)
-
-
-@dataclass(frozen=True, slots=True)
 class Toleration:
     key: str = ""
     operator: str = "Equal"  # Equal | Exists
@@ -248,54 +204,21 @@ class PodConstraints:
 
     node_name: str = ""
     node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    terms: tuple[NodeTerm, ...] | None = None  # None: no required node affinity
+    terms: tuple[SelectorTerm, ...] | None = None  # None: no required node affinity
     tolerations: tuple[Toleration, ...] = ()
     host_ports: tuple[HostPort, ...] = ()
     requests: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def _node_requirements(value: object, what: str, *, fields: bool) -> tuple[NodeRequirement, ...]:
-    if value is None:
-        return ()
-    out: list[NodeRequirement] = []
-    for item in read_list(value, what, _MAX_REQUIREMENTS):
-        doc = read_object(item, what)
-        key = read_str(doc.get("key"), f"{what} key", _MAX_LABEL_CHARS)
-        op = read_str(doc.get("operator"), f"{what} operator", 32)
-        if op not in _NODE_OPERATORS:
-            raise FormatError(f"{what}: unknown operator {op[:32]!r}")
-        raw = doc.get("values")
-        values = tuple(
-            read_str(v, f"{what} value", _MAX_LABEL_CHARS)
-            for v in ([] if raw is None else read_list(raw, f"{what} values", _MAX_VALUES))
-        )
-        if op in ("In", "NotIn") and not values:
-            raise FormatError(f"{what}: {op} needs values")
-        if op in ("Exists", "DoesNotExist") and values:
-            raise FormatError(f"{what}: {op} takes no values")
-        if op in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit() or len(values[0]) > 19):
-            raise FormatError(f"{what}: {op} needs one integer value")
-        if fields and (key != _NAME_FIELD or op not in ("In", "NotIn")):
-            raise FormatError(f"{what}: matchFields supports only {_NAME_FIELD} In/NotIn")
-        out.append(NodeRequirement(key, op, values))
-    return tuple(out)
-
-
-def _terms(affinity: Mapping[str, Any]) -> tuple[NodeTerm, ...] | None:
+def _terms(affinity: Mapping[str, Any]) -> tuple[SelectorTerm, ...] | None:
     node_aff = _object(affinity.get("nodeAffinity"), "nodeAffinity")
     required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
     if required is None:
         return None
     raw = read_object(required, "nodeAffinity required").get("nodeSelectorTerms")
-    terms: list[NodeTerm] = []
+    terms: list[SelectorTerm] = []
     for t in [] if raw is None else read_list(raw, "nodeSelectorTerms", _MAX_TERMS):
-        doc = read_object(t, "nodeSelectorTerm")
-        terms.append(
-            NodeTerm(
-                _node_requirements(doc.get("matchExpressions"), "matchExpressions", fields=False),
-                _node_requirements(doc.get("matchFields"), "matchFields", fields=True),
-            )
-        )
+        terms.append(read_selector_term(t, "nodeSelectorTerm", _MAX_LABEL_CHARS))
     return tuple(terms)
 
 

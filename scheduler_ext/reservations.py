@@ -31,13 +31,11 @@ from fractions import Fraction
 from koord_formats import keys
 from koord_formats.pod import ResourceStatus
 from koord_formats.reservation import (
-    LabelRequirement,
     LabelSelector,
     OwnerRef,
     Reservation,
     ReservationAffinity,
     ReservationOwner,
-    SelectorTerm,
 )
 
 __all__ = [
@@ -53,7 +51,6 @@ __all__ = [
 
 CPU = "cpu"
 MEMORY = "memory"
-_NAME_FIELD = "metadata.name"
 _HARD_EFFECTS = ("NoSchedule", "NoExecute")
 
 Amounts = dict[int, dict[str, int]]  # NUMA node -> {"cpu": milli, "memory": bytes}
@@ -164,29 +161,9 @@ def fold(
 # -- matching ----------------------------------------------------------------------------------
 
 
-def _requirement(req: LabelRequirement, labels: Mapping[str, str]) -> bool:
-    value = labels.get(req.key)
-    op = req.operator
-    if op == "In":
-        return value is not None and value in req.values
-    if op == "NotIn":
-        return value is None or value not in req.values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if value is None or not req.values:
-        return False
-    try:
-        have, want = int(value), int(req.values[0])
-    except ValueError:
-        return False
-    return have > want if op == "Gt" else have < want
-
-
 def _selector(sel: LabelSelector, labels: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in sel.match_labels.items()) and all(
-        _requirement(r, labels) for r in sel.match_expressions
+        r.matches(labels) for r in sel.match_expressions
     )
 
 
@@ -227,15 +204,6 @@ def owners_match(r: Reservation, pod: PodIdentity) -> bool:
     )
 
 
-def _term(term: SelectorTerm, labels: Mapping[str, str], name: str) -> bool:
-    if not term.match_expressions and not term.match_fields:
-        return False  # an empty term selects nothing
-    fields = {_NAME_FIELD: name}
-    return all(_requirement(e, labels) for e in term.match_expressions) and all(
-        _requirement(f, fields) for f in term.match_fields
-    )
-
-
 def affinity_matches(aff: ReservationAffinity, r: Reservation, node_labels: Mapping[str, str]) -> bool:
     """The pod's reservation affinity accepts ``r`` on a node with ``node_labels``."""
     if aff.name and aff.name != r.name:
@@ -254,7 +222,7 @@ def affinity_matches(aff: ReservationAffinity, r: Reservation, node_labels: Mapp
     labels.update(r.labels)
     if not all(labels.get(k) == v for k, v in aff.selector.items()):
         return False
-    return aff.terms is None or any(_term(t, labels, r.name) for t in aff.terms)
+    return aff.terms is None or any(t.matches(labels, r.name) for t in aff.terms)
 
 
 def pod_may_use(
