@@ -91,25 +91,37 @@ _MAX_DURATION_CHARS = 32
 # the reader differ a little); a report further ahead is not believed (``is_from_the_future``).
 CLOCK_SKEW_SECONDS = 60.0
 _MAX_TIME_CHARS = 64
-_DURATION_PART = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,9})?)(ns|us|µs|ms|s|m|h)", re.ASCII)
+_DURATION_PARTS = {
+    digits: re.compile(rf"([0-9]{{1,{digits}}}(?:\.[0-9]{{1,9}})?)(ns|us|µs|ms|s|m|h)", re.ASCII) for digits in (9, 12)
+}
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def parse_go_duration(text: object) -> float:
+def parse_go_duration(
+    text: object,
+    what: str = "duration",
+    *,
+    max_seconds: float = MAX_SECONDS,
+    max_chars: int = _MAX_DURATION_CHARS,
+    max_digits: int = 9,
+) -> float:
     """A Go ``time.Duration`` string (``"5m0s"``, ``"300s"``, ``"1h30m"``, ``"1.5m"``) in
-    seconds; ``FormatError`` for anything else, a negative value or one above a day."""
-    raw = read_str(text, "duration", _MAX_DURATION_CHARS)
+    seconds; ``FormatError`` for anything else, a negative value or one above ``max_seconds``
+    (a day unless told). The one Go duration parser: a Reservation's ``spec.ttl`` reads with it
+    too, with a century, longer text and 12-digit numbers (``max_digits``: 9 or 12)."""
+    raw = read_str(text, what, max_chars)
     if raw == "0":
         return 0.0
+    part = _DURATION_PARTS[max_digits]
     pos, total = 0, 0.0
     while pos < len(raw):
-        m = _DURATION_PART.match(raw, pos)
+        m = part.match(raw, pos)
         if m is None:
-            raise FormatError(f"duration: {raw!r} is not a Go duration")
+            raise FormatError(f"{what}: {raw[:64]!r} is not a Go duration")
         total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
         pos = m.end()
-    if not raw or total > MAX_SECONDS:
-        raise FormatError(f"duration: {raw!r} is empty or longer than {MAX_SECONDS} s")
+    if not raw or total > max_seconds:
+        raise FormatError(f"{what}: {raw[:64]!r} is empty or longer than {max_seconds:.0f} s")
     return total
 
 

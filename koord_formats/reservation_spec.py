@@ -24,7 +24,6 @@ Every reader bounds what it reads and raises only ``FormatError``.
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -33,6 +32,7 @@ from typing import Any
 
 from koord_formats.bounded import MAX_NAME_CHARS, read_int, read_list, read_object, read_str
 from koord_formats.errors import FormatError
+from koord_formats.nodemetric import parse_go_duration
 from koord_formats.pod import read_resource_list
 from koord_formats.reservation import SelectorTerm, read_selector_term
 
@@ -63,8 +63,6 @@ _MAX_PORTS = 256
 _MAX_OWNERS = 1024
 _MAX_TIME_CHARS = 64
 _MAX_DURATION_CHARS = 64
-_DURATION_PART = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,9})?)(ns|us|µs|ms|s|m|h)", re.ASCII)
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def _object(value: object, what: str) -> Mapping[str, Any]:
@@ -91,19 +89,7 @@ def _strings(value: object, what: str) -> Mapping[str, str]:
 
 def parse_ttl(value: object) -> float:
     """``spec.ttl``: a Go duration (``"24h"``, ``"1h30m"``, ``"90s"``, ``"0s"``) in seconds."""
-    raw = read_str(value, "ttl", _MAX_DURATION_CHARS)
-    if raw == "0":
-        return 0.0
-    pos, total = 0, 0.0
-    while pos < len(raw):
-        m = _DURATION_PART.match(raw, pos)
-        if m is None:
-            raise FormatError(f"ttl: {raw[:64]!r} is not a Go duration")
-        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-        pos = m.end()
-    if not raw or total > MAX_TTL_SECONDS:
-        raise FormatError(f"ttl: {raw[:64]!r} is empty or longer than a century")
-    return total
+    return parse_go_duration(value, "ttl", max_seconds=MAX_TTL_SECONDS, max_chars=_MAX_DURATION_CHARS, max_digits=12)
 
 
 def parse_rfc3339(value: object, what: str) -> float:
