@@ -75,6 +75,8 @@ __all__ = [
     "read_labels",
     "read_owner_references",
     "read_selector_term",
+    "read_taints",
+    "read_tolerations",
 ]
 
 # A label key is at most 253 + 1 + 63 characters, a value at most 63; a little room beyond.
@@ -285,37 +287,52 @@ class Toleration:
     value: str = ""
     effect: str = ""  # "" tolerates every effect
 
+    def tolerates(self, taint: Taint) -> bool:
+        """The toleration covers ``taint`` (an empty key with Exists covers every key)."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
 
-def _taints(value: object, what: str) -> tuple[Taint, ...]:
+
+def read_taints(
+    value: object, what: str, max_items: int = MAX_TAINTS, max_chars: int = MAX_LABEL_CHARS
+) -> tuple[Taint, ...]:
+    """A list of taints (a Reservation's ``spec.taints``, a Node's ``spec.taints``); ``()`` for null."""
     if value is None:
         return ()
     out: list[Taint] = []
-    for item in read_list(value, what, MAX_TAINTS):
+    for item in read_list(value, what, max_items):
         doc = read_object(item, f"{what} entry")
         out.append(
             Taint(
-                key=read_str(doc.get("key"), f"{what} key", MAX_LABEL_CHARS),
-                value=_text(doc, "value", what, MAX_LABEL_CHARS),
+                key=read_str(doc.get("key"), f"{what} key", max_chars),
+                value=_text(doc, "value", what, max_chars),
                 effect=_text(doc, "effect", what, 32),
             )
         )
     return tuple(out)
 
 
-def _tolerations(value: object, what: str) -> tuple[Toleration, ...]:
+def read_tolerations(
+    value: object, what: str, max_items: int = MAX_TAINTS, max_chars: int = MAX_LABEL_CHARS
+) -> tuple[Toleration, ...]:
+    """A list of tolerations (a pod's ``reservation-affinity``, a pod spec's ``tolerations``);
+    ``()`` for null."""
     if value is None:
         return ()
     out: list[Toleration] = []
-    for item in read_list(value, what, MAX_TAINTS):
+    for item in read_list(value, what, max_items):
         doc = read_object(item, f"{what} entry")
         operator = _text(doc, "operator", what, 32) or "Equal"
         if operator not in ("Equal", "Exists"):
-            raise FormatError(f"{what}: unknown operator {operator!r}")
+            raise FormatError(f"{what}: unknown operator {operator[:32]!r}")
         out.append(
             Toleration(
-                key=_text(doc, "key", what, MAX_LABEL_CHARS),
+                key=_text(doc, "key", what, max_chars),
                 operator=operator,
-                value=_text(doc, "value", what, MAX_LABEL_CHARS),
+                value=_text(doc, "value", what, max_chars),
                 effect=_text(doc, "effect", what, 32),
             )
         )
@@ -421,7 +438,7 @@ def parse_reservation(obj: object) -> Reservation:
         allocate_once=True if once is None else read_bool(once, f"{what} allocateOnce"),
         allocate_policy=policy,
         unschedulable=False if unschedulable is None else read_bool(unschedulable, f"{what} unschedulable"),
-        taints=_taints(spec.get("taints"), f"{what} taints"),
+        taints=read_taints(spec.get("taints"), f"{what} taints"),
         status=res_status,
         exclusive_policy=res_spec.preferred_cpu_exclusive_policy or keys.EXCLUSIVE_POLICY_NONE,
         allocatable=read_resource_list(status.get("allocatable"), f"{what} allocatable"),
@@ -495,7 +512,7 @@ def parse_reservation_affinity(text: str) -> ReservationAffinity:
         terms=terms,
         selector=read_labels(doc.get("reservationSelector"), f"{what} reservationSelector"),
         name=_text(doc, "name", what),
-        tolerations=_tolerations(doc.get("tolerations"), f"{what} tolerations"),
+        tolerations=read_tolerations(doc.get("tolerations"), f"{what} tolerations"),
     )
 
 

@@ -34,7 +34,14 @@ from koord_formats.bounded import MAX_NAME_CHARS, read_int, read_list, read_obje
 from koord_formats.errors import FormatError
 from koord_formats.nodemetric import parse_go_duration
 from koord_formats.pod import read_resource_list
-from koord_formats.reservation import SelectorTerm, read_selector_term
+from koord_formats.reservation import (
+    SelectorTerm,
+    Taint,
+    Toleration,
+    read_selector_term,
+    read_taints,
+    read_tolerations,
+)
 
 __all__ = [
     "MAX_TTL_SECONDS",
@@ -147,28 +154,6 @@ def parse_lifetime(obj: object) -> Lifetime:
 # ---- the template's constraints ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Toleration:
-    key: str = ""
-    operator: str = "Equal"  # Equal | Exists
-    value: str = ""
-    effect: str = ""  # "" tolerates every effect
-
-    def tolerates(self, taint: Taint) -> bool:
-        if self.effect and self.effect != taint.effect:
-            return False
-        if self.operator == "Exists":
-            return not self.key or self.key == taint.key
-        return self.key == taint.key and self.value == taint.value
-
-
-@dataclass(frozen=True, slots=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = ""
-
-
 @dataclass(frozen=True, slots=True, order=True)
 class HostPort:
     port: int
@@ -206,26 +191,6 @@ def _terms(affinity: Mapping[str, Any]) -> tuple[SelectorTerm, ...] | None:
     for t in [] if raw is None else read_list(raw, "nodeSelectorTerms", _MAX_TERMS):
         terms.append(read_selector_term(t, "nodeSelectorTerm", _MAX_LABEL_CHARS))
     return tuple(terms)
-
-
-def _tolerations(value: object) -> tuple[Toleration, ...]:
-    if value is None:
-        return ()
-    out: list[Toleration] = []
-    for item in read_list(value, "tolerations", _MAX_TOLERATIONS):
-        doc = read_object(item, "toleration")
-        op = _text(doc, "operator", "toleration", 32) or "Equal"
-        if op not in ("Equal", "Exists"):
-            raise FormatError(f"toleration: unknown operator {op[:32]!r}")
-        out.append(
-            Toleration(
-                key=_text(doc, "key", "toleration", _MAX_LABEL_CHARS),
-                operator=op,
-                value=_text(doc, "value", "toleration", _MAX_LABEL_CHARS),
-                effect=_text(doc, "effect", "toleration", 32),
-            )
-        )
-    return tuple(out)
 
 
 def _add(into: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
@@ -269,7 +234,7 @@ def parse_pod_constraints(spec_value: object) -> PodConstraints:
         node_name=_text(spec, "nodeName", "pod spec"),
         node_selector=_strings(spec.get("nodeSelector"), "nodeSelector"),
         terms=_terms(_object(spec.get("affinity"), "affinity")),
-        tolerations=_tolerations(spec.get("tolerations")),
+        tolerations=read_tolerations(spec.get("tolerations"), "tolerations", _MAX_TOLERATIONS, _MAX_LABEL_CHARS),
         host_ports=tuple(sorted(set(ports))),
         requests=MappingProxyType(total),
     )
@@ -295,21 +260,12 @@ def parse_node(obj: object) -> NodeFacts:
     meta = _object(doc.get("metadata"), "Node metadata")
     spec = _object(doc.get("spec"), "Node spec")
     status = _object(doc.get("status"), "Node status")
-    taints: list[Taint] = []
-    for item in read_list(spec.get("taints") or [], "taints", _MAX_TAINTS):
-        t = read_object(item, "taint")
-        taints.append(
-            Taint(
-                read_str(t.get("key"), "taint key", _MAX_LABEL_CHARS),
-                _text(t, "value", "taint", _MAX_LABEL_CHARS),
-                _text(t, "effect", "taint", 32),
-            )
-        )
     flag = spec.get("unschedulable")
     return NodeFacts(
         name=_text(meta, "name", "Node"),
         labels=_strings(meta.get("labels"), "Node labels"),
-        taints=tuple(taints),
+        # `or None`: a falsy non-list (``""``, ``{}``) reads as no taints, as it always has here
+        taints=read_taints(spec.get("taints") or None, "taints", _MAX_TAINTS, _MAX_LABEL_CHARS),
         allocatable=read_resource_list(status.get("allocatable"), "Node allocatable"),
         unschedulable=flag is True,
     )

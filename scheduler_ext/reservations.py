@@ -209,14 +209,7 @@ def affinity_matches(aff: ReservationAffinity, r: Reservation, node_labels: Mapp
     if aff.name and aff.name != r.name:
         return False
     for taint in r.taints:
-        if taint.effect in _HARD_EFFECTS and not any(
-            (not t.effect or t.effect == taint.effect)
-            and (
-                (t.operator == "Exists" and (not t.key or t.key == taint.key))
-                or (t.operator == "Equal" and t.key == taint.key and t.value == taint.value)
-            )
-            for t in aff.tolerations
-        ):
+        if taint.effect in _HARD_EFFECTS and not any(t.tolerates(taint) for t in aff.tolerations):
             return False
     labels = dict(node_labels)
     labels.update(r.labels)
