@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import threading
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient, Configuration
 
 __all__ = [
-    "JSON_TYPE", "MAX_REPLY_BYTES", "MERGE_PATCH", "KubeHTTP", "json_object", "lease_path", "seg", "status_error",
-    "watch_transport",
+    "JSON_TYPE", "MAX_REPLY_BYTES", "MERGE_PATCH", "BlockingKubeHTTP", "KubeHTTP", "json_object", "lease_path", "seg",
+    "status_error", "watch_transport",
 ]
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -224,6 +225,54 @@ class KubeHTTP:
                 resp.release()  # the connection goes back to the pool
             else:
                 resp.close()  # unread data on it: never reused
+
+
+class BlockingKubeHTTP:
+    """``KubeHTTP.request`` for a caller on worker threads (the node reports, evictions, the
+    lease-cleanup command): each calling thread runs its calls on an event loop of its own, made
+    on its first call, with a ``KubeHTTP`` of its own over the same ``ApiClient`` (a session
+    belongs to the loop it was made on), as ``rhp_kube.events.KubeEventsApi`` does on its one
+    thread. A call blocks that thread only; ``close`` ends every thread's loop and connections
+    (when no call runs)."""
+
+    def __init__(self, api_client: ApiClient, *, timeout: float | None = 5.0, limit: int = 2) -> None:
+        self.api_client = api_client
+        self._timeout, self._limit = timeout, limit
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[tuple[asyncio.AbstractEventLoop, KubeHTTP]] = []
+
+    def _mine(self) -> tuple[asyncio.AbstractEventLoop, KubeHTTP]:
+        mine: tuple[asyncio.AbstractEventLoop, KubeHTTP] | None = getattr(self._local, "mine", None)
+        if mine is None:
+            mine = (asyncio.new_event_loop(), KubeHTTP(self.api_client, timeout=self._timeout, limit=self._limit))
+            self._local.mine = mine
+            with self._lock:
+                self._all.append(mine)
+        return mine
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = JSON_TYPE,
+        *,
+        params: Mapping[str, str] | None = None,
+        max_bytes: int = MAX_REPLY_BYTES,
+    ) -> bytes:
+        """``KubeHTTP.request``, blocking: the same bounds and the same typed errors."""
+        loop, http = self._mine()
+        return loop.run_until_complete(http.request(method, path, body, content_type, params=params,
+                                                    max_bytes=max_bytes))  # fmt: skip
+
+    def close(self) -> None:
+        with self._lock:
+            every, self._all = self._all, []
+        self._local = threading.local()
+        for loop, http in every:
+            loop.run_until_complete(http.aclose())
+            loop.close()
 
 
 def watch_transport(api_client: ApiClient | None, kubeconfig: str | None) -> KubeHTTP:

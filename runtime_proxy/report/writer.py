@@ -1,11 +1,12 @@
 """The one writer of the reports: GET, create and replace of this node's objects on the API
 server, each answer bounded before it is parsed, and a token bucket per object.
 
-Requests go through the ``kubernetes`` client's connection pool and credentials (in-cluster or
-kubeconfig, loaded on first use), but their bodies are read here: at most ``MAX_OBJECT_BYTES``
-(a larger answer is refused unparsed), then decoded by ``koord_formats.bounded.load_json``
-(size, depth and number bounds). Every call has ``timeout`` seconds. Call it from a worker
-thread (``Reporter`` does): it blocks.
+Requests go through ``rhp_kube.http`` (``BlockingKubeHTTP``: the one transport, on an event loop
+of the calling thread's own) over the ``kubernetes`` client's credentials only (in-cluster or
+kubeconfig, loaded on first use); every answer is read at most ``MAX_OBJECT_BYTES`` far (a
+larger answer is refused unparsed), then decoded by ``koord_formats.bounded.load_json`` (size,
+depth and number bounds). Every call has ``timeout`` seconds. Call it from a worker thread
+(``Reporter`` does): it blocks.
 
 ``RateLimit`` is koordlet's status limiter (``states_nodemetric.go``: 0.1 writes per second,
 burst 2), used for every object, so a node never writes one object more than 6 times a
@@ -17,7 +18,6 @@ read), never anything else.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +29,8 @@ from koord_formats.errors import FormatError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
+
+    from rhp_kube.http import BlockingKubeHTTP
 
 __all__ = ["MAX_OBJECT_BYTES", "ApiError", "KubeObject", "KubeObjects", "RateLimit", "Ref"]
 
@@ -104,6 +106,7 @@ class KubeObjects:
         self._lock = threading.Lock()
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self._http: BlockingKubeHTTP | None = None
 
     def _client(self) -> ApiClient:
         with self._lock:
@@ -114,36 +117,40 @@ class KubeObjects:
                     raise ApiError(0, f"no usable credentials: {exc}") from None
             return self._api_client
 
-    def _request(self, method: str, path: str, body: Mapping[str, object] | None = None) -> object:
-        import urllib3
+    def _transport(self) -> BlockingKubeHTTP:
+        client = self._client()
+        with self._lock:
+            if self._http is None:
+                from rhp_kube.http import BlockingKubeHTTP
 
-        api = self._client()
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        queries: list[tuple[str, str]] = []
+                self._http = BlockingKubeHTTP(client, timeout=self.timeout)
+            return self._http
+
+    def _request(self, method: str, path: str, body: Mapping[str, object] | None = None) -> object:
+        from rhp_kube.errors import APIError, TooLargeError
+
+        http = self._transport()
         try:
-            api.update_params_for_auth(headers, queries, ["BearerToken"], path, method, body)
-            response = api.rest_client.pool_manager.request(
-                method, api.configuration.host + path, headers=headers,
-                body=None if body is None else json.dumps(body, separators=(",", ":")),
-                preload_content=False, timeout=urllib3.Timeout(total=self.timeout), retries=False,
-            )  # fmt: skip
-        except Exception as exc:  # connection refused, TLS, timeout: no answer
+            data = http.request(method, path, None if body is None else dict(body), max_bytes=self.max_bytes)
+        except TooLargeError as exc:  # a 2xx answer past max_bytes, or an error answer past its own bound
+            if 200 <= exc.status <= 299:
+                raise ApiError(0, f"{method} {path}: answer larger than {self.max_bytes} bytes, not parsed") from None
+            raise ApiError(0, f"{method} {path}: HTTP {exc}, not parsed") from None
+        except APIError as exc:  # status 0: refused, TLS, timeout, broken answer: no usable answer
+            if exc.status:
+                raise ApiError(exc.status, f"{method} {path}: HTTP {exc.status}: {str(exc)[:300]}") from None
             raise ApiError(0, f"{method} {path}: {exc}") from None
-        try:
-            data = response.read(self.max_bytes + 1)
-        except Exception as exc:
-            raise ApiError(0, f"{method} {path}: reading the answer: {exc}") from None
-        finally:
-            response.release_conn()
-        if len(data) > self.max_bytes:
-            raise ApiError(0, f"{method} {path}: answer larger than {self.max_bytes} bytes, not parsed")
-        status = int(response.status)
-        if not 200 <= status <= 299:
-            raise ApiError(status, f"{method} {path}: HTTP {status}: {data[:300].decode('utf-8', 'replace')}")
         try:
             return load_json(data.decode("utf-8"), f"{method} {path}", max_chars=self.max_bytes)
         except (FormatError, UnicodeDecodeError) as exc:
             raise ApiError(0, f"{method} {path}: {exc}") from None
+
+    def close(self) -> None:
+        """Close the connections (when no call runs)."""
+        with self._lock:
+            http, self._http = self._http, None
+        if http is not None:
+            http.close()
 
     def get(self, ref: Ref, name: str) -> KubeObject | None:
         """The object, or ``None`` when it does not exist."""

@@ -306,3 +306,38 @@ def test_start_and_stop(api: FakeAPIServer, tmp_path: Path) -> None:
 
     asyncio.run(run())
     assert api.get("NodeResourceTopology", NODE) is not None
+
+
+# -- the transport: rhp_kube.http, the one client family (issue 32) --------------------------------
+
+
+def test_reports_go_through_the_one_transport(api: FakeAPIServer, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's GET, POST and PUT (of an object and of its status) go through
+    ``rhp_kube.http`` on the fake API server: an NRT owned by the Node is created, then a
+    NodeMetric's status replaced. urllib3's pool (the official client's transport) is made
+    unusable: on the old main every report went through it, and nothing was written."""
+    import urllib3
+
+    def no_urllib3(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a report went through the official client's urllib3 pool")
+
+    monkeypatch.setattr(urllib3.PoolManager, "request", no_urllib3)
+    monkeypatch.setattr(urllib3.PoolManager, "urlopen", no_urllib3)
+    sampler, clock = Sampler(), Clock()
+    sampler.add(999, 500)
+    _nodemetric(api, {})
+    rep, _ = _reporter(api, tmp_path, clock, sampler)
+    try:
+        errors = _count("NodeResourceTopology", "error")
+        rep.topology_round()
+        assert _count("NodeResourceTopology", "error") == errors
+        nrt, node = api.get("NodeResourceTopology", NODE), api.get("Node", NODE)
+        assert nrt is not None and node is not None
+        assert nrt["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+        clock.now += 60
+        rep.metrics_round()
+        stored = api.get("NodeMetric", NODE)
+        assert stored is not None and stored["status"]["nodeMetric"]["nodeUsage"]["resources"]["cpu"] == "500m"
+    finally:
+        rep.objects.close()
