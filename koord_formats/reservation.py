@@ -105,14 +105,16 @@ def _opt_object(value: object, what: str) -> Mapping[str, Any]:
     return {} if value is None else read_object(value, what)
 
 
-def read_labels(value: object, what: str) -> Mapping[str, str]:
+def read_labels(
+    value: object, what: str, max_entries: int = MAX_LABELS, max_chars: int = MAX_LABEL_CHARS
+) -> Mapping[str, str]:
     """A labels (or selector) map of strings, bounded in entries and lengths; ``{}`` for null."""
     doc = _opt_object(value, what)
-    if len(doc) > MAX_LABELS:
-        raise FormatError(f"{what}: {len(doc)} entries, more than the {MAX_LABELS} allowed")
+    if len(doc) > max_entries:
+        raise FormatError(f"{what}: {len(doc)} entries, more than the {max_entries} allowed")
     for k, v in doc.items():
-        read_str(k, f"{what} key", MAX_LABEL_CHARS)
-        read_str(v, f"{what} value", MAX_LABEL_CHARS)
+        read_str(k, f"{what} key", max_chars)
+        read_str(v, f"{what} value", max_chars)
     return MappingProxyType(dict(doc))
 
 

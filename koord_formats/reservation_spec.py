@@ -38,6 +38,7 @@ from koord_formats.reservation import (
     SelectorTerm,
     Taint,
     Toleration,
+    read_labels,
     read_selector_term,
     read_taints,
     read_tolerations,
@@ -79,16 +80,6 @@ def _object(value: object, what: str) -> Mapping[str, Any]:
 def _text(doc: Mapping[str, Any], key: str, what: str, max_chars: int = MAX_NAME_CHARS) -> str:
     value = doc.get(key)
     return "" if value is None else read_str(value, f"{what} {key}", max_chars)
-
-
-def _strings(value: object, what: str) -> Mapping[str, str]:
-    doc = _object(value, what)
-    if len(doc) > _MAX_LABELS:
-        raise FormatError(f"{what}: more than {_MAX_LABELS} entries")
-    for k, v in doc.items():
-        read_str(k, f"{what} key", _MAX_LABEL_CHARS)
-        read_str(v, f"{what} value", _MAX_LABEL_CHARS)
-    return MappingProxyType(dict(doc))
 
 
 # ---- times --------------------------------------------------------------------------------------
@@ -232,7 +223,7 @@ def parse_pod_constraints(spec_value: object) -> PodConstraints:
     _add(total, read_resource_list(spec.get("overhead"), "overhead"))
     return PodConstraints(
         node_name=_text(spec, "nodeName", "pod spec"),
-        node_selector=_strings(spec.get("nodeSelector"), "nodeSelector"),
+        node_selector=read_labels(spec.get("nodeSelector"), "nodeSelector", _MAX_LABELS, _MAX_LABEL_CHARS),
         terms=_terms(_object(spec.get("affinity"), "affinity")),
         tolerations=read_tolerations(spec.get("tolerations"), "tolerations", _MAX_TOLERATIONS, _MAX_LABEL_CHARS),
         host_ports=tuple(sorted(set(ports))),
@@ -263,7 +254,7 @@ def parse_node(obj: object) -> NodeFacts:
     flag = spec.get("unschedulable")
     return NodeFacts(
         name=_text(meta, "name", "Node"),
-        labels=_strings(meta.get("labels"), "Node labels"),
+        labels=read_labels(meta.get("labels"), "Node labels", _MAX_LABELS, _MAX_LABEL_CHARS),
         # `or None`: a falsy non-list (``""``, ``{}``) reads as no taints, as it always has here
         taints=read_taints(spec.get("taints") or None, "taints", _MAX_TAINTS, _MAX_LABEL_CHARS),
         allocatable=read_resource_list(status.get("allocatable"), "Node allocatable"),
