@@ -12,9 +12,12 @@
   no sooner than a backoff that doubles from ``backoff_initial`` to ``backoff_max`` seconds.
   404 (the pod is gone) and 409 (its UID changed: the pod we meant is gone) count as done.
   Credentials: the ``ApiClient`` given, else in-cluster (service account) or kubeconfig
-  (``KUBECONFIG``, ``~/.kube/config``), loaded on first use; the blocking calls run in the
-  evictor's own worker threads (``EVICTION_THREADS``), so calls to an API server that never
-  answers never hold the default executor. RBAC: ``create`` on ``pods/eviction`` and ``events``.
+  (``KUBECONFIG``, ``~/.kube/config``), loaded on first use, for configuration only: the calls
+  go through ``rhp_kube.http`` (``BlockingKubeHTTP``, the one transport), each answer read at
+  most ``_REPLY_MAX`` bytes far; they block the evictor's own worker threads
+  (``EVICTION_THREADS``, each running its calls on an event loop of its own), so calls to an API
+  server that never answers never hold the default executor. An Eviction's answer that does not
+  decode fails the eviction (a later round asks again). RBAC: ``create`` on ``pods/eviction`` and ``events``.
 - ``DeleteEvictor`` (``evictBy: delete``): the pod deleted with its UID as a precondition, as
   kubelet's own node-pressure eviction ends a pod (PodDisruptionBudgets are not consulted, as
   kubelet does not), then the same Events. Unlike an Eviction, whose request names a pod but
@@ -56,7 +59,9 @@ from rhp_kube.events import EventRecorder, EventSink, KubeEventsApi, PodEvent
 from runtime_proxy.loops.qos import EvictionResult
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient, CoreV1Api
+    from kubernetes.client import ApiClient
+
+    from rhp_kube.http import BlockingKubeHTTP
 
 __all__ = ["EVICTIONS", "ApiEvictor", "DeleteEvictor", "RuntimeEvictor", "event_message", "evictor_for"]
 
@@ -72,6 +77,8 @@ EVICTIONS = Counter(
 COMPONENT = "runtime-hook-proxy"
 # Worker threads of one ApiEvictor (the usage loop keeps at most as many evictions in flight).
 EVICTION_THREADS = 4
+# The API server's answer to an Eviction (a Status) or a delete (the pod, at most about 1.5 MiB).
+_REPLY_MAX = 4 << 20
 
 
 def event_message(e: Eviction) -> str:
@@ -120,6 +127,12 @@ class _Recent:
             self.done[uid] = self.clock()
 
 
+def _pod_path(e: Eviction) -> str:
+    from rhp_kube.http import seg
+
+    return f"/api/v1/namespaces/{seg(e.namespace)}/pods/{seg(e.name)}"
+
+
 def _load_api_client() -> ApiClient:
     """The node's ``ApiClient`` (``rhp_kube.credentials``: in-cluster, else ``KUBECONFIG``, read
     when called; a FIFO or a huge file there is refused instead of holding the eviction thread)."""
@@ -161,6 +174,7 @@ class ApiEvictor:
         self._recent = _Recent(clock, backoff_initial, backoff_max)
         self._warned: set[str] = set()
         self._client_lock = threading.Lock()
+        self._http: BlockingKubeHTTP | None = None
         # Its own threads: calls to an API server that never answers hold these, never the
         # default executor the usage loop samples in.
         self._executor = ThreadPoolExecutor(max_workers=EVICTION_THREADS, thread_name_prefix="rhp-evict")
@@ -177,31 +191,38 @@ class ApiEvictor:
             with self._client_lock:
                 if self._api_client is None:
                     self._api_client = _load_api_client()
+                if self._http is None:
+                    from rhp_kube.http import BlockingKubeHTTP
+
+                    self._http = BlockingKubeHTTP(self._api_client, timeout=self.request_timeout,
+                                                  limit=EVICTION_THREADS)  # fmt: skip
+                http = self._http
         except Exception as exc:  # no credentials: every eviction fails, the loop goes on
             msg = (f"no cluster access for evictions ({type(exc).__name__}: {str(exc)[:200]}); install "
                    "the [cluster] extra (the kubernetes client) and give credentials, or set "
                    "usageLoop.evictBy: runtime")
             log.error("cannot evict", error=msg)
             return [self._count(EvictionResult(e, "failed", msg), "failed") for e in evictions]
-        return [self._evict_one(e) for e in evictions]
+        return [self._evict_one(http, e) for e in evictions]
 
     def _count(self, result: EvictionResult, outcome: str) -> EvictionResult:
         EVICTIONS.labels(result.eviction.feature, self.method, outcome).inc()
         return result
 
-    def _evict_one(self, e: Eviction) -> EvictionResult:
+    def _evict_one(self, http: BlockingKubeHTTP, e: Eviction) -> EvictionResult:
         early = self._recent.early(e)
         if early is not None:
             return early
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
+        from rhp_kube.errors import APIError
 
-        api = client.CoreV1Api(self._api_client)
         pod = f"{e.namespace}/{e.name}"
         try:
-            self._request(api, e)
-        except ApiException as exc:
-            status = int(exc.status or 0)
+            self._request(http, e)
+        except APIError as exc:
+            status = exc.status
+            if status == 0:  # connection errors, timeouts, an answer past its bound
+                log.warning("eviction failed", pod=pod, uid=e.uid, feature=e.feature, error=str(exc)[:200])
+                return self._count(EvictionResult(e, "failed", f"{type(exc).__name__}: {str(exc)[:200]}"), "failed")
             if status in (404, 409):
                 self._recent.evicted(e.uid)
                 log.info("pod to evict is already gone", pod=pod, uid=e.uid, feature=e.feature, status=status)
@@ -212,30 +233,33 @@ class ApiEvictor:
                             feature=e.feature)
                 if e.uid not in self._warned:
                     self._warned.add(e.uid)
-                    self._event(api, e, "Warning", keys.EVENT_REASON_EVICT_POD_FAIL,
+                    self._event(e, "Warning", keys.EVENT_REASON_EVICT_POD_FAIL,
                                 f"{event_message(e)}; refused for now by a PodDisruptionBudget")
                 return self._count(EvictionResult(e, "refused", "HTTP 429: a PodDisruptionBudget forbids it now"),
                                    "refused")
             log.warning("eviction failed", pod=pod, uid=e.uid, feature=e.feature, status=status)
-            return self._count(EvictionResult(e, "failed", f"HTTP {status}: {str(exc.reason)[:200]}"), "failed")
-        except Exception as exc:  # connection errors, timeouts
+            reason = str(exc).removeprefix(f"{status}: ")  # the Status's message, else the HTTP reason
+            return self._count(EvictionResult(e, "failed", f"HTTP {status}: {reason[:200]}"), "failed")
+        except Exception as exc:  # an answer that does not decode
             log.warning("eviction failed", pod=pod, uid=e.uid, feature=e.feature, error=str(exc)[:200])
             return self._count(EvictionResult(e, "failed", f"{type(exc).__name__}: {str(exc)[:200]}"), "failed")
         self._recent.evicted(e.uid)
         self._warned.discard(e.uid)
         log.warning("pod evicted", pod=pod, uid=e.uid, feature=e.feature, reason=e.reason)
-        self._event(api, e, "Warning", keys.EVENT_REASON_EVICT_POD_SUCCESS, event_message(e))
+        self._event(e, "Warning", keys.EVENT_REASON_EVICT_POD_SUCCESS, event_message(e))
         return self._count(EvictionResult(e, "evicted"), "evicted")
 
-    def _request(self, api: CoreV1Api, e: Eviction) -> None:
-        """The API call that evicts ``e``: a policy/v1 Eviction with the pod's UID."""
-        from kubernetes import client
+    def _request(self, http: BlockingKubeHTTP, e: Eviction) -> None:
+        """The API call that evicts ``e``: a policy/v1 Eviction with the pod's UID. Its answer
+        must decode (a JSON object), else the eviction is not trusted and fails."""
+        from rhp_kube.http import json_object
 
-        body = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=e.name, namespace=e.namespace),
-            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=e.uid)),
-        )
-        api.create_namespaced_pod_eviction(e.name, e.namespace, body, _request_timeout=self.request_timeout)
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": e.name, "namespace": e.namespace},
+                "deleteOptions": {"preconditions": {"uid": e.uid}}}  # fmt: skip
+        answer = http.request("POST", f"{_pod_path(e)}/eviction", body, max_bytes=_REPLY_MAX)
+        if not isinstance(json_object(answer), dict):
+            raise ValueError("the Eviction's answer is not a JSON object")
 
     def _events_api(self) -> KubeEventsApi:
         """The Events calls of the evictor's own recorder, over its credentials."""
@@ -244,7 +268,7 @@ class ApiEvictor:
                 self._api_client = _load_api_client()
             return KubeEventsApi(self._api_client, request_timeout=self.request_timeout)
 
-    def _event(self, api: CoreV1Api, e: Eviction, kind: str, reason: str, message: str) -> None:
+    def _event(self, e: Eviction, kind: str, reason: str, message: str) -> None:
         """Record an Event on the pod through the recorder (never blocks, never raises)."""
         self._events.record(PodEvent(namespace=e.namespace, name=e.name, uid=e.uid, reason=reason,
                                      message=message, type=kind))
@@ -256,14 +280,16 @@ class DeleteEvictor(ApiEvictor):
 
     method = "delete"
 
-    def _request(self, api: CoreV1Api, e: Eviction) -> None:
-        from kubernetes import client
+    def _request(self, http: BlockingKubeHTTP, e: Eviction) -> None:
+        from rhp_kube.errors import TooLargeError
 
-        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=e.uid))
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": e.uid}}
         # The answer (the pod) is not decoded: only the status code matters.
-        answer: Any = api.delete_namespaced_pod(e.name, e.namespace, body=options, _preload_content=False,
-                                                _request_timeout=self.request_timeout)
-        answer.release_conn()
+        try:
+            http.request("DELETE", _pod_path(e), options, max_bytes=_REPLY_MAX)
+        except TooLargeError as exc:
+            if not 200 <= exc.status <= 299:
+                raise
 
 
 class _Runtime(Protocol):

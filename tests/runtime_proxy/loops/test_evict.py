@@ -303,3 +303,36 @@ def test_evictor_for_names_each_method() -> None:
     assert type(evictor_for("api", runtime=None)) is ApiEvictor
     with pytest.raises(ValueError, match="api, delete or runtime"):
         evictor_for("kill", runtime=None)
+
+
+# ---- the transport: rhp_kube.http, the one client family (issue 32) -----------------------------
+
+
+def test_evictions_and_deletes_go_through_the_one_transport(api: FakeAPIServer,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Eviction POST and the delete with a UID precondition go through ``rhp_kube.http`` on
+    the fake API server, with the same outcomes: evicted, 429 refused, 409 (another UID) and 404
+    gone, 500 failed. The generated client's CoreV1Api is made unusable: on the old main every
+    eviction went through it."""
+
+    def no_generated_client(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an eviction went through the generated client")
+
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", no_generated_client)
+    fine, held, broken = add_pod(api, "fine"), add_pod(api, "held", {"app": "x"}), add_pod(api, "broken")
+    add_pdb(api, "pdb", 0, {"matchLabels": {"app": "x"}})
+    api.inject("POST", r"/pods/broken/eviction$", 500)
+    evictor = ApiEvictor(official(api), node_name="node-1")
+    assert evict(evictor, eviction("fine", fine), eviction("held", held), eviction("broken", broken),
+                 eviction("missing", "uid-m")) == [
+        ("fine", "evicted"), ("held", "refused"), ("broken", "failed"), ("missing", "evicted")]
+    assert api.get("Pod", "fine", "ns") is None and api.get("Pod", "held", "ns") is not None
+    assert ("ns", "fine", 201) in api.evictions and ("ns", "held", 429) in api.evictions
+    assert sorted(ev["reason"] for ev in events(api, evictor)) == ["evictPodFail", "evictPodSuccess"]
+
+    gone = add_pod(api, "gone")
+    deleter = DeleteEvictor(official(api), node_name="node-1")
+    assert evict(deleter, eviction("gone", "old-uid"), eviction("held", held)) == [
+        ("gone", "evicted"), ("held", "evicted")]
+    assert api.get("Pod", "gone", "ns") is not None, "a UID precondition naming another pod deletes nothing"
+    assert api.get("Pod", "held", "ns") is None and gone
