@@ -57,6 +57,16 @@ def _free_port() -> int:
         return port
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a manager process: SIGTERM, then SIGKILL when it is still there 30 s later."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+
+
 def _wait(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -110,12 +120,7 @@ def manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Manager]:
             _MANAGERS.append(Manager(api, proc, port, cert, key, work / "pki"))
             yield _MANAGERS[-1]
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+            _stop(proc)
             log.close()
 
 
@@ -265,9 +270,4 @@ def test_the_manager_issues_its_certificate_and_the_api_server_can_trust_it(tmp_
                 assert json.loads(annotations["node.koordinator.sh/extended-resource-spec"]) == {
                     "containers": {"app": {"requests": batch, "limits": batch}}}
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(30)
+                _stop(proc)
