@@ -65,3 +65,35 @@ def test_pods_that_stay_fail_it_after_the_timeout(tmp_path: Path, capsys: pytest
 def test_nothing_to_match_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["remove-leases", "--namespace", NS, "--kubeconfig", str(tmp_path / "none")]) == 2
     assert "--name or --prefix" in capsys.readouterr().err
+
+
+def test_the_leases_go_through_the_one_transport(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``remove-leases`` lists pods and Leases (paged) and deletes through ``rhp_kube.http`` on the
+    fake API server; a refused call is one line with the API's status and message, and exit 1.
+    The generated client's CoreV1Api and CoordinationV1Api are made unusable: the old main's
+    command went through them."""
+    import kubernetes
+
+    from scheduler_ext import cleanup
+
+    def no_generated_client(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a call went through the generated client")
+
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", no_generated_client)
+    monkeypatch.setattr(kubernetes.client, "CoordinationV1Api", no_generated_client)
+    monkeypatch.setattr(cleanup, "LIST_PAGE", 2)
+    with FakeAPIServer() as api:
+        for name in ("rhp-a", "rhp-b", "rhp-c", "other"):
+            api.create(_lease(name))
+        kubeconfig = str(_kubeconfig(api, tmp_path / "k"))
+        code = main(["remove-leases", "--kubeconfig", kubeconfig, "--namespace", NS, "--prefix", "rhp-",
+                     "--wait-pods", "app=gone"])
+        assert code == 0
+        assert json.loads(capsys.readouterr().out) == {"namespace": NS, "deleted": ["rhp-a", "rhp-b", "rhp-c"]}
+        assert [o["metadata"]["name"] for o in api.objects("Lease")] == ["other"]
+        api.inject("DELETE", r"/leases/other$", 403)
+        assert main(["remove-leases", "--kubeconfig", kubeconfig, "--namespace", NS, "--name", "other"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("scheduler-ext remove-leases: the API server refused: 403") and err.count("\n") == 1
+        assert api.get("Lease", "other", NS) is not None
