@@ -173,3 +173,17 @@ def test_hostile_status_fragments(template: str, fragment: str) -> None:
     call_total(lambda t: parse_collect_policy({"metricCollectPolicy": {"nodeAggregatePolicy": {"durations": [t]}}}),
                fragment)
     assert HOLE in template
+
+
+def test_the_go_duration_parser_keeps_each_callers_bounds() -> None:
+    """NodeMetric durations stop at a day and 9-digit numbers; a Reservation's ``spec.ttl`` reads
+    with the same parser up to a century and 12-digit numbers."""
+    from koord_formats.reservation_spec import parse_ttl
+
+    assert parse_ttl("3153600000s") == 3153600000.0
+    assert parse_ttl("100000000000ns") == pytest.approx(100.0)
+    for text in ("86401s", "1000000000ns"):
+        with pytest.raises(FormatError):
+            parse_go_duration(text)
+    with pytest.raises(FormatError):
+        parse_ttl("3153600001s")

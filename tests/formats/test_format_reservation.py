@@ -159,3 +159,39 @@ def test_the_reservation_parser_is_total_and_bounded(data: st.DataObject, fragme
 def test_a_reservation_without_a_uid_is_refused() -> None:
     with pytest.raises(FormatError):
         reservation.parse_reservation({"metadata": {"name": "r"}})
+
+
+# ---- one parser, two sets of bounds (the reservation template's reader shares these) ----------------
+
+
+def _affinity_term(value: str) -> str:
+    return json.dumps({"requiredDuringSchedulingIgnoredDuringExecution": {"reservationSelectorTerms": [
+        {"matchExpressions": [{"key": "k", "operator": "In", "values": [value]}]}]}})
+
+
+def _template_terms(value: str) -> dict[str, Any]:
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "k", "operator": "In", "values": [value]}]}]}}}}
+
+
+def test_a_template_term_keeps_its_longer_string_bound() -> None:
+    """reservation-affinity reads label strings up to 320 characters, a Reservation template's
+    nodeSelectorTerms (``reservation_spec``) up to 1024, through the same term parser."""
+    from koord_formats.reservation_spec import parse_pod_constraints
+
+    long = "v" * 500
+    with pytest.raises(FormatError):
+        reservation.parse_reservation_affinity(_affinity_term(long))
+    terms = parse_pod_constraints(_template_terms(long)).terms
+    assert terms is not None and terms[0].matches({"k": long}, "n") and not terms[0].matches({"k": "v"}, "n")
+    with pytest.raises(FormatError):
+        parse_pod_constraints(_template_terms("v" * 1025))
+
+
+def test_one_toleration_rule_for_the_affinity_and_the_template() -> None:
+    taint = reservation.Taint("dedicated", "db", "NoSchedule")
+    assert reservation.Toleration("dedicated", "Equal", "db", "NoSchedule").tolerates(taint)
+    assert reservation.Toleration("dedicated", "Exists").tolerates(taint)
+    assert reservation.Toleration("", "Exists").tolerates(taint)
+    assert not reservation.Toleration("dedicated", "Equal", "web").tolerates(taint)
+    assert not reservation.Toleration("dedicated", "Exists", "", "NoExecute").tolerates(taint)
