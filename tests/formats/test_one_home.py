@@ -42,6 +42,9 @@ KUBERNETES_FIELDS = frozenset({"apiVersion", "nodeName"})
 # Pod fields (spec.schedulerName, spec.priorityClassName, status.qosClass) that a
 # ClusterColocationProfile (``koord_formats/profile.py``) names the same way.
 KUBERNETES_FIELDS |= {"schedulerName", "priorityClassName", "qosClass"}
+# The list query parameter of the Kubernetes API (scheduler_ext/cleanup.py lists pods by it),
+# spelled like a Reservation owner's ``labelSelector`` (a ``metav1.LabelSelector`` field).
+KUBERNETES_FIELDS |= {"labelSelector"}
 # Kubernetes' pod QoS classes that Koordinator also uses as a policy name; ``hooks``,
 # ``runtime_proxy`` and the manager speak of the QoS class, the extender only of the policy.
 KUBERNETES_VALUES = frozenset({"BestEffort"})
