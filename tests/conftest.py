@@ -15,9 +15,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from hypothesis import settings
 
 CI_EXAMPLES = 100
@@ -40,3 +42,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if not IS_ROOT and item.get_closest_marker("requires_root") is not None:
             item.add_marker(skip_root)
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults_after_each_test() -> Iterator[None]:
+    """Command lines under test configure structlog for the process (``rhp_ops.logs.configure``:
+    JSON, loggers cached on first use); give every later test the defaults back, so a test that
+    captures logs never depends on which tests ran before it."""
+    yield
+    structlog.reset_defaults()
