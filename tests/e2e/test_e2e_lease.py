@@ -19,8 +19,9 @@ import pytest
 
 from colocation_manager.kubeio import LeaseCalls, ManagerAPI
 from rhp_kube import credentials
+from rhp_kube.http import json_object
 from rhp_kube.lease import Elector, NotLeader
-from scheduler_ext.kube import MERGE_PATCH, _json
+from scheduler_ext.kube import MERGE_PATCH
 from tests.e2e.conftest import Stack
 
 LEASE = "rhp-e2e-fence"
@@ -88,9 +89,9 @@ def test_a_partitioned_leader_writes_nothing_after_the_takeover(stack: Stack, ns
             n = 0
             while not stop.is_set():
                 n += 1
-                call = apis[name]._request("PATCH", path, {"data": {name: str(n)}}, MERGE_PATCH)
+                call = apis[name].request("PATCH", path, {"data": {name: str(n)}}, MERGE_PATCH)
                 try:
-                    reply = _json(await electors[name].write(call))
+                    reply = json_object(await electors[name].write(call))
                     written[name].append(int(reply["metadata"]["resourceVersion"]))
                 except NotLeader:
                     refused[name] += 1
