@@ -52,9 +52,10 @@ def test_kubelet_in_the_guest_runs_a_pod() -> None:
             times.update({k: round(v + times["guest booted"], 1) for k, v in kubelet.timings.items()})
             # only the forward: the host's API server port is not reachable at the host's address
             probe = node.run(f"busybox nc -w 5 {GUEST_FORWARD_ADDRESS} {API_GUEST_PORT} </dev/null; echo fwd=$?; "
-                             f"busybox nc -w 5 10.0.2.2 {api} </dev/null; echo host=$?; "
-                             "busybox nc -w 5 1.1.1.1 443 </dev/null; echo out=$?", timeout=120)
-            assert "fwd=0" in probe.stdout and "host=0" not in probe.stdout and "out=0" not in probe.stdout, probe
+                             f"busybox nc -w 5 10.0.2.2 {api} </dev/null; echo host=$?", timeout=120)
+            # (no probe of an outside address: restrict=on would drop it inside QEMU, but a test
+            # never aims a packet past loopback)
+            assert "fwd=0" in probe.stdout and "host=0" not in probe.stdout, probe
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "v2-ls", "namespace": "default",
                                                                   "labels": {"koordinator.sh/qosClass": "LS"}},
                    "spec": {"nodeName": NODE, "hostNetwork": True, "terminationGracePeriodSeconds": 0,
