@@ -276,7 +276,10 @@ class Reserver:
             if self.fence.is_leader() and self.state.ready:
                 try:
                     await self.round()
-                except Exception as exc:  # an API failure or a bug: the next round tries again
+                except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:  # an API failure, a bug, a library's BaseException
+                    # (structlog's DropEvent is one): the next round tries again
                     log.warning("reservation round failed", error=f"{type(exc).__name__}: {exc}"[:300])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval)
