@@ -351,12 +351,42 @@ def scheduler_config(
 # -- small helpers --------------------------------------------------------------------------------------
 
 
+_HANDED_OUT: set[int] = set()
+_PORT_FLOOR = 20000  # below it sit well-known and registered services' usual ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (``ip_local_port_range``)."""
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, taken below the kernel's
+    ephemeral range so that no outgoing connection can hold it between this call and the
+    listener's bind (ci4 lost a kube-apiserver start to exactly that), and never handed out
+    twice by this process."""
+    low, _high = _ephemeral_range()
+    top = max(low - 1, _PORT_FLOOR + 1000)
+    rng = secrets.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(_PORT_FLOOR, top)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
         return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range: the kernel's pick
+        sock.bind(("127.0.0.1", 0))
+        fallback: int = sock.getsockname()[1]
+        return fallback
 
 
 def _clean_env() -> dict[str, str]:
@@ -738,11 +768,22 @@ class Cluster(PrivateDir):
 
     def start(self) -> Cluster:
         """Take the machine's cluster lock, clean up after a crashed run, start every component
-        and wait until the node is Ready (see the module docstring).
+        and wait until the node is Ready (see the module docstring). A component that lost its
+        port to another listener between the pick and its bind makes a fresh start on new ports
+        (at most three starts).
 
         :raises KubeError: a component exited or did not become ready in time; everything
             started is stopped first and the message has its log tail.
         """
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except KubeError as exc:
+                if "address already in use" not in str(exc) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> Cluster:
         if self._started:
             raise RuntimeError("Cluster is already started")
         self._started = True

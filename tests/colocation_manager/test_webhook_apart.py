@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rhp_devenv.kube import free_port as _free_port
 
 from tests.fakeapi import FakeAPIServer
 from tests.scheduler_ext.tlscerts import make_pki
@@ -48,13 +49,6 @@ w.review = slow
 from scheduler_ext.entry import main
 sys.exit(main(sys.argv[1:]))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

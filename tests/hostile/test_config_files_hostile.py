@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ from typing import Any
 import grpc
 import pytest
 import structlog
+from rhp_devenv.kube import free_port as _free_port
 
 from cri_protos import nri_pb2
 from rhp_ops.files import MAX_KUBECONFIG_BYTES, FileRefused
@@ -288,12 +288,6 @@ def backend(work: Path) -> Iterator[Path]:
         yield work / "crio.sock"
     finally:
         server.stop(0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rejected(port: int) -> dict[str, float]:

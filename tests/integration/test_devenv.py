@@ -261,3 +261,34 @@ def test_image_archive_names_the_image_and_hardlinks_applets(tmp_path: Path) -> 
         with tarfile.open(fileobj=layer) as inner:
             sh = inner.getmember("bin/sh")
             assert sh.islnk() and sh.linkname == "bin/busybox"
+
+
+def test_free_ports_sit_below_the_ephemeral_range_and_are_never_handed_out_twice() -> None:
+    """ci4 lost a kube-apiserver start to a port the kernel had meanwhile given to an outgoing
+    connection: a picked port is now outside that range, and one process never gets it twice."""
+    from rhp_devenv.kube import _ephemeral_range, free_port
+
+    low, _high = _ephemeral_range()
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 < p < low for p in ports)
+
+
+def test_a_start_that_lost_its_port_starts_again_on_new_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rhp_devenv import kube
+
+    cluster = kube.Cluster.__new__(kube.Cluster)
+    calls: list[int] = []
+
+    def once() -> kube.Cluster:
+        calls.append(1)
+        if len(calls) < 3:
+            raise kube.KubeError("kube-apiserver exited with code 1: bind: address already in use")
+        return cluster
+
+    monkeypatch.setattr(cluster, "_start_once", once)
+    assert cluster.start() is cluster and len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(cluster, "_start_once", lambda: (_ for _ in ()).throw(kube.KubeError("etcd exited")))
+    with pytest.raises(kube.KubeError, match="etcd exited"):
+        cluster.start()

@@ -4,7 +4,6 @@ runtime check against the same containerd, up and down."""
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -12,16 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rhp_devenv.kube import free_port as _free_port
 
 from tests.integration.harness import ProxyThread, proxy_options
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _status(port: int, path: str) -> int:

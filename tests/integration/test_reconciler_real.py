@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 from rhp_devenv.cri import CriClient, PodHandle, linux_resources
+from rhp_devenv.kube import free_port
 
 from runtime_proxy.host.cgroups import v1_controller
 from tests.integration.harness import ProxyProcess
@@ -202,12 +202,6 @@ def wait_metrics(port: int, ok: Callable[[dict[str, float]], bool], deadline_s: 
         if time.monotonic() - started > deadline_s:
             pytest.fail(f"{what}: not seen within {deadline_s:.1f}s (last: {found})")
         time.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_nodeslo_change_converges_within_one_period_and_restart_fixes_hand_edits(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import structlog
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from rhp_devenv.kube import free_port as _free_port  # noqa: E402
 
 from tests.fakeapi import FakeAPIServer  # noqa: E402
 from tests.scheduler_ext.builders import cluster, pod  # noqa: E402
@@ -54,13 +54,6 @@ def _until(check: Callable[[], bool], timeout: float = 60.0, what: str = "condit
 def _kill(api: FakeAPIServer) -> None:
     """Every request from now on fails (503), lists and watches alike."""
     api.inject("GET", ".", 503, times=10**9, reason="ServiceUnavailable", message="storage gone")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # ---- the extender ------------------------------------------------------------------------------

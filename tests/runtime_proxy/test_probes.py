@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rhp_devenv.kube import free_port as _free_port
 
 from rhp_ops import build
 from runtime_proxy import metrics
@@ -47,12 +48,6 @@ def port(state: dict[str, object]) -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(

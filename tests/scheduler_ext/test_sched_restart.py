@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from rhp_devenv.kube import free_port as _free_port
 
 from koord_formats.topology import format_cpu_topology
 from scheduler_ext.cli import main
@@ -26,12 +26,6 @@ from tests.scheduler_ext.conftest import signing_key_file
 
 RS = "scheduling.koordinator.sh/resource-status"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spawn(api_url: str, key: Path) -> tuple[subprocess.Popen[bytes], str]:

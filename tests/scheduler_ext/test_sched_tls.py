@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from rhp_devenv.kube import free_port
 
 from scheduler_ext import cli
 from tests.fakeapi import FakeAPIServer
@@ -24,12 +24,6 @@ from tests.scheduler_ext.conftest import signing_key_file
 from tests.scheduler_ext.tlscerts import PKI, client_context, make_pki
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
