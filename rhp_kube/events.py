@@ -42,7 +42,6 @@ Metric: ``rhp_pod_events_total{reason, outcome}``.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import uuid
@@ -413,40 +412,32 @@ class EventRecorder:
 
 
 class KubeEventsApi:
-    """``EventsApi`` over ``rhp_kube.http.KubeHTTP`` (core/v1 Events), the transport of every
-    other call: a create is a POST, a count update a JSON merge patch, each bounded by
+    """``EventsApi`` over ``rhp_kube.http.BlockingKubeHTTP`` (core/v1 Events), the transport of
+    every other call: a create is a POST, a count update a JSON merge patch, each bounded by
     ``request_timeout``; a failure is one of ``rhp_kube.errors``.
 
-    The recorder calls it from its sending thread only, so the calls run there on an event loop
-    of this object's own (made on the first call): never on the node agent's loop, and an API
-    server that does not answer holds that thread only, as before."""
+    The recorder calls it from its sending thread only, so the calls run on that thread's own
+    event loop: never on the node agent's loop, and an API server that does not answer holds
+    that thread only."""
 
     def __init__(self, api_client: ApiClient, *, request_timeout: float = 5.0) -> None:
-        from rhp_kube.http import KubeHTTP
+        from rhp_kube.http import BlockingKubeHTTP
 
-        self._http = KubeHTTP(api_client, timeout=request_timeout, limit=2)
+        self._http = BlockingKubeHTTP(api_client, timeout=request_timeout, limit=2)
         self.request_timeout = request_timeout
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _call(self, method: str, path: str, body: Mapping[str, object], content_type: str) -> None:
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        self._loop.run_until_complete(self._http.request(method, path, dict(body), content_type,
-                                                         max_bytes=_REPLY_MAX))  # fmt: skip
 
     def create(self, namespace: str, body: Mapping[str, object]) -> None:
         from rhp_kube.http import JSON_TYPE, seg
 
-        self._call("POST", f"/api/v1/namespaces/{seg(namespace)}/events", body, JSON_TYPE)
+        self._http.request("POST", f"/api/v1/namespaces/{seg(namespace)}/events", dict(body), JSON_TYPE,
+                           max_bytes=_REPLY_MAX)  # fmt: skip
 
     def patch(self, namespace: str, name: str, body: Mapping[str, object]) -> None:
         from rhp_kube.http import MERGE_PATCH, seg
 
-        self._call("PATCH", f"/api/v1/namespaces/{seg(namespace)}/events/{seg(name)}", body, MERGE_PATCH)
+        self._http.request("PATCH", f"/api/v1/namespaces/{seg(namespace)}/events/{seg(name)}", dict(body),
+                           MERGE_PATCH, max_bytes=_REPLY_MAX)  # fmt: skip
 
     def close(self) -> None:
-        """Close the connections and the loop (from the thread that made the calls)."""
-        loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.run_until_complete(self._http.aclose())
-            loop.close()
+        """Close the connections and the loop (when no call runs)."""
+        self._http.close()

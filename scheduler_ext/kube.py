@@ -22,12 +22,11 @@ server's event loop over aiohttp (``rhp_kube.http.KubeHTTP``); a bind is usually
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from koord_formats import keys, nodemetric
-from rhp_kube.http import JSON_TYPE, MERGE_PATCH, KubeHTTP, json_object, lease_path, seg
+from rhp_kube.http import JSON_TYPE, MERGE_PATCH, BlockingKubeHTTP, KubeHTTP, json_object, lease_path, seg
 from rhp_kube.watch import Informer, Resource, WatchOptions, collection
 from scheduler_ext.state import NODE_METRICS, ClusterState
 
@@ -166,20 +165,17 @@ class BindClient(KubeHTTP):
 
 
 class KubeKeyAPI:
-    """Secrets and ConfigMaps (``scheduler_ext.keystore.KeyAPI``) through ``rhp_kube.http.KubeHTTP``,
-    the transport of every other call, synchronously: ``serve`` calls it a few times at start,
-    before its server runs, on an event loop of this object's own (``close`` ends it). Each
-    call is bounded by ``timeout``; a failure is one of ``rhp_kube.errors``."""
+    """Secrets and ConfigMaps (``scheduler_ext.keystore.KeyAPI``) through
+    ``rhp_kube.http.BlockingKubeHTTP``, the transport of every other call, synchronously:
+    ``serve`` calls it a few times at start, before its server runs (``close`` ends its loop).
+    Each call is bounded by ``timeout``; a failure is one of ``rhp_kube.errors``."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient, *, timeout: float = 10.0) -> None:
-        self._http = KubeHTTP(api_client, timeout=timeout, limit=2)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._http = BlockingKubeHTTP(api_client, timeout=timeout, limit=2)
 
     def _do(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
         data = None if body is None else dict(body)
-        return _json(self._loop.run_until_complete(self._http.request(method, path, data, max_bytes=_KEYS_MAX)))
+        return _json(self._http.request(method, path, data, max_bytes=_KEYS_MAX))
 
     @staticmethod
     def _path(kind: str, namespace: str) -> str:
@@ -197,7 +193,4 @@ class KubeKeyAPI:
         return self._do("PUT", f"{self._path(kind, namespace)}/{_seg(name)}", body)
 
     def close(self) -> None:
-        loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.run_until_complete(self._http.aclose())
-            loop.close()
+        self._http.close()
