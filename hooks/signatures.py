@@ -25,13 +25,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from koord_formats import keys as koord_keys
 from koord_formats.errors import FormatError
 from koord_formats.signature import key_id_of, parse_allocation_signature, signed_message
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 __all__ = [
     "ACCEPT_UNSIGNED",
@@ -54,6 +55,10 @@ BAD = "bad-signature"
 
 @functools.lru_cache(maxsize=256)
 def _public_key(raw: bytes) -> Ed25519PublicKey:
+    # cryptography is imported on first use: a node without public keys never verifies, and its
+    # Rust extension and OpenSSL bindings are 7 MiB of every process's RSS.
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
@@ -119,6 +124,8 @@ def verify_allocation(
         return Verdict(UNKNOWN_KEY, reason=f"signed by key {sig.key_id}, which is not among the public keys")
     message = signed_message(key_id=sig.key_id, uid=uid, namespace=namespace, name=name, node=node,
                              cpu_milli=sig.cpu_milli, annotations=annotations)  # fmt: skip
+    from cryptography.exceptions import InvalidSignature
+
     try:
         _public_key(public).verify(sig.signature, message)
     except InvalidSignature:
