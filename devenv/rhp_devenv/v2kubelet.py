@@ -29,12 +29,14 @@ from typing import Any
 from rhp_devenv.kube import Cluster, TlsPair, kubelet_config
 from rhp_devenv.v2node import GUEST_FORWARD_ADDRESS, GUEST_SHARE, V2Node
 
-__all__ = ["API_GUEST_PORT", "NODE", "GuestKubelet"]
+__all__ = ["API_GUEST_PORT", "CONTAINERD_SOCKET", "NODE", "GuestKubelet"]
 
 NODE = "v2node"
 API_GUEST_PORT = 6443
 _CNI = {"cniVersion": "0.4.0", "name": "rhp-loopback", "plugins": [{"type": "loopback"}]}
 _HOST_LOOPBACK_CNI = Path("/usr/lib/cni/loopback")
+CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
+"""The guest's containerd (kubelet's runtime endpoint unless a door of the product is in front)."""
 
 
 class GuestKubelet:
@@ -44,6 +46,7 @@ class GuestKubelet:
         self.node = node
         self.cluster = cluster
         self.timings: dict[str, float] = {}
+        self._installed = False
 
     def _files(self) -> Path:
         cluster, pki = self.cluster, self.cluster.pki
@@ -69,36 +72,62 @@ class GuestKubelet:
             "contexts": [{"name": "rhp", "context": {"cluster": "rhp", "user": "kubelet"}}],
         }  # fmt: skip
         (share / "kubeconfig").write_text(json.dumps(kubeconfig))
-        config: dict[str, Any] = kubelet_config(
-            cri_socket=Path("/run/containerd/containerd.sock"), port=10250, healthz_port=10248,
-            client_ca=Path("/etc/kubernetes/ca.crt"),
-            serving=TlsPair(Path("/etc/kubernetes/serving.crt"), Path("/etc/kubernetes/serving.key")),
-            pod_logs_dir=Path("/var/log/pods"), extra={"cgroupDriver": "systemd"},
-        )  # fmt: skip
-        config.pop("failCgroupV1", None)  # a v2 node: kubelet's default
-        (share / "config.json").write_text(json.dumps(config))
         (share / "cni.conflist").write_text(json.dumps(_CNI))
         return guest
 
-    def start(self, timeout: float = 900.0) -> None:
-        """Copy the files, start kubelet in the guest and wait for the Node to be Ready."""
+    def _write_config(self, cri_socket: Path) -> None:
+        config: dict[str, Any] = kubelet_config(
+            cri_socket=cri_socket, port=10250, healthz_port=10248,
+            client_ca=Path("/etc/kubernetes/ca.crt"),
+            serving=TlsPair(Path("/etc/kubernetes/serving.crt"), Path("/etc/kubernetes/serving.key")),
+            pod_logs_dir=Path("/var/log/pods"), cgroup_v1=False, extra={"cgroupDriver": "systemd"},
+        )  # fmt: skip
+        (self.node.share / "kubelet" / "config.json").write_text(json.dumps(config))
+
+    def start(self, timeout: float = 900.0, *, cri_socket: Path = CONTAINERD_SOCKET) -> None:
+        """Start kubelet in the guest with *cri_socket* as its runtime (and image) endpoint: the
+        guest's containerd, or a door of the product in front of it (``runtime-proxy serve``'s
+        socket). The first start copies the files in and waits for the Node to be Ready; a later
+        one (after :meth:`stop`) writes only the new configuration and waits for kubelet's healthz."""
         started = time.monotonic()
-        guest = self._files()
-        self.node.network_up()
+        first = not self._installed
+        guest = self._files() if first else Path(f"{GUEST_SHARE}/kubelet")
+        self._write_config(cri_socket)
+        if first:
+            self.node.network_up()
+            self.node.run(
+                f"set -e; mkdir -p /etc/kubernetes /opt/cni/bin /etc/cni/net.d /var/lib/kubelet; "
+                f"cp {guest}/kube /usr/local/bin/kube; cp {guest}/loopback /opt/cni/bin/loopback; "
+                f"cp {guest}/ca.crt {guest}/client.crt {guest}/client.key {guest}/serving.crt {guest}/serving.key "
+                f"{guest}/kubeconfig /etc/kubernetes/; "
+                f"cp {guest}/cni.conflist /etc/cni/net.d/10-loopback.conflist",
+                timeout=600, check=True,
+            )
+            self._installed = True
         self.node.run(
-            f"set -e; mkdir -p /etc/kubernetes /opt/cni/bin /etc/cni/net.d /var/lib/kubelet; "
-            f"cp {guest}/kube /usr/local/bin/kube; cp {guest}/loopback /opt/cni/bin/loopback; "
-            f"cp {guest}/ca.crt {guest}/client.crt {guest}/client.key {guest}/serving.crt {guest}/serving.key "
-            f"{guest}/kubeconfig {guest}/config.json /etc/kubernetes/; "
-            f"cp {guest}/cni.conflist /etc/cni/net.d/10-loopback.conflist; "
+            f"set -e; cp {guest}/config.json /etc/kubernetes/config.json; "
             f"systemd-run --unit=rhp-kubelet --collect /usr/local/bin/kube kubelet "
             f"--config=/etc/kubernetes/config.json --kubeconfig=/etc/kubernetes/kubeconfig "
             f"--hostname-override={NODE} --root-dir=/var/lib/kubelet",
             timeout=600, check=True,
         )
-        self.timings["files and kubelet started"] = round(time.monotonic() - started, 1)
-        self.cluster.wait_for(self._ready, what=f"node {NODE} Ready", timeout=timeout)
-        self.timings["node Ready"] = round(time.monotonic() - started, 1)
+        what = "" if first else f" again ({cri_socket})"
+        self.timings[f"kubelet started{what}"] = round(time.monotonic() - started, 1)
+        if first:
+            self.cluster.wait_for(self._ready, what=f"node {NODE} Ready", timeout=timeout)
+            self.timings["node Ready"] = round(time.monotonic() - started, 1)
+        else:
+            self.node.run(
+                f"for i in $(seq {int(timeout)}); do busybox wget -q -O- http://127.0.0.1:10248/healthz "
+                f">/dev/null 2>&1 && exit 0; sleep 1; done; exit 1",
+                timeout=timeout + 60, check=True,
+            )
+            self.timings[f"kubelet healthy{what}"] = round(time.monotonic() - started, 1)
+
+    def stop(self) -> None:
+        """Stop the kubelet unit (its pods' containers keep running)."""
+        self.node.run("systemctl stop rhp-kubelet; systemctl reset-failed rhp-kubelet 2>/dev/null; true",
+                      timeout=300, check=True)
 
     def _ready(self) -> bool:
         node = self.cluster.get_json("node", NODE)
