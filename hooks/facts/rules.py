@@ -20,13 +20,21 @@ from typing import Any, Generic, TypeVar
 
 from koord_formats import keys, nodeslo
 from koord_formats.keys import SLO
-from koord_formats.nodeslo import CPUQOS, CPUBurstConfig, CPUSuppress, Eviction, HostApplication, ResctrlQOS
+from koord_formats.nodeslo import (
+    CPUQOS,
+    CPUBurstConfig,
+    CPUSuppress,
+    Eviction,
+    HostApplication,
+    MemoryQOS,
+    ResctrlQOS,
+)
 
 __all__ = ["SLO_CLASSES", "NodeSLORules", "Rule", "parse_rules"]
 
 T = TypeVar("T")
 
-# The NodeSLO classes whose cpuQOS and resctrlQOS are parsed up front (every class a pod or a
+# The NodeSLO classes whose cpuQOS, resctrlQOS and memoryQOS are parsed up front (every class a pod or a
 # host application maps to, ``koord_formats.keys.SLO_CLASS_KEYS``).
 SLO_CLASSES = (SLO.LSR_CLASS, SLO.LS_CLASS, SLO.BE_CLASS, SLO.SYSTEM_CLASS)
 
@@ -60,6 +68,9 @@ class NodeSLORules:
     group_identity_enabled: bool = False
     cpu_qos_by_class: Mapping[str, Rule[CPUQOS]] = field(default_factory=lambda: MappingProxyType({}))
     resctrl_by_class: Mapping[str, Rule[ResctrlQOS]] = field(default_factory=lambda: MappingProxyType({}))
+    memory_qos_by_class: Mapping[str, Rule[MemoryQOS]] = field(default_factory=lambda: MappingProxyType({}))
+    # some class of resourceQOSStrategy has a memoryQOS section (``nodeslo.memory_qos_configured``)
+    memory_qos_configured: bool = False
     cpu_suppress: Rule[CPUSuppress] = field(default_factory=lambda: Rule(CPUSuppress()))
     cpu_burst: Rule[CPUBurstConfig] = field(default_factory=lambda: Rule(nodeslo.DEFAULT_CPU_BURST))
     host_applications: Rule[tuple[HostApplication, ...]] = field(default_factory=lambda: Rule(()))
@@ -84,6 +95,13 @@ class NodeSLORules:
             return nodeslo.resctrl_qos(self.spec, class_key, problems)
         return rule.read(problems)
 
+    def memory_qos(self, class_key: str, problems: list[str] | None = None) -> MemoryQOS:
+        """memoryQOS of ``class_key`` (``koord_formats.nodeslo.memory_qos``)."""
+        rule = self.memory_qos_by_class.get(class_key)
+        if rule is None:
+            return nodeslo.memory_qos(self.spec, class_key, problems)
+        return rule.read(problems)
+
 
 def parse_rules(spec: Mapping[str, Any]) -> NodeSLORules:  # Any: the NodeSLO spec as JSON
     """The rules of a NodeSLO ``spec``; never raises (the accessors fill defaults)."""
@@ -97,6 +115,8 @@ def parse_rules(spec: Mapping[str, Any]) -> NodeSLORules:  # Any: the NodeSLO sp
         group_identity_enabled=gi,
         cpu_qos_by_class=MappingProxyType(cpu_qos),
         resctrl_by_class=MappingProxyType({k: _rule(nodeslo.resctrl_qos, spec, k) for k in SLO_CLASSES}),
+        memory_qos_by_class=MappingProxyType({k: _rule(nodeslo.memory_qos, spec, k) for k in SLO_CLASSES}),
+        memory_qos_configured=nodeslo.memory_qos_configured(spec),
         cpu_suppress=_rule(nodeslo.cpu_suppress, spec),
         cpu_burst=_rule(nodeslo.cpu_burst, spec),
         host_applications=_rule(nodeslo.host_applications, spec),

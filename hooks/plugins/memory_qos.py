@@ -7,8 +7,8 @@ Stage
     ``memory.high`` of a container without a limit needs.
 Inputs
     NodeSLO ``resourceQOSStrategy.{lsrClass,lsClass,beClass,systemClass}.memoryQOS``: ``enable``,
-    ``minLimitPercent``, ``lowLimitPercent``, ``throttlingPercent`` (0..100; read by
-    ``koord_formats.nodeslo.memory_qos``; a class whose ``enable`` is false takes 0 for each, as
+    ``minLimitPercent``, ``lowLimitPercent``, ``throttlingPercent`` (0..100; the typed rule ``node.rules.memory_qos(class)``, parsed
+    once per NodeSLO update by ``koord_formats.nodeslo.memory_qos``; a class whose ``enable`` is false takes 0 for each, as
     koordlet's ``NoneMemoryQOS``). The pod's class: its label ``koordinator.sh/qosClass`` (LSE
     reads the LSR section), else its Kubernetes QoS class (Guaranteed and Burstable read
     ``lsClass``, BestEffort ``beClass``). Each container's memory request and limit: for a pod
@@ -135,8 +135,8 @@ def _node_memory(usage: Usage) -> int:
 
 @hookimpl
 def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan | None:
-    spec = node.node_slo
-    if not nodeslo.memory_qos_configured(spec):
+    rules = node.rules
+    if not rules.memory_qos_configured:
         return None
     plan = Plan()
     if node.cgroup.version != 2:
@@ -153,7 +153,7 @@ def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usag
         if class_key is None:
             plan.skip(f"{who}: no QoS class; memory QoS left alone")
             continue
-        cfg = nodeslo.memory_qos(spec, class_key)
+        cfg = rules.memory_qos(class_key)
         try:
             memory = container_memory(pod)
             path = pod_cgroup_path(pod)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hooks.facts import SLO_CLASSES, NodeFacts, ResctrlFacts, parse_rules
+from hooks.facts import SLO_CLASSES, CgroupInfo, NodeFacts, ResctrlFacts, parse_rules
 from hooks.manager import builtin_plugin
 from hooks.plan import Plan
 from hooks.plugins import BUILTIN_PLUGINS
@@ -26,13 +26,14 @@ from tests.topologies import DUAL_SOCKET_HT
 
 # Every accessor a plugin read the raw spec with before; after, none is called on a hook call.
 ACCESSORS = ("cpu_policy", "cpu_qos", "group_identity_enabled", "class_bvt_value", "resctrl_qos",
-             "cpu_suppress", "cpu_burst", "host_applications", "eviction")
+             "cpu_suppress", "cpu_burst", "host_applications", "eviction", "memory_qos", "memory_qos_configured")
 
 SPEC: dict[str, Any] = {
     "resourceQOSStrategy": {
         "policies": {"cpuPolicy": "groupIdentity"},
         "lsrClass": {"cpuQOS": {"enable": True, "groupIdentity": 2}, "resctrlQOS": {"enable": True}},
-        "lsClass": {"cpuQOS": {"enable": True, "groupIdentity": 2}, "resctrlQOS": {"enable": True}},
+        "lsClass": {"cpuQOS": {"enable": True, "groupIdentity": 2}, "resctrlQOS": {"enable": True},
+                    "memoryQOS": {"enable": True, "minLimitPercent": 50, "lowLimitPercent": 80}},
         "beClass": {"cpuQOS": {"enable": True, "groupIdentity": "x"},
                     "resctrlQOS": {"enable": True, "catRangeEndPercent": 30}},
     },
@@ -70,8 +71,10 @@ def _plans(the_node: NodeFacts) -> Iterator[tuple[str, str, Plan | None]]:
 
 def test_plugins_read_the_rules_not_the_raw_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     the_node = node(DUAL_SOCKET_HT, slo=SPEC, resctrl=ResctrlFacts(cbm_mask="fff", cache_ids=(0,), supported=True))
+    the_node = the_node.replace(cgroup=CgroupInfo(version=2))
     before = [(n, h, repr(p)) for n, h, p in _plans(the_node)]
     assert any("bvt_warp_ns" in p for _, _, p in before)  # the spec is used at all
+    assert any(n == "memory_qos" and "memory QoS left alone" in p for n, _, p in before)  # read on cgroup v2
 
     def parsed_again(*args: object, **kwargs: object) -> None:
         raise AssertionError("a NodeSLO strategy was parsed again on a hook call")
@@ -103,7 +106,8 @@ json_values = st.recursive(
                          "catRangeStartPercent", "catRangeEndPercent", "mbaPercent", "policies", "cpuPolicy",
                          "lsrClass", "lsClass", "beClass", "systemClass", "cpuSuppressThresholdPercent",
                          "cpuSuppressPolicy", "memoryEvictThresholdPercent", "policy", "cpuBurstPercent",
-                         "name", "qos", "cgroupPath"]), inner, max_size=4),
+                         "name", "qos", "cgroupPath", "memoryQOS", "minLimitPercent", "lowLimitPercent",
+                         "throttlingPercent"]), inner, max_size=4),
     max_leaves=12,
 )
 specs = st.dictionaries(
@@ -116,8 +120,10 @@ def test_the_rules_are_what_the_accessors_give(spec: dict[str, Any]) -> None:
     rules = parse_rules(spec)
     assert rules.cpu_policy == nodeslo.cpu_policy(spec)
     assert rules.group_identity_enabled == nodeslo.group_identity_enabled(spec)
+    assert rules.memory_qos_configured == nodeslo.memory_qos_configured(spec)
     for key in (*SLO_CLASSES, "otherClass"):
-        for ours, theirs in ((rules.cpu_qos, nodeslo.cpu_qos), (rules.resctrl_qos, nodeslo.resctrl_qos)):
+        for ours, theirs in ((rules.cpu_qos, nodeslo.cpu_qos), (rules.resctrl_qos, nodeslo.resctrl_qos),
+                             (rules.memory_qos, nodeslo.memory_qos)):
             mine: list[str] = []
             found: list[str] = []
             assert ours(key, mine) == theirs(spec, key, found) and mine == found, json.dumps(spec)
