@@ -7,8 +7,9 @@ Stage
     ``memory.high`` of a container without a limit needs.
 Inputs
     NodeSLO ``resourceQOSStrategy.{lsrClass,lsClass,beClass,systemClass}.memoryQOS``: ``enable``,
-    ``minLimitPercent``, ``lowLimitPercent``, ``throttlingPercent`` (0..100; the typed rule ``node.rules.memory_qos(class)``, parsed
-    once per NodeSLO update by ``koord_formats.nodeslo.memory_qos``; a class whose ``enable`` is false takes 0 for each, as
+    ``minLimitPercent``, ``lowLimitPercent``, ``throttlingPercent`` (0..100; the typed rule
+    ``node.rules.memory_qos(class)``, parsed once per NodeSLO update by
+    ``koord_formats.nodeslo.memory_qos``; a class whose ``enable`` is false takes 0 for each, as
     koordlet's ``NoneMemoryQOS``). The pod's class: its label ``koordinator.sh/qosClass`` (LSE
     reads the LSR section), else its Kubernetes QoS class (Guaranteed and Burstable read
     ``lsClass``, BestEffort ``beClass``). Each container's memory request and limit: for a pod
