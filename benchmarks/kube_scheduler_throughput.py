@@ -69,8 +69,9 @@ from koord_formats.topology import format_cpu_topology  # noqa: E402
 from scheduler_ext.topology import synthetic_topology  # noqa: E402
 from scheduler_ext.trust import Signer  # noqa: E402
 
-ARMS = ("none", "noop", "ours")
+ARMS = ("none", "noop", "ours", "koord")
 EXTRA_ARMS = ("ours-noha",)  # ours with --no-ha-ledger: what the HA ledger costs
+CPUSET_ARMS = ("ours", "ours-noha", "koord")  # the arms that allocate exact cpusets
 NAMESPACE = "bench-sched"
 CPUS = 64
 TOPO_TEXT = format_cpu_topology(synthetic_topology(2, 1, 16, 2))
@@ -81,6 +82,59 @@ EXTENDER_USER = "system:serviceaccount:kube-system:scheduler-ext"
 TARGET = 0.9
 
 PY_SPY = Path(sys.executable).with_name("py-spy")  # pinned in pyproject.toml's dev extra
+
+# -- the koord-scheduler arm ----------------------------------------------------------------------------
+
+# Koordinator's CRDs that koord-scheduler v1.8.0 lists and watches at start even with none of the
+# plugins that use them enabled (it waits for their informers' caches before it schedules a pod, and
+# logs "could not find the requested resource" until they exist): Reservation and Device, besides
+# NodeResourceTopology, which every arm has. packaging/crds/ ships all three. ElasticQuota, PodGroup
+# and NodeMetric are read only by plugins this arm leaves off.
+PACKAGED_CRDS = {  # file in packaging/crds/: the CRD's name
+    "reservation.yaml": "reservations.scheduling.koordinator.sh",
+    "device.yaml": "devices.scheduling.koordinator.sh",
+}
+KOORD_PLUGIN = "NodeNUMAResource"
+
+
+def koord_binary(path: str | None) -> tuple[Path | None, str]:
+    """koord-scheduler's path (given, or where ``scripts/build-koord.sh koord-scheduler`` puts it)
+    and, when it cannot run, why: (None, reason)."""
+    if path is None:
+        try:
+            out = subprocess.run(["bash", str(REPO / "scripts" / "build-koord.sh"), "koord-scheduler", "--print-path"],
+                                 capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"its path is unknown ({exc}); bash scripts/build-koord.sh koord-scheduler builds it"
+        path = out.strip().splitlines()[-1] if out.strip() else ""
+    binary = Path(path)
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        return None, f"no binary at {binary} (bash scripts/build-koord.sh koord-scheduler builds it)"
+    return binary, ""
+
+
+def koord_config(kubeconfig: Path, qps: int) -> dict[str, Any]:
+    """koord-scheduler's configuration: the default profile (the pods name no scheduler) with
+    kube-scheduler's default plugins and Koordinator's NodeNUMAResource in every extension point
+    where it acts, so LSR pods get an exact cpuset (its PreBind writes resource-status, which
+    DefaultPreBind patches onto the pod before the bind). Reservation, Coscheduling, ElasticQuota,
+    DeviceShare and LoadAwareScheduling are not enabled; no leader election."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": qps, "burst": qps},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{
+            "schedulerName": "default-scheduler",
+            "plugins": {
+                "preFilter": {"enabled": [{"name": KOORD_PLUGIN}]},
+                "filter": {"enabled": [{"name": KOORD_PLUGIN}]},
+                "score": {"enabled": [{"name": KOORD_PLUGIN, "weight": 1}]},
+                "reserve": {"enabled": [{"name": KOORD_PLUGIN}]},
+                "preBind": {"enabled": [{"name": KOORD_PLUGIN}, {"name": "DefaultPreBind"}]},
+            },
+        }],
+    }  # fmt: skip
 
 
 # -- the do-nothing extender ----------------------------------------------------------------------
@@ -211,8 +265,9 @@ def thread_cpu(pid: int) -> dict[str, float]:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, cluster: Cluster, work: Path) -> None:
+    def __init__(self, args: argparse.Namespace, cluster: Cluster, work: Path, koord: Path | None = None) -> None:
         self.args = args
+        self.koord = koord
         self.cluster = cluster
         self.work = work
         self.api = Api(cluster.server, cluster.admin_tls())
@@ -229,6 +284,11 @@ class Bench:
         self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=120s",
                              "crd/noderesourcetopologies.topology.node.k8s.io")  # fmt: skip
         make_namespace(self.api, NAMESPACE)
+        if self.koord is not None:
+            crds = [(REPO / "packaging" / "crds" / f).read_text() for f in PACKAGED_CRDS]
+            self.cluster.apply(*crds)
+            for name in PACKAGED_CRDS.values():
+                self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=120s", f"crd/{name}")
 
     def grow_nodes(self, count: int) -> None:
         new = [f"node-{i:05d}" for i in range(len(self.nodes), count)]
@@ -299,6 +359,47 @@ class Bench:
         self.cluster.wait_for(answers, what=f"the {arm} extender", timeout=300, log="extender")
         return port, self.extender_entry(arm, port)
 
+    def start_koord(self) -> None:
+        """koord-scheduler (the built binary) with :func:`koord_config`, on the admin kubeconfig
+        (it reads Koordinator's objects kube-scheduler's identity may not), until /healthz answers."""
+        assert self.koord is not None
+        config = self.work / "koord-scheduler-config.json"
+        config.write_text(json.dumps(koord_config(self.cluster.admin_kubeconfig, self.args.scheduler_qps)))
+        port = free_port()
+        self.cluster.spawn("koord-scheduler", [str(self.koord), f"--config={config}", "--bind-address=127.0.0.1",
+                                               f"--secure-port={port}", "--v=1"])  # fmt: skip
+
+        def healthy() -> bool:
+            import http.client
+            import ssl
+
+            insecure = ssl.create_default_context()
+            insecure.check_hostname = False
+            insecure.verify_mode = ssl.CERT_NONE  # its serving certificate is self-signed at start
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=insecure, timeout=5)
+            try:
+                conn.request("GET", "/healthz")
+                return conn.getresponse().status == 200
+            except OSError:
+                self.cluster.check_alive("koord-scheduler")
+                return False
+            finally:
+                conn.close()
+
+        self.cluster.wait_for(healthy, what="koord-scheduler", timeout=300, log="koord-scheduler")
+
+    def koord_complaints(self) -> None:
+        """Print koord-scheduler's log lines about an API it could not list or watch (a CRD missing)."""
+        try:
+            text = self.cluster.log_path("koord-scheduler").read_text(errors="replace")
+        except OSError:
+            return
+        seen: set[str] = set()
+        for line in text.splitlines():
+            if ("failed to list" in line or "Failed to watch" in line) and line[-200:] not in seen:
+                seen.add(line[-200:])
+                print(f"koord-scheduler: {line[-300:]}", file=sys.stderr, flush=True)
+
     def measure(self, arm: str, nodes: int, round_: int, *, profile: Path | None = None) -> dict[str, Any]:
         tag = f"r{round_}-{arm}-{nodes}" + ("-prof" if profile else "")
         if arm.startswith("ours"):
@@ -308,8 +409,9 @@ class Bench:
                              "?labelSelector=!apiserver.kubernetes.io/identity")  # fmt: skip
         names = self.create_pods(self.args.pods, tag)
         extenders: list[dict[str, Any]] = []
-        if arm != "none":
+        if arm not in ("none", "koord"):
             extenders = [self.start_extender(arm)[1]]
+        scheduler = "koord-scheduler" if arm == "koord" else "kube-scheduler"
         rv = self.api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")["metadata"]["resourceVersion"]
         watch = PodWatch(self.api, NAMESPACE, rv, bound).start()
         load_start = loadavg()
@@ -321,14 +423,17 @@ class Bench:
                 spy = subprocess.Popen([str(PY_SPY), "record", "-p", str(ext_pid), "-o", str(profile), "-f", "raw",
                                         "-r", "100", "--gil"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)  # py-spy attaches before kube-scheduler sends the first verb
-            base = {"qps": self.args.scheduler_qps, "burst": self.args.scheduler_qps}
-            self.cluster.start_scheduler(extenders=extenders, base={"clientConnection": base})
-            cpu0 = {"scheduler": proc_cpu(self.cluster.pid("kube-scheduler")),
+            if arm == "koord":
+                self.start_koord()
+            else:
+                base = {"qps": self.args.scheduler_qps, "burst": self.args.scheduler_qps}
+                self.cluster.start_scheduler(extenders=extenders, base={"clientConnection": base})
+            cpu0 = {"scheduler": proc_cpu(self.cluster.pid(scheduler)),
                     "apiserver": proc_cpu(self.cluster.pid("kube-apiserver")),
                     "extender": proc_cpu(ext_pid) if ext_pid else 0.0}  # fmt: skip
             threads0 = thread_cpu(ext_pid) if ext_pid and arm.startswith("ours") else {}
             times = watch.wait(names, timeout=self.args.timeout)
-            cpu1 = {"scheduler": proc_cpu(self.cluster.pid("kube-scheduler")),
+            cpu1 = {"scheduler": proc_cpu(self.cluster.pid(scheduler)),
                     "apiserver": proc_cpu(self.cluster.pid("kube-apiserver")),
                     "extender": proc_cpu(ext_pid) if ext_pid else 0.0}  # fmt: skip
             threads1 = thread_cpu(ext_pid) if ext_pid and arm.startswith("ours") else {}
@@ -338,7 +443,9 @@ class Bench:
                 spy.wait(60)
         finally:
             watch.stop()
-            self.cluster.stop_process("kube-scheduler")
+            if arm == "koord":
+                self.koord_complaints()
+            self.cluster.stop_process(scheduler)
             self.cluster.stop_process("extender")
         first, last = min(times.values()), max(times.values())
         rate = (len(names) - 1) / (last - first) if last > first else float("nan")
@@ -346,7 +453,7 @@ class Bench:
                "window_s": last - first, "load": f"{load_start} -> {loadavg()}",
                "cpu": {k: cpu1[k] - cpu0[k] for k in cpu0},
                "threads": {k: v - threads0.get(k, 0.0) for k, v in threads1.items() if v - threads0.get(k, 0.0) > 0.05},
-               "cpusets": check_cpusets(pods) if arm.startswith("ours") else "n/a"}  # fmt: skip
+               "cpusets": check_cpusets(pods) if arm in CPUSET_ARMS else "n/a"}  # fmt: skip
         delete_pods(self.api, NAMESPACE)
         print(f"{nodes} nodes {arm:4} round {round_}: {rate:.0f} pods/s ({row['load']}) {row['cpusets']}",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -368,30 +475,62 @@ class Bench:
                 self.measure("ours", count, 0, profile=out)
                 print_profile(out, count)
 
+    def same_round_ratios(self, nodes: int, arm: str, base: str) -> list[float]:
+        """*arm*'s pods/s over *base*'s, round by round (both measured in the same round)."""
+        by_round = {(r["arm"], r["round"]): r["pods_s"] for r in self.rows if r["nodes"] == nodes and r["round"] > 0}
+        return [v / by_round[(base, rnd)] for (a, rnd), v in by_round.items() if a == arm and (base, rnd) in by_round]
+
     def report(self) -> None:
         print(f"\nkube-scheduler throughput, {self.args.pods} LSR pods of 1 CPU, pods/s first to last bind "
               f"(kube {self.cluster.binary.parent.name}, scheduler qps/burst {self.args.scheduler_qps})")  # fmt: skip
         print("| nodes | arm | round | pods/s | vs noop | load (1/5/15 min) start -> end | cpusets |")
         print("|---|---|---|---|---|---|---|")
         for row in self.rows:
-            noop = [r["pods_s"] for r in self.rows if r["nodes"] == row["nodes"] and r["arm"] == "noop"]
-            ratio = f"{row['pods_s'] / (sum(noop) / len(noop)):.2f}" if noop and row["arm"] != "noop" else ""
+            noop = [r["pods_s"] for r in self.rows
+                    if r["nodes"] == row["nodes"] and r["arm"] == "noop" and r["round"] == row["round"]]  # fmt: skip
+            ratio = f"{row['pods_s'] / noop[0]:.2f}" if noop and row["arm"] != "noop" else ""
             print(f"| {row['nodes']} | {row['arm']} | {row['round']} | {row['pods_s']:.0f} | {ratio} | "
                   f"{row['load']} | {row['cpusets']} |")  # fmt: skip
+        print("\nMedian [min, max] over the rounds; a ratio is taken within each round, then summarised:")
+        print("| nodes | arm | rounds | pods/s | / noop | / koord | extender CPU ms per pod |")
+        print("|---|---|---|---|---|---|---|")
         for count in sorted({r["nodes"] for r in self.rows}):
-            mean = {a: [r["pods_s"] for r in self.rows if r["nodes"] == count and r["arm"] == a]
-                    for a in (*ARMS, *EXTRA_ARMS)}
-            if mean["ours"] and mean["noop"]:
-                ratio = (sum(mean["ours"]) / len(mean["ours"])) / (sum(mean["noop"]) / len(mean["noop"]))
-                verdict = "met" if ratio >= TARGET else "MISSED"
-                note = f" (target >= {TARGET}: {verdict})" if count == 1000 else ""
-                print(f"{count} nodes: ours / noop = {ratio:.2f}{note}")
-        print("\nCPU seconds from kube-scheduler's start to the last bind (ms of CPU per pod):")
+            for arm in (*ARMS, *EXTRA_ARMS):
+                rates = [r["pods_s"] for r in self.rows if r["nodes"] == count and r["arm"] == arm and r["round"] > 0]
+                if not rates:
+                    continue
+                cpu = [1000 * r["cpu"]["extender"] / r["pods"] for r in self.rows
+                       if r["nodes"] == count and r["arm"] == arm and r["round"] > 0]  # fmt: skip
+                cells = [spread(rates, "{:.0f}")]
+                for base in ("noop", "koord"):
+                    cells.append(spread(self.same_round_ratios(count, arm, base), "{:.2f}") if arm != base else "1")
+                cells.append(spread(cpu, "{:.2f}") if arm not in ("none", "koord") else "n/a")
+                print(f"| {count} | {arm} | {len(rates)} | " + " | ".join(cells) + " |")
+        for count in sorted({r["nodes"] for r in self.rows}):
+            for base, target in (("noop", TARGET), ("koord", 1.0)):
+                ratios = self.same_round_ratios(count, "ours", base)
+                if ratios:
+                    verdict = "met" if median(ratios) >= target else "MISSED"
+                    print(f"{count} nodes: ours / {base} = {median(ratios):.2f} median (target >= {target}: {verdict})")
+        print("\nCPU seconds from the scheduler's start to the last bind (ms of CPU per pod):")
         for row in self.rows:
             cpu = ", ".join(f"{k} {v:.1f} ({1000 * v / row['pods']:.1f})" for k, v in row["cpu"].items())
             threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(row["threads"].items(), key=lambda kv: -kv[1]))
             print(f"  {row['nodes']} {row['arm']:4} r{row['round']}: {cpu}" + (f"; extender threads: {threads}"
                                                                              if threads else ""))  # fmt: skip
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def spread(values: Sequence[float], fmt: str) -> str:
+    """``median [min, max]``, or n/a for no values."""
+    if not values:
+        return "n/a"
+    return f"{fmt.format(median(values))} [{fmt.format(min(values))}, {fmt.format(max(values))}]"
 
 
 def print_profile(path: Path, nodes: int, top: int = 25) -> None:
@@ -426,7 +565,9 @@ def main() -> int:
     parser.add_argument("--nodes", default="1000,5000", help="comma-separated node counts, ascending")
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=1, help="measurements per arm and node count")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of none,noop,ours,ours-noha")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of none,noop,ours,koord,ours-noha")
+    parser.add_argument("--koord-scheduler", metavar="PATH",
+                        help="koord-scheduler binary (default: where scripts/build-koord.sh koord-scheduler puts it)")  # fmt: skip
     parser.add_argument("--scheduler-qps", type=int, default=5000)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one arm's pods to bind")
     parser.add_argument("--profile", action="store_true", help="one more (unmeasured) ours run sampled by py-spy")
@@ -441,6 +582,12 @@ def main() -> int:
     if kube_binary() is None:
         print("kube_scheduler_throughput: the kube binary is missing: run scripts/install-deps.sh", file=sys.stderr)
         return 2
+    koord: Path | None = None
+    if "koord" in args.arms.split(","):
+        koord, why = koord_binary(args.koord_scheduler)
+        if koord is None:
+            print(f"koord-scheduler arm skipped: {why}", flush=True)
+            args.arms = ",".join(a for a in args.arms.split(",") if a != "koord")
     work = Path(tempfile.mkdtemp(prefix="rhp-bench-sched-", dir="/tmp"))
     try:
         cluster = Cluster(
@@ -450,7 +597,7 @@ def main() -> int:
         )  # fmt: skip
         with cluster:
             print(f"cluster up in {cluster.start_seconds:.0f} s (load {loadavg()})", file=sys.stderr, flush=True)
-            bench = Bench(args, cluster, work)
+            bench = Bench(args, cluster, work, koord)
             bench.setup()
             bench.run()
             bench.report()
