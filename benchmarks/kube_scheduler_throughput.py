@@ -1,8 +1,10 @@
 """kube-scheduler throughput with the real components (``rhp_devenv.kube.Cluster`` without kubelet):
-no extender, a do-nothing extender, and ``scheduler-ext serve``, interleaved in one run.
+no extender, a do-nothing extender, ``scheduler-ext serve`` and Koordinator's koord-scheduler,
+interleaved in one run.
 
+    bash scripts/build-koord.sh koord-scheduler     # once, cached; without it the koord arm is skipped
     .venv/bin/python benchmarks/kube_scheduler_throughput.py [--nodes 1000,5000] [--pods 2000] \
-        [--rounds 1] [--profile]
+        [--rounds 1] [--profile] [--arms none,noop,ours,koord] [--koord-scheduler PATH]
 
 Set-up: API-only nodes (Node objects with no kubelet, as kube-scheduler's own performance tests
 use): 64 CPUs, 256Gi, 110 pods each, and a NodeResourceTopology each with a 64-CPU topology (2
@@ -22,13 +24,24 @@ and the pods are deleted. Arms:
   scores every node 0), kube-scheduler binds;
 - ``ours``: ``scheduler-ext serve`` (filter, prioritize, bind; HA ledger on, as packaged) with
   packaging/scheduler's extender entry, over plain HTTP on 127.0.0.1 (both extenders alike);
-- ``ours-noha`` (only when named in ``--arms``): the same with ``--no-ha-ledger``.
+- ``koord``: koord-scheduler v1.8.0 (``scripts/build-koord.sh koord-scheduler``) instead of
+  kube-scheduler, on the admin kubeconfig with the same qps/burst, no extender. Its profile is
+  kube-scheduler's default plugins plus Koordinator's NodeNUMAResource (PreFilter, Filter, Score,
+  Reserve, PreBind; default arguments: default CPU bind policy FullPCPUs, LeastAllocated
+  scoring of CPU and memory) and DefaultPreBind, which patches the pod with NodeNUMAResource's
+  ``resource-status`` before the Binding (two writes a pod, as ours: Lease and Binding). The
+  Reservation, Coscheduling, ElasticQuota, DeviceShare and LoadAwareScheduling plugins are off;
+  koord-scheduler still lists and watches Reservations and Devices at start (its framework
+  extender's informers), so their CRDs are applied from packaging/crds/. Skipped, saying why, when
+  the binary is missing;
+- ``ours-noha`` (only when named in ``--arms``): the same as ours with ``--no-ha-ledger``.
 
 Each run of ``ours`` starts without the ledger Leases of an earlier one (deleted), as a fresh
-deployment would. For ``ours`` every pod's resource-status cpuset is checked: exactly one CPU,
-on its node's topology, disjoint from every other pod's on that node. The order of the arms
+deployment would. For ``ours`` and ``koord`` every pod's resource-status cpuset is checked: exactly
+one CPU, on its node's topology, disjoint from every other pod's on that node. The order of the arms
 rotates every round; the load average is printed at the start and end of each measurement.
-Target: ours >= 0.9x noop's pods/s at 1,000 nodes.
+Ratios are taken within each round (same-run baselines) and summarised as median [min, max].
+Targets (issue 35): ours >= 0.9x noop's pods/s and >= koord's, at 1,000 and 5,000 nodes.
 
 ``--profile`` adds one unmeasured ``ours`` run per node count with py-spy sampling the extender
 (the thread holding the GIL, 100 times a second, from kube-scheduler's start to the last bind)
@@ -398,7 +411,7 @@ class Bench:
         for line in text.splitlines():
             if ("failed to list" in line or "Failed to watch" in line) and line[-200:] not in seen:
                 seen.add(line[-200:])
-                print(f"koord-scheduler: {line[-300:]}", file=sys.stderr, flush=True)
+                print(f"koord-scheduler could not list: {line[-300:]}", file=sys.stderr, flush=True)
 
     def measure(self, arm: str, nodes: int, round_: int, *, profile: Path | None = None) -> dict[str, Any]:
         tag = f"r{round_}-{arm}-{nodes}" + ("-prof" if profile else "")
@@ -567,7 +580,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="measurements per arm and node count")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of none,noop,ours,koord,ours-noha")
     parser.add_argument("--koord-scheduler", metavar="PATH",
-                        help="koord-scheduler binary (default: where scripts/build-koord.sh koord-scheduler puts it)")  # fmt: skip
+                        help="default: where scripts/build-koord.sh koord-scheduler puts it")  # fmt: skip
     parser.add_argument("--scheduler-qps", type=int, default=5000)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one arm's pods to bind")
     parser.add_argument("--profile", action="store_true", help="one more (unmeasured) ours run sampled by py-spy")
