@@ -6,7 +6,8 @@ Formats (koordinator-sh/koordinator ``apis/scheduling/v1alpha1/reservation_types
 
 - A ``Reservation`` (``scheduling.koordinator.sh/v1alpha1``, cluster-scoped): ``metadata``
   (``name``, ``uid``, ``labels``, ``annotations``; its ``resource-status`` annotation is the
-  cpuset and NUMA amounts the scheduler reserved for it), ``spec.template`` (a pod template; its
+  cpuset and NUMA amounts the scheduler reserved for it; its ``device-allocated`` annotation the
+  devices, as on a pod), ``spec.template`` (a pod template; its
   ``metadata.annotations`` lie under the reservation's own), ``spec.owners`` (a list of
   ``{object, controller, labelSelector}``, each part optional, the parts of one owner ANDed and
   the owners ORed), ``spec.ttl`` / ``spec.expires``, ``spec.allocateOnce`` (true when absent),
@@ -46,8 +47,10 @@ from koord_formats.bounded import (
 )
 from koord_formats.errors import FormatError
 from koord_formats.pod import (
+    DeviceAllocation,
     ResourceSpec,
     ResourceStatus,
+    parse_device_allocated,
     parse_resource_spec,
     parse_resource_status,
     read_resource_list,
@@ -361,6 +364,9 @@ class Reservation:
     taints: tuple[Taint, ...] = ()
     # the reservation's own resource-status (what the scheduler reserved: cpuset, NUMA amounts)
     status: ResourceStatus = field(default_factory=ResourceStatus)
+    # the reservation's own device-allocated (the devices the scheduler reserved for it, in the
+    # format of a pod's: Koordinator's deviceshare PreBindReservation writes it on the Reservation)
+    devices: Mapping[str, tuple[DeviceAllocation, ...]] = field(default_factory=lambda: MappingProxyType({}))
     # preferredCPUExclusivePolicy of the resource-spec the reserve pod carries ("None" when none)
     exclusive_policy: str = keys.EXCLUSIVE_POLICY_NONE
     allocatable: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
@@ -412,6 +418,10 @@ def parse_reservation(obj: object) -> Reservation:
     raw = annotations.get(keys.ANNOTATION_RESOURCE_STATUS)
     if raw is not None:
         res_status = parse_resource_status(read_str(raw, f"{what} resource-status", 1 << 20))
+    devices: Mapping[str, tuple[DeviceAllocation, ...]] = MappingProxyType({})
+    raw = annotations.get(keys.ANNOTATION_DEVICE_ALLOCATED)
+    if raw is not None:
+        devices = parse_device_allocated(read_str(raw, f"{what} device-allocated", 1 << 20))
     res_spec = ResourceSpec()
     raw = annotations.get(keys.ANNOTATION_RESOURCE_SPEC)
     if raw is not None:
@@ -442,6 +452,7 @@ def parse_reservation(obj: object) -> Reservation:
         unschedulable=False if unschedulable is None else read_bool(unschedulable, f"{what} unschedulable"),
         taints=read_taints(spec.get("taints"), f"{what} taints"),
         status=res_status,
+        devices=devices,
         exclusive_policy=res_spec.preferred_cpu_exclusive_policy or keys.EXCLUSIVE_POLICY_NONE,
         allocatable=read_resource_list(status.get("allocatable"), f"{what} allocatable"),
         allocated=read_resource_list(status.get("allocated"), f"{what} allocated"),

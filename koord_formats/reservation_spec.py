@@ -14,7 +14,8 @@ Kubernetes ``PodSpec`` and ``Node``):
   plus the overhead (``PodRequests``).
 - ``spec.ttl`` (a Go duration, ``"0s"`` never expires; Koordinator's CRD defaults it to 24h),
   ``spec.expires`` (RFC 3339, checked first), ``metadata.creationTimestamp``.
-- ``status.conditions[]`` (``type``, ``status``, ``reason``, ``message``, times),
+- ``status.conditions[]`` (``type``, ``status``, ``reason``, ``message``, ``lastProbeTime`` and
+  ``lastTransitionTime``: what garbage collection reads, ``read_conditions``),
   ``status.currentOwners[]`` (``namespace``, ``name``, ``uid``).
 - A Node's ``spec.taints[]`` (``key``, ``value``, ``effect``) and ``status.allocatable``.
 
@@ -46,6 +47,7 @@ from koord_formats.reservation import (
 
 __all__ = [
     "MAX_TTL_SECONDS",
+    "Condition",
     "HostPort",
     "Lifetime",
     "NodeFacts",
@@ -55,8 +57,10 @@ __all__ = [
     "parse_lifetime",
     "parse_node",
     "parse_pod_constraints",
+    "parse_pod_requests",
     "parse_rfc3339",
     "parse_ttl",
+    "read_conditions",
     "read_current_owners",
 ]
 
@@ -69,6 +73,7 @@ _MAX_TAINTS = 128
 _MAX_CONTAINERS = 64
 _MAX_PORTS = 256
 _MAX_OWNERS = 1024
+_MAX_CONDITIONS = 64
 _MAX_TIME_CHARS = 64
 _MAX_DURATION_CHARS = 64
 
@@ -197,14 +202,26 @@ def _container_requests(c: Mapping[str, Any], what: str) -> dict[str, Fraction]:
     return requests
 
 
+def parse_pod_requests(spec_value: object) -> Mapping[str, Fraction]:
+    """A pod spec's requests as kube-scheduler counts them (``PodRequests``: the containers'
+    sum, at least each init container, plus the overhead; limits default requests)."""
+    spec = _object(spec_value, "pod spec")
+    total: dict[str, Fraction] = {}
+    for c in read_list(spec.get("containers") or [], "containers", _MAX_CONTAINERS):
+        _add(total, _container_requests(read_object(c, "container"), "container"))
+    for c in read_list(spec.get("initContainers") or [], "initContainers", _MAX_CONTAINERS):
+        for k, v in _container_requests(read_object(c, "init container"), "init container").items():
+            total[k] = max(total.get(k, Fraction(0)), v)
+    _add(total, read_resource_list(spec.get("overhead"), "overhead"))
+    return MappingProxyType(total)
+
+
 def parse_pod_constraints(spec_value: object) -> PodConstraints:
     """The scheduling constraints of a pod spec (a Reservation's ``spec.template.spec``)."""
     spec = _object(spec_value, "pod spec")
-    total: dict[str, Fraction] = {}
     ports: list[HostPort] = []
     for c in read_list(spec.get("containers") or [], "containers", _MAX_CONTAINERS):
         doc = read_object(c, "container")
-        _add(total, _container_requests(doc, "container"))
         for p in read_list(doc.get("ports") or [], "container ports", _MAX_PORTS):
             port = read_object(p, "container port")
             host = port.get("hostPort")
@@ -217,17 +234,13 @@ def parse_pod_constraints(spec_value: object) -> PodConstraints:
                     _text(port, "hostIP", "container port", 64),
                 )
             )
-    for c in read_list(spec.get("initContainers") or [], "initContainers", _MAX_CONTAINERS):
-        for k, v in _container_requests(read_object(c, "init container"), "init container").items():
-            total[k] = max(total.get(k, Fraction(0)), v)
-    _add(total, read_resource_list(spec.get("overhead"), "overhead"))
     return PodConstraints(
         node_name=_text(spec, "nodeName", "pod spec"),
         node_selector=read_labels(spec.get("nodeSelector"), "nodeSelector", _MAX_LABELS, _MAX_LABEL_CHARS),
         terms=_terms(_object(spec.get("affinity"), "affinity")),
         tolerations=read_tolerations(spec.get("tolerations"), "tolerations", _MAX_TOLERATIONS, _MAX_LABEL_CHARS),
         host_ports=tuple(sorted(set(ports))),
-        requests=MappingProxyType(total),
+        requests=parse_pod_requests(spec),
     )
 
 
@@ -271,3 +284,32 @@ def read_current_owners(status_value: object) -> tuple[tuple[str, str, str], ...
         out.append((_text(doc, "uid", "currentOwner"), _text(doc, "namespace", "currentOwner"),
                     _text(doc, "name", "currentOwner")))  # fmt: skip
     return tuple(sorted(out))
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One ``status.conditions`` entry as garbage collection reads it (times as Unix times,
+    ``None`` when absent)."""
+
+    type: str
+    status: str = ""
+    reason: str = ""
+    last_probe: float | None = None
+    last_transition: float | None = None
+
+
+def read_conditions(status_value: object) -> tuple[Condition, ...]:
+    """``status.conditions`` (at most 64 entries; the message is not read)."""
+    status = _object(status_value, "Reservation status")
+    out: list[Condition] = []
+    for item in read_list(status.get("conditions") or [], "conditions", _MAX_CONDITIONS):
+        doc = read_object(item, "condition")
+        probe, moved = doc.get("lastProbeTime"), doc.get("lastTransitionTime")
+        out.append(Condition(
+            type=_text(doc, "type", "condition", 64),
+            status=_text(doc, "status", "condition", 16),
+            reason=_text(doc, "reason", "condition", 128),
+            last_probe=None if probe is None else parse_rfc3339(probe, "condition lastProbeTime"),
+            last_transition=None if moved is None else parse_rfc3339(moved, "condition lastTransitionTime"),
+        ))  # fmt: skip
+    return tuple(out)

@@ -26,7 +26,7 @@ import structlog
 
 from colocation_manager.cli import add_parser as add_manager_parser
 from rhp_kube import credentials
-from rhp_kube.liveness import DEAD_AFTER
+from rhp_kube.liveness import DEAD_AFTER, Liveness, all_of
 from rhp_ops import logs
 from rhp_ops.build import extra_hint
 from rhp_ops.cli import (
@@ -45,6 +45,7 @@ from scheduler_ext.cleanup import add_parser as add_cleanup_parser
 from scheduler_ext.decide import DEFAULT_CONFIG, STRATEGIES, ExtenderConfig, evaluate, plan
 from scheduler_ext.guard import MAX_BODY_BYTES, decode_pod, describe
 from scheduler_ext.keystore import KeyStoreError, keys_from_cluster, public_keys_from_files, signer_from_file
+from scheduler_ext.reserve import GC_AFTER as RESERVATION_GC_AFTER
 from scheduler_ext.state import ClusterState, load_objects
 from scheduler_ext.trust import DEFAULT_TRUSTED_SCHEDULERS, TRUST_ALL, Trust
 
@@ -509,13 +510,17 @@ def _serve(args: argparse.Namespace) -> int:
         requeuer = Requeuer(bind_api, state.with_topology, rate=args.topology_requeue_rate,
                             fresh=lambda: not state.stale_kinds())
     background = []
+    liveness: Liveness = watches.liveness
     if store is not None:
         from scheduler_ext.reserver import reservation_controller
 
-        background.append(reservation_controller(state, store, bind_api, binder, cfg, args.ledger_namespace,
-                                                 args.reservation_lease, args.identity))
+        controller = reservation_controller(state, store, bind_api, binder, cfg, args.ledger_namespace,
+                                            args.reservation_lease, args.identity,
+                                            gc_after=args.reservation_gc_after)
+        background.append(controller)
+        liveness = all_of(watches.liveness, controller.liveness)  # its loop's death fails /healthz too
     app = create_app(state, binder, cfg, prefix=args.path_prefix, max_body=args.max_body_bytes, requeuer=requeuer,
-                     liveness=watches.liveness, background=background)
+                     liveness=liveness, background=background)
     log.info("serving", listen=args.listen, ha_ledger=bool(ledger), load_aware=state.load_args is not None,
              tls=bool(args.tls_cert), client_certificates=bool(args.tls_client_ca),
              health_listen=args.health_listen or None)
@@ -532,7 +537,7 @@ def _serve(args: argparse.Namespace) -> int:
     health = None
     if health_listen is not None:
         health = _no_signal_server(
-            _uvicorn_config(create_health_app(state, watches.liveness), health_listen[0], health_listen[1],
+            _uvicorn_config(create_health_app(state, liveness), health_listen[0], health_listen[1],
                             lifespan="off")
         )
     try:
@@ -610,6 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--reservation-lease", default="scheduler-ext.reservations", metavar="NAME",
                        help="the Lease the reservation controller's replicas elect a leader by (default "
                             "%(default)s: no node's HA-ledger Lease, scheduler-ext-<node>, can have that name)")
+    serve.add_argument("--reservation-gc-after", type=float, default=RESERVATION_GC_AFTER, metavar="SECONDS",
+                       help="delete a Failed (expired) or Succeeded Reservation this long after it became so, as "
+                            "Koordinator's reservation GC does (default %(default)s, Koordinator's 24h; 0 never)")
     serve.add_argument("--watch-timeout", type=int, default=60,
                        help="seconds after which the API server ends each watch stream (timeoutSeconds; "
                             "default %(default)s)")

@@ -53,6 +53,7 @@ from scheduler_ext.annotations import Allocation, gpu_device_allocated
 from scheduler_ext.pods import GPURequest, PodRequest
 from scheduler_ext.reservations import NodeReservation
 from scheduler_ext.state import NodeState
+from scheduler_ext.topology import GPUDevice
 from scheduler_ext.views import matched_reservations, node_facts, nominate, restore
 
 __all__ = [
@@ -65,6 +66,8 @@ __all__ = [
     "Placement",
     "Verdict",
     "evaluate",
+    "gpu_matched",
+    "gpu_view",
     "key_id",
     "memo_verdict",
     "needs",
@@ -145,6 +148,47 @@ def needs(ns: NodeState, pod: PodRequest) -> Needs | str:
     return Needs(cpuset, bind_policy, required, policy, pod.gpu)
 
 
+def gpu_view(ns: NodeState, nr: NodeReservation | None) -> tuple[tuple[GPUDevice, ...], Mapping[int, GPUUsage]]:
+    """The GPUs a pod may take and their usage as it sees them: the node's for a pod outside
+    any reservation that reserved GPUs (what reservations reserved counts as used, see
+    ``ClusterState``'s refresh); for an owner placed into ``nr``, only the minors ``nr`` reserved,
+    with what ``nr`` holds of them for its pods given back. Koordinator's owner allocates
+    from the reserved minors as preferred ones and, with the Default and Aligned policies, may
+    add the node's free GPUs; here a pod placed into a reservation that reserved GPUs takes
+    only reserved ones (see "Deliberate differences" in ``scheduler_ext/README.md``)."""
+    if nr is None or not nr.gpus:
+        return ns.gpus, ns.gpu_usage
+    usage = dict(ns.gpu_usage)
+    for minor, (core, ratio, memory) in nr.gpu_remained.items():
+        usage[minor] = usage.get(minor, _IDLE).minus(core, ratio, memory)
+    return tuple(g for g in ns.gpus if g.minor in nr.gpus), usage
+
+
+def _gpus_fit(gpus: Sequence[GPUDevice], usage: Mapping[int, GPUUsage], req: GPURequest,
+              affinity: frozenset[int] | None = None) -> int:  # fmt: skip
+    """How many of ``gpus`` have room for one share of ``req`` (inside ``affinity`` when given)."""
+    return sum(1 for g in gpus if gpu_fits(g, usage.get(g.minor, _IDLE), req)
+               and (affinity is None or g.numa in affinity))  # fmt: skip
+
+
+def gpu_matched(ns: NodeState, pod: PodRequest, matched: Sequence[NodeReservation]) -> list[NodeReservation]:
+    """The matched reservations a GPU pod can be placed into: one that reserved GPUs when its
+    reserved GPUs hold the request; one that reserved none when the node's GPUs outside every
+    reservation do (Koordinator's reservation filter runs the device plugin on each)."""
+    if pod.gpu is None or ns.gpu_error:
+        return list(matched)
+    node_fits = _gpus_fit(ns.gpus, ns.gpu_usage, pod.gpu) >= pod.gpu.count
+    out = []
+    for nr in matched:
+        if nr.gpus:
+            gpus, usage = gpu_view(ns, nr)
+            if _gpus_fit(gpus, usage, pod.gpu) >= pod.gpu.count:
+                out.append(nr)
+        elif node_fits:
+            out.append(nr)
+    return out
+
+
 def _gpu_provider(ns: NodeState, gpu: GPURequest) -> numa.ProviderHints:
     hints = gpu_hints(ns.gpus, ns.gpu_usage, gpu)
     if hints is None:
@@ -218,7 +262,7 @@ def verdict_of(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Verdict:
         return PLAIN
     if not ns.node_seen:
         return Verdict(False, False, f"node {ns.name} is not in the extender's cache yet")
-    matched = matched_reservations(ns, pod)
+    matched = gpu_matched(ns, pod, matched_reservations(ns, pod))
     if pod.reservation_affinity is not None and not matched:
         return Verdict(False, True, ERR_RESERVATION_AFFINITY)
     if intent.skip:
@@ -234,12 +278,11 @@ def verdict_of(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Verdict:
         if healthy < req.count:
             return Verdict(False, True, f"pod asks {req.count} GPU(s), node has {healthy} healthy")
         strict = placed.numa_policy in _STRICT_NUMA and placed.affinity is not None
-        fits = sum(
-            1
-            for g in ns.gpus
-            if gpu_fits(g, ns.gpu_usage.get(g.minor, _IDLE), req)
-            and (not strict or placed.affinity is None or g.numa in placed.affinity)
-        )
+        fits = _gpus_fit(ns.gpus, ns.gpu_usage, req, placed.affinity if strict else None)
+        for nr in matched:  # or inside a matched reservation that reserved GPUs
+            if nr.gpus and fits < req.count:
+                gpus, usage = gpu_view(ns, nr)
+                fits = max(fits, _gpus_fit(gpus, usage, req, placed.affinity if strict else None))
         if fits < req.count:
             return Verdict(
                 False, False, f"insufficient GPU capacity: {fits} GPU(s) fit, pod asks {req.count}"
@@ -326,7 +369,7 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
     intent = pre_filter(pod)
     if isinstance(intent, Refusal) or not ns.node_seen:
         return Placement(Allocation(), {}, None)
-    matched = matched_reservations(ns, pod)
+    matched = gpu_matched(ns, pod, matched_reservations(ns, pod))
     if intent.skip:
         nominated = nominate(matched, pod)
         if nominated is None:
@@ -348,9 +391,10 @@ def plan(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Placement:
         gpu_aff = affinity
         if gpu_aff is None and cpus and topo is not None:
             gpu_aff = frozenset(topo.details[c].node for c in cpus)  # prefer, never require
+        gpus, usage = gpu_view(ns, nominated)  # placed into a reservation: its reserved GPUs only
         grants = take_gpus(
-            ns.gpus,
-            ns.gpu_usage,
+            gpus,
+            usage,
             pod.gpu,
             affinity=gpu_aff,
             strict=strict and affinity is not None,

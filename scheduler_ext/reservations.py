@@ -19,6 +19,10 @@ Koordinator's rules (``pkg/scheduler/plugins/reservation`` ``transformer.go`` / 
   the reservation's (``metadata.name`` is the reservation's name), and its NoSchedule and
   NoExecute taints tolerated.
 - Pods allocated from a reservation carry ``reservation-allocated`` with its UID.
+- GPUs (``deviceshare/reservation.go``): a reservation's own ``device-allocated`` lists the GPU
+  minors and amounts it reserved. Every pod but its owners sees them as used except what its
+  own pods hold of them (``gpu_remained``: reserved minus held, per minor, never below 0); an
+  owner placed into it takes its GPUs among the reserved minors only (``scheduler_ext.decide``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from koord_formats import keys
 from koord_formats.pod import ResourceStatus
@@ -47,6 +52,7 @@ __all__ = [
     "numa_amounts",
     "owners_match",
     "pod_may_use",
+    "reserved_gpus",
 ]
 
 CPU = "cpu"
@@ -54,6 +60,7 @@ MEMORY = "memory"
 _HARD_EFFECTS = ("NoSchedule", "NoExecute")
 
 Amounts = dict[int, dict[str, int]]  # NUMA node -> {"cpu": milli, "memory": bytes}
+GPUAmounts = Mapping[int, tuple[int, int, int]]  # GPU minor -> (core %, memory-ratio %, memory bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,19 @@ class NodeReservation:
     assigned: int = 0  # pods allocated from it on this node
     assigned_cpus: frozenset[int] = frozenset()
     assigned_numa: Amounts = field(default_factory=dict)  # what those pods booked, where it reserved NUMA
+    gpus: GPUAmounts = field(default_factory=dict)  # the GPUs it reserved (its device-allocated)
+    assigned_gpus: GPUAmounts = field(default_factory=dict)  # what its pods hold of those minors
+
+    @property
+    def gpu_remained(self) -> dict[int, tuple[int, int, int]]:
+        """What it reserved of each GPU that its pods do not hold (never below 0)."""
+        out: dict[int, tuple[int, int, int]] = {}
+        for minor, amounts in self.gpus.items():
+            held = self.assigned_gpus.get(minor, (0, 0, 0))
+            left = tuple(max(0, a - b) for a, b in zip(amounts, held, strict=True))
+            if any(left):
+                out[minor] = (left[0], left[1], left[2])
+        return out
 
     @property
     def preferred(self) -> frozenset[int]:
@@ -134,27 +154,47 @@ class NodeReservation:
         return out
 
 
-def fold(
-    reservations: Iterable[Reservation],
-    pods: Iterable[tuple[str, frozenset[int], Mapping[int, int], Mapping[int, int]]],
-) -> tuple[NodeReservation, ...]:
-    """Active reservations of one node (sorted by name) with their pods: ``pods`` yields
-    (reservation uid, cpus, NUMA milli-CPU, NUMA bytes) of each pod allocated from one."""
-    by_uid: dict[str, list[tuple[frozenset[int], Mapping[int, int], Mapping[int, int]]]] = {}
-    for uid, cpus, numa_cpu, numa_mem in pods:
-        by_uid.setdefault(uid, []).append((cpus, numa_cpu, numa_mem))
+def reserved_gpus(r: Reservation) -> dict[int, tuple[int, int, int]]:
+    """The GPUs a reservation's ``device-allocated`` lists, per minor (amounts read as a pod's:
+    core and memory-ratio rounded down, memory up)."""
+    out: dict[int, tuple[int, int, int]] = {}
+    for dev in r.devices.get(keys.DEVICE_TYPE_GPU, ()):
+        res = dev.resources
+        core, ratio, memory = out.get(dev.minor, (0, 0, 0))
+        out[dev.minor] = (core + math.floor(res.get(keys.RESOURCE_GPU_CORE, 0)),
+                          ratio + math.floor(res.get(keys.RESOURCE_GPU_MEMORY_RATIO, 0)),
+                          memory + math.ceil(res.get(keys.RESOURCE_GPU_MEMORY, 0)))  # fmt: skip
+    return out
+
+
+# a pod allocated from a reservation: (reservation uid, cpus, NUMA milli-CPU, NUMA bytes, GPUs as
+# (minor, core, ratio, memory))
+Member = tuple[str, frozenset[int], Mapping[int, int], Mapping[int, int], Iterable[tuple[int, int, int, int]]]
+
+
+def fold(reservations: Iterable[Reservation], pods: Iterable[Member]) -> tuple[NodeReservation, ...]:
+    """Active reservations of one node (sorted by name) with their pods (``Member`` each)."""
+    by_uid: dict[str, list[Any]] = {}
+    for uid, cpus, numa_cpu, numa_mem, p_gpus in pods:
+        by_uid.setdefault(uid, []).append((cpus, numa_cpu, numa_mem, p_gpus))
     out: list[NodeReservation] = []
     for r in sorted(reservations, key=lambda x: (x.name, x.uid)):
         numa = numa_amounts(r.status)
+        gpus = reserved_gpus(r)
         members = by_uid.get(r.uid, [])
         held: set[int] = set()
         booked: Amounts = {}
-        for p_cpus, p_cpu, p_mem in members:
+        on_gpus: dict[int, tuple[int, int, int]] = {}
+        for p_cpus, p_cpu, p_mem, p_gpus in members:
             held |= p_cpus
             if numa:
                 _add(booked, {n: {CPU: v} for n, v in p_cpu.items()})
                 _add(booked, {n: {MEMORY: v} for n, v in p_mem.items()})
-        out.append(NodeReservation(r, r.status.cpuset, numa, len(members), frozenset(held), booked))
+            for minor, core, ratio, memory in p_gpus:
+                if minor in gpus:
+                    c, q, m = on_gpus.get(minor, (0, 0, 0))
+                    on_gpus[minor] = (c + core, q + ratio, m + memory)
+        out.append(NodeReservation(r, r.status.cpuset, numa, len(members), frozenset(held), booked, gpus, on_gpus))
     return tuple(out)
 
 

@@ -23,6 +23,12 @@ asks these functions and writes). Koordinator's semantics (koordinator-sh/koordi
 - Expired (``spec.expires`` passed, else creation plus ``spec.ttl``; a ttl of 0 never expires;
   Failed and Succeeded ones are left alone), or its node gone: phase ``Failed``, condition
   ``Ready`` False, reason ``Expired``. The extender stops counting it: what it held is free.
+- Garbage collection (``isReservationNeedCleanup``): a ``Failed`` one whose condition of reason
+  ``Expired`` moved (``lastTransitionTime``) more than ``GC_AFTER`` ago, or a ``Succeeded`` one
+  whose condition of reason ``Succeeded`` was last probed (``lastProbeTime``) that long ago, is
+  deleted. Koordinator's default is 24 hours (``defaultGCDuration``, and
+  ``defaultGCDurationSeconds`` 86400 in its scheduler's config); here ``--reservation-gc-after``.
+  One without such a condition (or with unreadable conditions) stays until deleted.
 - Owners: ``currentOwners`` the pods whose ``reservation-allocated`` names its UID,
   ``allocated`` the sum of their requests over the names of ``allocatable``; an
   ``allocateOnce`` reservation with an owner becomes ``Succeeded`` (``Ready`` False, reason
@@ -39,15 +45,17 @@ from typing import Any
 
 from koord_formats import keys
 from koord_formats.quantity import format_quantity
-from koord_formats.reservation_spec import HostPort, NodeFacts, PodConstraints, Taint
+from koord_formats.reservation_spec import HostPort, NodeFacts, PodConstraints, Taint, read_conditions
 from scheduler_ext.pods import PodRequest, parse_pod
 from scheduler_ext.trust import LEGACY_SEAL_ANNOTATION, OWNED, SIGNATURE_ANNOTATION
 
 __all__ = [
+    "GC_AFTER",
     "PHASE_FAILED",
     "PHASE_PENDING",
     "PHASE_SUCCEEDED",
     "available_status",
+    "collectable",
     "expired_status",
     "node_fit",
     "owners_status",
@@ -67,6 +75,7 @@ REASON_AVAILABLE, REASON_SUCCEEDED, REASON_EXPIRED = "Available", "Succeeded", "
 _HARD_EFFECTS = ("NoSchedule", "NoExecute")
 _UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
 MAX_MESSAGE_CHARS = 1024  # Kubernetes' note length limit for a condition message
+GC_AFTER = 86400.0  # seconds: Koordinator's reservation GC duration (24h)
 # never taken from a template: the extender decides them, and the reserve pod is not placed
 # into another reservation
 _DROPPED = (*OWNED, SIGNATURE_ANNOTATION, LEGACY_SEAL_ANNOTATION, keys.ANNOTATION_RESERVATION_AFFINITY)
@@ -261,3 +270,23 @@ def owners_status(
         out["phase"] = PHASE_SUCCEEDED
         out["conditions"] = _condition(_conditions(status), COND_READY, "False", REASON_SUCCEEDED, "", now)
     return out
+
+
+def collectable(obj: Mapping[str, Any], now: float, after: float) -> bool:
+    """Garbage collection deletes it now (see the module docstring); ``after`` <= 0 never.
+    Raises ``FormatError`` when its conditions cannot be read."""
+    if after <= 0:
+        return False
+    status = _dict(obj.get("status"))
+    phase = status.get("phase")
+    if phase == PHASE_FAILED:
+        reason, since = REASON_EXPIRED, "transition"
+    elif phase == PHASE_SUCCEEDED:
+        reason, since = REASON_SUCCEEDED, "probe"
+    else:
+        return False
+    for cond in read_conditions(status):
+        if cond.reason == reason:  # the first of that reason decides, as Koordinator's loop does
+            at = cond.last_transition if since == "transition" else cond.last_probe
+            return at is not None and now - at > after
+    return False

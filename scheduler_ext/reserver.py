@@ -11,7 +11,8 @@ replica places, the others only count what it placed.
 Each round (``run``: on every Reservation event, else every ``interval`` seconds), for each
 Reservation in creation order (``scheduler_ext.reserve`` has the rules):
 
-- Failed or Succeeded: left alone.
+- Failed or Succeeded: deleted once past ``gc_after`` (``--reservation-gc-after``, Koordinator's
+  24h; ``scheduler_ext.reserve.collectable``), else left alone.
 - Expired, or scheduled on a node the cache no longer has: ``Failed`` (``Ready`` False,
   ``Expired``); the cache then stops counting it, so what it held is free again.
 - Pending: the reserve pod is judged on every node by the extender's feasibility function
@@ -21,19 +22,23 @@ Reservation in creation order (``scheduler_ext.reserve`` has the rules):
   cache and committed to the HA ledger like a pod's bind, so no pod and no other reservation
   gets the same CPUs in between). Then the reservation's ``resource-status`` annotation (the
   reserved cpuset and NUMA amounts; ``{}`` when none, which also replaces one a template
-  carried) and its status (``Available`` on the node) are written, each under the
-  resourceVersion it read; a failure rolls the hold back. No node: ``Pending`` with the reasons.
+  carried), its ``device-allocated`` (the reserved GPUs, likewise) and its status (``Available``
+  on the node) are written, each under the resourceVersion it read; a failure rolls the hold
+  back. No node: ``Pending`` with the reasons.
 - Available: ``currentOwners`` and ``allocated`` follow the pods allocated from it
   (``reservation-allocated``); with ``allocateOnce`` the first owner makes it ``Succeeded``.
 
-A Reservation whose template asks for GPUs is refused ("GPU reservations are not placed"): the
-cache books a reservation's cpuset and NUMA amounts, not devices.
+A Reservation whose template asks for GPUs gets them like a pod (``decide.plan``): the chosen
+minors and amounts go into its own ``device-allocated`` annotation, which the cache then books
+for every pod but its owners, and from which its owners take theirs
+(``scheduler_ext.reservations``, ``decide.gpu_view``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -61,9 +66,11 @@ from scheduler_ext.allocator import AllocationError
 from scheduler_ext.decide import DEFAULT_CONFIG, ExtenderConfig, evaluate
 from scheduler_ext.errors import APIError, ConflictError, NotFoundError
 from scheduler_ext.reserve import (
+    GC_AFTER,
     PHASE_FAILED,
     PHASE_SUCCEEDED,
     available_status,
+    collectable,
     expired_status,
     node_fit,
     owners_status,
@@ -80,7 +87,7 @@ log = structlog.get_logger("scheduler_ext.reserver")
 PLACED = Counter(
     "scheduler_ext_reservations_total",
     "Reservation status changes written by the reservation controller (result: available, "
-    "unschedulable, expired, succeeded, owners, failed).",
+    "unschedulable, expired, succeeded, owners, deleted).",
     ["result"],
 )
 
@@ -89,6 +96,7 @@ _NODES_PER_LOCK = 200  # nodes judged per hold of the cache's lock (the verbs wa
 RETRY_UNSCHEDULABLE = 10.0  # seconds before a reservation no node could take is tried again
 _MAX_LIST_BYTES = 256 << 20
 _RS = keys.ANNOTATION_RESOURCE_STATUS
+_DA = keys.ANNOTATION_DEVICE_ALLOCATED
 _GROUP_PATH = f"/apis/{keys.RESERVATION_API_GROUP}/{keys.RESERVATION_API_VERSION}/{keys.RESERVATION_PLURAL}"
 
 
@@ -143,6 +151,8 @@ class ReservationAPI(Protocol):
 
     async def replace_status(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
+    async def delete(self, name: str, uid: str) -> None: ...
+
 
 def _json(data: bytes) -> dict[str, Any]:
     out = orjson.loads(data) if data else {}
@@ -171,6 +181,11 @@ class ReservationClient:
     async def replace_status(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """PUT the status subresource; the body's resourceVersion makes it a compare-and-swap."""
         return _json(await self.http.request("PUT", f"{_GROUP_PATH}/{seg(name)}/status", body, JSON_TYPE))
+
+    async def delete(self, name: str, uid: str) -> None:
+        """DELETE it, only if it is still the object of that UID (a precondition)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        await self.http.request("DELETE", f"{_GROUP_PATH}/{seg(name)}", body, JSON_TYPE)
 
 
 class Fence(Protocol):
@@ -248,9 +263,10 @@ class Reserver:
         *,
         interval: float = 2.0,
         clock: Callable[[], float] = time.time,
+        gc_after: float = GC_AFTER,
     ) -> None:
         self.state, self.store, self.api, self.placer, self.fence = state, store, api, placer, fence
-        self.cfg, self.interval, self.clock = cfg, interval, clock
+        self.cfg, self.interval, self.clock, self.gc_after = cfg, interval, clock, gc_after
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # uid -> (resourceVersion, monotonic time) of its last failed placement: tried again
@@ -316,10 +332,11 @@ class Reserver:
     async def reconcile(self, obj: dict[str, Any]) -> None:
         status = _status(obj)
         phase = status.get("phase")
-        if phase in (PHASE_FAILED, PHASE_SUCCEEDED):
-            return
         name = str(_meta(obj).get("name") or "")
         now = self.clock()
+        if phase in (PHASE_FAILED, PHASE_SUCCEEDED):
+            await self._collect(obj, name, now)
+            return
         try:
             lifetime = parse_lifetime(obj)
         except FormatError as exc:
@@ -351,6 +368,17 @@ class Reserver:
             else:
                 self._refused.pop(uid, None)
 
+    async def _collect(self, obj: Mapping[str, Any], name: str, now: float) -> None:
+        """Garbage collection: delete a Failed or Succeeded reservation past its retention."""
+        try:
+            due = collectable(obj, now, self.gc_after)
+        except FormatError:
+            return  # unreadable conditions: kept, as one without the condition is
+        if due:
+            await self.fence.write(self.api.delete(name, str(_meta(obj).get("uid") or "")))
+            PLACED.labels("deleted").inc()
+            log.info("reservation garbage-collected", reservation=name, phase=str(_status(obj).get("phase")))
+
     # -- placing ---------------------------------------------------------------------------------
 
     def _latest(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -370,8 +398,6 @@ class Reserver:
                     reason = _invalid(obj)
             except FormatError as exc:
                 reason = f"invalid Reservation: {exc}"
-        if not reason and req.gpu is not None:
-            reason = "GPU reservations are not placed by this scheduler"
         if reason or constraints is None:
             await self._unschedulable(obj, reason or "invalid Reservation", now)
             return False
@@ -461,7 +487,10 @@ class Reserver:
                       requests: Mapping[str, Fraction], now: float) -> None:  # fmt: skip
         meta = _meta(obj)
         name = str(meta.get("name") or "")
-        written = {_RS: placement.annotations.get(_RS) or "{}"}
+        # the reserved devices go on the Reservation in a pod's device-allocated format, as
+        # Koordinator's deviceshare PreBindReservation writes them (``{}`` when none, which also
+        # replaces one a template carried)
+        written = {_RS: placement.annotations.get(_RS) or "{}", _DA: placement.annotations.get(_DA) or "{}"}
         patched = await self.fence.write(
             self.api.patch_annotations(name, written, str(meta.get("resourceVersion") or ""))
         )
@@ -553,30 +582,57 @@ class _LeaseCalls:
 
 
 class ControllerTask:
-    """The elector and the controller on the verbs' loop (``scheduler_ext.server.Background``)."""
+    """The elector and the controller on the verbs' loop (``scheduler_ext.server.Background``).
+
+    ``liveness`` is a ``rhp_kube.liveness.Liveness`` check (``scheduler-ext serve`` joins it to
+    the watches' with ``all_of`` for ``/healthz``): not alive once either task has ended before
+    ``stop`` asked it to, whatever ended it (an exception, a return), so kubelet restarts a
+    replica whose reservations nobody would place or expire any more."""
 
     def __init__(self, elector: Any, reserver: Reserver) -> None:  # rhp_kube.lease.Elector
         self.elector, self.reserver = elector, reserver
         self._stop: asyncio.Event | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[tuple[str, asyncio.Task[None]]] = []
 
     def start(self) -> None:
         self._stop = asyncio.Event()
-        self._tasks = [asyncio.create_task(self.reserver.run(self._stop)),
-                       asyncio.create_task(self.elector.run(self._stop))]  # fmt: skip
+        self._tasks = [("reservation controller", asyncio.create_task(self.reserver.run(self._stop))),
+                       ("reservation lease elector", asyncio.create_task(self.elector.run(self._stop)))]  # fmt: skip
+        for what, task in self._tasks:
+            task.add_done_callback(functools.partial(self._ended, what))
+
+    def _ended(self, what: str, task: asyncio.Task[None]) -> None:
+        if self._stop is not None and self._stop.is_set():
+            return
+        log.error("reservation task ended", task=what, error=_why(task)[:300])
+
+    def liveness(self) -> tuple[bool, str]:
+        """(alive, why) for ``/healthz`` (called from any thread: reads only task state)."""
+        if self._stop is not None and self._stop.is_set():
+            return True, "ok"  # stopping with the app
+        dead = [f"{what} ended: {_why(task)}" for what, task in self._tasks if task.done()]
+        return (False, "; ".join(dead)[:1000]) if dead else (True, "ok")
 
     async def stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(t for _, t in self._tasks), return_exceptions=True)
+
+
+def _why(task: asyncio.Task[None]) -> str:
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return "returned" if exc is None else f"{type(exc).__name__}: {exc}"
 
 
 def reservation_controller(
     state: ClusterState, store: ReservationStore, client: Any, placer: Placer, cfg: ExtenderConfig,
-    namespace: str, lease: str, identity: str,
+    namespace: str, lease: str, identity: str, *, gc_after: float = GC_AFTER,
 ) -> ControllerTask:  # fmt: skip
     """The controller of ``scheduler-ext serve`` (``client``: its ``scheduler_ext.kube.BindClient``)."""
     from rhp_kube.lease import Elector
 
     elector = Elector(_LeaseCalls(client), namespace, lease, identity)
-    return ControllerTask(elector, Reserver(state, store, ReservationClient(client), placer, elector, cfg))
+    return ControllerTask(elector, Reserver(state, store, ReservationClient(client), placer, elector, cfg,
+                                                gc_after=gc_after))

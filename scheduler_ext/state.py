@@ -175,11 +175,16 @@ class NodeState:
         if self.reservations:
             self.reserved = fold(
                 self.reservations.values(),
-                ((a.reservation, a.cpus, a.numa, a.numa_memory) for a in self.allocs.values() if a.reservation),
-            )
+                ((a.reservation, a.cpus, a.numa, a.numa_memory, ((g.minor, g.core, g.ratio, g.memory) for g in a.gpus))
+                 for a in self.allocs.values() if a.reservation),
+            )  # fmt: skip
             for nr in self.reserved:
                 if nr.r.active and nr.cpus:
                     hold_cpus(nr.cpus, nr.r.exclusive_policy)  # the reserve pod holds its cpuset
+                if nr.r.active:
+                    # the reserve pod holds the GPUs it reserved that its own pods do not hold
+                    for minor, (core, ratio, memory) in nr.gpu_remained.items():
+                        usage[minor] = usage.get(minor, GPUUsage()).plus(core, ratio, memory)
         for alloc in self.allocs.values():
             if alloc.cpus:
                 hold_cpus(alloc.cpus, alloc.exclusive)

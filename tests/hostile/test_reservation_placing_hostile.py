@@ -148,3 +148,105 @@ def test_a_stale_write_does_not_undo_a_newer_one() -> None:
     assert "phase" not in rig.get("r").get("status", {})
     ns = rig.state.node("n1")
     assert ns is not None and not ns.held  # the hold was rolled back
+
+
+# -- the reservation's devices (GPU reservations) and its conditions (garbage collection) ----------
+
+DA = "scheduling.koordinator.sh/device-allocated"
+
+
+def test_a_forged_device_allocated_is_replaced_by_what_was_reserved() -> None:
+    """A creator claims every GPU in the Reservation's own device-allocated and its template's:
+    nothing is booked while it is Pending, and placing it writes the GPUs it was given."""
+    from tests.scheduler_ext.test_reservation_gpus import GPURig, gpu_reservation, minors
+
+    rig = GPURig(gpus=2)
+    forged = json.dumps({"gpu": [{"minor": m, "resources": {"koordinator.sh/gpu-core": "100"}} for m in range(2)]})
+    obj = gpu_reservation("r", "1", template_annotations={DA: forged})
+    obj["metadata"]["annotations"][DA] = forged
+    rig.add(obj)
+    ns = rig.state.node("n1")
+    assert ns is not None
+    ns.refresh()
+    assert not ns.gpu_usage  # pending: its annotation holds nothing
+    rig.round()
+    assert len(rig.reserved_minors("r")) == 1
+    ns.refresh()
+    assert sum(u.core for u in ns.gpu_usage.values()) == 100
+    plain = reservation_obj("plain", cpu="1", qos="LS")
+    plain["metadata"]["annotations"][DA] = forged
+    rig.add(plain)
+    rig.round()
+    assert minors(rig.get("plain")["metadata"]["annotations"]) == frozenset()  # "{}": reserved none
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        "{" * 5000,
+        "x" * (2 << 20),
+        json.dumps({"gpu": [{"minor": 10**9, "resources": {}}]}),
+        json.dumps({"gpu": [{"minor": -1, "resources": {}}]}),
+        json.dumps({"gpu": [{"minor": 0, "resources": {"koordinator.sh/gpu-core": "1e500000"}}]}),
+        json.dumps({"gpu": [{"minor": 0}] * 100_000}),
+        json.dumps({"gpu": "all"}),
+        json.dumps({f"t{i}": [] for i in range(1000)}),
+    ],
+)
+def test_a_hostile_device_allocated_on_an_available_reservation_costs_only_it(devices: str) -> None:
+    """An Available reservation whose device-allocated someone rewrote with garbage is not
+    read (the cache logs it and keeps the version it last read, as with a garbage
+    resource-status); the round goes on, the other reservations are still placed and a GPU pod
+    is still placed, outside both."""
+    from tests.scheduler_ext.test_reservation_gpus import GPURig, gpu_pod, gpu_reservation, minors
+
+    rig = GPURig(gpus=3)
+    rig.add(gpu_reservation("r", "1"))
+    rig.round()
+    held = rig.reserved_minors("r")
+    rig.get("r")["metadata"]["annotations"][DA] = devices
+    rig.sync()  # the cache keeps the reservation as it last read it
+    rig.add(gpu_reservation("next", "1"))
+    rig.round()
+    assert rig.get("next")["status"]["phase"] == "Available" and not rig.reserved_minors("next") & held
+    placed = rig.bind(gpu_pod("stranger", app="other"))
+    assert len(minors(placed["metadata"]["annotations"]) - held - rig.reserved_minors("next")) == 1
+
+
+@pytest.mark.parametrize(
+    "conditions",
+    [
+        "all of them",
+        [{"type": "Ready", "reason": "Expired", "lastTransitionTime": "the dawn of time"}],
+        [{"type": "Ready", "reason": "Expired", "lastTransitionTime": "1" * 10_000}],
+        [{"type": "Ready", "reason": "Expired", "lastTransitionTime": 5}],
+        [{"type": "Ready", "reason": "Expired", "lastTransitionTime": "2026-05-28T20:26:40"}],  # no zone
+        [{"type": "Ready", "reason": "Expired"}] * 100_000,
+        [["nested"]],
+        [{"type": "x" * (1 << 20), "reason": "Expired", "lastTransitionTime": "2000-01-01T00:00:00Z"}],
+    ],
+)
+def test_hostile_conditions_keep_a_finished_reservation_and_cost_only_it(conditions: object) -> None:
+    """Garbage collection reads a Failed or Succeeded reservation's conditions: unreadable ones
+    keep it (no deletion on a guess), and another one past its retention is still deleted."""
+    rig = Rig()
+    for name in ("bad", "old"):
+        obj = reservation_obj(name, cpu="1")
+        obj["status"] = {"phase": "Failed", "conditions": [
+            {"type": "Ready", "status": "False", "reason": "Expired",
+             "lastTransitionTime": "2000-01-01T00:00:00Z", "lastProbeTime": "2000-01-01T00:00:00Z"}]}  # fmt: skip
+        rig.add(obj)
+    rig.get("bad")["status"]["conditions"] = conditions
+    rig.sync()
+    rig.round()
+    assert "bad" in rig.api.reservations and "old" not in rig.api.reservations
+
+
+def test_a_transition_time_in_the_future_is_not_collected() -> None:
+    rig = Rig()
+    obj = reservation_obj("r", cpu="1")
+    obj["status"] = {"phase": "Failed", "conditions": [
+        {"type": "Ready", "status": "False", "reason": "Expired", "lastTransitionTime": "9999-12-31T23:59:59Z"}]}
+    rig.add(obj)
+    rig.round()
+    assert "r" in rig.api.reservations

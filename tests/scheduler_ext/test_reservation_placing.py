@@ -321,6 +321,15 @@ class FakeAPI:
         self.writes.append(f"status {name} {obj['status'].get('phase')}")
         return copy.deepcopy(obj)
 
+    async def delete(self, name: str, uid: str) -> None:
+        obj = self.reservations.get(name)
+        if obj is None:
+            raise NotFoundError(404, "not found")
+        if obj["metadata"]["uid"] != uid:
+            raise ConflictError(409, "precondition failed: uid")
+        del self.reservations[name]
+        self.writes.append(f"delete {name}")
+
 
 class Leader:
     def is_leader(self) -> bool:

@@ -142,7 +142,7 @@ def test_which_pods_may_use_a_reservation(row: MatchRow) -> None:
     r = parse_reservation(row.reservation)
     req = parse_pod(row.pod)
     assert not req.error
-    members = [(r.uid, frozenset(), {}, {})] * row.assigned
+    members = [(r.uid, frozenset(), {}, {}, ())] * row.assigned
     (nr,) = fold([r], members)
     assert pod_may_use(nr, req.identity, req.reservation_affinity, row.node_labels) is row.expected
 
