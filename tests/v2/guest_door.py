@@ -31,7 +31,13 @@ def start(door: str) -> None:
     work = _work(door)
     work.mkdir(parents=True, exist_ok=True)
     gs.wait_for("containerd", lambda: Path(gs.CONTAINERD).exists(), 180)
-    proc = gs.start_door(door, work)
+    try:
+        # generous: the door's imports and first answer under emulation on a loaded host
+        proc = gs.start_door(door, work, timeout=900)
+    except Exception:
+        log = work / f"{door}.log"
+        print(log.read_text(errors="replace")[-6000:] if log.exists() else "(no log)", file=sys.stderr)
+        raise
     (work / "door.pid").write_text(str(proc.pid))
     print(work / "proxy.sock" if door == "serve" else gs.CONTAINERD)
 

@@ -107,7 +107,7 @@ def proxy_config(path: Path, node: Path) -> None:
     }))
 
 
-def start_door(door: str, work: Path) -> subprocess.Popen[bytes]:
+def start_door(door: str, work: Path, timeout: float = 180.0) -> subprocess.Popen[bytes]:
     cfg, node = work / "proxy.json", work / "node.json"
     node_config(node)
     proxy_config(cfg, node)
@@ -119,13 +119,13 @@ def start_door(door: str, work: Path) -> subprocess.Popen[bytes]:
     log = open(work / f"{door}.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "runtime_proxy.cli", *args], stdout=log, stderr=log)
     if door == "serve":
-        wait_for("the proxy's socket", lambda: (work / "proxy.sock").exists() or proc.poll() is not None, 180)
+        wait_for("the proxy's socket", lambda: (work / "proxy.sock").exists() or proc.poll() is not None, timeout)
         if proc.poll() is None:
             with CriClient(work / "proxy.sock", timeout=180, wait_for_ready=True) as cri:
-                wait_for("the proxy's answer to Version", lambda: _answers(cri), 180)
+                wait_for("the proxy's answer to Version", lambda: _answers(cri), timeout)
     else:
         wait_for("the NRI plugin's Synchronize", lambda: b"NRI synchronized" in (work / "nri.log").read_bytes()
-                 or proc.poll() is not None, 180)
+                 or proc.poll() is not None, timeout)
     if proc.poll() is not None:
         tail = (work / f"{door}.log").read_text()[-3000:]
         raise RuntimeError(f"runtime-proxy {door} exited {proc.returncode}: {tail}")

@@ -63,6 +63,7 @@ class Clock:
 
     def mark(self, what: str) -> None:
         self.times[what] = round(time.monotonic() - self.t0, 1)
+        print(f"[{self.times[what]:7.1f} s] {what}", flush=True)
 
 
 def _slice(pod: dict[str, Any]) -> str:
@@ -179,7 +180,7 @@ def test_kubelet_in_the_guest_runs_qos_pods_through_both_doors() -> None:
             kubelet = GuestKubelet(node, cluster)
             rows: list[tuple[str, ...]] = []
             for door in ("serve", "nri"):
-                started = node.run(node.python(DOOR, "start", door), timeout=900)
+                started = node.run(node.python(DOOR, "start", door), timeout=1200)
                 assert started.rc == 0, f"{door}: {started.stdout[-2000:]}\n{started.stderr[-4000:]}"
                 socket = Path(started.stdout.split()[-1])
                 assert (door == "nri") == (socket == CONTAINERD_SOCKET), socket
