@@ -16,6 +16,7 @@ __all__ = [
     "ANNOTATION_NUMA_TOPOLOGY_SPEC",
     "ANNOTATION_POD_CPU_BURST",
     "ANNOTATION_POD_CPU_QOS",
+    "ANNOTATION_POD_MEMORY_QOS",
     "ANNOTATION_POD_RESCTRL",
     "ANNOTATION_RESERVATION_AFFINITY",
     "ANNOTATION_RESERVATION_ALLOCATED",
@@ -85,6 +86,10 @@ __all__ = [
     "NUMA_POLICY_NONE",
     "NUMA_POLICY_RESTRICTED",
     "NUMA_POLICY_SINGLE_NUMA_NODE",
+    "POD_MEMORY_QOS_POLICIES",
+    "POD_MEMORY_QOS_POLICY_AUTO",
+    "POD_MEMORY_QOS_POLICY_DEFAULT",
+    "POD_MEMORY_QOS_POLICY_NONE",
     "PRIORITY_BATCH",
     "PRIORITY_CLASSES",
     "PRIORITY_FREE",
@@ -154,6 +159,13 @@ ANNOTATION_POD_RESCTRL = "node.koordinator.sh/resctrl"
 # Pod overrides of NodeSLO strategies (apis/slo/v1alpha1/pod.go).
 ANNOTATION_POD_CPU_QOS = "koordinator.sh/cpuQOS"
 ANNOTATION_POD_CPU_BURST = "koordinator.sh/cpuBurst"
+ANNOTATION_POD_MEMORY_QOS = "koordinator.sh/memoryQOS"
+# Its ``policy`` (PodMemoryQOSPolicy): "" reads as "default" (the node's class values),
+# "none" turns memory QoS off for the pod, "auto" starts from the class's defaults.
+POD_MEMORY_QOS_POLICY_DEFAULT = "default"
+POD_MEMORY_QOS_POLICY_NONE = "none"
+POD_MEMORY_QOS_POLICY_AUTO = "auto"
+POD_MEMORY_QOS_POLICIES = ("", POD_MEMORY_QOS_POLICY_DEFAULT, POD_MEMORY_QOS_POLICY_NONE, POD_MEMORY_QOS_POLICY_AUTO)
 
 # This project's own pod annotation (not Koordinator's; koord-scheduler never writes it): the
 # Ed25519 signature scheduler-ext's bind puts over the scheduler-owned annotations it writes

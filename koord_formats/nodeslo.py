@@ -15,7 +15,7 @@ Defaults: ``pkg/util/sloconfig/nodeslo_config.go`` (``DefaultCPUQOS``, ``Default
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "HostApplication",
     "HostCgroupPath",
     "MemoryQOS",
+    "PodMemoryQOS",
     "ResctrlQOS",
     "class_bvt_value",
     "cpu_burst",
@@ -50,6 +51,8 @@ __all__ = [
     "host_applications",
     "memory_qos",
     "memory_qos_configured",
+    "memory_qos_for_pod",
+    "parse_pod_memory_qos",
     "resctrl_qos",
     "section",
     "validate_node_slo",
@@ -246,6 +249,74 @@ def memory_qos_configured(spec: Mapping[str, Any]) -> bool:
     not): the ``memory_qos`` plugin plans only then, so a node whose NodeSLO never names memory
     QoS keeps the files kubelet and the runtime wrote."""
     return any(section(spec, SLO.RESOURCE_QOS_STRATEGY, k).get(SLO.MEMORY_QOS) is not None for k in _CLASS_KEYS)
+
+
+@dataclass(frozen=True, slots=True)
+class PodMemoryQOS:
+    """The pod annotation ``koordinator.sh/memoryQOS`` (Koordinator's ``PodMemoryQOSConfig``):
+    a ``policy`` and memoryQOS fields of the pod's own (``fields``: attribute name of
+    ``MemoryQOS`` -> value, only those the annotation gives)."""
+
+    policy: str = ""
+    fields: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def parse_pod_memory_qos(text: object) -> PodMemoryQOS:
+    """Parse the annotation ``koordinator.sh/memoryQOS``: a JSON object (at most 4096
+    characters) with an optional ``policy`` (``""``, ``default``, ``none`` or ``auto``) and
+    memoryQOS's integer fields (``minLimitPercent``, ``lowLimitPercent``, ``throttlingPercent``
+    0..100, and the Anolis-only ones in their NodeSLO ranges). ``FormatError`` for anything
+    else: another type, an unknown policy, a value out of range; unknown keys are ignored, as
+    Koordinator's JSON decoding ignores them."""
+    data = load_json(text, keys.ANNOTATION_POD_MEMORY_QOS, max_chars=4096)
+    what = f"annotation {keys.ANNOTATION_POD_MEMORY_QOS}"
+    if not isinstance(data, dict):
+        raise FormatError(f"{what} must be a JSON object")
+    policy = data.get("policy", "")
+    if policy is None:
+        policy = ""
+    if not isinstance(policy, str) or policy not in keys.POD_MEMORY_QOS_POLICIES:
+        raise FormatError(f"{what}: policy {str(policy)[:32]!r} is not one of default, none, auto")
+    fields: dict[str, int] = {}
+    for name, key, lo, hi in _MEMORY_QOS_FIELDS:
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise FormatError(f"{what}: {key} must be an integer in {lo}..{hi}, not {str(value)[:32]!r}")
+        fields[name] = value
+    return PodMemoryQOS(policy=policy, fields=MappingProxyType(fields))
+
+
+def memory_qos_for_pod(
+    node_class: MemoryQOS, class_key: str, text: str | None, problems: list[str] | None = None
+) -> MemoryQOS:
+    """The memoryQOS a pod gets (koordlet's cgreconcile: the pod's fields > its policy's
+    template > the node's class values): ``node_class`` (the NodeSLO's values for the pod's
+    class) without the annotation ``koordinator.sh/memoryQOS`` (``text``); with it, policy
+    ``none`` gives every "close" value (``MemoryQOS()``), ``auto`` starts from the class's
+    defaults (enabled, percentages 0) and ``default`` (or none given) from ``node_class``, and
+    the fields the annotation gives replace those. A malformed annotation is reported to
+    ``problems`` and ``node_class`` is kept."""
+    if not text:
+        return node_class
+    try:
+        pod = parse_pod_memory_qos(text)
+    except FormatError as exc:
+        if problems is not None:
+            problems.append(str(exc))
+        return node_class
+    if pod.policy == keys.POD_MEMORY_QOS_POLICY_NONE:
+        return MemoryQOS()
+    base = node_class
+    if pod.policy == keys.POD_MEMORY_QOS_POLICY_AUTO:
+        ratio, scale, adj = _DEFAULT_WMARK.get(class_key, (0, 50, 0))
+        base = MemoryQOS(enable=True, wmark_ratio=ratio, wmark_scale_permill=scale, wmark_min_adj=adj)
+    if not pod.fields:
+        return base
+    merged = {name: getattr(base, name) for name, _key, _lo, _hi in _MEMORY_QOS_FIELDS}
+    merged.update(pod.fields)
+    return MemoryQOS(enable=True, **merged)
 
 
 # ---- resourceUsedThresholdWithBE -------------------------------------------------------------------

@@ -12,11 +12,17 @@ Inputs
     ``koord_formats.nodeslo.memory_qos``; a class whose ``enable`` is false takes 0 for each, as
     koordlet's ``NoneMemoryQOS``). The pod's class: its label ``koordinator.sh/qosClass`` (LSE
     reads the LSR section), else its Kubernetes QoS class (Guaranteed and Burstable read
-    ``lsClass``, BestEffort ``beClass``). Each container's memory request and limit: for a pod
-    labelled BE its ``kubernetes.io/batch-memory``, else its plain ``memory``, from the pod
-    annotation ``node.koordinator.sh/extended-resource-spec`` when present, else from the pod
-    spec the node agent read from the cluster (``PodFacts.batch_resources``); CRI carries
-    neither request. A container without a limit there takes its CRI memory limit, else the
+    ``lsClass``, BestEffort ``beClass``). The pod annotation ``koordinator.sh/memoryQOS``
+    (``koord_formats.nodeslo.memory_qos_for_pod``): policy ``none`` turns memory QoS off for the
+    pod (0, 0, max), ``auto`` starts from the class's defaults even where the NodeSLO disables
+    the class, ``default`` (or no policy) from the NodeSLO's class values; the annotation's
+    fields (``minLimitPercent``, ``lowLimitPercent``, ``throttlingPercent``) replace those. A
+    malformed annotation is recorded as a skip and the class values apply. Each container's
+    memory request and limit: for a pod labelled BE its ``kubernetes.io/batch-memory``, else
+    its plain ``memory``, from the pod annotation ``node.koordinator.sh/extended-resource-spec``
+    when present, else from the pod spec the node agent read from the cluster
+    (``PodFacts.batch_resources``); CRI carries neither request. A container without a limit
+    there takes its CRI memory limit, else the
     node's MemTotal (koordlet takes the node's allocatable memory, which the node agent does not
     read).
 Decision (koordlet's cgreconcile, per field)
@@ -41,8 +47,8 @@ Leaves alone
     ``memory.max`` (kubelet's and ``batch_resource``'s), the Anolis-only fields
     (``wmarkRatio``, ``wmarkScalePermill``, ``wmarkMinAdj``, ``priorityEnable``, ``priority``,
     ``oomKillGroup``: parsed and validated, not written), pods whose memory request is unknown
-    (recorded as a skip), containers without an id, the pod annotation ``koordinator.sh/memoryQOS``
-    (pod-level policy; not read yet).
+    (recorded as a skip), containers without an id. A pod annotation alone does not make the
+    plugin plan: some class of the NodeSLO must have a ``memoryQOS`` section.
 """
 
 from __future__ import annotations
@@ -154,7 +160,11 @@ def rhp_reconcile_usage(node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usag
         if class_key is None:
             plan.skip(f"{who}: no QoS class; memory QoS left alone")
             continue
-        cfg = rules.memory_qos(class_key)
+        problems: list[str] = []
+        cfg = nodeslo.memory_qos_for_pod(rules.memory_qos(class_key), class_key,
+                                         pod.annotations.get(keys.ANNOTATION_POD_MEMORY_QOS), problems)
+        for problem in problems:
+            plan.skip(f"{who}: {problem}; the node's memory QoS for its class applies")
         try:
             memory = container_memory(pod)
             path = pod_cgroup_path(pod)

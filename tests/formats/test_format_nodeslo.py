@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -291,3 +292,75 @@ def test_memory_qos_configured() -> None:
     assert not nodeslo.memory_qos_configured({})
     assert not nodeslo.memory_qos_configured(_class(SLO.LS_CLASS, SLO.CPU_QOS, enable=True))
     assert nodeslo.memory_qos_configured(_class(SLO.BE_CLASS, SLO.MEMORY_QOS, enable=False))
+
+
+# ---- the pod annotation koordinator.sh/memoryQOS --------------------------------------------------------
+
+_NODE_LS = nodeslo.MemoryQOS(enable=True, min_limit_percent=50, low_limit_percent=80, throttling_percent=90,
+                             wmark_ratio=95, wmark_scale_permill=20, wmark_min_adj=-25)
+
+
+@pytest.mark.parametrize(
+    ("node_cfg", "text", "expected"),
+    [
+        pytest.param(_NODE_LS, None, _NODE_LS, id="no annotation: the node's class values"),
+        pytest.param(_NODE_LS, "", _NODE_LS, id="empty: the node's class values"),
+        pytest.param(_NODE_LS, '{"policy":"none"}', nodeslo.MemoryQOS(), id="none: memory QoS off for the pod"),
+        pytest.param(_NODE_LS, '{"policy":"none","minLimitPercent":100}', nodeslo.MemoryQOS(),
+                     id="none: the fields are not read"),
+        pytest.param(_NODE_LS, "{}", _NODE_LS, id="no policy, no fields: default"),
+        pytest.param(_NODE_LS, '{"policy":"default"}', _NODE_LS, id="default: the node's class values"),
+        pytest.param(_NODE_LS, '{"policy":"","minLimitPercent":100}',
+                     replace(_NODE_LS, min_limit_percent=100), id="'' is default: the pod's fields over the node's"),
+        pytest.param(nodeslo.MemoryQOS(), '{"minLimitPercent":100}',
+                     nodeslo.MemoryQOS(enable=True, min_limit_percent=100),
+                     id="default on a disabled class: the pod's fields over the close values"),
+        pytest.param(nodeslo.MemoryQOS(), '{"policy":"auto"}',
+                     nodeslo.MemoryQOS(enable=True, wmark_ratio=95, wmark_scale_permill=20, wmark_min_adj=-25),
+                     id="auto: the class's defaults even where the node disables it"),
+        pytest.param(_NODE_LS, '{"policy":"auto","throttlingPercent":90,"lowLimitPercent":40}',
+                     nodeslo.MemoryQOS(enable=True, low_limit_percent=40, throttling_percent=90, wmark_ratio=95,
+                                       wmark_scale_permill=20, wmark_min_adj=-25),
+                     id="auto with fields: the class's defaults, then the pod's fields"),
+        pytest.param(_NODE_LS, '{"policy":"default","unknownKey":[1,2]}', _NODE_LS, id="unknown keys are ignored"),
+    ],
+)
+def test_memory_qos_for_pod(node_cfg: nodeslo.MemoryQOS, text: str | None, expected: nodeslo.MemoryQOS) -> None:
+    problems: list[str] = []
+    assert nodeslo.memory_qos_for_pod(node_cfg, SLO.LS_CLASS, text, problems) == expected
+    assert problems == []
+
+
+def test_memory_qos_for_pod_auto_takes_each_class_default() -> None:
+    be = nodeslo.memory_qos_for_pod(nodeslo.MemoryQOS(), SLO.BE_CLASS, '{"policy":"auto"}')
+    assert (be.enable, be.wmark_min_adj, be.min_limit_percent) == (True, 50, 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("{", id="not JSON"),
+        pytest.param('"auto"', id="a string, not an object"),
+        pytest.param('{"policy":"Auto"}', id="policies are lower case"),
+        pytest.param('{"policy":"close"}', id="an unknown policy"),
+        pytest.param('{"policy":7}', id="a number as policy"),
+        pytest.param('{"minLimitPercent":101}', id="a percentage above 100"),
+        pytest.param('{"lowLimitPercent":-1}', id="a negative percentage"),
+        pytest.param('{"throttlingPercent":50.5}', id="a float"),
+        pytest.param('{"minLimitPercent":true}', id="a boolean"),
+        pytest.param('{"minLimitPercent":"50"}', id="a string number"),
+        pytest.param('{"wmarkMinAdj":-26}', id="an Anolis field out of its range"),
+        pytest.param("{" + '"a":1,' * 2000 + '"b":1}', id="over 4096 characters"),
+    ],
+)
+def test_a_malformed_memory_qos_annotation_keeps_the_class_values(text: str) -> None:
+    problems: list[str] = []
+    assert nodeslo.memory_qos_for_pod(_NODE_LS, SLO.LS_CLASS, text, problems) == _NODE_LS
+    assert len(problems) == 1 and "koordinator.sh/memoryQOS" in problems[0]
+    with pytest.raises(FormatError):
+        nodeslo.parse_pod_memory_qos(text)
+
+
+def test_parse_pod_memory_qos_keeps_only_the_given_fields() -> None:
+    got = nodeslo.parse_pod_memory_qos('{"policy":"auto","minLimitPercent":0,"priority":12}')
+    assert got.policy == "auto" and dict(got.fields) == {"min_limit_percent": 0, "priority": 12}

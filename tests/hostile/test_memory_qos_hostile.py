@@ -103,3 +103,47 @@ def test_written_values_stay_in_the_kernels_range(section: dict[str, Any], reque
         assert w.value == "max" or 0 <= int(w.value) <= INT64_MAX
         if w.file == "memory.high" and w.value != "max":
             assert int(w.value) % memory_qos.PAGE_SIZE == 0
+
+
+POD_MEMORY_QOS = "koordinator.sh/memoryQOS"
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        pytest.param("{", id="not JSON"),
+        pytest.param("[" * 100_000, id="deeply nested"),
+        pytest.param('{"policy":"auto","x":"' + "y" * 200_000 + '"}', id="over the size bound"),
+        pytest.param('{"minLimitPercent":' + "9" * 5000 + "}", id="a 5000-digit number"),
+        pytest.param('{"minLimitPercent":1e400}', id="a huge exponent"),
+        pytest.param('{"minLimitPercent":9223372036854775808}', id="above int64"),
+        pytest.param('{"throttlingPercent":-9223372036854775809}', id="below int64"),
+        pytest.param('{"policy":"auto","policy":"none","minLimitPercent":500}', id="duplicate keys, out of range"),
+        pytest.param('{"policy":{"a":1}}', id="policy an object"),
+        pytest.param('{"policy":"\\u0000"}', id="policy a NUL"),
+        pytest.param("\ufeff{}", id="a byte order mark"),
+        pytest.param("null", id="null"),
+    ],
+)
+def test_a_poisoned_memory_qos_annotation_costs_only_its_own_pod(annotation: str) -> None:
+    """The pod with the hostile koordinator.sh/memoryQOS keeps its class values (a skip says
+    why); the healthy pod beside it is untouched by it."""
+    bad_spec = {"c": ContainerResourceSpec(requests=MappingProxyType({"memory": Fraction(200 * MiB)}))}
+    bad = replace(pod("LS", uid="bad", annotations={POD_MEMORY_QOS: annotation}, containers=(container("c", "bad-c"),)),
+                  batch_resources=MappingProxyType(bad_spec))
+    plan = plan_for(ON, bad, healthy())
+    mins = {w.path: w.value for w in plan.writes if w.file == "memory.min" and w.level != "kubeqos"}
+    assert mins == {"kubepods/burstable/podgood": str(100 * MiB), "kubepods/burstable/podgood/good-c": str(100 * MiB),
+                    "kubepods/burstable/podbad": str(200 * MiB), "kubepods/burstable/podbad/bad-c": str(200 * MiB)}
+    reasons = [s.reason for s in plan.skipped]
+    assert len(reasons) == 1 and "ns/p" in reasons[0] and POD_MEMORY_QOS in reasons[0], reasons
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_any_memory_qos_annotation_parses_totally_and_stays_in_range(value: Any) -> None:
+    text = json.dumps(value)
+    got = call_total(nodeslo.memory_qos_for_pod, nodeslo.MemoryQOS(), SLO.LS_CLASS, text, [])
+    for v, lo, hi in ((got.min_limit_percent, 0, 100), (got.low_limit_percent, 0, 100),
+                      (got.throttling_percent, 0, 100), (got.wmark_min_adj, -25, 50), (got.priority, 0, 12)):
+        assert lo <= v <= hi

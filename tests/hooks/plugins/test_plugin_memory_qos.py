@@ -179,3 +179,49 @@ def test_no_node_memory_and_no_limit_leaves_memory_high_alone() -> None:
     p2 = replace(p, containers=(container("c", "u1-c", memory_limit_in_bytes=200 * MiB),))
     high = [w[3] for w in run(v2(spec), p2, total=0) if w[2] == "memory.high"]
     assert high == [str((100 * MiB + 100 * MiB * 90 // 100) // 4096 * 4096)]
+
+
+POD_MEMORY_QOS = "koordinator.sh/memoryQOS"
+
+
+def annotated(p: PodFacts, text: str) -> PodFacts:
+    return p.replace(annotations=MappingProxyType({**p.annotations, POD_MEMORY_QOS: text}))
+
+
+@pytest.mark.parametrize(
+    ("ls_class", "annotation", "expected"),
+    [
+        pytest.param(ON, '{"policy":"none"}', ("0", "0", "max"), id="none on an enabled class: all off"),
+        pytest.param(ON, '{"policy":"default","minLimitPercent":100,"throttlingPercent":0}',
+                     (str(256 * MiB), str(256 * MiB), "max"),
+                     id="default: the pod's minLimitPercent and throttlingPercent (low raised to min)"),
+        pytest.param({"enable": False}, '{"policy":"auto","lowLimitPercent":50}',
+                     ("0", str(128 * MiB), "max"), id="auto on a disabled class: defaults, then the pod's fields"),
+        pytest.param({"enable": False}, '{"policy":"auto"}', ("0", "0", "max"), id="auto alone: the defaults (0 %)"),
+        pytest.param(ON, '{"policy":"sometimes"}', ("134217728", "214748364", "510025728"),
+                     id="malformed: the class values"),
+    ],
+)
+def test_pod_annotation_over_the_class_values(ls_class: dict[str, Any], annotation: str,
+                                              expected: tuple[str, str, str]) -> None:
+    """koordinator.sh/memoryQOS: the pod's fields > its policy's template > the NodeSLO's class;
+    the kube-QoS parents sum what each pod got."""
+    p = annotated(spec_pod("LS", "Burstable", "u1", {"c": (256 * MiB, 512 * MiB)}), annotation)
+    other = spec_pod("LS", "Burstable", "u2", {"c": (100 * MiB, 0)})
+    plan = call(memory_qos, "rhp_reconcile_usage", node=v2(slo(lsClass=ls_class)), pods=(p, other), usage=usage())
+    got = {(w[1], w[2]): w[3] for w in writes(plan)}
+    c = "kubepods/burstable/podu1/u1-c"
+    assert (got[(c, "memory.min")], got[(c, "memory.low")], got[(c, "memory.high")]) == expected
+    # the other pod keeps its class values, and the burstable parent is the sum of both pods
+    other_min = 100 * MiB * (50 if ls_class.get("enable") else 0) // 100
+    assert got[("kubepods/burstable/podu2/u2-c", "memory.min")] == str(other_min)
+    assert got[("kubepods/burstable", "memory.min")] == str(int(expected[0]) + other_min)
+    malformed = [s.reason for s in plan.skipped if POD_MEMORY_QOS in s.reason]
+    assert bool(malformed) == ("sometimes" in annotation), malformed
+
+
+def test_pod_annotation_alone_does_not_make_the_plugin_plan() -> None:
+    """A NodeSLO without any memoryQOS section: kubelet's and the runtime's values stay, whatever
+    a pod asks."""
+    p = annotated(spec_pod("LS", "Burstable", "u1", {"c": (256 * MiB, 512 * MiB)}), '{"policy":"auto"}')
+    assert memory_qos.rhp_reconcile_usage(node=v2({}), pods=(p,), usage=usage()) is None
