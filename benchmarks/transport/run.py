@@ -290,6 +290,7 @@ def main() -> int:
     parser.add_argument("--only", choices=["relay"], help="leave out the floor and grpc targets")
     parser.add_argument("--koord", help="koord-runtime-proxy binary (default: scripts/build-koord.sh's cached one)")
     parser.add_argument("--no-koord", action="store_true", help="leave out the koord-runtime-proxy target")
+    parser.add_argument("--no-grpc", action="store_true", help="leave out the grpc transport (the slowest target)")
     args = parser.parse_args()
     baselines = dict(b.split("=", 1) for b in args.baseline)
 
@@ -301,7 +302,7 @@ def main() -> int:
     try:
         import runtime_proxy.cri.grpc_transport  # noqa: F401
 
-        if not args.only:
+        if not args.only and not args.no_grpc:
             targets.append("grpc")
     except ImportError:
         print("runtime_proxy.cri.grpc_transport not importable: skipping the grpc transport", file=sys.stderr)
@@ -418,7 +419,7 @@ def cell(values: list[float], fmt: str = "{:.1f}") -> str:
 
 def report_markdown(samples: dict[str, dict[str, list[float]]]) -> None:
     """The README's table: median [min, max] over the rounds; "added" is a round's figure minus the
-    same round's direct figure, and "added / floor's added" divides that by the floor's in the round."""
+    same round's direct figure, and the floor row divides its median by the floor's median."""
     names = list(samples)
     print("\n| measure | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
@@ -431,12 +432,11 @@ def report_markdown(samples: dict[str, dict[str, list[float]]]) -> None:
         added = {n: [t - d for t, d in zip(samples[n].get(key, []), direct[key], strict=False)] for n in names}
         print(f"| {label}, added over direct | n/a | " + " | ".join(cell(added[n]) for n in names[1:]) + " |")
         if floor is not None and key == "unary_p50_us":
-            ratios = {n: [a / f for a, f in zip(added[n], added["floor"], strict=False) if f > 0] for n in names[1:]}
-            print(
-                f"| {label}, added / floor's added | n/a | "
-                + " | ".join(cell(ratios[n], "{:.2f}") for n in names[1:])
-                + " |"
-            )
+            # a ratio of the medians: one round's floor can add next to nothing, and a per-round
+            # ratio over it says nothing
+            base = statistics.median(added["floor"])
+            cells = [f"{statistics.median(added[n]) / base:.2f}" if base > 0 else "n/a" for n in names[1:]]
+            print(f"| {label}, median added / floor's median added | n/a | " + " | ".join(cells) + " |")
     for key, label in (
         ("cpu_us_per_call", "proxy CPU per pass-through call (us)"),
         ("rss_mib", "proxy peak RSS (MiB)"),
