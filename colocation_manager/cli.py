@@ -200,6 +200,7 @@ async def _first_certificate(keeper: Any, api: Any) -> bool:
         await api.aclose()  # its session belongs to this event loop
 
 
+# long: the composition root, wiring each part in the order it starts and stops; reads top to bottom
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM or SIGINT."""
     from colocation_manager.controller import Cache, Reconciler

@@ -550,6 +550,7 @@ def _cpuset(
     )
 
 
+# long: its nested helpers share one placement's inputs and zone cache (koord's NUMA filter)
 def _place_numa(
     intent: Intent,
     node: NodeFacts,

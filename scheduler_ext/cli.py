@@ -417,6 +417,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return _serve(args)
 
 
+# long: the extender's composition root, wiring each part in the order it starts and stops
 def _serve(args: argparse.Namespace) -> int:
     from rhp_kube.http import KubeHTTP
     from rhp_kube.watch import WatchOptions
@@ -549,6 +550,7 @@ def _serve(args: argparse.Namespace) -> int:
     return EXIT_OK if main_server.started else EXIT_SERVE_FAILED
 
 
+# long: one add_argument per flag, in the order --help lists them
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="scheduler-ext",

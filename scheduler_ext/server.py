@@ -472,6 +472,7 @@ class Background(Protocol):
     async def stop(self) -> None: ...
 
 
+# long: the verbs are closures over the one state, binder and config this app serves
 def create_app(
     state: ClusterState,
     binder: Binder | None,

@@ -624,6 +624,7 @@ class Cluster(PrivateDir):
     Not thread-safe. See the module docstring for what it changes on the machine and undoes.
     """
 
+    # long: the docstring documents each of its sixteen settings; the body only stores them
     def __init__(
         self,
         cri_socket: str | Path,

@@ -204,107 +204,144 @@ def apply_files(
         Only "all" goes with ``ordered``.
     :returns: the report; never raises for I/O errors.
     """
-    report = ApplyReport(compare_only=compare_only)
-    undo: list[tuple[Callable[[], None], str]] = []
-
-    def fail(message: str) -> bool:
-        report.errors.append(message)
-        log.warning("apply failed", error=message, compare_only=compare_only)
-        if not atomic or compare_only:
-            return False
-        for restore, what in reversed(undo):
-            try:
-                restore()
-                report.rolled_back.append(what)
-            except CgroupError as exc:
-                report.errors.append(f"rollback of {what} failed: {exc}")
-        undo.clear()
-        return True
-
-    def record(w: CgroupWrite, result: WriteResult, final: bool) -> None:
-        if result.status == "unsupported":
-            if final:
-                report.unsupported.append(w)
-            return
-        if final:
-            report.results.append((w, result))
-            if diff and result.status in ("written", "would-write"):
-                report.drift.append(w)
-
     if phase not in ("all", "grow", "shrink") or (ordered and phase != "all"):
         raise ValueError(f"phase {phase!r} does not go with ordered={ordered}")
+    run = _Run(cgroups, resctrl, compare_only=compare_only, diff=diff, atomic=atomic, missing_ok=missing_ok)
     cg_writes = [w for w in plan.writes if w.level != "resctrl"]
     rc_writes = [w for w in plan.writes if w.level == "resctrl"] if phase != "shrink" else []
     if ordered:
         steps = [_Step(w, w.value, True) for w in cg_writes]
     else:
         steps = order_writes(cg_writes, lambda w: cgroups.read(w.path, w.file), phase)
-    for step in steps:
-        w = step.write
-        try:
-            result = cgroups.write(w.path, w.file, step.value, compare_only=compare_only)
-        except CgroupMissingError as exc:
-            if missing_ok:
-                if w not in report.missing:
-                    report.missing.append(w)
+    if run.cgroup_writes(steps) and run.resctrl_writes(rc_writes) and phase != "shrink":
+        run.moves(plan.moves)
+        run.removals(plan.removals)
+    return run.report
+
+
+class _Run:
+    """One ``apply_files`` call: its report, and the restores of the writes it made so far."""
+
+    def __init__(
+        self,
+        cgroups: Cgroups,
+        resctrl: Resctrl | None,
+        *,
+        compare_only: bool,
+        diff: bool,
+        atomic: bool,
+        missing_ok: bool,
+    ) -> None:
+        self.cgroups = cgroups
+        self.resctrl = resctrl
+        self.compare_only = compare_only
+        self.diff = diff
+        self.atomic = atomic
+        self.missing_ok = missing_ok
+        self.report = ApplyReport(compare_only=compare_only)
+        self.undo: list[tuple[Callable[[], None], str]] = []
+
+    def fail(self, message: str) -> bool:
+        """Report ``message``; True when the call stops here (its writes restored)."""
+        report = self.report
+        report.errors.append(message)
+        log.warning("apply failed", error=message, compare_only=self.compare_only)
+        if not self.atomic or self.compare_only:
+            return False
+        for restore, what in reversed(self.undo):
+            try:
+                restore()
+                report.rolled_back.append(what)
+            except CgroupError as exc:
+                report.errors.append(f"rollback of {what} failed: {exc}")
+        self.undo.clear()
+        return True
+
+    def record(self, w: CgroupWrite, result: WriteResult, final: bool) -> None:
+        if result.status == "unsupported":
+            if final:
+                self.report.unsupported.append(w)
+            return
+        if final:
+            self.report.results.append((w, result))
+            if self.diff and result.status in ("written", "would-write"):
+                self.report.drift.append(w)
+
+    def cgroup_writes(self, steps: list[_Step]) -> bool:
+        """Perform the cgroup steps in order; False when a failure stopped the call."""
+        cgroups = self.cgroups
+        for step in steps:
+            w = step.write
+            try:
+                result = cgroups.write(w.path, w.file, step.value, compare_only=self.compare_only)
+            except CgroupMissingError as exc:
+                if self.missing_ok:
+                    if w not in self.report.missing:
+                        self.report.missing.append(w)
+                    continue
+                if self.fail(f"{w.level} {w.path or '/'} {w.file}={step.value}: {exc}"):
+                    return False
                 continue
-            if fail(f"{w.level} {w.path or '/'} {w.file}={step.value}: {exc}"):
-                return report
-            continue
-        except CgroupError as exc:
-            if fail(f"{w.level} {w.path or '/'} {w.file}={step.value}: {exc}"):
-                return report
-            continue
-        if result.status == "written" and result.old_raw is not None:
-            target, old = Path(result.target), result.old_raw
-            undo.append((partial(cgroups.write_raw, target, old, file=w.file), result.target))
-        record(w, result, step.final)
-
-    for w in rc_writes:
-        if resctrl is None:
-            if fail(f"resctrl {w.path} {w.file}: no resctrl root configured"):
-                return report
-            continue
-        existed = resctrl.group_dir(w.path).is_dir() if _safe_group(resctrl, w.path) else True
-        try:
-            result = resctrl.write(w.path, w.file, w.value, compare_only=compare_only)
-        except CgroupError as exc:
-            if fail(f"resctrl {w.path} {w.file}: {exc}"):
-                return report
-            continue
-        if result.status == "written":
-            if not existed:
-                group = w.path
-                undo.append((partial(_remove_quietly, resctrl, group), f"resctrl group {group}"))
-            elif result.old_raw is not None:
+            except CgroupError as exc:
+                if self.fail(f"{w.level} {w.path or '/'} {w.file}={step.value}: {exc}"):
+                    return False
+                continue
+            if result.status == "written" and result.old_raw is not None:
                 target, old = Path(result.target), result.old_raw
-                undo.append((partial(resctrl.write_raw, target, old), result.target))
-        record(w, result, True)
+                self.undo.append((partial(cgroups.write_raw, target, old, file=w.file), result.target))
+            self.record(w, result, step.final)
+        return True
 
-    if phase == "shrink":
-        return report
-    for m in plan.moves:
-        if resctrl is None:
-            report.errors.append(f"move {m.path} to {m.group}: no resctrl root configured")
-            continue
-        try:
-            tids = cgroups.tasks(m.path)
-            moved = resctrl.add_tasks(m.group, tids, compare_only=compare_only)
-        except CgroupError as exc:
-            report.errors.append(f"move tasks of {m.level} {m.path} to {m.group}: {exc}")
-            continue
-        report.moved.append((m, len(moved)))
+    def resctrl_writes(self, writes: list[CgroupWrite]) -> bool:
+        """Perform the resctrl writes (creating groups); False when a failure stopped the call."""
+        resctrl = self.resctrl
+        for w in writes:
+            if resctrl is None:
+                if self.fail(f"resctrl {w.path} {w.file}: no resctrl root configured"):
+                    return False
+                continue
+            existed = resctrl.group_dir(w.path).is_dir() if _safe_group(resctrl, w.path) else True
+            try:
+                result = resctrl.write(w.path, w.file, w.value, compare_only=self.compare_only)
+            except CgroupError as exc:
+                if self.fail(f"resctrl {w.path} {w.file}: {exc}"):
+                    return False
+                continue
+            if result.status == "written":
+                if not existed:
+                    group = w.path
+                    self.undo.append((partial(_remove_quietly, resctrl, group), f"resctrl group {group}"))
+                elif result.old_raw is not None:
+                    target, old = Path(result.target), result.old_raw
+                    self.undo.append((partial(resctrl.write_raw, target, old), result.target))
+            self.record(w, result, True)
+        return True
 
-    for r in plan.removals:
-        if r.level != "resctrl" or resctrl is None:
-            report.errors.append(f"remove {r.level} {r.path}: only resctrl groups can be removed")
-            continue
-        try:
-            if resctrl.remove_group(r.path, compare_only=compare_only):
-                report.removed.append(r)
-        except CgroupError as exc:
-            report.errors.append(f"remove resctrl group {r.path}: {exc}")
-    return report
+    def moves(self, moves: list[TaskMove]) -> None:
+        report = self.report
+        for m in moves:
+            if self.resctrl is None:
+                report.errors.append(f"move {m.path} to {m.group}: no resctrl root configured")
+                continue
+            try:
+                tids = self.cgroups.tasks(m.path)
+                moved = self.resctrl.add_tasks(m.group, tids, compare_only=self.compare_only)
+            except CgroupError as exc:
+                report.errors.append(f"move tasks of {m.level} {m.path} to {m.group}: {exc}")
+                continue
+            report.moved.append((m, len(moved)))
+
+    def removals(self, removals: list[Removal]) -> None:
+        report = self.report
+        for r in removals:
+            if r.level != "resctrl" or self.resctrl is None:
+                report.errors.append(f"remove {r.level} {r.path}: only resctrl groups can be removed")
+                continue
+            try:
+                if self.resctrl.remove_group(r.path, compare_only=self.compare_only):
+                    report.removed.append(r)
+            except CgroupError as exc:
+                report.errors.append(f"remove resctrl group {r.path}: {exc}")
 
 
 def _safe_group(resctrl: Resctrl, group: str) -> bool:

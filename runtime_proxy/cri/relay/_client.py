@@ -11,7 +11,7 @@ from hpack import HPACKError
 
 from runtime_proxy.cri.methods import is_known_unary
 from runtime_proxy.cri.relay import _wire as w
-from runtime_proxy.cri.relay._frames import MASK31, FrameError, padded, unpack_header
+from runtime_proxy.cri.relay._frames import FrameError, FrameWalk, padded
 from runtime_proxy.cri.relay._intercept import Interception
 from runtime_proxy.cri.relay._metrics import perf
 from runtime_proxy.cri.relay._state import PAUSE_GATED, RELAY
@@ -50,142 +50,40 @@ class ClientSide(Interception):
             self._pump()
 
     def _parse_client(self, buf: bytes | bytearray) -> int:
-        n = len(buf)
+        """Handle the whole frames of one read and write what passes; returns the bytes used."""
         pos = 0
         if not self._preface_ok:
-            if n < 24:
-                if bytes(buf) != w.PREFACE[:n]:
+            if len(buf) < 24:
+                if bytes(buf) != w.PREFACE[: len(buf)]:
                     raise FrameError(w.PROTOCOL_ERROR, "bad connection preface")
                 return 0
             if bytes(buf[:24]) != w.PREFACE:
                 raise FrameError(w.PROTOCOL_ERROR, "bad connection preface")
             self._preface_ok = True
             pos = 24
-        start = 0
-        mv = memoryview(buf)
         up: list[bytes | memoryview] = []
         down: list[bytes | memoryview] = []
         self._up_q = up
         self._down_q = down
-        icpt = self._icpt
-        limit = self._up_frame_limit
+        walk = FrameWalk(buf, pos, self._up_frame_limit, "client", up)
         try:
-            while n - pos >= 9:
-                lt, flags, sid = unpack_header(buf, pos)
-                length = lt >> 8
-                if length > limit:
-                    raise FrameError(w.FRAME_SIZE_ERROR, f"client frame of {length} bytes")
-                end = pos + 9 + length
-                if end > n:
-                    break
-                ftype = lt & 0xFF
-                sid &= MASK31
+            for ftype, flags, sid, length in walk:
                 if self._c_block is not None and ftype != w.CONTINUATION:
                     raise FrameError(w.PROTOCOL_ERROR, "header block interrupted")
                 if ftype == w.DATA:
-                    if sid == 0:
-                        raise FrameError(w.PROTOCOL_ERROR, "DATA on stream 0")
-                    if icpt and sid in icpt:
-                        if length > self._up_window and length > self._up_window + self._debt - self._owed:
-                            self._flow_control_violation()
-                        if pos > start:
-                            up.append(mv[start:pos])
-                        start = end
-                        self._client_icpt_data(icpt[sid], mv, pos, length, flags, down)
-                    else:
-                        if length > self._up_window:
-                            # The client's view of the window is the server's plus the debt,
-                            # less the window the relay owes it and has not yet returned.
-                            if length > self._up_window + self._debt - self._owed:
-                                self._flow_control_violation()
-                            self._gated = True
-                            break
-                        self._up_window -= length
+                    if not self._client_data(walk, flags, sid, length, down):
+                        break  # gated: the frame waits for the server's window
                 elif ftype == w.HEADERS:
-                    if sid == 0:
-                        raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
-                    a, b = padded(buf, pos, length, flags, True)
-                    if length > self._block_limit and b - a > self._block_limit:
-                        self._block_too_large("request")
-                    self._c_block_sid = sid
-                    self._c_block_flags = flags
-                    if self._held:  # header blocks keep their order (HPACK, stream ids)
-                        if pos > start:
-                            up.append(mv[start:pos])
-                        start = pos
-                        up.extend(self._flush_held(None))
-                    if not flags & w.FLAG_END_HEADERS:
-                        self._c_block = bytearray(mv[a:b])
-                    elif sid > self.c_max_sid:
-                        block = bytes(buf[a:b])
-                        st = self._client_block_done(block)
-                        if st is not None:  # keep the HEADERS until the request can follow
-                            if pos > start:
-                                up.append(mv[start:pos])
-                            start = end
-                            st.held_headers = bytes(mv[pos:end])
-                            st.held_pure = not block or min(block) >= 0x80
-                            self._held.append(st)
-                            if len(icpt) > self._icpt_cap:
-                                self._too_many(st)
-                    else:
-                        up.append(mv[start:end])  # the block may make the relay write upstream
-                        start = end
-                        self._client_block_done(bytes(buf[a:b]))
+                    self._client_headers(walk, flags, sid, length)
                 elif ftype == w.CONTINUATION:
-                    if self._c_block is None or sid != self._c_block_sid:
-                        raise FrameError(w.PROTOCOL_ERROR, "unexpected CONTINUATION")
-                    self._c_block += mv[pos + 9 : end]
-                    if len(self._c_block) > self._block_limit:
-                        self._block_too_large("request")
-                    if flags & w.FLAG_END_HEADERS:
-                        if icpt:
-                            up.append(mv[start:end])
-                            start = end
-                        block, self._c_block = bytes(self._c_block), None
-                        st = self._client_block_done(block)
-                        if st is not None and len(icpt) > self._icpt_cap:
-                            self._too_many(st)
+                    self._client_continuation(walk, flags, sid)
                 elif ftype == w.RST_STREAM:
-                    if length != 4 or sid == 0:
-                        raise FrameError(w.PROTOCOL_ERROR, "bad RST_STREAM")
-                    if self._held:
-                        if pos > start:
-                            up.append(mv[start:pos])
-                        start = pos
-                        up.extend(self._flush_held(None))
-                    self.live.pop(sid, None)
-                    if self._timed:
-                        self._finish(sid, "CANCELLED")
-                    st = icpt.pop(sid, None) if icpt else None
-                    if st is not None:
-                        local = st.phase == LOCAL
-                        self._cancel_icpt(st)
-                        if local:
-                            if pos > start:
-                                up.append(mv[start:pos])
-                            start = end
-                    elif sid in self._dropped:
-                        if pos > start:
-                            up.append(mv[start:pos])
-                        start = end
+                    self._client_reset(walk, sid, length)
                 elif ftype == w.WINDOW_UPDATE:
                     if length != 4:
                         raise FrameError(w.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
                 elif ftype == w.SETTINGS:
-                    if sid != 0 or length % 6:
-                        raise FrameError(w.PROTOCOL_ERROR, "bad SETTINGS")
-                    if self._held:  # e.g. an ACK of a header table size must follow the blocks
-                        if pos > start:
-                            up.append(mv[start:pos])
-                        start = pos
-                        up.extend(self._flush_held(None))
-                    if flags & w.FLAG_ACK:
-                        if self._server_settings_q:  # the client now uses the server's settings
-                            self._server_settings(self._server_settings_q.pop(0))
-                    else:
-                        self._client_settings_q.append(w.parse_settings(mv[pos + 9 : end]))
-                        self._client_settings_early(self._client_settings_q[-1])
+                    self._client_settings_frame(walk, flags, sid, length)
                 elif ftype == w.PING:
                     if sid != 0 or length != 8:
                         raise FrameError(w.PROTOCOL_ERROR, "bad PING")
@@ -197,31 +95,124 @@ class ClientSide(Interception):
                         raise FrameError(w.PROTOCOL_ERROR, "bad PRIORITY")
                 elif ftype == w.PUSH_PROMISE:
                     raise FrameError(w.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-                pos = end
             if self._due_before and self.state == RELAY:
                 # What the hooks send goes after everything parsed so far, in the same write.
-                if pos > start:
-                    up.append(mv[start:pos])
-                start = pos
+                walk.flush()
                 self._start_due()
-            if self.state != RELAY:
-                return pos
-            self._up_q = self._down_q = None
-            if start == 0 and pos == n and not up and isinstance(buf, bytes):
-                self.up.write(buf)  # type: ignore[union-attr]
-            else:
-                if pos > start:
-                    up.append(mv[start:pos])
-                if up:
-                    self.up.write(b"".join(up))  # type: ignore[union-attr]
-            if down:
-                self.down.write(b"".join(down))  # type: ignore[union-attr]
-            return pos
+            if self.state == RELAY:
+                self._client_write(walk, down)
+            return walk.pos
         finally:
             self._up_q = self._down_q = None
             up.clear()
             down.clear()
-            mv.release()
+            walk.mv.release()
+
+    def _client_write(self, walk: FrameWalk, down: list[bytes | memoryview]) -> None:
+        """Write what one read of the client's produced: up in one write, down in another."""
+        self._up_q = self._down_q = None
+        if walk.whole():
+            self.up.write(walk.buf)  # type: ignore[union-attr]
+        else:
+            walk.flush()
+            if walk.out:
+                self.up.write(b"".join(walk.out))  # type: ignore[union-attr]
+        if down:
+            self.down.write(b"".join(down))  # type: ignore[union-attr]
+
+    def _client_data(self, walk: FrameWalk, flags: int, sid: int, length: int, down: list[bytes | memoryview]) -> bool:
+        """A request DATA frame; False when it has to wait for the server's window."""
+        if sid == 0:
+            raise FrameError(w.PROTOCOL_ERROR, "DATA on stream 0")
+        icpt = self._icpt
+        if icpt and sid in icpt:
+            if length > self._up_window and length > self._up_window + self._debt - self._owed:
+                self._flow_control_violation()
+            walk.take()
+            self._client_icpt_data(icpt[sid], walk.mv, walk.pos, length, flags, down)
+            return True
+        if length > self._up_window:
+            # The client's view of the window is the server's plus the debt,
+            # less the window the relay owes it and has not yet returned.
+            if length > self._up_window + self._debt - self._owed:
+                self._flow_control_violation()
+            self._gated = True
+            return False
+        self._up_window -= length
+        return True
+
+    def _client_headers(self, walk: FrameWalk, flags: int, sid: int, length: int) -> None:
+        if sid == 0:
+            raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
+        buf = walk.buf
+        a, b = padded(buf, walk.pos, length, flags, True)
+        if length > self._block_limit and b - a > self._block_limit:
+            self._block_too_large("request")
+        self._c_block_sid = sid
+        self._c_block_flags = flags
+        if self._held:  # header blocks keep their order (HPACK, stream ids)
+            walk.flush()
+            walk.out.extend(self._flush_held(None))
+        if not flags & w.FLAG_END_HEADERS:
+            self._c_block = bytearray(walk.mv[a:b])
+        elif sid > self.c_max_sid:
+            block = bytes(buf[a:b])
+            st = self._client_block_done(block)
+            if st is not None:  # keep the HEADERS until the request can follow
+                walk.take()
+                st.held_headers = walk.frame()
+                st.held_pure = not block or min(block) >= 0x80
+                self._held.append(st)
+                if len(self._icpt) > self._icpt_cap:
+                    self._too_many(st)
+        else:
+            walk.keep()  # the block may make the relay write upstream
+            self._client_block_done(bytes(buf[a:b]))
+
+    def _client_continuation(self, walk: FrameWalk, flags: int, sid: int) -> None:
+        if self._c_block is None or sid != self._c_block_sid:
+            raise FrameError(w.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        self._c_block += walk.mv[walk.pos + 9 : walk.end]
+        if len(self._c_block) > self._block_limit:
+            self._block_too_large("request")
+        if flags & w.FLAG_END_HEADERS:
+            if self._icpt:
+                walk.keep()
+            block, self._c_block = bytes(self._c_block), None
+            st = self._client_block_done(block)
+            if st is not None and len(self._icpt) > self._icpt_cap:
+                self._too_many(st)
+
+    def _client_reset(self, walk: FrameWalk, sid: int, length: int) -> None:
+        if length != 4 or sid == 0:
+            raise FrameError(w.PROTOCOL_ERROR, "bad RST_STREAM")
+        if self._held:
+            walk.flush()
+            walk.out.extend(self._flush_held(None))
+        self.live.pop(sid, None)
+        if self._timed:
+            self._finish(sid, "CANCELLED")
+        st = self._icpt.pop(sid, None) if self._icpt else None
+        if st is not None:
+            local = st.phase == LOCAL
+            self._cancel_icpt(st)
+            if local:
+                walk.take()
+        elif sid in self._dropped:
+            walk.take()
+
+    def _client_settings_frame(self, walk: FrameWalk, flags: int, sid: int, length: int) -> None:
+        if sid != 0 or length % 6:
+            raise FrameError(w.PROTOCOL_ERROR, "bad SETTINGS")
+        if self._held:  # e.g. an ACK of a header table size must follow the blocks
+            walk.flush()
+            walk.out.extend(self._flush_held(None))
+        if flags & w.FLAG_ACK:
+            if self._server_settings_q:  # the client now uses the server's settings
+                self._server_settings(self._server_settings_q.pop(0))
+        else:
+            self._client_settings_q.append(w.parse_settings(walk.mv[walk.pos + 9 : walk.end]))
+            self._client_settings_early(self._client_settings_q[-1])
 
     def _client_block_done(self, block: bytes) -> Intercepted | None:
         """Decode a request header block; returns the new stream if it is intercepted."""

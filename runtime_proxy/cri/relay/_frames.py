@@ -2,14 +2,15 @@
 bounds of a padded frame, the HPACK decoder kept in step with a peer's encoder, the relay's
 re-encoding of a decoded block, and the decoding of one gRPC response message for ``after``.
 
-Used by the session units (``_client``, ``_server``, ``_intercept``, ``_refuse``). Frame
-headers are read in the parsers themselves, with ``unpack_header`` (one ``struct`` call).
+Used by the session units (``_client``, ``_server``, ``_intercept``, ``_refuse``). Both
+parsers walk a read with one ``FrameWalk``: it reads each frame header with ``unpack_header``
+(one ``struct`` call), bounds the frame, and keeps the span of frames that pass unchanged.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from hpack import Decoder, NeverIndexedHeaderTuple
 
@@ -27,6 +28,81 @@ class FrameError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class FrameWalk:
+    """One pass over the whole frames of one read, and the span of them that passes unchanged.
+
+    Iterating yields ``(type, flags, stream id, length)`` for each whole frame, in order; while
+    the caller handles a frame, ``pos`` and ``end`` are its first byte and the byte after it.
+    A frame longer than ``limit`` is a FRAME_SIZE_ERROR; a partial frame at the end of the read
+    ends the walk with ``pos`` on it. Frames the caller leaves alone stay in the current span
+    (``start`` up to the frame being handled) and reach ``out`` as one view of the read,
+    without a copy; ``take`` cuts the current frame out of the span (the caller holds, drops or
+    rewrites it), ``flush`` ends the span before the current frame (so what the caller appends
+    to ``out`` next goes after the frames before it; after the walk, before the first byte not
+    consumed), ``keep`` ends the span after it. When the
+    caller stops iterating early, ``pos`` is the first frame not consumed.
+    """
+
+    __slots__ = ("buf", "end", "limit", "mv", "n", "out", "pos", "side", "start")
+
+    def __init__(
+        self, buf: bytes | bytearray, pos: int, limit: int, side: str, out: list[bytes | memoryview]
+    ) -> None:
+        self.buf = buf
+        self.mv = memoryview(buf)
+        self.n = len(buf)
+        self.pos = pos
+        self.end = pos
+        self.start = 0
+        self.limit = limit
+        self.side = side
+        self.out = out
+
+    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
+        buf = self.buf
+        n = self.n
+        limit = self.limit
+        pos = self.pos
+        while n - pos >= 9:
+            lt, flags, sid = unpack_header(buf, pos)
+            length = lt >> 8
+            if length > limit:
+                raise FrameError(w.FRAME_SIZE_ERROR, f"{self.side} frame of {length} bytes")
+            end = pos + 9 + length
+            if end > n:
+                return
+            self.end = end
+            yield lt & 0xFF, flags, sid & MASK31, length
+            self.pos = pos = end
+
+    def flush(self) -> None:
+        """End the span just before the current frame."""
+        pos = self.pos
+        if pos > self.start:
+            self.out.append(self.mv[self.start : pos])
+        self.start = pos
+
+    def take(self) -> None:
+        """Cut the current frame out of the span."""
+        pos = self.pos
+        if pos > self.start:
+            self.out.append(self.mv[self.start : pos])
+        self.start = self.end
+
+    def keep(self) -> None:
+        """End the span just after the current frame."""
+        self.out.append(self.mv[self.start : self.end])
+        self.start = self.end
+
+    def frame(self) -> bytes:
+        """A copy of the current frame, header included."""
+        return bytes(self.mv[self.pos : self.end])
+
+    def whole(self) -> bool:
+        """The read passes as it is: every byte a whole frame, none taken out, nothing added."""
+        return self.start == 0 and self.pos == self.n and not self.out and isinstance(self.buf, bytes)
 
 
 class MirrorDecoder:

@@ -12,13 +12,14 @@ import contextlib
 from hpack import HPACKError
 
 from runtime_proxy.cri.relay import _wire as w
-from runtime_proxy.cri.relay._frames import MASK31, FrameError, encode_block, padded, unpack_header
+from runtime_proxy.cri.relay._frames import MASK31, FrameError, FrameWalk, encode_block, padded
 from runtime_proxy.cri.relay._intercept import Interception
 from runtime_proxy.cri.relay._metrics import RST_CODES, status_of
 from runtime_proxy.cri.relay._state import CONNECTING, HOLD_LIMIT, MAX_INTERCEPTED_RESPONSE, PAUSE_GATED, RELAY
 from runtime_proxy.cri.relay._streams import (
     AFTER,
     SENT,
+    Intercepted,
 )
 
 
@@ -60,141 +61,26 @@ class ServerSide(Interception):
                     self._resume_down(PAUSE_GATED)
 
     def _parse_server(self, buf: bytes | bytearray) -> int:
-        n = len(buf)
-        pos = 0
-        start = 0
-        mv = memoryview(buf)
+        """Handle the whole frames of one read and write what passes; returns the bytes used."""
         down: list[bytes | memoryview] = []
         up: list[bytes | memoryview] = []
         self._up_q = up
         self._down_q = down
-        icpt = self._icpt
-        dropped = self._dropped
-        limit = self._down_frame_limit
+        walk = FrameWalk(buf, 0, self._down_frame_limit, "server", down)
         try:
-            while n - pos >= 9:
-                lt, flags, sid = unpack_header(buf, pos)
-                length = lt >> 8
-                if length > limit:
-                    raise FrameError(w.FRAME_SIZE_ERROR, f"server frame of {length} bytes")
-                end = pos + 9 + length
-                if end > n:
-                    break
-                ftype = lt & 0xFF
-                sid &= MASK31
+            for ftype, flags, sid, length in walk:
                 if self._s_block is not None and ftype != w.CONTINUATION:
                     raise FrameError(w.PROTOCOL_ERROR, "header block interrupted")
                 if ftype == w.DATA:
-                    if sid == 0:
-                        raise FrameError(w.PROTOCOL_ERROR, "DATA on stream 0")
-                    if dropped and sid in dropped:
-                        if pos > start:
-                            down.append(mv[start:pos])
-                        start = end
-                        if length:  # the client never sees it: return the window ourselves
-                            up.append(w.window_update(0, length))
-                    else:
-                        if icpt:
-                            st = icpt.get(sid)
-                            if st is not None:
-                                if st.resp is not None:
-                                    a, b = padded(mv, pos, length, flags, False)
-                                    if len(st.resp) + (b - a) > MAX_INTERCEPTED_RESPONSE:
-                                        st.resp = None
-                                    else:
-                                        st.resp += mv[a:b]
-                                if st.held_down is not None:
-                                    if pos > start:
-                                        down.append(mv[start:pos])
-                                    start = end
-                                    st.held_down.append(bytes(mv[pos:end]))
-                                    st.held_size += length
-                                    if st.held_size > HOLD_LIMIT or flags & w.FLAG_END_STREAM:
-                                        self._release_down(st, down)
-                        if flags & w.FLAG_END_STREAM:
-                            self._server_ended(sid)
-                            if self._timed:  # no trailers: the caller gets an error
-                                self._finish(sid, "INTERNAL")
+                    self._server_data(walk, flags, sid, length, up)
                 elif ftype == w.HEADERS:
-                    if sid == 0:
-                        raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
-                    a, b = padded(buf, pos, length, flags, True)
-                    if length > self._block_limit and b - a > self._block_limit:
-                        self._block_too_large("response")
-                    if (
-                        flags & w.FLAG_END_HEADERS
-                        and self.verbatim
-                        and self._vheld is None
-                        and not (icpt and sid in icpt)
-                        and not (dropped and sid in dropped)
-                    ):
-                        # Fast path: forward as is, decode after the write (if at all).
-                        frag = buf[a:b]
-                        if flags & w.FLAG_END_STREAM and self._timed and sid in self._timed:
-                            self._s_pending.append((bytes(frag), sid))  # the call's grpc-status
-                        elif not frag or min(frag) < 0x80:
-                            self._s_pending.append((bytes(frag), 0))
-                        if flags & w.FLAG_END_STREAM:
-                            self.live.pop(sid, None)
-                        elif sid in self.live:
-                            self.live[sid] = 1
-                    else:
-                        if pos > start:
-                            down.append(mv[start:pos])
-                        start = end
-                        self._s_block = bytearray(mv[a:b])
-                        self._s_block_sid = sid
-                        self._s_block_flags = flags
-                        self._s_block_raw = [bytes(mv[pos:end])]
-                        if flags & w.FLAG_END_HEADERS:
-                            self._server_block_done(down)
+                    self._server_headers(walk, flags, sid, length)
                 elif ftype == w.CONTINUATION:
-                    if self._s_block is None or sid != self._s_block_sid:
-                        raise FrameError(w.PROTOCOL_ERROR, "unexpected CONTINUATION")
-                    if pos > start:
-                        down.append(mv[start:pos])
-                    start = end
-                    self._s_block += mv[pos + 9 : end]
-                    if len(self._s_block) > self._block_limit:
-                        self._block_too_large("response")
-                    self._s_block_raw.append(bytes(mv[pos:end]))
-                    if flags & w.FLAG_END_HEADERS:
-                        self._server_block_done(down)
+                    self._server_continuation(walk, flags, sid)
                 elif ftype == w.RST_STREAM:
-                    if length != 4 or sid == 0:
-                        raise FrameError(w.PROTOCOL_ERROR, "bad RST_STREAM")
-                    self.live.pop(sid, None)
-                    if self._timed:
-                        self._finish(sid, RST_CODES.get(w.u32(buf, pos + 9), "INTERNAL"))
-                    st = icpt.pop(sid, None) if icpt else None
-                    if st is not None:
-                        self._cancel_icpt(st)
-                    if dropped and sid in dropped:
-                        if pos > start:
-                            down.append(mv[start:pos])
-                        start = end
+                    self._server_reset(walk, sid, length)
                 elif ftype == w.WINDOW_UPDATE:
-                    if length != 4:
-                        raise FrameError(w.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
-                    inc = w.u32(buf, pos + 9) & MASK31
-                    if sid == 0:
-                        self._up_window += inc
-                        self._resume = True
-                        if self._debt:
-                            take = min(inc, self._debt)
-                            self._debt -= take
-                            if pos > start:
-                                down.append(mv[start:pos])
-                            start = end
-                            if inc > take:
-                                down.append(w.window_update(0, inc - take))
-                    elif icpt and sid in icpt:
-                        # The relay owns the request side of an intercepted stream.
-                        icpt[sid].window += inc
-                        self._resume = True
-                        if pos > start:
-                            down.append(mv[start:pos])
-                        start = end
+                    self._server_window_update(walk, sid, length)
                 elif ftype == w.SETTINGS:
                     if sid != 0 or length % 6:
                         raise FrameError(w.PROTOCOL_ERROR, "bad SETTINGS")
@@ -202,46 +88,160 @@ class ServerSide(Interception):
                         if self._client_settings_q:
                             self._client_settings(self._client_settings_q.pop(0))
                     else:
-                        self._server_settings_q.append(w.parse_settings(mv[pos + 9 : end]))
+                        self._server_settings_q.append(w.parse_settings(walk.mv[walk.pos + 9 : walk.end]))
                         self._server_settings_early(self._server_settings_q[-1])
                 elif ftype == w.PING:
                     if sid != 0 or length != 8:
                         raise FrameError(w.PROTOCOL_ERROR, "bad PING")
                 elif ftype == w.GOAWAY:
-                    if sid != 0 or length < 8:
-                        raise FrameError(w.PROTOCOL_ERROR, "bad GOAWAY")
-                    if self._timed:  # streams above the last one the server took never run
-                        last = w.u32(buf, pos + 9) & MASK31
-                        for other in [t for t in self._timed if t > last]:
-                            self._finish(other, "UNAVAILABLE")
+                    self._server_goaway(walk, sid, length)
                 elif ftype == w.PUSH_PROMISE:
                     raise FrameError(w.PROTOCOL_ERROR, "PUSH_PROMISE (push is off for gRPC)")
-                pos = end
             if self._due_after and self.state == RELAY:
-                if pos > start:
-                    down.append(mv[start:pos])
-                start = pos
+                walk.flush()
                 self._start_due()
-            if self.state != RELAY:
-                return pos
-            self._up_q = self._down_q = None
-            if start == 0 and pos == n and not down and not self._owed and isinstance(buf, bytes):
-                self.down.write(buf)  # type: ignore[union-attr]
-            else:
-                if pos > start:
-                    down.append(mv[start:pos])
-                if self._owed:  # first, so it never waits behind a full write buffer
-                    down.insert(0, self._take_owed())
-                if down:
-                    self.down.write(b"".join(down))  # type: ignore[union-attr]
-            if up:
-                self.up.write(b"".join(up))  # type: ignore[union-attr]
-            return pos
+            if self.state == RELAY:
+                self._server_write(walk, up)
+            return walk.pos
         finally:
             self._up_q = self._down_q = None
             down.clear()
             up.clear()
-            mv.release()
+            walk.mv.release()
+
+    def _server_write(self, walk: FrameWalk, up: list[bytes | memoryview]) -> None:
+        """Write what one read of the server's produced: down in one write, up in another."""
+        self._up_q = self._down_q = None
+        if walk.whole() and not self._owed:
+            self.down.write(walk.buf)  # type: ignore[union-attr]
+        else:
+            walk.flush()
+            down = walk.out
+            if self._owed:  # first, so it never waits behind a full write buffer
+                down.insert(0, self._take_owed())
+            if down:
+                self.down.write(b"".join(down))  # type: ignore[union-attr]
+        if up:
+            self.up.write(b"".join(up))  # type: ignore[union-attr]
+
+    def _server_data(self, walk: FrameWalk, flags: int, sid: int, length: int, up: list[bytes | memoryview]) -> None:
+        if sid == 0:
+            raise FrameError(w.PROTOCOL_ERROR, "DATA on stream 0")
+        dropped = self._dropped
+        if dropped and sid in dropped:
+            walk.take()
+            if length:  # the client never sees it: return the window ourselves
+                up.append(w.window_update(0, length))
+            return
+        icpt = self._icpt
+        if icpt:
+            st = icpt.get(sid)
+            if st is not None:
+                self._server_icpt_data(walk, st, flags, length)
+        if flags & w.FLAG_END_STREAM:
+            self._server_ended(sid)
+            if self._timed:  # no trailers: the caller gets an error
+                self._finish(sid, "INTERNAL")
+
+    def _server_icpt_data(self, walk: FrameWalk, st: Intercepted, flags: int, length: int) -> None:
+        """Response DATA of an intercepted call: copied for ``after``, held while it may be."""
+        if st.resp is not None:
+            a, b = padded(walk.mv, walk.pos, length, flags, False)
+            if len(st.resp) + (b - a) > MAX_INTERCEPTED_RESPONSE:
+                st.resp = None
+            else:
+                st.resp += walk.mv[a:b]
+        if st.held_down is not None:
+            walk.take()
+            st.held_down.append(walk.frame())
+            st.held_size += length
+            if st.held_size > HOLD_LIMIT or flags & w.FLAG_END_STREAM:
+                self._release_down(st, walk.out)
+
+    def _server_headers(self, walk: FrameWalk, flags: int, sid: int, length: int) -> None:
+        if sid == 0:
+            raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
+        buf = walk.buf
+        a, b = padded(buf, walk.pos, length, flags, True)
+        if length > self._block_limit and b - a > self._block_limit:
+            self._block_too_large("response")
+        icpt = self._icpt
+        dropped = self._dropped
+        if (
+            flags & w.FLAG_END_HEADERS
+            and self.verbatim
+            and self._vheld is None
+            and not (icpt and sid in icpt)
+            and not (dropped and sid in dropped)
+        ):
+            # Fast path: forward as is, decode after the write (if at all).
+            frag = buf[a:b]
+            if flags & w.FLAG_END_STREAM and self._timed and sid in self._timed:
+                self._s_pending.append((bytes(frag), sid))  # the call's grpc-status
+            elif not frag or min(frag) < 0x80:
+                self._s_pending.append((bytes(frag), 0))
+            if flags & w.FLAG_END_STREAM:
+                self.live.pop(sid, None)
+            elif sid in self.live:
+                self.live[sid] = 1
+            return
+        walk.take()
+        self._s_block = bytearray(walk.mv[a:b])
+        self._s_block_sid = sid
+        self._s_block_flags = flags
+        self._s_block_raw = [walk.frame()]
+        if flags & w.FLAG_END_HEADERS:
+            self._server_block_done(walk.out)
+
+    def _server_continuation(self, walk: FrameWalk, flags: int, sid: int) -> None:
+        if self._s_block is None or sid != self._s_block_sid:
+            raise FrameError(w.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        walk.take()
+        self._s_block += walk.mv[walk.pos + 9 : walk.end]
+        if len(self._s_block) > self._block_limit:
+            self._block_too_large("response")
+        self._s_block_raw.append(walk.frame())
+        if flags & w.FLAG_END_HEADERS:
+            self._server_block_done(walk.out)
+
+    def _server_reset(self, walk: FrameWalk, sid: int, length: int) -> None:
+        if length != 4 or sid == 0:
+            raise FrameError(w.PROTOCOL_ERROR, "bad RST_STREAM")
+        self.live.pop(sid, None)
+        if self._timed:
+            self._finish(sid, RST_CODES.get(w.u32(walk.buf, walk.pos + 9), "INTERNAL"))
+        st = self._icpt.pop(sid, None) if self._icpt else None
+        if st is not None:
+            self._cancel_icpt(st)
+        if self._dropped and sid in self._dropped:
+            walk.take()
+
+    def _server_window_update(self, walk: FrameWalk, sid: int, length: int) -> None:
+        if length != 4:
+            raise FrameError(w.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
+        inc = w.u32(walk.buf, walk.pos + 9) & MASK31
+        if sid == 0:
+            self._up_window += inc
+            self._resume = True
+            if self._debt:
+                take = min(inc, self._debt)
+                self._debt -= take
+                walk.take()
+                if inc > take:
+                    walk.out.append(w.window_update(0, inc - take))
+        elif self._icpt and sid in self._icpt:
+            # The relay owns the request side of an intercepted stream.
+            self._icpt[sid].window += inc
+            self._resume = True
+            walk.take()
+
+    def _server_goaway(self, walk: FrameWalk, sid: int, length: int) -> None:
+        if sid != 0 or length < 8:
+            raise FrameError(w.PROTOCOL_ERROR, "bad GOAWAY")
+        if self._timed:  # streams above the last one the server took never run
+            last = w.u32(walk.buf, walk.pos + 9) & MASK31
+            for other in [t for t in self._timed if t > last]:
+                self._finish(other, "UNAVAILABLE")
 
     def _s_decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         if self._s_pending:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -26,7 +26,6 @@ from runtime_proxy.cri.relay._metrics import observe_call, perf
 from runtime_proxy.cri.relay._streams import Intercepted
 
 if TYPE_CHECKING:
-    from runtime_proxy.cri.relay._refuse import RefuseServer
     from runtime_proxy.cri.transport import CallInterceptor
 
 log = structlog.get_logger("runtime_proxy.cri.relay")
@@ -55,6 +54,15 @@ PAUSE_DOWN_FULL = 1
 PAUSE_UP_FULL = 2
 PAUSE_GATED = 4
 PAUSE_EARLY = 8
+
+
+class Refuser(Protocol):
+    """What a session needs of its refuse-mode server (``_refuse.RefuseServer``); a protocol here
+    so that this module, which ``_refuse`` builds on, never imports it back."""
+
+    def feed(self) -> None: ...
+
+    def cancel(self) -> None: ...
 
 
 class SessionState:
@@ -90,6 +98,16 @@ class SessionState:
         self.up: asyncio.Transport | None = None
         self.state = CONNECTING
         self.draining = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._after_tasks: set[asyncio.Task[None]] = set()
+        self._closing_up = False
+        self._refuser: Refuser | None = None  # the minimal server of refuse mode
+        self._init_parsing()
+        self._init_streams()
+        self._init_flow()
+
+    def _init_parsing(self) -> None:
+        """Each side's unparsed bytes, HPACK decoders and header blocks being assembled."""
         self._cin = bytearray()  # client bytes not yet parsed (partial frame, or waiting)
         self._sin = bytearray()  # server bytes not yet parsed
         self._preface_ok = False
@@ -116,6 +134,9 @@ class SessionState:
         # block; should another block come first, ``verbatim`` ends (see _server_block_done).
         self._vheld: Intercepted | None = None
         self.c_max_sid = 0
+
+    def _init_streams(self) -> None:
+        """The streams the relay tracks, and what the current parse will write."""
         # Streams the server has not finished: sid -> 1 once response headers went down.
         self.live: dict[int, int] = {}
         self._icpt: dict[int, Intercepted] = {}
@@ -126,6 +147,16 @@ class SessionState:
         # Calls the metrics time, as the grpc transport does (known unary CRI methods and
         # intercepted ones): sid -> (method, start). Each ends in ``_finish`` with its code.
         self._timed: dict[int, tuple[str, float]] = {}
+        # Intercepted streams whose hook (``before``; ``after``) became due during the current
+        # parse: started when the parse ends, so what they send joins the parse's one write.
+        self._due_before: list[Intercepted] = []
+        self._due_after: list[Intercepted] = []
+        # While a parse runs, frames the relay writes itself join its output in order.
+        self._up_q: list[bytes | memoryview] | None = None
+        self._down_q: list[bytes | memoryview] | None = None
+
+    def _init_flow(self) -> None:
+        """Windows, frame sizes and SETTINGS of both sides (``_flow``)."""
         # Flow control toward the server. ``_up_window`` is the server's connection receive
         # window as the relay accounts it exactly; ``_debt`` is how far the client's view of
         # that window exceeds it (bytes the relay injected that the server has not yet
@@ -139,20 +170,9 @@ class SessionState:
         self._down_frame_limit = w.DEFAULT_MAX_FRAME
         self._server_settings_q: list[list[tuple[int, int]]] = []  # sent by the server, not yet ACKed
         self._client_settings_q: list[list[tuple[int, int]]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._after_tasks: set[asyncio.Task[None]] = set()
-        self._closing_up = False
-        self._refuser: RefuseServer | None = None  # the minimal server of refuse mode
         self._resume = False  # a server WINDOW_UPDATE or SETTINGS may unblock sending
         # Connection window the relay owes the client (swallowed request bytes), see OWED_FLUSH.
         self._owed = 0
-        # Intercepted streams whose hook (``before``; ``after``) became due during the current
-        # parse: started when the parse ends, so what they send joins the parse's one write.
-        self._due_before: list[Intercepted] = []
-        self._due_after: list[Intercepted] = []
-        # While a parse runs, frames the relay writes itself join its output in order.
-        self._up_q: list[bytes | memoryview] | None = None
-        self._down_q: list[bytes | memoryview] | None = None
 
     def _pause_down(self, why: int) -> None:
         if not self._down_stop and self.down is not None:
