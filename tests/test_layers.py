@@ -222,3 +222,14 @@ def test_method_table_matches_the_proto() -> None:
     assert {k for k, streaming in from_proto.items() if not streaming} == methods.UNARY
     assert {k for k, streaming in from_proto.items() if streaming} == methods.SERVER_STREAMING
     assert set(methods.INTERCEPTED) <= methods.UNARY
+
+
+def test_the_drawn_import_tree_has_no_upward_arrow_no_cycle_and_walks_down() -> None:
+    """``scripts/draw-imports.py`` (``docs/imports.md``): no arrow to a higher layer, no import
+    cycle between modules (``lint-imports`` sees neither a cycle inside one layer nor a walk), and
+    the two walked calls never import back a module they came from."""
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "draw-imports.py")], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "Upward arrows: 0. Import cycles between modules: 0." in done.stdout
+    assert "climbs back up" not in done.stdout

@@ -84,15 +84,22 @@ class _Sink(asyncio.Transport):
         pass
 
 
+class _Call:
+    """The intercepted call ``before`` returns (``runtime_proxy.cri.transport.InterceptedCall``)."""
+
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+
+    async def after(self, response: bytes) -> None:
+        return None
+
+
 class _Hooks:
     def intercepts(self, method: str) -> bool:
         return method == "/bench.Echo/Hooked"
 
-    async def before(self, method: str, request: bytes) -> bytes:
-        return request
-
-    async def after(self, method: str, request: bytes, response: bytes) -> None:
-        return None
+    async def before(self, method: str, request: bytes) -> _Call:
+        return _Call(request)
 
     async def undecodable(self, method: str, reason: str) -> None:
         return None
