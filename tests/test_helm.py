@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rhp_devenv.kube import NEWEST_KUBE_VERSION
 
 from tests.image_refs import image_refs
 from tests.test_packaging import HOST_CONFIG, _policies, render
@@ -190,11 +191,42 @@ def test_the_defaults_install_the_node_agent_our_scheduler_the_manager_and_the_c
             assert "KUBERNETES_SERVICE_HOST" not in env, "the pod's own API address unless apiServer is set"
 
 
+def _kube_scheduler_image(kube_version: str, values: Mapping[str, Any] | None = None) -> str:
+    proc = subprocess.run([str(_helm()), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                           f"--kube-version={kube_version}", "--values", "-"],
+                          input=yaml.safe_dump(dict(values or {})), capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (deployment,) = [d for d in yaml.safe_load_all(proc.stdout)
+                     if d and d["kind"] == "Deployment" and d["metadata"]["name"] == f"{FULL}-scheduler"]
+    return str(containers(deployment)["kube-scheduler"]["image"])
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "values", "expected"),
+    [
+        pytest.param("v1.35.1", None, "v1.35.1", id="the cluster's own release"),
+        pytest.param("v1.34.0", None, "v1.34.0", id="the oldest supported minor"),
+        pytest.param("v1.38.2", None, "v1.38.2", id="a newer cluster gets its own release"),
+        pytest.param("v1.33.9", None, NEWEST_KUBE_VERSION, id="below the supported range: the newest tested"),
+        pytest.param("v1.36.0", {"scheduler": {"kubeScheduler": {"image": {"tag": "v1.34.4"}}}}, "v1.34.4",
+                     id="a tag set by the user wins"),
+    ],
+)
+def test_kube_scheduler_follows_the_clusters_version(kube_version: str, values: Mapping[str, Any] | None,
+                                                     expected: str) -> None:
+    """Without a tag, kube-scheduler's image is the cluster's own release (helm's
+    Capabilities.KubeVersion at install, --kube-version offline), so upstream's version skew
+    policy holds; on the old main it was v1.34.4 whatever the cluster ran."""
+    assert _kube_scheduler_image(kube_version, values) == f"registry.k8s.io/kube-scheduler:{expected}"
+
+
 def test_the_images_are_the_built_ones_and_the_upstream_kube_scheduler() -> None:
     daemonset = one(None, "DaemonSet", f"{FULL}-node")
     assert containers(daemonset)["node-agent"]["image"] == image_refs()["node"]
     scheduler = containers(one(None, "Deployment", f"{FULL}-scheduler"))
-    assert scheduler["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.34.4"
+    # offline (helm's own default version, below 1.34): the newest release the harness tests
+    assert scheduler["kube-scheduler"]["image"] == f"registry.k8s.io/kube-scheduler:{NEWEST_KUBE_VERSION}"
     assert scheduler["kube-scheduler"]["command"][0] == "kube-scheduler"
     assert scheduler["scheduler-ext"]["image"] == image_refs()["cluster"]
     local = VARIANTS["local-images"]

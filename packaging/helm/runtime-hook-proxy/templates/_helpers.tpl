@@ -123,3 +123,23 @@ cluster, the manager, its webhook, the node reports and the PriorityClasses are 
 {{- define "rhp.publicKeysConfigMap" -}}
 {{- .Values.scheduler.signingKey.publicKeysConfigMap | default (printf "%s-public-keys" (include "rhp.fullname" .)) -}}
 {{- end -}}
+
+{{/* kube-scheduler's image tag: scheduler.kubeScheduler.image.tag when set; else the cluster's own
+     release (the API server's version helm reads at install and upgrade, or --kube-version,
+     without a provider's suffix such as "-eks-..." or "+k3s1": registry.k8s.io tags only the
+     release), so the scheduler is never newer or older than its control plane; a version below
+     the supported 1.34 (helm template without --kube-version reports helm's own default, v1.20.0
+     for a helm built from source) takes the newest release the chart is tested with. */}}
+{{- define "rhp.kubeSchedulerTag" -}}
+{{- $tag := .Values.scheduler.kubeScheduler.image.tag -}}
+{{- if $tag -}}
+{{- $tag -}}
+{{- else -}}
+{{- $release := regexFind "^v?[0-9]+[.][0-9]+[.][0-9]+" .Capabilities.KubeVersion.Version | trimPrefix "v" -}}
+{{- if and $release (semverCompare ">=1.34.0" $release) -}}
+{{- printf "v%s" $release -}}
+{{- else -}}
+v1.37.2
+{{- end -}}
+{{- end -}}
+{{- end -}}
