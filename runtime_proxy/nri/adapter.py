@@ -60,7 +60,6 @@ are logged and replies carry no changes.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import ParamSpec, TypeVar
@@ -83,6 +82,7 @@ from runtime_proxy.codecs.nri import (
 from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, NodeSource, StageRejected
 from runtime_proxy.engine.pending import Pending
 from runtime_proxy.engine.pipeline import Pipeline
+from runtime_proxy.engine.settle import PoolSettle
 from runtime_proxy.engine.table import BY_NRI, EVENTS, FORGETS_HELD, RELEASES_HELD, StoreChange, change_store
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
@@ -97,7 +97,6 @@ log = structlog.get_logger(__name__)
 __all__ = ["NriEngine"]
 
 MAX_DEFERRED = 4096
-SETTLE_WAIT = 0.5
 E = nri_pb2.Event
 
 # Events the store needs whatever the plugins do (the lifecycle table's store changes): pods and
@@ -114,11 +113,6 @@ _REPLIED = frozenset({"CREATE_CONTAINER", "UPDATE_CONTAINER"})
 # StartContainer or PostStartContainer, whichever comes first; StartContainer is wanted for it
 # when neither is wanted otherwise.
 DEFERRED_STAGE = "PreCreateContainer"
-
-
-def _log_failure(task: asyncio.Future[object]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("reconcile before a reply failed", error=str(task.exception()))
 
 
 _P = ParamSpec("_P")
@@ -165,14 +159,9 @@ class NriEngine(LifecycleDoor):
         # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
         self._deferred: Pending[str] = Pending()
         self.runtime = ""
-        # Called after an event changed the store with "did the bound cpusets (the share pools'
-        # input) change?", so the reconciler pushes new pools to running containers at once.
-        self.on_store_change = on_store_change
-        self._notified_version = -1
-        # Set when the share pools' input changed; ``settle`` (the reconciler's round, set by
-        # the composition root) then runs before the next reply that can carry updates.
-        self.pools_dirty = False
-        self.settle: Callable[[], Awaitable[object]] | None = None
+        # The share pools' notification (``on_store_change``) and settling (``settle``, run
+        # before a reply that can carry updates when ``pools_dirty``): ``engine/settle.py``.
+        self.pools = PoolSettle(self.core, on_store_change)
         # Container id -> resource changes the loops want, sent in the next reply that can
         # carry container updates (CreateContainer, UpdateContainer, StopContainer).
         self.pending_updates = PendingUpdates()
@@ -186,19 +175,25 @@ class NriEngine(LifecycleDoor):
     def background(self, value: bool) -> None:
         self._worker.background = value
 
-    # -- helpers -------------------------------------------------------------------------------
+    @property
+    def on_store_change(self) -> Callable[[bool], None] | None:
+        return self.pools.on_store_change
 
-    async def _notify(self) -> None:
-        """Tell ``on_store_change`` about a store change (once per store version)."""
-        version = self.store.version
-        if self.on_store_change is None or version == self._notified_version:
-            return
-        self._notified_version = version
-        changed = await self.core.pools_moved()
-        self.pools_dirty = self.pools_dirty or changed
-        # With ``settle`` the new pools reach running containers in the next reply that can
-        # carry them, so the reconciler only needs its routine round (for the files) here.
-        self.on_store_change(changed and self.settle is None)
+    @on_store_change.setter
+    def on_store_change(self, value: Callable[[bool], None] | None) -> None:
+        self.pools.on_store_change = value
+
+    @property
+    def settle(self) -> Callable[[], Awaitable[object]] | None:
+        return self.pools.settle
+
+    @settle.setter
+    def settle(self, value: Callable[[], Awaitable[object]] | None) -> None:
+        self.pools.settle = value
+
+    @property
+    def pools_dirty(self) -> bool:
+        return self.pools.pools_dirty
 
     # -- background events -----------------------------------------------------------------------
 
@@ -235,22 +230,6 @@ class NriEngine(LifecycleDoor):
             return
         self.pending_updates.add(container_id, changes)
 
-    async def _settled(self, exclude: str = "") -> None:
-        """Run ``settle`` when the share pools' input changed since it last ran, waiting for it
-        at most ``SETTLE_WAIT`` seconds (it goes on in the background; what it finds later goes
-        in a later reply). With no other running container (``exclude`` is the one this event
-        is about) no update can ride on this reply: the round is left to the reconciler's
-        routine round (``on_store_change``), which writes the files, and ``pools_dirty`` stays
-        set for the next reply."""
-        if not self.pools_dirty or self.settle is None:
-            return
-        if not any(c.id != exclude for _, c in self.store.running_containers()):
-            return
-        self.pools_dirty = False
-        task = asyncio.ensure_future(self.settle())
-        task.add_done_callback(_log_failure)
-        await asyncio.wait({task}, timeout=SETTLE_WAIT)
-
     # -- Events --------------------------------------------------------------------------------
 
     async def configure(self, request: nri_pb2.ConfigureRequest) -> None:
@@ -266,7 +245,7 @@ class NriEngine(LifecycleDoor):
         await self.drain()
         self.pending_updates.clear()  # every running container is reconciled here anyway
         result = await self._synchronize(pods, containers)
-        await self._notify()
+        await self.pools.notify()
         return result
 
     async def _synchronize(
@@ -280,7 +259,7 @@ class NriEngine(LifecycleDoor):
         planned resource is sent, not only those that differ from the runtime's record."""
         store, running = store_from_sync(pods, containers)
         self.core.replace_store(store)
-        self._notified_version = -1
+        self.pools.notified_version = -1
         for each_pod in store.live_pods():
             await self.core.stage_and_apply("ReconcilePod", each_pod, None)
         updates: list[nri_pb2.ContainerUpdate] = []
@@ -309,8 +288,8 @@ class NriEngine(LifecycleDoor):
         reply."""
         await self.drain()
         result = await self._create_container(pod, container)
-        await self._notify()
-        await self._settled(exclude=container.id)
+        await self.pools.notify()
+        await self.pools.settled(exclude=container.id)
         result.update.extend(self.pending_updates.take(self.store, skip=container.id))
         return result
 
@@ -343,10 +322,10 @@ class NriEngine(LifecycleDoor):
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, resources: nri_pb2.LinuxResources
     ) -> list[nri_pb2.ContainerUpdate]:
         await self.drain()
-        await self._settled()
+        await self.pools.settled()
         result = await self._update_container(pod, container, resources)
         result = [*result, *self.pending_updates.take(self.store, skip=container.id)]
-        await self._notify()
+        await self.pools.notify()
         return result
 
     async def _update_container(
@@ -397,7 +376,7 @@ class NriEngine(LifecycleDoor):
             await self._later("_state_change", change)
             return self.pending_updates.take(self.store, skip=container.id)
         await change()
-        await self._settled(exclude=container.id)
+        await self.pools.settled(exclude=container.id)
         return self.pending_updates.take(self.store, skip=container.id)
 
     @_refusals_as_rpc_errors
@@ -406,7 +385,7 @@ class NriEngine(LifecycleDoor):
 
     async def _state_change(self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None) -> None:
         await self._state_change_now(event, pod, container)
-        await self._notify()
+        await self.pools.notify()
 
     async def _state_change_now(
         self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None
