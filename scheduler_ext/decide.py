@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from koord_formats import keys
 from koord_formats.pod import format_resource_status
@@ -68,10 +70,12 @@ __all__ = [
     "evaluate",
     "gpu_matched",
     "gpu_view",
+    "held_for_others",
     "key_id",
     "memo_verdict",
     "needs",
     "place_on",
+    "plain_shortage",
     "plan",
     "verdict_of",
 ]
@@ -189,6 +193,54 @@ def gpu_matched(ns: NodeState, pod: PodRequest, matched: Sequence[NodeReservatio
     return out
 
 
+def held_for_others(ns: NodeState, matched: Sequence[NodeReservation]) -> tuple[int, int]:
+    """The CPU (milli) and memory (bytes) the node's active reservations other than ``matched``
+    hold for their owners: ``status.allocatable`` minus what its owners use (``status.allocated``,
+    or the requests of the pods the cache counts as allocated from it when more), never below 0.
+    Koordinator counts each reservation's reserve pod on its node with those requests, so a pod
+    that does not match it never gets them (``pkg/scheduler/plugins/reservation``)."""
+    mine = {nr.r.uid for nr in matched}
+    others = {nr.r.uid: nr.r for nr in ns.reserved if nr.r.active and nr.r.uid not in mine}
+    if not others:
+        return 0, 0
+    # what the pods the cache counts as allocated from each one request: its status.allocated
+    # follows them only after the controller's next round
+    used: dict[str, tuple[int, int]] = {}
+    for uid, alloc in ns.allocs.items():
+        if alloc.reservation in others:
+            c, m = ns.requested.get(uid, (0, 0))
+            old = used.get(alloc.reservation, (0, 0))
+            used[alloc.reservation] = (old[0] + c, old[1] + m)
+    cpu = memory = 0
+    zero = Fraction(0)
+    for r_uid, r in others.items():
+        own_cpu, own_memory = used.get(r_uid, (0, 0))
+        cpu += max(0, math.ceil(r.allocatable.get("cpu", zero) * 1000)
+                   - max(own_cpu, math.ceil(r.allocated.get("cpu", zero) * 1000)))  # fmt: skip
+        memory += max(0, math.ceil(r.allocatable.get("memory", zero))
+                      - max(own_memory, math.ceil(r.allocated.get("memory", zero))))  # fmt: skip
+    return cpu, memory
+
+
+def plain_shortage(ns: NodeState, pod: PodRequest, matched: Sequence[NodeReservation]) -> str:
+    """kube-scheduler's "Insufficient cpu"/"Insufficient memory" once what the reservations the
+    pod does not match hold is counted: kube-scheduler counts the node's pods only, so this is
+    the extender's to add. "" on a node without such reservations or whose Node allocatable the
+    cache could not read (kube-scheduler's own check stands)."""
+    if not ns.reserved or ns.allocatable is None:
+        return ""
+    held_cpu, held_memory = held_for_others(ns, matched)
+    if not held_cpu and not held_memory:
+        return ""
+    (alloc_cpu, alloc_memory), (used_cpu, used_memory) = ns.allocatable, ns.requested_total
+    short = []
+    if held_cpu and pod.cpu_milli > 0 and pod.cpu_milli > alloc_cpu - used_cpu - held_cpu:
+        short.append("Insufficient cpu")
+    if held_memory and pod.memory > 0 and pod.memory > alloc_memory - used_memory - held_memory:
+        short.append("Insufficient memory")
+    return ", ".join(short)
+
+
 def _gpu_provider(ns: NodeState, gpu: GPURequest) -> numa.ProviderHints:
     hints = gpu_hints(ns.gpus, ns.gpu_usage, gpu)
     if hints is None:
@@ -265,6 +317,9 @@ def verdict_of(ns: NodeState, pod: PodRequest, cfg: ExtenderConfig) -> Verdict:
     matched = gpu_matched(ns, pod, matched_reservations(ns, pod))
     if pod.reservation_affinity is not None and not matched:
         return Verdict(False, True, ERR_RESERVATION_AFFINITY)
+    short = plain_shortage(ns, pod, matched)
+    if short:
+        return Verdict(False, False, short)
     if intent.skip:
         return PLAIN
     placed, _ = place_on(ns, pod, intent, exact=False, matched=matched)

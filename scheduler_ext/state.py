@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -46,7 +47,9 @@ from prometheus_client import Counter
 from koord_formats import keys
 from koord_formats.errors import FormatError
 from koord_formats.loadaware import LoadAwareArgs
+from koord_formats.pod import read_resource_list
 from koord_formats.reservation import Reservation, parse_reservation, parse_reservation_allocated
+from koord_formats.reservation_spec import parse_pod_requests
 from koord_formats.topology import CPUTopology
 from scheduler_ext.allocator import GPUUsage
 from scheduler_ext.annotations import EMPTY, Allocation, parse_allocation
@@ -99,6 +102,12 @@ class NodeState:
         self.allocs: dict[str, Allocation] = {}  # pod uid -> allocation (confirmed or held)
         self.held: dict[str, float] = {}  # pod uid -> monotonic time the hold was placed
         self.reservations: dict[str, Reservation] = {}  # uid -> Reservation whose status.nodeName is this node
+        # the Node's status.allocatable cpu (milli) and memory (bytes); None: unreadable or unseen
+        self.allocatable: tuple[int, int] | None = None
+        # pod uid -> (milli-CPU, bytes) each bound pod requests, as kube-scheduler counts them, and
+        # their sum (read only to count reservations' plain requests against other pods)
+        self.requested: dict[str, tuple[int, int]] = {}
+        self.requested_total: tuple[int, int] = (0, 0)
         self.foreign: set[str] = set()  # held uids learned from another replica's ledger
         self.version = 0  # bumps on every change
         self.static_version = 0  # bumps when the Node, NRT or Device object changed
@@ -208,6 +217,13 @@ class NodeState:
             self.allocs[uid] = alloc
             self.touch()
 
+    def set_requested(self, uid: str, amounts: tuple[int, int]) -> None:
+        old = self.requested.get(uid, (0, 0))
+        if old != amounts or uid not in self.requested:
+            self.requested[uid] = amounts
+            cpu, mem = self.requested_total
+            self.requested_total = (cpu - old[0] + amounts[0], mem - old[1] + amounts[1])
+
     def set_bound(self, uid: str, load: PodLoad) -> None:
         if self.bound.get(uid) != load:
             self.bound[uid] = load
@@ -215,6 +231,10 @@ class NodeState:
 
     def drop(self, uid: str) -> None:
         self.held.pop(uid, None)
+        old = self.requested.pop(uid, None)
+        if old is not None:
+            cpu, mem = self.requested_total
+            self.requested_total = (cpu - old[0], mem - old[1])
         if self.bound.pop(uid, None) is not None:
             self.bound_version += 1
         self.foreign.discard(uid)
@@ -250,6 +270,26 @@ def _within_request(trust: str, alloc: Allocation | None, cpu_milli: int | None)
     return trust, alloc
 
 
+def _pod_requested(spec: Mapping[str, Any]) -> tuple[int, int]:
+    """A bound pod's CPU (milli) and memory (bytes) requests; (0, 0) when its spec cannot be
+    read (kube-scheduler still counts it: only the reservations' share is this cache's to add)."""
+    try:
+        req = parse_pod_requests(spec)
+    except FormatError:
+        return (0, 0)
+    return math.ceil(req.get("cpu", 0) * 1000), math.ceil(req.get("memory", 0))
+
+
+def _node_allocatable(status: Mapping[str, Any]) -> tuple[int, int] | None:
+    try:
+        alloc = read_resource_list(status.get("allocatable"), "Node allocatable")
+    except FormatError:
+        return None
+    if "cpu" not in alloc or "memory" not in alloc:
+        return None
+    return math.floor(alloc["cpu"] * 1000), math.floor(alloc["memory"])
+
+
 def _is_terminal(pod: Mapping[str, Any]) -> bool:
     phase = _mapping(pod.get("status"), "status").get("phase")
     return phase in ("Succeeded", "Failed")
@@ -275,6 +315,7 @@ class _PodUpdate:
     cpu_milli: int | None = None  # bound pods judged unverifiable: the pod's CPU request
     annotations: Mapping[str, str] = field(default_factory=dict)  # bound pods: all of them, for ``trust``
     load: PodLoad | None = None  # load-aware scheduling's view (when configured)
+    requested: tuple[int, int] | None = None  # bound pods first seen on a node: their requests
 
 
 _NO_ANN: tuple[str | None, str | None, str, str | None] = (None, None, "None", None)
@@ -590,6 +631,7 @@ class ClusterState:
             ns = self._node_for(name)
             ns.node_seen = not deleted
             ns.node_labels, ns.node_annotations = labels, annotations
+            ns.allocatable = None if deleted else _node_allocatable(_mapping(obj.get("status"), "status"))
         elif kind == "noderesourcetopologies":
             annotations = {} if deleted else _strings(meta.get("annotations"), "metadata.annotations")
             raw = None if deleted else obj.get("topologyPolicies")
@@ -731,6 +773,8 @@ class ClusterState:
                         _text(spec.get("schedulerName"), "spec.schedulerName"))  # fmt: skip
         update.annotations = annotations
         entry = self.pods.get(uid)  # read without the lock: only this watch thread writes entries
+        if entry is None or entry.node != node:
+            update.requested = _pod_requested(spec)  # a pod's requests do not change once bound
         if entry is None or entry.ann != update.ann or entry.node != node or entry.proof != update.proof:
             update.trust = self.trust.judge(uid, update.namespace, update.name, node, update.proof[1], annotations)
             if update.trust:
@@ -802,6 +846,8 @@ class ClusterState:
         ns.held.pop(uid, None)  # confirmed: the pod's own annotations are the record now
         ns.foreign.discard(uid)
         ns.put(uid, entry.alloc)
+        if update.requested is not None:
+            ns.set_requested(uid, update.requested)
         if entry.load is not None:
             ns.set_bound(uid, entry.load)
 

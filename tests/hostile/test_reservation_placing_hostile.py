@@ -250,3 +250,53 @@ def test_a_transition_time_in_the_future_is_not_collected() -> None:
     rig.add(obj)
     rig.round()
     assert "r" in rig.api.reservations
+
+
+# -- bound pods' requests and the Node's allocatable (a reservation's plain cpu and memory) --------
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [
+        {"requests": {"cpu": "1e500000"}},
+        {"requests": {"cpu": "lots"}},
+        {"requests": ["cpu"]},
+        {"requests": {f"r{i}": "1" for i in range(100_000)}},
+    ],
+)
+def test_a_bound_pod_with_unreadable_requests_counts_nothing_and_costs_only_itself(resources: object) -> None:
+    """The cache reads every bound pod's requests once (to count reservations against other
+    pods): one it cannot read counts 0 (kube-scheduler still counts it), and the watch goes on."""
+    from tests.scheduler_ext.builders import pod
+    from tests.scheduler_ext.test_reservation_plain import ls_pod, ls_reservation
+
+    rig = Rig(cpu="16")
+    rig.add(ls_reservation("r", "10"))
+    rig.round()
+    bad = pod("bad", cpu="1", memory="1Gi", qos="LS", node_name="n1")
+    bad["spec"]["containers"][0]["resources"] = resources
+    good = pod("good", cpu="2", memory="1Gi", qos="LS", node_name="n1")
+    rig.api.pods += [bad, good]
+    rig.sync()
+    ns = rig.state.node("n1")
+    assert ns is not None and ns.requested_total == (2000, 1 << 30)
+    from scheduler_ext.decide import DEFAULT_CONFIG, evaluate
+    from scheduler_ext.guard import decode_pod
+
+    with rig.state.lock:
+        assert evaluate(ns, decode_pod(ls_pod("fits", "4", owner=False)), DEFAULT_CONFIG).ok  # 16 - 2 - 10
+        assert not evaluate(ns, decode_pod(ls_pod("over", "5", owner=False)), DEFAULT_CONFIG).ok
+
+
+@pytest.mark.parametrize("allocatable", [{"cpu": "1e500000", "memory": "1Gi"}, "all", {"cpu": "16"}, None])
+def test_a_node_with_unreadable_allocatable_is_left_to_kube_scheduler(allocatable: object) -> None:
+    from tests.scheduler_ext.test_reservation_plain import ls_reservation
+
+    rig = Rig(cpu="16")
+    rig.add(ls_reservation("r", "10"))
+    rig.round()
+    node = copy.deepcopy(rig.api.nodes["n1"])
+    node["status"]["allocatable"] = allocatable
+    rig.state.apply("nodes", "MODIFIED", node)
+    ns = rig.state.node("n1")
+    assert ns is not None and ns.allocatable is None and ns.node_seen
