@@ -9,6 +9,7 @@ Reservation CRD (``packaging/crds/reservation.yaml``) and the RBAC of
   none of its CPUs.
 - A reservation that expires (``spec.expires``) becomes Failed (Ready False, Expired) and what it
   held is free: a pod that could not be placed while it held the node's CPUs is placed after.
+- A GPU reservation holds a card (its ``device-allocated``) that only its owner gets.
 
 Counting is checked on API-only nodes (``tests/e2e/extenderlib.py``).
 """
@@ -23,12 +24,13 @@ from typing import Any
 import pytest
 
 from koord_formats.cpulist import parse_cpu_list
-from tests.e2e.conftest import REPO, Stack
+from tests.e2e.conftest import REPO, Stack, pod_manifest
 from tests.e2e.extenderlib import (
     API_ONLY_LABEL,
     RESERVATION_ALLOCATED,
     STATUS,
     annotations_of,
+    api_call,
     api_only_node,
     lsr,
     on_node,
@@ -175,3 +177,68 @@ def test_an_expired_reservation_releases_what_it_held(stack: Stack, ns: str) -> 
             assert _cpuset(_placed_soon(stack, ns, node)) == held
         finally:
             _delete_reservation(stack, "rhp-e2e-r2")
+
+
+DEVICE_CRD = REPO / "packaging" / "crds" / "device.yaml"
+DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+
+
+def _gpu_minors(obj: dict[str, Any]) -> frozenset[int]:
+    text = annotations_of(obj).get(DEVICE_ALLOCATED)
+    return frozenset(d["minor"] for d in json.loads(text).get("gpu", [])) if text else frozenset()
+
+
+def _gpu_pod(name: str, ns: str, node: str, owner: str | None) -> dict[str, Any]:
+    res = {"cpu": "100m", "memory": "32Mi", "nvidia.com/gpu": "1"}
+    pod = on_node(pod_manifest(name, ns, qos="LS", requests=res, limits=res), node)
+    if owner is not None:
+        pod["metadata"].setdefault("labels", {})["rhp-e2e/owner"] = owner
+    return pod
+
+
+def test_a_gpu_reservation_holds_its_card_for_its_owner(stack: Stack, ns: str) -> None:
+    """Issue 38: a GPU reservation on an API-only node with two GPUs (a Device CR, and
+    ``nvidia.com/gpu`` in the Node's allocatable as a device plugin would report it) becomes
+    Available holding one minor in its ``device-allocated``; a non-owner gets the other card, an
+    owner gets the reserved one."""
+    _install_crd(stack)
+    cluster = stack.cluster
+    cluster.apply(DEVICE_CRD.read_text())
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/devices.scheduling.koordinator.sh")  # fmt: skip
+    with api_only_node(cluster, cores=1) as node:
+        gpus = {"nvidia.com/gpu": "2"}
+        code, _ = api_call(cluster, "PATCH", f"/api/v1/nodes/{node}/status",
+                           {"status": {"capacity": gpus, "allocatable": gpus}},
+                           content_type="application/merge-patch+json")  # fmt: skip
+        assert code == 200
+        cluster.apply({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+                       "metadata": {"name": node}, "spec": {"devices": [
+                           {"type": "gpu", "id": f"GPU-{node}-{m}", "minor": m, "health": True,
+                            "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "16Gi",
+                                          "koordinator.sh/gpu-memory-ratio": "100"},
+                            "topology": {"socketID": 0, "nodeID": 0, "pcieID": "pci0", "busID": f"0000:0{m}:00.0"}}
+                           for m in (0, 1)]}})  # fmt: skip
+        try:
+            r = _reservation("rhp-e2e-gpu", node, 1, ns)
+            res = {"cpu": "100m", "memory": "32Mi", "nvidia.com/gpu": "1"}
+            r["spec"]["template"]["metadata"]["labels"]["koordinator.sh/qosClass"] = "LS"
+            r["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": res, "limits": res}
+            cluster.apply(r)
+            placed = _wait_phase(stack, "rhp-e2e-gpu", "Available", timeout=180)  # the Device may come late
+            reserved = _gpu_minors(placed)
+            assert len(reserved) == 1, placed["metadata"]["annotations"]
+
+            cluster.apply(_gpu_pod("stranger", ns, node, None))
+            stranger = wait_bound(cluster, ns, "stranger")
+            assert len(_gpu_minors(stranger)) == 1 and not _gpu_minors(stranger) & reserved
+            assert RESERVATION_ALLOCATED not in annotations_of(stranger)
+
+            cluster.apply(_gpu_pod("owner", ns, node, ns))
+            owner = wait_bound(cluster, ns, "owner")
+            assert _gpu_minors(owner) == reserved
+            assert json.loads(annotations_of(owner)[RESERVATION_ALLOCATED])["uid"] == placed["metadata"]["uid"]
+        finally:
+            _delete_reservation(stack, "rhp-e2e-gpu")
+            cluster.kubectl("delete", "device.scheduling.koordinator.sh", node, "--ignore-not-found",
+                            "--wait=false", check=False)  # fmt: skip
