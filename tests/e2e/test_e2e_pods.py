@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from typing import Any
 
 import pytest
 from rhp_devenv.kube import KUBE_VERSION, NODE_NAME, free_port
@@ -41,10 +42,15 @@ def _two_cpus_one_numa_node() -> None:
 def test_the_node_is_ready_through_the_proxy(stack: Stack) -> None:
     """kubelet registered node 127.0.0.1 (InternalIP 127.0.0.1) and reports the containerd
     version, which it asked through the proxy's socket."""
-    node = stack.cluster.get_json("node", NODE_NAME)
-    assert node is not None
-    conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
-    assert conditions["Ready"] == "True"
+
+    def ready() -> dict[str, Any] | None:  # an earlier module may have just restarted kubelet
+        node = stack.cluster.get_json("node", NODE_NAME)
+        if node is None:
+            return None
+        conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        return node if conditions.get("Ready") == "True" else None
+
+    node = stack.cluster.wait_for(ready, what=f"node {NODE_NAME} Ready", timeout=180)
     assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
     info = node["status"]["nodeInfo"]
     assert info["kubeletVersion"] == KUBE_VERSION
