@@ -18,6 +18,7 @@ and how the BE process ended.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -42,6 +43,14 @@ FILE_MIB = 160
 BE_MIB = 288
 LS_REQUEST = 256 * MiB
 OFF = {"resourceQOSStrategy": {"lsClass": {"memoryQOS": {"enable": False}}}}
+# A third pod overrides the node's memory QoS with its own (koordinator.sh/memoryQOS, policy auto:
+# the class's defaults, then its fields, whatever the NodeSLO says); memory.min 0 keeps the
+# kube-QoS sums of memory.min the pressure phases assert.
+MEMORY_QOS_ANNOTATION = "koordinator.sh/memoryQOS"
+OWN = {"policy": "auto", "minLimitPercent": 0, "lowLimitPercent": 50, "throttlingPercent": 50}
+OWN_REQUEST, OWN_LIMIT = 64 * MiB, 128 * MiB
+OWN_EXPECTED = {"memory.min": "0", "memory.low": str(OWN_REQUEST // 2),
+                "memory.high": str(OWN_REQUEST + (OWN_LIMIT - OWN_REQUEST) // 2)}
 ON = {"resourceQOSStrategy": {"lsClass": {"memoryQOS": {"enable": True, "minLimitPercent": 100,
                                                         "lowLimitPercent": 100, "throttlingPercent": 0}}}}
 
@@ -62,6 +71,11 @@ def in_cgroup(cg: Path, command: str, timeout: float = 300) -> subprocess.Comple
     """``command`` (sh) run as a process of cgroup ``cg``: it moves itself in, then execs."""
     return subprocess.run(["sh", "-c", f'echo $$ > "{cg}/cgroup.procs" && exec {command}'],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def own_read(own: Path, phase: str) -> dict[str, str]:
+    """The annotated pod's container files the plugin writes."""
+    return {"phase": phase, **{f: (own / f).read_text().strip() for f in OWN_EXPECTED}}
 
 
 def ls_read(ls: Path) -> dict[str, Any]:
@@ -125,6 +139,7 @@ def main() -> None:
                              "--backend", gs.CONTAINERD, "--config", str(cfg), "--cgroup-driver", "systemd",
                              "--no-entry-points", "--log-level", "debug"], stdout=log, stderr=log)
     results: list[dict[str, Any]] = []
+    own_values: list[dict[str, str]] = []
     pods: dict[str, Any] = {}
     timings: dict[str, float] = {"setup": round(time.monotonic() - t0, 1)}
     try:
@@ -138,6 +153,10 @@ def main() -> None:
                 ("LS", "LS", "burstable", {gs.EXTENDED: json.dumps(spec)},
                  linux_resources(cpu_shares=512, memory_limit_in_bytes=512 * MiB)),
                 ("BE", "BE", "besteffort", {}, linux_resources(cpu_shares=2)),
+                ("OWN", "LS", "burstable", {gs.EXTENDED: json.dumps({"containers": {"main": {
+                    "requests": {"memory": "64Mi"}, "limits": {"memory": "128Mi"}}}}),
+                    MEMORY_QOS_ANNOTATION: json.dumps(OWN)},
+                 linux_resources(cpu_shares=128, memory_limit_in_bytes=OWN_LIMIT)),
             ):
                 uid = str(uuid.uuid4())
                 parent, pod_dir = gs.slice_dir(kube_qos, uid)
@@ -145,17 +164,22 @@ def main() -> None:
                                   name=f"memqos-{name.lower()}", uid=uid)
                 cid = cri.run_container(pod, resources=resources, name="main")
                 pods[name] = {"uid": uid, "ctr": str(pod_dir / f"cri-containerd-{cid}.scope")}
-            ls, be = Path(pods["LS"]["ctr"]), Path(pods["BE"]["ctr"])
+            ls, be, own = Path(pods["LS"]["ctr"]), Path(pods["BE"]["ctr"]), Path(pods["OWN"]["ctr"])
             timings["pods started"] = round(time.monotonic() - t0, 1)
             (KUBEPODS / "memory.max").write_text(str(KUBEPODS_MAX))  # kubelet's allocatable enforcement
             # enable false: the plugin writes the close values (memory.min 0) on its first rounds
             gs.wait_for("memory_qos's first writes", lambda: (ls / "memory.min").read_text().strip() == "0"
                         and (KUBEPODS / "kubepods-burstable.slice" / "memory.min").read_text().strip() == "0", 300)
+            with contextlib.suppress(TimeoutError):  # the same plan writes it; the host's test compares
+                gs.wait_for("the annotated pod's memory.high",
+                            lambda: (own / "memory.high").read_text().strip() == OWN_EXPECTED["memory.high"], 120)
+            own_values.append(own_read(own, "lsClass enable false"))
             results.append(phase("without memory QoS (lsClass enable false: memory.min 0)", ls, be))
             timings["phase without"] = round(time.monotonic() - t0, 1)
             node.write_text(node_doc(ON))
             gs.wait_for("memory_qos's protection", lambda: (ls / "memory.min").read_text().strip() == str(LS_REQUEST)
                         and (KUBEPODS / "memory.min").read_text().strip() == str(LS_REQUEST), 300)
+            own_values.append(own_read(own, "lsClass minLimitPercent 100"))
             results.append(phase("with memory QoS (lsClass minLimitPercent 100: memory.min 256 MiB)", ls, be))
             timings["phase with"] = round(time.monotonic() - t0, 1)
             for info in pods.values():
@@ -175,7 +199,8 @@ def main() -> None:
                     (KUBEPODS / sub / f).write_text("0")
     out.mkdir(parents=True, exist_ok=True)
     (out / "memory_qos.json").write_text(json.dumps({
-        "phases": results, "seconds": round(time.monotonic() - t0, 1), "timings": timings,
+        "phases": results, "own": {"annotation": OWN, "expected": OWN_EXPECTED, "read": own_values},
+        "seconds": round(time.monotonic() - t0, 1), "timings": timings,
         "log": (work / "serve.log").read_text(errors="replace")[-20000:],
     }, indent=1))
 

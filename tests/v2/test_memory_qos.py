@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from rhp_devenv.v2node import GUEST_SHARE, V2Node
 
 from tests.v2.conftest import REPO
@@ -68,3 +69,23 @@ def test_ls_working_set_survives_be_pressure(v2node: V2Node) -> None:
     assert on["ls_after"]["file"] >= on["ls_before"]["file"] - 4 * MiB, lines
     assert on["second_read"]["read_in_mib"] < 8, lines
     assert on["be_rc"] != 0 and on["kubepods_oom_kills"] >= 1, lines
+
+
+def test_a_pod_with_its_own_memory_qos_gets_its_own_values(v2node: V2Node) -> None:
+    """The third pod of the guest run above carries ``koordinator.sh/memoryQOS`` (policy auto,
+    minLimitPercent 0, lowLimitPercent 50, throttlingPercent 50, request 64 MiB, limit 128 MiB):
+    its container reads back its own memory.min/low/high under both NodeSLOs, the one that
+    disables lsClass and the one that gives lsClass 100 % (64 MiB of memory.min without the
+    annotation). On the old main the annotation was not read: 0, 0 and max, then 64 MiB."""
+    path = v2node.share / "out" / "memory_qos.json"
+    if not path.exists():
+        pytest.skip("the guest run of test_ls_working_set_survives_be_pressure did not finish")
+    own = json.loads(path.read_text())["own"]
+    lines = [f"memory QoS, pod annotation {json.dumps(own['annotation'])}: planned {own['expected']}"]
+    lines += [f"  read back from its container's files under {r['phase']}: "
+              f"{ {k: v for k, v in r.items() if k != 'phase'} }" for r in own["read"]]
+    REPORT.extend(lines)
+    print("\n".join(lines))
+    assert len(own["read"]) == 2, own
+    for read in own["read"]:
+        assert {k: v for k, v in read.items() if k != "phase"} == own["expected"], lines
