@@ -141,7 +141,8 @@ def _run_pods(cluster: Cluster, node: V2Node, kubelet: GuestKubelet, door: str, 
     effective = _read(node, f"{scope}/cpuset.cpus.effective")
     rows.append((door, "LSR", "cpuset (extender's resource-status)", ",".join(map(str, sorted(bound))),
                  "container cpuset.cpus / .effective", f"{cpus} / {effective}"))
-    assert parse_cpu_list(effective) == bound, (bound, cpus, effective)
+    print(" | ".join(rows[-1]), flush=True)
+    assert parse_cpu_list(effective) == bound, f"{(bound, cpus, effective)}{_debug(cluster, node, kubelet, door)}"
     # LS: cpu_burst (cpuBurstOnly, 50 % of the 200m limit's 20000 us quota)
     ls_scope = f"{_slice(pods['LS'])}/cri-containerd-{container_id(pods['LS'])}.scope"
     burst = _read_until(node, f"{ls_scope}/cpu.max.burst", "10000")
@@ -151,7 +152,8 @@ def _run_pods(cluster: Cluster, node: V2Node, kubelet: GuestKubelet, door: str, 
     ls_idle = _read(node, f"{_slice(pods['LS'])}/cpu.idle")
     rows.append((door, "BE", "group_identity (coreSched)", "cpu.idle=1", "pod cpu.idle", be_idle))
     rows.append((door, "LS", "group_identity (coreSched)", "cpu.idle=0", "pod cpu.idle", ls_idle))
-    assert (burst, be_idle, ls_idle) == ("10000", "1", "0"), rows
+    print("\n".join(" | ".join(r) for r in rows[1:]), flush=True)
+    assert (burst, be_idle, ls_idle) == ("10000", "1", "0"), f"{rows}{_debug(cluster, node, kubelet, door)}"
     return rows
 
 
