@@ -240,26 +240,9 @@ def run_stub(args: argparse.Namespace) -> None:
             asyncio.run_coroutine_threadsafe(stub.stop(None), loop).result(10)
 
 
-KOORD_HOOK_DIR = Path("/etc/runtime/hookserver.d")  # fixed in koord-runtime-proxy v1.8.0's code
-
-
-def koord_binary(explicit: str | None) -> tuple[Path | None, str]:
-    """The koord-runtime-proxy binary to run, or None with the reason the arm is skipped."""
-    if explicit:
-        path = Path(explicit)
-    else:
-        found = subprocess.run(["bash", str(REPO / "scripts" / "build-koord.sh"), "--print-path"],
-                               capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-        lines = found.stdout.strip().splitlines()
-        if found.returncode != 0 or not lines:
-            return None, f"scripts/build-koord.sh --print-path failed: {found.stderr.strip()[-300:]}"
-        path = Path(lines[-1])
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        return None, f"no binary at {path} (bash scripts/build-koord.sh builds it)"
-    registered = sorted(KOORD_HOOK_DIR.glob("*json")) if KOORD_HOOK_DIR.is_dir() else []
-    if registered:
-        return None, f"hook servers registered in {KOORD_HOOK_DIR} ({registered[0].name}): not a pass-through"
-    return path, ""
+sys.path.insert(0, str(REPO / "benchmarks" / "transport"))
+# one finder of koord-runtime-proxy for every benchmark: benchmarks/transport/run.py's
+from run import KOORD_HOOK_DIR, koord_binary  # type: ignore[import-not-found]  # noqa: E402
 
 
 class KoordProcess:
