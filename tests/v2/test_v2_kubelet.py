@@ -21,7 +21,6 @@ of its own (the tier's shared guest has no network device at all).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -89,17 +88,6 @@ def _read_until(node: V2Node, path: str, want: str, timeout: float = 180.0) -> s
         time.sleep(2)
 
 
-def _running(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    pod = cluster.get_json("pod", name, namespace=NS)
-    if pod is None:
-        return None
-    status = pod.get("status", {})
-    statuses = status.get("containerStatuses", [])
-    if status.get("phase") == "Running" and statuses and all(s.get("ready") for s in statuses):
-        return pod
-    return None
-
-
 def _debug(cluster: Cluster, node: V2Node, kubelet: GuestKubelet, door: str) -> str:
     pods = cluster.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout
     events = cluster.kubectl("get", "events", "-n", NS, check=False).stdout
@@ -125,8 +113,7 @@ def _run_pods(cluster: Cluster, node: V2Node, kubelet: GuestKubelet, door: str, 
     pods: dict[str, dict[str, Any]] = {}
     try:
         for qos, name in names.items():
-            pods[qos] = cluster.wait_for(functools.partial(_running, cluster, name), what=f"pod {name} Running",
-                                         timeout=POD_TIMEOUT)
+            pods[qos] = cluster.wait_pod_running(NS, name, timeout=POD_TIMEOUT)
     except Exception as exc:
         raise AssertionError(f"{exc}{_debug(cluster, node, kubelet, door)}") from None
     clock.mark(f"{door}: three pods Running")
