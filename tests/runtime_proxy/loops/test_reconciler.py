@@ -188,7 +188,9 @@ async def test_nodeslo_change_converges_within_one_period(tmp_path: Path) -> Non
     cfg_file.write_text(json.dumps({"nodeSLO": {}}))
     node_config = NodeConfig(path=cfg_file, topology=THIS_VM, poll_interval=0.02)
     backend = FakeBackend(NodeFacts(), pods, node_config=node_config)
-    r = reconciler(backend, tmp_path, period=0.3, node_changes=node_config.changes())
+    # a period far longer than the wait below: converging in time shows the change itself, not
+    # the periodic pass, drove the reconcile (a 0.3 s period was a timed assert on a loaded machine)
+    r = reconciler(backend, tmp_path, period=120, node_changes=node_config.changes())
     await node_config.start()
     await r.start()
     try:
@@ -204,7 +206,7 @@ async def test_nodeslo_change_converges_within_one_period(tmp_path: Path) -> Non
         changed_at = time.monotonic()
         want = {p.uid: "-1" if p.uid == "b" else "2" for p in pods}
         while not all(read_file(tmp_path, p.cgroup_parent.strip("/"), "cpu.bvt_warp_ns") == want[p.uid] for p in pods):
-            assert time.monotonic() - changed_at < r.period, "did not converge within one period"
+            assert time.monotonic() - changed_at < r.period / 2, "the change did not drive a reconcile"
             await asyncio.sleep(0.01)
     finally:
         await r.stop()
