@@ -60,7 +60,7 @@ async def runtime(tmp_path: Path) -> AsyncIterator[FakeRuntime]:
 
 async def _session(runtime: FakeRuntime) -> Session:
     session = await runtime.next_session()
-    await asyncio.wait_for(session.registered.wait(), 5)
+    await asyncio.wait_for(session.registered.wait(), 60)  # generous: a loaded 2-core machine
     return session
 
 
@@ -78,7 +78,7 @@ async def engine_session(runtime: FakeRuntime) -> AsyncIterator[tuple[NriEngine,
         containers=[_container("c1", "ls", "0"), _container("c2", "ls", "0", state=nri_pb2.CONTAINER_STOPPED)]))
     yield engine, plugin, session
     stop.set()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, 60)
 
 
 async def test_an_update_leaves_as_unsolicited_update_containers_naming_the_container(
