@@ -151,6 +151,9 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         def readiness() -> tuple[bool, str]:
             if not plugin.synchronized.is_set():
                 return False, f"not registered and synchronized with the runtime at {opts.socket}"
+            pending = node_watch.keys_pending()
+            if pending is not None:
+                return False, pending
             ok, why = metrics.socket_accepts(opts.socket)
             return (True, "ok") if ok else (False, f"runtime's NRI socket {opts.socket}: {why}")
 

@@ -187,6 +187,9 @@ class Proxy:
         socket accepts connections (checked at each probe, off the event loop)."""
         if not self.ready.is_set():
             return False, "store not rebuilt from the runtime yet"
+        pending = self.node_source.keys_pending()
+        if pending is not None:
+            return False, pending
         ok, reason = metrics.socket_accepts(self.opts.backend)
         metrics.BACKEND_UP.set(1 if ok else 0)
         return ok, "ok" if ok else f"runtime not reachable at {self.opts.backend}: {reason}"

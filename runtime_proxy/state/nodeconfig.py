@@ -419,6 +419,20 @@ class NodeConfig:
             allocation_keys=self._keys,
         )
 
+    def keys_pending(self) -> str | None:
+        """Why this node cannot honour an allocation yet, for ``/readyz``: public-key files are
+        configured, unsigned claims are refused and no key was read from them (after a first
+        install the extender publishes its key and kubelet refreshes the volume about a minute
+        later); None otherwise. A node agent reported ready before that would let an LSR pod
+        start on the share pools, and in NRI mode nothing carries its cpuset to it afterwards
+        until another container event on the node."""
+        with self._lock:
+            keys = self._keys
+        if not self.key_files or keys.accept_unsigned or keys.public_keys:
+            return None
+        files = ", ".join(str(p) for p in self.key_files)
+        return f"no allocation public key read yet from {files}: LSR and LSE cpusets wait for it (docs/signing.md)"
+
     def _load_keys(self) -> bool:
         """Re-read the public-key files when one changed (inode, mtime or size; a missing file has
         no keys); True when the keys in use changed. A file that cannot be read or parsed is

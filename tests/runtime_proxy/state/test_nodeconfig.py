@@ -388,6 +388,8 @@ async def test_public_key_files_are_loaded_and_followed(tmp_path: Path) -> None:
     cfg = NodeConfig(key_files=(str(keys_file),), poll_interval=0.05)
     assert cfg.current().allocation_keys.public_keys == ()
     assert cfg.current().allocation_keys.accept_unsigned is False
+    pending = cfg.keys_pending()  # /readyz says not ready until a key is read
+    assert pending is not None and str(keys_file) in pending
     await cfg.start()
     try:
         keys_file.parent.mkdir()
@@ -396,6 +398,7 @@ async def test_public_key_files_are_loaded_and_followed(tmp_path: Path) -> None:
         while cfg.current().allocation_keys.public_keys != (first,):
             assert time.monotonic() < deadline, cfg.current().allocation_keys
             await asyncio.sleep(0.05)
+        assert cfg.keys_pending() is None
         assert REGISTRY.get_sample_value("rhp_allocation_public_keys") == 1.0
         write(keys_file, format_public_key(first) + "\n" + format_public_key(second) + "\n")
         while cfg.current().allocation_keys.public_keys != (first, second):
@@ -406,3 +409,10 @@ async def test_public_key_files_are_loaded_and_followed(tmp_path: Path) -> None:
         assert cfg.current().allocation_keys.public_keys == (first, second)
     finally:
         await cfg.stop()
+
+
+def test_no_key_files_or_unsigned_claims_accepted_leave_readiness_alone(tmp_path: Path) -> None:
+    assert NodeConfig().keys_pending() is None
+    missing = str(tmp_path / "absent")
+    assert NodeConfig(key_files=(missing,), accept_unsigned=True).keys_pending() is None
+    assert NodeConfig(key_files=(missing,)).keys_pending() is not None
