@@ -14,10 +14,11 @@ On the old main there was no memory_qos plugin: the second phase finds memory.mi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
-from rhp_devenv.v2node import GUEST_SHARE, V2Node
+from rhp_devenv.v2node import GUEST_SHARE, Result, V2Node
 
 from tests.v2.conftest import REPO
 from tests.v2.report import REPORT
@@ -46,11 +47,23 @@ def _lines(phase: dict[str, Any]) -> list[str]:
     ]
 
 
-def test_ls_working_set_survives_be_pressure(v2node: V2Node) -> None:
+@pytest.fixture(scope="module")
+def guest_run(v2node: V2Node) -> tuple[Result, Path]:
+    """One guest run for both tests of this module (either may run alone): its result and the
+    JSON file it writes."""
     out = f"{GUEST_SHARE}/out"
     result = v2node.run(v2node.python(str(REPO / "tests" / "v2" / "guest_memory_qos.py"), out), timeout=1000)
-    path = v2node.share / "out" / "memory_qos.json"
+    return result, v2node.share / "out" / "memory_qos.json"
+
+
+def _finished(run: tuple[Result, Path]) -> Path:
+    result, path = run
     assert result.rc == 0 and path.exists(), f"guest run failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return path
+
+
+def test_ls_working_set_survives_be_pressure(guest_run: tuple[Result, Path]) -> None:
+    path = _finished(guest_run)
     data = json.loads(path.read_text())
     off, on = data["phases"]
     lines = [line for phase in (off, on) for line in _lines(phase)]
@@ -71,15 +84,13 @@ def test_ls_working_set_survives_be_pressure(v2node: V2Node) -> None:
     assert on["be_rc"] != 0 and on["kubepods_oom_kills"] >= 1, lines
 
 
-def test_a_pod_with_its_own_memory_qos_gets_its_own_values(v2node: V2Node) -> None:
+def test_a_pod_with_its_own_memory_qos_gets_its_own_values(guest_run: tuple[Result, Path]) -> None:
     """The third pod of the guest run above carries ``koordinator.sh/memoryQOS`` (policy auto,
     minLimitPercent 0, lowLimitPercent 50, throttlingPercent 50, request 64 MiB, limit 128 MiB):
     its container reads back its own memory.min/low/high under both NodeSLOs, the one that
     disables lsClass and the one that gives lsClass 100 % (64 MiB of memory.min without the
     annotation). On the old main the annotation was not read: 0, 0 and max, then 64 MiB."""
-    path = v2node.share / "out" / "memory_qos.json"
-    if not path.exists():
-        pytest.skip("the guest run of test_ls_working_set_survives_be_pressure did not finish")
+    path = _finished(guest_run)
     own = json.loads(path.read_text())["own"]
     lines = [f"memory QoS, pod annotation {json.dumps(own['annotation'])}: planned {own['expected']}"]
     lines += [f"  read back from its container's files under {r['phase']}: "
