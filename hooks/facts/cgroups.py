@@ -51,6 +51,7 @@ def _expand_systemd_slice(name: str) -> str:
     return "/".join("-".join(words[: i + 1]) + ".slice" for i in range(len(words)))
 
 
+@lru_cache(maxsize=1024)
 def cgroup_path_of_parent(cgroup_parent: str) -> str:
     """The filesystem path, relative to a controller's root, of a kubelet cgroup parent.
 
@@ -58,6 +59,8 @@ def cgroup_path_of_parent(cgroup_parent: str) -> str:
     ``kubepods-burstable-pod<uid>.slice`` (systemd) ->
     ``kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice``.
     Raises ``ValueError`` for a parent that would leave the root ("..", NUL, empty parts).
+    Remembered for the last 1024 parents (a pure function of the string; the loops ask for
+    every pod's path every second); a refused parent is checked again every time.
     """
     text = cgroup_parent.strip()
     if "\x00" in text:

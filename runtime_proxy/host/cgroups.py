@@ -55,6 +55,10 @@ CGROUP_FSTYPES = ("cgroup", "cgroup2")
 _UNLIMITED_FLOOR = 1 << 62
 _PAGE = 4096
 _V2_PAGE_ROUNDED = frozenset({"memory.max", "memory.swap.max", "memory.high", "memory.low", "memory.min"})
+# Files (``(path, file)``) on a cgroup filesystem whose place ``Cgroups`` remembers, at most; the
+# memory starts over when full (the loops name each pod's and container's files every second).
+MAX_REMEMBERED_FILES = 8192
+_READ_CHUNK = 64 * 1024
 
 
 class CgroupError(Exception):
@@ -110,6 +114,19 @@ def detect_cgroup_driver(root: str | os.PathLike[str] = DEFAULT_ROOT, kubelet_ro
     return found[0] if len(found) == 1 else ""
 
 
+def _read_text(target: str) -> str:
+    """The whole file at ``target`` (one open, reads until the end, one close; no buffering
+    layers: the loops read hundreds of small cgroup files a second)."""
+    fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, _READ_CHUNK):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
 def _shares_to_weight(shares: int) -> int:
     # runc ConvertCPUSharesToCgroupV2Value: [2, 262144] -> [1, 10000].
     if shares <= 0:
@@ -156,6 +173,9 @@ class Cgroups:
         # Controller roots (resolved) that are a cgroup filesystem: such a filesystem cannot hold
         # symlinks, so a path under it without ".." stays under it and is not resolved per call.
         self._cgroupfs_roots: set[Path] = set()
+        # (path, file) -> (directory, file name, full path) for files under a cgroupfs root: the
+        # place is a function of the two names there (no symlinks), so it is found once.
+        self._files: dict[tuple[str, str], tuple[Path, str, str]] = {}
         self._unsupported: set[str] = set()
 
     # -- paths ---------------------------------------------------------------------------------
@@ -193,6 +213,10 @@ class Cgroups:
     def directory(self, path: str, controller: str = "cpu") -> Path:
         """The directory of cgroup ``path`` in ``controller`` (v1) or the unified tree (v2),
         checked to resolve (symlinks followed) to a place under the root."""
+        return self._directory(path, controller)[0]
+
+    def _directory(self, path: str, controller: str) -> tuple[Path, bool]:
+        """``directory`` and whether it lies on a cgroup filesystem (so it needs no check again)."""
         parts = self.check_relative(path)
         base = self._controller_root(controller)
         candidate = base.joinpath(*parts) if parts else base
@@ -208,17 +232,37 @@ class Cgroups:
                 if mounts is not None and fstype_at(real_base, mounts) in CGROUP_FSTYPES:
                     self._cgroupfs_roots.add(real_base)
         if real_base in self._cgroupfs_roots:
-            return real_base.joinpath(*parts) if parts else real_base
+            return (real_base.joinpath(*parts) if parts else real_base), True
         real = candidate.resolve()
         if real != real_base and not real.is_relative_to(real_base):
             raise UnsafePathError(f"path {path!r} resolves to {real}, outside {real_base}")
-        return candidate
+        return candidate, False
+
+    def _locate(self, path: str, file: str) -> tuple[Path, str, str]:
+        """(directory, translated file name, full path) of a plan's ``(path, file)``; found once
+        on a cgroup filesystem (``MAX_REMEMBERED_FILES``), checked on every call elsewhere."""
+        key = (path, file)
+        found = self._files.get(key)
+        if found is not None:
+            return found
+        directory, name, trusted = self._find(path, file)
+        found = (directory, name, os.path.join(directory, name))
+        if trusted:
+            if len(self._files) >= MAX_REMEMBERED_FILES:
+                self._files.clear()
+            self._files[key] = found
+        return found
 
     def _target(self, path: str, file: str) -> tuple[Path, str]:
+        directory, name, _ = self._locate(path, file)
+        return directory, name
+
+    def _find(self, path: str, file: str) -> tuple[Path, str, bool]:
         if not file or "/" in file or file in (".", "..") or "\x00" in file:
             raise UnsafePathError(f"bad cgroup file name {file!r}")
         if self.version == 1:
-            return self.directory(path, v1_controller(file)), file
+            directory, trusted = self._directory(path, v1_controller(file))
+            return directory, file, trusted
         v2 = {
             "cpu.shares": "cpu.weight",
             "cpu.cfs_quota_us": "cpu.max",
@@ -229,20 +273,21 @@ class Cgroups:
             "tasks": "cgroup.threads",
             "cpuacct.usage": "cpu.stat",
         }.get(file, file)
-        return self.directory(path), v2
+        directory, trusted = self._directory(path, "cpu")
+        return directory, v2, trusted
 
     def file_path(self, path: str, file: str) -> Path:
         """The real file a plan's ``(path, file)`` names (after v1/v2 translation)."""
-        directory, name = self._target(path, file)
+        directory, name, _ = self._locate(path, file)
         return directory / name
 
     # -- reading -------------------------------------------------------------------------------
 
     def read_raw(self, path: str, file: str) -> str | None:
         """The translated file's content, None when it does not exist."""
-        target = self.file_path(path, file)
+        target = self._locate(path, file)[2]
         try:
-            return target.read_text()
+            return _read_text(target)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -340,8 +385,8 @@ class Cgroups:
         """Whether ``file`` of cgroup ``path`` already holds ``value`` (v1 terms); None when it
         cannot be read (missing directory or file, unsafe path)."""
         try:
-            directory, name = self._target(path, file)
-            raw = (directory / name).read_text()
+            _, name, target = self._locate(path, file)
+            raw = _read_text(target)
             wanted = self._translate(file, str(value), raw)
         except (OSError, CgroupError, ValueError):
             return None
@@ -365,16 +410,19 @@ class Cgroups:
         an existing directory is ``unsupported`` (logged once per file name, counted every time).
         """
         value = str(value)
-        directory, name = self._target(path, file)
+        directory, name, where = self._locate(path, file)
         target = directory / name
-        if not directory.is_dir():
-            raise CgroupMissingError(f"cgroup {directory} does not exist")
         try:
-            old_raw = target.read_text()
+            old_raw = _read_text(where)
         except FileNotFoundError:
+            # The directory is looked at only now: a file read means it is there.
+            if not directory.is_dir():
+                raise CgroupMissingError(f"cgroup {directory} does not exist") from None
             self._report_unsupported(file, target)
             return WriteResult("unsupported", str(target), file, value)
         except OSError as exc:
+            if not directory.is_dir():
+                raise CgroupMissingError(f"cgroup {directory} does not exist") from None
             raise CgroupError(f"read {target}: {exc.strerror or exc}") from exc
         try:
             new_raw = self._translate(file, value, old_raw)

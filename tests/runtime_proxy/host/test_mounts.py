@@ -90,3 +90,43 @@ def test_a_root_on_a_cgroup_filesystem_gives_paths_under_its_real_place_without_
     assert real in tree._cgroupfs_roots
     with pytest.raises(cg.UnsafePathError):
         tree.directory("kubepods/../../x")
+
+
+@pytest.mark.skipif(not _cpu_root_on_cgroupfs(), reason="needs a cgroup filesystem at /sys/fs/cgroup")
+def test_a_file_on_a_cgroup_filesystem_is_found_once_and_the_memory_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tree = cg.Cgroups()
+    real = Path(os.path.realpath(tree._controller_root("cpu")))
+    assert tree.file_path("kubepods/podx/c1", "cpu.shares") == real / "kubepods" / "podx" / "c1" / "cpu.shares"
+    assert ("kubepods/podx/c1", "cpu.shares") in tree._files
+    # Found again from memory: the directory is not looked up a second time.
+    monkeypatch.setattr(tree, "_directory", lambda *_: pytest.fail("looked up again"))
+    assert tree.file_path("kubepods/podx/c1", "cpu.shares") == real / "kubepods" / "podx" / "c1" / "cpu.shares"
+    monkeypatch.undo()
+    monkeypatch.setattr(cg, "MAX_REMEMBERED_FILES", 8)
+    for i in range(20):
+        tree.file_path(f"kubepods/pod{i}", "cpu.shares")
+        assert len(tree._files) <= 8
+    with pytest.raises(cg.UnsafePathError):  # a refused path is never remembered
+        tree.file_path("kubepods/../../x", "cpu.shares")
+
+
+def test_a_root_that_is_no_cgroup_filesystem_remembers_no_place_so_a_later_symlink_is_refused(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "cgroup"
+    pod = root / "cpu" / "kubepods" / "pod1"
+    pod.mkdir(parents=True)
+    (pod / "cpu.shares").write_text("2\n")
+    tree = cg.Cgroups(root, version=1)
+    assert tree.read("kubepods/pod1", "cpu.shares") == "2"
+    assert not tree._files
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "cpu.shares").write_text("9\n")
+    (pod / "cpu.shares").unlink()
+    pod.rmdir()
+    pod.symlink_to(outside)
+    with pytest.raises(cg.UnsafePathError):
+        tree.read("kubepods/pod1", "cpu.shares")
