@@ -11,7 +11,7 @@ from hpack import HPACKError
 
 from runtime_proxy.cri.methods import is_known_unary
 from runtime_proxy.cri.relay import _wire as w
-from runtime_proxy.cri.relay._frames import FrameError, FrameWalk, padded
+from runtime_proxy.cri.relay._frames import PAD_OR_PRIORITY, FrameError, FrameWalk, padded
 from runtime_proxy.cri.relay._intercept import Interception
 from runtime_proxy.cri.relay._metrics import perf
 from runtime_proxy.cri.relay._state import PAUSE_GATED, RELAY
@@ -47,7 +47,8 @@ class ClientSide(Interception):
             self._pause_down(PAUSE_GATED)
         if self._resume and self._up_q is None:
             self._resume = False
-            self._pump()
+            if self._inject_q:
+                self._pump()
 
     def _parse_client(self, buf: bytes | bytearray) -> int:
         """Handle the whole frames of one read and write what passes; returns the bytes used."""
@@ -65,13 +66,15 @@ class ClientSide(Interception):
         down: list[bytes | memoryview] = []
         self._up_q = up
         self._down_q = down
-        walk = FrameWalk(buf, pos, self._up_frame_limit, "client", up)
+        walk = self._c_walk
         try:
-            for ftype, flags, sid, length in walk:
+            for ftype, flags, sid, length in walk.frames(buf, pos, self._up_frame_limit, up):
                 if self._c_block is not None and ftype != w.CONTINUATION:
                     raise FrameError(w.PROTOCOL_ERROR, "header block interrupted")
                 if ftype == w.DATA:
-                    if not self._client_data(walk, flags, sid, length, down):
+                    if sid and length <= self._up_window and not (self._icpt and sid in self._icpt):
+                        self._up_window -= length  # passes in the span
+                    elif not self._client_data(walk, flags, sid, length, down):
                         break  # gated: the frame waits for the server's window
                 elif ftype == w.HEADERS:
                     self._client_headers(walk, flags, sid, length)
@@ -106,13 +109,13 @@ class ClientSide(Interception):
             self._up_q = self._down_q = None
             up.clear()
             down.clear()
-            walk.mv.release()
+            walk.finish()
 
     def _client_write(self, walk: FrameWalk, down: list[bytes | memoryview]) -> None:
         """Write what one read of the client's produced: up in one write, down in another."""
         self._up_q = self._down_q = None
-        if walk.whole():
-            self.up.write(walk.buf)  # type: ignore[union-attr]
+        if walk.start == 0 and walk.pos == walk.n and not walk.out and type(walk.buf) is bytes:
+            self.up.write(walk.buf)  # type: ignore[union-attr]  # the read, whole
         else:
             walk.flush()
             if walk.out:
@@ -121,7 +124,8 @@ class ClientSide(Interception):
             self.down.write(b"".join(down))  # type: ignore[union-attr]
 
     def _client_data(self, walk: FrameWalk, flags: int, sid: int, length: int, down: list[bytes | memoryview]) -> bool:
-        """A request DATA frame; False when it has to wait for the server's window."""
+        """A request DATA frame off the plain path (``_parse_client``: stream 0, an intercepted
+        stream, or past the server's window); False when it has to wait for the window."""
         if sid == 0:
             raise FrameError(w.PROTOCOL_ERROR, "DATA on stream 0")
         icpt = self._icpt
@@ -129,7 +133,7 @@ class ClientSide(Interception):
             if length > self._up_window and length > self._up_window + self._debt - self._owed:
                 self._flow_control_violation()
             walk.take()
-            self._client_icpt_data(icpt[sid], walk.mv, walk.pos, length, flags, down)
+            self._client_icpt_data(icpt[sid], walk.view(), walk.pos, length, flags, down)
             return True
         if length > self._up_window:
             # The client's view of the window is the server's plus the debt,
@@ -145,22 +149,26 @@ class ClientSide(Interception):
         if sid == 0:
             raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
         buf = walk.buf
-        a, b = padded(buf, walk.pos, length, flags, True)
-        if length > self._block_limit and b - a > self._block_limit:
-            self._block_too_large("request")
+        if flags & PAD_OR_PRIORITY:
+            a, b = padded(buf, walk.pos, length, flags, True)
+            if length > self._block_limit and b - a > self._block_limit:
+                self._block_too_large("request")
+        else:
+            a, b = walk.pos + 9, walk.end
+            if length > self._block_limit:
+                self._block_too_large("request")
         self._c_block_sid = sid
         self._c_block_flags = flags
         if self._held:  # header blocks keep their order (HPACK, stream ids)
             walk.flush()
             walk.out.extend(self._flush_held(None))
         if not flags & w.FLAG_END_HEADERS:
-            self._c_block = bytearray(walk.mv[a:b])
+            self._c_block = bytearray(walk.view()[a:b])
         elif sid > self.c_max_sid:
             block = bytes(buf[a:b])
             st = self._client_block_done(block)
             if st is not None:  # keep the HEADERS until the request can follow
-                walk.take()
-                st.held_headers = walk.frame()
+                st.held_headers = walk.cut()
                 st.held_pure = not block or min(block) >= 0x80
                 self._held.append(st)
                 if len(self._icpt) > self._icpt_cap:
@@ -172,7 +180,7 @@ class ClientSide(Interception):
     def _client_continuation(self, walk: FrameWalk, flags: int, sid: int) -> None:
         if self._c_block is None or sid != self._c_block_sid:
             raise FrameError(w.PROTOCOL_ERROR, "unexpected CONTINUATION")
-        self._c_block += walk.mv[walk.pos + 9 : walk.end]
+        self._c_block += walk.payload()
         if len(self._c_block) > self._block_limit:
             self._block_too_large("request")
         if flags & w.FLAG_END_HEADERS:
@@ -211,7 +219,7 @@ class ClientSide(Interception):
             if self._server_settings_q:  # the client now uses the server's settings
                 self._server_settings(self._server_settings_q.pop(0))
         else:
-            self._client_settings_q.append(w.parse_settings(walk.mv[walk.pos + 9 : walk.end]))
+            self._client_settings_q.append(w.parse_settings(walk.payload()))
             self._client_settings_early(self._client_settings_q[-1])
 
     def _client_block_done(self, block: bytes) -> Intercepted | None:
@@ -247,6 +255,8 @@ class ClientSide(Interception):
 
     def _method_kind(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, int]:
         """The method a request header block names, and its ``ICPT``/``TIMED`` flags."""
+        if headers is self._kind_of[0]:  # the same cached block as last time (``MirrorDecoder``)
+            return self._kind_of[1]
         path = b""
         for name, value in headers:
             if name == b":path":
@@ -261,4 +271,5 @@ class ClientSide(Interception):
             hit = (method, kind)
             if len(self._icache) < 4096:
                 self._icache[path] = hit
+        self._kind_of = (headers, hit)
         return hit

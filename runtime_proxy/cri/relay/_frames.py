@@ -18,6 +18,9 @@ from runtime_proxy.cri.relay import _wire as w
 
 MASK31 = 0x7FFFFFFF
 unpack_header = w.FRAME_HEADER.unpack_from
+unpack_u32 = w.U32.unpack_from
+# A DATA or HEADERS frame whose content is not its whole payload.
+PAD_OR_PRIORITY = w.FLAG_PADDED | w.FLAG_PRIORITY
 # Largest decoded header list the relay accepts from either side.
 HEADER_LIST_LIMIT = 1 << 20
 
@@ -31,40 +34,47 @@ class FrameError(Exception):
 
 
 class FrameWalk:
-    """One pass over the whole frames of one read, and the span of them that passes unchanged.
+    """One direction's pass over the whole frames of each read, and the span of them that passes
+    unchanged. A session keeps one per direction and walks each read with ``frames``.
 
-    Iterating yields ``(type, flags, stream id, length)`` for each whole frame, in order; while
+    ``frames`` yields ``(type, flags, stream id, length)`` for each whole frame, in order; while
     the caller handles a frame, ``pos`` and ``end`` are its first byte and the byte after it.
     A frame longer than ``limit`` is a FRAME_SIZE_ERROR; a partial frame at the end of the read
-    ends the walk with ``pos`` on it. Frames the caller leaves alone stay in the current span
-    (``start`` up to the frame being handled) and reach ``out`` as one view of the read,
-    without a copy; ``take`` cuts the current frame out of the span (the caller holds, drops or
-    rewrites it), ``flush`` ends the span before the current frame (so what the caller appends
-    to ``out`` next goes after the frames before it; after the walk, before the first byte not
-    consumed), ``keep`` ends the span after it. When the
-    caller stops iterating early, ``pos`` is the first frame not consumed.
+    ends the walk with ``pos`` on it. When the caller stops iterating early, ``pos`` is the
+    first frame not consumed.
+
+    Frames the caller leaves alone stay in the current span (``start`` up to the frame being
+    handled) and reach ``out`` as one view of the read, without a copy. ``take`` cuts the
+    current frame out of the span (the caller holds, drops or rewrites it), ``cut`` does so and
+    returns a copy of it, ``flush`` ends the span before the current frame (so what the caller
+    appends to ``out`` next goes after the frames before it; after the walk, before the first
+    byte not consumed), ``keep`` ends the span after it. ``view`` is the read as a
+    ``memoryview``, made on first use (a read that passes whole needs none); ``finish``
+    releases it, so that a ``bytearray`` read can be resized again.
     """
 
-    __slots__ = ("buf", "end", "limit", "mv", "n", "out", "pos", "side", "start")
+    __slots__ = ("buf", "end", "mv", "n", "out", "pos", "side", "start")
+    buf: bytes | bytearray
+    mv: memoryview | None
+    out: list[bytes | memoryview]
 
-    def __init__(
-        self, buf: bytes | bytearray, pos: int, limit: int, side: str, out: list[bytes | memoryview]
-    ) -> None:
-        self.buf = buf
-        self.mv = memoryview(buf)
-        self.n = len(buf)
-        self.pos = pos
-        self.end = pos
-        self.start = 0
-        self.limit = limit
+    def __init__(self, side: str) -> None:
         self.side = side
-        self.out = out
+        self.buf = b""
+        self.mv = None
+        self.n = self.pos = self.end = self.start = 0
+        self.out = []
 
-    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
-        buf = self.buf
-        n = self.n
-        limit = self.limit
-        pos = self.pos
+    def frames(
+        self, buf: bytes | bytearray, pos: int, limit: int, out: list[bytes | memoryview]
+    ) -> Iterator[tuple[int, int, int, int]]:
+        """Walk ``buf`` from ``pos``, each frame at most ``limit`` long; the spans go to ``out``."""
+        self.buf = buf
+        self.mv = None
+        self.n = n = len(buf)
+        self.pos = self.end = pos
+        self.start = 0
+        self.out = out
         while n - pos >= 9:
             lt, flags, sid = unpack_header(buf, pos)
             length = lt >> 8
@@ -77,32 +87,54 @@ class FrameWalk:
             yield lt & 0xFF, flags, sid & MASK31, length
             self.pos = pos = end
 
+    def view(self) -> memoryview:
+        """The read as a ``memoryview`` (a non-empty view is true: ``mv or view()`` makes it once)."""
+        mv = self.mv
+        if mv is None:
+            mv = self.mv = memoryview(self.buf)
+        return mv
+
+    def finish(self) -> None:
+        """Let go of the read (its view, if one was made)."""
+        if self.mv is not None:
+            self.mv.release()
+            self.mv = None
+        self.buf = b""
+        self.out = []
+
     def flush(self) -> None:
         """End the span just before the current frame."""
         pos = self.pos
         if pos > self.start:
-            self.out.append(self.mv[self.start : pos])
+            self.out.append((self.mv or self.view())[self.start : pos])
         self.start = pos
 
     def take(self) -> None:
         """Cut the current frame out of the span."""
         pos = self.pos
         if pos > self.start:
-            self.out.append(self.mv[self.start : pos])
+            self.out.append((self.mv or self.view())[self.start : pos])
         self.start = self.end
 
     def keep(self) -> None:
         """End the span just after the current frame."""
-        self.out.append(self.mv[self.start : self.end])
+        self.out.append((self.mv or self.view())[self.start : self.end])
         self.start = self.end
 
-    def frame(self) -> bytes:
-        """A copy of the current frame, header included."""
-        return bytes(self.mv[self.pos : self.end])
+    def cut(self) -> bytes:
+        """Cut the current frame out of the span (``take``) and return a copy of it."""
+        pos = self.pos
+        if pos > self.start:
+            self.out.append((self.mv or self.view())[self.start : pos])
+        self.start = self.end
+        buf = self.buf
+        if type(buf) is bytes:
+            return buf[self.pos : self.end]
+        return bytes((self.mv or self.view())[self.pos : self.end])
 
-    def whole(self) -> bool:
-        """The read passes as it is: every byte a whole frame, none taken out, nothing added."""
-        return self.start == 0 and self.pos == self.n and not self.out and isinstance(self.buf, bytes)
+    def payload(self) -> memoryview:
+        """The current frame's payload, as a view of the read."""
+        return (self.mv or self.view())[self.pos + 9 : self.end]
 
 
 class MirrorDecoder:

@@ -96,7 +96,7 @@ class Interception(FlowControl):
                 st.client_ended = bool(end_stream)
                 self._answer_local(st, w.GRPC_INTERNAL, "", reset=w.FLOW_CONTROL_ERROR)
             else:
-                a, b = padded(mv, pos, length, flags, False)
+                a, b = padded(mv, pos, length, flags, False) if flags & w.FLAG_PADDED else (pos + 9, pos + 9 + length)
                 size = b - a
                 budget = self._budget
                 if (

@@ -12,14 +12,21 @@ import contextlib
 from hpack import HPACKError
 
 from runtime_proxy.cri.relay import _wire as w
-from runtime_proxy.cri.relay._frames import MASK31, FrameError, FrameWalk, encode_block, padded
+from runtime_proxy.cri.relay._frames import (
+    MASK31,
+    PAD_OR_PRIORITY,
+    FrameError,
+    FrameWalk,
+    encode_block,
+    padded,
+    unpack_u32,
+)
 from runtime_proxy.cri.relay._intercept import Interception
 from runtime_proxy.cri.relay._metrics import RST_CODES, status_of
 from runtime_proxy.cri.relay._state import CONNECTING, HOLD_LIMIT, MAX_INTERCEPTED_RESPONSE, PAUSE_GATED, RELAY
 from runtime_proxy.cri.relay._streams import (
     AFTER,
     SENT,
-    Intercepted,
 )
 
 
@@ -39,7 +46,8 @@ class ServerSide(Interception):
         self._resume = False
         try:
             pos = self._parse_server(buf)
-            self._drain_server_decode()
+            if self._s_pending:
+                self._drain_server_decode()
         except FrameError as err:
             self._fail_server(err)
             return
@@ -53,7 +61,8 @@ class ServerSide(Interception):
         elif pos < len(buf):
             self._sin += memoryview(buf)[pos:]
         if self._resume:
-            self._pump()
+            if self._inject_q:
+                self._pump()
             if self._gated:
                 self._gated = False
                 self._client_input()
@@ -66,13 +75,14 @@ class ServerSide(Interception):
         up: list[bytes | memoryview] = []
         self._up_q = up
         self._down_q = down
-        walk = FrameWalk(buf, 0, self._down_frame_limit, "server", down)
+        walk = self._s_walk
         try:
-            for ftype, flags, sid, length in walk:
+            for ftype, flags, sid, length in walk.frames(buf, 0, self._down_frame_limit, down):
                 if self._s_block is not None and ftype != w.CONTINUATION:
                     raise FrameError(w.PROTOCOL_ERROR, "header block interrupted")
                 if ftype == w.DATA:
-                    self._server_data(walk, flags, sid, length, up)
+                    if not sid or self._dropped or self._icpt or flags & w.FLAG_END_STREAM:
+                        self._server_data(walk, flags, sid, length, up)  # else it passes in the span
                 elif ftype == w.HEADERS:
                     self._server_headers(walk, flags, sid, length)
                 elif ftype == w.CONTINUATION:
@@ -80,7 +90,11 @@ class ServerSide(Interception):
                 elif ftype == w.RST_STREAM:
                     self._server_reset(walk, sid, length)
                 elif ftype == w.WINDOW_UPDATE:
-                    self._server_window_update(walk, sid, length)
+                    if sid or length != 4 or self._debt:
+                        self._server_window_update(walk, sid, length)
+                    else:  # the connection's window, nothing owed: it passes in the span
+                        self._up_window += unpack_u32(buf, walk.pos + 9)[0] & MASK31
+                        self._resume = True
                 elif ftype == w.SETTINGS:
                     if sid != 0 or length % 6:
                         raise FrameError(w.PROTOCOL_ERROR, "bad SETTINGS")
@@ -88,7 +102,7 @@ class ServerSide(Interception):
                         if self._client_settings_q:
                             self._client_settings(self._client_settings_q.pop(0))
                     else:
-                        self._server_settings_q.append(w.parse_settings(walk.mv[walk.pos + 9 : walk.end]))
+                        self._server_settings_q.append(w.parse_settings(walk.payload()))
                         self._server_settings_early(self._server_settings_q[-1])
                 elif ftype == w.PING:
                     if sid != 0 or length != 8:
@@ -107,13 +121,13 @@ class ServerSide(Interception):
             self._up_q = self._down_q = None
             down.clear()
             up.clear()
-            walk.mv.release()
+            walk.finish()
 
     def _server_write(self, walk: FrameWalk, up: list[bytes | memoryview]) -> None:
         """Write what one read of the server's produced: down in one write, up in another."""
         self._up_q = self._down_q = None
-        if walk.whole() and not self._owed:
-            self.down.write(walk.buf)  # type: ignore[union-attr]
+        if walk.start == 0 and walk.pos == walk.n and not walk.out and not self._owed and type(walk.buf) is bytes:
+            self.down.write(walk.buf)  # type: ignore[union-attr]  # the read, whole
         else:
             walk.flush()
             down = walk.out
@@ -133,38 +147,41 @@ class ServerSide(Interception):
             if length:  # the client never sees it: return the window ourselves
                 up.append(w.window_update(0, length))
             return
-        icpt = self._icpt
-        if icpt:
-            st = icpt.get(sid)
-            if st is not None:
-                self._server_icpt_data(walk, st, flags, length)
+        st = self._icpt.get(sid) if self._icpt else None
+        if st is not None:
+            # Response DATA of an intercepted call: copied for ``after``, held while it may be.
+            if st.resp is not None:
+                a, b = (
+                    padded(walk.buf, walk.pos, length, flags, False)
+                    if flags & w.FLAG_PADDED
+                    else (walk.pos + 9, walk.end)
+                )
+                if len(st.resp) + (b - a) > MAX_INTERCEPTED_RESPONSE:
+                    st.resp = None
+                else:
+                    st.resp += walk.view()[a:b]
+            if st.held_down is not None:
+                st.held_down.append(walk.cut())
+                st.held_size += length
+                if st.held_size > HOLD_LIMIT or flags & w.FLAG_END_STREAM:
+                    self._release_down(st, walk.out)
         if flags & w.FLAG_END_STREAM:
             self._server_ended(sid)
             if self._timed:  # no trailers: the caller gets an error
                 self._finish(sid, "INTERNAL")
 
-    def _server_icpt_data(self, walk: FrameWalk, st: Intercepted, flags: int, length: int) -> None:
-        """Response DATA of an intercepted call: copied for ``after``, held while it may be."""
-        if st.resp is not None:
-            a, b = padded(walk.mv, walk.pos, length, flags, False)
-            if len(st.resp) + (b - a) > MAX_INTERCEPTED_RESPONSE:
-                st.resp = None
-            else:
-                st.resp += walk.mv[a:b]
-        if st.held_down is not None:
-            walk.take()
-            st.held_down.append(walk.frame())
-            st.held_size += length
-            if st.held_size > HOLD_LIMIT or flags & w.FLAG_END_STREAM:
-                self._release_down(st, walk.out)
-
     def _server_headers(self, walk: FrameWalk, flags: int, sid: int, length: int) -> None:
         if sid == 0:
             raise FrameError(w.PROTOCOL_ERROR, "HEADERS on stream 0")
         buf = walk.buf
-        a, b = padded(buf, walk.pos, length, flags, True)
-        if length > self._block_limit and b - a > self._block_limit:
-            self._block_too_large("response")
+        if flags & PAD_OR_PRIORITY:
+            a, b = padded(buf, walk.pos, length, flags, True)
+            if length > self._block_limit and b - a > self._block_limit:
+                self._block_too_large("response")
+        else:
+            a, b = walk.pos + 9, walk.end
+            if length > self._block_limit:
+                self._block_too_large("response")
         icpt = self._icpt
         dropped = self._dropped
         if (
@@ -185,24 +202,27 @@ class ServerSide(Interception):
             elif sid in self.live:
                 self.live[sid] = 1
             return
-        walk.take()
-        self._s_block = bytearray(walk.mv[a:b])
+        raw = walk.cut()
         self._s_block_sid = sid
         self._s_block_flags = flags
-        self._s_block_raw = [walk.frame()]
-        if flags & w.FLAG_END_HEADERS:
-            self._server_block_done(walk.out)
+        if flags & w.FLAG_END_HEADERS:  # the whole block in this frame
+            block = buf[a:b]
+            self._server_block_done(walk.out, block if type(block) is bytes else bytes(block), [raw])
+        else:
+            self._s_block = bytearray(walk.view()[a:b])
+            self._s_block_raw = [raw]
 
     def _server_continuation(self, walk: FrameWalk, flags: int, sid: int) -> None:
         if self._s_block is None or sid != self._s_block_sid:
             raise FrameError(w.PROTOCOL_ERROR, "unexpected CONTINUATION")
-        walk.take()
-        self._s_block += walk.mv[walk.pos + 9 : walk.end]
+        self._s_block_raw.append(walk.cut())
+        self._s_block += walk.payload()
         if len(self._s_block) > self._block_limit:
             self._block_too_large("response")
-        self._s_block_raw.append(walk.frame())
         if flags & w.FLAG_END_HEADERS:
-            self._server_block_done(walk.out)
+            block, self._s_block = bytes(self._s_block), None
+            raw, self._s_block_raw = self._s_block_raw, []
+            self._server_block_done(walk.out, block, raw)
 
     def _server_reset(self, walk: FrameWalk, sid: int, length: int) -> None:
         if length != 4 or sid == 0:
@@ -219,7 +239,7 @@ class ServerSide(Interception):
     def _server_window_update(self, walk: FrameWalk, sid: int, length: int) -> None:
         if length != 4:
             raise FrameError(w.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
-        inc = w.u32(walk.buf, walk.pos + 9) & MASK31
+        inc = unpack_u32(walk.buf, walk.pos + 9)[0] & MASK31
         if sid == 0:
             self._up_window += inc
             self._resume = True
@@ -243,11 +263,6 @@ class ServerSide(Interception):
             for other in [t for t in self._timed if t > last]:
                 self._finish(other, "UNAVAILABLE")
 
-    def _s_decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        if self._s_pending:
-            self._drain_server_decode()
-        return self._s_dec.decode(block)
-
     def _drain_server_decode(self) -> None:
         pending = self._s_pending
         if pending:
@@ -270,15 +285,13 @@ class ServerSide(Interception):
             del self._icpt[sid]
             self._cancel_icpt(st)
 
-    def _server_block_done(self, down: list[bytes | memoryview]) -> None:
-        block = self._s_block
-        assert block is not None
-        self._s_block = None
+    def _server_block_done(self, down: list[bytes | memoryview], block: bytes, raw: list[bytes]) -> None:
+        """A whole response header block (``raw``: its frames as the server sent them)."""
         sid = self._s_block_sid
         flags = self._s_block_flags
-        raw = self._s_block_raw
-        self._s_block_raw = []
-        headers = self._s_decode(bytes(block))
+        if self._s_pending:  # blocks passed earlier come first in the decoder
+            self._drain_server_decode()
+        headers = self._s_dec.decode(block)
         end_stream = bool(flags & w.FLAG_END_STREAM)
         vheld = self._vheld
         if vheld is not None and vheld.sid != sid:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from runtime_proxy.cri.relay import _wire as w
-from runtime_proxy.cri.relay._frames import FrameError, MirrorDecoder
+from runtime_proxy.cri.relay._frames import FrameError, FrameWalk, MirrorDecoder
 from runtime_proxy.cri.relay._limits import Budget, RelayLimits
 from runtime_proxy.cri.relay._metrics import observe_call, perf
 from runtime_proxy.cri.relay._streams import Intercepted
@@ -115,6 +115,9 @@ class SessionState:
         # HPACK decoders mirroring each direction's encoder.
         self._c_dec = MirrorDecoder()
         self._s_dec = MirrorDecoder()
+        # Each direction's walk over a read (one at a time: a parse never starts inside another).
+        self._c_walk = FrameWalk("client")
+        self._s_walk = FrameWalk("server")
         # Server header fragments forwarded, not yet decoded, each with the stream whose call
         # it ends when that call is timed (its grpc-status is wanted), else 0.
         self._s_pending: list[tuple[bytes, int]] = []
@@ -144,6 +147,9 @@ class SessionState:
         self._inject_q: list[Intercepted] = []
         self._held: list[Intercepted] = []  # intercepted streams whose HEADERS are kept back, in order
         self._icache: dict[bytes, tuple[str, int]] = {}  # :path -> (method, ICPT | TIMED flags)
+        # The last request header list ``_method_kind`` read, and its answer: a decoded list is
+        # never changed, and the decoder's cache hands out the same list for the same block.
+        self._kind_of: tuple[list[tuple[bytes, bytes]] | None, tuple[str, int]] = (None, ("", 0))
         # Calls the metrics time, as the grpc transport does (known unary CRI methods and
         # intercepted ones): sid -> (method, start). Each ends in ``_finish`` with its code.
         self._timed: dict[int, tuple[str, float]] = {}

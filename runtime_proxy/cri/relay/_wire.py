@@ -65,7 +65,7 @@ MAX_STREAM_ID = 2**31 - 1
 
 # length(24) + type(8) as one big-endian u32, then flags(8), then R + stream id(32).
 FRAME_HEADER = struct.Struct(">IBI")
-_U32 = struct.Struct(">I")
+U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
 
 # gRPC status codes used by the relay itself.
@@ -84,15 +84,15 @@ def frame_header(ftype: int, flags: int, sid: int, length: int) -> bytes:
 
 
 def window_update(sid: int, increment: int) -> bytes:
-    return FRAME_HEADER.pack((4 << 8) | WINDOW_UPDATE, 0, sid) + _U32.pack(increment)
+    return FRAME_HEADER.pack((4 << 8) | WINDOW_UPDATE, 0, sid) + U32.pack(increment)
 
 
 def rst_stream(sid: int, code: int) -> bytes:
-    return FRAME_HEADER.pack((4 << 8) | RST_STREAM, 0, sid) + _U32.pack(code)
+    return FRAME_HEADER.pack((4 << 8) | RST_STREAM, 0, sid) + U32.pack(code)
 
 
 def goaway(last_sid: int, code: int, debug: bytes = b"") -> bytes:
-    return frame(GOAWAY, 0, 0, _U32.pack(last_sid) + _U32.pack(code) + debug)
+    return frame(GOAWAY, 0, 0, U32.pack(last_sid) + U32.pack(code) + debug)
 
 
 def settings(pairs: Iterable[tuple[int, int]] = ()) -> bytes:
@@ -107,7 +107,7 @@ def parse_settings(payload: bytes | memoryview) -> list[tuple[int, int]]:
 
 
 def u32(data: bytes | bytearray | memoryview, offset: int = 0) -> int:
-    return int(_U32.unpack_from(data, offset)[0])
+    return int(U32.unpack_from(data, offset)[0])
 
 
 # --- HPACK, encoding side ------------------------------------------------------------------------
@@ -209,4 +209,4 @@ def grpc_message(data: bytes | bytearray | memoryview) -> tuple[bytes | None, st
 
 
 def grpc_frame(message: bytes) -> bytes:
-    return b"\x00" + _U32.pack(len(message)) + message
+    return b"\x00" + U32.pack(len(message)) + message
