@@ -31,14 +31,15 @@ _P, _S = "runtime_proxy", "scheduler_ext"
 # Two calls walked end to end, as chains of modules each calling the next (a branch is a walk of
 # its own). One CreateContainer, from the relay's parser to a cgroup write: the relay reaches the
 # CRI door through the CallInterceptor seam (cri/transport.py), the door decodes with the CRI
-# codec, the table's ``finish`` records the container in the store and has the core apply the
-# plan's files. One bind in the extender: the HTTP verb, the binder, the pure decision (views,
+# codec, the engine's walk of the table (``finish``) records the container in the store as the
+# table says and has the core apply the plan's files (an UpdateContainerResources goes the same
+# way). One bind in the extender: the HTTP verb, the binder, the pure decision (views,
 # admission rules, allocator), the HA ledger, the Binding POST.
 WALKS = (
-    f"{_P}.cri.relay._session,{_P}.cri.relay._client,{_P}.cri.relay._intercept,{_P}.cri.door,{_P}.engine.table,"
+    f"{_P}.cri.relay._session,{_P}.cri.relay._client,{_P}.cri.relay._intercept,{_P}.cri.door,{_P}.engine.walk,"
     f"{_P}.engine.lifecycle,{_P}.host.apply,{_P}.host.cgroups",
     f"{_P}.cri.door,{_P}.codecs.cri",
-    f"{_P}.engine.table,{_P}.state.store",
+    f"{_P}.engine.walk,{_P}.engine.table,{_P}.state.store",
     f"{_P}.engine.lifecycle,{_P}.engine.pipeline",
     f"{_S}.server,{_S}.binder,{_S}.decide,{_S}.views,{_S}.admission,{_S}.allocator",
     f"{_S}.binder,{_S}.guard",

@@ -23,13 +23,13 @@ __all__ = [
     "LinuxResourcesMessage",
     "container_facts_from_config",
     "fill_resources_pb",
-    "overlay_update",
     "pod_facts_from_config",
     "resources_from_pb",
     "rewrite_create_container",
     "rewrite_run_pod_sandbox",
     "rewrite_update_container_resources",
     "set_linux_resources",
+    "update_resources",
     "verbose_config",
     "verbose_sandbox_id",
 ]
@@ -173,25 +173,11 @@ def _set_envs(config: api_pb2.ContainerConfig, envs: Mapping[str, str]) -> None:
             config.envs.add(key=key, value=value)
 
 
-def overlay_update(container: ContainerFacts, linux: api_pb2.LinuxContainerResources) -> Resources:
-    """The container's resources after an UpdateContainerResources request: the request's
-    non-zero fields over the stored ones (a cpuset only when non-empty; oom_score_adj is not
-    updatable and is ignored)."""
-    incoming = resources_from_pb(linux)
-    changes: dict[str, object] = {}
-    for name in ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "memory_swap_limit_in_bytes"):
-        value = getattr(incoming, name)
-        if value:
-            changes[name] = value
-    for name in ("cpuset_cpus", "cpuset_mems"):
-        value = getattr(incoming, name)
-        if value:
-            changes[name] = value
-    if incoming.unified:
-        changes["unified"] = {**container.resources.unified, **incoming.unified}
-    if incoming.hugepage_limits:
-        changes["hugepage_limits"] = [{"page_size": p, "limit": v} for p, v in incoming.hugepage_limits]
-    return container.resources.with_changes(changes) if changes else container.resources
+def update_resources(msg: api_pb2.UpdateContainerResourcesRequest) -> Resources | None:
+    """The resources an UpdateContainerResources request carries (None when it has none); which
+    of them change the container is the lifecycle table's rule
+    (``runtime_proxy.engine.table.update_facts``)."""
+    return resources_from_pb(msg.linux) if msg.HasField("linux") else None
 
 
 def verbose_sandbox_id(info: Mapping[str, str]) -> str:

@@ -12,7 +12,6 @@ from hooks.plan import Plan, ResourceChanges
 
 __all__ = [
     "adjustment",
-    "as_carried",
     "container_facts",
     "linux_resources",
     "pod_facts",
@@ -122,18 +121,6 @@ def adjustment(plan: Plan) -> tuple[nri_pb2.ContainerAdjustment, list[str]]:
     if plan.cgroup_parent is not None:
         skipped.append("cgroup_parent")
     return adjust, skipped
-
-
-def as_carried(container: ContainerFacts, plan: Plan, skipped: list[str]) -> ContainerFacts:
-    """``container`` as the runtime gets it from ``plan``: the resources NRI carries, and the
-    plan's annotations (an update cannot carry them to the runtime; the store keeps them, as in
-    proxy mode, so cpu_normalization's quota record follows the container)."""
-    carried = {k: v for k, v in plan.resources.items() if k not in skipped}
-    if carried:
-        container = container.replace(resources=container.resources.with_changes(carried))
-    if plan.annotations:
-        container = container.replace(annotations=frozen_map({**container.annotations, **plan.annotations}))
-    return container
 
 
 def stopped_sandboxes(pods: list[nri_pb2.PodSandbox], containers: list[nri_pb2.Container]) -> list[str]:

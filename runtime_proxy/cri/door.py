@@ -12,10 +12,13 @@ through the ``runtime_proxy.cri.transport.CallInterceptor`` seam. For each call:
    stage's result, which the transport hands to ``after``.
 2. The transport forwards the (rewritten) request.
 3. ``CriCall.after`` (only when the runtime answered OK) decodes the answer and hands the
-   facts to ``runtime_proxy.engine.table.finish``, which does what the lifecycle table says:
-   records the pod or container in the store, has the core apply the plan's file part (so a
-   rejected call writes nothing), then runs the ``Post*`` stage, whose failures are logged and
-   never fail the call.
+   facts to ``runtime_proxy.engine.walk.finish``, which does what the lifecycle table
+   (``runtime_proxy.engine.table``) says: records the pod or container in the store, has the
+   core apply the plan's file part (so a rejected call writes nothing), then runs the ``Post*``
+   stage, whose failures are logged and never fail the call. UpdateContainerResources follows
+   the table's ``UPDATES[Door.CRI]``: its ``Pre*`` stage sees the stored container under the
+   request's resources (``update_facts``), and the store records the stored container under
+   the resources sent (the request as the plan rewrote it) with the plan's annotations.
 
 Calls for pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` skip every hook but
 are still recorded in the store.
@@ -43,17 +46,18 @@ from rhp_kube.events import EventSink
 from runtime_proxy import metrics
 from runtime_proxy.codecs.cri import (
     container_facts_from_config,
-    overlay_update,
     pod_facts_from_config,
     rewrite_create_container,
     rewrite_run_pod_sandbox,
     rewrite_update_container_resources,
+    update_resources,
 )
 from runtime_proxy.cri.methods import INTERCEPTED
 from runtime_proxy.cri.transport import HookRejected
 from runtime_proxy.engine.lifecycle import Lifecycle, LifecycleDoor, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
-from runtime_proxy.engine.table import BY_CRI, finish
+from runtime_proxy.engine.table import BY_CRI, UPDATES, Door, update_facts
+from runtime_proxy.engine.walk import finish
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.runtime.client import RuntimeClient
 from runtime_proxy.state.kubelet_root import KubeletRoot
@@ -285,7 +289,7 @@ class CriInterceptor(LifecycleDoor):
     async def _after_start_container(
         self, msg: api_pb2.StartContainerRequest, response: bytes, result: StageResult | None
     ) -> None:
-        await self._after_container("StartContainer", msg.container_id, result)
+        await finish(self.core, BY_CRI["StartContainer"], result, container_id=msg.container_id)
 
     async def _before_update_container_resources(
         self, msg: api_pb2.UpdateContainerResourcesRequest
@@ -293,26 +297,15 @@ class CriInterceptor(LifecycleDoor):
         pod, container = await self._container_for(msg.container_id)
         if pod is None or container is None:
             return None
-        if msg.HasField("linux"):
-            container = container.replace(resources=overlay_update(container, msg.linux))
+        container = update_facts(UPDATES[Door.CRI], container, update_resources(msg))
         return await self.core.run("PreUpdateContainerResources", pod, container)
 
     async def _after_update_container_resources(
         self, msg: api_pb2.UpdateContainerResourcesRequest, response: bytes, result: StageResult | None
     ) -> None:
-        found = self.store.container(msg.container_id)
-        sandbox_id = self.store.sandbox_of(msg.container_id)
-        notes = _annotations_of(result)
-        updated = None
-        if found is not None and sandbox_id is not None and (msg.HasField("linux") or notes):
-            updated = found[1]
-            # A created container's annotations cannot change in the runtime; what this stage's
-            # plan records (cpu_normalization's quota record) lives in the store until a restart.
-            if notes:
-                updated = updated.replace(annotations={**updated.annotations, **notes})
-            if msg.HasField("linux"):
-                updated = updated.replace(resources=overlay_update(updated, msg.linux))
-        await self._after_container("UpdateContainerResources", msg.container_id, result, updated)
+        # ``msg`` is the request as sent: rewritten by the plan when it was carried.
+        await finish(self.core, BY_CRI["UpdateContainerResources"], result, container_id=msg.container_id,
+                     sent=update_resources(msg))
 
     async def _before_stop_container(self, msg: api_pb2.StopContainerRequest) -> StageResult | None:
         return await self._container_stage("PreStopContainer", msg.container_id)
@@ -320,7 +313,7 @@ class CriInterceptor(LifecycleDoor):
     async def _after_stop_container(
         self, msg: api_pb2.StopContainerRequest, response: bytes, result: StageResult | None
     ) -> None:
-        await self._after_container("StopContainer", msg.container_id, result)
+        await finish(self.core, BY_CRI["StopContainer"], result, container_id=msg.container_id)
 
     async def _before_remove_container(self, msg: api_pb2.RemoveContainerRequest) -> StageResult | None:
         return await self._container_stage("PreRemoveContainer", msg.container_id)
@@ -328,21 +321,4 @@ class CriInterceptor(LifecycleDoor):
     async def _after_remove_container(
         self, msg: api_pb2.RemoveContainerRequest, response: bytes, result: StageResult | None
     ) -> None:
-        await self._after_container("RemoveContainer", msg.container_id, result)
-
-    async def _after_container(self, call: str, container_id: str, result: StageResult | None,
-                               container: ContainerFacts | None = None) -> None:
-        await finish(self.core, BY_CRI[call], result, sandbox_id=self.store.sandbox_of(container_id) or "",
-                     container_id=container_id, container=container)
-
-
-# -- stage results into requests -------------------------------------------------------------------
-
-
-def _annotations_of(result: StageResult | None) -> dict[str, str]:
-    """The annotations a stage's carried plan sets (none when it was not carried)."""
-    if result is None:
-        return {}
-    return dict(result.plan.annotations)
-
-
+        await finish(self.core, BY_CRI["RemoveContainer"], result, container_id=msg.container_id)

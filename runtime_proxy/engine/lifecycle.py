@@ -31,7 +31,7 @@ facts and stage results into wire replies; everything else happens here, once:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -43,6 +43,7 @@ from rhp_kube.events import EventSink, PodEvent
 from runtime_proxy import metrics
 from runtime_proxy.engine.bound import POD_INPUT_REJECTED, BoundCpusets
 from runtime_proxy.engine.events import REASON_FAILED, REASON_REFUSED
+from runtime_proxy.engine.pending import Pending
 from runtime_proxy.engine.pipeline import Pipeline, StageResult
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.state.kubelet_root import KubeletRoot
@@ -193,6 +194,10 @@ class Lifecycle:
         self._node_cache: tuple[int, int, NodeFacts] | None = None
         # The share pools' input as ``pools_moved`` last saw it (None: never looked).
         self.pools: Pools | None = None
+        # File parts of ``PreCreateContainer`` plans waiting for their container, at a door that
+        # sees CreateContainer before the container's cgroup exists (``runtime_proxy.engine.pending``;
+        # held and taken where the lifecycle table says, ``runtime_proxy.engine.table``).
+        self.held: Pending[Hashable] = Pending()
 
     def replace_store(self, store: Store) -> None:
         """Start over from ``store`` (the NRI door's Synchronize rebuilds it from the runtime)."""

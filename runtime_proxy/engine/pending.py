@@ -11,11 +11,12 @@ completed with the id, once, here:
   without its id (the hook protocol carries no sandbox id) is never given a container's id.
 - **A write still lacking its id when its plan is applied** is dropped with a log line
   (``complete``), never written to the pod's directory the bare path names.
-- **When**: the CRI door knows the id and the cgroup as soon as the runtime answered
-  CreateContainer and completes the plan at once. The NRI door and the hook server see
-  CreateContainer before the container's cgroup exists: they ``hold`` the file part and ``take``
-  it at the first of StartContainer and PostStartContainer of that container; the NRI door
-  forgets it at RemoveContainer. The NRI door holds the whole file part (the container's cgroup
+- **When** (carried out by ``runtime_proxy.engine.walk`` as the lifecycle table says; the held
+  plans are the lifecycle core's ``Lifecycle.held``): the CRI door knows the id and the cgroup as
+  soon as the runtime answered CreateContainer and completes the plan at once. The NRI door and
+  the hook server see CreateContainer before the container's cgroup exists: the file part is
+  held and taken at the first of StartContainer and PostStartContainer of that container; at
+  the NRI door it is forgotten at RemoveContainer. The NRI door holds the whole file part (the container's cgroup
   does not exist yet); the hook server holds only the writes that lack the id and applies the
   rest before answering, since its caller may not send it a StartContainer hook.
 - **Bound**: at most ``LIMIT`` plans wait; the oldest is dropped with a warning.

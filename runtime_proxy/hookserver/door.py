@@ -11,12 +11,13 @@ registration policy then decides. When the applier does not carry the plan (the 
 applier of dry-run) the answer is the unchanged request and nothing is applied.
 
 The plan's file part (cgroup and resctrl writes, task moves, removals) is applied here through
-the core, because the calling proxy only applies what the protocol carries. Writes with a
-complete path are applied before answering. Container-level writes of ``PreCreateContainer``
-whose path still lacks the container id are kept and applied at the ``PreStartContainer`` hook of
-the same container (pod uid, name, attempt), which Koordinator's proxy sends with the id, under
-the one rule of ``runtime_proxy.engine.pending``.
-Without an applier (``--no-apply``) the file part is logged and left to the caller.
+the core (``runtime_proxy.engine.walk.before_answer``), because the calling proxy only applies
+what the protocol carries. Writes with a complete path are applied before answering.
+Container-level writes of ``PreCreateContainer`` whose path still lacks the container id are
+kept and applied at the ``PreStartContainer`` hook of the same container (pod uid, name,
+attempt), which Koordinator's proxy sends with the id, under the one rule of
+``runtime_proxy.engine.pending``. Without an applier (``--no-apply``) the file part is logged and
+left to the caller.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from runtime_proxy.codecs.hook import (
     pod_response,
 )
 from runtime_proxy.engine.lifecycle import Lifecycle, NodeSource, StageRejected
-from runtime_proxy.engine.pending import Pending, complete, lacks_id
 from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.engine.table import BY_HOOK, BY_STAGE, RELEASES_HELD, Files
+from runtime_proxy.engine.table import BY_HOOK
+from runtime_proxy.engine.walk import before_answer
 from runtime_proxy.host.apply import Applier
 
 if TYPE_CHECKING:
@@ -60,8 +61,6 @@ class HookService:
                  events: EventSink | None = None) -> None:
         self.core = Lifecycle(pipeline, node_source=node_source, applier=applier, where="hook-server",
                               stateless=True, events=events)
-        # Container-level writes waiting for the container id: (pod uid, name, attempt) -> writes.
-        self._pending: Pending[tuple[str, str, int]] = Pending()
 
     async def handle(
         self, stage: str, request: HookRequest, context: grpc.aio.ServicerContext[HookRequest, HookResponse]
@@ -71,18 +70,14 @@ class HookService:
         if stage not in POD_HOOKS and isinstance(request, hs.ContainerResourceHookRequest):
             container = container_facts_from_request(request)
         try:
-            ran = await self.core.run(stage, pod, container)
-            result = self.core.carries(ran, stage)
+            result = await before_answer(self.core, stage, pod, container)
         except StageRejected as refused:
             import grpc  # loaded by ``serve`` (the CLI builds its parser without the library)
 
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused.message("runtime-hook-proxy hook server"))
             raise AssertionError("unreachable") from None
         if result is None:
-            if ran is None:  # no hook ran (none has work): writes held for this container still go
-                await self._files(stage, pod, container, Plan())
             return self._answer(pod, container, Plan())
-        await self._files(stage, pod, container, result.plan)
         return self._answer(result.pod, result.container, result.plan)
 
     def _answer(self, pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> HookResponse:
@@ -91,27 +86,6 @@ class HookService:
         else:
             answer = container_response(pod, container, plan)
         return answer
-
-    async def _files(self, stage: str, pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> None:
-        writes = list(plan.writes)
-        container_id = ""
-        if container is not None:
-            key, container_id = (pod.uid, container.name, container.attempt), container.id
-            row = BY_STAGE.get(stage)
-            if row is not None and stage == row.pre and row.files is Files.AT_START:
-                self._pending.hold(key, Plan(writes=[w for w in writes if w.level == "container" and lacks_id(w)]))
-                writes = [w for w in writes if not (w.level == "container" and lacks_id(w))]
-            elif container.id and row is not None and row.name == RELEASES_HELD:
-                held = self._pending.take(key, container.id)
-                if held is not None:
-                    writes = held.writes + writes
-        files = complete(plan.files(writes), container_id, stage)
-        if files.is_empty():
-            return
-        if self.core.applier is None:
-            log.info("file part of the plan left to the caller (--no-apply)", stage=stage, plan=files.to_json())
-            return
-        await self.core.apply(files, stage)
 
     # -- RuntimeHookService ---------------------------------------------------------------------
 

@@ -67,23 +67,21 @@ from typing import ParamSpec, TypeVar
 import structlog
 
 from cri_protos import nri_pb2
-from hooks.facts import PodFacts
 from hooks.plan import Plan, PlanError, ResourceChanges
 from rhp_kube.events import EventSink
 from runtime_proxy import metrics
 from runtime_proxy.codecs.nri import (
     adjustment,
-    as_carried,
     container_facts,
     linux_resources,
     pod_facts,
     resources_from_nri,
 )
 from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, NodeSource, StageRejected
-from runtime_proxy.engine.pending import Pending
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.settle import PoolSettle
-from runtime_proxy.engine.table import BY_NRI, EVENTS, FORGETS_HELD, RELEASES_HELD, StoreChange, change_store
+from runtime_proxy.engine.table import BY_CRI, BY_NRI, EVENTS, HELD_STAGE, StoreChange
+from runtime_proxy.engine.walk import after_event, before_reply
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
 from runtime_proxy.nri.updates import PendingUpdates, container_update, record_sent, store_from_sync
@@ -107,12 +105,11 @@ ALWAYS: tuple[int, ...] = tuple(sorted({E.Value(row.nri_store) for row in EVENTS
 # Further events, each wanted when one of its stages has work.
 WHEN_STAGES: tuple[tuple[int, tuple[str, ...]], ...] = tuple(
     (E.Value(name), stages) for name, (_, stages) in BY_NRI.items() if E.Value(name) not in ALWAYS)
-# The events whose reply carries the plan: each has its own method, never ``state_change``.
-_REPLIED = frozenset({"CREATE_CONTAINER", "UPDATE_CONTAINER"})
 # The file part of a PreCreateContainer plan waits for the container's cgroup: it is applied at
 # StartContainer or PostStartContainer, whichever comes first; StartContainer is wanted for it
-# when neither is wanted otherwise.
-DEFERRED_STAGE = "PreCreateContainer"
+# when neither is wanted otherwise. (The events whose reply carries the plan, ``NRI_REPLIED``,
+# each have their own method, never ``state_change``.)
+DEFERRED_STAGE = HELD_STAGE
 
 
 _P = ParamSpec("_P")
@@ -156,8 +153,6 @@ class NriEngine(LifecycleDoor):
         self.core.pools = NO_POOLS
         self._worker = EventWorker(background)
         self._wanted: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-        # Container id -> file part of its PreCreateContainer plan, applied at StartContainer.
-        self._deferred: Pending[str] = Pending()
         self.runtime = ""
         # The share pools' notification (``on_store_change``) and settling (``settle``, run
         # before a reply that can carry updates when ``pools_dirty``): ``engine/settle.py``.
@@ -296,25 +291,16 @@ class NriEngine(LifecycleDoor):
     async def _create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
     ) -> nri_pb2.CreateContainerResponse:
-        pod_f, container_f = pod_facts(pod), container_facts(container)
-        if self.store.pod(pod_f.sandbox_id) is None:
-            self.store.put_pod(pod_f)
         reply = nri_pb2.CreateContainerResponse()
-        ran = await self.core.run("PreCreateContainer", pod_f, container_f)
-        result = self.core.carries(ran, "PreCreateContainer")
+        result = await before_reply(self.core, BY_CRI["CreateContainer"], pod_facts(pod), container_facts(container),
+                                    _not_adjusted)
         if result is None:
-            stored = (ran.container if ran is not None else None) or container_f
-            self.store.add_container(pod_f.sandbox_id, stored)
             return reply
-        plan = result.plan
-        stored = result.container or container_f
-        adjust, skipped = adjustment(plan)
-        self.store.add_container(pod_f.sandbox_id, as_carried(stored, plan, skipped))
+        adjust, skipped = adjustment(result.plan)
         if skipped:
             log.info("plan fields NRI cannot carry at create; dropped", fields=skipped, container=container.id)
         if adjust.ListFields():
             reply.adjust.CopyFrom(adjust)
-        self._deferred.hold(container.id, plan.files())
         return reply
 
     @_refusals_as_rpc_errors
@@ -333,24 +319,11 @@ class NriEngine(LifecycleDoor):
     ) -> list[nri_pb2.ContainerUpdate]:
         if not _known(self.store, E.UPDATE_CONTAINER, pod, container):
             return []
-        pod_f, container_f = pod_facts(pod), container_facts(container)
-        incoming = resources_from_nri(resources)
-        changes = {name: getattr(incoming, name) for name in (
-            "cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "memory_swap_limit_in_bytes",
-            "cpuset_cpus", "cpuset_mems") if getattr(incoming, name)}
-        if changes:
-            container_f = container_f.replace(resources=container_f.resources.with_changes(changes))
-        ran = await self.core.run("PreUpdateContainerResources", pod_f, container_f)
-        stored = (ran.container if ran else None) or container_f
-        result = self.core.carries(ran, "PreUpdateContainerResources")
-        if result is None:
-            self.store.put_container(pod_f.sandbox_id, stored)
+        result = await before_reply(self.core, BY_CRI["UpdateContainerResources"], pod_facts(pod),
+                                    container_facts(container), _not_carried, resources_from_nri(resources))
+        if result is None or not result.plan.resources:
             return []
         res, skipped = linux_resources(result.plan.resources)
-        self.store.put_container(pod_f.sandbox_id, as_carried(stored, result.plan, skipped))
-        await self.core.apply(result.plan, "PreUpdateContainerResources")
-        if not result.plan.resources:
-            return []
         if skipped:
             log.info("plan fields NRI cannot carry at update; dropped", fields=skipped, container=container.id)
         if not res.ListFields():
@@ -391,48 +364,22 @@ class NriEngine(LifecycleDoor):
         self, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None
     ) -> None:
         """One event whose reply carries nothing, as the lifecycle table says
-        (``runtime_proxy.engine.table``): the store change (at the event that tells it), the held
-        file part of the container's CreateContainer, then the stages the event runs."""
+        (``runtime_proxy.engine.walk.after_event``)."""
         if event != E.RUN_POD_SANDBOX and not _known(self.store, event, pod, container):
             return
         name = E.Name(event) if event in E.values() else ""
-        found = BY_NRI.get(name)
-        if found is None or name in _REPLIED:
-            return
-        row, stages = found
-        pod_f = pod_facts(pod)
         container_f = container_facts(container) if container is not None else None
-        if row.container and container_f is None:
-            return
-        container_id = container_f.id if container_f is not None else ""
-        if name == row.nri_store:
-            change_store(self.store, row.store, pod_f.sandbox_id, container_id, pod_f, container_f)
-        if row.name == RELEASES_HELD:
-            held = self._deferred.take(container_id, container_id)
-            if held is not None:
-                await self.core.apply(held, "PreCreateContainer")
-        elif row.name == FORGETS_HELD:
-            self._deferred.drop(container_id)
-        for stage in stages:
-            if stage == row.pre and not row.container:
-                await _pod_pre(self.core, stage, pod_f)
-            else:
-                await self.core.stage_and_apply(stage, pod_f, container_f)
+        await after_event(self.core, name, pod_facts(pod), container_f)
 
 
-async def _pod_pre(core: Lifecycle, stage: str, pod_f: PodFacts) -> None:
-    """A pod's ``Pre*`` stage at an event whose reply cannot change the pod: its files are
-    applied, its CRI changes logged as not carried."""
-    result = core.carries(await core.run(stage, pod_f, None), stage)
-    if result is None:
-        return
-    plan = result.plan
-    not_carried = [name for name, present in (
-        ("labels", bool(plan.labels)), ("annotations", bool(plan.annotations)),
-        ("cgroup_parent", plan.cgroup_parent is not None)) if present]
-    if not_carried:
-        log.info("pod plan fields NRI cannot carry; dropped", fields=not_carried, pod=pod_f.sandbox_id)
-    await core.apply(plan, stage)
+def _not_carried(plan: Plan) -> list[str]:
+    """The plan's resources an NRI ``ContainerUpdate`` cannot carry."""
+    return linux_resources(plan.resources)[1]
+
+
+def _not_adjusted(plan: Plan) -> list[str]:
+    """The plan's fields an NRI ``ContainerAdjustment`` cannot carry."""
+    return adjustment(plan)[1]
 
 
 def _known(store: Store, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None = None) -> bool:

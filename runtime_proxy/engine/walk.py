@@ -1,0 +1,201 @@
+"""Each door's walk of the lifecycle table (``runtime_proxy.engine.table``): the store change,
+the ``Pre*`` plan's files (now, or held for the container's start) and the ``Post*`` stage, in
+the table's order, for the facts the door decoded. A door decodes its message into facts, calls
+one of these, and encodes what it gets back; it keeps no lifecycle rule of its own.
+
+- ``finish`` (the CRI door, after the runtime answered OK): store change, files, ``Post*``.
+- ``before_reply`` (the NRI door's CreateContainer and UpdateContainer, whose replies carry the
+  plan): the ``Pre*`` stage, the store's record of the container as the reply gives it to the
+  runtime, then the files (applied, or held until the container starts).
+- ``after_event`` (the NRI door's other events, told once they happened): the store change at
+  the event that tells it, the held files at the container's start (forgotten at its removal),
+  then the stages the event runs.
+- ``before_answer`` (the hook server, which keeps no store): the stage, then its files before
+  answering, the container-level writes that lack the container's id held until its start.
+
+The held files are the lifecycle core's ``Lifecycle.held`` (``runtime_proxy.engine.pending``'s
+one rule): the NRI door holds the whole file part by container id (the container's cgroup does
+not exist yet); the hook server holds only the writes that lack the id, by pod uid, container
+name and attempt (its PreCreateContainer request carries no id), and applies the rest at once,
+since its caller may not send it a StartContainer hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+import structlog
+
+from hooks.facts import ContainerFacts, PodFacts, Resources
+from hooks.plan import Plan
+from runtime_proxy.engine.lifecycle import Lifecycle
+from runtime_proxy.engine.pending import complete, lacks_id
+from runtime_proxy.engine.pipeline import StageResult
+from runtime_proxy.engine.table import (
+    BY_NRI,
+    BY_STAGE,
+    FORGETS_HELD,
+    HELD_STAGE,
+    NRI_REPLIED,
+    RELEASES_HELD,
+    REPLIED_AT_NRI,
+    UPDATES,
+    At,
+    Door,
+    Event,
+    Files,
+    StoreChange,
+    change_store,
+    stored,
+    update_facts,
+    updated,
+)
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["after_event", "before_answer", "before_reply", "finish"]
+
+async def finish(core: Lifecycle, event: Event, result: StageResult | None, *, sandbox_id: str = "",
+                 container_id: str = "", pod: PodFacts | None = None,
+                 container: ContainerFacts | None = None, sent: Resources | None = None) -> None:
+    """The part of ``event`` after the runtime answered OK, at a door that keeps the store and
+    sees the runtime's answer (the CRI door): the store change, the ``Pre*`` plan's files (a
+    created container's writes completed with its id), then the ``Post*`` stage about the pod
+    and container as the store holds them after the change (as it held them before, for an
+    event that forgets them). A container event without ``sandbox_id`` is about the stored
+    container's pod; an UpdateContainerResources records ``updated`` of the stored container
+    under ``sent`` (the resources the runtime was sent, ``UPDATES[Door.CRI]``)."""
+    store = core.store
+    if event.container and not sandbox_id:
+        sandbox_id = store.sandbox_of(container_id) or ""
+    if event.store is StoreChange.PUT_CONTAINER and container is None:
+        found = store.container(container_id)
+        if found is not None and sandbox_id:
+            container = updated(UPDATES[Door.CRI], found[1], result, sent=sent)
+    forgets = event.store in (StoreChange.DROP_POD, StoreChange.DROP_CONTAINER)
+    before = stored(store, event, sandbox_id, container_id) if forgets else None
+    change_store(store, event.store, sandbox_id, container_id, pod, container)
+    if result is not None and event.pre is not None:
+        plan = complete(result.plan, container_id, event.pre) if event.files is Files.AT_START else result.plan
+        await core.apply(plan, event.pre)
+    if event.post is None:
+        return
+    after = before if forgets else stored(store, event, sandbox_id, container_id)
+    if after is None:
+        return
+    if event.container and after[1] is None:
+        return
+    await core.stage_and_apply(event.post, after[0], after[1])
+
+
+async def before_reply(
+    core: Lifecycle, event: Event, pod: PodFacts, container: ContainerFacts,
+    not_carried: Callable[[Plan], Collection[str]], incoming: Resources | None = None,
+) -> StageResult | None:
+    """``event`` (one of ``REPLIED_AT_NRI``) at a door whose reply carries the plan (the NRI
+    door): a created container brings its pod into the store when the store lacks it; the
+    ``Pre*`` stage runs on the container (an update's ``update_facts`` of ``incoming``, the
+    request's resources); the store records it as the reply gives it to the runtime
+    (``updated`` under ``UPDATES[Door.NRI]``: ``not_carried(plan)`` names what the reply cannot
+    carry); then the plan's files are applied, or held until the container starts
+    (``Files.AT_START``). Returns the carried result (None: no plan goes ahead) to encode."""
+    assert event.name in REPLIED_AT_NRI and event.pre is not None
+    rule = UPDATES[Door.NRI]
+    if event.store is StoreChange.ADD_CONTAINER and core.store.pod(pod.sandbox_id) is None:
+        core.store.put_pod(pod)
+    if event.store is StoreChange.PUT_CONTAINER:
+        container = update_facts(rule, container, incoming)
+    ran = await core.run(event.pre, pod, container)
+    result = core.carries(ran, event.pre)
+    base = (ran.container if ran is not None else None) or container
+    record = updated(rule, base, result, not_carried=not_carried(result.plan) if result is not None else ())
+    change_store(core.store, event.store, pod.sandbox_id, container.id, container=record)
+    if result is None:
+        return None
+    if event.files is Files.AT_START:
+        core.held.hold(container.id, result.plan.files())
+    elif rule.files_at is At.BEFORE_REPLY:
+        await core.apply(result.plan, event.pre)
+    return result
+
+
+async def after_event(core: Lifecycle, name: str, pod: PodFacts, container: ContainerFacts | None) -> None:
+    """The NRI event ``name`` whose reply carries nothing (``BY_NRI``; the two whose replies
+    carry the plan go through ``before_reply``): the store change (at the event that tells it),
+    the held file part of the container's CreateContainer (applied at its start, forgotten at
+    its removal), then the stages the event runs."""
+    found = BY_NRI.get(name)
+    if found is None or name in NRI_REPLIED:
+        return
+    row, stages = found
+    if row.container and container is None:
+        return
+    container_id = container.id if container is not None else ""
+    if name == row.nri_store:
+        change_store(core.store, row.store, pod.sandbox_id, container_id, pod, container)
+    if row.name == RELEASES_HELD:
+        held = core.held.take(container_id, container_id)
+        if held is not None:
+            await core.apply(held, HELD_STAGE)
+    elif row.name == FORGETS_HELD:
+        core.held.drop(container_id)
+    for stage in stages:
+        if stage == row.pre and not row.container:
+            await _pod_pre(core, stage, pod)
+        else:
+            await core.stage_and_apply(stage, pod, container)
+
+
+async def _pod_pre(core: Lifecycle, stage: str, pod: PodFacts) -> None:
+    """A pod's ``Pre*`` stage at an event whose reply cannot change the pod: its files are
+    applied, its CRI changes logged as not carried."""
+    result = core.carries(await core.run(stage, pod, None), stage)
+    if result is None:
+        return
+    plan = result.plan
+    not_carried = [name for name, present in (
+        ("labels", bool(plan.labels)), ("annotations", bool(plan.annotations)),
+        ("cgroup_parent", plan.cgroup_parent is not None)) if present]
+    if not_carried:
+        log.info("pod plan fields NRI cannot carry; dropped", fields=not_carried, pod=pod.sandbox_id)
+    await core.apply(plan, stage)
+
+
+async def before_answer(core: Lifecycle, stage: str, pod: PodFacts,
+                        container: ContainerFacts | None) -> StageResult | None:
+    """A hook server's call (a door that keeps no store and answers before the runtime acts):
+    runs ``stage`` (``StageRejected`` on a ``Fail``-policy refusal), then applies the plan's
+    files, those held for this container included, before the answer; the carried result
+    (None: the answer carries no change)."""
+    ran = await core.run(stage, pod, container)
+    result = core.carries(ran, stage)
+    if result is None:
+        if ran is None:  # no hook ran (none has work): writes held for this container still go
+            await _answer_files(core, stage, pod, container, Plan())
+        return None
+    await _answer_files(core, stage, pod, container, result.plan)
+    return result
+
+
+async def _answer_files(core: Lifecycle, stage: str, pod: PodFacts, container: ContainerFacts | None,
+                        plan: Plan) -> None:
+    writes = list(plan.writes)
+    container_id = ""
+    if container is not None:
+        key, container_id = (pod.uid, container.name, container.attempt), container.id
+        row = BY_STAGE.get(stage)
+        if row is not None and stage == row.pre and row.files is Files.AT_START:
+            core.held.hold(key, Plan(writes=[w for w in writes if w.level == "container" and lacks_id(w)]))
+            writes = [w for w in writes if not (w.level == "container" and lacks_id(w))]
+        elif container.id and row is not None and row.name == RELEASES_HELD:
+            held = core.held.take(key, container.id)
+            if held is not None:
+                writes = held.writes + writes
+    files = complete(plan.files(writes), container_id, stage)
+    if files.is_empty():
+        return
+    if core.applier is None:
+        log.info("file part of the plan left to the caller (--no-apply)", stage=stage, plan=files.to_json())
+        return
+    await core.apply(files, stage)
+
