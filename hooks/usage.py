@@ -83,7 +83,8 @@ class UsageSample:
     ``host_apps`` by the host application's name in NodeSLO ``hostApplications``. The usage
     loop keeps these three maps only in the newest few samples of its window
     (``DETAILED_SAMPLES`` in ``runtime_proxy/loops/usage.py``); older samples carry the node
-    and BE readings."""
+    and BE readings. ``containers`` is empty while every ``ReconcileUsage`` step is a built-in
+    plugin that reads no container usage (``runtime_proxy.loops.qos.POD_LEVEL_PLUGINS``)."""
 
     at: float
     node_cpu_milli: int = 0

@@ -101,6 +101,7 @@ class PluginStep:
         self.policy: Policy = policy
         self.timeout = timeout
         plugin = pm.get_plugin(name)
+        self.plugin: object = plugin  # the registered object (a built-in plugin is its module)
         self._impls: dict[str, pluggy.HookImpl] = {}
         for stage, hook_name in STAGES.items():
             caller = getattr(pm.hook, hook_name)

@@ -10,6 +10,9 @@ Started by ``runtime_proxy.wiring.loops`` (for ``serve`` and ``nri``; ``hook-ser
 1. gathers the pods (with their containers) from the backend and the node facts with the bound
    cpusets recomputed from those pods (``hooks.facts.with_bound_pods``);
 2. samples usage (``runtime_proxy.loops.usage.UsageSampler``; a worker thread) into the window;
+   each container's files only while a step of the stage may read container usage (one that
+   is not a built-in plugin of ``POD_LEVEL_PLUGINS``, which read node, pod, host-application
+   and BE usage only): the sample's ``containers`` is empty otherwise;
 3. runs ``ReconcileUsage`` (``Pipeline.run_usage``: ``node``, ``pods``, ``usage``) through the
    one hook runner, so plugin order, timeouts and failure policies are the configured ones;
 4. hands the plan to the applier (the entry point's, ``runtime_proxy.host.apply.Applier``):
@@ -65,18 +68,20 @@ from hooks.plan import Eviction, Plan, Skip
 from hooks.usage import EVICTION_MEMORY_SECONDS, EvictionRecord, SuppressDecision, UsageSample
 from koord_formats import keys
 from runtime_proxy.engine.background import Background, every
-from runtime_proxy.engine.pipeline import Pipeline
+from runtime_proxy.engine.pipeline import Pipeline, PluginStep
 from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.loops.usage import UsageSampler
 
 __all__ = [
+    "POD_LEVEL_PLUGINS",
     "EvictionResult",
     "Evictor",
     "LoggingEvictor",
     "UsageBackend",
     "UsageLoop",
     "UsageRound",
+    "reads_container_usage",
 ]
 
 log = structlog.get_logger("runtime_proxy.loops.qos")
@@ -113,6 +118,12 @@ EVICTION_DEADLINE_SECONDS = 30.0
 # Evictions remembered at most (far more than any node evicts in EVICTION_MEMORY_SECONDS).
 MAX_EVICTION_RECORDS = 1024
 MAX_SKIPS_LOGGED = 1024  # distinct (plugin, reason) skips the usage loop remembers having logged
+# The built-in ReconcileUsage plugins (their modules), which read node, pod, host-application and
+# BE usage and never a container's: while they are the stage's only steps, containers' files are
+# not read (half of a round's files).
+POD_LEVEL_PLUGINS = frozenset({
+    "hooks.plugins.cpu_suppress", "hooks.plugins.memory_qos", "hooks.plugins.memory_evict", "hooks.plugins.cpu_evict",
+})
 # A file this loop wrote (or found holding the value) is not written the same value again
 # within this time (Koordinator's cached cgroup writes: 60 s).
 WRITE_CACHE_SECONDS = 60.0
@@ -178,6 +189,15 @@ class UsageRound:
     applied: ApplyReport | None = None
     evictions: list[EvictionResult] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+
+
+def reads_container_usage(pipeline: Pipeline) -> bool:
+    """Whether a step of ``ReconcileUsage`` may read container usage: any step but a built-in
+    plugin of ``POD_LEVEL_PLUGINS`` (an entry-point plugin, a hook server)."""
+    return any(
+        not (isinstance(step, PluginStep) and getattr(step.plugin, "__name__", None) in POD_LEVEL_PLUGINS)
+        for step in pipeline.steps if step.handles("ReconcileUsage")
+    )
 
 
 def _record_suppress(plan: Plan) -> None:
@@ -387,6 +407,7 @@ class UsageLoop:
         started = time.perf_counter()
         out = UsageRound()
         try:
+            self.sampler.containers = reads_container_usage(self.pipeline)
             node, listed, out.sample = await asyncio.to_thread(
                 self._sample, self.backend.node(), self.backend.pods(), self.backend.containers()
             )

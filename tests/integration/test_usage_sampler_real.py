@@ -1,6 +1,7 @@
 """The usage sampler on real containerd and runc, through the proxy: a pod created through the
 proxy runs a container that holds 32 MiB of anonymous memory and burns CPU; the usage loop's
-samples (real ``/proc``, the real cgroup tree) show that pod's and container's CPU and memory."""
+samples (real ``/proc``, the real cgroup tree) show that pod's and container's CPU and memory
+(a plugin that is not built in handles ``ReconcileUsage``, so the loop reads containers too)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from hooks.usage import ResourceUsage
+from hooks.facts import NodeFacts, PodFacts
+from hooks.plan import Plan
+from hooks.spec import hookimpl
+from hooks.usage import ResourceUsage, Usage
 from runtime_proxy.config import ProxyConfig
 from tests.integration.harness import ProxyThread, proxy_options
 
@@ -25,11 +29,21 @@ HOLD = 32  # MiB the container holds
 COMMAND = ["awk", f'BEGIN{{s=sprintf("%{HOLD * MiB}s", ""); while (1) {{ n++ }}}}']
 
 
+class ReadsContainerUsage:
+    """A ``ReconcileUsage`` plugin that is not built in: the loop cannot know it leaves
+    container usage alone, so it reads every container's files for it."""
+
+    @hookimpl
+    def rhp_reconcile_usage(self, node: NodeFacts, pods: tuple[PodFacts, ...], usage: Usage) -> Plan | None:
+        return None
+
+
 def test_the_usage_loop_samples_a_real_containers_cpu_and_memory(
     containerd: Any, tmp_path: Path, cri_client: Callable[..., Any]
 ) -> None:
     config = ProxyConfig.model_validate({"usageLoop": {"enable": True, "intervalSeconds": 0.3}})
-    opts = proxy_options(containerd, tmp_path, "relay", reconcile=True, config=config)
+    opts = proxy_options(containerd, tmp_path, "relay", reconcile=True, config=config,
+                         extra_plugins=(ReadsContainerUsage(),))
     with ProxyThread(opts) as proxy:
         client = cri_client(opts.listen)
         uid = str(uuid.uuid4())

@@ -470,3 +470,33 @@ async def test_a_plugins_skip_is_logged_once_not_every_round(tmp_path: Path) -> 
         await step(loop)
     skipped = [e for e in logs if e["event"] == "usage loop: plugin skipped"]
     assert [(e["plugin"], e["reason"]) for e in skipped] == [("stub", "needs cgroup v2")]
+
+
+async def test_containers_are_read_only_while_a_step_may_read_container_usage(tmp_path: Path) -> None:
+    """The built-in ReconcileUsage plugins read node, pod and BE usage only: with them alone a
+    round reads no container's files; a step that is not built in (here the stub) brings the
+    containers back on the next round, and leaving again stops them."""
+    import hooks.plugins.cpu_evict as cpu_evict
+    import hooks.plugins.memory_evict as memory_evict
+
+    loop, stub, _, _, clock = make_loop(tmp_path, lambda n, p, u: None)
+    pm = make_plugin_manager(builtins=[], entry_points=False)
+    pm.register(cpu_evict, name="cpu_evict")
+    pm.register(memory_evict, name="memory_evict")
+    pm.register(stub, name="stub")
+    builtin_only = plugin_steps(pm, [("cpu_evict", "Ignore", 2.0), ("memory_evict", "Ignore", 2.0)])
+    with_stub = plugin_steps(pm, [("cpu_evict", "Ignore", 2.0), ("stub", "Ignore", 2.0)])
+    loop.pipeline.set_steps(builtin_only)
+    await step(loop)
+    clock.now += 1
+    out = await step(loop)
+    assert out.sample is not None and "b1" in out.sample.pods
+    assert dict(out.sample.containers) == {}, "no container read for the built-in decisions"
+    loop.pipeline.set_steps(with_stub)
+    clock.now += 1
+    out = await step(loop)
+    assert out.sample is not None and set(out.sample.containers) == {"c1"}
+    loop.pipeline.set_steps(builtin_only)
+    clock.now += 1
+    out = await step(loop)
+    assert out.sample is not None and dict(out.sample.containers) == {} and "b1" in out.sample.pods

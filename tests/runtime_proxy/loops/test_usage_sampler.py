@@ -8,6 +8,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from hooks.facts import CgroupInfo, ContainerFacts, NodeFacts, PodFacts
@@ -389,3 +391,44 @@ def test_the_v2_parsers_read_what_the_kernel_writes() -> None:
     # memory.stat some thirty keys (the fakes now write cpu.stat's full set too).
     assert parse_cpu_stat_usage(_REAL_V2_CPU_STAT) == 441088 * 1000
     assert parse_memory_stat(_REAL_V2_MEMORY_STAT, 2) == 94208 + 8192 + 0
+
+
+def _line_by_line(data: bytes, version: int) -> int | None:
+    """The reading of memory.stat the parser must keep: each line split at its first space, a
+    wanted key's value a counter, a later line of the same key winning (None: SampleError)."""
+    wanted = (b"total_inactive_anon", b"total_active_anon", b"total_unevictable", b"inactive_anon",
+              b"active_anon", b"unevictable")
+    found: dict[bytes, int] = {}
+    for line in data.split(b"\n"):
+        key, _, value = line.partition(b" ")
+        if key in wanted:
+            text = value.strip()
+            if not text or len(text) > 19 or not text.isdigit() or int(text) > (1 << 63) - 1:
+                return None
+            found[key] = int(text)
+    keys = wanted[:3] if version == 1 and all(k in found for k in wanted[:3]) else wanted[3:]
+    return sum(found[k] for k in keys) if all(k in found for k in keys) else None
+
+
+_STAT_LINES = st.lists(
+    st.tuples(
+        st.sampled_from([b"total_inactive_anon", b"total_active_anon", b"total_unevictable", b"inactive_anon",
+                         b"active_anon", b"unevictable", b"active_anon_x", b"xactive_anon", b"cache", b""]),
+        st.sampled_from([b" ", b"  ", b"\t", b"", b" \r"]),
+        st.one_of(st.integers(0, 1 << 64).map(lambda n: str(n).encode()), st.sampled_from([b"", b"-1", b"1 2", b"x"])),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=_STAT_LINES, version=st.sampled_from([1, 2]), end=st.sampled_from([b"", b"\n", b"\r\n"]))
+def test_memory_stat_is_read_as_line_by_line(lines: list[tuple[bytes, bytes, bytes]], version: int,
+                                             end: bytes) -> None:
+    data = b"\n".join(k + sep + v for k, sep, v in lines) + end
+    want = _line_by_line(data, version)
+    if want is None:
+        with pytest.raises(SampleError):
+            parse_memory_stat(data, version)
+    else:
+        assert parse_memory_stat(data, version) == want
