@@ -57,7 +57,7 @@ from rhp_kube.events import EventSink
 from runtime_proxy.engine.background import Background
 from runtime_proxy.engine.bound import BoundCpusets
 from runtime_proxy.engine.lifecycle import bind_identity, forget_identity, record_failures
-from runtime_proxy.engine.pipeline import Pipeline, plugin_steps
+from runtime_proxy.engine.pipeline import Pipeline, PluginStep, Step, plugin_steps
 from runtime_proxy.host.apply import Applier, ApplyReport, FileApplier
 from runtime_proxy.host.cgroups import Cgroups
 from runtime_proxy.host.resctrl import Resctrl
@@ -72,6 +72,9 @@ RECONCILE_DRIFT = Counter("rhp_reconcile_drift", "differences found (and repaire
 RECONCILE_ERRORS = Counter("rhp_reconcile_errors", "errors during reconcile rounds", ["level"])
 RECONCILE_SECONDS = Histogram("rhp_reconcile_duration_seconds", "duration of a reconcile round")
 RECONCILE_LAST = Gauge("rhp_reconcile_last_run_timestamp_seconds", "end of the last reconcile round")
+
+# A remembered plan's key: (stage, pod uid or sandbox id, container id or "").
+PlanKey = tuple[str, str, str]
 
 # Plan levels whose directories come and go with pods and containers.
 _LIFECYCLE_LEVELS = frozenset({"pod", "sandbox", "container"})
@@ -200,6 +203,13 @@ class Reconciler:
         self._missing_logged: set[str] = set()
         self._lock = asyncio.Lock()
         self._bound = BoundCpusets(where="reconciler")
+        # (stage, pod uid, container id) -> (the pod's and container's facts, the plan they got)
+        # under ``_plans_node`` and ``_plans_steps``; forgotten when either changes, or for a pod
+        # or container no longer there (``_plan_for``).
+        self._plans: dict[PlanKey, tuple[PodFacts, ContainerFacts | None, Plan]] = {}
+        self._plans_node: NodeFacts | None = None
+        self._plans_steps: tuple[Step, ...] | None = None
+        self._local_only = False
 
     # -- triggers ------------------------------------------------------------------------------
 
@@ -225,14 +235,6 @@ class Reconciler:
         self._wake.set()
 
     # -- one round -----------------------------------------------------------------------------
-
-    async def _plan(self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts) -> Plan:
-        """Plan one stage through the hook runner (plugins run in its worker threads)."""
-        result = await self.pipeline.run(stage, pod, container, node)
-        record_failures(self.events, result, pod, container)
-        for c in result.conflicts:
-            log.warning("plugin conflict during reconcile", conflict=str(c))
-        return result.plan
 
     def _apply(self, plan: Plan, level: str, report: ReconcileReport, phase: str = "all") -> ApplyReport:
         applied = self.applier.apply_files(plan, diff=True, atomic=False, missing_ok=True, phase=phase)
@@ -308,12 +310,82 @@ class Reconciler:
             RECONCILE_ERRORS.labels("container").inc()
             report.errors.append(f"update container {container.id}: {exc}")
 
+    def _remembered(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> Plan | None:
+        """The plan this stage gave for these very facts in an earlier round (see ``_plans``)."""
+        key = (stage, pod.uid or pod.sandbox_id, container.id if container is not None else "")
+        found = self._plans.get(key)
+        if found is None or found[0] != pod or found[1] != container:
+            return None
+        return found[2]
+
+    async def _plan_for(
+        self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts, seen: set[PlanKey]
+    ) -> Plan:
+        """``_plan``, or the plan remembered for the same facts under the same node and steps.
+        A stage is remembered only when it ran in-process plugins alone, none failed and none
+        conflicted (a plugin is a pure function of its facts; a hook server may answer
+        differently, a failure is retried)."""
+        key = (stage, pod.uid or pod.sandbox_id, container.id if container is not None else "")
+        seen.add(key)
+        plan = self._remembered(stage, pod, container)
+        if plan is not None:
+            return plan
+        result = await self.pipeline.run(stage, pod, container, node)
+        record_failures(self.events, result, pod, container)
+        for c in result.conflicts:
+            log.warning("plugin conflict during reconcile", conflict=str(c))
+        if not result.failures and not result.conflicts and self._local_only:
+            self._plans[key] = (pod, container, result.plan)
+        return result.plan
+
+    def _start_plans(self, node: NodeFacts) -> None:
+        """Forget every remembered plan unless the node's facts and the pipeline's steps are
+        those they were made under."""
+        steps = tuple(self.pipeline.steps)
+        same_steps = self._plans_steps is not None and len(steps) == len(self._plans_steps) and all(
+            a is b for a, b in zip(steps, self._plans_steps, strict=True))
+        if not same_steps or self._plans_node is None or self._plans_node != node:
+            self._plans.clear()
+        self._plans_node, self._plans_steps = node, steps
+        self._local_only = all(isinstance(step, PluginStep) for step in steps)
+
+    def _apply_pods(self, plans: list[tuple[PodFacts, Plan]], report: ReconcileReport,
+                    phase: str) -> list[tuple[PodFacts, Plan]]:
+        """One phase of the pods' plans (worker thread: file I/O); returns those applied."""
+        done: list[tuple[PodFacts, Plan]] = []
+        for pod, plan in plans:
+            bind_identity(pod, None)
+            try:
+                self._apply(plan, "pod", report, phase)
+                done.append((pod, plan))
+            except Exception as exc:
+                self._pod_failed("pod", pod, exc, report)
+        forget_identity()
+        return done
+
+    def _apply_containers(
+        self, plans: list[tuple[PodFacts, PodFacts, ContainerFacts, Plan]], node: NodeFacts, report: ReconcileReport
+    ) -> list[tuple[PodFacts, ContainerFacts, ResourceChanges, Plan]]:
+        """Every container's files, and the resources each must be sent (worker thread)."""
+        out: list[tuple[PodFacts, ContainerFacts, ResourceChanges, Plan]] = []
+        for pod, full_pod, container, plan in plans:
+            bind_identity(pod, container)
+            try:
+                out.append((pod, container, self._container_files(full_pod, container, plan, node, report), plan))
+            except Exception as exc:
+                self._pod_failed("container", pod, exc, report)
+        forget_identity()
+        return out
+
     async def reconcile_once(self, reason: str = "manual") -> ReconcileReport:
         """Plan and apply everything once; never raises for plugin or I/O errors, and one pod's
         failure is that pod's alone.
 
-        Plugins run in the hook runner's worker threads and cgroup file I/O in worker threads;
-        the event loop only gathers the store's facts and sends the container updates."""
+        Plugins run in the hook runner's worker threads and cgroup file I/O in worker threads
+        (one call for each level's files); the event loop only gathers the store's facts and
+        sends the container updates. A stage's plan for facts (node, pod, container, the
+        pipeline's steps) equal to an earlier round's is that round's plan (``_plans``): every
+        file is still compared with it, and any change of those facts plans anew."""
         async with self._lock:
             started = time.monotonic()
             report = ReconcileReport(reason)
@@ -332,35 +404,45 @@ class Reconciler:
             node = await asyncio.to_thread(self._bound.with_bound_pods, self.backend.node(), bound_from)
             pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
             full = {p.uid or p.sandbox_id: p for p in pods}
+            self._start_plans(node)
+            seen: set[PlanKey] = set()
 
-            node_plan = await self._plan("ReconcileNode", PodFacts(), None, node)
+            node_plan = await self._plan_for("ReconcileNode", PodFacts(), None, node, seen)
             await asyncio.to_thread(self._apply, node_plan, "node", report)
             # Leveled: pod limits grow before the containers change, and shrink after them.
-            shrinks: list[tuple[PodFacts, Plan]] = []
+            pod_plans: list[tuple[PodFacts, Plan]] = []
             for pod in pods:
                 bind_identity(pod, None)  # the lines about this pod name it (engine.lifecycle)
                 try:
-                    plan = await self._plan("ReconcilePod", pod, None, node)
-                    await asyncio.to_thread(self._apply, plan, "pod", report, "grow")
-                    shrinks.append((pod, plan))
+                    pod_plans.append((pod, await self._plan_for("ReconcilePod", pod, None, node, seen)))
                 except Exception as exc:  # one pod's input never ends the round for the others
                     self._pod_failed("pod", pod, exc, report)
+            forget_identity()
+            shrinks = await asyncio.to_thread(self._apply_pods, pod_plans, report, "grow")
+            container_plans: list[tuple[PodFacts, PodFacts, ContainerFacts, Plan]] = []
             for pod, container in containers:
                 full_pod = full.get(pod.uid or pod.sandbox_id, pod)
                 bind_identity(pod, container)
                 try:
-                    plan = await self._plan("ReconcileContainer", full_pod, container, node)
-                    changes = await asyncio.to_thread(self._container_files, full_pod, container, plan, node, report)
+                    plan = await self._plan_for("ReconcileContainer", full_pod, container, node, seen)
+                    container_plans.append((pod, full_pod, container, plan))
+                except Exception as exc:
+                    self._pod_failed("container", pod, exc, report)
+            forget_identity()
+            updates = await asyncio.to_thread(self._apply_containers, container_plans, node, report)
+            for pod, container, changes, plan in updates:
+                if not changes:
+                    continue
+                bind_identity(pod, container)
+                try:
                     await self._update_container(container, changes, report, plan)
                 except Exception as exc:
                     self._pod_failed("container", pod, exc, report)
-            for pod, plan in shrinks:
-                bind_identity(pod, None)
-                try:
-                    await asyncio.to_thread(self._apply, plan, "pod", report, "shrink")
-                except Exception as exc:
-                    self._pod_failed("pod", pod, exc, report)
             forget_identity()
+            await asyncio.to_thread(self._apply_pods, shrinks, report, "shrink")
+            # Plans of pods and containers that are gone are forgotten with them.
+            for key in [k for k in self._plans if k not in seen]:
+                del self._plans[key]
             await self._collect_groups(pods, node, report)
             self._log_missing(report)
             self.rounds += 1
