@@ -215,11 +215,14 @@ class _Upstream(asyncio.Protocol):
 
     def __init__(self, session: Session) -> None:
         self._s = session
+        # The transport calls the session's parser itself: no frame of ours between them on
+        # every read (both uvloop and asyncio look the method up on the instance).
+        self.data_received = session.server_data  # type: ignore[method-assign]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._s.upstream_made(cast(asyncio.Transport, transport))
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes) -> None:  # replaced per instance in ``__init__``
         self._s.server_data(data)
 
     def eof_received(self) -> bool | None:
