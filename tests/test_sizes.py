@@ -107,7 +107,7 @@ def test_door_classes_stay_small(module: str, name: str) -> None:
 MERGING_CALLS = frozenset({"with_changes", "overlay_update", "as_carried", "carried", "updated"})
 MERGED_FIELDS = frozenset({"resources", "annotations"})
 STORE_CHANGES = frozenset({"put_pod", "add_container", "put_container", "stop_pod", "drop_pod", "stop_container",
-                           "drop_container", "change_store"})
+                           "drop_container", "change_store", "replace_store", "record_sent"})
 HELD_WRITES = frozenset({"hold", "lacks_id", "complete", "Pending"})
 
 

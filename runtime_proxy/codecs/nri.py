@@ -17,6 +17,7 @@ __all__ = [
     "pod_facts",
     "resources_from_nri",
     "stopped_sandboxes",
+    "synchronized",
 ]
 
 
@@ -131,3 +132,9 @@ def stopped_sandboxes(pods: list[nri_pb2.PodSandbox], containers: list[nri_pb2.C
         return []
     running = {c.pod_sandbox_id for c in containers if c.state == nri_pb2.CONTAINER_RUNNING}
     return [pod.id for pod in pods if not pod.pid and pod.id not in running]
+
+
+def synchronized(containers: list[nri_pb2.Container]) -> list[tuple[str, ContainerFacts, bool, bool]]:
+    """A Synchronize's containers as facts: ``(sandbox id, facts, running, stopped)`` each."""
+    return [(c.pod_sandbox_id, container_facts(c), c.state == nri_pb2.CONTAINER_RUNNING,
+             c.state == nri_pb2.CONTAINER_STOPPED) for c in containers]

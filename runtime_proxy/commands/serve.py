@@ -29,6 +29,7 @@ from runtime_proxy.codecs.cri import set_linux_resources
 from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ConfigError, ProxyConfig, check_usable, load_config
 from runtime_proxy.cri.door import CriInterceptor
 from runtime_proxy.cri.transport import CallInterceptor
+from runtime_proxy.engine.table import record_sent
 from runtime_proxy.hookclient.registry import HookServerRegistry
 from runtime_proxy.host.apply import FileApplier, RecordingApplier
 from runtime_proxy.process import EXIT_CODES_EPILOG, EXIT_USAGE, fail, run_main
@@ -109,9 +110,7 @@ class StoreBackend:
             api_pb2.UpdateContainerResourcesRequest(container_id=container_id, linux=linux),
             timeout=self.client.timeout,
         )
-        found, sandbox_id = self.store.container(container_id), self.store.sandbox_of(container_id)
-        if found is not None and sandbox_id is not None:
-            self.store.put_container(sandbox_id, found[1].replace(resources=found[1].resources.with_changes(changes)))
+        record_sent(self.store, container_id, changes)
 
 
 class Proxy:

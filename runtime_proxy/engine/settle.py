@@ -22,10 +22,11 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from runtime_proxy.engine.lifecycle import Lifecycle
+from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["SETTLE_WAIT", "PoolSettle"]
+__all__ = ["SETTLE_WAIT", "PoolSettle", "frees_bound_cpus"]
 
 SETTLE_WAIT = 0.5
 
@@ -75,3 +76,14 @@ class PoolSettle:
         task = asyncio.ensure_future(self.settle())
         task.add_done_callback(_log_failure)
         await asyncio.wait({task}, timeout=SETTLE_WAIT)
+
+
+def frees_bound_cpus(store: Store, sandbox_id: str, container_id: str) -> bool:
+    """Whether stopping ``container_id`` releases CPUs its pod holds (the store's rule,
+    ``runtime_proxy.state.store``): every other container of the pod is stopped (the caller
+    checked that the pod has bound CPUs). The NRI door then processes the stop before its reply
+    and runs ``settled`` first."""
+    for owner, container in store.containers():
+        if owner.sandbox_id == sandbox_id and container.id != container_id and not store.is_stopped(container.id):
+            return False
+    return True

@@ -38,7 +38,7 @@ hook server keeps no store), when the plan's files are applied, and which contai
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -69,6 +69,7 @@ __all__ = [
     "Update",
     "carried",
     "change_store",
+    "record_sent",
     "stored",
     "update_facts",
     "updated",
@@ -316,6 +317,16 @@ def change_store(store: Store, change: StoreChange, sandbox_id: str, container_i
         store.stop_container(container_id)
     elif change is StoreChange.DROP_CONTAINER:
         store.drop_container(container_id)
+
+
+def record_sent(store: Store, container_id: str, sent: Mapping[str, object]) -> None:
+    """Record in ``store`` the resources the runtime was sent for a container outside its
+    lifecycle calls (the loops' updates, at either door; NRI's Synchronize reply), so the
+    reconciler's next round does not send them again: the stored container with them; nothing
+    for a container the store does not hold."""
+    found, sandbox_id = store.container(container_id), store.sandbox_of(container_id)
+    if found is not None and sandbox_id is not None:
+        store.put_container(sandbox_id, found[1].replace(resources=found[1].resources.with_changes(sent)))
 
 
 def stored(store: Store, event: Event, sandbox_id: str,

@@ -9,7 +9,10 @@ one of these, and encodes what it gets back; it keeps no lifecycle rule of its o
   runtime, then the files (applied, or held until the container starts).
 - ``after_event`` (the NRI door's other events, told once they happened): the store change at
   the event that tells it, the held files at the container's start (forgotten at its removal),
-  then the stages the event runs.
+  then the stages the event runs. Only the creating events add a pod to the store: any other
+  NRI event about a pod the store does not hold is ignored.
+- ``synchronize`` (the NRI door's Synchronize): the store rebuilt from the runtime, then every
+  pod and running container reconciled, the containers' changes sent and recorded as sent.
 - ``before_answer`` (the hook server, which keeps no store): the stage, then its files before
   answering, the container-level writes that lack the container's id held until its start.
 
@@ -22,12 +25,14 @@ since its caller may not send it a StartContainer hook.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from typing import TypeVar
 
 import structlog
 
 from hooks.facts import ContainerFacts, PodFacts, Resources
-from hooks.plan import Plan
+from hooks.plan import Plan, ResourceChanges
+from runtime_proxy import metrics
 from runtime_proxy.engine.lifecycle import Lifecycle
 from runtime_proxy.engine.pending import complete, lacks_id
 from runtime_proxy.engine.pipeline import StageResult
@@ -46,14 +51,18 @@ from runtime_proxy.engine.table import (
     Files,
     StoreChange,
     change_store,
+    record_sent,
     stored,
     update_facts,
     updated,
 )
+from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["after_event", "before_answer", "before_reply", "finish"]
+__all__ = ["after_event", "before_answer", "before_reply", "finish", "synchronize"]
+
+_T = TypeVar("_T")
 
 async def finish(core: Lifecycle, event: Event, result: StageResult | None, *, sandbox_id: str = "",
                  container_id: str = "", pod: PodFacts | None = None,
@@ -93,7 +102,8 @@ async def before_reply(
     not_carried: Callable[[Plan], Collection[str]], incoming: Resources | None = None,
 ) -> StageResult | None:
     """``event`` (one of ``REPLIED_AT_NRI``) at a door whose reply carries the plan (the NRI
-    door): a created container brings its pod into the store when the store lacks it; the
+    door): an update of a pod the store does not hold is ignored (``_ignored``); a created
+    container brings its pod into the store when the store lacks it; the
     ``Pre*`` stage runs on the container (an update's ``update_facts`` of ``incoming``, the
     request's resources); the store records it as the reply gives it to the runtime
     (``updated`` under ``UPDATES[Door.NRI]``: ``not_carried(plan)`` names what the reply cannot
@@ -101,6 +111,8 @@ async def before_reply(
     (``Files.AT_START``). Returns the carried result (None: no plan goes ahead) to encode."""
     assert event.name in REPLIED_AT_NRI and event.pre is not None
     rule = UPDATES[Door.NRI]
+    if event.store is StoreChange.PUT_CONTAINER and _ignored(core, event.nri_pre or "", pod, container):
+        return None
     if event.store is StoreChange.ADD_CONTAINER and core.store.pod(pod.sandbox_id) is None:
         core.store.put_pod(pod)
     if event.store is StoreChange.PUT_CONTAINER:
@@ -121,10 +133,14 @@ async def before_reply(
 
 async def after_event(core: Lifecycle, name: str, pod: PodFacts, container: ContainerFacts | None) -> None:
     """The NRI event ``name`` whose reply carries nothing (``BY_NRI``; the two whose replies
-    carry the plan go through ``before_reply``): the store change (at the event that tells it),
-    the held file part of the container's CreateContainer (applied at its start, forgotten at
-    its removal), then the stages the event runs."""
+    carry the plan go through ``before_reply``): ignored for a pod the store does not hold
+    (``_ignored``) unless it is the event that records the pod (RunPodSandbox); else the store
+    change (at the event that tells it), the held file part of the container's CreateContainer
+    (applied at its start, forgotten at its removal), then the stages the event runs."""
     found = BY_NRI.get(name)
+    puts_pod = found is not None and found[0].store is StoreChange.PUT_POD and name == found[0].nri_store
+    if not puts_pod and _ignored(core, name, pod, container):
+        return
     if found is None or name in NRI_REPLIED:
         return
     row, stages = found
@@ -144,6 +160,62 @@ async def after_event(core: Lifecycle, name: str, pod: PodFacts, container: Cont
             await _pod_pre(core, stage, pod)
         else:
             await core.stage_and_apply(stage, pod, container)
+
+
+def _ignored(core: Lifecycle, name: str, pod: PodFacts, container: ContainerFacts | None) -> bool:
+    """Whether the NRI event ``name`` is ignored because the store does not hold ``pod`` (logged
+    and counted). Only the creating events (RunPodSandbox, CreateContainer, Synchronize) add a
+    pod, so a Stop or Remove that arrives after RemovePodSandbox cannot put the pod back, where
+    it would hold its bound CPUs until the next Synchronize."""
+    if core.store.pod(pod.sandbox_id) is not None:
+        return False
+    label = name.lower() or "other"
+    metrics.NRI_EVENTS_IGNORED.labels(label).inc()
+    log.debug("NRI event for a pod not in the store ignored", nri_event=label, pod=f"{pod.namespace}/{pod.name}",
+              uid=pod.uid, sandbox=pod.sandbox_id, container=container.id if container is not None else None)
+    return True
+
+
+async def synchronize(
+    core: Lifecycle, pods: list[PodFacts], containers: list[tuple[str, ContainerFacts, bool, bool]],
+    stopped_pods: Collection[str], send: Callable[[str, ResourceChanges], tuple[_T | None, Mapping[str, object]]],
+) -> list[_T]:
+    """NRI's Synchronize: the store rebuilt from the runtime's ``pods`` and ``containers``
+    (``(sandbox id, facts, running, stopped)``; ``stopped_pods`` the sandboxes it reports
+    stopped), then reconciled: every pod through ``ReconcilePod`` (its writes applied) and every
+    running container through ``ReconcileContainer``, whose resource changes ``send`` makes into
+    the reply's updates (None: it carries none of them), recorded as sent (``record_sent``).
+    Values changed by hand in the cgroup files are repaired this way, because every planned
+    resource is sent, not only those that differ from the runtime's record."""
+    store = Store()
+    for pod in pods:
+        store.put_pod(pod)
+    running: list[tuple[str, ContainerFacts]] = []
+    for sandbox_id, facts, is_running, is_stopped in containers:
+        store.put_container(sandbox_id, facts)
+        if is_running:
+            running.append((sandbox_id, facts))
+        elif is_stopped:
+            store.stop_container(facts.id)
+    for sandbox_id in stopped_pods:
+        store.stop_pod(sandbox_id)
+    core.replace_store(store)
+    for each_pod in store.live_pods():
+        await core.stage_and_apply("ReconcilePod", each_pod, None)
+    updates: list[_T] = []
+    for sandbox_id, container in running:
+        owner = store.pod(sandbox_id)
+        if owner is None:
+            continue
+        result = core.carries(await core.run("ReconcileContainer", owner, container), "ReconcileContainer")
+        if result is None:
+            continue
+        await core.apply(result.plan, "ReconcileContainer")
+        update, sent = send(container.id, result.plan.resources)
+        if update is not None:
+            updates.append(update)
+            record_sent(store, container.id, sent)
+    return updates
 
 
 async def _pod_pre(core: Lifecycle, stage: str, pod: PodFacts) -> None:

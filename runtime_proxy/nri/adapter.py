@@ -1,6 +1,9 @@
 """The NRI door: NRI events as facts for the lifecycle core (``runtime_proxy.engine.lifecycle``,
 the same core as the CRI door's), stage results back into NRI replies; the core runs every stage
-and applies the file part of every plan through the one applier.
+and applies the file part of every plan through the one applier, and the lifecycle table's walk
+(``runtime_proxy.engine.walk``: ``before_reply``, ``after_event``, ``synchronize``) does what
+the table says of each event (store changes, which facts are recorded, when files are applied or
+held, events ignored for pods the store does not hold). This door decodes, encodes and queues.
 
 Mapping (the lifecycle table, ``runtime_proxy.engine.table``, whose ``BY_NRI`` this door follows):
 
@@ -69,26 +72,26 @@ import structlog
 from cri_protos import nri_pb2
 from hooks.plan import Plan, PlanError, ResourceChanges
 from rhp_kube.events import EventSink
-from runtime_proxy import metrics
 from runtime_proxy.codecs.nri import (
     adjustment,
     container_facts,
     linux_resources,
     pod_facts,
     resources_from_nri,
+    stopped_sandboxes,
+    synchronized,
 )
 from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, NodeSource, StageRejected
 from runtime_proxy.engine.pipeline import Pipeline
-from runtime_proxy.engine.settle import PoolSettle
+from runtime_proxy.engine.settle import PoolSettle, frees_bound_cpus
 from runtime_proxy.engine.table import BY_CRI, BY_NRI, EVENTS, HELD_STAGE, StoreChange
-from runtime_proxy.engine.walk import after_event, before_reply
+from runtime_proxy.engine.walk import after_event, before_reply, synchronize
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
-from runtime_proxy.nri.updates import PendingUpdates, container_update, record_sent, store_from_sync
+from runtime_proxy.nri.updates import PendingUpdates, container_update
 from runtime_proxy.nri.worker import EventWorker
 from runtime_proxy.state.kubelet_root import KubeletRoot
 from runtime_proxy.state.podspecs import PodSpecSource
-from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
 
@@ -246,32 +249,12 @@ class NriEngine(LifecycleDoor):
     async def _synchronize(
         self, pods: list[nri_pb2.PodSandbox], containers: list[nri_pb2.Container]
     ) -> list[nri_pb2.ContainerUpdate]:
-        """Rebuild the store from the runtime, then reconcile: every pod through
-        ``ReconcilePod`` (its writes applied) and every running container through
-        ``ReconcileContainer``, whose resource changes go back as updates with
-        ``ignore_failure`` (a container that cannot take its update keeps running as it is).
-        Values changed by hand in the cgroup files are repaired this way, because every
-        planned resource is sent, not only those that differ from the runtime's record."""
-        store, running = store_from_sync(pods, containers)
-        self.core.replace_store(store)
+        """The store rebuilt from the runtime and every pod and running container reconciled
+        (``runtime_proxy.engine.walk.synchronize``); the containers' changes go back as updates
+        with ``ignore_failure`` (a container that cannot take its update keeps running as it is)."""
         self.pools.notified_version = -1
-        for each_pod in store.live_pods():
-            await self.core.stage_and_apply("ReconcilePod", each_pod, None)
-        updates: list[nri_pb2.ContainerUpdate] = []
-        for sandbox_id, container_f in running:
-            owner = store.pod(sandbox_id)
-            if owner is None:
-                continue
-            ran = await self.core.run("ReconcileContainer", owner, container_f)
-            result = self.core.carries(ran, "ReconcileContainer")
-            if result is None:
-                continue
-            await self.core.apply(result.plan, "ReconcileContainer")
-            update, sent = container_update(container_f.id, result.plan.resources)
-            if update is not None:
-                updates.append(update)
-                record_sent(store, sandbox_id, container_f, sent)
-        return updates
+        return await synchronize(self.core, [pod_facts(pod) for pod in pods], synchronized(containers),
+                                 stopped_sandboxes(pods, containers), container_update)
 
     @_refusals_as_rpc_errors
     async def create_container(
@@ -317,8 +300,6 @@ class NriEngine(LifecycleDoor):
     async def _update_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, resources: nri_pb2.LinuxResources
     ) -> list[nri_pb2.ContainerUpdate]:
-        if not _known(self.store, E.UPDATE_CONTAINER, pod, container):
-            return []
         result = await before_reply(self.core, BY_CRI["UpdateContainerResources"], pod_facts(pod),
                                     container_facts(container), _not_carried, resources_from_nri(resources))
         if result is None or not result.plan.resources:
@@ -365,8 +346,6 @@ class NriEngine(LifecycleDoor):
     ) -> None:
         """One event whose reply carries nothing, as the lifecycle table says
         (``runtime_proxy.engine.walk.after_event``)."""
-        if event != E.RUN_POD_SANDBOX and not _known(self.store, event, pod, container):
-            return
         name = E.Name(event) if event in E.values() else ""
         container_f = container_facts(container) if container is not None else None
         await after_event(self.core, name, pod_facts(pod), container_f)
@@ -382,20 +361,6 @@ def _not_adjusted(plan: Plan) -> list[str]:
     return adjustment(plan)[1]
 
 
-def _known(store: Store, event: int, pod: nri_pb2.PodSandbox, container: nri_pb2.Container | None = None) -> bool:
-    """Whether ``pod`` is in the store. Only creating events (RunPodSandbox, CreateContainer,
-    Synchronize) add pods; any other event for a pod not in the store is ignored (logged and
-    counted), so a Stop or Remove that arrives after RemovePodSandbox cannot put the pod back,
-    where it would hold its bound CPUs until the next Synchronize."""
-    if store.pod(pod.id) is not None:
-        return True
-    name = E.Name(event).lower() if event in E.values() else "other"
-    metrics.NRI_EVENTS_IGNORED.labels(name).inc()
-    log.debug("NRI event for a pod not in the store ignored", nri_event=name, pod=f"{pod.namespace}/{pod.name}",
-              uid=pod.uid, sandbox=pod.id, container=container.id if container is not None else None)
-    return False
-
-
 def wanted_events(pipeline: Pipeline) -> tuple[int, ...]:
     """The events to subscribe to for ``pipeline`` (see the module docstring)."""
     wanted = set(ALWAYS)
@@ -405,12 +370,3 @@ def wanted_events(pipeline: Pipeline) -> tuple[int, ...]:
     if pipeline.has_work(DEFERRED_STAGE) and not wanted & {E.START_CONTAINER, E.POST_START_CONTAINER}:
         wanted.add(E.START_CONTAINER)
     return tuple(sorted(wanted))
-
-
-def frees_bound_cpus(store: Store, sandbox_id: str, container_id: str) -> bool:
-    """Whether stopping ``container_id`` releases CPUs its pod holds: every other container of
-    the pod is stopped (the caller checked that the pod has bound CPUs)."""
-    for owner, container in store.containers():
-        if owner.sandbox_id == sandbox_id and container.id != container_id and not store.is_stopped(container.id):
-            return False
-    return True

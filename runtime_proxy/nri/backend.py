@@ -26,6 +26,7 @@ from cri_protos import nri_pb2
 from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.plan import ResourceChanges
 from runtime_proxy.codecs.nri import linux_resources
+from runtime_proxy.engine.table import record_sent
 from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.nri.connection import NriConnection
 
@@ -91,7 +92,4 @@ class NriBackend:
             raise UpdateRefused(f"undecodable UpdateContainers reply: {exc}") from None
         if failed:
             raise UpdateRefused(f"the runtime did not apply the update of container {container_id}")
-        store = self.engine.store
-        found, sandbox_id = store.container(container_id), store.sandbox_of(container_id)
-        if found is not None and sandbox_id is not None:
-            store.put_container(sandbox_id, found[1].replace(resources=found[1].resources.with_changes(changes)))
+        record_sent(self.engine.store, container_id, changes)

@@ -1,7 +1,7 @@
 """What the NRI door sends to containers other than the one an event is about: the resource
 changes the loops want (``PendingUpdates``, sent in the next reply that can carry container
-updates: CreateContainer, UpdateContainer, StopContainer) and the store a Synchronize rebuilds.
-Used by ``runtime_proxy.nri.adapter.NriEngine``."""
+updates: CreateContainer, UpdateContainer, StopContainer, and recorded in the store as the
+lifecycle table's ``record_sent`` says). Used by ``runtime_proxy.nri.adapter.NriEngine``."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from collections import OrderedDict
 import structlog
 
 from cri_protos import nri_pb2
-from hooks.facts import ContainerFacts
 from hooks.plan import ResourceChanges
-from runtime_proxy.codecs.nri import container_facts, linux_resources, pod_facts, stopped_sandboxes
+from runtime_proxy.codecs.nri import linux_resources
+from runtime_proxy.engine.table import record_sent
 from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["MAX_PENDING", "PendingUpdates", "container_update", "record_sent", "store_from_sync"]
+__all__ = ["MAX_PENDING", "PendingUpdates", "container_update"]
 
 MAX_PENDING = 4096
 
@@ -32,12 +32,6 @@ def container_update(container_id: str, changes: ResourceChanges, *,
     update = nri_pb2.ContainerUpdate(container_id=container_id, ignore_failure=ignore_failure)
     update.linux.resources.CopyFrom(res)
     return update, {k: v for k, v in changes.items() if k not in skipped}
-
-
-def record_sent(store: Store, sandbox_id: str, container: ContainerFacts, sent: dict[str, object]) -> None:
-    """Record in ``store`` the resources sent to ``container``, so the reconciler's next round
-    does not send them again."""
-    store.put_container(sandbox_id, container.replace(resources=container.resources.with_changes(sent)))
 
 
 class PendingUpdates:
@@ -72,27 +66,5 @@ class PendingUpdates:
             if update is None:
                 continue
             updates.append(update)
-            found, sandbox_id = store.container(container_id), store.sandbox_of(container_id)
-            if found is not None and sandbox_id is not None:
-                record_sent(store, sandbox_id, found[1], sent)
+            record_sent(store, container_id, sent)
         return updates
-
-
-def store_from_sync(pods: list[nri_pb2.PodSandbox],
-                    containers: list[nri_pb2.Container]) -> tuple[Store, list[tuple[str, ContainerFacts]]]:
-    """The store a Synchronize's pods and containers make (stopped containers and sandboxes
-    marked so), and its running containers with their sandbox ids."""
-    store = Store()
-    for pod in pods:
-        store.put_pod(pod_facts(pod))
-    running: list[tuple[str, ContainerFacts]] = []
-    for container in containers:
-        facts = container_facts(container)
-        store.put_container(container.pod_sandbox_id, facts)
-        if container.state == nri_pb2.CONTAINER_RUNNING:
-            running.append((container.pod_sandbox_id, facts))
-        elif container.state == nri_pb2.CONTAINER_STOPPED:
-            store.stop_container(container.id)
-    for sandbox_id in stopped_sandboxes(pods, containers):
-        store.stop_pod(sandbox_id)
-    return store, running

@@ -39,6 +39,7 @@ from runtime_proxy.engine.table import (
     Sees,
     StoreChange,
     carried,
+    record_sent,
     update_facts,
     updated,
 )
@@ -211,6 +212,15 @@ def test_what_each_door_records_of_the_updated_container() -> None:
 
 
 SHARES = ResourceChanges.parse({"cpu_shares": 512})
+
+
+def test_what_was_sent_is_recorded_over_the_stored_container_only() -> None:
+    store = _store()
+    record_sent(store, "c1", {"cpu_shares": 512})
+    assert store.container("c1") == (POD, CONTAINER.replace(resources=Resources(cpu_shares=512)))
+    version = store.version
+    record_sent(store, "gone", {"cpu_shares": 512})  # a container the store does not hold
+    assert store.version == version and store.container("gone") is None
 
 
 class _Updater:
