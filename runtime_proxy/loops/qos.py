@@ -191,6 +191,14 @@ class UsageRound:
     failures: list[str] = field(default_factory=list)
 
 
+def _same(a: object, b: object) -> bool:
+    return a is b or a == b
+
+
+def _all_same(a: Sequence[object], b: Sequence[object]) -> bool:
+    return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True))
+
+
 def reads_container_usage(pipeline: Pipeline) -> bool:
     """Whether a step of ``ReconcileUsage`` may read container usage: any step but a built-in
     plugin of ``POD_LEVEL_PLUGINS`` (an entry-point plugin, a hook server)."""
@@ -269,6 +277,10 @@ class UsageLoop:
         self._in_flight: dict[str, asyncio.Task[None]] = {}
         # (plugin, reason) of the skips already logged: each is logged once, not every round.
         self._skips_logged: set[tuple[str, str]] = set()
+        # The backend's node, pods and containers of the last round, and the facts made of them
+        # (``_facts``): made again only when one of them changed.
+        self._facts_from: tuple[NodeFacts, list[PodFacts], list[tuple[PodFacts, ContainerFacts]]] | None = None
+        self._facts_made: tuple[NodeFacts, list[PodFacts]] | None = None
 
     def _log_skips(self, skipped: Sequence[Skip]) -> None:
         """Log each plugin's skip (such as memory_qos's "needs cgroup v2") the first time it
@@ -284,17 +296,33 @@ class UsageLoop:
 
     # -- one round -----------------------------------------------------------------------------
 
+    def _facts(
+        self, node: NodeFacts, pods: list[PodFacts], containers: list[tuple[PodFacts, ContainerFacts]]
+    ) -> tuple[NodeFacts, list[PodFacts]]:
+        """Pods with their containers and the node with its bound cpusets: last round's when
+        the backend's node, pods and containers are the same (each the same object or equal),
+        built anew otherwise."""
+        given = (node, pods, containers)
+        last = self._facts_from
+        if last is not None and self._facts_made is not None and _same(last[0], node) and _all_same(
+            last[1], pods
+        ) and _all_same(last[2], containers):
+            return self._facts_made
+        by_pod: dict[str, list[ContainerFacts]] = {}
+        for p, c in containers:
+            by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
+        pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
+        made = with_bound_pods(node, pods), pods
+        self._facts_from, self._facts_made = given, made
+        return made
+
     def _sample(
         self, node: NodeFacts, pods: list[PodFacts], containers: list[tuple[PodFacts, ContainerFacts]]
     ) -> tuple[NodeFacts, list[PodFacts], UsageSample | None]:
         """Pods with their containers, the node with its bound cpusets, and a sample (a worker
         thread: file reads, and work that grows with the number of pods)."""
-        by_pod: dict[str, list[ContainerFacts]] = {}
-        for p, c in containers:
-            by_pod.setdefault(p.uid or p.sandbox_id, []).append(c)
-        pods = [p.replace(containers=tuple(by_pod.get(p.uid or p.sandbox_id, ()))) for p in pods]
-        node = with_bound_pods(node, pods)
-        return node, pods, self.sampler.sample(node, pods)
+        node, pods = self._facts(node, pods, containers)
+        return node, list(pods), self.sampler.sample(node, pods)
 
     def _recent(self, now: float) -> tuple[EvictionRecord, ...]:
         while self._evicted and now - self._evicted[0].at > EVICTION_MEMORY_SECONDS:

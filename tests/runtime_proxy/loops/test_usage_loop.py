@@ -500,3 +500,29 @@ async def test_containers_are_read_only_while_a_step_may_read_container_usage(tm
     clock.now += 1
     out = await step(loop)
     assert out.sample is not None and dict(out.sample.containers) == {} and "b1" in out.sample.pods
+
+
+async def test_the_stages_facts_are_made_once_and_any_change_reaches_the_next_round(tmp_path: Path) -> None:
+    """The node with its bound cpusets and the pods with their containers are built again only
+    when the backend's node, pods or containers changed: the same facts are the same objects,
+    and a pod's new label, a new node spec or a new container reach the very next round."""
+    loop, stub, backend, _, clock = make_loop(tmp_path, lambda n, p, u: None)
+    await two_rounds(loop, clock)
+    clock.now += 1
+    await step(loop)
+    (node1, pods1, _), (node2, pods2, _) = stub.calls[0], stub.calls[1]
+    assert node2 is node1 and pods2[0] is pods1[0], "unchanged facts are not rebuilt"
+    relabelled = backend.pod_list[0].replace(labels=MappingProxyType({"koordinator.sh/qosClass": "LS"}))
+    backend.pod_list = [relabelled]
+    backend.container_list = [(relabelled, c) for _, c in backend.container_list]
+    clock.now += 1
+    await step(loop)
+    assert stub.calls[-1][1][0].qos_label == "LS"
+    backend.node_facts = backend.node_facts.replace(node_slo=MappingProxyType({"cpuBurstStrategy": {"policy": "auto"}}))
+    clock.now += 1
+    await step(loop)
+    assert stub.calls[-1][0].node_slo == {"cpuBurstStrategy": {"policy": "auto"}}
+    backend.container_list.append((relabelled, ContainerFacts(name="d", id="c2")))
+    clock.now += 1
+    await step(loop)
+    assert [c.id for c in stub.calls[-1][1][0].containers] == ["c1", "c2"]
