@@ -102,26 +102,26 @@ class ClientSide(Interception):
                 # What the hooks send goes after everything parsed so far, in the same write.
                 walk.flush()
                 self._start_due()
-            if self.state == RELAY:
-                self._client_write(walk, down)
+            if self.state != RELAY:
+                return walk.pos
+            # What the read produced: up in one write, down in another.
+            self._up_q = self._down_q = None
+            if walk.start == 0 and walk.pos == walk.n and not up and type(buf) is bytes:
+                self.up.write(buf)  # type: ignore[union-attr]  # the read, whole
+            else:
+                walk.flush()
+                if up:
+                    self.up.write(b"".join(up))  # type: ignore[union-attr]
+            if down:
+                self.down.write(b"".join(down))  # type: ignore[union-attr]
             return walk.pos
         finally:
             self._up_q = self._down_q = None
             up.clear()
             down.clear()
-            walk.finish()
-
-    def _client_write(self, walk: FrameWalk, down: list[bytes | memoryview]) -> None:
-        """Write what one read of the client's produced: up in one write, down in another."""
-        self._up_q = self._down_q = None
-        if walk.start == 0 and walk.pos == walk.n and not walk.out and type(walk.buf) is bytes:
-            self.up.write(walk.buf)  # type: ignore[union-attr]  # the read, whole
-        else:
-            walk.flush()
-            if walk.out:
-                self.up.write(b"".join(walk.out))  # type: ignore[union-attr]
-        if down:
-            self.down.write(b"".join(down))  # type: ignore[union-attr]
+            if walk.mv is not None:
+                walk.finish()
+            walk.buf = b""
 
     def _client_data(self, walk: FrameWalk, flags: int, sid: int, length: int, down: list[bytes | memoryview]) -> bool:
         """A request DATA frame off the plain path (``_parse_client``: stream 0, an intercepted

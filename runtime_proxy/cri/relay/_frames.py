@@ -95,12 +95,10 @@ class FrameWalk:
         return mv
 
     def finish(self) -> None:
-        """Let go of the read (its view, if one was made)."""
+        """Release the view of the read (the caller checks that one was made)."""
         if self.mv is not None:
             self.mv.release()
             self.mv = None
-        self.buf = b""
-        self.out = []
 
     def flush(self) -> None:
         """End the span just before the current frame."""

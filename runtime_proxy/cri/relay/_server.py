@@ -114,29 +114,28 @@ class ServerSide(Interception):
             if self._due_after and self.state == RELAY:
                 walk.flush()
                 self._start_due()
-            if self.state == RELAY:
-                self._server_write(walk, up)
+            if self.state != RELAY:
+                return walk.pos
+            # What the read produced: down in one write, up in another.
+            self._up_q = self._down_q = None
+            if walk.start == 0 and walk.pos == walk.n and not down and not self._owed and type(buf) is bytes:
+                self.down.write(buf)  # type: ignore[union-attr]  # the read, whole
+            else:
+                walk.flush()
+                if self._owed:  # first, so it never waits behind a full write buffer
+                    down.insert(0, self._take_owed())
+                if down:
+                    self.down.write(b"".join(down))  # type: ignore[union-attr]
+            if up:
+                self.up.write(b"".join(up))  # type: ignore[union-attr]
             return walk.pos
         finally:
             self._up_q = self._down_q = None
             down.clear()
             up.clear()
-            walk.finish()
-
-    def _server_write(self, walk: FrameWalk, up: list[bytes | memoryview]) -> None:
-        """Write what one read of the server's produced: down in one write, up in another."""
-        self._up_q = self._down_q = None
-        if walk.start == 0 and walk.pos == walk.n and not walk.out and not self._owed and type(walk.buf) is bytes:
-            self.down.write(walk.buf)  # type: ignore[union-attr]  # the read, whole
-        else:
-            walk.flush()
-            down = walk.out
-            if self._owed:  # first, so it never waits behind a full write buffer
-                down.insert(0, self._take_owed())
-            if down:
-                self.down.write(b"".join(down))  # type: ignore[union-attr]
-        if up:
-            self.up.write(b"".join(up))  # type: ignore[union-attr]
+            if walk.mv is not None:
+                walk.finish()
+            walk.buf = b""
 
     def _server_data(self, walk: FrameWalk, flags: int, sid: int, length: int, up: list[bytes | memoryview]) -> None:
         if sid == 0:

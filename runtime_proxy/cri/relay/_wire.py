@@ -107,7 +107,8 @@ def parse_settings(payload: bytes | memoryview) -> list[tuple[int, int]]:
 
 
 def u32(data: bytes | bytearray | memoryview, offset: int = 0) -> int:
-    return int(U32.unpack_from(data, offset)[0])
+    value: int = U32.unpack_from(data, offset)[0]
+    return value
 
 
 # --- HPACK, encoding side ------------------------------------------------------------------------
