@@ -165,6 +165,17 @@ def main() -> int:
     for key in ("pass_through_us", "intercepted_us"):
         cells = [f"{results[n][key]:8.2f} ({results[n][key] / results[ref][key]:4.2f}x)" for n in names]
         print(f"{key:22}" + "".join(f"{c:>20}" for c in cells))
+    # The spread: each tree's [min, max] over the rounds, and the same round's ratio to ``ref``
+    # (the trees of one round run back to back, so a round's ratio shares that round's load).
+    print(f"\nspread over the rounds: value [min, max]; per-round ratio to {ref} [min, median, max]")
+    for key in ("pass_through_us", "intercepted_us"):
+        for n in names:
+            vals = samples[n][key]
+            ratios = sorted(v / r for v, r in zip(vals, samples[ref][key], strict=True))
+            print(
+                f"{key:22}{n:>10} {statistics.median(vals):8.2f} [{min(vals):.2f}, {max(vals):.2f}]"
+                f"  ratio [{ratios[0]:.2f}, {statistics.median(ratios):.2f}, {ratios[-1]:.2f}]"
+            )
     return 0
 
 
