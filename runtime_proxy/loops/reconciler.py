@@ -75,6 +75,9 @@ RECONCILE_LAST = Gauge("rhp_reconcile_last_run_timestamp_seconds", "end of the l
 
 # A remembered plan's key: (stage, pod uid or sandbox id, container id or "").
 PlanKey = tuple[str, str, str]
+# Remembered plans handed out between two yields to the event loop (a round of thousands of
+# containers whose plans are all remembered would otherwise hold it from start to end).
+_YIELD_EVERY = 64
 
 # Plan levels whose directories come and go with pods and containers.
 _LIFECYCLE_LEVELS = frozenset({"pod", "sandbox", "container"})
@@ -329,6 +332,8 @@ class Reconciler:
         seen.add(key)
         plan = self._remembered(stage, pod, container)
         if plan is not None:
+            if len(seen) % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # remembered plans take no await: let the loop run between
             return plan
         result = await self.pipeline.run(stage, pod, container, node)
         record_failures(self.events, result, pod, container)
