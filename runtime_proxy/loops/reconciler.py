@@ -3,10 +3,13 @@
 Started by ``runtime_proxy.wiring.loops`` (for ``serve`` and ``nri``) with a ``ReconcileBackend``
 (the store and the runtime client), the plugin manager, the proxy's hook runner
 (``runtime_proxy.engine.pipeline.Pipeline``), the cgroup and resctrl trees and the node config's
-change stream. It re-plans everything (stages
+change stream. It plans everything (stages
 ``ReconcileNode``, ``ReconcilePod``, ``ReconcileContainer``, ``ReconcileResctrlGroups``) at start, on every node config
 change, shortly after the store changes (a pod arrived or left: the share pools moved) and every
-period, then applies only the differences:
+period, then applies only the differences. A stage's plan for the same node facts, pod, container
+and pipeline steps as in an earlier round is that round's plan (in-process plugins are pure
+functions of their facts; a stage with a hook server, a failure or a conflict is planned every
+round), so a round plans only what changed; every planned file is still read and compared:
 
 - writes go to the applier (``runtime_proxy.host.apply.Applier.apply_files(diff=True)``, the
   one the entry point's doors use), leveled across pods
