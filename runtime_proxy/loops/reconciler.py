@@ -453,20 +453,25 @@ class Reconciler:
                 del self._plans[key]
             await self._collect_groups(pods, node, report)
             self._log_missing(report)
-            self.rounds += 1
-            self.last_report = report
-            RECONCILE_SECONDS.observe(time.monotonic() - started)
-            RECONCILE_LAST.set(time.time())
-            if report.drift or report.errors:
-                log.info(
-                    "reconciled",
-                    reason=reason,
-                    drift=len(report.drift),
-                    errors=report.errors[:5],
-                    applied=report.carried,
-                    details=report.drift[:20],
-                )
+            self._round_done(report, reason, started)
             return report
+
+    def _round_done(self, report: ReconcileReport, reason: str, started: float) -> None:
+        """A round's bookkeeping: its count, report, metrics and one log line when it found
+        drift or errors."""
+        self.rounds += 1
+        self.last_report = report
+        RECONCILE_SECONDS.observe(time.monotonic() - started)
+        RECONCILE_LAST.set(time.time())
+        if report.drift or report.errors:
+            log.info(
+                "reconciled",
+                reason=reason,
+                drift=len(report.drift),
+                errors=report.errors[:5],
+                applied=report.carried,
+                details=report.drift[:20],
+            )
 
     @staticmethod
     def _pod_failed(level: str, pod: PodFacts, exc: Exception, report: ReconcileReport) -> None:
