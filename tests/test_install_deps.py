@@ -87,3 +87,15 @@ def test_the_test_set_up_installs_the_dev_tools_and_runs_every_build(tmp_path: P
     assert [c.split()[0] for c in calls[1:]] == ["build-critest.sh", "build-kube.sh", "kube", "build-helm.sh", "helm",
                                                  "build-v2node.sh"]  # fmt: skip
     assert {"qemu-system-x86", "mmdebstrap", "umoci"} <= packages
+
+
+def test_the_demo_tells_the_time_of_each_step_and_keeps_the_demos_exit_code(tmp_path: Path) -> None:
+    root, env = _checkout(tmp_path)
+    _stub(root / ".venv/bin/python", 'if [[ $1 == -m && $2 == rhp_devenv.demo ]]; then exit 3; fi')
+    proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=120,
+                          check=False, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    told = [line for line in proc.stderr.splitlines() if line.startswith("demo.sh: ")]
+    assert len(told) == 2, proc.stderr
+    assert told[0].startswith("demo.sh: set-up took ") and told[0].endswith(" s")
+    assert told[1].startswith("demo.sh: demo took ") and "(exit 3)" in told[1] and told[1].endswith(" s in all")
