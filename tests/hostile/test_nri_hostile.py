@@ -150,7 +150,7 @@ async def test_a_hostile_configure_or_synchronize_is_an_error_status(
     session: Session, method: str, make: Callable[[str], bytes]
 ) -> None:
     """The runtime then drops the session and the plugin registers again; a payload over the
-    14 MiB request bound never reaches a method (the session closes: ``test_nri_session.py``)."""
+    14 MiB request bound never reaches a method (the session closes: ``test_plugin_session.py``)."""
     reply = await session.call(method, make(method), timeout=10.0)
     assert reply.HasField("status") and reply.status.code == 3, reply
     await _still_serves(session)

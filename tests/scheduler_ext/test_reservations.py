@@ -2,7 +2,7 @@
 (``scheduler_ext/reservations.py``) and the CPUs and NUMA amounts a matched one gives back
 (``scheduler_ext/views.py`` ``restore``, ``scheduler_ext/admission.py`` ``Restore``).
 
-Topologies as in ``tests/scheduler_ext/test_cpu_choice.py``: ``TOPO_SMALL`` is 16 CPUs on two
+Topologies as in ``tests/scheduler_ext/test_accumulator_cpu_choice.py``: ``TOPO_SMALL`` is 16 CPUs on two
 sockets (NUMA 0 = CPUs 0-3,8-11; NUMA 1 = CPUs 4-7,12-15); ``TOPO_104`` is 104 CPUs on two
 sockets (NUMA 0 = CPUs 0-25,52-77; NUMA 1 = CPUs 26-51,78-103).
 """

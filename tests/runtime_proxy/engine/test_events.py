@@ -1,5 +1,5 @@
 """Events on pods for hook failures and refusals (issue 27 item 5; the recorder is
-``rhp_kube.events``, its caps are tests/rhp_kube/test_event_caps.py): the recorder aggregates and
+``rhp_kube.events``, its caps are tests/rhp_kube/test_events_caps.py): the recorder aggregates and
 rate-limits, keeps its queue bounded, only counts without cluster access, and never blocks its
 caller on a slow or hostile API server; every door's call records them through ``Lifecycle``,
 whose log lines name the call's pod and container."""
