@@ -44,7 +44,11 @@ if [[ ${1-} == --unit ]]; then
   rc=0
   .venv/bin/ruff check . || rc=1
   .venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; rc=1; }
-  .venv/bin/pytest -q -p no:cacheprovider --timeout="${RHP_PYTEST_TIMEOUT:-180}" "${UNIT_ARGS[@]}" tests/ "$@" || rc=1
+  # pytest-xdist: RHP_UNIT_WORKERS processes (default 4: a serial run is two thirds waiting, so
+  # more workers than the 2 cores overlap the waits) share the tests out;
+  # `-n 0` among the arguments runs them in this process, one after another.
+  .venv/bin/pytest -q -p no:cacheprovider --timeout="${RHP_PYTEST_TIMEOUT:-180}" -n "${RHP_UNIT_WORKERS:-4}" \
+    "${UNIT_ARGS[@]}" tests/ "$@" || rc=1
   exit "$rc"
 fi
 
