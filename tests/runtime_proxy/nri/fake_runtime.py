@@ -42,7 +42,7 @@ class FakeRuntime:
         await self.sessions.put(session)
         await session.read_loop()
 
-    async def next_session(self, timeout: float = 5.0) -> Session:
+    async def next_session(self, timeout: float = 60.0) -> Session:  # generous: a loaded 2-core machine
         return await asyncio.wait_for(self.sessions.get(), timeout)
 
 
