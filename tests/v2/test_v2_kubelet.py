@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ TOPOLOGY = ("from koord_formats.topology import format_cpu_topology\n"
             "from runtime_proxy.state.sysfs import read_cpu_topology\n"
             "print(format_cpu_topology(read_cpu_topology()))\n")
 POD_TIMEOUT = 1200.0
+DOORS = ("serve", "nri")
+# RHP_V2_KUBELET_DOORS=nri runs one door only (a cheaper reproduction of that half)
+RUN_DOORS = tuple(d for d in os.environ.get("RHP_V2_KUBELET_DOORS", ",".join(DOORS)).split(",") if d)
 
 
 class Clock:
@@ -88,11 +92,31 @@ def _read_until(node: V2Node, path: str, want: str, timeout: float = 180.0) -> s
         time.sleep(2)
 
 
+def _guest_logs(node: V2Node, kubelet: GuestKubelet, door: str) -> str:
+    """The guest's logs that explain a door's pods: containerd's journal (its NRI lines say when
+    a plugin was closed or timed out), kubelet's journal, and the door's own log (its warnings
+    and its tail)."""
+    containerd = node.run("journalctl -u containerd --no-pager -n 400 2>&1 | grep -iE 'nri|plugin|error|level=warn' "
+                          "| tail -c 12000", timeout=120).stdout
+    door_log = f"/run/rhp-{door}/{door}.log"
+    warnings = node.run(f"grep -E '\"level\": \"(warning|error|critical)\"' {door_log} | tail -c 8000",
+                        timeout=120).stdout
+    keep = os.environ.get("RHP_V2_KUBELET_LOGS")  # a host directory for the whole logs
+    if keep:
+        node.run(f"cp {door_log} /mnt/xfer/{door}.log; journalctl -u containerd --no-pager > /mnt/xfer/containerd.log; "
+                 "journalctl -u rhp-kubelet --no-pager > /mnt/xfer/kubelet.log", timeout=300)
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for name in (f"{door}.log", "containerd.log", "kubelet.log"):
+            shutil.copy(node.share / name, Path(keep) / f"{door}-{name}")
+    tail = node.run(f"tail -c 12000 {door_log}", timeout=120).stdout
+    return (f"\ncontainerd (NRI, plugin, error lines):\n{containerd}\nkubelet:\n{kubelet.log(120)}"
+            f"\n{door} log, warnings:\n{warnings}\n{door} log, tail:\n{tail}")
+
+
 def _debug(cluster: Cluster, node: V2Node, kubelet: GuestKubelet, door: str) -> str:
     pods = cluster.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout
     events = cluster.kubectl("get", "events", "-n", NS, check=False).stdout
-    door_log = node.run(f"tail -c 4000 /run/rhp-{door}/{door}.log", timeout=120).stdout
-    return (f"\npods:\n{pods}\nevents:\n{events[-4000:]}\nkubelet:\n{kubelet.log()}\n{door} log:\n{door_log}"
+    return (f"\npods:\n{pods}\nevents:\n{events[-4000:]}{_guest_logs(node, kubelet, door)}"
             f"\nscheduler-ext log:\n{cluster.log_tail('scheduler-ext')}")
 
 
@@ -168,7 +192,8 @@ def test_kubelet_in_the_guest_runs_qos_pods_through_both_doors() -> None:
             clock.mark("image imported, NodeResourceTopology")
             kubelet = GuestKubelet(node, cluster)
             rows: list[tuple[str, ...]] = []
-            for door in ("serve", "nri"):
+            for door in RUN_DOORS:
+                assert door in DOORS, f"RHP_V2_KUBELET_DOORS: {door!r} is not one of {DOORS}"
                 started = node.run(node.python(DOOR, "start", door), timeout=1200)
                 assert started.rc == 0, f"{door}: {started.stdout[-2000:]}\n{started.stderr[-4000:]}"
                 socket = Path(started.stdout.split()[-1])
@@ -189,6 +214,7 @@ def test_kubelet_in_the_guest_runs_qos_pods_through_both_doors() -> None:
                                      timeout=120)
                     assert "fwd=0" in probe.stdout and "host=0" not in probe.stdout, probe
                 rows += _run_pods(cluster, node, kubelet, door, image, clock)
+                print(_guest_logs(node, kubelet, door), flush=True)  # shown with -s
                 # the next door on a clean node: kubelet stopped, the pods gone from the API
                 # (the next kubelet removes their containers), this door ended
                 kubelet.stop()
