@@ -63,6 +63,7 @@ are logged and replies carry no changes.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import ParamSpec, TypeVar
@@ -264,12 +265,45 @@ class NriEngine(LifecycleDoor):
         is told before the reconciler's round, so the first container of a pod that holds bound
         CPUs again (its containers were all stopped) moves the LS containers off them in this
         reply."""
+        work = asyncio.ensure_future(self._create_and_reply(pod, container))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # The reply is not sent (the handler ran out of the runtime's time, or the session
+            # closed): the runtime creates the container as it was asked, without this plan.
+            work.add_done_callback(functools.partial(self._reply_lost, pod, container))
+            raise
+
+    async def _create_and_reply(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.CreateContainerResponse:
         await self.drain()
         result = await self._create_container(pod, container)
         await self.pools.notify()
         await self.pools.settled(exclude=container.id)
         result.update.extend(self.pending_updates.take(self.store, skip=container.id))
         return result
+
+    def _reply_lost(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, work: asyncio.Future[object]) -> None:
+        """A CreateContainer whose reply never reached the runtime (its work finished after the
+        handler gave up): the store holds the container as the runtime created it, so the
+        reconciler finds the planned values missing and sends them (``runtime_proxy.nri.backend``:
+        in a later reply, or by CRI once none carried them); the plan's file part still waits for
+        the container's start. Updates of other containers that rode in the lost reply are found
+        again the same way (the reconciler compares with their cgroup files)."""
+        if not work.cancelled() and work.exception() is not None:
+            log.warning("CreateContainer failed after its reply was given up", container=container.id,
+                        error=str(work.exception())[:300])
+        pod_f = pod_facts(pod)
+        if self.store.pod(pod_f.sandbox_id) is None:
+            self.store.put_pod(pod_f)
+        if self.store.container(container.id) is None:
+            self.store.add_container(pod_f.sandbox_id, container_facts(container))
+        else:
+            self.store.put_container(pod_f.sandbox_id, container_facts(container))
+        log.warning("CreateContainer reply not sent in the runtime's time: the container starts without this "
+                    "plan; the reconciler sends it as an update", container=container.id,
+                    pod=f"{pod.namespace}/{pod.name}")
 
     async def _create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -376,3 +377,37 @@ async def test_a_claim_off_the_node_is_not_bound_node_wide() -> None:
     far = _pod({"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "2,400"})}, LSR_LABELS)
     assert await engine.synchronize([far], [_container()]) == []
     assert dict(engine.node().bound_cpusets) == {}
+
+
+class SlowCpuset:
+    """Pins every container to CPU 1, slowly (a loaded node: the plan outlasts the runtime's time)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    @hookimpl
+    def rhp_pre_create_container(self, pod: PodFacts, container: ContainerFacts, node: NodeFacts) -> Plan:
+        time.sleep(self.delay)
+        return Plan().set_resource("cpuset_cpus", "1")
+
+
+async def test_a_create_whose_reply_was_given_up_leaves_the_container_in_the_store_as_the_runtime_made_it() -> None:
+    """containerd waits 2 s for a CreateContainer reply and the connection answers "no changes"
+    at 80 % of that (``runtime_proxy.nri.connection``), so a slow plan never reaches the
+    container. The store must hold the container as the runtime created it (kubelet's cpuset
+    "0-3", not the plan's "1"), so the reconciler sees the plan missing and sends it. Before,
+    the cancelled handler never recorded the container: no loop ever saw it, and a guest's LSR
+    container under emulation ran on the whole machine (docs/v2-node.md)."""
+    engine, _ = _engine(SlowCpuset(0.3))
+    await engine.state_change(E.RUN_POD_SANDBOX, _pod(), None)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(engine.create_container(_pod(), _container("c1")), 0.05)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = engine.store.container("c1")
+        if found is not None and found[1].resources.cpuset_cpus == "0-3":
+            break
+        await asyncio.sleep(0.02)
+    found = engine.store.container("c1")
+    assert found is not None and found[1].resources.cpuset_cpus == "0-3"
+    assert [c.id for _, c in engine.store.running_containers()] == ["c1"]
