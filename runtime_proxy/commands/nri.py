@@ -8,9 +8,13 @@ reply that can carry them, or with ``--unsolicited-updates`` go as ``UpdateConta
 ``runtime_proxy.nri.backend``); then registers with the runtime's NRI socket and serves events
 until SIGTERM or SIGINT, reconnecting whenever the runtime goes away (``runtime_proxy.nri.plugin``).
 
-The runtime's CRI socket (``--backend``) is used for one thing only: with ``usageLoop.evictBy:
+The runtime's CRI socket (``--backend``) is used for two things: with ``usageLoop.evictBy:
 runtime`` the usage loop's victims are stopped through it (``runtime_proxy.loops.evict``), as
-in proxy mode; NRI itself can only evict in a reply to a container event.
+in proxy mode (NRI itself can only evict in a reply to a container event); and a container
+update that no NRI reply carried for ``runtime_proxy.nri.backend.CARRY_WAIT`` seconds goes
+through its UpdateContainerResources, as kubelet's would (a quiet node, or a CreateContainer
+whose reply did not reach the runtime in its request timeout). The client (and gRPC) is made
+only when one of them first needs it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import gc
 import signal
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -29,9 +34,12 @@ from runtime_proxy.config import DEFAULT_BACKEND, ProxyConfig
 from runtime_proxy.nri.plugin import DEFAULT_SOCKET, PluginIdentity
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from runtime_proxy.compose import Parts
     from runtime_proxy.nri.adapter import NriEngine
     from runtime_proxy.nri.plugin import NriPlugin
+    from runtime_proxy.runtime.client import RuntimeClient
 
 log = structlog.get_logger(__name__)
 
@@ -83,8 +91,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--cgroup-driver", choices=("cgroupfs", "systemd"), help="kubelet's cgroup driver")
     p.add_argument("--no-entry-points", action="store_true", help="do not load third-party plugins")
     p.add_argument("--backend", default=DEFAULT_BACKEND,
-                   help="the runtime's CRI socket, used only to stop evicted pods' containers under "
-                        "usageLoop.evictBy: runtime (default %(default)s)")
+                   help="the runtime's CRI socket, used to stop evicted pods' containers under "
+                        "usageLoop.evictBy: runtime and to send container updates no NRI reply carried "
+                        "(default %(default)s)")
     p.add_argument("--unsolicited-updates", action="store_true",
                    help="send the loops' container updates at once (UpdateContainers) instead of in the next "
                         "reply; only on a runtime whose NRI has the lock-order fix (containerd/nri#301)")
@@ -130,6 +139,27 @@ def build(opts: NriOptions) -> NriParts:
     return NriParts(plugin=plugin, engine=engine, parts=parts)
 
 
+def _runtime_for_updates(opts: NriOptions, made: RuntimeClient | None) -> Callable[[], RuntimeClient | None] | None:
+    """What makes the CRI client the container updates no reply carried go through
+    (``runtime_proxy.nri.backend``): the evictions' client when there is one, else one made at
+    the first such update when the socket exists (so gRPC is loaded only then); None without
+    ``--backend`` or in a dry run."""
+    if not opts.backend or opts.dry_run:
+        return None
+    backend = opts.backend
+
+    def make() -> RuntimeClient | None:
+        if made is not None:
+            return made
+        if not Path(backend).exists():
+            return None
+        from runtime_proxy.runtime.client import RuntimeClient
+
+        return RuntimeClient(backend)
+
+    return make
+
+
 async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given)."""
     from runtime_proxy import compose, memory, metrics, wiring
@@ -167,14 +197,16 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
     await parts.pod_specs.start()
     loops = None
     runtime = None
+    backend = None
     if opts.reconcile:
         # The loops start once the first Synchronize has filled the store.
-        backend = NriBackend(engine, plugin, unsolicited=opts.unsolicited_updates)
         usage_loop, _ = wiring.usage_loop_decision(opts.config, parts.pm, parts.pipeline)
         if opts.backend and usage_loop and opts.config.usageLoop.evictBy == "runtime":
             from runtime_proxy.runtime.client import RuntimeClient
 
             runtime = RuntimeClient(opts.backend)
+        backend = NriBackend(engine, plugin, unsolicited=opts.unsolicited_updates,
+                             runtime=_runtime_for_updates(opts, runtime))
         loops = compose.loops(parts, backend, ready=plugin.synchronized, runtime=runtime)
         engine.on_store_change = loops.store_changed
         # In a dry run nothing rides on a reply, so the reconciler's round is not waited for.
@@ -194,8 +226,15 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         for part in (loops, registry, node_watch, parts.pod_specs):
             if part is not None:
                 await part.stop()
-        if runtime is not None:
-            await runtime.close()
+        clients: list[object] = [runtime] if runtime is not None else []
+        if backend is not None:
+            await backend.drain()
+            if backend.runtime_client is not None and backend.runtime_client is not runtime:
+                clients.append(backend.runtime_client)
+        for client in clients:
+            close = getattr(client, "close", None)
+            if close is not None:
+                await close()
         if metrics_server is not None:
             await asyncio.to_thread(metrics_server.shutdown)
             metrics_server.server_close()

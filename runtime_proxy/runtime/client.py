@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from cri_protos import api_pb2
 from hooks.facts import Resources
-from runtime_proxy.codecs.cri import fill_resources_pb
+from hooks.plan import ResourceChanges
+from runtime_proxy.codecs.cri import fill_resources_pb, set_linux_resources
 
 __all__ = ["RUNTIME_CHANNEL_OPTIONS", "RuntimeClient"]
 
@@ -74,6 +75,15 @@ class RuntimeClient:
     async def update_container_resources(self, container_id: str, resources: Resources) -> None:
         linux = api_pb2.LinuxContainerResources()
         fill_resources_pb(linux, resources)
+        await self.runtime.UpdateContainerResources(
+            api_pb2.UpdateContainerResourcesRequest(container_id=container_id, linux=linux), timeout=self.timeout
+        )
+
+    async def update_changed_resources(self, container_id: str, changes: ResourceChanges) -> None:
+        """UpdateContainerResources with only the fields of ``changes`` set (the runtime keeps
+        the rest)."""
+        linux = api_pb2.LinuxContainerResources()
+        set_linux_resources(linux, changes)
         await self.runtime.UpdateContainerResources(
             api_pb2.UpdateContainerResourcesRequest(container_id=container_id, linux=linux), timeout=self.timeout
         )

@@ -280,6 +280,32 @@ def test_pods_keep_starting_while_the_plugin_hangs(containerd: ContainerdEnv, nr
     assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
 
 
+def test_a_value_changed_by_hand_on_a_quiet_node_is_repaired_through_the_runtimes_cri(
+    containerd: ContainerdEnv, tmp_path: Path
+) -> None:
+    """The reconciler finds an LSR container's cpuset changed by hand; no container event comes
+    whose NRI reply could carry the repair, so after ``CARRY_WAIT`` it goes through containerd's
+    CRI UpdateContainerResources (``--backend``), which containerd passes through the plugin's
+    UpdateContainer. Before, the repair waited for a reply for ever: the same wait left an LSR
+    container in the v2 guest on the whole machine after containerd had dropped the plugin for
+    being slow (docs/v2-node.md)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"reconcilePeriodSeconds": 1.0}))
+    plugin = NriPluginProcess(containerd.ctrd.nri_socket, tmp_path / "plugin", "--config", str(config),
+                              "--backend", str(containerd.ctrd.socket)).start()
+    try:
+        cpu = _a_cpu()
+        parent, _, cid = _lsr_pod(containerd, cpu)
+        assert q.read_container_file(parent, cid, "cpuset.cpus") == cpu
+        (q.pod_dir(parent, "cpuset.cpus") / cid / "cpuset.cpus").write_text("0\n")
+        q.wait_for(lambda: q.read_container_file(parent, cid, "cpuset.cpus"), cpu,
+                   what="cpuset repaired with no container event", timeout=60.0)
+        q.wait_for(lambda: plugin.events("container update no NRI reply carried sent by CRI UpdateContainerResources")
+                   >= 1, True, what="the plugin's log of the update it sent by CRI", timeout=60.0)
+    finally:
+        plugin.stop()
+
+
 @pytest.mark.parametrize("leaves", [
     pytest.param("container first", id="kubelet stops the LSR container, then stops and removes its pod"),
     pytest.param("with the pod", id="the LSR pod is stopped and removed with its container still running"),

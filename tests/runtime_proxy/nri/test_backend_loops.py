@@ -25,6 +25,7 @@ from runtime_proxy.host.apply import RecordingApplier
 from runtime_proxy.nri.adapter import NriEngine
 from runtime_proxy.nri.backend import NriBackend, UpdateRefused
 from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity
+from runtime_proxy.nri.updates import PendingUpdates
 from runtime_proxy.state.sysfs import read_cpu_topology
 from tests.integration import qos_helpers as q
 from tests.runtime_proxy.nri.fake_runtime import FakeRuntime, Session
@@ -422,3 +423,80 @@ async def test_nri_mode_gets_the_usage_loop_from_the_same_wiring_when_the_config
         assert loops.usage is not None and isinstance(loops.usage.backend, NriBackend)
     finally:
         await loops.stop()
+
+
+class FakeCri:
+    """The runtime's CRI as ``NriBackend``'s fallback uses it: records each update."""
+
+    def __init__(self) -> None:
+        self.updates: list[tuple[str, dict[str, object]]] = []
+
+    async def update_changed_resources(self, container_id: str, changes: Any) -> None:
+        self.updates.append((container_id, dict(changes)))
+
+
+async def test_an_update_no_reply_carried_goes_by_cri_once_it_waited_carry_wait(
+    runtime: FakeRuntime, engine_session: tuple[NriEngine, NriPlugin, Session]
+) -> None:
+    """A quiet node (no container event whose reply could carry the reconciler's update) or a
+    CreateContainer reply the runtime gave up on: the update goes through the runtime's CRI once
+    it has waited ``carry_wait``, found by the reconciler's next round (the old behaviour: it
+    waited for a reply for ever, so an LSR container stayed on the whole machine)."""
+    engine, plugin, session = engine_session
+    now = [100.0]
+    engine.pending_updates = PendingUpdates(clock=lambda: now[0])
+    cri = FakeCri()
+    backend = NriBackend(engine, plugin, runtime=lambda: cri, carry_wait=2.0)
+    await backend.update_container_resources("c1", {"cpuset_cpus": "1"})  # a round queues it
+    now[0] += 1.0
+    await backend.update_container_resources("c1", {"cpuset_cpus": "1"})  # too early to give up on a reply
+    await backend.drain()
+    assert cri.updates == []
+    now[0] += 1.0
+    await backend.update_container_resources("c1", {"cpuset_cpus": "1"})  # the round after carry_wait
+    await backend.drain()
+    assert cri.updates == [("c1", {"cpuset_cpus": "1"})]
+    found = engine.store.container("c1")
+    assert found is not None and found[1].resources.cpuset_cpus == "1"  # recorded as sent
+    assert session.update_requests == []  # never an unsolicited NRI UpdateContainers
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+        pod=_pod("ls"), container=_container("c3", "ls", "0")))
+    assert not nri_pb2.CreateContainerResponse.FromString(reply.payload).update  # not sent twice
+
+
+async def test_an_update_a_reply_carried_in_time_never_goes_by_cri(
+    runtime: FakeRuntime, engine_session: tuple[NriEngine, NriPlugin, Session]
+) -> None:
+    engine, plugin, session = engine_session
+    now = [100.0]
+    engine.pending_updates = PendingUpdates(clock=lambda: now[0])
+    cri = FakeCri()
+    backend = NriBackend(engine, plugin, runtime=lambda: cri, carry_wait=2.0)
+    await backend.update_container_resources("c1", {"cpuset_cpus": "1"})
+    await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+        pod=_pod("ls"), container=_container("c3", "ls", "0")))
+    now[0] += 5.0
+    await backend.update_container_resources("c2", {"cpuset_cpus": "1"})  # a stopped container: never sent
+    now[0] += 5.0
+    await backend.update_container_resources("c2", {"cpuset_cpus": "1"})
+    await backend.drain()
+    assert cri.updates == []
+
+
+async def test_without_the_runtimes_cri_socket_an_overdue_update_still_waits_for_a_reply(
+    runtime: FakeRuntime, engine_session: tuple[NriEngine, NriPlugin, Session]
+) -> None:
+    """The chart's NRI DaemonSet mounts only the NRI socket: no client is made, and the update
+    rides on the next reply as before."""
+    engine, plugin, session = engine_session
+    now = [100.0]
+    engine.pending_updates = PendingUpdates(clock=lambda: now[0])
+    backend = NriBackend(engine, plugin, runtime=lambda: None, carry_wait=2.0)
+    await backend.update_container_resources("c1", {"cpuset_cpus": "1"})
+    now[0] += 5.0
+    await backend.update_container_resources("c1", {"cpuset_cpus": "1"})
+    assert backend.runtime_client is None
+    reply = await session.call("CreateContainer", nri_pb2.CreateContainerRequest(
+        pod=_pod("ls"), container=_container("c3", "ls", "0")))
+    [update] = nri_pb2.CreateContainerResponse.FromString(reply.payload).update
+    assert (update.container_id, update.linux.resources.cpu.cpus) == ("c1", "1")
