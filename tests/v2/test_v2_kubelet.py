@@ -16,7 +16,10 @@ On the old main the pods went to containerd directly and no extender placed them
 
 Under emulation this takes many minutes (docs/v2-node.md has the times), so it runs only on
 request: ``RHP_V2_KUBELET=1 bash scripts/test.sh tests/v2/test_v2_kubelet.py``. It boots a guest
-of its own (the tier's shared guest has no network device at all).
+of its own (the tier's shared guest has no network device at all). ``RHP_V2_KUBELET_DOORS=nri``
+runs one door only; a failure shows the guest's containerd journal (its NRI lines: a plugin it
+closed for answering late), kubelet's journal and the door's log, and
+``RHP_V2_KUBELET_LOGS=DIR`` keeps those logs whole on the host.
 """
 
 from __future__ import annotations
