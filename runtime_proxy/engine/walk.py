@@ -60,7 +60,7 @@ from runtime_proxy.state.store import Store
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["after_event", "before_answer", "before_reply", "finish", "synchronize"]
+__all__ = ["after_event", "before_answer", "before_reply", "finish", "reply_lost", "synchronize"]
 
 _T = TypeVar("_T")
 
@@ -129,6 +129,21 @@ async def before_reply(
     elif rule.files_at is At.BEFORE_REPLY:
         await core.apply(result.plan, event.pre)
     return result
+
+
+def reply_lost(core: Lifecycle, event: Event, pod: PodFacts, container: ContainerFacts) -> None:
+    """A created container whose reply (``before_reply``) never reached the runtime (the NRI
+    handler ran out of the runtime's time): the runtime created it as the request gave it, so
+    the store holds it so (its pod too, when the store lacks it). The reconciler then finds the
+    plan's values missing and sends them as an update; the plan's held files still wait for the
+    container's start."""
+    assert event.name in REPLIED_AT_NRI
+    if event.store is not StoreChange.ADD_CONTAINER:
+        return
+    if core.store.pod(pod.sandbox_id) is None:
+        core.store.put_pod(pod)
+    change = StoreChange.ADD_CONTAINER if core.store.container(container.id) is None else StoreChange.PUT_CONTAINER
+    change_store(core.store, change, pod.sandbox_id, container.id, container=container)
 
 
 async def after_event(core: Lifecycle, name: str, pod: PodFacts, container: ContainerFacts | None) -> None:

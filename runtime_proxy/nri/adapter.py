@@ -86,7 +86,7 @@ from runtime_proxy.engine.lifecycle import NO_POOLS, Lifecycle, LifecycleDoor, N
 from runtime_proxy.engine.pipeline import Pipeline
 from runtime_proxy.engine.settle import PoolSettle, frees_bound_cpus
 from runtime_proxy.engine.table import BY_CRI, BY_NRI, EVENTS, HELD_STAGE, StoreChange
-from runtime_proxy.engine.walk import after_event, before_reply, synchronize
+from runtime_proxy.engine.walk import after_event, before_reply, reply_lost, synchronize
 from runtime_proxy.host.apply import Applier
 from runtime_proxy.nri.connection import RpcError
 from runtime_proxy.nri.updates import PendingUpdates, container_update
@@ -294,13 +294,7 @@ class NriEngine(LifecycleDoor):
         if not work.cancelled() and work.exception() is not None:
             log.warning("CreateContainer failed after its reply was given up", container=container.id,
                         error=str(work.exception())[:300])
-        pod_f = pod_facts(pod)
-        if self.store.pod(pod_f.sandbox_id) is None:
-            self.store.put_pod(pod_f)
-        if self.store.container(container.id) is None:
-            self.store.add_container(pod_f.sandbox_id, container_facts(container))
-        else:
-            self.store.put_container(pod_f.sandbox_id, container_facts(container))
+        reply_lost(self.core, BY_CRI["CreateContainer"], pod_facts(pod), container_facts(container))
         log.warning("CreateContainer reply not sent in the runtime's time: the container starts without this "
                     "plan; the reconciler sends it as an update", container=container.id,
                     pod=f"{pod.namespace}/{pod.name}")
