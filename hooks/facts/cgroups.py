@@ -51,7 +51,6 @@ def _expand_systemd_slice(name: str) -> str:
     return "/".join("-".join(words[: i + 1]) + ".slice" for i in range(len(words)))
 
 
-@lru_cache(maxsize=1024)
 def cgroup_path_of_parent(cgroup_parent: str) -> str:
     """The filesystem path, relative to a controller's root, of a kubelet cgroup parent.
 
@@ -59,9 +58,17 @@ def cgroup_path_of_parent(cgroup_parent: str) -> str:
     ``kubepods-burstable-pod<uid>.slice`` (systemd) ->
     ``kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice``.
     Raises ``ValueError`` for a parent that would leave the root ("..", NUL, empty parts).
-    Remembered for the last 1024 parents (a pure function of the string; the loops ask for
-    every pod's path every second); a refused parent is checked again every time.
+    Remembered for the last 512 parents of at most ``CGROUP_PARENT_MAX_BYTES`` (a pure function
+    of the string; the loops ask for every pod's path every second): a longer one, which no
+    kubelet makes, and a refused one are worked out again every time, so hostile parents cost
+    at most 512 x 4 KiB.
     """
+    if len(cgroup_parent) <= CGROUP_PARENT_MAX_BYTES:
+        return _remembered_path_of_parent(cgroup_parent)
+    return _path_of_parent(cgroup_parent)
+
+
+def _path_of_parent(cgroup_parent: str) -> str:
     text = cgroup_parent.strip()
     if "\x00" in text:
         raise ValueError("cgroup parent contains NUL")
@@ -72,6 +79,9 @@ def cgroup_path_of_parent(cgroup_parent: str) -> str:
     if not parts:
         raise ValueError(f"empty cgroup parent {cgroup_parent!r}")
     return "/".join(parts)
+
+
+_remembered_path_of_parent = lru_cache(maxsize=512)(_path_of_parent)
 
 
 def _check_id(kind: str, value: str) -> str:

@@ -55,9 +55,13 @@ CGROUP_FSTYPES = ("cgroup", "cgroup2")
 _UNLIMITED_FLOOR = 1 << 62
 _PAGE = 4096
 _V2_PAGE_ROUNDED = frozenset({"memory.max", "memory.swap.max", "memory.high", "memory.low", "memory.min"})
-# Files (``(path, file)``) on a cgroup filesystem whose place ``Cgroups`` remembers, at most; the
-# memory starts over when full (the loops name each pod's and container's files every second).
+# Files (``(path, file)``) on a cgroup filesystem whose place ``Cgroups`` remembers, at most, and
+# the characters of their names and places together; the memory starts over when either is
+# reached (the loops name each pod's and container's files every second). A path longer than
+# PATH_MAX is never remembered (the kernel refuses it anyway).
 MAX_REMEMBERED_FILES = 8192
+MAX_REMEMBERED_CHARS = 4 << 20
+_PATH_MAX = 4096
 _READ_CHUNK = 64 * 1024
 
 
@@ -176,6 +180,7 @@ class Cgroups:
         # (path, file) -> (directory, file name, full path) for files under a cgroupfs root: the
         # place is a function of the two names there (no symlinks), so it is found once.
         self._files: dict[tuple[str, str], tuple[Path, str, str]] = {}
+        self._files_chars = 0
         self._unsupported: set[str] = set()
 
     # -- paths ---------------------------------------------------------------------------------
@@ -247,10 +252,13 @@ class Cgroups:
             return found
         directory, name, trusted = self._find(path, file)
         found = (directory, name, os.path.join(directory, name))
-        if trusted:
-            if len(self._files) >= MAX_REMEMBERED_FILES:
+        if trusted and len(found[2]) <= _PATH_MAX:
+            chars = len(path) + len(file) + 2 * len(found[2])
+            if len(self._files) >= MAX_REMEMBERED_FILES or self._files_chars + chars > MAX_REMEMBERED_CHARS:
                 self._files.clear()
+                self._files_chars = 0
             self._files[key] = found
+            self._files_chars += chars
         return found
 
     def _target(self, path: str, file: str) -> tuple[Path, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
@@ -100,3 +101,36 @@ def test_writes_built_from_a_learned_root_stay_in_the_cgroup_mount(tmp_path: Pat
         apply_files(plan, cgroups=Cgroups(mount, version=1), missing_ok=True)
     assert list(outside.iterdir()) == []
     assert not any(p.is_file() for p in mount.rglob("*")), "QoS dirs that do not exist are not created"
+
+
+def test_hostile_cgroup_parents_are_remembered_within_a_bound() -> None:
+    """The loops' memory of pod paths (``cgroup_path_of_parent``) keeps at most 512 parents of at
+    most CGROUP_PARENT_MAX_BYTES each: a parent longer than that is worked out every time and
+    never kept, and a flood of distinct parents replaces older ones."""
+    from hooks.facts import CGROUP_PARENT_MAX_BYTES, cgroup_path_of_parent
+    from hooks.facts.cgroups import _remembered_path_of_parent
+
+    _remembered_path_of_parent.cache_clear()
+    huge = "/kubepods/burstable/pod" + "x" * (1 << 20)
+    assert cgroup_path_of_parent(huge) == huge.strip("/")
+    assert _remembered_path_of_parent.cache_info().currsize == 0
+    for i in range(2000):
+        cgroup_path_of_parent(f"/kubepods/burstable/pod{i}-" + "y" * (CGROUP_PARENT_MAX_BYTES - 40))
+    assert _remembered_path_of_parent.cache_info().currsize <= 512
+
+
+def test_hostile_cgroup_paths_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Cgroups`` remembers a file's place only on a cgroup filesystem, never one longer than
+    PATH_MAX, and starts over before the names it keeps exceed its character budget."""
+    from runtime_proxy.host import cgroups as cg
+
+    tree = cg.Cgroups()
+    if not tree._directory("kubepods", "cpu")[1]:
+        pytest.skip("needs a cgroup filesystem at /sys/fs/cgroup")
+    tree.file_path("kubepods/pod" + "z" * 5000, "cpu.shares")
+    assert not tree._files, "a path longer than PATH_MAX is not remembered"
+    monkeypatch.setattr(cg, "MAX_REMEMBERED_CHARS", 64 * 1024)
+    for i in range(200):
+        tree.file_path(f"kubepods/pod{i}-" + "w" * 1000, "cpu.shares")
+        assert tree._files_chars <= 64 * 1024
+        assert sum(len(p) + len(f) + 2 * len(v[2]) for (p, f), v in tree._files.items()) == tree._files_chars

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
@@ -421,7 +421,7 @@ _STAT_LINES = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=_STAT_LINES, version=st.sampled_from([1, 2]), end=st.sampled_from([b"", b"\n", b"\r\n"]))
 def test_memory_stat_is_read_as_line_by_line(lines: list[tuple[bytes, bytes, bytes]], version: int,
                                              end: bytes) -> None:
