@@ -16,6 +16,11 @@ Phases:
 
 Run ``python benchmarks/extender_scale.py`` (full size: 5000 nodes, 50,000 pods, 500
 candidates) or ``--quick`` (500 nodes, 5,000 pods, 500 candidates at most).
+
+``--baseline NAME=TREE`` (benchmarks/baseline.py): a second fake API server and extender, the
+extender being ``scheduler-ext serve`` of source tree TREE, seeded alike; the pending pods are
+dealt into ``--rounds`` rounds, and each round runs phases 2 and 3 on the same pods and candidate
+lists against both extenders, in alternating order; printed are the per-round ratios ours / NAME.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import baseline as baseline_arm  # noqa: E402
 from koord_formats.topology import format_cpu_topology  # noqa: E402
 from scheduler_ext.topology import synthetic_topology  # noqa: E402
 from scheduler_ext.trust import Signer  # noqa: E402
@@ -137,7 +143,9 @@ class Client:
 class Cluster:
     """Fake API server process plus extender process."""
 
-    def __init__(self, objects: list[dict[str, Any]], *, ledger: bool, extra: list[str]) -> None:
+    def __init__(self, objects: list[dict[str, Any]], *, ledger: bool, extra: list[str],
+                 wrapper: list[str] | None = None) -> None:
+        """*wrapper*: a command prefix for the extender (``Baseline.wrapper()``: another tree's)."""
         self.tmp = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
         json.dump(objects, self.tmp)
         self.tmp.close()
@@ -154,7 +162,7 @@ class Cluster:
         self.started = time.monotonic()
         key = Path(self.tmp.name).with_suffix(".seal")
         key.write_bytes(Signer.generate().pem())
-        args = [sys.executable, "-m", "scheduler_ext.cli", "serve", "--api-server", self.api_url,
+        args = [*(wrapper or []), sys.executable, "-m", "scheduler_ext.cli", "serve", "--api-server", self.api_url,
                 "--listen", f"127.0.0.1:{port}", "--log-level", "warning", "--signing-key-file", str(key)]
         if not ledger:
             args.append("--no-ha-ledger")
@@ -339,6 +347,8 @@ def main() -> None:
     parser.add_argument("--no-ledger", "--no-ha-ledger", dest="no_ledger", action="store_true",
                         help="single-replica mode (the extender runs with --no-ha-ledger)")
     parser.add_argument("--seed", type=int, default=1)
+    baseline_arm.add_option(parser)
+    parser.add_argument("--rounds", type=int, default=5, help="with --baseline: rounds the pending pods are dealt into")
     parser.add_argument("--extender-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for `scheduler-ext serve` (repeat), e.g. "
                              "--extender-arg=--switch-interval=0.005")
@@ -358,6 +368,9 @@ def main() -> None:
     objects += placed_pods(names, args.placed // args.nodes, rng)
     pending = [pod(f"new-{i:05d}", cpu="4", namespace="bench") for i in range(args.cycles)]
     objects += pending
+    if args.baseline is not None:
+        against_baseline(args, objects, pending, names)
+        return
     t0 = time.monotonic()
     cl = Cluster(objects, ledger=not args.no_ledger, extra=args.extender_arg)
     del objects
@@ -399,6 +412,48 @@ def main() -> None:
     )
     if res["errors"]:
         print("  first bind error:", res["errors"][0])
+
+
+def against_baseline(args: argparse.Namespace, objects: list[dict[str, Any]], pending: list[dict[str, Any]],
+                     names: list[str]) -> None:
+    """Ours and the baseline's extender, each with its own fake API server holding the same
+    objects, run on the same pods round by round (see the module's docstring)."""
+    base: baseline_arm.Baseline = args.baseline
+    base.check("scheduler_ext")
+    arms = ("ours", base.name)
+    clusters: dict[str, Cluster] = {}
+    try:
+        for arm in arms:
+            clusters[arm] = Cluster(objects, ledger=not args.no_ledger, extra=args.extender_arg,
+                                    wrapper=base.wrapper() if arm == base.name else None)
+        sync = {arm: round(clusters[arm].wait_ready(), 1) for arm in arms}
+        keys = ("filter p50 ms (sequential)", "prioritize p50 ms (sequential)", "bind p50 ms (sequential)",
+                "filter p50 ms (pipelined)", "full cycle pods/s (pipelined)", "extender CPU ms per pod (pipelined)",
+                "extender RSS MiB")
+        values: dict[str, dict[str, list[float]]] = {arm: {k: [] for k in keys} for arm in arms}
+        errors = 0
+        for rnd, order in baseline_arm.orders(arms, args.rounds):
+            pods = pending[rnd :: args.rounds]
+            for arm in order:
+                cl = clusters[arm]
+                # the same candidate lists for both arms: one seed per round
+                res = run_phases(cl, pods, names, min(args.candidates, len(names)), random.Random(args.seed + rnd))
+                errors += len(res["errors"])
+                row = (statistics.median(res["seq"]["filter"]), statistics.median(res["seq"]["prioritize"]),
+                       statistics.median(res["seq"]["bind"]), statistics.median(res["par"]["filter"]),
+                       res["pods_per_s"], res["cpu_ms"]["extender"], cl.rss_mib()[0])
+                for key, value in zip(keys, row, strict=True):
+                    values[arm][key].append(value)
+            print(f"round {rnd + 1}: " + "; ".join(
+                f"{arm} filter p50 {values[arm][keys[0]][-1]:.2f} ms, {values[arm][keys[4]][-1]:.0f} pods/s"
+                for arm in arms), flush=True)
+    finally:
+        for cl in clusters.values():
+            cl.close()
+    print(f"\nextender_scale against {base.name} ({base.tree}): {args.nodes} nodes, {args.placed} placed pods, "
+          f"{len(pending)} pending pods in {args.rounds} rounds, ha ledger {not args.no_ledger}, "
+          f"cache sync s {sync}, bind errors {errors}")
+    baseline_arm.ratio_table(base.name, "ours", {k: (values["ours"][k], values[base.name][k]) for k in keys})
 
 
 if __name__ == "__main__":

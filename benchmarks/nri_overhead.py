@@ -28,6 +28,11 @@ pod in ten LSR, all on the pause image) are created while a plugin is registered
 RSS (``VmRSS``) and peak (``VmHWM``) are read from /proc once a reconcile round has seen them
 all, and again for a plugin started afterwards (its first Synchronize carries all of them).
 Target: <= 64 MiB. Nothing here is a test.
+
+``--baseline NAME=TREE`` (benchmarks/baseline.py) adds the mode NAME: ``runtime-proxy nri`` of
+source tree TREE, started the same way, timed in the same rounds (whose order alternates), and a
+table of the per-round ratios plugin / NAME of the lifecycle and of each step (each round's
+figure is the median of its lifecycles).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ sys.path.insert(0, str(REPO / "devenv"))
 from rhp_devenv import PrivateContainerd, pod_cgroup_parent, remove_cgroup_tree  # noqa: E402
 from rhp_devenv.cri import CriClient, linux_resources  # noqa: E402
 
+from benchmarks import baseline as baseline_arm  # noqa: E402
 from cri_protos import nri_pb2  # noqa: E402
 from runtime_proxy.nri.plugin import NriPlugin, PluginIdentity  # noqa: E402
 from tests.integration.test_nri_real import NriPluginProcess  # noqa: E402
@@ -248,6 +254,7 @@ def main() -> int:
     parser.add_argument("--floors", action="store_true", help="also time the do-nothing plugins (see above)")
     parser.add_argument("--floor-plugin", choices=("empty", "idle"), help=argparse.SUPPRESS)
     parser.add_argument("--nri-socket", help=argparse.SUPPRESS)
+    baseline_arm.add_option(parser)
     args = parser.parse_args()
     if args.floor_plugin:
         # The child process of FloorPlugin: serve until terminated.
@@ -255,7 +262,15 @@ def main() -> int:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
         asyncio.run(_serve_floor(args.nri_socket, args.floor_plugin))
         return 0
-    modes = ("direct", "empty", "idle", "plugin") if args.floors else ("direct", "plugin")
+    modes: tuple[str, ...] = ("direct", "empty", "idle", "plugin") if args.floors else ("direct", "plugin")
+    base = args.baseline
+    if base is not None:
+        base.check("runtime_proxy")
+        if base.name in modes:
+            parser.error(f"--baseline: NAME must not be one of {', '.join(modes)}")
+        modes += (base.name,)
+    # Per round and mode, each step's median.
+    by_step: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
     cpu = str(max(os.sched_getaffinity(0)))
     top = f"/rhpbench-nri-{os.getpid()}"
     samples: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
@@ -270,19 +285,27 @@ def main() -> int:
         try:
             with CriClient(ctrd.socket) as client:
                 lifecycle(client, top, cpu)  # warm-up
-                for round_no in range(args.rounds):
+                for round_no, order in baseline_arm.orders(modes, args.rounds):
                     paired.append({mode: [] for mode in modes})
-                    for mode in (modes if round_no % 2 == 0 else modes[::-1]):
+                    for mode in order:
                         plugin: NriPluginProcess | FloorPlugin | None = None
                         if mode == "plugin":
                             plugin = NriPluginProcess(ctrd.nri_socket, Path(tmp) / f"r{round_no}").start()
+                        elif base is not None and mode == base.name:
+                            plugin = NriPluginProcess(ctrd.nri_socket, Path(tmp) / f"{mode}-r{round_no}")
+                            plugin.args[:0] = base.wrapper()
+                            plugin.start()
                         elif mode != "direct":
                             plugin = FloorPlugin(ctrd.nri_socket, mode).start()
                         try:
+                            this_round: dict[str, list[float]] = {}
                             for _ in range(args.per_round):
                                 for step, value in lifecycle(client, top, cpu).items():
                                     samples[mode].setdefault(step, []).append(value)
+                                    this_round.setdefault(step, []).append(value)
                                 paired[-1][mode].append(samples[mode]["lifecycle"][-1])
+                            for step, values in this_round.items():
+                                by_step[mode].setdefault(step, []).append(statistics.median(values) * 1000)
                             if isinstance(plugin, NriPluginProcess) and plugin.proc is not None:
                                 rss = max(rss, _rss_kib(plugin.proc.pid))
                         finally:
@@ -295,7 +318,7 @@ def main() -> int:
             ctrd.stop()
     print(f"containerd {args.containerd}, {args.rounds} interleaved rounds x {args.per_round} lifecycles per mode; "
           f"{os.cpu_count()} CPUs, load average {load_before} before, {load_after} after the rounds")
-    floors = [mode for mode in modes if mode not in ("direct", "plugin")]
+    floors = [mode for mode in modes if mode not in ("direct", "plugin")]  # and the baseline, if any
     print(f"{'step':<18}{'direct p50':>12}" + "".join(f"{mode + ' p50':>12}" for mode in floors)
           + f"{'plugin p50':>12}{'ratio':>8}{'direct p90':>12}{'plugin p90':>12}")
     for step in (*STEPS, "lifecycle"):
@@ -313,6 +336,9 @@ def main() -> int:
               f"{high:.3f}); round by round median {statistics.median(by_round):.3f}: "
               f"{' '.join(f'{r:.3f}' for r in by_round)}")
     print(f"plugin RSS during the rounds (max seen): {rss / 1024:.1f} MiB   target: lifecycle ratio <= 1.05")
+    if base is not None:
+        baseline_arm.ratio_table(base.name, "plugin", {
+            f"{step} p50, ms": (by_step["plugin"][step], by_step[base.name][step]) for step in ("lifecycle", *STEPS)})
     for situation, now, peak in mem:
         print(f"plugin RSS, {situation}: {now / 1024:.1f} MiB (peak {peak / 1024:.1f} MiB)   target: <= 64 MiB")
     return 0

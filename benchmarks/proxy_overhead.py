@@ -17,6 +17,10 @@ parsing, sandbox/container store and transparent image-service proxy are on, so 
 pass-through. Without the binary that arm is skipped with a message and the others still run.
 Each round measures Version pass-through latency and proxy CPU per call, the 7-call pod lifecycle,
 and each proxy's RSS; the table gives the median over rounds and the spread [min, max].
+
+--baseline NAME=TREE (with --rounds; benchmarks/baseline.py) adds the arm "NAME, every plugin":
+`runtime-proxy serve` of source tree TREE with every built-in plugin, interleaved with the others,
+and a table of the per-round ratios "ours, every plugin" / "NAME, every plugin".
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ sys.path.insert(0, str(REPO))
 from rhp_devenv import PrivateContainerd, pod_cgroup_parent, remove_cgroup_tree  # noqa: E402
 from rhp_devenv.cri import CriClient, container_config, linux_resources  # noqa: E402
 
+from benchmarks import baseline as baseline_arm  # noqa: E402
 from cri_protos import api_pb2  # noqa: E402
 from tests.integration.harness import ProxyProcess, wait_for_socket  # noqa: E402
 
@@ -306,6 +311,11 @@ def run_rounds(args: argparse.Namespace) -> None:
         }
         sockets = {"direct": str(ctrd.socket), "ours, every plugin": str(Path(tmp) / "ours.sock"),
                    "ours, no plugins": str(Path(tmp) / "none.sock")}  # fmt: skip
+        base = args.baseline
+        if base is not None:
+            arm, sock = f"{base.name}, every plugin", str(Path(tmp) / "baseline.sock")
+            procs[arm] = ProxyProcess(common, wrapper=base.wrapper()).start(sock)
+            sockets[arm] = sock
         try:
             if koord is not None:
                 sock = str(Path(tmp) / "koord.sock")
@@ -367,6 +377,12 @@ def run_rounds(args: argparse.Namespace) -> None:
             print("\nCells: median over rounds [min, max]; each round's figure is that round's median.")
             if koord is None:
                 print(f"koord-runtime-proxy arm skipped: {why}")
+            if base is not None:
+                mine, theirs = "ours, every plugin", f"{base.name}, every plugin"
+                baseline_arm.ratio_table(theirs, mine, {
+                    label: (values[mine], values[theirs]) for label, values in (
+                        ("Version p50, ms", version), ("proxy CPU per Version call, µs", cpu),
+                        ("pod lifecycle (7 calls) p50, ms", life), ("proxy RSS, MiB", rss))})
             for c in clients.values():
                 c.close()
             CriClient(str(ctrd.socket)).remove_all_pods()
@@ -388,7 +404,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=0,
                         help="interleaved rounds of direct, ours and koord-runtime-proxy (see above)")
     parser.add_argument("--koord", help="koord-runtime-proxy binary (default: scripts/build-koord.sh's cached one)")
+    baseline_arm.add_option(parser)
     args = parser.parse_args()
+    if args.baseline is not None:
+        args.rounds = args.rounds or 5
+        args.baseline.check("runtime_proxy")
     os.environ.setdefault("PYTHONPATH", str(REPO))
     os.environ.setdefault("RHP_LOG_LEVEL", "warning")
     if args.rounds > 0:
