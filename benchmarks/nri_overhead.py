@@ -263,12 +263,12 @@ def main() -> int:
         asyncio.run(_serve_floor(args.nri_socket, args.floor_plugin))
         return 0
     modes: tuple[str, ...] = ("direct", "empty", "idle", "plugin") if args.floors else ("direct", "plugin")
-    base = args.baseline
-    if base is not None:
-        base.check("runtime_proxy")
-        if base.name in modes:
+    other = args.baseline
+    if other is not None:
+        other.check("runtime_proxy")
+        if other.name in modes:
             parser.error(f"--baseline: NAME must not be one of {', '.join(modes)}")
-        modes += (base.name,)
+        modes += (other.name,)
     # Per round and mode, each step's median.
     by_step: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
     cpu = str(max(os.sched_getaffinity(0)))
@@ -291,9 +291,9 @@ def main() -> int:
                         plugin: NriPluginProcess | FloorPlugin | None = None
                         if mode == "plugin":
                             plugin = NriPluginProcess(ctrd.nri_socket, Path(tmp) / f"r{round_no}").start()
-                        elif base is not None and mode == base.name:
+                        elif other is not None and mode == other.name:
                             plugin = NriPluginProcess(ctrd.nri_socket, Path(tmp) / f"{mode}-r{round_no}")
-                            plugin.args[:0] = base.wrapper()
+                            plugin.args[:0] = other.wrapper()
                             plugin.start()
                         elif mode != "direct":
                             plugin = FloorPlugin(ctrd.nri_socket, mode).start()
@@ -336,9 +336,9 @@ def main() -> int:
               f"{high:.3f}); round by round median {statistics.median(by_round):.3f}: "
               f"{' '.join(f'{r:.3f}' for r in by_round)}")
     print(f"plugin RSS during the rounds (max seen): {rss / 1024:.1f} MiB   target: lifecycle ratio <= 1.05")
-    if base is not None:
-        baseline_arm.ratio_table(base.name, "plugin", {
-            f"{step} p50, ms": (by_step["plugin"][step], by_step[base.name][step]) for step in ("lifecycle", *STEPS)})
+    if other is not None:
+        baseline_arm.ratio_table(other.name, "plugin", {
+            f"{step} p50, ms": (by_step["plugin"][step], by_step[other.name][step]) for step in ("lifecycle", *STEPS)})
     for situation, now, peak in mem:
         print(f"plugin RSS, {situation}: {now / 1024:.1f} MiB (peak {peak / 1024:.1f} MiB)   target: <= 64 MiB")
     return 0
