@@ -8,6 +8,7 @@ that object only, and the other objects are still read and written in the same r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -57,7 +58,10 @@ class _Hostile(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        # The writer under test hangs up on a body past its bound, as it should: no traceback
+        # from this server's thread (a fast-tier worker prints what its threads print).
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.wfile.write(body)
 
     def do_GET(self) -> None:
         if self.target in self.path:
