@@ -349,6 +349,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     baseline_arm.add_option(parser)
     parser.add_argument("--rounds", type=int, default=5, help="with --baseline: rounds the pending pods are dealt into")
+    parser.add_argument("--ours-extender-arg", action="append", default=[], metavar="ARG",
+                        help="with --baseline: an extra argument for our extender only (repeat), e.g. to "
+                             "switch off a feature the baseline does not have")
     parser.add_argument("--extender-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for `scheduler-ext serve` (repeat), e.g. "
                              "--extender-arg=--switch-interval=0.005")
@@ -424,7 +427,8 @@ def against_baseline(args: argparse.Namespace, objects: list[dict[str, Any]], pe
     clusters: dict[str, Cluster] = {}
     try:
         for arm in arms:
-            clusters[arm] = Cluster(objects, ledger=not args.no_ledger, extra=args.extender_arg,
+            mine = [] if arm == base.name else args.ours_extender_arg
+            clusters[arm] = Cluster(objects, ledger=not args.no_ledger, extra=[*args.extender_arg, *mine],
                                     wrapper=base.wrapper() if arm == base.name else None)
         sync = {arm: round(clusters[arm].wait_ready(), 1) for arm in arms}
         keys = ("filter p50 ms (sequential)", "prioritize p50 ms (sequential)", "bind p50 ms (sequential)",
@@ -452,7 +456,7 @@ def against_baseline(args: argparse.Namespace, objects: list[dict[str, Any]], pe
             cl.close()
     print(f"\nextender_scale against {base.name} ({base.tree}): {args.nodes} nodes, {args.placed} placed pods, "
           f"{len(pending)} pending pods in {args.rounds} rounds, ha ledger {not args.no_ledger}, "
-          f"cache sync s {sync}, bind errors {errors}")
+          f"cache sync s {sync}, bind errors {errors}, ours also with {args.ours_extender_arg or 'nothing'}")
     baseline_arm.ratio_table(base.name, "ours", {k: (values["ours"][k], values[base.name][k]) for k in keys})
 
 
