@@ -166,6 +166,7 @@ def test_every_rendered_object_loads_as_a_kubernetes_model_without_losing_a_key(
     ({"scheduler": {"schedulerName": "Not A Name"}}, "/scheduler/schedulerName"),
     ({"node": {"typo": True}}, "typo"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"node": {"nri": {"runtimeSocketPath": "containerd.sock"}}}, "/node/nri/runtimeSocketPath"),
 ])  # fmt: skip
 def test_the_schema_refuses_values_that_cannot_work(values: dict[str, Any], error: str) -> None:
     proc = subprocess.run([str(_helm()), "template", RELEASE, str(CHART), "--values", "-"],
@@ -358,7 +359,10 @@ def test_the_nri_node_agent_command_parses_and_serves_probes_on_its_metrics_port
                                                                              "type": "DirectoryOrCreate"}  # fmt: skip
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     kubelet = {"/var/lib/kubelet/config.yaml", "/var/lib/kubelet/cpu_manager_state"}  # the reports', read-only
-    assert host_paths == {"/var/run/nri", "/sys/fs/cgroup"} | kubelet, "nothing else of the host"
+    assert volumes[mounts["/run/containerd"]]["hostPath"] == {"path": "/run/containerd", "type": "DirectoryOrCreate"}
+    assert {m["mountPath"]: m.get("readOnly") for m in container["volumeMounts"]}["/run/containerd"] is True
+    assert args.backend == "/run/containerd/containerd.sock"
+    assert host_paths == {"/var/run/nri", "/run/containerd", "/sys/fs/cgroup"} | kubelet, "nothing else of the host"
     assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
     ctx = container["securityContext"]
     assert ctx.get("privileged") is not True and ctx["allowPrivilegeEscalation"] is False
@@ -367,6 +371,32 @@ def test_the_nri_node_agent_command_parses_and_serves_probes_on_its_metrics_port
     # Other hook servers: only where asked for, read-only.
     calls = one({"node": {"hookServerDir": "/etc/runtime/hookserver.d"}}, "DaemonSet", f"{FULL}-node")
     assert "--hook-server-dir=/etc/runtime/hookserver.d" in containers(calls)["node-agent"]["command"]
+
+
+@pytest.mark.parametrize(("socket", "backend", "mounted"), [
+    pytest.param("", None, set(), id="empty: no --backend, containerd's directory not mounted"),
+    pytest.param("/var/run/nri/containerd.sock", "/var/run/nri/containerd.sock", {"/var/run/nri"},
+                 id="in the NRI socket's directory: mounted once"),
+    pytest.param("/run/k3s/containerd/containerd.sock", "/run/k3s/containerd/containerd.sock",
+                 {"/var/run/nri", "/run/k3s/containerd"}, id="elsewhere: its directory, read-only"),
+])  # fmt: skip
+def test_the_nri_node_agent_reaches_containerds_cri_only_where_the_values_say(
+    socket: str, backend: str | None, mounted: set[str]
+) -> None:
+    """``node.nri.runtimeSocketPath``: where updates no NRI reply carried go (docs/nri.md)."""
+    from runtime_proxy.commands.nri import add_parser
+
+    daemonset = one({"node": {"nri": {"runtimeSocketPath": socket}}}, "DaemonSet", f"{FULL}-node")
+    container = containers(daemonset)["node-agent"]
+    expected = [f"--backend={backend}"] if backend else []
+    assert [a for a in container["command"] if a.startswith("--backend")] == expected
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    parser.parse_args(container["command"][1:])
+    candidates = ("/var/run/nri", "/run/k3s/containerd", "/run/containerd")
+    sockets = {m["mountPath"] for m in container["volumeMounts"] if m["mountPath"] in candidates}
+    assert sockets == mounted | {"/var/run/nri"}
+    assert all(m.get("readOnly") for m in container["volumeMounts"] if m["mountPath"] in sockets)
 
 
 def test_the_hook_server_node_agent_command_parses_and_registers_its_host_path() -> None:

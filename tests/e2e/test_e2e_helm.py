@@ -144,7 +144,8 @@ def _values(stack: Stack) -> dict[str, Any]:
         "listenAddress": "127.0.0.1",
         # no CPU requests of the chart's pods (null removes the chart's): two LSR pods of one CPU
         # fill this 2-CPU node. The reports stay off: this test gives the extender its own NRT.
-        "node": {"nri": {"socketPath": str(stack.ctrd.nri_socket)}, "metricsPort": free_port(),
+        "node": {"nri": {"socketPath": str(stack.ctrd.nri_socket), "runtimeSocketPath": str(stack.ctrd.socket)},
+                 "metricsPort": free_port(),
                  "report": {"enabled": False},
                  "resources": {"requests": {"cpu": None, "memory": "64Mi"}, "limits": {"memory": "256Mi"}}},
         # One replica: on the host network a second one needs a second node. The API server runs
@@ -299,6 +300,16 @@ def test_the_chart_installs_schedules_an_lsr_pod_on_its_cpus_upgrades_and_uninst
     q.wait_for(lambda: bound & parse_cpu_list(q.read_container_file(pod_cgroup(thief), container_id(thief),
                                                                     "cpuset.cpus")) or None,
                None, what="the forged pod off the signed pod's CPU", timeout=60)  # fmt: skip
+
+    # ---- a cpuset changed by hand is put back with no container event: the chart's agent has ----
+    # containerd's CRI socket (node.nri.runtimeSocketPath), so the reconciler's update that no NRI
+    # reply carried goes by CRI UpdateContainerResources (docs/nri.md)
+    parent, cid = pod_cgroup(pod), container_id(pod)
+    wider = q.read_pod_file(parent, "cpuset.cpus")
+    assert wider != format_cpu_list(bound), "the pod's own cpuset leaves no other value to write by hand"
+    (q.pod_dir(parent, "cpuset.cpus") / cid / "cpuset.cpus").write_text(f"{wider}\n")
+    q.wait_for(lambda: q.read_container_file(parent, cid, "cpuset.cpus"), format_cpu_list(bound),
+               what="the LSR container's cpuset put back after a change by hand", timeout=120)  # fmt: skip
 
     # ---- upgrade: a new value rolls the scheduler pod; the signing key stays -----------------------
     helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(values_file), "--set",
