@@ -226,15 +226,12 @@ async def run(opts: NriOptions, stop: asyncio.Event | None = None) -> None:
         for part in (loops, registry, node_watch, parts.pod_specs):
             if part is not None:
                 await part.stop()
-        clients: list[object] = [runtime] if runtime is not None else []
         if backend is not None:
             await backend.drain()
             if backend.runtime_client is not None and backend.runtime_client is not runtime:
-                clients.append(backend.runtime_client)
-        for client in clients:
-            close = getattr(client, "close", None)
-            if close is not None:
-                await close()
+                await backend.runtime_client.close()
+        if runtime is not None:
+            await runtime.close()
         if metrics_server is not None:
             await asyncio.to_thread(metrics_server.shutdown)
             metrics_server.server_close()

@@ -316,9 +316,8 @@ class Reconciler:
             RECONCILE_ERRORS.labels("container").inc()
             report.errors.append(f"update container {container.id}: {exc}")
 
-    def _remembered(self, stage: str, pod: PodFacts, container: ContainerFacts | None) -> Plan | None:
+    def _remembered(self, key: PlanKey, pod: PodFacts, container: ContainerFacts | None) -> Plan | None:
         """The plan this stage gave for these very facts in an earlier round (see ``_plans``)."""
-        key = (stage, pod.uid or pod.sandbox_id, container.id if container is not None else "")
         found = self._plans.get(key)
         if found is None or found[0] != pod or found[1] != container:
             return None
@@ -333,7 +332,7 @@ class Reconciler:
         differently, a failure is retried)."""
         key = (stage, pod.uid or pod.sandbox_id, container.id if container is not None else "")
         seen.add(key)
-        plan = self._remembered(stage, pod, container)
+        plan = self._remembered(key, pod, container)
         if plan is not None:
             if len(seen) % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # remembered plans take no await: let the loop run between

@@ -62,6 +62,8 @@ class RuntimeUpdates(Protocol):
 
     async def update_changed_resources(self, container_id: str, changes: ResourceChanges) -> None: ...
 
+    async def close(self) -> None: ...
+
 
 class NriBackend:
     """``runtime_proxy.loops.reconciler.ReconcileBackend`` (and the burst loop's backend) over an
@@ -127,8 +129,8 @@ class NriBackend:
         """Send the updates no reply carried for ``carry_wait`` seconds through the runtime's
         CRI, each in its own task (never inside the reconciler's round: containerd asks this
         plugin about the call before it answers, and the reply may run the round). Without a
-        client (no ``--backend``, or its socket is not there, as in the chart's NRI DaemonSet,
-        which mounts only the NRI socket) they stay queued for a reply."""
+        client (no ``--backend``, or its socket is not there: the chart's
+        ``node.nri.runtimeSocketPath`` set empty) they stay queued for a reply."""
         if self._make_runtime is None:
             return
         pending = self.engine.pending_updates
