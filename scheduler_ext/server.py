@@ -286,11 +286,16 @@ def _declared_length(scope: Scope) -> int:
     return 0
 
 
+_STR_ONLY = frozenset((str,))
+
+
 def _names(args: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]] | None]:
     """Candidate names, and the Node objects when sent (nodeCacheCapable: false)."""
     names = args.get("NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        # the element types in C (``map``, ``set``) instead of a generator of ``isinstance``
+        # calls (a third of the cost at 500 names); a decoded body holds exact types only
+        if not isinstance(names, list) or not set(map(type, names)) <= _STR_ONLY:
             raise BadRequest("NodeNames must be a list of strings")
         if len(names) > MAX_NODES:
             raise BadRequest(f"NodeNames lists {len(names)} nodes, more than the limit of {MAX_NODES}")
