@@ -88,6 +88,8 @@ for verb in ("filter", "prioritize"):
         ("NodeNames that is a string", {"Pod": GOOD_POD, "NodeNames": "n1"}),
         ("NodeNames with numbers", {"Pod": GOOD_POD, "NodeNames": [1, 2]}),
         ("NodeNames with null", {"Pod": GOOD_POD, "NodeNames": [None]}),
+        ("NodeNames with one number after strings", {"Pod": GOOD_POD, "NodeNames": ["n1", "n2", 3]}),
+        ("NodeNames with a list, a boolean and an object", {"Pod": GOOD_POD, "NodeNames": [["n1"], True, {"n": 1}]}),
         ("more NodeNames than the limit", {"Pod": GOOD_POD, "NodeNames": [f"n{i}" for i in range(MAX_NODES + 1)]}),
         ("Nodes that is a string", {"Pod": GOOD_POD, "Nodes": "n1"}),
         ("Nodes.items that is a number", {"Pod": GOOD_POD, "Nodes": {"items": 5}}),
