@@ -13,8 +13,8 @@ runtime`` the usage loop's victims are stopped through it (``runtime_proxy.loops
 in proxy mode (NRI itself can only evict in a reply to a container event); and a container
 update that no NRI reply carried for ``runtime_proxy.nri.backend.CARRY_WAIT`` seconds goes
 through its UpdateContainerResources, as kubelet's would (a quiet node, or a CreateContainer
-whose reply did not reach the runtime in its request timeout). The client (and gRPC) is made
-only when one of them first needs it.
+whose reply did not reach the runtime in its request timeout). The client (gRPC over h2, not the
+gRPC library) is made only when one of them first needs it.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def build(opts: NriOptions) -> NriParts:
 def _runtime_for_updates(opts: NriOptions, made: RuntimeClient | None) -> Callable[[], RuntimeClient | None] | None:
     """What makes the CRI client the container updates no reply carried go through
     (``runtime_proxy.nri.backend``): the evictions' client when there is one, else one made at
-    the first such update when the socket exists (so gRPC is loaded only then); None without
+    the first such update when the socket exists (so its HTTP/2 client is loaded only then); None without
     ``--backend`` or in a dry run."""
     if not opts.backend or opts.dry_run:
         return None

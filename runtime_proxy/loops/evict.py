@@ -295,7 +295,7 @@ class DeleteEvictor(ApiEvictor):
 class _Runtime(Protocol):
     """What ``RuntimeEvictor`` needs of ``runtime_proxy.runtime.client.RuntimeClient``."""
 
-    runtime: Any  # Any: api_pb2_grpc.RuntimeServiceStub, a generated stub without type hints
+    runtime: Any  # Any: runtime_proxy.runtime.client.CriStub, or a test's fake of its three calls
     timeout: float
 
 

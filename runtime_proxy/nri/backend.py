@@ -12,8 +12,9 @@ An update that no reply has carried for ``carry_wait`` seconds (a quiet node: no
 event comes; or a CreateContainer whose reply ran out of the runtime's time) is sent through the
 runtime's CRI socket instead, as kubelet's UpdateContainerResources would be (``runtime``: a
 ``RuntimeClient`` on ``--backend``, made at the first such update when its socket exists, so
-the plugin loads gRPC only then). containerd passes that CRI call through its NRI UpdateContainer event, whose reply
-(``NriEngine.update_container``) carries the container's plan and the other pending updates.
+the plugin loads its HTTP/2 client only then; never the gRPC library). containerd passes that
+CRI call through its NRI UpdateContainer event, whose reply (``NriEngine.update_container``)
+carries the container's plan and the other pending updates.
 Without a runtime client such updates keep waiting for a reply or the next Synchronize.
 
 With ``unsolicited`` they are sent at once as unsolicited ``UpdateContainers`` calls instead.

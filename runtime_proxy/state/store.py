@@ -247,12 +247,12 @@ class Store:
 
     async def _load_pod(self, client: RuntimeReader, sandbox_id: str) -> tuple[PodFacts, bool] | None:
         """The pod the runtime reports for ``sandbox_id`` and whether its sandbox is ready."""
-        import grpc  # loaded with RuntimeClient (see there)
+        from runtime_proxy.runtime.unary import RpcError  # loaded with RuntimeClient (see there)
 
         try:
             status = await client.sandbox_status(sandbox_id)
-        except grpc.aio.AioRpcError as err:
-            log.info("cannot load pod from runtime", sandbox_id=sandbox_id, code=err.code().name)
+        except RpcError as err:
+            log.info("cannot load pod from runtime", sandbox_id=sandbox_id, code=err.code.name)
             return None
         config = verbose_config(status.info, api_pb2.PodSandboxConfig())
         s = status.status
@@ -269,12 +269,12 @@ class Store:
         self, client: RuntimeReader, container_id: str
     ) -> tuple[str, ContainerFacts, bool] | None:
         """The container the runtime reports: its sandbox id, facts, and whether it exited."""
-        import grpc  # loaded with RuntimeClient (see there)
+        from runtime_proxy.runtime.unary import RpcError  # loaded with RuntimeClient (see there)
 
         try:
             status = await client.container_status(container_id)
-        except grpc.aio.AioRpcError as err:
-            log.info("cannot load container from runtime", container_id=container_id, code=err.code().name)
+        except RpcError as err:
+            log.info("cannot load container from runtime", container_id=container_id, code=err.code.name)
             return None
         s = status.status
         config = verbose_config(status.info, api_pb2.ContainerConfig())

@@ -8,11 +8,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 from google.protobuf.message import Message
 
 from cri_protos import api_pb2
 from runtime_proxy.cri.door import CriInterceptor
+from runtime_proxy.runtime.unary import RpcError, StatusCode
 
 QOS = "koordinator.sh/qosClass"
 RS = "scheduling.koordinator.sh/resource-status"
@@ -33,9 +33,8 @@ def sandbox_config(uid: str, *, qos: str, cpuset: str = "") -> api_pb2.PodSandbo
     return config
 
 
-def _not_found(what: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(grpc.StatusCode.NOT_FOUND, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                f"{what} not found")
+def _not_found(what: str) -> RpcError:
+    return RpcError(StatusCode.NOT_FOUND, f"{what} not found")
 
 
 @dataclass

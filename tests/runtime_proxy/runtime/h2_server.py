@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import h2.config
 import h2.connection
