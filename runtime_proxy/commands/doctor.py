@@ -38,6 +38,7 @@ from hooks.facts import CgroupInfo, kube_qos_cgroup_path
 from hooks.plugins import BUILTIN_PLUGINS
 from rhp_ops.files import FileRefused, describe_mode, read_regular_file, read_text_file
 from rhp_ops.logs import shorten_rpc_errors
+from runtime_proxy.commands import HELP
 from runtime_proxy.config import (
     DEFAULT_BACKEND,
     DEFAULT_LISTEN,
@@ -546,7 +547,7 @@ def format_json(checks: Sequence[Check]) -> str:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    p = sub.add_parser("doctor", help="check that this node has what the proxy and its plugins need",
+    p = sub.add_parser("doctor", help=HELP["doctor"],
                        description="Check this node before switching kubelet to the proxy: cgroups, kernel files "
                                    "the plugins use, resctrl, containerd, NRI, the listen path, config files and "
                                    "hook-server registrations.",

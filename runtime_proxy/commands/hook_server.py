@@ -40,6 +40,7 @@ import structlog
 
 from hooks.spec import KOORD_HOOK_POINTS
 from runtime_proxy import compose, metrics
+from runtime_proxy.commands import HELP
 from runtime_proxy.compose import Parts
 from runtime_proxy.config import ProxyConfig, check_usable, load_config
 from runtime_proxy.engine.pipeline import Pipeline
@@ -235,7 +236,7 @@ The plans' cgroup and resctrl writes are applied here (--no-apply leaves them ou
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    p = sub.add_parser("hook-server", help="serve the plugins over Koordinator's RuntimeHookService",
+    p = sub.add_parser("hook-server", help=HELP["hook-server"],
                        description=DESCRIPTION, epilog=EXIT_CODES_EPILOG)
     add_arguments(p)
     return p

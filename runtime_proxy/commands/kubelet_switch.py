@@ -54,7 +54,7 @@ import yaml
 
 from rhp_ops.files import FileRefused, read_text_file
 from rhp_ops.yamlsafe import DocumentError, NoAliasLoader, load_yaml
-from runtime_proxy.commands import doctor
+from runtime_proxy.commands import HELP, doctor
 
 __all__ = [
     "EXIT_CODES",
@@ -528,7 +528,7 @@ def rollback_if_on_proxy(files: Sequence[KubeletFile], endpoint: str, proxy: str
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    p = sub.add_parser("kubelet-switch", help="point kubelet at the proxy (after doctor and /readyz) or back",
+    p = sub.add_parser("kubelet-switch", help=HELP["kubelet-switch"],
                        description="Switch kubelet's container runtime endpoint to the proxy when doctor passes and "
                                    "/readyz is ready, keeping a backup; --to containerd rolls back. See "
                                    "packaging/kubelet.md.",

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from runtime_proxy.commands import HELP
 from runtime_proxy.config import DEFAULT_BACKEND, ProxyConfig
 from runtime_proxy.nri.plugin import DEFAULT_SOCKET, PluginIdentity
 
@@ -76,7 +77,7 @@ class NriParts:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    p = sub.add_parser("nri", help="run the plugins as a containerd NRI plugin",
+    p = sub.add_parser("nri", help=HELP["nri"],
                        description="Run the plugins as a containerd NRI plugin (no kubelet change).")
     p.add_argument("--nri-socket", default=DEFAULT_SOCKET, help="the runtime's NRI socket (default %(default)s)")
     p.add_argument("--plugin-name", default=DEFAULT_NAME, help="name to register under (default %(default)s)")

@@ -20,6 +20,7 @@ import pluggy
 from koord_formats.bounded import load_json
 from koord_formats.errors import FormatError
 from runtime_proxy import compose
+from runtime_proxy.commands import HELP
 from runtime_proxy.config import ConfigError, ProxyConfig, load_config
 from runtime_proxy.engine.planner import PlanInputError, plan_document, shorten
 
@@ -70,7 +71,7 @@ def _plan_file(path: str, pm: pluggy.PluginManager, config: ProxyConfig) -> tupl
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    p = sub.add_parser("plan", help="print the plans for JSON documents (FILEs or stdin)",
+    p = sub.add_parser("plan", help=HELP["plan"],
                        description="Print what the hooks would do for JSON documents (docs/planner.md).",
                        epilog=EXIT_CODES)
     add_arguments(p)

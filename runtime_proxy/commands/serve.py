@@ -26,6 +26,7 @@ from hooks.facts import ContainerFacts, NodeFacts, PodFacts
 from hooks.plan import ResourceChanges
 from runtime_proxy import compose, memory, metrics, wiring
 from runtime_proxy.codecs.cri import set_linux_resources
+from runtime_proxy.commands import HELP
 from runtime_proxy.config import DEFAULT_BACKEND, DEFAULT_LISTEN, ConfigError, ProxyConfig, check_usable, load_config
 from runtime_proxy.cri.door import CriInterceptor
 from runtime_proxy.cri.transport import CallInterceptor
@@ -248,7 +249,7 @@ async def serve(opts: ProxyOptions) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    p = sub.add_parser("serve", help="run the CRI proxy", description="Run the CRI proxy in front of the runtime.",
+    p = sub.add_parser("serve", help=HELP["serve"], description="Run the CRI proxy in front of the runtime.",
                        epilog=EXIT_CODES_EPILOG)
     p.add_argument("--listen", "--koord-runtimeproxy-endpoint", dest="listen", default=DEFAULT_LISTEN,
                    help="unix socket to serve CRI on (default %(default)s)")
