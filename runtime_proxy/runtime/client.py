@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
@@ -19,7 +19,10 @@ from cri_protos import api_pb2
 from hooks.facts import Resources
 from hooks.plan import ResourceChanges
 from runtime_proxy.codecs.cri import fill_resources_pb, set_linux_resources
-from runtime_proxy.runtime.unary import MAX_ANSWER, RpcError, StatusCode, UnaryChannel
+from runtime_proxy.runtime.errors import MAX_ANSWER, RpcError, StatusCode
+
+if TYPE_CHECKING:
+    from runtime_proxy.runtime.unary import UnaryChannel
 
 __all__ = ["RUNTIME_CHANNEL_OPTIONS", "CriStub", "RpcError", "RuntimeClient", "StatusCode"]
 
@@ -155,6 +158,10 @@ class RuntimeClient:
     """Decoded CRI calls to the runtime, for the store and the reconciler (never for forwarding)."""
 
     def __init__(self, backend: str, *, timeout: float = 10.0, max_answer: int = MAX_ANSWER) -> None:
+        # The HTTP/2 client is imported here, not with the module: every command's parser
+        # imports this module, and only the commands that call the runtime need h2 (0.7 MiB).
+        from runtime_proxy.runtime.unary import UnaryChannel
+
         self.channel = UnaryChannel(backend, max_answer=max_answer)
         self.runtime = CriStub(self.channel)
         self.timeout = timeout

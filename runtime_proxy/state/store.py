@@ -46,6 +46,7 @@ from runtime_proxy.codecs.cri import (
     verbose_config,
     verbose_sandbox_id,
 )
+from runtime_proxy.runtime.errors import RpcError
 
 log = structlog.get_logger(__name__)
 
@@ -247,8 +248,6 @@ class Store:
 
     async def _load_pod(self, client: RuntimeReader, sandbox_id: str) -> tuple[PodFacts, bool] | None:
         """The pod the runtime reports for ``sandbox_id`` and whether its sandbox is ready."""
-        from runtime_proxy.runtime.unary import RpcError  # loaded with RuntimeClient (see there)
-
         try:
             status = await client.sandbox_status(sandbox_id)
         except RpcError as err:
@@ -269,8 +268,6 @@ class Store:
         self, client: RuntimeReader, container_id: str
     ) -> tuple[str, ContainerFacts, bool] | None:
         """The container the runtime reports: its sandbox id, facts, and whether it exited."""
-        from runtime_proxy.runtime.unary import RpcError  # loaded with RuntimeClient (see there)
-
         try:
             status = await client.container_status(container_id)
         except RpcError as err:

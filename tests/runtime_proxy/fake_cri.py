@@ -12,7 +12,7 @@ from google.protobuf.message import Message
 
 from cri_protos import api_pb2
 from runtime_proxy.cri.door import CriInterceptor
-from runtime_proxy.runtime.unary import RpcError, StatusCode
+from runtime_proxy.runtime.errors import RpcError, StatusCode
 
 QOS = "koordinator.sh/qosClass"
 RS = "scheduling.koordinator.sh/resource-status"
