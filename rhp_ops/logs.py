@@ -154,7 +154,10 @@ class RepeatLimiter:
 
     Lines are identical when their level, event and every other value but the timestamp are.
     At most ``max_kinds`` kinds are remembered (the least recent are forgotten), so a stream of
-    distinct lines costs bounded memory.
+    distinct lines costs bounded memory. A kind is remembered by its hash, not its text: at 512
+    kinds of per-pod warnings the text was about 0.4 MiB of a node agent's memory (issue 35); two
+    kinds would be taken for one only on a collision of the process's randomized 64-bit string
+    hashes.
     """
 
     def __init__(self, window: float = 30.0, *, max_kinds: int = 512,
@@ -162,8 +165,8 @@ class RepeatLimiter:
         self.window = window
         self.max_kinds = max_kinds
         self.clock = clock
-        # kind -> [time the last line was let through, repeats dropped since]
-        self._seen: OrderedDict[tuple[str, ...], list[float]] = OrderedDict()
+        # hash of a kind -> [time the last line was let through, repeats dropped since]
+        self._seen: OrderedDict[int, list[float]] = OrderedDict()
         self._lock = threading.Lock()
 
     @staticmethod
@@ -174,16 +177,17 @@ class RepeatLimiter:
         """``None`` when a line of ``kind`` is a repeat inside the window (count it, drop it);
         else how many repeats were dropped since the last one let through. Thread-safe: the
         standard-library side calls it from whichever thread logs."""
+        key = hash(kind)
         with self._lock:
             now = self.clock()
-            seen = self._seen.get(kind)
+            seen = self._seen.get(key)
             if seen is not None and now - seen[0] < self.window:
                 seen[1] += 1
-                self._seen.move_to_end(kind)
+                self._seen.move_to_end(key)
                 return None
             repeats = int(seen[1]) if seen is not None else 0
-            self._seen[kind] = [now, 0]
-            self._seen.move_to_end(kind)
+            self._seen[key] = [now, 0]
+            self._seen.move_to_end(key)
             while len(self._seen) > self.max_kinds:
                 self._seen.popitem(last=False)
             return repeats

@@ -106,6 +106,17 @@ def test_a_flood_of_distinct_errors_keeps_bounded_memory() -> None:
     assert len(limiter._seen) == 16
 
 
+def test_a_kind_is_remembered_without_its_text() -> None:
+    """512 kinds of per-pod warnings kept their text, about 0.4 MiB of a node agent (issue 35)."""
+    limiter = logs.RepeatLimiter(10.0, max_kinds=512, clock=lambda: 0.0)
+    for i in range(600):
+        limiter(None, "warning", {"event": "x" * 400, "level": "warning", "pod": f"p{i}" * 100})
+    assert len(limiter._seen) == 512 and all(type(k) is int for k in limiter._seen)
+    with pytest.raises(structlog.DropEvent):  # the newest kinds are still known
+        limiter(None, "warning", {"event": "x" * 400, "level": "warning", "pod": "p599" * 100})
+    assert limiter(None, "warning", {"event": "x" * 400, "level": "warning", "pod": "p0" * 100})["pod"] == "p0" * 100
+
+
 def test_repeats_end_to_end_through_structlog(stream: io.StringIO) -> None:
     log = structlog.get_logger("x")
     for _ in range(50):
