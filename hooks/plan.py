@@ -386,6 +386,11 @@ class Plan:
             or self.evictions
         )
 
+    def is_blank(self) -> bool:
+        """True when the plan holds nothing at all: ``is_empty`` with no skips and no records
+        either (merging it changes nothing)."""
+        return self.is_empty() and not (self.skipped or self.records)
+
     def files(self, writes: Iterable[CgroupWrite] | None = None) -> Plan:
         """The file part of the plan, the only part the applier performs: its writes (or
         ``writes`` instead of them), task moves and removals, in fresh lists."""
@@ -470,14 +475,23 @@ class MergeResult:
 
     def add(self, plugin: str, plan: Plan) -> list[Conflict]:
         """Fold ``plan`` in for ``plugin``; returns its conflicts (empty when it merged)."""
-        trial = _Claims(dict(self._claims.owners))
+        # The plan's claims are tried on top of the folded ones without copying those: the new
+        # claims are kept aside and join the folded ones only when none conflicts.
+        held = self._claims.owners
+        trial = _Claims()
         claims = list(_claims_of(plan))
-        found = [c for key, value in claims if (c := trial.claim(key, plugin, value))]
+        found: list[Conflict] = []
+        for key, value in claims:
+            earlier = held.get(key)
+            conflict = trial.claim(key, plugin, value) if earlier is None else (
+                None if earlier[1] == value else Conflict(key, earlier[0], plugin, earlier[1], value))
+            if conflict is not None:
+                found.append(conflict)
         if found:
             self.conflicts.extend(found)
             self.rejected.append(plugin)
             return found
-        self._claims = trial
+        held.update(trial.owners)
         target = self.plan
         target.resources = target.resources.merged(plan.resources)
         target.envs.update(plan.envs)

@@ -136,10 +136,8 @@ class Resources:
         them); unknown keys raise ``ValueError``."""
         if not data:
             return cls()
-        known = set(cls.field_names())
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown resource fields: {sorted(unknown)}")
+        if not _RESOURCE_FIELD_SET.issuperset(data):
+            raise ValueError(f"unknown resource fields: {sorted(set(data) - _RESOURCE_FIELD_SET)}")
         kwargs = {name: resource_value(name, value) for name, value in data.items()}
         return cls(**kwargs)  # type: ignore[arg-type]  # each value has its field's shape (resource_value)
 
@@ -158,6 +156,9 @@ class Resources:
         merged: dict[str, object] = dict(self.to_dict())
         merged.update(changes)
         return Resources.from_dict(merged)
+
+
+_RESOURCE_FIELD_SET = frozenset(Resources.field_names())
 
 
 @dataclass(frozen=True)

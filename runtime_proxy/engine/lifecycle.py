@@ -31,6 +31,7 @@ facts and stage results into wire replies; everything else happens here, once:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol
@@ -313,7 +314,7 @@ class Lifecycle:
         loops log their own rounds, and the dry-run applier logs the plans it records)."""
         if result is None or not self.allows(result.plan, stage):
             return None
-        if not result.plan.is_empty():
+        if not result.plan.is_empty() and _logs_info():
             log.info("plan", stage=stage, plan=result.plan.to_json())
         return result
 
@@ -337,6 +338,12 @@ class Lifecycle:
         result = self.carries(await self.run(stage, pod, container), stage)
         if result is not None:
             await self.apply(result.plan, stage)
+
+
+def _logs_info() -> bool:
+    """Whether this module's info lines are written (the plan's JSON is built only for them)."""
+    enabled = getattr(log, "is_enabled_for", None)
+    return enabled is None or bool(enabled(logging.INFO))
 
 
 class LifecycleDoor:

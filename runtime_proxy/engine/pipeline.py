@@ -44,6 +44,7 @@ from typing import Literal, Protocol
 
 import pluggy
 import structlog
+from prometheus_client import Histogram
 
 from hooks.facts import ContainerChanges, ContainerFacts, NodeFacts, PodChanges, PodFacts, Resources
 from hooks.plan import Conflict, MergeResult, Plan, PlanError, ResourceChanges, Skip
@@ -170,18 +171,25 @@ class StageResult:
     conflicts: list[Conflict] = field(default_factory=list)
 
 
-def _validate(raw: object, stage: str, container: ContainerFacts | None, step: str) -> Plan | None:
+def _validate(raw: object, stage: str, container: ContainerFacts | None,
+              step: str) -> tuple[Plan | None, Resources | None]:
+    """The step's plan as its stage keeps it (None: no plan), and the container's resources
+    under the plan's resource changes (None when it changes none, or is about no container),
+    which ``_advance`` then takes instead of computing them again; ``StepError`` for garbage."""
     if raw is None:
-        return None
+        return None, None
     if not isinstance(raw, Plan):
         raise StepError("garbage", f"returned {type(raw).__name__}, not a Plan or None")
     plan: Plan = raw
+    changed: Resources | None = None
     if plan.resources:
         base = container.resources if container is not None else Resources()
         try:
-            base.with_changes(plan.resources)
+            changed = base.with_changes(plan.resources)
         except (ValueError, TypeError, KeyError) as exc:
             raise StepError("garbage", f"bad resources in plan: {exc}") from exc
+        if container is None:
+            changed = None
     for mapping_name in ("envs", "annotations", "labels"):
         mapping = getattr(plan, mapping_name)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
@@ -215,15 +223,20 @@ def _validate(raw: object, stage: str, container: ContainerFacts | None, step: s
             skipped=[*plan.skipped, *(Skip(f"stage {stage} cannot change cri.{name}") for name in dropped)],
             records=plan.records,
         )
-    return plan
+        if "resources" not in allowed:
+            changed = None
+    return plan, changed
 
 
-def _advance(pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> tuple[PodFacts, ContainerFacts | None]:
-    """The facts as the next step sees them once ``plan`` is taken."""
+def _advance(pod: PodFacts, container: ContainerFacts | None, plan: Plan,
+             resources: Resources | None = None) -> tuple[PodFacts, ContainerFacts | None]:
+    """The facts as the next step sees them once ``plan`` is taken (``resources``: the
+    container's resources under the plan's changes when ``_validate`` computed them)."""
     if container is not None:
         changes: ContainerChanges = {}
         if plan.resources:
-            changes["resources"] = container.resources.with_changes(plan.resources)
+            changes["resources"] = resources if resources is not None else container.resources.with_changes(
+                plan.resources)
         if plan.envs:
             changes["envs"] = {**container.envs, **plan.envs}
         if plan.annotations:
@@ -243,6 +256,22 @@ def _advance(pod: PodFacts, container: ContainerFacts | None, plan: Plan) -> tup
     return (pod.replace(**pod_changes) if pod_changes else pod), None
 
 
+# The latency histogram's child of each (step, stage), looked up once: prometheus_client's
+# ``labels`` takes a lock and builds its key on every call. Bounded: cleared when it holds more
+# than ``_LATENCY_CHILDREN`` (hook servers come and go by name).
+_LATENCY_CHILDREN = 1024
+_latency_children: dict[tuple[str, str], Histogram] = {}
+
+
+def _latency(step: str, stage: str) -> Histogram:
+    child = _latency_children.get((step, stage))
+    if child is None:
+        if len(_latency_children) >= _LATENCY_CHILDREN:
+            _latency_children.clear()
+        child = _latency_children[(step, stage)] = metrics.PLUGIN_LATENCY.labels(step, stage)
+    return child
+
+
 class _StageRun:
     """One stage's run in progress: the facts as the steps so far left them and the merged
     plan. ``record`` takes one step's outcome (validation, merge, failure policy)."""
@@ -260,14 +289,16 @@ class _StageRun:
 
     def record(self, step: Step, raw: object, error: BaseException | None, elapsed: float) -> None:
         failure: StepFailure | None = None
-        if error is None:
+        if error is None and type(raw) is Plan and raw.is_blank():
+            pass  # nothing to check, merge or see: recorded as run, as any plan that merged
+        elif error is None:
             try:
-                plan = _validate(raw, self.stage, self.container, step.name)
+                plan, resources = _validate(raw, self.stage, self.container, step.name)
                 if plan is not None:
                     conflicts = self.merged.add(step.name, plan)
                     if conflicts:
                         raise StepError("conflict", "; ".join(str(c) for c in conflicts))
-                    self.pod, self.container = _advance(self.pod, self.container, plan)
+                    self.pod, self.container = _advance(self.pod, self.container, plan, resources)
             except StepError as exc:
                 failure = StepFailure(step.name, self.stage, step.policy, exc.kind, str(exc))
             except Exception as exc:  # a plan that breaks the merge is the step's failure
@@ -286,7 +317,7 @@ class _StageRun:
                                      f"no answer within {step.timeout:g}s"), elapsed)
 
     def _done(self, step: Step, failure: StepFailure | None, elapsed: float) -> None:
-        metrics.PLUGIN_LATENCY.labels(step.name, self.stage).observe(elapsed)
+        _latency(step.name, self.stage).observe(elapsed)
         self.result.ran.append(step.name)
         if failure is None:
             return
@@ -396,6 +427,10 @@ class Pipeline:
     def __init__(self, steps: Sequence[Step] = ()) -> None:
         self._steps: list[Step] = list(steps)
         self._remote: list[Step] = []
+        # Per stage, the in-process steps that may handle it, in order (``_handling``): a
+        # ``PluginStep`` only when it does (its hook functions are fixed when it is made), any
+        # other step always (asked at each call). Forgotten when the steps change.
+        self._by_stage: dict[str, list[Step]] = {}
 
     @property
     def steps(self) -> list[Step]:
@@ -403,13 +438,27 @@ class Pipeline:
 
     def set_steps(self, steps: Sequence[Step]) -> None:
         self._steps = list(steps)
+        self._by_stage = {}
 
     def set_remote_steps(self, steps: Sequence[Step]) -> None:
         """Hook servers, run after the in-process plugins (see ``runtime_proxy.hookclient``)."""
         self._remote = list(steps)
 
+    def _handling(self, stage: str) -> list[Step]:
+        """The steps that handle ``stage``, in order (``steps`` filtered by ``handles``)."""
+        local = self._by_stage.get(stage)
+        if local is None:
+            if len(self._by_stage) >= len(STAGES) + 16:  # bounded: stage names are few
+                self._by_stage.clear()
+            local = self._by_stage[stage] = [
+                step for step in self._steps if type(step) is not PluginStep or step.handles(stage)]
+        steps = [step for step in local if type(step) is PluginStep or step.handles(stage)]
+        if self._remote:
+            steps.extend(step for step in self._remote if step.handles(stage))
+        return steps
+
     def has_work(self, stage: str) -> bool:
-        return any(step.handles(stage) for step in self.steps)
+        return bool(self._handling(stage))
 
     async def run(
         self,
@@ -423,7 +472,7 @@ class Pipeline:
         """Run every step that handles ``stage``; ``extra`` holds the stage's other keyword
         arguments (``pods`` and ``usage`` at ``ReconcileUsage``, see ``run_usage``)."""
         run = _StageRun(stage, pod, container, node, extra)
-        steps = [step for step in self.steps if step.handles(stage)]
+        steps = self._handling(stage)
         index = 0
         while index < len(steps) and run.result.rejected is None:
             step = steps[index]
