@@ -34,6 +34,7 @@ returns past its timeout before the event loop has looked is a timeout all the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 import time
@@ -359,10 +360,27 @@ class _LocalBatch:
         self.deadline = self.since + steps[0].timeout  # when the event loop looks again
         self.loop = asyncio.get_running_loop()
         self.wake: asyncio.Future[None] = self.loop.create_future()
+        # Set on the event loop once the job is over: what escaped it (None: nothing).
+        self.ended: tuple[BaseException | None] | None = None
 
     def _wake(self) -> None:
         if not self.wake.done():
             self.wake.set_result(None)
+
+    def _ended(self, error: BaseException | None) -> None:
+        self.ended = (error,)
+        self._wake()
+
+    def _job(self) -> None:
+        """The worker job: ``_work``, then the event loop told (one hand-off back, no future
+        chained to the executor's)."""
+        error: BaseException | None = None
+        try:
+            self._work()
+        except BaseException as exc:  # raised on the event loop, where the stage waits
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for this stage
+            self.loop.call_soon_threadsafe(self._ended, error)
 
     def _work(self) -> None:
         run = self.run_state
@@ -398,7 +416,10 @@ class _LocalBatch:
         """Run the steps; returns how many of them are now recorded (all, up to a rejection,
         or up to and including the one that timed out)."""
         # The job logs with the call's context (the pod and container ``Lifecycle.run`` bound).
-        job = self.loop.run_in_executor(_EXECUTOR, contextvars.copy_context().run, self._work)
+        # One future (``wake``) is awaited for the job's end, its wake-ups and the deadline (a
+        # timer): no ``asyncio.wait`` and no executor future chained to an asyncio one, which
+        # cost two more trips through the event loop per stage.
+        _EXECUTOR.submit(contextvars.copy_context().run, self._job)
         while True:
             if self.wake.done():
                 self.wake = self.loop.create_future()
@@ -406,10 +427,15 @@ class _LocalBatch:
                 current, since = self.current, self.since
                 self.deadline = since + self.steps[current].timeout
             left = self.deadline - time.monotonic()
-            finished, _ = await asyncio.wait({job, self.wake}, timeout=max(left, 0.0),
-                                             return_when=asyncio.FIRST_COMPLETED)
-            if job in finished:
-                job.result()
+            if self.ended is None:
+                timer = self.loop.call_later(max(left, 0.0), self._wake)
+                try:
+                    await self.wake
+                finally:
+                    timer.cancel()
+            if self.ended is not None:
+                if self.ended[0] is not None:
+                    raise self.ended[0]
                 return self.done if self.run_state.result.rejected is not None else len(self.steps)
             with self.lock:
                 if self.current != current or self.since != since or self.done > current:
