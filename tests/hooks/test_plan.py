@@ -52,6 +52,18 @@ def test_conflicting_writes_to_one_file_name_both_plugins_and_values() -> None:
     assert result.plan.writes == [CgroupWrite("pod", "p", "cpu.shares", "2")]
 
 
+def test_a_plan_left_out_for_a_conflict_claims_nothing() -> None:
+    result = MergeResult()
+    assert result.add("a", Plan().set_resource("cpu_shares", 2)) == []
+    # b conflicts on cpu_shares: its claim on cpu_quota is not kept, so c's value for it merges.
+    [conflict] = result.add("b", Plan().set_resource("cpu_quota", 5).set_resource("cpu_shares", 3))
+    assert (conflict.field, conflict.first, conflict.second) == ("resources.cpu_shares", "a", "b")
+    assert result.add("c", Plan().set_resource("cpu_quota", 7)) == []
+    assert result.plan.cri_json() == {"resources": {"cpu_shares": 2, "cpu_quota": 7}}
+    assert result.owners == {"resources.cpu_shares": "a", "resources.cpu_quota": "c"}
+    assert result.rejected == ["b"]
+
+
 def test_equal_writes_are_kept_once_and_skips_name_their_plugin() -> None:
     result = merge([("a", Plan().write("pod", "p", "f", 1).skip("why")), ("b", Plan().write("pod", "p", "f", 1))])
     assert result.plan.writes == [CgroupWrite("pod", "p", "f", "1")]

@@ -287,3 +287,57 @@ async def test_an_overrun_is_caught_when_the_whole_job_finishes_before_the_event
     assert [(f.step, f.kind) for f in result.failures] == [("p1-Overruns", "timeout")]
     assert "LATE" not in result.plan.envs
     assert [s.plugin for s in result.plan.skipped] == ["p1-Overruns"]
+
+
+class Blank:
+    """Returns a plan that holds nothing (recorded as run, merged as nothing)."""
+
+    @hookimpl
+    def rhp_pre_create_container(self) -> Plan:
+        return Plan()
+
+
+async def test_a_blank_plan_is_recorded_as_run_and_changes_nothing() -> None:
+    result = await _pipeline((Blank(), "Fail"), (Shares(3), "Fail"), (Blank(), "Fail")).run(
+        "PreCreateContainer", POD, CONTAINER, NodeFacts())
+    assert result.ran == ["p0-Blank", "p1-Shares", "p2-Blank"]
+    assert result.failures == [] and result.rejected is None
+    assert result.plan.cri_json() == {"resources": {"cpu_shares": 3}}
+    assert result.container is not None and result.container.resources.cpu_shares == 3
+
+
+async def test_the_steps_of_a_stage_follow_set_steps() -> None:
+    pipeline = _pipeline((Shares(2), "Ignore"))
+    assert (await pipeline.run("PreCreateContainer", POD, CONTAINER, NodeFacts())).ran == ["p0-Shares"]
+    pipeline.set_steps(_pipeline((Env(), "Ignore"), (Shares(5), "Ignore")).steps)
+    result = await pipeline.run("PreCreateContainer", POD, CONTAINER, NodeFacts())
+    assert result.ran == ["p0-Env", "p1-Shares"]
+    assert result.plan.cri_json() == {"resources": {"cpu_shares": 5}, "envs": {"SHARES": "512"}}
+    pipeline.set_steps([])
+    assert not pipeline.has_work("PreCreateContainer")
+
+
+class Switches:
+    """A step other than an in-process plugin whose stages change between calls: asked each time."""
+
+    name, policy, timeout = "switches", "Ignore", 2.0
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def handles(self, stage: str) -> bool:
+        return self.on and stage == "PreCreateContainer"
+
+    async def call(self, stage: str, pod: PodFacts, container: ContainerFacts | None, node: NodeFacts,
+                   extra: Any = None) -> Plan:
+        return Plan().set_env("SWITCHED", "1")
+
+
+async def test_a_step_that_is_no_plugin_is_asked_at_every_call_whether_it_handles_the_stage() -> None:
+    switches = Switches()
+    pipeline = Pipeline([*_pipeline((Shares(2), "Ignore")).steps, switches])
+    assert (await pipeline.run("PreCreateContainer", POD, CONTAINER, NodeFacts())).ran == ["p0-Shares"]
+    switches.on = True
+    assert pipeline.has_work("PreCreateContainer")
+    result = await pipeline.run("PreCreateContainer", POD, CONTAINER, NodeFacts())
+    assert result.ran == ["p0-Shares", "switches"] and result.plan.envs == {"SWITCHED": "1"}
