@@ -17,6 +17,12 @@ reports per call the median time through the door, per hooked stage the median t
 stage run (``Pipeline.run``: the hand-off to the plugins' worker thread, the plugins, recording
 their plans) and the mean of the plugins' own time (the ``rhp_plugin_duration_seconds``
 histogram), and the process CPU per lifecycle.
+
+``--stages`` times the three hooked stages of that lifecycle (PreRunPodSandbox,
+PreCreateContainer, PostStartContainer) in a tight loop instead, one stage at a time with the
+facts the door builds: the plugins' hook functions called directly, recording their plans
+(``_StageRun.record``, as the worker job does), and ``Pipeline.run`` as a whole (the hand-off to
+the worker thread and back included; its p10 and p50 over ``--lifecycles`` x 4 runs).
 """
 
 from __future__ import annotations
@@ -133,6 +139,78 @@ async def _child(lifecycles: int, lsr: bool) -> dict[str, Any]:
     }
 
 
+def _stages_child(n: int, lsr: bool) -> dict[str, Any]:
+    """Per hooked stage: the plugins' own time, recording their plans, and ``Pipeline.run``."""
+    from hooks.facts import ContainerFacts, PodFacts, Resources
+    from runtime_proxy import compose, logs
+    from runtime_proxy.config import ProxyConfig
+    from runtime_proxy.engine import pipeline as pipeline_module
+    from runtime_proxy.engine.lifecycle import Lifecycle
+
+    logs.configure("json", "warning", stream=open(os.devnull, "w"))  # noqa: SIM115
+    parts = compose.build(ProxyConfig(cgroupRoot=tempfile.mkdtemp(prefix="rhp-engine-"), cgroupDriver="cgroupfs"),
+                          entry_points=False)
+    core = Lifecycle(parts.pipeline, node_source=parts.node_source, kubelet_root=parts.kubelet_root)
+    uid = str(uuid.UUID(int=1))
+    annotations = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "0-1"})} if lsr else {}
+    labels = {"koordinator.sh/qosClass": "LSR" if lsr else "LS"}
+    pod = PodFacts(name="bench", namespace="default", uid=uid, labels=labels, annotations=annotations,
+                   cgroup_parent=f"/kubepods/burstable/pod{uid}", sandbox_id="sb1")
+    core.store.put_pod(pod)
+    asyncio.run(core.refresh())
+    node, container = core.node(), ContainerFacts(name="app", resources=Resources(cpu_shares=512))
+
+    def best(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times.append((time.perf_counter() - start) / n * 1e6)
+        return min(times)
+
+    out: dict[str, Any] = {}
+    for stage, facts in (("PreRunPodSandbox", None), ("PreCreateContainer", container),
+                         ("PostStartContainer", container)):
+        steps = [s for s in parts.pipeline.steps if s.handles(stage)]
+        raws = [(s, s.invoke(stage, pod, facts, node, None)) for s in steps]
+
+        def plugins(steps: list[Any] = steps, stage: str = stage, facts: Any = facts) -> None:
+            for s in steps:
+                s.invoke(stage, pod, facts, node, None)
+
+        def record(raws: list[Any] = raws, stage: str = stage, facts: Any = facts) -> None:
+            run = pipeline_module._StageRun(stage, pod, facts, node, None)
+            for s, raw in raws:
+                run.record(s, raw, None, 0.0)
+            run.finish()
+
+        async def whole(stage: str = stage, facts: Any = facts) -> list[float]:
+            times = []
+            for _ in range(n * 4):
+                start = time.perf_counter()
+                await parts.pipeline.run(stage, pod, facts, node)
+                times.append((time.perf_counter() - start) * 1e6)
+            return sorted(times)
+
+        runs = asyncio.run(whole())
+        out[stage] = {"plugins": best(plugins), "record": best(record), "run p10": runs[len(runs) // 10],
+                      "run p50": runs[len(runs) // 2]}
+    return out
+
+
+def _stages_table(results: dict[str, list[dict[str, Any]]], other: str | None) -> None:
+    head = "| stage: measure, µs | ours, median [min, max] |" + (
+        f" {other} | ours / {other} per round |" if other else "")
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
+    for stage in ("PreRunPodSandbox", "PreCreateContainer", "PostStartContainer"):
+        for measure, label in (("plugins", "the plugins' hook functions"), ("record", "recording their plans"),
+                               ("run p10", "Pipeline.run p10"), ("run p50", "Pipeline.run p50")):
+            ours = [r[stage][measure] for r in results["ours"]]
+            print(_row(f"{stage}: {label}", ours, [r[stage][measure] for r in results[other]] if other else None))
+
+
 def _run_child(tree: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     env = dict(os.environ)
     if tree is not None:
@@ -141,8 +219,7 @@ def _run_child(tree: Path | None, args: argparse.Namespace) -> dict[str, Any]:
         root = Path(__file__).resolve().parents[1]
         env["PYTHONPATH"] = f"{root}:{root / 'devenv'}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--lifecycles", str(args.lifecycles)]
-    if args.lsr:
-        cmd.append("--lsr")
+    cmd += [flag for flag, on in (("--lsr", args.lsr), ("--stages", args.stages)) if on]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     if out.returncode != 0:
         sys.exit(f"child failed:\n{out.stderr}")
@@ -164,6 +241,7 @@ def main() -> None:
     parser.add_argument("--lifecycles", type=int, default=400, help="timed lifecycles per child")
     parser.add_argument("--rounds", type=int, default=5, help="children per arm, in alternating order")
     parser.add_argument("--lsr", action="store_true", help="an LSR pod bound to CPUs 0-1 instead of an LS pod")
+    parser.add_argument("--stages", action="store_true", help="time the hooked stages in a tight loop (see above)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import baseline as baseline_arm
@@ -171,6 +249,9 @@ def main() -> None:
     baseline_arm.add_option(parser)
     args = parser.parse_args()
     if args.child:
+        if args.stages:
+            print(json.dumps(_stages_child(args.lifecycles, args.lsr)))
+            return
         run: Callable[[], Awaitable[dict[str, Any]]] = lambda: _child(args.lifecycles, args.lsr)  # noqa: E731
         print(json.dumps(asyncio.run(run())))
         return
@@ -184,11 +265,19 @@ def main() -> None:
     for rnd, order in baseline_arm.orders(arms, args.rounds):
         for name, tree in order:
             results[name].append(_run_child(tree, args))
+        if args.stages:
+            print(f"round {rnd + 1}: " + "; ".join(
+                f"{a} PreCreateContainer run p50 {results[a][-1]['PreCreateContainer']['run p50']:.0f} us"
+                for a, _ in arms))
+            continue
         print(f"round {rnd + 1}: " + "; ".join(
             f"{a} CreateContainer {results[a][-1]['calls']['CreateContainer']:.0f} us, "
             f"CPU per lifecycle {results[a][-1]['cpu']:.0f} us" for a, _ in arms))
     print(f"load average at the end {os.getloadavg()[0]:.1f}\n")
     other = base.name if base is not None else None
+    if args.stages:
+        _stages_table(results, other)
+        return
     head = "| measure, µs | ours, median [min, max] |" + (f" {other} | ours / {other} per round |" if other else "")
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
