@@ -18,6 +18,12 @@ stage run (``Pipeline.run``: the hand-off to the plugins' worker thread, the plu
 their plans) and the mean of the plugins' own time (the ``rhp_plugin_duration_seconds``
 histogram), and the process CPU per lifecycle.
 
+``--nri`` drives the NRI door (``NriEngine``) instead, with the NRI events of the same
+lifecycle (RunPodSandbox, CreateContainer, PostCreateContainer, StartContainer,
+PostStartContainer, StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox) of an LSR
+pod bound to CPU 0 (``nri_overhead.py``'s pod); per event the median time and the process CPU
+per lifecycle.
+
 ``--stages`` times the three hooked stages of that lifecycle (PreRunPodSandbox,
 PreCreateContainer, PostStartContainer) in a tight loop instead, one stage at a time with the
 facts the door builds: the plugins' hook functions called directly, recording their plans
@@ -139,6 +145,58 @@ async def _child(lifecycles: int, lsr: bool) -> dict[str, Any]:
     }
 
 
+async def _nri_child(lifecycles: int) -> dict[str, Any]:
+    """The NRI door's figures: per event the median time, and the CPU per lifecycle."""
+    from cri_protos import nri_pb2
+    from runtime_proxy import compose, logs
+    from runtime_proxy.config import ProxyConfig
+    from runtime_proxy.nri.adapter import NriEngine
+
+    logs.configure("json", "warning", stream=open(os.devnull, "w"))  # noqa: SIM115
+    root = tempfile.mkdtemp(prefix="rhp-engine-")
+    parts = compose.build(ProxyConfig(cgroupRoot=root, cgroupDriver="cgroupfs"), entry_points=False)
+    engine = NriEngine(parts.pipeline, node_source=parts.node_source, applier=parts.applier,
+                       kubelet_root=parts.kubelet_root, pod_specs=parts.pod_specs)
+    event = nri_pb2.Event
+    times: dict[str, list[float]] = {}
+
+    async def timed(name: str, call: Awaitable[object]) -> None:
+        start = time.perf_counter()
+        await call
+        times.setdefault(name, []).append(time.perf_counter() - start)
+
+    async def lifecycle(i: int) -> None:
+        uid, sandbox, cid = str(uuid.UUID(int=i)), f"sb{i:08d}", f"c{i:08d}"
+        for sub in ("cpu", "cpuset", "memory", "cpuacct"):
+            Path(root, sub, "kubepods", "burstable", f"pod{uid}", cid).mkdir(parents=True, exist_ok=True)
+        pod = nri_pb2.PodSandbox(id=sandbox, name=f"bench-{i}", uid=uid, namespace="default")
+        pod.labels["koordinator.sh/qosClass"] = "LSR"
+        pod.annotations["scheduling.koordinator.sh/resource-status"] = json.dumps({"cpuset": "0"})
+        pod.linux.cgroup_parent = f"/kubepods/burstable/pod{uid}"
+        container = nri_pb2.Container(id=cid, name="app", pod_sandbox_id=sandbox)
+        container.linux.resources.cpu.shares.value = 512
+        await timed("RunPodSandbox", engine.state_change(event.RUN_POD_SANDBOX, pod, None))
+        await timed("CreateContainer", engine.create_container(pod, container))
+        for name, which in (("PostCreateContainer", event.POST_CREATE_CONTAINER),
+                            ("StartContainer", event.START_CONTAINER),
+                            ("PostStartContainer", event.POST_START_CONTAINER)):
+            await timed(name, engine.state_change(which, pod, container))
+        await timed("StopContainer", engine.stop_container(pod, container))
+        await timed("RemoveContainer", engine.state_change(event.REMOVE_CONTAINER, pod, container))
+        await timed("StopPodSandbox", engine.state_change(event.STOP_POD_SANDBOX, pod, None))
+        await timed("RemovePodSandbox", engine.state_change(event.REMOVE_POD_SANDBOX, pod, None))
+
+    for i in range(20):
+        await lifecycle(i)
+    times.clear()
+    cpu = time.process_time()
+    for i in range(20, 20 + lifecycles):
+        await lifecycle(i)
+    cpu = time.process_time() - cpu
+    return {"calls": {name: statistics.median(v) * 1e6 for name, v in times.items()}, "stages": {}, "plugins": {},
+            "cpu": cpu / lifecycles * 1e6}
+
+
 def _stages_child(n: int, lsr: bool) -> dict[str, Any]:
     """Per hooked stage: the plugins' own time, recording their plans, and ``Pipeline.run``."""
     from hooks.facts import ContainerFacts, PodFacts, Resources
@@ -219,7 +277,7 @@ def _run_child(tree: Path | None, args: argparse.Namespace) -> dict[str, Any]:
         root = Path(__file__).resolve().parents[1]
         env["PYTHONPATH"] = f"{root}:{root / 'devenv'}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--lifecycles", str(args.lifecycles)]
-    cmd += [flag for flag, on in (("--lsr", args.lsr), ("--stages", args.stages)) if on]
+    cmd += [flag for flag, on in (("--lsr", args.lsr), ("--stages", args.stages), ("--nri", args.nri)) if on]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     if out.returncode != 0:
         sys.exit(f"child failed:\n{out.stderr}")
@@ -241,6 +299,7 @@ def main() -> None:
     parser.add_argument("--lifecycles", type=int, default=400, help="timed lifecycles per child")
     parser.add_argument("--rounds", type=int, default=5, help="children per arm, in alternating order")
     parser.add_argument("--lsr", action="store_true", help="an LSR pod bound to CPUs 0-1 instead of an LS pod")
+    parser.add_argument("--nri", action="store_true", help="the NRI door's events instead (see above)")
     parser.add_argument("--stages", action="store_true", help="time the hooked stages in a tight loop (see above)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -252,14 +311,16 @@ def main() -> None:
         if args.stages:
             print(json.dumps(_stages_child(args.lifecycles, args.lsr)))
             return
-        run: Callable[[], Awaitable[dict[str, Any]]] = lambda: _child(args.lifecycles, args.lsr)  # noqa: E731
+        run: Callable[[], Awaitable[dict[str, Any]]] = (
+            (lambda: _nri_child(args.lifecycles)) if args.nri else (lambda: _child(args.lifecycles, args.lsr)))
         print(json.dumps(asyncio.run(run())))
         return
     base = args.baseline
     if base is not None:
         base.check("runtime_proxy")
     arms: list[tuple[str, Path | None]] = [("ours", None)] + ([(base.name, base.tree)] if base is not None else [])
-    print(f"{args.rounds} rounds, {args.lifecycles} lifecycles per child, {'LSR' if args.lsr else 'LS'} pod, "
+    what = "NRI door, LSR pod" if args.nri else f"CRI door, {'LSR' if args.lsr else 'LS'} pod"
+    print(f"{args.rounds} rounds, {args.lifecycles} lifecycles per child, {what}, "
           f"arms {', '.join(a for a, _ in arms)}; load average {os.getloadavg()[0]:.1f}")
     results: dict[str, list[dict[str, Any]]] = {a: [] for a, _ in arms}
     for rnd, order in baseline_arm.orders(arms, args.rounds):
@@ -285,7 +346,7 @@ def main() -> None:
     def series(arm: str, key: str, name: str) -> list[float]:
         return [float(r[key].get(name, 0.0)) for r in results[arm]]
 
-    rows: list[tuple[str, str, str]] = [(f"{c} p50", "calls", c) for c in CALLS]
+    rows: list[tuple[str, str, str]] = [(f"{c} p50", "calls", c) for c in results["ours"][0]["calls"]]
     stage_names = sorted({s for r in results["ours"] for s in r["stages"]})
     rows += [(f"stage {s} p50", "stages", s) for s in stage_names]
     rows += [(f"plugins' own time at {s}, mean", "plugins", s) for s in stage_names]
