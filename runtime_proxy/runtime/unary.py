@@ -328,15 +328,18 @@ class UnaryChannel:
     async def call(self, method: str, request: bytes, *, timeout: float) -> bytes:
         """The answer's message to ``request`` on ``method`` (``/package.Service/Method``);
         ``RpcError`` when the call fails or takes longer than ``timeout`` seconds."""
-        deadline = self._clock() + timeout
-        headers = [(b"content-type", b"application/grpc"), (b"te", b"trailers"),
-                   (b"grpc-timeout", _timeout_header(timeout))]
+        # wait_for, not asyncio.timeout: the relay starts a hook's coroutine outside any task
+        # (``runtime_proxy.cri.relay._intercept``), where asyncio.timeout refuses to run.
         try:
-            async with asyncio.timeout(timeout):
-                conn = await self._connection(deadline)
-                return await conn.call(method.encode(), headers, request)
+            return await asyncio.wait_for(self._call(method, request, timeout), timeout)
         except TimeoutError:
             raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {timeout:g} s") from None
+
+    async def _call(self, method: str, request: bytes, timeout: float) -> bytes:
+        headers = [(b"content-type", b"application/grpc"), (b"te", b"trailers"),
+                   (b"grpc-timeout", _timeout_header(timeout))]
+        conn = await self._connection(self._clock() + timeout)
+        return await conn.call(method.encode(), headers, request)
 
     async def _connection(self, deadline: float) -> _Connection:
         async with self._connecting:

@@ -12,6 +12,7 @@ import h2.errors
 import pytest
 from hyperframe.frame import GoAwayFrame
 
+from runtime_proxy.cri.relay._intercept import resume_coro
 from runtime_proxy.runtime.unary import RpcError, StatusCode, UnaryChannel
 from tests.runtime_proxy.runtime.h2_server import Handler, Server, Stream
 
@@ -365,3 +366,29 @@ async def test_caller_cancelled_resets_its_stream(env: Env) -> None:
         await slow
     assert await env.call(b"quick") == b"quick"
     assert env.server.sessions[0].resets == [1]
+
+
+async def test_a_call_started_outside_any_task(env: Env) -> None:
+    """The relay runs a hook's coroutine at once until it first waits, outside any task
+    (``_start_eager``), then resumes it in one: a runtime call made there works."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[bytes] = loop.create_future()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def hook() -> None:
+        try:
+            done.set_result(await env.call(b"eager", timeout=5))
+        except BaseException as exc:  # handed to the test
+            done.set_exception(exc)
+
+    def start() -> None:
+        assert asyncio.current_task() is None
+        coro = hook()
+        try:
+            first = coro.send(None)
+        except StopIteration:
+            return
+        tasks.append(loop.create_task(resume_coro(coro, first)))
+
+    loop.call_soon(start)
+    assert await asyncio.wait_for(done, 10) == b"eager"
