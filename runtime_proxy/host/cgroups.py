@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,9 +59,13 @@ _V2_PAGE_ROUNDED = frozenset({"memory.max", "memory.swap.max", "memory.high", "m
 # Files (``(path, file)``) on a cgroup filesystem whose place ``Cgroups`` remembers, at most, and
 # the characters of their names and places together; the memory starts over when either is
 # reached (the loops name each pod's and container's files every second). A path longer than
-# PATH_MAX is never remembered (the kernel refuses it anyway).
+# PATH_MAX is never remembered (the kernel refuses it anyway). A place not asked for within
+# ``REMEMBER_SECONDS`` (at most twice that) is forgotten, so the memory follows the containers
+# that live instead of filling with removed pods' files up to the bound (575-850 bytes a place:
+# 4-7 MiB of a node agent at 8,192, issue 35).
 MAX_REMEMBERED_FILES = 8192
 MAX_REMEMBERED_CHARS = 4 << 20
+REMEMBER_SECONDS = 60.0
 _PATH_MAX = 4096
 _READ_CHUNK = 64 * 1024
 
@@ -151,6 +156,11 @@ class WriteResult:
     new_raw: str | None = None
 
 
+def _chars(key: tuple[str, str], found: tuple[Path, str, str]) -> int:
+    """What ``Cgroups`` counts of a remembered place against ``MAX_REMEMBERED_CHARS``."""
+    return len(key[0]) + len(key[1]) + 2 * len(found[2])
+
+
 class Cgroups:
     """The cgroup tree under ``root``.
 
@@ -179,8 +189,12 @@ class Cgroups:
         self._cgroupfs_roots: set[Path] = set()
         # (path, file) -> (directory, file name, full path) for files under a cgroupfs root: the
         # place is a function of the two names there (no symlinks), so it is found once.
+        # Those asked for in this period, and those of the previous one not asked for since.
         self._files: dict[tuple[str, str], tuple[Path, str, str]] = {}
         self._files_chars = 0
+        self._files_before: dict[tuple[str, str], tuple[Path, str, str]] = {}
+        self._before_chars = 0
+        self._period_start = time.monotonic()
         self._unsupported: set[str] = set()
 
     # -- paths ---------------------------------------------------------------------------------
@@ -245,20 +259,33 @@ class Cgroups:
 
     def _locate(self, path: str, file: str) -> tuple[Path, str, str]:
         """(directory, translated file name, full path) of a plan's ``(path, file)``; found once
-        on a cgroup filesystem (``MAX_REMEMBERED_FILES``), checked on every call elsewhere."""
+        on a cgroup filesystem and remembered while it is asked for (``MAX_REMEMBERED_FILES``,
+        ``REMEMBER_SECONDS``), checked on every call elsewhere."""
         key = (path, file)
         found = self._files.get(key)
         if found is not None:
             return found
-        directory, name, trusted = self._find(path, file)
-        found = (directory, name, os.path.join(directory, name))
-        if trusted and len(found[2]) <= _PATH_MAX:
-            chars = len(path) + len(file) + 2 * len(found[2])
-            if len(self._files) >= MAX_REMEMBERED_FILES or self._files_chars + chars > MAX_REMEMBERED_CHARS:
-                self._files.clear()
-                self._files_chars = 0
-            self._files[key] = found
-            self._files_chars += chars
+        now = time.monotonic()
+        if now - self._period_start >= REMEMBER_SECONDS:
+            self._files_before, self._before_chars = self._files, self._files_chars
+            self._files, self._files_chars = {}, 0
+            self._period_start = now
+        kept = self._files_before.pop(key, None)
+        if kept is not None:
+            found = kept
+            self._before_chars -= _chars(key, found)
+        else:
+            directory, name, trusted = self._find(path, file)
+            found = (directory, name, os.path.join(directory, name))
+            if not trusted or len(found[2]) > _PATH_MAX:
+                return found
+        chars = _chars(key, found)
+        files = len(self._files) + len(self._files_before)
+        if files >= MAX_REMEMBERED_FILES or self._files_chars + self._before_chars + chars > MAX_REMEMBERED_CHARS:
+            self._files, self._files_before = {}, {}
+            self._files_chars = self._before_chars = 0
+        self._files[key] = found
+        self._files_chars += chars
         return found
 
     def _target(self, path: str, file: str) -> tuple[Path, str]:

@@ -112,6 +112,27 @@ def test_a_file_on_a_cgroup_filesystem_is_found_once_and_the_memory_is_bounded(
         tree.file_path("kubepods/../../x", "cpu.shares")
 
 
+@pytest.mark.skipif(not _cpu_root_on_cgroupfs(), reason="needs a cgroup filesystem at /sys/fs/cgroup")
+def test_a_place_not_asked_for_within_two_periods_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Removed pods' files leave the memory instead of filling it up to its bound (issue 35);
+    the places still asked for are kept, and the character count follows what is kept."""
+    now = [1000.0]
+    monkeypatch.setattr(cg.time, "monotonic", lambda: now[0])
+    tree = cg.Cgroups()
+    for i in range(50):
+        tree.file_path(f"kubepods/gone{i}", "cpu.shares")
+    for period in range(3):
+        now[0] += cg.REMEMBER_SECONDS
+        tree.file_path("kubepods/live", "cpu.shares")  # asked for once a period: kept
+        tree.file_path(f"kubepods/new{period}", "cpu.shares")
+    kept = set(tree._files) | set(tree._files_before)
+    assert kept == {("kubepods/live", "cpu.shares"), ("kubepods/new1", "cpu.shares"), ("kubepods/new2", "cpu.shares")}
+    counted = tree._files_chars + tree._before_chars
+    assert counted == sum(cg._chars(k, v) for k, v in [*tree._files.items(), *tree._files_before.items()])
+    monkeypatch.setattr(tree, "_directory", lambda *_: pytest.fail("looked up again"))
+    tree.file_path("kubepods/live", "cpu.shares")
+
+
 def test_a_root_that_is_no_cgroup_filesystem_remembers_no_place_so_a_later_symlink_is_refused(
     tmp_path: Path,
 ) -> None:
