@@ -179,6 +179,9 @@ class _Connection:
                     break
         except OSError as exc:
             why = RpcError(StatusCode.UNAVAILABLE, f"connection to the runtime lost: {exc}")
+        except Exception as exc:  # any other surprise of the state machine costs this connection only
+            detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+            why = RpcError(StatusCode.INTERNAL, f"HTTP/2 error from the runtime: {detail}")
         finally:
             self.shut(why)
 
