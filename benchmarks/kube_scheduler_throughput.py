@@ -4,7 +4,7 @@ interleaved in one run.
 
     bash scripts/build-koord.sh koord-scheduler     # once, cached; without it the koord arm is skipped
     .venv/bin/python benchmarks/kube_scheduler_throughput.py [--nodes 1000,5000] [--pods 2000] \
-        [--rounds 1] [--profile] [--arms none,noop,ours,koord] [--koord-scheduler PATH]
+        [--rounds 1] [--profile] [--arms none,noop,noop-bind,ours,koord] [--koord-scheduler PATH]
 
 Set-up: API-only nodes (Node objects with no kubelet, as kube-scheduler's own performance tests
 use): 64 CPUs, 256Gi, 110 pods each, and a NodeResourceTopology each with a 64-CPU topology (2
@@ -34,6 +34,9 @@ and the pods are deleted. Arms:
   koord-scheduler still lists and watches Reservations and Devices at start (its framework
   extender's informers), so their CRDs are applied from packaging/crds/. Skipped, saying why, when
   the binary is missing;
+- ``noop-bind``: the do-nothing extender that also binds, as ours does: its bind verb makes the
+  one API write ours makes without the HA ledger, a Binding whose metadata carries a
+  ``resource-status`` annotation (a fixed cpuset, not an allocation: the floor of the bind hop);
 - ``ours-noha`` (only when named in ``--arms``): the same as ours with ``--no-ha-ledger``.
 
 Each run of ``ours`` starts without the ledger Leases of an earlier one (deleted), as a fresh
@@ -82,7 +85,7 @@ from koord_formats.topology import format_cpu_topology  # noqa: E402
 from scheduler_ext.topology import synthetic_topology  # noqa: E402
 from scheduler_ext.trust import Signer  # noqa: E402
 
-ARMS = ("none", "noop", "ours", "koord")
+ARMS = ("none", "noop", "noop-bind", "ours", "koord")
 EXTRA_ARMS = ("ours-noha",)  # ours with --no-ha-ledger: what the HA ledger costs
 CPUSET_ARMS = ("ours", "ours-noha", "koord")  # the arms that allocate exact cpusets
 NAMESPACE = "bench-sched"
@@ -153,11 +156,38 @@ def koord_config(kubeconfig: Path, qps: int) -> dict[str, Any]:
 # -- the do-nothing extender ----------------------------------------------------------------------
 
 
-def serve_noop(port: int) -> None:
-    """filter: every node feasible; prioritize: every node 0. aiohttp, uvloop when installed."""
+def serve_noop(port: int, kubeconfig: str | None = None) -> None:
+    """filter: every node feasible; prioritize: every node 0; with *kubeconfig*, bind: one Binding
+    carrying a fixed ``resource-status`` annotation (the ``noop-bind`` arm). aiohttp, uvloop when
+    installed."""
     import asyncio
+    import ssl
 
+    import aiohttp
     from aiohttp import web
+
+    session: list[aiohttp.ClientSession] = []
+    server = ""
+    context = None
+    if kubeconfig:
+        config = yaml.safe_load(Path(kubeconfig).read_text())
+        server = config["clusters"][0]["cluster"]["server"]
+        context = ssl.create_default_context(cafile=config["clusters"][0]["cluster"]["certificate-authority"])
+        user = config["users"][0]["user"]
+        context.load_cert_chain(user["client-certificate"], user["client-key"])
+
+    async def bind(request: web.Request) -> web.Response:
+        args = await request.json()
+        if not session:
+            session.append(aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=64)))
+        ns, name = args["PodNamespace"], args["PodName"]
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": ns, "uid": args["PodUID"],
+                             "annotations": {ANNOTATION_RESOURCE_STATUS: '{"cpuset":"0"}'}},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]}}  # fmt: skip
+        async with session[0].post(f"{server}/api/v1/namespaces/{ns}/pods/{name}/binding", json=body) as resp:
+            error = "" if resp.status < 300 else f"binding: HTTP {resp.status}: {(await resp.text())[:200]}"
+        return web.json_response({"Error": error})
 
     async def filter_(request: web.Request) -> web.Response:
         args = await request.json()
@@ -171,7 +201,7 @@ def serve_noop(port: int) -> None:
         return web.json_response([{"Host": n, "Score": 0} for n in names])
 
     app = web.Application()
-    app.add_routes([web.post("/filter", filter_), web.post("/prioritize", prioritize)])
+    app.add_routes([web.post("/filter", filter_), web.post("/prioritize", prioritize), web.post("/bind", bind)])
     try:
         import uvloop
 
@@ -326,10 +356,13 @@ class Bench:
         return names
 
     def extender_entry(self, arm: str, port: int) -> dict[str, Any]:
-        if arm == "noop":
-            return {"urlPrefix": f"http://127.0.0.1:{port}", "filterVerb": "filter", "prioritizeVerb": "prioritize",
-                    "weight": 5, "enableHTTPS": False, "httpTimeout": "5s", "nodeCacheCapable": True,
-                    "ignorable": False, "managedResources": []}  # fmt: skip
+        if arm in ("noop", "noop-bind"):
+            entry = {"urlPrefix": f"http://127.0.0.1:{port}", "filterVerb": "filter", "prioritizeVerb": "prioritize",
+                     "weight": 5, "enableHTTPS": False, "httpTimeout": "5s", "nodeCacheCapable": True,
+                     "ignorable": False, "managedResources": []}  # fmt: skip
+            if arm == "noop-bind":
+                entry["bindVerb"] = "bind"
+            return entry
         (entry,) = yaml.safe_load(SCHEDULER_CONFIG.read_text())["extenders"]
         entry["urlPrefix"] = f"http://127.0.0.1:{port}"
         entry["enableHTTPS"] = False
@@ -338,9 +371,11 @@ class Bench:
 
     def start_extender(self, arm: str) -> tuple[int, dict[str, Any]]:
         port = free_port()
-        if arm == "noop":
-            self.cluster.spawn("extender", [sys.executable, str(Path(__file__).resolve()), "--serve-noop", str(port)],
-                               env={"PYTHONPATH": f"{REPO}:{REPO / 'devenv'}"})  # fmt: skip
+        if arm in ("noop", "noop-bind"):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-noop", str(port)]
+            if arm == "noop-bind":
+                cmd.append(f"--noop-kubeconfig={self.ext_kubeconfig}")
+            self.cluster.spawn("extender", cmd, env={"PYTHONPATH": f"{REPO}:{REPO / 'devenv'}"})
             ready = f"http://127.0.0.1:{port}/filter"
         else:
             health = free_port()
@@ -505,8 +540,8 @@ class Bench:
             print(f"| {row['nodes']} | {row['arm']} | {row['round']} | {row['pods_s']:.0f} | {ratio} | "
                   f"{row['load']} | {row['cpusets']} |")  # fmt: skip
         print("\nMedian [min, max] over the rounds; a ratio is taken within each round, then summarised:")
-        print("| nodes | arm | rounds | pods/s | / noop | / koord | extender CPU ms per pod |")
-        print("|---|---|---|---|---|---|---|")
+        print("| nodes | arm | rounds | pods/s | / noop | / noop-bind | / koord | extender CPU ms per pod |")
+        print("|---|---|---|---|---|---|---|---|")
         for count in sorted({r["nodes"] for r in self.rows}):
             for arm in (*ARMS, *EXTRA_ARMS):
                 rates = [r["pods_s"] for r in self.rows if r["nodes"] == count and r["arm"] == arm and r["round"] > 0]
@@ -515,7 +550,7 @@ class Bench:
                 cpu = [1000 * r["cpu"]["extender"] / r["pods"] for r in self.rows
                        if r["nodes"] == count and r["arm"] == arm and r["round"] > 0]  # fmt: skip
                 cells = [spread(rates, "{:.0f}")]
-                for base in ("noop", "koord"):
+                for base in ("noop", "noop-bind", "koord"):
                     cells.append(spread(self.same_round_ratios(count, arm, base), "{:.2f}") if arm != base else "1")
                 cells.append(spread(cpu, "{:.2f}") if arm not in ("none", "koord") else "n/a")
                 print(f"| {count} | {arm} | {len(rates)} | " + " | ".join(cells) + " |")
@@ -578,16 +613,17 @@ def main() -> int:
     parser.add_argument("--nodes", default="1000,5000", help="comma-separated node counts, ascending")
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=1, help="measurements per arm and node count")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of none,noop,ours,koord,ours-noha")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of none,noop,noop-bind,ours,koord,ours-noha")
     parser.add_argument("--koord-scheduler", metavar="PATH",
                         help="default: where scripts/build-koord.sh koord-scheduler puts it")  # fmt: skip
     parser.add_argument("--scheduler-qps", type=int, default=5000)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one arm's pods to bind")
     parser.add_argument("--profile", action="store_true", help="one more (unmeasured) ours run sampled by py-spy")
     parser.add_argument("--serve-noop", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--noop-kubeconfig", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_noop:
-        serve_noop(args.serve_noop)
+        serve_noop(args.serve_noop, args.noop_kubeconfig)
         return 0
     if os.geteuid() != 0:
         print("kube_scheduler_throughput: needs root (the cluster's route and processes)", file=sys.stderr)

@@ -14,7 +14,12 @@ scripts/build-koord.sh; --koord PATH, or that script's cached binary). koord-run
 its containerd mode with no hook servers registered (its hook-server directory,
 /etc/runtime/hookserver.d, is fixed in its code and must hold no *.json): its CRI server, request
 parsing, sandbox/container store and transparent image-service proxy are on, so it is a pure
-pass-through. Without the binary that arm is skipped with a message and the others still run.
+pass-through. A second koord arm, "koord-runtime-proxy + hook server", is Koordinator's own
+architecture with every built-in plugin: koord-runtime-proxy calling our `runtime-proxy
+hook-server` (Koordinator's RuntimeHookService, every hook point, failure policy Ignore) over its
+gRPC hook client; the fixed directory is bind-mounted over from a private one in a mount namespace
+of that process alone (`unshare -m`), so the pass-through arm still sees none. Without the binary
+both koord arms are skipped with a message and the others still run.
 Each round measures Version pass-through latency and proxy CPU per call, the 7-call pod lifecycle,
 and each proxy's RSS; the table gives the median over rounds and the spread [min, max].
 
@@ -253,21 +258,59 @@ from run import KOORD_HOOK_DIR, koord_binary  # type: ignore[import-not-found]  
 class KoordProcess:
     """koord-runtime-proxy as a child process, listening on *listen*, forwarding to *backend*."""
 
-    def __init__(self, binary: Path, backend: str, log: Path) -> None:
-        self.binary, self.backend, self.log = binary, backend, log
+    def __init__(self, binary: Path, backend: str, log: Path, hook_dir: Path | None = None) -> None:
+        """*hook_dir*: a directory of hook-server registrations to bind-mount over
+        ``KOORD_HOOK_DIR`` in a mount namespace of this process alone (None: the host's, empty)."""
+        self.binary, self.backend, self.log, self.hook_dir = binary, backend, log, hook_dir
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, listen: str) -> KoordProcess:
+        argv = [str(self.binary), "--koord-runtimeproxy-endpoint", listen,
+                "--remote-runtime-service-endpoint", self.backend, "--backend-runtime-mode", "Containerd"]  # fmt: skip
+        if self.hook_dir is not None:
+            script = 'mount --bind "$0" "$1" && shift 2 && exec "$@"'
+            argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(self.hook_dir),
+                    str(KOORD_HOOK_DIR), *argv]  # fmt: skip
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [str(self.binary), "--koord-runtimeproxy-endpoint", listen,
-                 "--remote-runtime-service-endpoint", self.backend, "--backend-runtime-mode", "Containerd"],
-                stdout=out, stderr=out, stdin=subprocess.DEVNULL)  # fmt: skip
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
         try:
             wait_for_socket(listen)
         except BaseException:
             self.terminate()
             raise
+        return self
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class HookServerProcess:
+    """``runtime-proxy hook-server`` with every built-in plugin, registering itself for every hook
+    point (failure policy Ignore) in *register_dir* once it listens."""
+
+    def __init__(self, register_dir: Path, log: Path) -> None:
+        self.register_dir, self.log = register_dir, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, listen: str) -> HookServerProcess:
+        self.register_dir.mkdir(mode=0o755, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "hook-server",
+                 "--listen", listen, "--register-dir", str(self.register_dir), "--failure-policy", "Ignore"],
+                stdout=out, stderr=out, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not any(self.register_dir.glob("*.json")):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.terminate()
+                raise RuntimeError(f"runtime-proxy hook-server did not register (see {self.log})")
+            time.sleep(0.1)
         return self
 
     def terminate(self) -> None:
@@ -322,18 +365,28 @@ def run_rounds(args: argparse.Namespace) -> None:
                 koord_proc = KoordProcess(koord, str(ctrd.socket), Path(tmp) / "koord.log")
                 procs["koord-runtime-proxy"] = koord_proc.start(sock)
                 sockets["koord-runtime-proxy"] = sock
+                KOORD_HOOK_DIR.mkdir(parents=True, exist_ok=True)  # the mount point (removed after if made)
+                hooks = HookServerProcess(Path(tmp) / "koord-hooks.d", Path(tmp) / "hook-server.log")
+                procs["koord's hook server"] = hooks.start(str(Path(tmp) / "hs.sock"))
+                sock = str(Path(tmp) / "koord-hooked.sock")
+                hooked = KoordProcess(koord, str(ctrd.socket), Path(tmp) / "koord-hooked.log", hooks.register_dir)
+                procs["koord-runtime-proxy + hook server"] = hooked.start(sock)
+                sockets["koord-runtime-proxy + hook server"] = sock
             arms = list(sockets)
             clients = {arm: CriClient(sock) for arm, sock in sockets.items()}
             print(f"containerd {args.containerd}, transport {args.transport}, {args.rounds} rounds, "
                   f"Version n={n} and {k} lifecycles per arm per round, arms interleaved: {', '.join(arms)}")
             if koord is not None:
                 print(f"koord-runtime-proxy: {koord}, containerd mode, no hook servers "
-                      f"({KOORD_HOOK_DIR} holds no *.json)")
+                      f"({KOORD_HOOK_DIR} holds no *.json); koord-runtime-proxy + hook server: the same binary "
+                      "with our `runtime-proxy hook-server` (every built-in plugin, every hook point) registered "
+                      "in its own mount namespace; \"koord's hook server\" is that server's process (its CPU "
+                      "and RSS add to the hooked arm's)")
             added: dict[str, list[float]] = {a: [] for a in arms}
             version: dict[str, list[float]] = {a: [] for a in arms}
-            cpu: dict[str, list[float]] = {a: [] for a in arms}
+            cpu: dict[str, list[float]] = {a: [] for a in [*arms, *procs]}
             life: dict[str, list[float]] = {a: [] for a in arms}
-            rss: dict[str, list[float]] = {a: [] for a in arms}
+            rss: dict[str, list[float]] = {a: [] for a in [*arms, *procs]}
             for rnd in range(args.rounds):
                 calls = {a: clients[a].version for a in arms}
                 for a in arms:  # warm every connection before timing
@@ -374,6 +427,8 @@ def run_rounds(args: argparse.Namespace) -> None:
             print("| proxy RSS per round, MiB | " + " | ".join(spread(rss[a], "{:.1f}") for a in arms) + " |")
             print("| proxy RSS first → last round, MiB | " + " | ".join(
                 f"{rss[a][0]:.1f} → {rss[a][-1]:.1f}" if rss[a] else "n/a" for a in arms) + " |")
+            for a in (p for p in procs if p not in arms):
+                print(f"| {a} (its own process), RSS per round, MiB | " + spread(rss[a], "{:.1f}") + " |")
             print("\nCells: median over rounds [min, max]; each round's figure is that round's median.")
             if koord is None:
                 print(f"koord-runtime-proxy arm skipped: {why}")

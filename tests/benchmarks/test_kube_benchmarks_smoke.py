@@ -63,8 +63,9 @@ def test_pod_startup_benchmark_runs_every_arm_in_both_pleg_modes() -> None:
 
 def test_scheduler_throughput_benchmark_runs_every_extender_and_checks_the_cpusets() -> None:
     _require()
-    out = _run("kube_scheduler_throughput.py", "--pods", "2", "--nodes", "10", "--profile", "--arms", "none,noop,ours")
-    for arm in ("none", "noop", "ours"):
+    out = _run("kube_scheduler_throughput.py", "--pods", "2", "--nodes", "10", "--profile", "--arms",
+               "none,noop,noop-bind,ours")  # fmt: skip
+    for arm in ("none", "noop", "noop-bind", "ours"):
         assert re.search(rf"^\| 10 \| {arm} \| 1 \| \d+ \|", out, re.MULTILINE), f"no row for {arm} in:\n{out}"
     assert "| all 2 exact and disjoint |" in out, out
     assert "Extender profile at 10 nodes" in out, out
