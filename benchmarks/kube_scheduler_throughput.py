@@ -168,7 +168,7 @@ def serve_noop(port: int, kubeconfig: str | None = None) -> None:
 
     session: list[aiohttp.ClientSession] = []
     server = ""
-    context = None
+    context: ssl.SSLContext | bool = False
     if kubeconfig:
         config = yaml.safe_load(Path(kubeconfig).read_text())
         server = config["clusters"][0]["cluster"]["server"]
@@ -613,7 +613,8 @@ def main() -> int:
     parser.add_argument("--nodes", default="1000,5000", help="comma-separated node counts, ascending")
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=1, help="measurements per arm and node count")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of none,noop,noop-bind,ours,koord,ours-noha")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help="comma-separated, of none,noop,noop-bind,ours,koord,ours-noha")  # fmt: skip
     parser.add_argument("--koord-scheduler", metavar="PATH",
                         help="default: where scripts/build-koord.sh koord-scheduler puts it")  # fmt: skip
     parser.add_argument("--scheduler-qps", type=int, default=5000)

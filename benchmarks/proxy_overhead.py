@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))
 
 from rhp_devenv import PrivateContainerd, pod_cgroup_parent, remove_cgroup_tree  # noqa: E402
 from rhp_devenv.cri import CriClient, container_config, linux_resources  # noqa: E402
+from rhp_devenv.kube import free_port  # noqa: E402
 
 from benchmarks import baseline as baseline_arm  # noqa: E402
 from cri_protos import api_pb2  # noqa: E402
@@ -268,7 +269,7 @@ class KoordProcess:
         argv = [str(self.binary), "--koord-runtimeproxy-endpoint", listen,
                 "--remote-runtime-service-endpoint", self.backend, "--backend-runtime-mode", "Containerd"]  # fmt: skip
         if self.hook_dir is not None:
-            script = 'mount --bind "$0" "$1" && shift 2 && exec "$@"'
+            script = 'mount --bind "$0" "$1" && shift && exec "$@"'
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(self.hook_dir),
                     str(KOORD_HOOK_DIR), *argv]  # fmt: skip
         with open(self.log, "ab") as out:
@@ -297,14 +298,29 @@ class HookServerProcess:
     def __init__(self, register_dir: Path, log: Path) -> None:
         self.register_dir, self.log = register_dir, log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = free_port()
+
+    def stage_calls(self) -> dict[str, int]:
+        """Plugin calls the server made, by stage (its /metrics): proof that koord called it."""
+        import urllib.request
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
+        calls: dict[str, int] = {}
+        for line in text.splitlines():
+            if line.startswith("rhp_plugin_duration_seconds_count{"):
+                stage = line.split('stage="', 1)[1].split('"', 1)[0]
+                calls[stage] = calls.get(stage, 0) + int(float(line.rsplit(" ", 1)[1]))
+        return calls
 
     def start(self, listen: str) -> HookServerProcess:
         self.register_dir.mkdir(mode=0o755, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "hook-server",
-                 "--listen", listen, "--register-dir", str(self.register_dir), "--failure-policy", "Ignore"],
-                stdout=out, stderr=out, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+                 "--listen", listen, "--register-dir", str(self.register_dir), "--failure-policy", "Ignore",
+                 "--metrics-addr", f"127.0.0.1:{self.metrics_port}"],
+                stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
         deadline = time.monotonic() + 60
         while not any(self.register_dir.glob("*.json")):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -429,6 +445,8 @@ def run_rounds(args: argparse.Namespace) -> None:
                 f"{rss[a][0]:.1f} → {rss[a][-1]:.1f}" if rss[a] else "n/a" for a in arms) + " |")
             for a in (p for p in procs if p not in arms):
                 print(f"| {a} (its own process), RSS per round, MiB | " + spread(rss[a], "{:.1f}") + " |")
+            if koord is not None:
+                print(f"\nkoord's hook server made plugin calls by stage: {hooks.stage_calls()}")
             print("\nCells: median over rounds [min, max]; each round's figure is that round's median.")
             if koord is None:
                 print(f"koord-runtime-proxy arm skipped: {why}")
