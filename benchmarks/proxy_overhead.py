@@ -256,6 +256,17 @@ sys.path.insert(0, str(REPO / "benchmarks" / "transport"))
 from run import KOORD_HOOK_DIR, koord_binary  # type: ignore[import-not-found]  # noqa: E402
 
 
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM *proc* if it runs, SIGKILL after 20 s."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 class KoordProcess:
     """koord-runtime-proxy as a child process, listening on *listen*, forwarding to *backend*."""
 
@@ -282,13 +293,7 @@ class KoordProcess:
         return self
 
     def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop(self.proc)
 
 
 class HookServerProcess:
@@ -330,13 +335,7 @@ class HookServerProcess:
         return self
 
     def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop(self.proc)
 
 
 def cpu_seconds(pid: int) -> float:
