@@ -229,11 +229,16 @@ class FloorPlugin:
 
     def start(self) -> FloorPlugin:
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if line.strip() != b"synchronized":
-            self.stop()
-            raise RuntimeError("the do-nothing plugin did not come up")
-        return self
+        # its log lines (a reconnect while containerd's NRI socket comes up) may come first
+        for _ in range(100):
+            line = self.proc.stdout.readline()
+            if line.strip() == b"synchronized":
+                return self
+            if not line:
+                break
+            print(f"do-nothing plugin: {line.decode(errors='replace').rstrip()}", file=sys.stderr)
+        self.stop()
+        raise RuntimeError("the do-nothing plugin did not come up")
 
     def stop(self) -> None:
         self.proc.terminate()
