@@ -11,23 +11,21 @@
 # hashes devenv/critest/{go.mod,go.sum,tools.go}, the build flags and the Go version: a second
 # run with the same inputs rebuilds nothing. Progress goes to stderr. Runs as any user who can
 # write the prefix; scripts/install-deps.sh calls it. Environment: RHP_CRITEST_PREFIX, GO (the go
-# command; default `go` on PATH, else /usr/local/go/bin/go).
+# command; default: the newest Go on PATH or at /usr/local/go/bin/go, packaging/lib/go.sh).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODULE=devenv/critest
 PREFIX=${RHP_CRITEST_PREFIX:-/opt/runtime-hook-proxy/critest}
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 
 RHP_PROGRESS_NAME=build-critest
 # shellcheck source=packaging/lib/progress.sh
 source packaging/lib/progress.sh  # a line per step with the elapsed time, on stderr
+# shellcheck source=packaging/lib/go.sh
+source packaging/lib/go.sh  # rhp_go: the one Go every caller picks
 log() { rhp_step "$*"; }
 
-if [[ ! -x $GO ]] && ! command -v "$GO" >/dev/null; then
-  log "no Go toolchain ($GO); install Go 1.24 or later"
-  exit 1
-fi
+GO=$(rhp_go 1.24)
 
 version=$(awk '$1 == "require" && $2 == "sigs.k8s.io/cri-tools" { print $3 }' "$MODULE/go.mod")
 if [[ -z $version ]]; then

@@ -10,22 +10,20 @@
 # to $RHP_HELM_PREFIX/<key>/helm (default prefix /opt/runtime-hook-proxy/helm), where <key> hashes
 # the version and the Go version; a second run finds it and builds nothing. Progress goes to
 # stderr. Called by scripts/install-deps.sh. Environment: RHP_HELM_PREFIX, GO (the go command;
-# default `go` on PATH, else /usr/local/go/bin/go).
+# default: the newest Go on PATH or at /usr/local/go/bin/go, packaging/lib/go.sh).
 set -euo pipefail
 
 HELM_VERSION=v3.19.0
 PREFIX=${RHP_HELM_PREFIX:-/opt/runtime-hook-proxy/helm}
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 
 RHP_PROGRESS_NAME=build-helm
 # shellcheck source=packaging/lib/progress.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../packaging/lib/progress.sh"  # a line per step with the elapsed time, on stderr
+# shellcheck source=packaging/lib/go.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../packaging/lib/go.sh"  # rhp_go: the one Go every caller picks
 log() { rhp_step "$*"; }
 
-if [[ ! -x $GO ]] && ! command -v "$GO" >/dev/null; then
-  log "no Go toolchain ($GO); install Go 1.24 or later"
-  exit 1
-fi
+GO=$(rhp_go 1.24)
 
 key=$(printf '%s\n' "$HELM_VERSION" "$("$GO" env GOVERSION GOOS GOARCH)" | sha256sum | cut -c1-16)
 dest=$PREFIX/$key

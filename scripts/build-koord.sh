@@ -17,15 +17,14 @@
 # the module's checksum, this script, the build flags and the Go version: a second run with the
 # same inputs rebuilds nothing. Progress goes to stderr; the last line on stdout is the path.
 # A cold `go build` of koord-runtime-proxy takes a few minutes on 2 cores, koord-scheduler longer.
-# Environment: RHP_KOORD_VERSION, RHP_KOORD_PREFIX, GO (default `go` on PATH, else
-# /usr/local/go/bin/go).
+# Environment: RHP_KOORD_VERSION, RHP_KOORD_PREFIX, GO (default: the newest Go on PATH or at
+# /usr/local/go/bin/go, packaging/lib/go.sh).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODULE=github.com/koordinator-sh/koordinator
 VERSION=${RHP_KOORD_VERSION:-v1.8.0}
 PREFIX=${RHP_KOORD_PREFIX:-/opt/runtime-hook-proxy/koord}
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 
 component=koord-runtime-proxy
 print_path=0
@@ -43,12 +42,11 @@ done
 RHP_PROGRESS_NAME=build-koord
 # shellcheck source=packaging/lib/progress.sh
 source packaging/lib/progress.sh  # a line per step with the elapsed time, on stderr
+# shellcheck source=packaging/lib/go.sh
+source packaging/lib/go.sh  # rhp_go: the one Go every caller picks
 log() { rhp_step "$*"; }
 
-if [[ ! -x $GO ]] && ! command -v "$GO" >/dev/null; then
-  log "no Go toolchain ($GO); install Go 1.25 or later"
-  exit 1
-fi
+GO=$(rhp_go 1.25)
 
 ldflags="-s -w"
 # The module's checksum names its content exactly; `go mod download` of a cached version is local.

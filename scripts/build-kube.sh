@@ -12,7 +12,8 @@
 #
 # A binary goes to $RHP_KUBE_PREFIX/<key>/kube (default prefix /opt/runtime-hook-proxy/kube),
 # where <key> hashes its module's go.mod, go.sum and main.go, this script's build flags and the Go
-# version: a second run with nothing changed builds nothing. $RHP_KUBE_PREFIX/<version> is a
+# version (the newest Go on PATH or at /usr/local/go/bin/go, or $GO: packaging/lib/go.sh): a
+# second run with nothing changed builds nothing. $RHP_KUBE_PREFIX/<version> is a
 # symlink to that version's <key> (rhp_devenv.kube finds the binaries there). Go's module and build caches stay at their
 # defaults (under the home directory, outside the clone). Called by scripts/install-deps.sh;
 # several callers at once on one machine are serialized by a lock while one builds (finding a
@@ -34,6 +35,8 @@ src_of() {  # the module that pins a version (its go.mod requires k8s.io/kuberne
 RHP_PROGRESS_NAME=build-kube
 # shellcheck source=packaging/lib/progress.sh
 source packaging/lib/progress.sh  # a line per step with the elapsed time, on stderr
+# shellcheck source=packaging/lib/go.sh
+source packaging/lib/go.sh  # rhp_go: the one Go every caller picks
 log() { rhp_step "$*"; }
 
 if (($# == 0)); then
@@ -46,13 +49,11 @@ for version in "$@"; do
   fi
 done
 
-if ! command -v go >/dev/null 2>&1; then
-  [[ -x /usr/local/go/bin/go ]] && PATH=$PATH:/usr/local/go/bin
-fi
-if ! command -v go >/dev/null 2>&1; then
-  log "no Go toolchain on PATH (nor /usr/local/go/bin/go): cannot build the Kubernetes components"
+GO=$(rhp_go 1.24) || {
+  log "cannot build the Kubernetes components without Go"
   exit 1
-fi
+}
+PATH=$(dirname "$GO"):$PATH  # every `go` below is that one
 mkdir -p "$PREFIX"
 
 build_one() {  # VERSION: builds (or finds) its binary, points <prefix>/VERSION at it, prints its path

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Install Debian's Go toolchain and gRPC-Go sources, and build the transport benchmark's Go ends
-# (go/echoserver and go/client) offline, into _work/transport-bench/bin.
+# Install Debian's gRPC-Go sources, and build the transport benchmark's Go ends (go/echoserver and
+# go/client) offline, into _work/transport-bench/bin, with the machine's Go (packaging/lib/go.sh:
+# the same toolchain the other builds pick). Debian's golang-go is not installed: its older Go at
+# /usr/bin/go would come first on a short PATH and change which toolchain, and so which cached
+# binaries, the build scripts find.
 #
 # Debian's golang-google-grpc-dev (and its dependencies) install Go sources under
 # /usr/share/gocode/src, so the build runs in GOPATH mode (GO111MODULE=off) with a private
@@ -16,7 +19,7 @@ OUT="$ROOT/_work/transport-bench"
 
 if [[ ${1:-} != --build-only ]]; then
   missing=()
-  for pkg in golang-go golang-google-grpc-dev; do
+  for pkg in golang-google-grpc-dev; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
   done
   if ((${#missing[@]})); then
@@ -26,11 +29,13 @@ if [[ ${1:-} != --build-only ]]; then
   fi
 fi
 
-command -v go >/dev/null || { echo "setup.sh: go not found" >&2; exit 1; }
+# shellcheck source=packaging/lib/go.sh
+source "$ROOT/packaging/lib/go.sh"
+GO=$(rhp_go 1.19)
 mkdir -p "$OUT/gopath/src" "$OUT/bin" "$OUT/cache"
 ln -sfn "$HERE/go" "$OUT/gopath/src/rhpbench"
 export GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$OUT/gopath:/usr/share/gocode" GOCACHE="$OUT/cache"
 cd "$OUT/gopath/src/rhpbench"
-go build -o "$OUT/bin/echoserver" ./echoserver
-go build -o "$OUT/bin/client" ./client
-echo "setup.sh: built $OUT/bin/echoserver and $OUT/bin/client ($(go version))"
+"$GO" build -o "$OUT/bin/echoserver" ./echoserver
+"$GO" build -o "$OUT/bin/client" ./client
+echo "setup.sh: built $OUT/bin/echoserver and $OUT/bin/client ($("$GO" version))"
