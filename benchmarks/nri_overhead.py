@@ -2,7 +2,7 @@
 on the same containerd, in interleaved rounds, reported as p50/p90 and plugin/direct ratios.
 
     .venv/bin/python benchmarks/nri_overhead.py [--containerd 2.1] [--rounds 10] [--per-round 4] \
-        [--containers 200] [--per-pod 10] [--floors]
+        [--containers 200] [--per-pod 10] [--floors] [--node-venv]
 
 One lifecycle is RunPodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer,
 StopPodSandbox and RemovePodSandbox of an LSR pod (so the built-in plugins have work). In a
@@ -27,6 +27,8 @@ Memory: after the rounds, ``--containers`` running containers (``--per-pod`` per
 pod in ten LSR, all on the pause image) are created while a plugin is registered; the plugin's
 RSS (``VmRSS``) and peak (``VmHWM``) are read from /proc once a reconcile round has seen them
 all, and again for a plugin started afterwards (its first Synchronize carries all of them).
+``--node-venv`` repeats that with the plugin on the node package's venv (``benchmarks/node_venv.py``:
+what a node runs; the development venv's dev extra brings rich into structlog's import).
 Target: <= 64 MiB. Nothing here is a test.
 
 ``--baseline NAME=TREE`` (benchmarks/baseline.py) adds the mode NAME: ``runtime-proxy nri`` of
@@ -129,11 +131,18 @@ def many_containers(client: CriClient, top: str, cpu: str, containers: int, per_
     return pods
 
 
+def _plugin_on(python: str, socket: Path, tmp: Path) -> NriPluginProcess:
+    plugin = NriPluginProcess(socket, tmp)
+    plugin.args[0] = python
+    return plugin.start()
+
+
 def memory(ctrd: PrivateContainerd, client: CriClient, top: str, cpu: str, tmp: str, containers: int,
-           per_pod: int) -> list[tuple[str, int, int]]:
-    """(situation, RSS KiB, peak KiB) of the plugin with ``containers`` containers."""
+           per_pod: int, python: str = sys.executable, name: str = "memory") -> list[tuple[str, int, int]]:
+    """(situation, RSS KiB, peak KiB) of the plugin, run by ``python``, with ``containers``
+    containers."""
     out: list[tuple[str, int, int]] = []
-    plugin = NriPluginProcess(ctrd.nri_socket, Path(tmp) / "memory").start()
+    plugin = _plugin_on(python, ctrd.nri_socket, Path(tmp) / name)
     assert plugin.proc is not None
     try:
         out.append(("registered, no containers", _rss_kib(plugin.proc.pid), _status_kib(plugin.proc.pid, "VmHWM")))
@@ -143,7 +152,7 @@ def memory(ctrd: PrivateContainerd, client: CriClient, top: str, cpu: str, tmp: 
                     _status_kib(plugin.proc.pid, "VmHWM")))
     finally:
         plugin.stop()
-    again = NriPluginProcess(ctrd.nri_socket, Path(tmp) / "memory-again").start()
+    again = _plugin_on(python, ctrd.nri_socket, Path(tmp) / f"{name}-again")
     assert again.proc is not None
     try:
         time.sleep(12)
@@ -257,6 +266,9 @@ def main() -> int:
     parser.add_argument("--containers", type=int, default=200, help="containers for the memory figure (0: skip)")
     parser.add_argument("--per-pod", type=int, default=10)
     parser.add_argument("--floors", action="store_true", help="also time the do-nothing plugins (see above)")
+    parser.add_argument("--node-venv", action="store_true",
+                        help="also measure the memory figure with the node package's venv (benchmarks/node_venv.py), "
+                             "which leaves out the dev extra's packages")  # fmt: skip
     parser.add_argument("--floor-plugin", choices=("empty", "idle"), help=argparse.SUPPRESS)
     parser.add_argument("--nri-socket", help=argparse.SUPPRESS)
     baseline_arm.add_option(parser)
@@ -267,6 +279,12 @@ def main() -> int:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
         asyncio.run(_serve_floor(args.nri_socket, args.floor_plugin))
         return 0
+    node_python: str | None = None
+    if args.node_venv and args.containers > 0:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        import node_venv  # type: ignore[import-not-found]  # benchmarks/node_venv.py
+
+        node_python = str(node_venv.ensure())
     modes: tuple[str, ...] = ("direct", "empty", "idle", "plugin") if args.floors else ("direct", "plugin")
     other = args.baseline
     if other is not None:
@@ -319,6 +337,10 @@ def main() -> int:
                 load_after = _load()
                 if args.containers > 0:
                     mem = memory(ctrd, client, top, cpu, tmp, args.containers, args.per_pod)
+                    if node_python is not None:
+                        mem += [(f"{situation}, node venv", now, peak) for situation, now, peak in
+                                memory(ctrd, client, top, cpu, tmp, args.containers, args.per_pod,
+                                       python=node_python, name="memory-node")]  # fmt: skip
         finally:
             ctrd.stop()
     print(f"containerd {args.containerd}, {args.rounds} interleaved rounds x {args.per_round} lifecycles per mode; "

@@ -3,7 +3,7 @@ for our proxy (every built-in plugin, the default configuration) and Koordinator
 koord-runtime-proxy v1.8.0, side by side against one stateful in-memory CRI runtime.
 
     .venv/bin/python benchmarks/proxy_memory.py [--lifecycles 10000] [--every 1000]
-        [--baseline NAME=TREE ...] [--koord PATH | --no-koord]
+        [--baseline NAME=TREE ...] [--koord PATH | --no-koord] [--no-node-venv]
 
 The runtime is a gRPC server in this process (``FakeRuntime``) that keeps pods and containers and
 answers CRI's RuntimeService as containerd would for what the proxies call: ids from RunPodSandbox
@@ -12,6 +12,9 @@ answer to anything else. A real containerd would spend minutes of the shared mac
 10,000 pod lifecycles (about 300 ms each); the proxies' own memory does not depend on who answers.
 Our proxy runs as ``runtime-proxy serve`` with a private, empty cgroup root (its plugins plan and
 log; their cgroup writes are skipped for the missing directories), no hook servers.
+Arm ``ours`` runs on the development venv's python, which also holds the dev extra; arm
+``ours-node`` runs the same tree on the node package's venv (``benchmarks/node_venv.py``: exactly
+``packaging/deb/requirements.txt`` on Debian's python3, built once), which is what a node runs.
 ``--baseline NAME=TREE`` adds our proxy from another source tree (``git worktree add /tmp/base
 COMMIT``), so a change's before and after are measured in one run. koord-runtime-proxy runs in its
 containerd mode with no hook server (see ``benchmarks/proxy_overhead.py``); skipped with the
@@ -45,7 +48,7 @@ from typing import Any
 import grpc
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks" / "transport")]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks" / "transport"), str(REPO / "benchmarks")]
 
 from cri_protos import api_pb2  # noqa: E402
 from tests.integration.harness import wait_for_socket  # noqa: E402
@@ -226,12 +229,13 @@ def status_kib(pid: int, key: str) -> int:
     return 0
 
 
-def start_ours(tree: Path, listen: str, backend: str, tmp: Path, name: str) -> subprocess.Popen[bytes]:
+def start_ours(tree: Path, listen: str, backend: str, tmp: Path, name: str,
+               python: str = sys.executable) -> subprocess.Popen[bytes]:
     cg = tmp / f"cg-{name}"
     cg.mkdir()
     log = open(tmp / f"{name}.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level", "warning", "serve",
+        [python, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level", "warning", "serve",
          "--listen", listen, "--backend", backend, "--hook-server-dir", str(tmp / f"hs-{name}.d"),
          "--cgroup-root", str(cg)],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
@@ -248,11 +252,22 @@ def main() -> int:
                         help="also run our proxy from source tree TREE as arm NAME (repeatable)")  # fmt: skip
     parser.add_argument("--koord", help="koord-runtime-proxy binary (default: scripts/build-koord.sh's cached one)")
     parser.add_argument("--no-koord", action="store_true")
+    parser.add_argument("--no-node-venv", action="store_true",
+                        help="leave out arm ours-node (our proxy on the node package's venv)")  # fmt: skip
     args = parser.parse_args()
 
     import run as transport  # type: ignore[import-not-found]  # benchmarks/transport/run.py
 
     trees = {"ours": REPO, **{n: Path(t).resolve() for n, t in (b.split("=", 1) for b in args.baseline)}}
+    pythons = {n: sys.executable for n in trees}
+    if not args.no_node_venv:
+        import node_venv  # type: ignore[import-not-found]  # benchmarks/node_venv.py
+
+        try:
+            pythons["ours-node"] = str(node_venv.ensure())
+            trees["ours-node"] = REPO
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
+            print(f"ours-node arm skipped: {err}")
     koord: Path | None = None
     if not args.no_koord:
         koord, why = transport.koord_binary(args.koord)
@@ -269,7 +284,7 @@ def main() -> int:
     rows: dict[str, list[tuple[str, float]]] = {}
     try:
         for name, tree in trees.items():
-            procs[name] = start_ours(tree, str(tmp / f"{name}.sock"), backend, tmp, name)
+            procs[name] = start_ours(tree, str(tmp / f"{name}.sock"), backend, tmp, name, pythons[name])
         if koord is not None:
             procs["koord-runtime-proxy"] = transport.start_koord(koord, str(tmp / "koord.sock"), backend,
                                                                  str(tmp / "koord.log"))  # fmt: skip

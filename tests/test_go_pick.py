@@ -94,8 +94,8 @@ def test_print_path_is_the_same_with_an_old_go_first_on_a_short_path(tmp_path: P
     old = _fake_go(tmp_path / "usr-bin", "go1.19.8")
     base = {k: v for k, v in os.environ.items() if k not in ("GO", "GOTOOLCHAIN")}
     runs = [
-        subprocess.run(["bash", str(REPO / "scripts" / script), "--print-path"], env=env, capture_output=True, text=True,
-                       timeout=60, check=False)
+        subprocess.run(["bash", str(REPO / "scripts" / script), "--print-path"], env=env, capture_output=True,
+                       text=True, timeout=60, check=False)
         for env in (base, {**base, "PATH": f"{old.parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path)})
     ]
     assert [r.returncode for r in runs] == [0, 0], [r.stderr for r in runs]

@@ -27,13 +27,23 @@ def _run(*args: str) -> str:
     return proc.stdout
 
 
+# slow: builds the node package's venv once (pip, about 20 s; the wheels' hashes are pinned) and
+# runs the benchmark with our proxy on it beside the development venv's
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_node_venv_arm_is_measured_beside_ours() -> None:
+    out = _run("--no-koord")
+    assert "| RSS, MiB | ours | ours-node |" in out, out
+    assert re.search(r"^\| 200 containers \| [0-9.]+ \| [0-9.]+ \|$", out, re.MULTILINE), out
+
+
 # slow: runs the benchmark end to end with proxy processes (48 s and 28 s in the unit tier on
 # the loaded machine): the full suite runs it, the fast tier (scripts/test.sh --unit) does not.
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_without_the_koord_binary_our_proxy_is_still_measured(tmp_path: Path) -> None:
     absent = tmp_path / "koord-runtime-proxy"
-    out = _run("--koord", str(absent))
+    out = _run("--koord", str(absent), "--no-node-venv")
     assert f"koord-runtime-proxy arm skipped: no binary at {absent}" in out, out
     assert "| RSS, MiB | ours |" in out, out
     for label in ("start", "200 containers", "2 lifecycles", "3 lifecycles", "peak (VmHWM)"):
@@ -51,6 +61,6 @@ def test_the_koord_arm_is_measured_beside_ours() -> None:
     binary, why = transport.koord_binary(None)
     if binary is None:
         pytest.skip(f"koord-runtime-proxy not built: {why}")
-    out = _run("--koord", str(binary))
+    out = _run("--koord", str(binary), "--no-node-venv")
     assert "| RSS, MiB | ours | koord-runtime-proxy |" in out, out
     assert re.search(r"^\| 200 containers \| [0-9.]+ \| [0-9.]+ \|$", out, re.MULTILINE), out
