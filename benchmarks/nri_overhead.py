@@ -131,18 +131,12 @@ def many_containers(client: CriClient, top: str, cpu: str, containers: int, per_
     return pods
 
 
-def _plugin_on(python: str, socket: Path, tmp: Path) -> NriPluginProcess:
-    plugin = NriPluginProcess(socket, tmp)
-    plugin.args[0] = python
-    return plugin.start()
-
-
 def memory(ctrd: PrivateContainerd, client: CriClient, top: str, cpu: str, tmp: str, containers: int,
            per_pod: int, python: str = sys.executable, name: str = "memory") -> list[tuple[str, int, int]]:
     """(situation, RSS KiB, peak KiB) of the plugin, run by ``python``, with ``containers``
     containers."""
     out: list[tuple[str, int, int]] = []
-    plugin = _plugin_on(python, ctrd.nri_socket, Path(tmp) / name)
+    plugin = NriPluginProcess(ctrd.nri_socket, Path(tmp) / name, python=python).start()
     assert plugin.proc is not None
     try:
         out.append(("registered, no containers", _rss_kib(plugin.proc.pid), _status_kib(plugin.proc.pid, "VmHWM")))
@@ -152,7 +146,7 @@ def memory(ctrd: PrivateContainerd, client: CriClient, top: str, cpu: str, tmp: 
                     _status_kib(plugin.proc.pid, "VmHWM")))
     finally:
         plugin.stop()
-    again = _plugin_on(python, ctrd.nri_socket, Path(tmp) / f"{name}-again")
+    again = NriPluginProcess(ctrd.nri_socket, Path(tmp) / f"{name}-again", python=python).start()
     assert again.proc is not None
     try:
         time.sleep(12)

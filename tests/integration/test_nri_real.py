@@ -72,14 +72,14 @@ def containerd(nri_env: ContainerdEnv) -> Iterator[ContainerdEnv]:
 class NriPluginProcess:
     """``runtime-proxy nri`` as a child process, stopped by its PID."""
 
-    def __init__(self, socket: Path, tmp_path: Path, *extra: str) -> None:
+    def __init__(self, socket: Path, tmp_path: Path, *extra: str, python: str = sys.executable) -> None:
         self.socket = socket
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.log = tmp_path / "nri-plugin.log"
         hooks = tmp_path / "hookserver.d"
         hooks.mkdir(exist_ok=True)
         self.args = [
-            sys.executable, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level", "info", "nri",
+            python, "-m", "runtime_proxy.cli", "--log-format", "json", "--log-level", "info", "nri",
             "--nri-socket", str(socket), "--plugin-name", "rhp-test", "--plugin-idx", "10",
             "--no-entry-points", "--hook-server-dir", str(hooks), *extra,
         ]
